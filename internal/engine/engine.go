@@ -1,0 +1,102 @@
+// Package engine is the boundary between apiary's worker and the inference
+// library underneath it. The worker speaks only to these types, so the
+// llama.cpp binding (package llamacpp) can be replaced without touching HTTP,
+// lifecycle or routing code.
+package engine
+
+import (
+	"context"
+	"errors"
+)
+
+// Sentinel errors returned by engines. Callers test them with errors.Is.
+var (
+	// ErrPromptTooLong means the prompt does not fit the context window.
+	ErrPromptTooLong = errors.New("engine: prompt does not fit the context window")
+	// ErrStop is returned by an Emit callback to end a generation early
+	// (for example, because a stop sequence matched). Generate then returns
+	// normally with FinishStop.
+	ErrStop = errors.New("engine: stop requested")
+	// ErrClosed means the engine was closed.
+	ErrClosed = errors.New("engine: closed")
+)
+
+// Options configure how a model is loaded.
+type Options struct {
+	ModelPath string
+	CtxSize   int // total context, shared by all slots; 0 = model default capped at 4096
+	Slots     int // parallel sequences; each gets CtxSize/Slots positions
+	Threads   int // 0 = number of CPUs
+	BatchSize int // prompt processing batch; 0 = 512
+	GPUDevice int // -1 = CPU only
+	GPULayers int // layers offloaded when a GPU backend is present
+}
+
+// ModelInfo describes the loaded model.
+type ModelInfo struct {
+	Architecture string
+	CtxSize      int // context length per slot
+	TrainCtx     int // context length the model was trained with
+	Vocab        int
+	ChatTemplate string // from GGUF metadata; empty when the model has none
+	MemoryBytes  uint64 // weights + KV cache + compute buffers actually allocated
+}
+
+// Message is one chat message.
+type Message struct {
+	Role    string
+	Content string
+}
+
+// Request is one generation.
+type Request struct {
+	Prompt      []int // token ids, from Tokenize
+	MaxTokens   int   // > 0
+	Temperature float32
+	TopP        float32
+	TopK        int
+	MinP        float32
+	Seed        uint32
+	IgnoreEOS   bool
+}
+
+// Token is one sampled token. Piece holds the raw bytes of its text, which
+// may be part of a multi-byte UTF-8 character.
+type Token struct {
+	ID    int
+	Piece []byte
+}
+
+// Finish reasons, as OpenAI names them.
+const (
+	FinishStop   = "stop"
+	FinishLength = "length"
+)
+
+// Result summarises a finished generation.
+type Result struct {
+	PromptTokens     int
+	CompletionTokens int
+	FinishReason     string
+}
+
+// Emit receives each token as soon as it is sampled. Returning ErrStop ends
+// the generation cleanly; any other error aborts it and is returned by
+// Generate.
+type Emit func(Token) error
+
+// Engine is a loaded model able to run up to Options.Slots generations at once.
+type Engine interface {
+	Info() ModelInfo
+	// Tokenize turns text into token ids, adding BOS when the model wants it
+	// and addSpecial is true.
+	Tokenize(text string, addSpecial bool) ([]int, error)
+	// ChatPrompt renders messages with the model's chat template (or the
+	// documented fallback) and returns the prompt text.
+	ChatPrompt(msgs []Message) (string, error)
+	// Generate runs one sequence to completion, cancellation (ctx) or an Emit
+	// error. Callers must not run more than Slots at once.
+	Generate(ctx context.Context, req Request, emit Emit) (Result, error)
+	// Close frees the model. Generations in flight end with ErrClosed.
+	Close() error
+}

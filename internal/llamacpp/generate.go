@@ -1,0 +1,306 @@
+package llamacpp
+
+/*
+#include <stdlib.h>
+#include "llama.h"
+
+static void batch_put(struct llama_batch *b, llama_token id, llama_pos pos, llama_seq_id seq, bool logits) {
+	int i = b->n_tokens;
+	b->token[i] = id;
+	b->pos[i] = pos;
+	b->n_seq_id[i] = 1;
+	b->seq_id[i][0] = seq;
+	b->logits[i] = logits ? 1 : 0;
+	b->n_tokens = i + 1;
+}
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/apiary-llm/apiary/internal/engine"
+)
+
+// sequence is one generation. The fields after the divider belong to the
+// decode loop; the caller talks to it through the mailbox (mu, pending,
+// notify) and the cancelled flag.
+type sequence struct {
+	ctx       context.Context
+	req       engine.Request
+	cancelled atomic.Bool
+
+	mu       sync.Mutex
+	pending  []engine.Token // guarded by mu
+	finished bool           // guarded by mu
+	result   engine.Result  // guarded by mu; final once finished
+	err      error          // guarded by mu; final once finished
+	notify   chan struct{}  // capacity 1: "look at pending/finished"
+
+	// --- owned by the decode loop ---
+	seq       int                  // llama.cpp sequence id (= slot)
+	sampler   *C.struct_llama_sampler
+	promptPos int // prompt tokens already decoded
+	nPast     int // tokens in the KV cache for this sequence
+	generated int
+	last      C.llama_token // last sampled token, decoded in the next step
+	outIdx    int           // index in the current batch whose logits to sample, -1 if none
+}
+
+func (s *sequence) deliver(t engine.Token) {
+	s.mu.Lock()
+	s.pending = append(s.pending, t)
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *sequence) finish(res engine.Result, err error) {
+	s.mu.Lock()
+	s.finished, s.result, s.err = true, res, err
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *sequence) poke() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Generate runs one sequence. Tokens reach emit on the caller's goroutine as
+// soon as the decode loop samples them; the loop never waits for emit.
+func (e *Engine) Generate(ctx context.Context, req engine.Request, emit engine.Emit) (engine.Result, error) {
+	if len(req.Prompt) == 0 {
+		return engine.Result{}, errors.New("llamacpp: empty prompt")
+	}
+	if len(req.Prompt) >= e.nCtxSeq {
+		return engine.Result{}, fmt.Errorf("%w: %d prompt tokens, context holds %d", engine.ErrPromptTooLong, len(req.Prompt), e.nCtxSeq)
+	}
+	if req.MaxTokens <= 0 {
+		return engine.Result{}, errors.New("llamacpp: max tokens must be positive")
+	}
+	s := &sequence{ctx: ctx, req: req, notify: make(chan struct{}, 1)}
+	select {
+	case e.submit <- s:
+	case <-ctx.Done():
+		return engine.Result{}, ctx.Err()
+	case <-e.quit:
+		return engine.Result{}, engine.ErrClosed
+	}
+	var (
+		batch   []engine.Token
+		stopped bool
+		emitErr error
+	)
+	for {
+		<-s.notify
+		s.mu.Lock()
+		batch, s.pending = s.pending, batch[:0]
+		finished, res, err := s.finished, s.result, s.err
+		s.mu.Unlock()
+		for _, t := range batch {
+			if stopped || emitErr != nil {
+				break
+			}
+			if err := emit(t); err != nil {
+				if errors.Is(err, engine.ErrStop) {
+					stopped = true
+				} else {
+					emitErr = err
+				}
+				s.cancelled.Store(true)
+			}
+		}
+		if !finished {
+			continue
+		}
+		switch {
+		case emitErr != nil:
+			return res, emitErr
+		case stopped:
+			res.FinishReason = engine.FinishStop
+			return res, nil
+		}
+		return res, err
+	}
+}
+
+// run is the decode loop: it owns the llama.cpp context for the engine's life.
+func (e *Engine) run() {
+	defer close(e.done)
+	active := make([]*sequence, e.slots)
+	batch := C.llama_batch_init(C.int32_t(e.batchSize), 0, 1)
+	defer C.llama_batch_free(batch)
+	mem := C.llama_get_memory(e.lctx)
+	pieceBuf := make([]byte, 256)
+
+	release := func(s *sequence, res engine.Result, err error) {
+		C.llama_memory_seq_rm(mem, C.llama_seq_id(s.seq), -1, -1)
+		if s.sampler != nil {
+			C.llama_sampler_free(s.sampler)
+		}
+		active[s.seq] = nil
+		res.PromptTokens = len(s.req.Prompt)
+		res.CompletionTokens = s.generated
+		s.finish(res, err)
+	}
+	defer func() {
+		for _, s := range active {
+			if s != nil {
+				release(s, engine.Result{}, engine.ErrClosed)
+			}
+		}
+	}()
+	admit := func(s *sequence) {
+		for i, a := range active {
+			if a == nil {
+				s.seq = i
+				s.sampler = e.newSampler(s.req)
+				active[i] = s
+				return
+			}
+		}
+	}
+	for {
+		n := 0
+		for _, s := range active {
+			if s != nil {
+				n++
+			}
+		}
+		if n == 0 {
+			select {
+			case s := <-e.submit:
+				admit(s)
+				n++
+			case <-e.quit:
+				return
+			}
+		}
+		for n < e.slots {
+			select {
+			case s := <-e.submit:
+				admit(s)
+				n++
+				continue
+			default:
+			}
+			break
+		}
+		select {
+		case <-e.quit:
+			return
+		default:
+		}
+
+		// Drop sequences whose caller went away or asked to stop.
+		for _, s := range active {
+			if s == nil {
+				continue
+			}
+			if s.cancelled.Load() {
+				release(s, engine.Result{FinishReason: engine.FinishStop}, nil)
+			} else if err := s.ctx.Err(); err != nil {
+				release(s, engine.Result{}, err)
+			}
+		}
+
+		// One batch: the next token of every generating sequence first, then
+		// as much prompt as fits.
+		batch.n_tokens = 0
+		for _, s := range active {
+			if s == nil {
+				continue
+			}
+			s.outIdx = -1
+			if s.promptPos == len(s.req.Prompt) {
+				s.outIdx = int(batch.n_tokens)
+				C.batch_put(&batch, s.last, C.llama_pos(s.nPast), C.llama_seq_id(s.seq), true)
+				s.nPast++
+			}
+		}
+		for _, s := range active {
+			if s == nil || s.promptPos == len(s.req.Prompt) {
+				continue
+			}
+			for s.promptPos < len(s.req.Prompt) && int(batch.n_tokens) < e.batchSize {
+				last := s.promptPos == len(s.req.Prompt)-1
+				if last {
+					s.outIdx = int(batch.n_tokens)
+				}
+				C.batch_put(&batch, C.llama_token(s.req.Prompt[s.promptPos]), C.llama_pos(s.nPast), C.llama_seq_id(s.seq), C.bool(last))
+				s.promptPos++
+				s.nPast++
+			}
+		}
+		if batch.n_tokens == 0 {
+			continue
+		}
+		if rc := C.llama_decode(e.lctx, batch); rc != 0 {
+			err := fmt.Errorf("llamacpp: decode failed (code %d)", int(rc))
+			e.log.Error("decode failed", "code", int(rc), "tokens", int(batch.n_tokens))
+			for _, s := range active {
+				if s != nil {
+					release(s, engine.Result{}, err)
+				}
+			}
+			continue
+		}
+
+		for _, s := range active {
+			if s == nil || s.outIdx < 0 {
+				continue
+			}
+			id := C.llama_sampler_sample(s.sampler, e.lctx, C.int32_t(s.outIdx))
+			s.generated++
+			if bool(C.llama_vocab_is_eog(e.vocab, id)) && !s.req.IgnoreEOS {
+				s.generated-- // the end-of-generation token is not part of the answer
+				release(s, engine.Result{FinishReason: engine.FinishStop}, nil)
+				continue
+			}
+			s.last = id
+			s.deliver(engine.Token{ID: int(id), Piece: e.piece(id, pieceBuf)})
+			switch {
+			case s.generated >= s.req.MaxTokens:
+				release(s, engine.Result{FinishReason: engine.FinishLength}, nil)
+			case s.nPast >= e.nCtxSeq:
+				release(s, engine.Result{FinishReason: engine.FinishLength}, nil)
+			}
+		}
+	}
+}
+
+// newSampler builds the sampling chain llama.cpp's server uses for these
+// settings: [EOG ban] → top-k → top-p → min-p → temperature → draw; greedy
+// when the temperature is 0.
+func (e *Engine) newSampler(req engine.Request) *C.struct_llama_sampler {
+	params := C.llama_sampler_chain_default_params()
+	params.no_perf = true
+	chain := C.llama_sampler_chain_init(params)
+	if req.IgnoreEOS && len(e.eog) > 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_logit_bias(
+			C.int32_t(e.info.Vocab), C.int32_t(len(e.eog)), (*C.llama_logit_bias)(unsafe.Pointer(&e.eog[0]))))
+	}
+	if req.Temperature <= 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
+		return chain
+	}
+	if req.TopK > 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(C.int32_t(req.TopK)))
+	}
+	if req.TopP > 0 && req.TopP < 1 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(C.float(req.TopP), 1))
+	}
+	if req.MinP > 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(C.float(req.MinP), 1))
+	}
+	C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(C.float(req.Temperature)))
+	C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(C.uint32_t(req.Seed)))
+	return chain
+}

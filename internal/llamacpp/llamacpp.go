@@ -1,0 +1,375 @@
+package llamacpp
+
+/*
+#include <stdlib.h>
+#include "llama.h"
+#include "ggml-backend.h"
+
+// batch_add appends one token to a batch allocated for one sequence id per token.
+static void batch_add(struct llama_batch *b, llama_token id, llama_pos pos, llama_seq_id seq, bool logits) {
+	int i = b->n_tokens;
+	b->token[i] = id;
+	b->pos[i] = pos;
+	b->n_seq_id[i] = 1;
+	b->seq_id[i][0] = seq;
+	b->logits[i] = logits ? 1 : 0;
+	b->n_tokens = i + 1;
+}
+
+// gpu_device returns the n-th GPU (or integrated GPU) backend device, or NULL.
+static ggml_backend_dev_t gpu_device(int n) {
+	for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+		ggml_backend_dev_t d = ggml_backend_dev_get(i);
+		enum ggml_backend_dev_type t = ggml_backend_dev_type(d);
+		if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+			if (n-- == 0) return d;
+		}
+	}
+	return NULL;
+}
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/apiary-llm/apiary/internal/engine"
+	ollamallama "github.com/ollama/ollama/llama"
+)
+
+var backendOnce sync.Once
+
+// Engine is a model loaded into one llama.cpp context. One goroutine (run)
+// owns the context and decodes all active sequences together, one batch per
+// step, the way llama.cpp's own server does.
+type Engine struct {
+	log   *slog.Logger
+	info  engine.ModelInfo
+	model *C.struct_llama_model
+	vocab *C.struct_llama_vocab
+	lctx  *C.struct_llama_context
+
+	slots     int
+	batchSize int
+	nCtxSeq   int
+	eog       []C.llama_logit_bias // every end-of-generation token with bias -inf, for ignore_eos
+	tmpl      *C.char              // the model's chat template, nil when it has none
+
+	submit    chan *sequence
+	quit      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+var _ engine.Engine = (*Engine)(nil)
+
+// Load reads the GGUF at opts.ModelPath, creates a context with opts.Slots
+// sequences and warms it up. ctx only bounds the wait before loading starts:
+// llama.cpp cannot be interrupted while it reads the weights.
+func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if opts.Slots <= 0 {
+		opts.Slots = 1
+	}
+	if opts.Threads <= 0 {
+		opts.Threads = runtime.NumCPU()
+	}
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = 512
+	}
+	if _, err := os.Stat(opts.ModelPath); err != nil {
+		return nil, fmt.Errorf("llamacpp: model: %w", err)
+	}
+	backendOnce.Do(ollamallama.BackendInit)
+
+	rssBefore := residentBytes()
+
+	mparams := C.llama_model_default_params()
+	mparams.use_mmap = true
+	var devs [2]C.ggml_backend_dev_t
+	if opts.GPUDevice >= 0 {
+		if d := C.gpu_device(C.int(opts.GPUDevice)); d != nil {
+			devs[0] = d
+			mparams.devices = &devs[0]
+			mparams.n_gpu_layers = 999
+			if opts.GPULayers > 0 {
+				mparams.n_gpu_layers = C.int32_t(opts.GPULayers)
+			}
+			mparams.split_mode = C.LLAMA_SPLIT_MODE_NONE
+		} else {
+			log.Info("no GPU backend for this device; running on the CPU", "gpu_device", opts.GPUDevice)
+			mparams.n_gpu_layers = 0
+		}
+	} else {
+		mparams.n_gpu_layers = 0
+	}
+	cpath := C.CString(opts.ModelPath)
+	defer C.free(unsafe.Pointer(cpath))
+	model := C.llama_model_load_from_file(cpath, mparams)
+	if model == nil {
+		return nil, fmt.Errorf("llamacpp: llama.cpp could not load %s (see the log above for its reason)", opts.ModelPath)
+	}
+
+	trainCtx := int(C.llama_model_n_ctx_train(model))
+	nctx := opts.CtxSize
+	if nctx <= 0 {
+		nctx = min(trainCtx, 4096) * opts.Slots
+	}
+	cparams := C.llama_context_default_params()
+	cparams.n_ctx = C.uint32_t(nctx)
+	cparams.n_batch = C.uint32_t(opts.BatchSize)
+	cparams.n_ubatch = C.uint32_t(opts.BatchSize)
+	cparams.n_seq_max = C.uint32_t(opts.Slots)
+	cparams.n_threads = C.int32_t(opts.Threads)
+	cparams.n_threads_batch = C.int32_t(opts.Threads)
+	cparams.no_perf = true
+	cparams.embeddings = false
+	cparams.kv_unified = false
+	lctx := C.llama_init_from_model(model, cparams)
+	if lctx == nil {
+		C.llama_model_free(model)
+		return nil, fmt.Errorf("llamacpp: llama.cpp could not create a context of %d tokens for %s", nctx, opts.ModelPath)
+	}
+
+	e := &Engine{
+		log:       log,
+		model:     model,
+		vocab:     C.llama_model_get_vocab(model),
+		lctx:      lctx,
+		slots:     opts.Slots,
+		batchSize: opts.BatchSize,
+		nCtxSeq:   int(C.llama_n_ctx_seq(lctx)),
+		submit:    make(chan *sequence),
+		quit:      make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+	nVocab := int(C.llama_vocab_n_tokens(e.vocab))
+	for id := range nVocab {
+		if C.llama_vocab_is_eog(e.vocab, C.llama_token(id)) {
+			e.eog = append(e.eog, C.llama_logit_bias{token: C.llama_token(id), bias: C.float(math.Inf(-1))})
+		}
+	}
+	e.tmpl = C.llama_model_chat_template(model, nil)
+	e.info = engine.ModelInfo{
+		Architecture: e.metaString("general.architecture"),
+		CtxSize:      e.nCtxSeq,
+		TrainCtx:     trainCtx,
+		Vocab:        nVocab,
+	}
+	if e.tmpl != nil {
+		e.info.ChatTemplate = C.GoString(e.tmpl)
+	}
+	if err := e.warmup(); err != nil {
+		e.free()
+		return nil, err
+	}
+	// What the model really takes: on the CPU the growth of this process's
+	// resident memory across load, context creation and a warm-up decode
+	// (weights paged in, KV cache and compute buffers touched); never less
+	// than the weights llama.cpp reports.
+	e.info.MemoryBytes = max(residentBytes()-rssBefore, uint64(C.llama_model_size(model)))
+	go e.run()
+	log.Info("model loaded", "model", opts.ModelPath, "arch", e.info.Architecture,
+		"ctx_per_slot", e.nCtxSeq, "slots", e.slots, "threads", opts.Threads, "memory_bytes", e.info.MemoryBytes)
+	return e, nil
+}
+
+// warmup decodes one token so that every buffer is allocated and touched.
+func (e *Engine) warmup() error {
+	batch := C.llama_batch_init(1, 0, 1)
+	defer C.llama_batch_free(batch)
+	tok := C.llama_vocab_bos(e.vocab)
+	if tok < 0 {
+		tok = 0
+	}
+	C.batch_add(&batch, tok, 0, 0, true)
+	if rc := C.llama_decode(e.lctx, batch); rc != 0 {
+		return fmt.Errorf("llamacpp: warm-up decode failed (code %d)", int(rc))
+	}
+	C.llama_memory_clear(C.llama_get_memory(e.lctx), true)
+	return nil
+}
+
+func (e *Engine) metaString(key string) string {
+	ckey := C.CString(key)
+	defer C.free(unsafe.Pointer(ckey))
+	var buf [256]C.char
+	n := C.llama_model_meta_val_str(e.model, ckey, &buf[0], C.size_t(len(buf)))
+	if n < 0 {
+		return ""
+	}
+	return C.GoString(&buf[0])
+}
+
+// Info describes the loaded model.
+func (e *Engine) Info() engine.ModelInfo { return e.info }
+
+// Tokenize turns text into token ids. Special tokens written in the text
+// (such as a chat template's markers) are parsed as such.
+func (e *Engine) Tokenize(text string, addSpecial bool) ([]int, error) {
+	ctext := C.CString(text)
+	defer C.free(unsafe.Pointer(ctext))
+	n := len(text) + 2
+	for range 2 {
+		buf := make([]C.llama_token, n)
+		got := C.llama_tokenize(e.vocab, ctext, C.int32_t(len(text)), &buf[0], C.int32_t(n), C.bool(addSpecial), true)
+		if got == C.INT32_MIN {
+			return nil, errors.New("llamacpp: text too long to tokenize")
+		}
+		if got < 0 {
+			n = int(-got)
+			continue
+		}
+		ids := make([]int, int(got))
+		for i := range ids {
+			ids[i] = int(buf[i])
+		}
+		return ids, nil
+	}
+	return nil, errors.New("llamacpp: tokenizer disagreed with itself about the token count")
+}
+
+// piece returns the raw bytes of a token's text (special tokens render empty).
+func (e *Engine) piece(id C.llama_token, buf []byte) []byte {
+	n := C.llama_token_to_piece(e.vocab, id, (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, false)
+	if n < 0 {
+		buf = make([]byte, int(-n))
+		n = C.llama_token_to_piece(e.vocab, id, (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, false)
+	}
+	if n <= 0 {
+		return nil
+	}
+	out := make([]byte, int(n))
+	copy(out, buf[:n])
+	return out
+}
+
+// ChatPrompt renders messages with the model's chat template through
+// llama.cpp's template engine (it recognises the common template families).
+// A model without a template, or with one llama.cpp does not recognise, gets
+// the plain fallback documented in docs/worker.md:
+//
+//	System: …\n\nUser: …\n\nAssistant: …\n\nAssistant:
+func (e *Engine) ChatPrompt(msgs []engine.Message) (string, error) {
+	if len(msgs) == 0 {
+		return "", errors.New("llamacpp: no messages")
+	}
+	if e.tmpl != nil {
+		if s, ok := e.applyTemplate(msgs); ok {
+			return s, nil
+		}
+		e.log.Warn("chat template not recognised by llama.cpp; using the plain fallback")
+	}
+	return PlainChatPrompt(msgs), nil
+}
+
+// PlainChatPrompt is the fallback chat format for models without a template.
+func PlainChatPrompt(msgs []engine.Message) string {
+	var b strings.Builder
+	for _, m := range msgs {
+		role := m.Role
+		if role != "" {
+			role = strings.ToUpper(role[:1]) + role[1:]
+		}
+		b.WriteString(role)
+		b.WriteString(": ")
+		b.WriteString(m.Content)
+		b.WriteString("\n\n")
+	}
+	b.WriteString("Assistant:")
+	return b.String()
+}
+
+func (e *Engine) applyTemplate(msgs []engine.Message) (string, bool) {
+	size := C.size_t(unsafe.Sizeof(C.llama_chat_message{}))
+	arr := (*[1 << 20]C.llama_chat_message)(C.malloc(size * C.size_t(len(msgs))))[:len(msgs):len(msgs)]
+	defer C.free(unsafe.Pointer(&arr[0]))
+	total := 0
+	for i, m := range msgs {
+		arr[i].role = C.CString(m.Role)
+		arr[i].content = C.CString(m.Content)
+		total += len(m.Role) + len(m.Content)
+	}
+	defer func() {
+		for i := range arr {
+			C.free(unsafe.Pointer(arr[i].role))
+			C.free(unsafe.Pointer(arr[i].content))
+		}
+	}()
+	n := 2*total + 256
+	for range 2 {
+		buf := C.malloc(C.size_t(n))
+		got := C.llama_chat_apply_template(e.tmpl, &arr[0], C.size_t(len(msgs)), true, (*C.char)(buf), C.int32_t(n))
+		if got < 0 {
+			C.free(buf)
+			return "", false
+		}
+		if int(got) > n {
+			C.free(buf)
+			n = int(got)
+			continue
+		}
+		s := C.GoStringN((*C.char)(buf), got)
+		C.free(buf)
+		return s, true
+	}
+	return "", false
+}
+
+// Close stops the decode loop, ends generations in flight with
+// engine.ErrClosed and frees the context and the model. It is idempotent.
+//
+// Order: 1. stop accepting sequences; 2. the loop finishes every active
+// sequence and exits; 3. the context is freed; 4. the model is freed.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		close(e.quit)
+		<-e.done
+		e.free()
+	})
+	return nil
+}
+
+func (e *Engine) free() {
+	if e.lctx != nil {
+		C.llama_free(e.lctx)
+		e.lctx = nil
+	}
+	if e.model != nil {
+		C.llama_model_free(e.model)
+		e.model = nil
+	}
+}
+
+// residentBytes is this process's resident set size (0 when unknown).
+func residentBytes() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb * 1024
+		}
+	}
+	return 0
+}
