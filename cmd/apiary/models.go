@@ -1,0 +1,276 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/apiary-llm/apiary/internal/gguf"
+	"github.com/apiary-llm/apiary/internal/modelstore"
+	"github.com/apiary-llm/apiary/internal/testmodel"
+)
+
+func newModelsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "models",
+		Short: "List, pull and generate models",
+		Long: `List, pull and generate GGUF models. A model's ref is its file name in the
+models directory without ".gguf" (DIR/tiny.gguf is "tiny"). The models
+directory defaults to $XDG_DATA_HOME/apiary/models (~/.local/share/apiary/models).`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown command %q for %q (want ls, pull or testmodel)", args[0], cmd.CommandPath())
+			}
+			return usagef("%s: missing command (ls, pull or testmodel)", cmd.CommandPath())
+		},
+	}
+	cmd.AddCommand(newModelsLsCmd(), newModelsPullCmd(), newModelsTestmodelCmd())
+	return cmd
+}
+
+func newModelsLsCmd() *cobra.Command {
+	var dir string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List the models of the models directory",
+		Long: `List the *.gguf files of the models directory with what their headers say.
+A file that cannot be read is listed with the reason.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dir, err := modelsDir(dir)
+			if err != nil {
+				return err
+			}
+			models, err := modelstore.List(dir)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if models == nil {
+					models = []modelstore.Model{}
+				}
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(models)
+			}
+			if len(models) == 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "no models in %s (add one with `apiary models pull URL` or `apiary models testmodel %s`)\n",
+					dir, modelPathHint(dir))
+			}
+			return printModels(cmd.OutOrStdout(), models)
+		},
+	}
+	cmd.Flags().StringVar(&dir, "models-dir", "", "models directory (default $XDG_DATA_HOME/apiary/models)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	return cmd
+}
+
+// printModels writes the table of `apiary models ls`.
+func printModels(w io.Writer, models []modelstore.Model) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REF\tARCH\tPARAMS\tSIZE\tCTX")
+	for _, m := range models {
+		size := "-"
+		if m.Size > 0 || m.Error == "" {
+			size = formatBytes(uint64(m.Size))
+		}
+		if m.Info == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t%s\t-\terror: %s\n", m.Ref, size, m.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", m.Ref, orDash(m.Info.Architecture), formatCount(m.Info.ParameterCount), size, m.Info.ContextLength)
+	}
+	return tw.Flush()
+}
+
+func newModelsPullCmd() *cobra.Command {
+	var dir, name string
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "pull URL",
+		Short: "Download a GGUF model into the models directory",
+		Long: `Download a GGUF model over HTTP(S) into the models directory as REF.gguf, REF
+being --name or the URL's file name without ".gguf". The download is checked
+with the GGUF reader before it takes its place; a failed or interrupted pull
+leaves nothing behind.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir, err := modelsDir(dir)
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return fmt.Errorf("models directory: %w", err)
+			}
+			label := name
+			if label == "" {
+				if label, err = modelstore.RefFromURL(args[0]); err != nil {
+					label = args[0]
+				}
+			}
+			p := &progress{w: cmd.ErrOrStderr(), label: label}
+			m, err := modelstore.Pull(cmd.Context(), dir, args[0], modelstore.PullOptions{
+				Ref: name, Overwrite: force, Progress: p.report,
+			})
+			switch {
+			case errors.Is(err, modelstore.ErrBadRef) && name != "":
+				return usagef("--name: %v", err)
+			case errors.Is(err, modelstore.ErrBadRef):
+				return usagef("%v; pass --name", err)
+			case errors.Is(err, modelstore.ErrBadURL):
+				return usagef("%v", err)
+			case errors.Is(err, modelstore.ErrExists):
+				return fmt.Errorf("%w; pass --force to replace it", err)
+			case cmd.Context().Err() != nil:
+				return &exitError{code: 130, err: errors.New("pull interrupted; nothing was saved")}
+			case err != nil:
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "pulled %s: %s\n", m.Ref, describeModel(m.Path, m.Info, m.Size))
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&dir, "models-dir", "", "models directory (default $XDG_DATA_HOME/apiary/models)")
+	cmd.Flags().StringVar(&name, "name", "", "ref of the model (default: the URL's file name without .gguf)")
+	cmd.Flags().BoolVar(&force, "force", false, "replace a model of the same ref")
+	return cmd
+}
+
+// progress prints download progress as plain lines: every 10% when the
+// total is known, every 64 MiB otherwise.
+type progress struct {
+	w     io.Writer
+	label string
+	next  int64 // bytes at which the next line is due
+}
+
+func (p *progress) report(written, total int64) {
+	if written < p.next {
+		return
+	}
+	if total > 0 {
+		pct := written * 100 / total
+		fmt.Fprintf(p.w, "pull %s: %3d%% (%s of %s)\n", p.label, pct, formatBytes(uint64(written)), formatBytes(uint64(total)))
+		p.next = (pct/10 + 1) * 10 * total / 100
+		return
+	}
+	fmt.Fprintf(p.w, "pull %s: %s\n", p.label, formatBytes(uint64(written)))
+	p.next = written + 64<<20
+}
+
+func newModelsTestmodelCmd() *cobra.Command {
+	var opts testmodel.Options
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "testmodel OUT.gguf",
+		Short: "Write a small deterministic llama model with random weights",
+		Long: `Write a small llama-architecture GGUF model with random weights to OUT.gguf.
+llama.cpp loads and runs it (its output is gibberish), which makes it a
+stand-in for a real model in tests and demos. The same options always give
+the same file.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := opts.Validate(); err != nil {
+				return usagef("%v", err)
+			}
+			out := args[0]
+			if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+				return err
+			}
+			f, err := modelstore.WriteFile(out, force, func(w io.Writer) error { return testmodel.Write(w, opts) })
+			if errors.Is(err, modelstore.ErrExists) {
+				return fmt.Errorf("%w; pass --force to replace it", err)
+			}
+			if err != nil {
+				return err
+			}
+			info := f.Info()
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", describeModel(out, &info, f.Size))
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.Int64Var(&opts.Seed, "seed", 1, "seed of the random weights (0 means 1)")
+	fl.IntVar(&opts.Layers, "layers", 2, fmt.Sprintf("transformer blocks, 1 to %d", testmodel.MaxLayers))
+	fl.IntVar(&opts.Dim, "dim", 64, fmt.Sprintf("embedding length, a multiple of %d from %d to %d", testmodel.Heads, testmodel.MinDim, testmodel.MaxDim))
+	fl.BoolVar(&force, "force", false, "replace an existing file")
+	return cmd
+}
+
+// modelsDir returns dir, or the default models directory when it is empty.
+func modelsDir(dir string) (string, error) {
+	if dir != "" {
+		return dir, nil
+	}
+	d, err := modelstore.DefaultDir()
+	if err != nil {
+		return "", usagef("%v; pass --models-dir", err)
+	}
+	return d, nil
+}
+
+func modelPathHint(dir string) string {
+	p, _ := modelstore.Path(dir, "tiny")
+	return p
+}
+
+// describeModel is the one-line summary pull and testmodel print.
+func describeModel(path string, info *gguf.Info, size int64) string {
+	return fmt.Sprintf("%s (%s, %s params, %s, context %d)",
+		path, orDash(info.Architecture), formatCount(info.ParameterCount), formatBytes(uint64(size)), info.ContextLength)
+}
+
+// usageArgs makes cobra's argument checks usage errors (exit code 2).
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usagef("%s: %v", cmd.CommandPath(), err)
+		}
+		return nil
+	}
+}
+
+// formatBytes formats a size with binary units: 512 B, 699.5 KiB, 4.1 GiB.
+func formatBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// formatCount formats a parameter count the way model cards do: 176.7K,
+// 494.0M, 7.2B.
+func formatCount(n uint64) string {
+	switch {
+	case n >= 1e12:
+		return fmt.Sprintf("%.1fT", float64(n)/1e12)
+	case n >= 1e9:
+		return fmt.Sprintf("%.1fB", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1fM", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1fK", float64(n)/1e3)
+	}
+	return fmt.Sprint(n)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,281 @@
+package llamacpp_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/apiary-llm/apiary/internal/engine"
+	"github.com/apiary-llm/apiary/internal/llamacpp"
+	"github.com/apiary-llm/apiary/internal/testmodel"
+	"github.com/google/go-cmp/cmp"
+)
+
+// writeModel generates the deterministic test model into a temp dir.
+func writeModel(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.Write(f, testmodel.Options{Seed: 1, Layers: 2, Dim: 64}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func load(t testing.TB, slots int) *llamacpp.Engine {
+	t.Helper()
+	return loadCtx(t, slots, 256)
+}
+
+func loadCtx(t testing.TB, slots, ctxPerSlot int) *llamacpp.Engine {
+	t.Helper()
+	e, err := llamacpp.Load(context.Background(), engine.Options{
+		ModelPath: writeModel(t), CtxSize: ctxPerSlot * slots, Slots: slots, Threads: 1, GPUDevice: -1, // one thread: no spin-waiting when tests share the CPU
+	}, nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// collect runs one generation and returns the token ids.
+func collect(t *testing.T, e *llamacpp.Engine, req engine.Request) ([]int, engine.Result) {
+	t.Helper()
+	var ids []int
+	res, err := e.Generate(t.Context(), req, func(tok engine.Token) error {
+		ids = append(ids, tok.ID)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Generate: %v", err)
+	}
+	return ids, res
+}
+
+func prompt(t *testing.T, e *llamacpp.Engine, text string) []int {
+	t.Helper()
+	ids, err := e.Tokenize(text, true)
+	if err != nil {
+		t.Fatalf("Tokenize: %v", err)
+	}
+	return ids
+}
+
+func TestLoadReportsModel(t *testing.T) {
+	e := load(t, 1)
+	info := e.Info()
+	if info.Architecture != "llama" {
+		t.Errorf("architecture = %q, want llama", info.Architecture)
+	}
+	if info.CtxSize != 256 {
+		t.Errorf("ctx per slot = %d, want 256", info.CtxSize)
+	}
+	if info.Vocab < 259 {
+		t.Errorf("vocab = %d, want the byte-level vocabulary (>= 259)", info.Vocab)
+	}
+	if info.MemoryBytes < 500_000 {
+		t.Errorf("memory = %d bytes, less than the weights", info.MemoryBytes)
+	}
+}
+
+func TestTokenizeAddsBOSAndCoversText(t *testing.T) {
+	e := load(t, 1)
+	ids := prompt(t, e, "Hello, world")
+	if len(ids) < 2 || ids[0] != 1 {
+		t.Fatalf("tokens = %v, want BOS (1) first and the text after it", ids)
+	}
+}
+
+func TestGreedyIsDeterministicAndHonoursMaxTokens(t *testing.T) {
+	e := load(t, 1)
+	req := engine.Request{Prompt: prompt(t, e, "The bees"), MaxTokens: 24, IgnoreEOS: true}
+	a, res := collect(t, e, req)
+	b, _ := collect(t, e, req)
+	if len(a) != 24 || res.CompletionTokens != 24 || res.FinishReason != engine.FinishLength {
+		t.Fatalf("got %d tokens, result %+v; want 24 and finish length", len(a), res)
+	}
+	if res.PromptTokens != len(req.Prompt) {
+		t.Errorf("prompt tokens = %d, want %d", res.PromptTokens, len(req.Prompt))
+	}
+	if diff := cmp.Diff(a, b); diff != "" {
+		t.Errorf("greedy runs differ (-first +second):\n%s", diff)
+	}
+}
+
+func TestSeededSamplingRepeats(t *testing.T) {
+	e := load(t, 1)
+	req := engine.Request{Prompt: prompt(t, e, "x"), MaxTokens: 32, Temperature: 1, TopK: 40, TopP: 0.95, Seed: 42, IgnoreEOS: true}
+	a, _ := collect(t, e, req)
+	b, _ := collect(t, e, req)
+	if diff := cmp.Diff(a, b); diff != "" {
+		t.Errorf("same seed, different tokens (-first +second):\n%s", diff)
+	}
+	req.Seed = 43
+	c, _ := collect(t, e, req)
+	if cmp.Equal(a, c) {
+		t.Errorf("seeds 42 and 43 produced the same %d tokens", len(a))
+	}
+}
+
+// Parallel sequences are decoded in one batch; each must produce exactly
+// what it produces alone.
+func TestParallelSlotsMatchSequentialRuns(t *testing.T) {
+	e := load(t, 3)
+	texts := []string{"alpha", "a much longer prompt about hives and queens", "z"}
+	want := make([][]int, len(texts))
+	for i, s := range texts {
+		want[i], _ = collect(t, e, engine.Request{Prompt: prompt(t, e, s), MaxTokens: 20, IgnoreEOS: true})
+	}
+	got := make([][]int, len(texts))
+	var wg sync.WaitGroup
+	for i, s := range texts {
+		p := prompt(t, e, s)
+		wg.Go(func() {
+			ids, _, err := generate(t.Context(), e, engine.Request{Prompt: p, MaxTokens: 20, IgnoreEOS: true})
+			if err != nil {
+				t.Errorf("slot %d: %v", i, err)
+			}
+			got[i] = ids
+		})
+	}
+	wg.Wait()
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("batched generations differ from sequential ones (-want +got):\n%s", diff)
+	}
+}
+
+func generate(ctx context.Context, e *llamacpp.Engine, req engine.Request) ([]int, engine.Result, error) {
+	var ids []int
+	res, err := e.Generate(ctx, req, func(tok engine.Token) error {
+		ids = append(ids, tok.ID)
+		return nil
+	})
+	return ids, res, err
+}
+
+func TestEmitStopEndsGeneration(t *testing.T) {
+	e := load(t, 1)
+	n := 0
+	res, err := e.Generate(t.Context(), engine.Request{Prompt: prompt(t, e, "q"), MaxTokens: 100, IgnoreEOS: true},
+		func(engine.Token) error {
+			n++
+			if n == 5 {
+				return engine.ErrStop
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 5 || res.FinishReason != engine.FinishStop {
+		t.Fatalf("emitted %d tokens, finish %q; want 5 and stop", n, res.FinishReason)
+	}
+}
+
+func TestCancelledContextEndsGenerationAtNextToken(t *testing.T) {
+	e := load(t, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	n := 0
+	_, err := e.Generate(ctx, engine.Request{Prompt: prompt(t, e, "q"), MaxTokens: 200, IgnoreEOS: true},
+		func(engine.Token) error {
+			n++
+			if n == 3 {
+				cancel()
+			}
+			return nil
+		})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if n >= 200 {
+		t.Fatalf("generation ran to the end (%d tokens) despite cancellation", n)
+	}
+	// The slot is free again.
+	if _, res := collect(t, e, engine.Request{Prompt: prompt(t, e, "q"), MaxTokens: 3, IgnoreEOS: true}); res.CompletionTokens != 3 {
+		t.Fatalf("after cancel: %+v", res)
+	}
+}
+
+func TestContextFullFinishesWithLength(t *testing.T) {
+	e := load(t, 1)
+	p := prompt(t, e, "q")
+	_, res := collect(t, e, engine.Request{Prompt: p, MaxTokens: 10_000, IgnoreEOS: true})
+	if res.FinishReason != engine.FinishLength || len(p)+res.CompletionTokens > 257 {
+		t.Fatalf("result %+v with %d prompt tokens; want finish length within the 256-token context", res, len(p))
+	}
+}
+
+func TestPromptTooLong(t *testing.T) {
+	e := load(t, 1)
+	long := make([]int, 300)
+	for i := range long {
+		long[i] = 70
+	}
+	_, _, err := generate(t.Context(), e, engine.Request{Prompt: long, MaxTokens: 1})
+	if !errors.Is(err, engine.ErrPromptTooLong) {
+		t.Fatalf("err = %v, want ErrPromptTooLong", err)
+	}
+}
+
+func TestCloseEndsGenerationsInFlight(t *testing.T) {
+	e := loadCtx(t, 1, 2048) // long enough that the generation is still running at Close
+	first := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		var once sync.Once
+		_, err := e.Generate(context.Background(), engine.Request{Prompt: []int{1, 70}, MaxTokens: 1_000_000, IgnoreEOS: true},
+			func(engine.Token) error {
+				once.Do(func() { close(first) })
+				return nil
+			})
+		errc <- err
+	}()
+	<-first
+	if err := e.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := <-errc; !errors.Is(err, engine.ErrClosed) {
+		t.Fatalf("err = %v, want ErrClosed", err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, _, err := generate(t.Context(), e, engine.Request{Prompt: []int{1}, MaxTokens: 1}); !errors.Is(err, engine.ErrClosed) {
+		t.Fatalf("Generate after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestChatPromptFallbackWithoutTemplate(t *testing.T) {
+	e := load(t, 1)
+	got, err := e.ChatPrompt([]engine.Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hi"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "System: Be brief.\n\nUser: Hi\n\nAssistant:"
+	if got != want {
+		t.Fatalf("prompt = %q, want %q", got, want)
+	}
+}
+
+func TestLoadRejectsMissingAndNonGGUFFiles(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.gguf")
+	if err := os.WriteFile(bad, []byte("this is not a model"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{filepath.Join(dir, "missing.gguf"), bad} {
+		if _, err := llamacpp.Load(context.Background(), engine.Options{ModelPath: path, GPUDevice: -1}, nil); err == nil {
+			t.Errorf("Load(%s) succeeded, want an error", path)
+		}
+	}
+}

@@ -1,0 +1,274 @@
+// Package testmodel generates small, deterministic llama-architecture GGUF
+// models that llama.cpp loads and generates from. Their weights are random,
+// so what they generate is gibberish, but everything around the weights —
+// tokenizer, hyperparameters, tensor names and shapes — is that of a real
+// model, which lets tests and demos run the whole system without
+// downloading one.
+//
+// The tokenizer is SentencePiece style (tokenizer.ggml.model "llama") with a
+// byte-level vocabulary: <unk>, <s>, </s>, the 256 byte tokens <0x00> …
+// <0xFF>, "▁" (U+2581, SentencePiece's space) and the printable ASCII
+// characters. Plain text therefore tokenizes one character a token, and
+// anything else falls back to its bytes.
+package testmodel
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"github.com/apiary-llm/apiary/internal/gguf"
+)
+
+// Fixed hyperparameters of every test model.
+const (
+	Heads         = 4
+	HeadsKV       = Heads // no grouped-query attention
+	ContextLength = 2048
+	RopeFreqBase  = 10000
+	RMSEpsilon    = 1e-5
+	// FeedForwardFactor times Dim is the feed-forward length.
+	FeedForwardFactor = 4
+	// WeightStdDev is the standard deviation of the random weights; the
+	// norm weights are 1.
+	WeightStdDev = 0.02
+)
+
+// Token ids of the special tokens.
+const (
+	UnknownToken = 0
+	BOSToken     = 1
+	EOSToken     = 2
+)
+
+// Limits of Options.
+const (
+	MaxLayers = 64
+	MinDim    = 8
+	MaxDim    = 4096
+)
+
+// ErrOptions means Options are out of range.
+var ErrOptions = errors.New("testmodel: invalid options")
+
+// Options choose the model. A zero field takes its default.
+type Options struct {
+	Seed   int64 // of the random weights; default 1
+	Layers int   // transformer blocks, 1 … MaxLayers; default 2
+	Dim    int   // embedding length, a multiple of Heads in MinDim … MaxDim; default 64
+}
+
+func (o Options) withDefaults() Options {
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if o.Layers == 0 {
+		o.Layers = 2
+	}
+	if o.Dim == 0 {
+		o.Dim = 64
+	}
+	return o
+}
+
+// Validate reports options out of range, after defaults are applied.
+func (o Options) Validate() error {
+	o = o.withDefaults()
+	if o.Layers < 1 || o.Layers > MaxLayers {
+		return fmt.Errorf("%w: layers %d is not in 1…%d", ErrOptions, o.Layers, MaxLayers)
+	}
+	if o.Dim < MinDim || o.Dim > MaxDim || o.Dim%Heads != 0 {
+		return fmt.Errorf("%w: dim %d is not a multiple of %d in %d…%d", ErrOptions, o.Dim, Heads, MinDim, MaxDim)
+	}
+	return nil
+}
+
+// token types of llama.cpp (enum llama_token_type).
+const (
+	tokenNormal  = 1
+	tokenUnknown = 2
+	tokenControl = 3
+	tokenByte    = 6
+)
+
+// vocabulary returns the tokens, their scores and their types.
+func vocabulary() (tokens []string, scores []float32, types []int32) {
+	add := func(tok string, typ int32) {
+		tokens = append(tokens, tok)
+		types = append(types, typ)
+		scores = append(scores, 0)
+	}
+	add("<unk>", tokenUnknown)
+	add("<s>", tokenControl)
+	add("</s>", tokenControl)
+	for b := range 256 {
+		add(fmt.Sprintf("<0x%02X>", b), tokenByte)
+	}
+	add("▁", tokenNormal)
+	for c := '!'; c <= '~'; c++ {
+		add(string(c), tokenNormal)
+	}
+	// Only single characters are in the vocabulary, so the scores never
+	// decide a merge; give normal tokens decreasing ones as real
+	// SentencePiece vocabularies have.
+	for i, typ := range types {
+		if typ == tokenNormal {
+			scores[i] = -float32(i)
+		}
+	}
+	return tokens, scores, types
+}
+
+// VocabSize is the number of tokens of every test model.
+var VocabSize = func() int { t, _, _ := vocabulary(); return len(t) }()
+
+// metadata returns the model's metadata, in the order llama.cpp's
+// converters write it.
+func metadata(o Options) gguf.Metadata {
+	tokens, scores, types := vocabulary()
+	u32 := func(n int) gguf.Value { return gguf.Uint32(uint32(n)) }
+	var md gguf.Metadata
+	add := func(key string, v gguf.Value) { md = append(md, gguf.KV{Key: key, Value: v}) }
+	add("general.architecture", gguf.String("llama"))
+	add("general.name", gguf.String(fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d)", o.Seed, o.Layers, o.Dim)))
+	add("general.file_type", gguf.Uint32(0)) // all F32
+	add("llama.vocab_size", u32(len(tokens)))
+	add("llama.context_length", u32(ContextLength))
+	add("llama.embedding_length", u32(o.Dim))
+	add("llama.block_count", u32(o.Layers))
+	add("llama.feed_forward_length", u32(FeedForwardFactor*o.Dim))
+	add("llama.rope.dimension_count", u32(o.Dim/Heads))
+	add("llama.rope.freq_base", gguf.Float32(RopeFreqBase))
+	add("llama.attention.head_count", u32(Heads))
+	add("llama.attention.head_count_kv", u32(HeadsKV))
+	add("llama.attention.layer_norm_rms_epsilon", gguf.Float32(RMSEpsilon))
+	add("tokenizer.ggml.model", gguf.String("llama"))
+	add("tokenizer.ggml.tokens", gguf.Array(tokens))
+	add("tokenizer.ggml.scores", gguf.Array(scores))
+	add("tokenizer.ggml.token_type", gguf.Array(types))
+	add("tokenizer.ggml.bos_token_id", u32(BOSToken))
+	add("tokenizer.ggml.eos_token_id", u32(EOSToken))
+	add("tokenizer.ggml.unknown_token_id", u32(UnknownToken))
+	add("tokenizer.ggml.add_bos_token", gguf.Bool(true))
+	add("tokenizer.ggml.add_eos_token", gguf.Bool(false))
+	return md
+}
+
+// tensor is one tensor of the model: its layout and whether it is a norm
+// (all ones) or random.
+type tensor struct {
+	gguf.Tensor
+	norm bool
+}
+
+// tensors lists the model's tensors in file order. Shapes are in ggml
+// order, [columns, rows]: a weight that maps n inputs to m outputs is
+// [n, m].
+func tensors(o Options) []tensor {
+	dim, ff, vocab := uint64(o.Dim), uint64(FeedForwardFactor*o.Dim), uint64(VocabSize)
+	dimKV := dim / Heads * HeadsKV // K and V have HeadsKV heads of dim/Heads
+	mk := func(name string, norm bool, shape ...uint64) tensor {
+		return tensor{Tensor: gguf.Tensor{Name: name, Shape: shape, Type: gguf.TypeF32}, norm: norm}
+	}
+	ts := []tensor{
+		mk("token_embd.weight", false, dim, vocab),
+		mk("output_norm.weight", true, dim),
+		mk("output.weight", false, dim, vocab),
+	}
+	for l := range o.Layers {
+		blk := func(name string) string { return fmt.Sprintf("blk.%d.%s.weight", l, name) }
+		ts = append(ts,
+			mk(blk("attn_norm"), true, dim),
+			mk(blk("attn_q"), false, dim, dim),
+			mk(blk("attn_k"), false, dim, dimKV),
+			mk(blk("attn_v"), false, dim, dimKV),
+			mk(blk("attn_output"), false, dim, dim),
+			mk(blk("ffn_norm"), true, dim),
+			mk(blk("ffn_gate"), false, dim, ff),
+			mk(blk("ffn_up"), false, dim, ff),
+			mk(blk("ffn_down"), false, ff, dim),
+		)
+	}
+	return ts
+}
+
+// Write writes the model o describes to w. The same options always give
+// the same bytes. Tensors are generated one at a time, so memory use is
+// that of the largest tensor.
+func Write(w io.Writer, o Options) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	o = o.withDefaults()
+	ts := tensors(o)
+	layouts := make([]gguf.Tensor, len(ts))
+	for i, t := range ts {
+		layouts[i] = t.Tensor
+	}
+	gw, err := gguf.NewWriter(w, metadata(o), layouts)
+	if err != nil {
+		return fmt.Errorf("testmodel: %w", err)
+	}
+	// One generator for all weights, drawn in file order: the bytes depend
+	// on the seed and the options only.
+	rng := rand.New(rand.NewPCG(uint64(o.Seed), 0x61706961727921)) // "apiary!"
+	var buf []byte
+	for _, t := range ts {
+		n := 1
+		for _, d := range t.Shape {
+			n *= int(d)
+		}
+		buf = buf[:0]
+		for range n {
+			v := float32(1)
+			if !t.norm {
+				v = float32(rng.NormFloat64() * WeightStdDev)
+			}
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+		}
+		if err := gw.WriteTensor(buf); err != nil {
+			return fmt.Errorf("testmodel: %w", err)
+		}
+	}
+	if err := gw.Close(); err != nil {
+		return fmt.Errorf("testmodel: %w", err)
+	}
+	return nil
+}
+
+// WriteFile writes the model o describes to path, through a temporary file
+// in the same directory renamed into place, so that path never holds a
+// partial model. An existing file at path is replaced.
+func WriteFile(path string, o Options) (err error) {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("testmodel: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if err := Write(tmp, o); err != nil {
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		return fmt.Errorf("testmodel: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("testmodel: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("testmodel: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,267 @@
+package testmodel_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/apiary-llm/apiary/internal/gguf"
+	"github.com/apiary-llm/apiary/internal/testmodel"
+	"github.com/google/go-cmp/cmp"
+)
+
+func generate(t *testing.T, o testmodel.Options) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := testmodel.Write(&buf, o); err != nil {
+		t.Fatalf("Write(%+v): %v", o, err)
+	}
+	return buf.Bytes()
+}
+
+func parse(t *testing.T, b []byte) *gguf.File {
+	t.Helper()
+	f, err := gguf.Read(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		t.Fatalf("reading the generated model: %v", err)
+	}
+	return f
+}
+
+func TestDefaultModel(t *testing.T) {
+	b := generate(t, testmodel.Options{})
+	f := parse(t, b)
+
+	want := gguf.Info{
+		Architecture:      "llama",
+		Name:              "apiary test model (seed 1, 2 layers, dim 64)",
+		FileType:          0,
+		ContextLength:     2048,
+		BlockCount:        2,
+		EmbeddingLength:   64,
+		FeedForwardLength: 256,
+		HeadCount:         4,
+		HeadCountKV:       4,
+		KeyLength:         16,
+		ValueLength:       16,
+		VocabSize:         3 + 256 + 1 + 94,
+		// token_embd + output: 2×64×354; output_norm: 64; per layer
+		// 2 norms of 64, q k v o of 64×64, gate up down of 64×256.
+		ParameterCount: 2*64*354 + 64 + 2*(2*64+4*64*64+3*64*256),
+	}
+	want.WeightsBytes = 4 * want.ParameterCount
+	if diff := cmp.Diff(want, f.Info()); diff != "" {
+		t.Errorf("Info (-want +got):\n%s", diff)
+	}
+	if f.Info().FileType.String() != "F32" {
+		t.Errorf("file type %s, want F32", f.Info().FileType)
+	}
+	if len(b) < 600_000 || len(b) > 1_100_000 {
+		t.Errorf("default model is %d bytes, want about 1 MB at most", len(b))
+	}
+	if _, ok := f.Metadata.Lookup("tokenizer.chat_template"); ok {
+		t.Error("the model has a chat template; the worker's fallback is meant to be used")
+	}
+}
+
+func TestTensors(t *testing.T) {
+	for _, o := range []testmodel.Options{{}, {Layers: 3, Dim: 32}, {Layers: 1, Dim: 8}} {
+		t.Run(fmt.Sprintf("layers=%d,dim=%d", o.Layers, o.Dim), func(t *testing.T) {
+			f := parse(t, generate(t, o))
+			layers, dim := or(o.Layers, 2), uint64(or(o.Dim, 64))
+			vocab, ff := uint64(testmodel.VocabSize), 4*dim
+			want := map[string][]uint64{
+				"token_embd.weight":  {dim, vocab},
+				"output_norm.weight": {dim},
+				"output.weight":      {dim, vocab},
+			}
+			for l := range layers {
+				for name, shape := range map[string][]uint64{
+					"attn_norm": {dim}, "attn_q": {dim, dim}, "attn_k": {dim, dim}, "attn_v": {dim, dim},
+					"attn_output": {dim, dim}, "ffn_norm": {dim},
+					"ffn_gate": {dim, ff}, "ffn_up": {dim, ff}, "ffn_down": {ff, dim},
+				} {
+					want[fmt.Sprintf("blk.%d.%s.weight", l, name)] = shape
+				}
+			}
+			got := map[string][]uint64{}
+			for _, ti := range f.Tensors {
+				if ti.Type != gguf.TypeF32 {
+					t.Errorf("tensor %s is %s, want F32", ti.Name, ti.Type)
+				}
+				got[ti.Name] = ti.Shape
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("tensor shapes (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestWeights checks the values: norms are 1, the other weights small and
+// centred on 0.
+func TestWeights(t *testing.T) {
+	b := generate(t, testmodel.Options{})
+	f := parse(t, b)
+	for _, name := range []string{"output_norm.weight", "blk.1.ffn_norm.weight", "blk.0.attn_q.weight", "token_embd.weight"} {
+		ti, ok := f.Tensor(name)
+		if !ok {
+			t.Fatalf("no tensor %s", name)
+		}
+		data := make([]byte, ti.Size)
+		if _, err := f.TensorData(bytes.NewReader(b), ti).Read(data); err != nil {
+			t.Fatal(err)
+		}
+		var sum, sumSq float64
+		for i := 0; i < len(data); i += 4 {
+			v := float64(math.Float32frombits(uint32(data[i]) | uint32(data[i+1])<<8 | uint32(data[i+2])<<16 | uint32(data[i+3])<<24))
+			sum += v
+			sumSq += v * v
+		}
+		n := float64(ti.Elements)
+		mean, std := sum/n, math.Sqrt(sumSq/n-(sum/n)*(sum/n))
+		isNorm := name == "output_norm.weight" || name == "blk.1.ffn_norm.weight"
+		switch {
+		case isNorm && (mean != 1 || std != 0):
+			t.Errorf("%s: mean %g, std %g; want all ones", name, mean, std)
+		case !isNorm && (math.Abs(mean) > 0.005 || math.Abs(std-testmodel.WeightStdDev) > 0.005):
+			t.Errorf("%s: mean %g, std %g; want about 0 and %g", name, mean, std, testmodel.WeightStdDev)
+		}
+	}
+}
+
+func TestTokenizer(t *testing.T) {
+	md := parse(t, generate(t, testmodel.Options{})).Metadata
+	tokens, _ := mustLookup(t, md, "tokenizer.ggml.tokens").AsStrings()
+	types, _ := mustLookup(t, md, "tokenizer.ggml.token_type").AsUints()
+	if n := mustLookup(t, md, "tokenizer.ggml.scores").Len(); n != len(tokens) || len(types) != len(tokens) {
+		t.Fatalf("%d tokens, %d scores, %d types", len(tokens), n, len(types))
+	}
+	typeOf := map[string]uint64{}
+	for i, tok := range tokens {
+		if _, dup := typeOf[tok]; dup {
+			t.Errorf("token %q appears twice", tok)
+		}
+		typeOf[tok] = types[i]
+	}
+	for tok, want := range map[string]uint64{
+		"<unk>": 2, "<s>": 3, "</s>": 3, "<0x00>": 6, "<0x0A>": 6, "<0xFF>": 6, "▁": 1, "a": 1, "~": 1, "!": 1,
+	} {
+		if got, ok := typeOf[tok]; !ok || got != want {
+			t.Errorf("token %q: type %d (present %v), want %d", tok, got, ok, want)
+		}
+	}
+	for i, want := range []string{"<unk>", "<s>", "</s>"} {
+		if tokens[i] != want {
+			t.Errorf("token %d is %q, want %q", i, tokens[i], want)
+		}
+	}
+	for key, want := range map[string]uint64{
+		"tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+	} {
+		if got, ok := mustLookup(t, md, key).AsUint(); !ok || got != want {
+			t.Errorf("%s = %d, want %d", key, got, want)
+		}
+	}
+	if b, _ := mustLookup(t, md, "tokenizer.ggml.add_bos_token").AsBool(); !b {
+		t.Error("add_bos_token is not true")
+	}
+	if got := md.String("tokenizer.ggml.model"); got != "llama" {
+		t.Errorf("tokenizer model %q, want llama", got)
+	}
+}
+
+// or is a, or b when a is 0 (the defaults of Options).
+func or(a, b int) int {
+	if a == 0 {
+		return b
+	}
+	return a
+}
+
+func mustLookup(t *testing.T, md gguf.Metadata, key string) gguf.Value {
+	t.Helper()
+	v, ok := md.Lookup(key)
+	if !ok {
+		t.Fatalf("no metadata key %s", key)
+	}
+	return v
+}
+
+func TestDeterministic(t *testing.T) {
+	a := generate(t, testmodel.Options{Seed: 7})
+	if b := generate(t, testmodel.Options{Seed: 7}); !bytes.Equal(a, b) {
+		t.Error("the same seed gave different files")
+	}
+	if c := generate(t, testmodel.Options{Seed: 8}); bytes.Equal(a, c) || len(a) != len(c) {
+		t.Errorf("seeds 7 and 8: equal %v, sizes %d and %d; want different bytes of the same size", bytes.Equal(a, c), len(a), len(c))
+	}
+	if d := generate(t, testmodel.Options{Seed: 1}); !bytes.Equal(d, generate(t, testmodel.Options{})) {
+		t.Error("seed 1 differs from the default seed")
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	tests := []struct {
+		o   testmodel.Options
+		msg string // "" when valid
+	}{
+		{testmodel.Options{}, ""},
+		{testmodel.Options{Layers: 64, Dim: 4096}, ""},
+		{testmodel.Options{Layers: 1, Dim: 8}, ""},
+		{testmodel.Options{Layers: 65}, "testmodel: invalid options: layers 65 is not in 1…64"},
+		{testmodel.Options{Layers: -1}, "testmodel: invalid options: layers -1 is not in 1…64"},
+		{testmodel.Options{Dim: 4}, "testmodel: invalid options: dim 4 is not a multiple of 4 in 8…4096"},
+		{testmodel.Options{Dim: 66}, "testmodel: invalid options: dim 66 is not a multiple of 4 in 8…4096"},
+		{testmodel.Options{Dim: 4100}, "testmodel: invalid options: dim 4100 is not a multiple of 4 in 8…4096"},
+	}
+	for _, tt := range tests {
+		err := tt.o.Validate()
+		switch {
+		case tt.msg == "" && err != nil:
+			t.Errorf("Validate(%+v) = %v, want nil", tt.o, err)
+		case tt.msg != "" && (err == nil || err.Error() != tt.msg || !errors.Is(err, testmodel.ErrOptions)):
+			t.Errorf("Validate(%+v) = %v, want %q", tt.o, err, tt.msg)
+		}
+	}
+	var buf bytes.Buffer
+	if err := testmodel.Write(&buf, testmodel.Options{Dim: 6}); !errors.Is(err, testmodel.ErrOptions) || buf.Len() != 0 {
+		t.Errorf("Write with a bad dim = %v after %d bytes, want ErrOptions and nothing written", err, buf.Len())
+	}
+}
+
+func TestWriteFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tiny.gguf")
+	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteFile(path, testmodel.Options{}); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, generate(t, testmodel.Options{})) {
+		t.Error("the file differs from what Write produces")
+	}
+	if _, err := gguf.Open(path); err != nil {
+		t.Errorf("Open: %v", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want only the model (no temporary file left)", len(entries))
+	}
+
+	if err := testmodel.WriteFile(filepath.Join(dir, "missing", "x.gguf"), testmodel.Options{}); err == nil {
+		t.Error("WriteFile into a missing directory succeeded")
+	}
+	if err := testmodel.WriteFile(path, testmodel.Options{Layers: 100}); !errors.Is(err, testmodel.ErrOptions) {
+		t.Errorf("WriteFile with bad options = %v, want ErrOptions", err)
+	}
+}
