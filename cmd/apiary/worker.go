@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/engine"
+	"github.com/apiary-llm/apiary/internal/llamacpp"
+	"github.com/apiary-llm/apiary/internal/worker"
+	"github.com/spf13/cobra"
+)
+
+// workerFlags are the command line of `apiary worker`.
+type workerFlags struct {
+	workerID      string
+	model         string
+	gpuDevice     int
+	gpuLayers     int
+	host          string
+	port          int
+	callbackURL   string
+	lifecycleID   string
+	ctxSize       int
+	slots         int
+	threads       int
+	queue         int
+	shutdownGrace time.Duration
+	logJSON       bool
+	logLevel      string
+}
+
+func newWorkerCmd() *cobra.Command {
+	var f workerFlags
+	cmd := &cobra.Command{
+		Use:   "worker --model PATH --port P [flags]",
+		Short: "Serve one model on one device",
+		Long: `Serve one GGUF model over the OpenAI-compatible API (/v1/completions,
+/v1/chat/completions, /v1/models), with /health and /v1/admin/shutdown.
+
+A hive starts workers with --callback-url: the worker reports ready there once
+it listens and the model is loaded. Without --callback-url it serves
+standalone. The worker's token comes from $` + worker.TokenEnv + `, never from
+the command line; without one the worker binds a loopback address only.
+SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runWorker(cmd.Context(), f, cmd.ErrOrStderr())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.workerID, "worker-id", "", "id of this worker, sent in the ready callback (required with --callback-url)")
+	fl.StringVar(&f.model, "model", "", "path of the GGUF model file to serve (required); its name without .gguf is the model id")
+	fl.IntVar(&f.gpuDevice, "gpu-device", -1, "GPU to load the model on; -1 runs on the CPU")
+	fl.IntVar(&f.gpuLayers, "gpu-layers", 0, "layers to offload to the GPU; 0 offloads all")
+	fl.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
+	fl.IntVar(&f.port, "port", 0, "port to listen on; 0 picks a free one (logged, and reported in the ready callback)")
+	fl.StringVar(&f.callbackURL, "callback-url", "", "URL to POST the ready callback to; none: serve standalone")
+	fl.StringVar(&f.lifecycleID, "lifecycle-id", "", "the queen's lifecycle id of this worker, for logs")
+	fl.IntVar(&f.ctxSize, "ctx-size", 0, "total context in tokens, shared by the slots; 0: the model's, at most 4096 per slot")
+	fl.IntVar(&f.slots, "slots", worker.DefaultSlots, "generations run in parallel")
+	fl.IntVar(&f.threads, "threads", 0, "CPU threads; 0: one per CPU")
+	fl.IntVar(&f.queue, "queue", 0, "requests that may wait for a slot; 0: 4 per slot, -1: none")
+	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "time in-flight generations get to finish on shutdown")
+	fl.BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
+	fl.StringVar(&f.logLevel, "log-level", "info", "least important log level: debug, info, warn or error")
+	return cmd
+}
+
+// runWorker checks the flags, then runs the worker until it is shut down.
+func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
+	if f.model == "" {
+		return usagef("worker: --model is required")
+	}
+	if f.port < 0 || f.port > 65535 {
+		return usagef("worker: --port %d is not a port number", f.port)
+	}
+	if f.slots < 1 {
+		return usagef("worker: --slots must be at least 1, got %d", f.slots)
+	}
+	if f.queue < -1 {
+		return usagef("worker: --queue must be -1 (no queue) or more, got %d", f.queue)
+	}
+	if f.shutdownGrace <= 0 {
+		return usagef("worker: --shutdown-grace must be positive, got %s", f.shutdownGrace)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return usagef("worker: --log-level %q: use debug, info, warn or error", f.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var handler slog.Handler = slog.NewTextHandler(stderr, opts)
+	if f.logJSON {
+		handler = slog.NewJSONHandler(stderr, opts)
+	}
+	logger := slog.New(handler)
+
+	cfg := worker.Config{
+		WorkerID:      f.workerID,
+		ModelPath:     f.model,
+		Addr:          net.JoinHostPort(f.host, strconv.Itoa(f.port)),
+		CallbackURL:   f.callbackURL,
+		LifecycleID:   f.lifecycleID,
+		Token:         os.Getenv(worker.TokenEnv),
+		Slots:         f.slots,
+		QueueSize:     f.queue,
+		ShutdownGrace: f.shutdownGrace,
+		Engine: engine.Options{
+			CtxSize:   f.ctxSize,
+			Threads:   f.threads,
+			GPUDevice: f.gpuDevice,
+			GPULayers: f.gpuLayers,
+		},
+		Logger: logger,
+	}
+	load := func(ctx context.Context, opts engine.Options, log *slog.Logger) (engine.Engine, error) {
+		return llamacpp.Load(ctx, opts, log)
+	}
+	w, err := worker.New(cfg, load)
+	if errors.Is(err, worker.ErrInvalidConfig) {
+		return usagef("%w", err)
+	}
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx)
+}

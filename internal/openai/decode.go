@@ -1,0 +1,472 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// MaxStop is the largest number of stop sequences a request may carry.
+const MaxStop = 4
+
+// DefaultMaxTokensLimit bounds max_tokens when Limits.MaxTokens is zero (a
+// router that does not know the model's context yet).
+const DefaultMaxTokensLimit = 1 << 20
+
+// Limits are the server-side bounds decoding checks against.
+type Limits struct {
+	// MaxTokens is the largest max_tokens accepted, typically the context
+	// length of one slot; 0 means DefaultMaxTokensLimit.
+	MaxTokens int
+}
+
+func (l Limits) maxTokens() int {
+	if l.MaxTokens <= 0 {
+		return DefaultMaxTokensLimit
+	}
+	return l.MaxTokens
+}
+
+// ReadBody reads r's body up to limit bytes. A larger body yields a 413
+// *Error. It is meant to be called by a handler before a Decode function.
+func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, AsError(err)
+		}
+		return nil, &Error{Status: http.StatusBadRequest, Code: CodeInvalidJSON,
+			Message: "cannot read request body: " + err.Error(), Err: errors.Join(ErrInvalidRequest, err)}
+	}
+	return body, nil
+}
+
+// DecodeCompletionRequest decodes and validates a POST /v1/completions body.
+// Unknown fields are ignored; the first field that is wrong or asks for an
+// unsupported feature yields a 400 *Error naming it.
+func DecodeCompletionRequest(body []byte, lim Limits) (CompletionRequest, error) {
+	var req CompletionRequest
+	o, err := parseBody(body)
+	if err != nil {
+		return req, err
+	}
+	if req.Model, _, err = o.text("model"); err != nil {
+		return req, err
+	}
+	if req.Prompt, err = decodePrompt(o); err != nil {
+		return req, err
+	}
+	if err := checkCompletionOnly(o); err != nil {
+		return req, err
+	}
+	req.Sampling, err = decodeSampling(o, lim, false)
+	return req, err
+}
+
+// DecodeChatCompletionRequest decodes and validates a POST
+// /v1/chat/completions body, with the same rules as DecodeCompletionRequest.
+func DecodeChatCompletionRequest(body []byte, lim Limits) (ChatCompletionRequest, error) {
+	var req ChatCompletionRequest
+	o, err := parseBody(body)
+	if err != nil {
+		return req, err
+	}
+	if req.Model, _, err = o.text("model"); err != nil {
+		return req, err
+	}
+	if req.Messages, err = decodeMessages(o); err != nil {
+		return req, err
+	}
+	if err := checkChatOnly(o); err != nil {
+		return req, err
+	}
+	req.Sampling, err = decodeSampling(o, lim, true)
+	return req, err
+}
+
+// decodePrompt accepts a string or an array holding one string.
+func decodePrompt(o object) (string, error) {
+	r, ok := o.raw("prompt")
+	if !ok {
+		return "", missing("prompt", "send the text to complete as a string")
+	}
+	if jsonKind(r) == "a string" {
+		s, _, err := o.text("prompt")
+		return s, err
+	}
+	items, _, err := o.list("prompt")
+	if err != nil {
+		return "", typeError("prompt", "a string or an array of one string", r)
+	}
+	switch {
+	case len(items) == 0:
+		return "", Invalid("prompt", "prompt must not be an empty array")
+	case jsonKind(items[0]) == "a number" || jsonKind(items[0]) == "an array":
+		return "", Unsupported("prompt", "token arrays as prompt are not supported; send the prompt as a string")
+	case len(items) > 1:
+		return "", Unsupported("prompt", "several prompts in one request are not supported; send one string")
+	}
+	var s string
+	if err := json.Unmarshal(items[0], &s); err != nil {
+		return "", typeError("prompt[0]", "a string", items[0])
+	}
+	return s, nil
+}
+
+// decodeMessages reads the chat messages.
+func decodeMessages(o object) ([]ChatMessage, error) {
+	items, ok, err := o.list("messages")
+	switch {
+	case err != nil:
+		return nil, err
+	case !ok:
+		return nil, missing("messages", "send an array of {role, content} messages")
+	case len(items) == 0:
+		return nil, Invalid("messages", "messages must not be empty")
+	}
+	msgs := make([]ChatMessage, 0, len(items))
+	for i, item := range items {
+		m, err := decodeMessage(i, item)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, m)
+	}
+	return msgs, nil
+}
+
+func decodeMessage(i int, item json.RawMessage) (ChatMessage, error) {
+	prefix := fmt.Sprintf("messages[%d]", i)
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(item, &members); err != nil || jsonKind(item) != "an object" {
+		return ChatMessage{}, typeError(prefix, "an object", item)
+	}
+	o := object{members: members, prefix: prefix + "."}
+	role, ok, err := o.text("role")
+	switch {
+	case err != nil:
+		return ChatMessage{}, err
+	case !ok:
+		return ChatMessage{}, missing(o.param("role"), "one of system, user, assistant")
+	}
+	switch role {
+	case RoleSystem, RoleUser, RoleAssistant:
+	case "developer":
+		role = RoleSystem
+	case "tool", "function":
+		return ChatMessage{}, Unsupported(o.param("role"), "role %q is not supported: tool calling is not implemented", role)
+	default:
+		return ChatMessage{}, Invalid(o.param("role"), "role %q is not one of system, user, assistant", role)
+	}
+	for _, name := range []string{"tool_calls", "function_call"} {
+		if r, ok := o.raw(name); ok && !isEmptyArray(r) {
+			return ChatMessage{}, Unsupported(o.param(name), "%s is not supported: tool calling is not implemented", o.param(name))
+		}
+	}
+	content, err := decodeContent(o, role)
+	if err != nil {
+		return ChatMessage{}, err
+	}
+	return ChatMessage{Role: role, Content: content}, nil
+}
+
+func isEmptyArray(r json.RawMessage) bool {
+	var items []json.RawMessage
+	return json.Unmarshal(r, &items) == nil && len(items) == 0
+}
+
+// decodeContent accepts a string or an array of text parts; an assistant
+// message may have null content.
+func decodeContent(o object, role string) (string, error) {
+	param := o.param("content")
+	r, ok := o.raw("content")
+	if !ok {
+		if role == RoleAssistant {
+			return "", nil
+		}
+		return "", missing(param, "a string or an array of text parts")
+	}
+	if jsonKind(r) == "a string" {
+		s, _, err := o.text("content")
+		return s, err
+	}
+	parts, _, err := o.list("content")
+	if err != nil {
+		return "", typeError(param, "a string or an array of text parts", r)
+	}
+	texts := make([]string, 0, len(parts))
+	for j, part := range parts {
+		pp := fmt.Sprintf("%s[%d]", param, j)
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(part, &members); err != nil || jsonKind(part) != "an object" {
+			return "", typeError(pp, "an object", part)
+		}
+		po := object{members: members, prefix: pp + "."}
+		typ, ok, err := po.text("type")
+		switch {
+		case err != nil:
+			return "", err
+		case !ok:
+			return "", missing(po.param("type"), `"text"`)
+		}
+		switch typ {
+		case "text":
+		case "image_url", "input_audio", "file", "image", "audio", "refusal":
+			return "", Unsupported(po.param("type"), "content parts of type %q are not supported; only text", typ)
+		default:
+			return "", Invalid(po.param("type"), "unknown content part type %q", typ)
+		}
+		text, ok, err := po.text("text")
+		switch {
+		case err != nil:
+			return "", err
+		case !ok:
+			return "", missing(po.param("text"), "the text of the part")
+		}
+		texts = append(texts, text)
+	}
+	return strings.Join(texts, "\n"), nil
+}
+
+// decodeSampling reads the generation parameters both endpoints share, and
+// rejects the shared features that are not supported.
+func decodeSampling(o object, lim Limits, chat bool) (Sampling, error) {
+	var s Sampling
+	var err error
+	if s.MaxTokens, err = decodeMaxTokens(o, lim, chat); err != nil {
+		return s, err
+	}
+	if s.Temperature, err = o.number("temperature"); err != nil {
+		return s, err
+	}
+	if err := inRange("temperature", s.Temperature, 0, 2, false); err != nil {
+		return s, err
+	}
+	if s.TopP, err = o.number("top_p"); err != nil {
+		return s, err
+	}
+	if err := inRange("top_p", s.TopP, 0, 1, true); err != nil {
+		return s, err
+	}
+	if s.MinP, err = o.number("min_p"); err != nil {
+		return s, err
+	}
+	if err := inRange("min_p", s.MinP, 0, 1, false); err != nil {
+		return s, err
+	}
+	for _, name := range []string{"presence_penalty", "frequency_penalty"} {
+		v, err := o.number(name)
+		if err != nil {
+			return s, err
+		}
+		if err := inRange(name, v, -2, 2, false); err != nil {
+			return s, err
+		}
+		if name == "presence_penalty" {
+			s.PresencePenalty = v
+		} else {
+			s.FrequencyPenalty = v
+		}
+	}
+	topK, err := o.integer("top_k")
+	if err != nil {
+		return s, err
+	}
+	if topK != nil {
+		if *topK < 0 || *topK > 1<<31-1 {
+			return s, Invalid("top_k", "top_k must be 0 (disabled) or more, got %d", *topK)
+		}
+		k := int(*topK)
+		s.TopK = &k
+	}
+	if s.Seed, err = o.integer("seed"); err != nil {
+		return s, err
+	}
+	if s.Stop, err = decodeStop(o); err != nil {
+		return s, err
+	}
+	if s.IgnoreEOS, err = o.boolean("ignore_eos"); err != nil {
+		return s, err
+	}
+	if s.Stream, err = o.boolean("stream"); err != nil {
+		return s, err
+	}
+	so, ok, err := o.member("stream_options")
+	if err != nil {
+		return s, err
+	}
+	if ok {
+		inc, err := so.boolean("include_usage")
+		if err != nil {
+			return s, err
+		}
+		s.StreamOptions = &StreamOptions{IncludeUsage: inc}
+	}
+	n, err := o.integer("n")
+	switch {
+	case err != nil:
+		return s, err
+	case n != nil && *n > 1:
+		return s, Unsupported("n", "n > 1 is not supported; send one request per choice")
+	case n != nil && *n < 1:
+		return s, Invalid("n", "n must be 1, got %d", *n)
+	}
+	if r, ok := o.raw("logit_bias"); ok {
+		lb, _, err := o.member("logit_bias")
+		if err != nil {
+			return s, typeError("logit_bias", "an object", r)
+		}
+		if len(lb.members) > 0 {
+			return s, Unsupported("logit_bias", "logit_bias is not supported")
+		}
+	}
+	return s, checkResponseFormat(o)
+}
+
+// decodeMaxTokens reads max_completion_tokens (chat only) or max_tokens.
+func decodeMaxTokens(o object, lim Limits, chat bool) (*int, error) {
+	names := []string{"max_tokens"}
+	if chat {
+		names = []string{"max_completion_tokens", "max_tokens"}
+	}
+	for _, name := range names {
+		v, err := o.integer(name)
+		if err != nil {
+			return nil, err
+		}
+		if v == nil {
+			continue
+		}
+		if *v < 1 || *v > int64(lim.maxTokens()) {
+			return nil, Invalid(name, "%s must be between 1 and %d, got %d", name, lim.maxTokens(), *v)
+		}
+		n := int(*v)
+		return &n, nil
+	}
+	return nil, nil
+}
+
+// decodeStop accepts a string or an array of up to MaxStop non-empty strings.
+func decodeStop(o object) ([]string, error) {
+	r, ok := o.raw("stop")
+	if !ok {
+		return nil, nil
+	}
+	var stops []string
+	if jsonKind(r) == "a string" {
+		s, _, err := o.text("stop")
+		if err != nil {
+			return nil, err
+		}
+		stops = []string{s}
+	} else if err := json.Unmarshal(r, &stops); err != nil {
+		return nil, typeError("stop", "a string or an array of strings", r)
+	}
+	if len(stops) > MaxStop {
+		return nil, Invalid("stop", "stop may hold at most %d sequences, got %d", MaxStop, len(stops))
+	}
+	for i, s := range stops {
+		if s == "" {
+			return nil, Invalid(fmt.Sprintf("stop[%d]", i), "stop sequences must not be empty")
+		}
+	}
+	if len(stops) == 0 {
+		return nil, nil
+	}
+	return stops, nil
+}
+
+// checkResponseFormat allows only {"type":"text"}.
+func checkResponseFormat(o object) error {
+	rf, ok, err := o.member("response_format")
+	if err != nil || !ok {
+		return err
+	}
+	typ, _, err := rf.text("type")
+	if err != nil {
+		return err
+	}
+	if typ != "" && typ != "text" {
+		return Unsupported("response_format.type", "response_format %q is not supported; only \"text\"", typ)
+	}
+	return nil
+}
+
+// checkCompletionOnly rejects the unsupported features of /v1/completions.
+func checkCompletionOnly(o object) error {
+	if v, err := o.integer("best_of"); err != nil {
+		return err
+	} else if v != nil && *v > 1 {
+		return Unsupported("best_of", "best_of > 1 is not supported")
+	} else if v != nil && *v < 1 {
+		return Invalid("best_of", "best_of must be 1, got %d", *v)
+	}
+	if r, ok := o.raw("logprobs"); ok {
+		if _, err := o.integer("logprobs"); err != nil {
+			return typeError("logprobs", "an integer or null", r)
+		}
+		return Unsupported("logprobs", "logprobs are not supported; leave logprobs null")
+	}
+	if echo, err := o.boolean("echo"); err != nil {
+		return err
+	} else if echo {
+		return Unsupported("echo", "echo is not supported")
+	}
+	if suffix, _, err := o.text("suffix"); err != nil {
+		return err
+	} else if suffix != "" {
+		return Unsupported("suffix", "suffix (insertion) is not supported")
+	}
+	return nil
+}
+
+// checkChatOnly rejects the unsupported features of /v1/chat/completions.
+func checkChatOnly(o object) error {
+	for _, name := range []string{"tools", "functions"} {
+		items, _, err := o.list(name)
+		if err != nil {
+			return err
+		}
+		if len(items) > 0 {
+			return Unsupported(name, "%s (tool calling) is not supported", name)
+		}
+	}
+	for _, name := range []string{"tool_choice", "function_call"} {
+		r, ok := o.raw(name)
+		if !ok {
+			continue
+		}
+		var s string
+		if json.Unmarshal(r, &s) != nil || (s != "none" && s != "auto") {
+			return Unsupported(name, "%s other than \"none\" or \"auto\" is not supported", name)
+		}
+	}
+	if lp, err := o.boolean("logprobs"); err != nil {
+		return err
+	} else if lp {
+		return Unsupported("logprobs", "logprobs are not supported")
+	}
+	if tl, err := o.integer("top_logprobs"); err != nil {
+		return err
+	} else if tl != nil && *tl > 0 {
+		return Unsupported("top_logprobs", "top_logprobs are not supported")
+	}
+	if _, ok := o.raw("audio"); ok {
+		return Unsupported("audio", "audio output is not supported")
+	}
+	mods, _, err := o.list("modalities")
+	if err != nil {
+		return err
+	}
+	for i, m := range mods {
+		var s string
+		if json.Unmarshal(m, &s) != nil || s != "text" {
+			return Unsupported(fmt.Sprintf("modalities[%d]", i), "only the \"text\" modality is supported")
+		}
+	}
+	return nil
+}

@@ -1,0 +1,212 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Sentinel errors. An *Error built by this package unwraps to one of them, so
+// callers can branch with errors.Is without caring about the message.
+var (
+	// ErrInvalidRequest means the request body or a field in it is wrong.
+	ErrInvalidRequest = errors.New("openai: invalid request")
+	// ErrUnsupported means the request asks for a feature this server does
+	// not implement (n > 1, tools, logprobs, …).
+	ErrUnsupported = errors.New("openai: unsupported feature")
+	// ErrBodyTooLarge means the body exceeded the configured limit.
+	ErrBodyTooLarge = errors.New("openai: request body too large")
+)
+
+// Error types, as OpenAI names them in error.type.
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeServer         = "server_error"
+	TypeRateLimit      = "rate_limit_error" // also used for "queue full"
+	TypeAuthentication = "authentication_error"
+	TypeNotFound       = "not_found_error"
+)
+
+// Error codes used by this package. Servers add their own (model_loading,
+// draining, queue_full, …); any snake_case string is valid.
+const (
+	CodeInvalidJSON        = "invalid_json"
+	CodeInvalidType        = "invalid_type"
+	CodeInvalidValue       = "invalid_value"
+	CodeMissingParameter   = "missing_required_parameter"
+	CodeUnsupported        = "unsupported_parameter"
+	CodeBodyTooLarge       = "body_too_large"
+	CodeContextLength      = "context_length_exceeded"
+	CodeModelNotFound      = "model_not_found"
+	CodeNotFound           = "not_found"
+	CodeMethodNotAllowed   = "method_not_allowed"
+	CodeUnauthorized       = "unauthorized"
+	CodeInternal           = "internal_error"
+	CodeServiceUnavailable = "service_unavailable"
+)
+
+// Error is an API error: an HTTP status plus the body
+// {"error":{"code","message","type","param"}}. Handlers return it (wrapped or
+// not); WriteError turns it into a response.
+type Error struct {
+	Status  int    // HTTP status; 500 when zero
+	Code    string // snake_case, machine readable
+	Type    string // OpenAI error.type; derived from Status when empty
+	Param   string // the request field at fault, e.g. "messages[1].content"
+	Message string // one clear sentence for a person
+	// RetryAfter, when positive, is sent as the Retry-After header (whole
+	// seconds, rounded up).
+	RetryAfter time.Duration
+	// Err is the cause, for errors.Is/As; it is not shown to clients.
+	Err error
+}
+
+func (e *Error) Error() string {
+	if e.Param != "" {
+		return fmt.Sprintf("%s (%s): %s", e.Code, e.Param, e.Message)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// status is e.Status, or 500 when unset.
+func (e *Error) status() int {
+	if e.Status == 0 {
+		return http.StatusInternalServerError
+	}
+	return e.Status
+}
+
+// errorType is e.Type, or the type OpenAI uses for e's status.
+func (e *Error) errorType() string {
+	if e.Type != "" {
+		return e.Type
+	}
+	switch s := e.status(); {
+	case s == http.StatusUnauthorized || s == http.StatusForbidden:
+		return TypeAuthentication
+	case s == http.StatusNotFound:
+		return TypeNotFound
+	case s == http.StatusTooManyRequests:
+		return TypeRateLimit
+	case s >= 500:
+		return TypeServer
+	default:
+		return TypeInvalidRequest
+	}
+}
+
+// ErrorObject is the JSON inside "error".
+type ErrorObject struct {
+	Code    string  `json:"code"`
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"` // null when no single field is at fault
+}
+
+// ErrorResponse is the body of every error answer and of the final SSE event
+// of a stream that failed after it began.
+type ErrorResponse struct {
+	Error ErrorObject `json:"error"`
+}
+
+// Invalid returns a 400 invalid_value error naming param. The message is
+// prefixed with "param: " unless it names param already.
+func Invalid(param, format string, a ...any) *Error {
+	return &Error{
+		Status:  http.StatusBadRequest,
+		Code:    CodeInvalidValue,
+		Param:   param,
+		Message: naming(param, fmt.Sprintf(format, a...)),
+		Err:     ErrInvalidRequest,
+	}
+}
+
+// Unsupported returns a 400 unsupported_parameter error naming param, like
+// Invalid.
+func Unsupported(param, format string, a ...any) *Error {
+	return &Error{
+		Status:  http.StatusBadRequest,
+		Code:    CodeUnsupported,
+		Param:   param,
+		Message: naming(param, fmt.Sprintf(format, a...)),
+		Err:     ErrUnsupported,
+	}
+}
+
+// naming makes sure msg names param, so a person reading only the message
+// knows which field to fix.
+func naming(param, msg string) string {
+	if param == "" || strings.Contains(msg, param) {
+		return msg
+	}
+	return param + ": " + msg
+}
+
+// AsError converts any error into an *Error: an *Error found with errors.As
+// is returned as is, a body over the limit becomes 413, and anything else
+// becomes an opaque 500 (the cause is kept in Err for logging, not shown).
+func AsError(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return &Error{
+			Status:  http.StatusRequestEntityTooLarge,
+			Code:    CodeBodyTooLarge,
+			Message: fmt.Sprintf("request body is larger than the limit of %d bytes", mbe.Limit),
+			Err:     errors.Join(ErrBodyTooLarge, err),
+		}
+	}
+	return &Error{
+		Status:  http.StatusInternalServerError,
+		Code:    CodeInternal,
+		Message: "internal server error",
+		Err:     err,
+	}
+}
+
+// Response returns the JSON body for err (see AsError).
+func Response(err error) ErrorResponse {
+	e := AsError(err)
+	obj := ErrorObject{Code: e.Code, Message: e.Message, Type: e.errorType()}
+	if e.Param != "" {
+		obj.Param = &e.Param
+	}
+	return ErrorResponse{Error: obj}
+}
+
+// WriteError is the one mapper from a handler error to an HTTP answer:
+// status, Retry-After when set, and {"error":{…}}. It returns the status it
+// wrote, for access logs.
+func WriteError(w http.ResponseWriter, err error) int {
+	e := AsError(err)
+	if e.RetryAfter > 0 {
+		secs := int64((e.RetryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	}
+	status := e.status()
+	WriteJSON(w, status, Response(e))
+	return status
+}
+
+// WriteJSON writes v as a JSON body with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		// Only programming errors get here (the types are ours).
+		status = http.StatusInternalServerError
+		body = []byte(`{"error":{"code":"internal_error","message":"cannot encode response","type":"server_error","param":null}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,243 @@
+package worker
+
+// Helpers of the integration tests: build (once) and run the real apiary
+// binary, and follow its JSON logs.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/testmodel"
+)
+
+// binDir holds the apiary binary built for this test run; TestMain removes it.
+var binDir string
+
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// apiaryBin is the binary under test: $APIARY_BIN (set by make test), or
+// one built from this module once per test run with the cgo setup of the
+// Makefile. A failed build fails the test; it never skips.
+func apiaryBin(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("APIARY_BIN"); p != "" {
+		return p
+	}
+	buildOnce.Do(func() { builtBin, buildErr = buildApiary(binDir) })
+	if buildErr != nil {
+		t.Fatalf("the apiary binary is needed: set APIARY_BIN or run `make test`; building it failed: %v", buildErr)
+	}
+	return builtBin
+}
+
+// buildApiary runs `go build ./cmd/apiary` into dir. The cgo flags are the
+// Makefile's, so the (slow) llama.cpp build is shared with `make build`
+// through the build cache; flags already in the environment win.
+func buildApiary(dir string) (string, error) {
+	out := filepath.Join(dir, "apiary")
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	modDir, err := goOutput(goTool, "list", "-m", "-f", "{{.Dir}}")
+	if err != nil {
+		return "", err
+	}
+	env := os.Environ()
+	if os.Getenv("CGO_CPPFLAGS") == "" {
+		ollama, err := goOutput(goTool, "list", "-m", "-f", "{{.Dir}}", "github.com/ollama/ollama")
+		if err != nil {
+			return "", err
+		}
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", err
+		}
+		include := filepath.Join(home, ".cache", "apiary", "include")
+		stub, err := os.ReadFile(filepath.Join(modDir, "cgo", "include", "miniaudio", "miniaudio.h"))
+		if err != nil {
+			return "", err
+		}
+		if err := os.MkdirAll(filepath.Join(include, "miniaudio"), 0o755); err != nil {
+			return "", err
+		}
+		if have, _ := os.ReadFile(filepath.Join(include, "miniaudio", "miniaudio.h")); !bytes.Equal(have, stub) {
+			if err := os.WriteFile(filepath.Join(include, "miniaudio", "miniaudio.h"), stub, 0o644); err != nil {
+				return "", err
+			}
+		}
+		flags := "-O2"
+		if cpu, _ := os.ReadFile("/proc/cpuinfo"); bytes.Contains(cpu, []byte(" avx2")) {
+			flags = "-O2 -march=x86-64-v3"
+		}
+		env = append(env, "CGO_ENABLED=1", "CGO_CFLAGS="+flags, "CGO_CXXFLAGS="+flags,
+			"CGO_CPPFLAGS=-I"+include+" -I"+filepath.Join(ollama, "llama", "llama.cpp", "include")+
+				" -I"+filepath.Join(ollama, "ml", "backend", "ggml", "ggml", "include"))
+	}
+	cmd := exec.Command(goTool, "build", "-o", out, "./cmd/apiary")
+	cmd.Dir = modDir
+	cmd.Env = env
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/apiary: %w\n%s", err, msg)
+	}
+	return out, nil
+}
+
+func goOutput(goTool string, args ...string) (string, error) {
+	out, err := exec.Command(goTool, args...).Output()
+	if err != nil {
+		return "", fmt.Errorf("go %s: %w", strings.Join(args, " "), err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// testModelPath writes the tiny test model as tiny.gguf in a temp dir.
+func testModelPath(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := testmodel.WriteFile(path, testmodel.Options{Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// proc is a running apiary process whose stderr is collected; its JSON log
+// records can be waited for.
+type proc struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once the process was reaped
+
+	mu      sync.Mutex
+	stderr  bytes.Buffer     // guarded by mu
+	records []map[string]any // guarded by mu
+	notify  chan struct{}    // capacity 1: "records grew"
+}
+
+// startApiary runs the binary with args and extra environment; the process
+// is killed when the test ends if it is still running.
+func startApiary(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(apiaryBin(t), args...), exited: make(chan struct{}), notify: make(chan struct{}, 1)}
+	p.cmd.Env = append(os.Environ(), env...)
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // ends when the process closes stderr, then reaps it
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			var rec map[string]any
+			p.mu.Lock()
+			p.stderr.Write(line)
+			p.stderr.WriteByte('\n')
+			if json.Unmarshal(line, &rec) == nil {
+				p.records = append(p.records, rec)
+			}
+			p.mu.Unlock()
+			select {
+			case p.notify <- struct{}{}:
+			default:
+			}
+		}
+		_ = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+			t.Logf("apiary stderr:\n%s", p.output())
+		}
+	})
+	return p
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+// waitLog waits for a JSON log record with message msg for which match
+// (nil: any) holds, and returns it.
+func (p *proc) waitLog(t *testing.T, msg string, match func(map[string]any) bool) map[string]any {
+	t.Helper()
+	timeout := time.NewTimer(60 * time.Second)
+	defer timeout.Stop()
+	for seen := 0; ; {
+		p.mu.Lock()
+		recs := p.records[seen:]
+		seen = len(p.records)
+		p.mu.Unlock()
+		for _, rec := range recs {
+			if rec["msg"] == msg && (match == nil || match(rec)) {
+				return rec
+			}
+		}
+		select {
+		case <-p.notify:
+		case <-p.exited:
+			p.mu.Lock()
+			more := len(p.records) > seen
+			p.mu.Unlock()
+			if !more {
+				t.Fatalf("apiary exited before logging %q; stderr:\n%s", msg, p.output())
+			}
+		case <-timeout.C:
+			t.Fatalf("apiary did not log %q within 60s; stderr:\n%s", msg, p.output())
+		}
+	}
+}
+
+// exitCode waits for the process to end and returns its exit code.
+func (p *proc) exitCode(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(60 * time.Second):
+		t.Fatalf("apiary did not exit within 60s; stderr:\n%s", p.output())
+		return -1
+	}
+}
+
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+// startWorkerBinary runs `apiary worker` on a free loopback port with the
+// given extra flags and waits until it is ready; it returns the process and
+// the worker's base URL. It runs llama.cpp on one thread: on a busy machine
+// (tests of other packages run at the same time) more threads than free
+// CPUs make llama.cpp's spinning thread barriers a hundred times slower.
+func startWorkerBinary(t *testing.T, env []string, flags ...string) (*proc, string) {
+	t.Helper()
+	args := append([]string{"worker", "--model", testModelPath(t), "--port", "0", "--log-json", "--threads", "1"}, flags...)
+	p := startApiary(t, env, args...)
+	rec := p.waitLog(t, "listening", nil)
+	addr, _ := rec["addr"].(string)
+	p.waitLog(t, "worker status changed", func(r map[string]any) bool { return r["to"] == "ready" })
+	return p, "http://" + addr
+}

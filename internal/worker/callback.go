@@ -1,0 +1,101 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+)
+
+// reportReady POSTs {"worker_id","vram_bytes","uri"} to the callback URL
+// with the worker's token. Connection errors and 5xx answers are retried
+// CallbackAttempts times, pausing CallbackBackoff, then twice as long, …
+// A 4xx answer is final: ErrCallbackRefused. No 2xx after every try:
+// ErrCallbackFailed.
+func (w *Worker) reportReady(ctx context.Context) error {
+	w.mu.Lock()
+	cb := api.ReadyCallback{WorkerID: w.cfg.WorkerID, VRAMBytes: w.info.MemoryBytes, URI: "http://" + w.addr.String()}
+	w.mu.Unlock()
+	body, err := json.Marshal(cb)
+	if err != nil {
+		return fmt.Errorf("%w: encode: %w", ErrCallbackFailed, err)
+	}
+	client := &http.Client{Timeout: w.cfg.CallbackTimeout}
+	defer client.CloseIdleConnections()
+	pause := w.cfg.CallbackBackoff
+	for attempt := 1; ; attempt++ {
+		err := w.postReady(ctx, client, body)
+		if err == nil {
+			w.log.Info("ready callback accepted", "callback_url", w.cfg.CallbackURL, "uri", cb.URI,
+				"vram_bytes", cb.VRAMBytes, "attempt", attempt)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if re := (refusedError{}); errors.As(err, &re) {
+			return fmt.Errorf("%w by %s: %w", ErrCallbackRefused, w.cfg.CallbackURL, err)
+		}
+		if attempt >= w.cfg.CallbackAttempts {
+			return fmt.Errorf("%w: %s did not accept it after %d attempts: %w", ErrCallbackFailed, w.cfg.CallbackURL, attempt, err)
+		}
+		w.log.Warn("ready callback failed; retrying", "callback_url", w.cfg.CallbackURL, "attempt", attempt,
+			"retry_in_ms", pause.Milliseconds(), "err", err)
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		pause *= 2
+	}
+}
+
+// refusedError is a 4xx answer to the callback: retrying will not help.
+type refusedError struct{ err error }
+
+func (e refusedError) Error() string { return e.err.Error() }
+func (e refusedError) Unwrap() error { return e.err }
+
+// postReady makes one callback attempt.
+func (w *Worker) postReady(ctx context.Context, client *http.Client, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.cfg.CallbackURL, bytes.NewReader(body))
+	if err != nil {
+		return refusedError{err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if w.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+w.cfg.Token)
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+	switch {
+	case res.StatusCode >= 200 && res.StatusCode < 300:
+		return nil
+	case res.StatusCode >= 400 && res.StatusCode < 500:
+		return refusedError{fmt.Errorf("answered %s: %s", res.Status, answerMessage(msg))}
+	default:
+		return fmt.Errorf("answered %s: %s", res.Status, answerMessage(msg))
+	}
+}
+
+// answerMessage is the error message of an {"error":{…}} body, or the body.
+func answerMessage(body []byte) string {
+	var e api.Error
+	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		return e.Error.Code + ": " + e.Error.Message
+	}
+	return strings.TrimSpace(string(body))
+}

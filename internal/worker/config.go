@@ -1,0 +1,158 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/engine"
+)
+
+// TokenEnv is the environment variable the worker's token comes from. It is
+// never a flag: command lines are visible to every user of the machine.
+const TokenEnv = "APIARY_WORKER_TOKEN"
+
+// Defaults applied by Config.Validate to zero fields.
+const (
+	DefaultSlots            = 1
+	DefaultQueuePerSlot     = 4 // QueueSize = 4 × Slots
+	DefaultMaxBodyBytes     = 4 << 20
+	DefaultShutdownGrace    = 30 * time.Second
+	DefaultCallbackAttempts = 5
+	DefaultCallbackBackoff  = 200 * time.Millisecond // doubled after each try: 5 tries span ~3 s
+	DefaultCallbackTimeout  = 5 * time.Second
+	DefaultRetryAfter       = time.Second
+)
+
+// Config configures a Worker. Validate fills defaults and checks it.
+type Config struct {
+	// WorkerID names this worker in logs and in the ready callback. Required
+	// with a CallbackURL; "standalone" otherwise.
+	WorkerID string
+	// ModelPath is the GGUF file to serve.
+	ModelPath string
+	// ModelRef is the model id clients use; default: ModelPath's file name
+	// without ".gguf".
+	ModelRef string
+	// Addr is the host:port to listen on; port 0 picks a free one (see
+	// Worker.Addr). Without a Token the host must be a loopback address.
+	Addr string
+	// CallbackURL, when set, receives the ready callback once the model is
+	// loaded; without it the worker serves standalone.
+	CallbackURL string
+	// LifecycleID is the queen's lifecycle row id; it only appears in logs.
+	LifecycleID string
+	// Token authenticates the ready callback and /v1/admin/shutdown. It
+	// comes from TokenEnv.
+	Token string
+	// Slots is the number of generations run at once (default 1).
+	Slots int
+	// QueueSize is how many requests may wait for a slot (default 4 ×
+	// Slots); one more is refused with 503 and Retry-After. Negative means
+	// no queue.
+	QueueSize int
+	// MaxBodyBytes bounds request bodies (default 4 MiB); larger → 413.
+	MaxBodyBytes int64
+	// ShutdownGrace is how long in-flight generations may run after a
+	// shutdown began before they are cancelled (default 30s).
+	ShutdownGrace time.Duration
+	// CallbackAttempts, CallbackBackoff and CallbackTimeout bound the ready
+	// callback: tries, the first pause between tries (doubled each time),
+	// and the time one try may take.
+	CallbackAttempts int
+	CallbackBackoff  time.Duration
+	CallbackTimeout  time.Duration
+	// RetryAfter is sent with 503 answers (queue full, model loading).
+	RetryAfter time.Duration
+	// Engine configures the model load; ModelPath and Slots are copied from
+	// the fields above.
+	Engine engine.Options
+	// Logger receives the worker's logs; worker_id is added to every line.
+	Logger *slog.Logger
+}
+
+// Validate fills defaults and reports the first problem. Errors wrap
+// ErrInvalidConfig.
+func (c *Config) Validate() error {
+	if c.ModelPath == "" {
+		return fmt.Errorf("%w: the model path is required", ErrInvalidConfig)
+	}
+	if c.ModelRef == "" {
+		c.ModelRef = strings.TrimSuffix(filepath.Base(c.ModelPath), ".gguf")
+	}
+	if c.CallbackURL != "" {
+		u, err := url.Parse(c.CallbackURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%w: callback URL %q is not an http(s) URL", ErrInvalidConfig, c.CallbackURL)
+		}
+		if c.WorkerID == "" {
+			return fmt.Errorf("%w: a worker id is required with a callback URL", ErrInvalidConfig)
+		}
+	}
+	if c.WorkerID == "" {
+		c.WorkerID = "standalone"
+	}
+	if c.Addr == "" {
+		return fmt.Errorf("%w: the listen address is required", ErrInvalidConfig)
+	}
+	host, _, err := net.SplitHostPort(c.Addr)
+	if err != nil {
+		return fmt.Errorf("%w: listen address %q: %w", ErrInvalidConfig, c.Addr, err)
+	}
+	if c.Token == "" && !isLoopback(host) {
+		return fmt.Errorf("%w: without %s the worker binds loopback only; %q is not a loopback address", ErrInvalidConfig, TokenEnv, host)
+	}
+	if c.Slots == 0 {
+		c.Slots = DefaultSlots
+	}
+	if c.Slots < 0 {
+		return fmt.Errorf("%w: slots must be at least 1, got %d", ErrInvalidConfig, c.Slots)
+	}
+	switch {
+	case c.QueueSize == 0:
+		c.QueueSize = DefaultQueuePerSlot * c.Slots
+	case c.QueueSize < 0:
+		c.QueueSize = 0
+	}
+	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	setDefault(&c.ShutdownGrace, DefaultShutdownGrace)
+	setDefault(&c.CallbackAttempts, DefaultCallbackAttempts)
+	setDefault(&c.CallbackBackoff, DefaultCallbackBackoff)
+	setDefault(&c.CallbackTimeout, DefaultCallbackTimeout)
+	setDefault(&c.RetryAfter, DefaultRetryAfter)
+	if c.MaxBodyBytes < 0 || c.ShutdownGrace < 0 || c.CallbackAttempts < 0 || c.CallbackBackoff < 0 || c.CallbackTimeout < 0 || c.RetryAfter < 0 {
+		return fmt.Errorf("%w: sizes, durations and attempts must not be negative", ErrInvalidConfig)
+	}
+	if c.Engine.CtxSize < 0 || c.Engine.Threads < 0 {
+		return fmt.Errorf("%w: context size and threads must not be negative", ErrInvalidConfig)
+	}
+	c.Engine.ModelPath = c.ModelPath
+	c.Engine.Slots = c.Slots
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func setDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v == 0 {
+		*v = def
+	}
+}
+
+// isLoopback reports whether host is "localhost" or a loopback IP.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// ErrInvalidConfig wraps every Validate error.
+var ErrInvalidConfig = errors.New("worker: invalid configuration")

@@ -1,0 +1,231 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/engine"
+	"github.com/apiary-llm/apiary/internal/openai"
+)
+
+// Sampling defaults for parameters a request leaves out: those of
+// llama.cpp's server, which users of llama.cpp-based servers expect.
+const (
+	defaultTemperature = 0.8
+	defaultTopP        = 0.95
+	defaultTopK        = 40
+	defaultMinP        = 0.05
+)
+
+// streamEventTimeout bounds the write of one stream event: a client that
+// stops reading loses its stream (and frees its slot) after it.
+const streamEventTimeout = time.Minute
+
+// errClientGone means the client disconnected; there is no one to answer.
+var errClientGone = errors.New("worker: client went away")
+
+// job is one generation, ready for the engine.
+type job struct {
+	req   engine.Request
+	stops []string
+}
+
+// newJob tokenizes prompt and turns the request's sampling into an engine
+// request. param names the request field holding the prompt, for errors.
+func newJob(eng engine.Engine, info engine.ModelInfo, prompt, param string, s openai.Sampling) (job, error) {
+	ids, err := eng.Tokenize(prompt, true)
+	if err != nil {
+		return job{}, fmt.Errorf("worker: tokenize %s: %w", param, err)
+	}
+	if len(ids) == 0 {
+		return job{}, openai.Invalid(param, "%s is empty: the model needs at least one token to continue from", param)
+	}
+	room := info.CtxSize - len(ids)
+	if room <= 0 {
+		return job{}, &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeContextLength, Param: param,
+			Message: fmt.Sprintf("%s is %d tokens; the context holds %d per request and needs room for at least one more",
+				param, len(ids), info.CtxSize), Err: engine.ErrPromptTooLong}
+	}
+	r := engine.Request{
+		Prompt:      ids,
+		MaxTokens:   room,
+		Temperature: defaultTemperature,
+		TopP:        defaultTopP,
+		TopK:        defaultTopK,
+		MinP:        defaultMinP,
+		IgnoreEOS:   s.IgnoreEOS,
+	}
+	if s.MaxTokens != nil {
+		r.MaxTokens = min(*s.MaxTokens, room)
+	}
+	if s.Temperature != nil {
+		r.Temperature = float32(*s.Temperature)
+	}
+	if s.TopP != nil {
+		r.TopP = float32(*s.TopP)
+	}
+	if s.TopK != nil {
+		r.TopK = *s.TopK
+	}
+	if s.MinP != nil {
+		r.MinP = float32(*s.MinP)
+	}
+	if s.Seed == nil || *s.Seed == -1 { // -1 means random, as in llama.cpp
+		r.Seed = rand.Uint32()
+	} else {
+		r.Seed = uint32(*s.Seed) // larger seeds wrap; the same seed still gives the same draw
+	}
+	return job{req: r, stops: s.Stop}, nil
+}
+
+// generate runs j and passes the text a client may see to out as soon as it
+// is certain (see textFilter). A matched stop sequence ends the generation
+// with FinishStop.
+func generate(ctx context.Context, eng engine.Engine, j job, out func(string) error) (engine.Result, error) {
+	f := newTextFilter(j.stops)
+	res, err := eng.Generate(ctx, j.req, func(t engine.Token) error {
+		text, stopped := f.push(t.Piece)
+		if text != "" {
+			if err := out(text); err != nil {
+				return err
+			}
+		}
+		if stopped {
+			return engine.ErrStop
+		}
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	if rest := f.flush(); rest != "" {
+		if err := out(rest); err != nil {
+			return res, err
+		}
+	}
+	if f.stopped {
+		res.FinishReason = engine.FinishStop
+	}
+	if res.FinishReason == "" {
+		res.FinishReason = engine.FinishStop
+	}
+	if res.PromptTokens == 0 {
+		res.PromptTokens = len(j.req.Prompt)
+	}
+	return res, nil
+}
+
+// format builds the response bodies and stream events of one endpoint.
+type format interface {
+	// first is the event that opens a stream, or nil.
+	first() any
+	// delta is the event carrying the next text.
+	delta(text string) any
+	// last is the event carrying the finish reason.
+	last(finish string) any
+	// usage is the usage event, sent when stream_options.include_usage.
+	usage(u *openai.Usage) any
+	// whole is the body of a non-streamed answer.
+	whole(text, finish string, u *openai.Usage) any
+}
+
+// serveGeneration admits j, runs it and answers, streamed or not. Errors
+// before the stream began are returned for the handler adapter to write;
+// after that they end the stream with an error event.
+func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng engine.Engine, j job, s openai.Sampling, f format, endpoint string) error {
+	release, err := w.admit(r.Context())
+	if err != nil {
+		if r.Context().Err() != nil {
+			return fmt.Errorf("%w: while queued: %w", errClientGone, err)
+		}
+		return err
+	}
+	defer release()
+
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(w.hardCtx, func() { cancel(ErrShutdown) })()
+
+	start := time.Now()
+	var res engine.Result
+	if !s.Stream {
+		var text strings.Builder
+		res, err = generate(ctx, eng, j, func(s string) error { text.WriteString(s); return nil })
+		if err != nil {
+			return w.generationError(ctx, err)
+		}
+		openai.WriteJSON(rw, http.StatusOK, f.whole(text.String(), res.FinishReason, usageOf(res)))
+	} else {
+		sse := openai.NewSSEWriter(rw)
+		sse.SetEventTimeout(streamEventTimeout)
+		send := func(ev any) error {
+			if err := sse.Event(ev); err != nil {
+				return fmt.Errorf("%w: %w", errClientGone, err)
+			}
+			return nil
+		}
+		if ev := f.first(); ev != nil {
+			err = send(ev)
+		} else {
+			err = sse.Start()
+		}
+		if err == nil {
+			res, err = generate(ctx, eng, j, func(s string) error { return send(f.delta(s)) })
+		}
+		if err == nil {
+			err = send(f.last(res.FinishReason))
+		}
+		if err == nil && s.IncludeUsage() {
+			err = send(f.usage(usageOf(res)))
+		}
+		if err == nil {
+			err = sse.Done()
+		}
+		if err != nil {
+			err = w.generationError(ctx, err)
+			if !errors.Is(err, errClientGone) {
+				_ = sse.Error(err) // the client may be gone too; nothing more to do
+			}
+			return err
+		}
+	}
+	elapsed := time.Since(start)
+	w.log.Info("generation finished", "endpoint", endpoint, "stream", s.Stream, "prompt_tokens", res.PromptTokens,
+		"completion_tokens", res.CompletionTokens, "finish_reason", res.FinishReason, "duration_ms", elapsed.Milliseconds())
+	return nil
+}
+
+func usageOf(res engine.Result) *openai.Usage {
+	return openai.NewUsage(res.PromptTokens, res.CompletionTokens)
+}
+
+// generationError classifies an error that ended a generation.
+func (w *Worker) generationError(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(context.Cause(ctx), ErrShutdown) || errors.Is(err, engine.ErrClosed):
+		return &openai.Error{Status: http.StatusServiceUnavailable, Code: codeShuttingDown,
+			Message: "the worker shut down before the generation finished; retry elsewhere", Err: errors.Join(ErrShutdown, err)}
+	case errors.Is(err, errClientGone) || ctx.Err() != nil:
+		return fmt.Errorf("%w: %w", errClientGone, err)
+	case errors.Is(err, engine.ErrPromptTooLong):
+		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeContextLength,
+			Message: "the prompt does not fit the model's context", Err: err}
+	default:
+		return &openai.Error{Status: http.StatusInternalServerError, Code: codeGenerationFail,
+			Message: "the engine failed while generating", Err: err}
+	}
+}
+
+// checkModel accepts an empty model or the worker's own.
+func (w *Worker) checkModel(model string) error {
+	if model == "" || model == w.cfg.ModelRef {
+		return nil
+	}
+	return &openai.Error{Status: http.StatusNotFound, Code: openai.CodeModelNotFound, Param: "model",
+		Message: fmt.Sprintf("model %q is not served here; this worker serves %q", model, w.cfg.ModelRef)}
+}

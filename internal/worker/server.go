@@ -1,0 +1,220 @@
+package worker
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/openai"
+)
+
+// Handler returns the worker's HTTP API:
+//
+//	GET  /health                 status, load, last request time
+//	GET  /v1/models              the one model
+//	GET  /v1/models/{id}         the model, when id is the worker's
+//	POST /v1/completions         OpenAI completions, streamed or not
+//	POST /v1/chat/completions    OpenAI chat completions, streamed or not
+//	POST /v1/admin/shutdown      graceful shutdown (bearer token when set)
+//
+// A wrong method answers 405 and an unknown path 404, both with the error
+// body; a panic answers 500 and is logged.
+func (w *Worker) Handler() http.Handler {
+	mux := http.NewServeMux()
+	routes := []struct {
+		method, path string
+		h            handlerFunc
+	}{
+		{http.MethodGet, "/health", w.handleHealth},
+		{http.MethodGet, "/v1/models", w.handleModels},
+		{http.MethodGet, "/v1/models/{id}", w.handleModel},
+		{http.MethodPost, "/v1/completions", w.handleCompletions},
+		{http.MethodPost, "/v1/chat/completions", w.handleChatCompletions},
+		{http.MethodPost, "/v1/admin/shutdown", w.handleShutdown},
+	}
+	for _, rt := range routes {
+		mux.Handle(rt.method+" "+rt.path, w.adapt(rt.h))
+		mux.Handle(rt.path, w.adapt(methodNotAllowed(rt.method)))
+	}
+	mux.Handle("/", w.adapt(notFound))
+	return w.recoverPanics(mux)
+}
+
+// handlerFunc is an HTTP handler that returns its error instead of writing
+// it; adapt maps it to the response.
+type handlerFunc func(http.ResponseWriter, *http.Request) error
+
+// adapt turns a handlerFunc into an http.Handler: the returned error is
+// written with openai.WriteError unless the response already began (a
+// stream reports its own errors), and every request is logged.
+func (w *Worker) adapt(h handlerFunc) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &recorder{ResponseWriter: rw}
+		err := h(rec, r)
+		status := rec.status
+		switch {
+		case err == nil:
+		case errors.Is(err, errClientGone):
+			status = 499 // nginx's "client closed request", for the log only
+			w.log.Info("client went away", "method", r.Method, "path", r.URL.Path, "err", err)
+		case rec.status != 0:
+			w.log.Warn("request failed after the response began", "method", r.Method, "path", r.URL.Path, "err", err)
+		default:
+			status = openai.WriteError(rec, err)
+			if status >= 500 && status != http.StatusServiceUnavailable {
+				w.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+			} else {
+				w.log.Info("request refused", "method", r.Method, "path", r.URL.Path, "status", status,
+					"code", openai.AsError(err).Code)
+			}
+		}
+		if status == 0 {
+			status = http.StatusOK
+		}
+		w.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", status,
+			"duration_ms", time.Since(start).Milliseconds(), "remote", r.RemoteAddr)
+	})
+}
+
+// recorder remembers the status written; Unwrap keeps
+// http.ResponseController (flushing) working through it.
+type recorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// recoverPanics answers 500 when a handler panics and logs the stack. A
+// panic after the response began aborts the connection instead, so that
+// the client sees a broken stream rather than a clean end.
+func (w *Worker) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		rec := &recorder{ResponseWriter: rw}
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			w.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v),
+				"stack", string(debug.Stack()))
+			if rec.status != 0 {
+				panic(http.ErrAbortHandler)
+			}
+			openai.WriteError(rec, &openai.Error{Status: http.StatusInternalServerError, Code: openai.CodeInternal,
+				Message: "internal server error"})
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+func methodNotAllowed(allow string) handlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) error {
+		rw.Header().Set("Allow", allow)
+		return &openai.Error{Status: http.StatusMethodNotAllowed, Code: openai.CodeMethodNotAllowed,
+			Message: fmt.Sprintf("%s %s is not allowed; use %s", r.Method, r.URL.Path, allow)}
+	}
+}
+
+func notFound(_ http.ResponseWriter, r *http.Request) error {
+	return &openai.Error{Status: http.StatusNotFound, Code: openai.CodeNotFound,
+		Message: fmt.Sprintf("no endpoint %s %s on this worker", r.Method, r.URL.Path)}
+}
+
+// Health is the GET /health body. The hive's health checker reads Status,
+// its idle timeout LastRequestAt.
+type Health struct {
+	Status        Status     `json:"status"` // loading, ready, busy, draining
+	Model         string     `json:"model"`
+	InFlight      int        `json:"in_flight"`
+	Queued        int        `json:"queued"`
+	Slots         int        `json:"slots"`
+	LastRequestAt *time.Time `json:"last_request_at"` // RFC 3339; null before the first request
+	VRAMBytes     uint64     `json:"vram_bytes"`      // 0 until the model is loaded
+}
+
+// Health reports the worker's current state.
+func (w *Worker) Health() Health {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h := Health{
+		Status:    w.status,
+		Model:     w.cfg.ModelRef,
+		InFlight:  w.inFlight,
+		Queued:    w.queued,
+		Slots:     w.cfg.Slots,
+		VRAMBytes: w.info.MemoryBytes,
+	}
+	if h.Status == StatusReady && w.inFlight >= w.cfg.Slots {
+		h.Status = StatusBusy
+	}
+	if !w.lastRequestAt.IsZero() {
+		t := w.lastRequestAt.UTC().Truncate(time.Millisecond)
+		h.LastRequestAt = &t
+	}
+	return h
+}
+
+func (w *Worker) handleHealth(rw http.ResponseWriter, _ *http.Request) error {
+	openai.WriteJSON(rw, http.StatusOK, w.Health())
+	return nil
+}
+
+func (w *Worker) handleModels(rw http.ResponseWriter, _ *http.Request) error {
+	openai.WriteJSON(rw, http.StatusOK, openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{w.model()}})
+	return nil
+}
+
+func (w *Worker) handleModel(rw http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if id != w.cfg.ModelRef {
+		return &openai.Error{Status: http.StatusNotFound, Code: openai.CodeModelNotFound, Param: "model",
+			Message: fmt.Sprintf("model %q is not served here; this worker serves %q", id, w.cfg.ModelRef)}
+	}
+	openai.WriteJSON(rw, http.StatusOK, w.model())
+	return nil
+}
+
+// model describes the served model for /v1/models.
+func (w *Worker) model() openai.Model {
+	return openai.Model{ID: w.cfg.ModelRef, Object: openai.ObjectModel, Created: w.created.Unix(), OwnedBy: "apiary"}
+}
+
+// handleShutdown answers 202 and starts a graceful shutdown. With a token
+// configured it must come as "Authorization: Bearer <token>".
+func (w *Worker) handleShutdown(rw http.ResponseWriter, r *http.Request) error {
+	if w.cfg.Token != "" {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(w.cfg.Token)) != 1 {
+			rw.Header().Set("WWW-Authenticate", "Bearer")
+			return &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
+				Message: "shutting a worker down needs its token as a bearer token"}
+		}
+	}
+	w.log.Info("shutdown requested over HTTP", "remote", r.RemoteAddr)
+	openai.WriteJSON(rw, http.StatusAccepted, map[string]string{"status": string(StatusDraining)})
+	w.RequestShutdown()
+	return nil
+}
