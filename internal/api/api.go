@@ -1,0 +1,166 @@
+// Package api holds the JSON wire types that apiary's daemons exchange: the
+// hive's own API, the worker's ready callback, and the hive → queen
+// registration, heartbeat and event messages. The queen decodes what the hive
+// encodes with the same types.
+package api
+
+import "time"
+
+// Error is the body of every error answer: {"error":{"code","message"}}.
+type Error struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail names what went wrong: a snake_case code and one clear line.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Health is the answer of a daemon's GET /health.
+type Health struct {
+	Status  string `json:"status"`
+	Version string `json:"version,omitempty"`
+}
+
+// StartWorkerRequest is the body of the hive's POST /v2/workers/start.
+type StartWorkerRequest struct {
+	ModelRef    string `json:"model_ref"`
+	GPUDevice   *int   `json:"gpu_device,omitempty"`
+	LifecycleID string `json:"lifecycle_id,omitempty"`
+}
+
+// StartWorkerResponse is the 202 answer to a start.
+type StartWorkerResponse struct {
+	WorkerID string `json:"worker_id"`
+	Status   string `json:"status"`
+}
+
+// StopWorkerRequest is the body of the hive's POST /v2/workers/{id}/stop.
+type StopWorkerRequest struct {
+	Drain        bool `json:"drain"`
+	GraceSeconds *int `json:"grace_seconds,omitempty"`
+}
+
+// StopWorkerResponse is the 202 answer to a stop.
+type StopWorkerResponse struct {
+	WorkerID string `json:"worker_id"`
+	Status   string `json:"status"`
+}
+
+// ReadyCallback is what a worker POSTs to the hive once it serves.
+type ReadyCallback struct {
+	WorkerID  string `json:"worker_id"`
+	VRAMBytes uint64 `json:"vram_bytes"`
+	URI       string `json:"uri"`
+}
+
+// Transition is one entry of a worker's history.
+type Transition struct {
+	From       string    `json:"from"`
+	To         string    `json:"to"`
+	Reason     string    `json:"reason"`
+	At         time.Time `json:"at"`
+	DurationMS int64     `json:"duration_ms"` // time spent in From
+}
+
+// Worker is one entry of the hive's worker registry (WLIFE-10020 plus what
+// the queen's lifecycle row needs).
+type Worker struct {
+	WorkerID    string       `json:"worker_id"`
+	LifecycleID string       `json:"lifecycle_id,omitempty"`
+	ModelRef    string       `json:"model_ref"`
+	GPUDevice   int          `json:"gpu_device"`
+	VRAMBytes   uint64       `json:"vram_bytes"`
+	URI         string       `json:"uri"`
+	Status      string       `json:"status"`
+	Reason      string       `json:"reason,omitempty"`
+	PID         int          `json:"pid"`
+	ExitCode    *int         `json:"exit_code,omitempty"`
+	InFlight    int          `json:"in_flight"`
+	StartedAt   time.Time    `json:"started_at"`
+	ReadyAt     *time.Time   `json:"ready_at,omitempty"`
+	StoppedAt   *time.Time   `json:"stopped_at,omitempty"`
+	History     []Transition `json:"history,omitempty"`
+}
+
+// WorkerList is the answer of GET /v2/workers.
+type WorkerList struct {
+	Workers []Worker `json:"workers"`
+}
+
+// Device kinds.
+const (
+	DeviceCUDA = "cuda"
+	DeviceCPU  = "cpu"
+)
+
+// GPU is one device of a node: an NVIDIA GPU, or the CPU with system memory
+// as its budget when the node has no GPU.
+type GPU struct {
+	ID             int      `json:"id"`
+	Kind           string   `json:"kind"`
+	Name           string   `json:"name"`
+	UUID           string   `json:"uuid,omitempty"`
+	TotalBytes     uint64   `json:"total_vram_bytes"`
+	FreeBytes      uint64   `json:"free_vram_bytes"`
+	AllocatedBytes uint64   `json:"allocated_vram_bytes"`
+	ReservedBytes  uint64   `json:"reserved_vram_bytes"`
+	TemperatureC   *int     `json:"temperature_c,omitempty"`
+	Workers        []string `json:"workers"`
+}
+
+// GPUList is the answer of GET /v2/gpus.
+type GPUList struct {
+	GPUs []GPU `json:"gpus"`
+}
+
+// Model is one GGUF in a hive's models dir.
+type Model struct {
+	Ref          string    `json:"ref"`
+	SizeBytes    int64     `json:"size_bytes"`
+	ModifiedAt   time.Time `json:"modified_at"`
+	Architecture string    `json:"architecture,omitempty"`
+}
+
+// ModelList is the answer of GET /v2/models.
+type ModelList struct {
+	Models []Model `json:"models"`
+}
+
+// RegisterPool is the body of the queen's POST /v2/pools/register.
+type RegisterPool struct {
+	PoolID   string `json:"pool_id"`
+	Endpoint string `json:"endpoint"`
+	NodeID   string `json:"node_id"`
+	Version  string `json:"version"`
+	GPUs     []GPU  `json:"gpus"`
+}
+
+// Heartbeat is the body of the queen's POST /v2/pools/{id}/heartbeat.
+type Heartbeat struct {
+	GPUs    []GPU    `json:"gpus"`
+	Workers []Worker `json:"workers"`
+}
+
+// WorkerEvent is one transition the hive pushes to the queen's
+// POST /v2/internal/workers/events as it happens.
+type WorkerEvent struct {
+	PoolID      string    `json:"pool_id"`
+	WorkerID    string    `json:"worker_id"`
+	LifecycleID string    `json:"lifecycle_id,omitempty"`
+	From        string    `json:"from"`
+	To          string    `json:"to"`
+	Reason      string    `json:"reason"`
+	At          time.Time `json:"at"`
+	Worker      Worker    `json:"worker"`
+}
+
+// WorkerHealth is the worker's GET /health answer as the hive reads it.
+// Fields the hive does not need are left out; decoding ignores them.
+type WorkerHealth struct {
+	Status        string     `json:"status"`
+	Model         string     `json:"model"`
+	InFlight      int        `json:"in_flight"`
+	LastRequestAt *time.Time `json:"last_request_at"`
+}
