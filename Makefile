@@ -26,7 +26,7 @@ export CGO_CPPFLAGS = -I$(CGO_INCLUDE) -I$(OLLAMA_DIR)/llama/llama.cpp/include -
 
 TEST_FLAGS ?= -count=1 -timeout 60m
 
-.PHONY: all build deps cgo-include test bench clean
+.PHONY: all build deps cgo-include test demo bench bench-worker clean
 
 all: build
 
@@ -43,11 +43,23 @@ cgo-include:
 build: cgo-include
 	$(GO) build -o bin/apiary ./cmd/apiary
 
+# Packages free of cgo also run under the race detector (the llama.cpp
+# packages would need a second cold C++ build for it).
+RACE_PKGS = $(shell $(GO) list -f '{{if not .CgoFiles}}{{$$cgo := false}}{{range .Deps}}{{if eq . "$(OLLAMA_MOD)/llama"}}{{$$cgo = true}}{{end}}{{end}}{{if not $$cgo}}{{.ImportPath}}{{end}}{{end}}' ./...)
+
 test: deps build
 	APIARY_BIN=$(CURDIR)/bin/apiary $(GO) test $(TEST_FLAGS) ./...
+	APIARY_BIN=$(CURDIR)/bin/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
+
+demo: deps build
+	@./scripts/demo.sh
 
 bench: deps build
 	APIARY_BIN=$(CURDIR)/bin/apiary $(GO) test -run '^$$' -bench . -benchtime 3x ./...
+
+# Generation speed through the worker's HTTP API vs the engine in-process.
+bench-worker: deps build
+	APIARY_BIN=$(CURDIR)/bin/apiary $(GO) test -run '^$$' -bench WorkerHTTPvsInProcess -benchtime 8x -timeout 30m ./internal/llamacpp/
 
 clean:
 	rm -rf bin
