@@ -16,6 +16,19 @@ static void batch_add(struct llama_batch *b, llama_token id, llama_pos pos, llam
 	b->n_tokens = i + 1;
 }
 
+// load_progress lets llama.cpp's loader continue until *abort becomes non-zero.
+static bool load_progress(float progress, void *abort) {
+	(void)progress;
+	return __atomic_load_n((int *)abort, __ATOMIC_RELAXED) == 0;
+}
+
+static void set_load_abort(struct llama_model_params *p, int *abort) {
+	p->progress_callback = load_progress;
+	p->progress_callback_user_data = abort;
+}
+
+static void abort_load(int *abort) { __atomic_store_n(abort, 1, __ATOMIC_RELAXED); }
+
 // gpu_device returns the n-th GPU (or integrated GPU) backend device, or NULL.
 static ggml_backend_dev_t gpu_device(int n) {
 	for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
@@ -74,8 +87,7 @@ type Engine struct {
 var _ engine.Engine = (*Engine)(nil)
 
 // Load reads the GGUF at opts.ModelPath, creates a context with opts.Slots
-// sequences and warms it up. ctx only bounds the wait before loading starts:
-// llama.cpp cannot be interrupted while it reads the weights.
+// sequences and warms it up. Cancelling ctx aborts the load between tensors.
 func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, error) {
 	if log == nil {
 		log = slog.Default()
@@ -118,10 +130,28 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 	} else {
 		mparams.n_gpu_layers = 0
 	}
+	abort := (*C.int)(C.calloc(1, C.size_t(unsafe.Sizeof(C.int(0)))))
+	defer C.free(unsafe.Pointer(abort))
+	C.set_load_abort(&mparams, abort)
+	loaded := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-ctx.Done():
+			C.abort_load(abort)
+		case <-loaded:
+		}
+	}()
 	cpath := C.CString(opts.ModelPath)
 	defer C.free(unsafe.Pointer(cpath))
 	model := C.llama_model_load_from_file(cpath, mparams)
+	close(loaded)
+	<-watched
 	if model == nil {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("llamacpp: loading %s: %w", opts.ModelPath, err)
+		}
 		return nil, fmt.Errorf("llamacpp: llama.cpp could not load %s (see the log above for its reason)", opts.ModelPath)
 	}
 
@@ -235,9 +265,15 @@ func (e *Engine) Tokenize(text string, addSpecial bool) ([]int, error) {
 			n = int(-got)
 			continue
 		}
-		ids := make([]int, int(got))
-		for i := range ids {
-			ids[i] = int(buf[i])
+		toks := buf[:got]
+		// A prompt that already starts with BOS (a chat template that writes
+		// it) must not get a second one from add_special.
+		if addSpecial && len(toks) >= 2 && toks[0] == toks[1] && toks[0] == C.llama_vocab_bos(e.vocab) {
+			toks = toks[1:]
+		}
+		ids := make([]int, len(toks))
+		for i, t := range toks {
+			ids[i] = int(t)
 		}
 		return ids, nil
 	}

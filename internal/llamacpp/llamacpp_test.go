@@ -96,6 +96,22 @@ func TestTokenizeAddsBOSAndCoversText(t *testing.T) {
 	}
 }
 
+func TestTokenizeKeepsOneBOSWhenTextStartsWithIt(t *testing.T) {
+	e := load(t, 1)
+	ids := prompt(t, e, "<s>Hi")
+	if len(ids) < 2 || ids[0] != 1 || ids[1] == 1 {
+		t.Fatalf("tokens = %v, want exactly one BOS (1) first", ids)
+	}
+}
+
+func TestLoadStopsWhenContextIsCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := llamacpp.Load(ctx, engine.Options{ModelPath: writeModel(t), GPUDevice: -1}, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Load with a cancelled context: %v, want context.Canceled", err)
+	}
+}
+
 func TestGreedyIsDeterministicAndHonoursMaxTokens(t *testing.T) {
 	e := load(t, 1)
 	req := engine.Request{Prompt: prompt(t, e, "The bees"), MaxTokens: 24, IgnoreEOS: true}
