@@ -108,6 +108,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 		return nil, fmt.Errorf("llamacpp: model: %w", err)
 	}
 	backendOnce.Do(ollamallama.BackendInit)
+	routeLogs(log)
 
 	rssBefore := residentBytes()
 
