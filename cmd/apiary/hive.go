@@ -1,5 +1,137 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
 
-func newHiveCmd() *cobra.Command { return notImplemented("hive", "Run the pool manager daemon of this node") }
+	"github.com/spf13/cobra"
+
+	"github.com/apiary-llm/apiary/internal/hive"
+)
+
+// hiveFlags are the flags of `apiary hive`; toConfig turns them into a
+// hive.Config.
+type hiveFlags struct {
+	addr, advertise, queen, poolID, nodeID string
+	dataDir, modelsDir, ports              string
+	ctxSize                                int
+	callbackTimeout, healthInterval        time.Duration
+	stopGrace, shutdownAck                 time.Duration
+	idleTimeout, heartbeatInterval         time.Duration
+	logJSON                                bool
+	logLevel                               string
+}
+
+func newHiveCmd() *cobra.Command {
+	f := &hiveFlags{}
+	cmd := &cobra.Command{
+		Use:   "hive",
+		Short: "Run the pool manager daemon of this node",
+		Long: `Run the pool manager daemon of this node: it spawns, watches and stops the
+node's workers, reports its devices, and registers with the queen (--queen).
+
+Tokens come from the environment: APIARY_CLUSTER_TOKEN authenticates the hive's
+API and its calls to the queen; without it the hive binds loopback only.
+A queen that does not answer is not an error: the hive works standalone and
+registers when the queen comes back. --queen "" disables the queen.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.toConfig(cmd)
+			if err != nil {
+				return err
+			}
+			h, err := hive.New(cfg)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			err = h.Run(cmd.Context())
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.addr, "addr", hive.DefaultAddr, "address the hive listens on")
+	fl.StringVar(&f.advertise, "advertise", "", "URL the queen and workers use to reach this hive (default http://ADDR)")
+	fl.StringVar(&f.queen, "queen", defaultQueenURL(), `queen URL to register with ("" for standalone)`)
+	fl.StringVar(&f.poolID, "pool-id", "", "pool id reported to the queen (default: --node-id)")
+	fl.StringVar(&f.nodeID, "node-id", "", "node id reported to the queen (default: host name)")
+	fl.StringVar(&f.dataDir, "data-dir", hive.DefaultDataDir(), "directory for the hive's records and worker logs")
+	fl.StringVar(&f.modelsDir, "models-dir", "", "directory of GGUF models (default DATA_DIR/models)")
+	fl.StringVar(&f.ports, "worker-ports", fmt.Sprintf("%d-%d", hive.DefaultPortMin, hive.DefaultPortMax), "port range for workers, FROM-TO")
+	fl.IntVar(&f.ctxSize, "worker-ctx-size", 0, "context size for workers (0: the model's, at most 4096)")
+	fl.DurationVar(&f.callbackTimeout, "callback-timeout", hive.DefaultCallbackTimeout, "ready callback deadline after spawn; then SIGKILL and failed")
+	fl.DurationVar(&f.healthInterval, "health-interval", hive.DefaultHealthInterval, "period of each worker's /health check (3 misses in a row: failed)")
+	fl.DurationVar(&f.stopGrace, "stop-grace", hive.DefaultStopGrace, "graceful stop budget before SIGTERM")
+	fl.DurationVar(&f.shutdownAck, "shutdown-ack", hive.DefaultShutdownAck, "wait for a worker's shutdown acknowledgement, and from SIGTERM to SIGKILL")
+	fl.DurationVar(&f.idleTimeout, "idle-timeout", hive.DefaultIdleTimeout, "stop a ready worker without requests for this long (0: never)")
+	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", hive.DefaultHeartbeatInterval, "period of heartbeats to the queen")
+	fl.BoolVar(&f.logJSON, "log-json", false, "write logs as JSON")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	return cmd
+}
+
+func defaultQueenURL() string {
+	if u, ok := os.LookupEnv("APIARY_QUEEN"); ok {
+		return u
+	}
+	return "http://127.0.0.1:8080"
+}
+
+func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
+	from, to, ok := strings.Cut(f.ports, "-")
+	pmin, err1 := strconv.Atoi(from)
+	pmax, err2 := strconv.Atoi(to)
+	if !ok || err1 != nil || err2 != nil {
+		return hive.Config{}, usagef("--worker-ports %q: want FROM-TO, e.g. 8001-8999", f.ports)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return hive.Config{}, usagef("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var handler slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), opts)
+	if f.logJSON {
+		handler = slog.NewJSONHandler(cmd.ErrOrStderr(), opts)
+	}
+	for name, d := range map[string]time.Duration{
+		"--callback-timeout": f.callbackTimeout, "--health-interval": f.healthInterval, "--stop-grace": f.stopGrace,
+		"--shutdown-ack": f.shutdownAck, "--heartbeat-interval": f.heartbeatInterval,
+	} {
+		if d <= 0 {
+			return hive.Config{}, usagef("%s must be positive, got %s", name, d)
+		}
+	}
+	idle := f.idleTimeout
+	if idle == 0 {
+		idle = -1 // the flag's 0 means never
+	}
+	dataDir, err := filepath.Abs(f.dataDir)
+	if err != nil {
+		return hive.Config{}, usagef("--data-dir %q: %v", f.dataDir, err)
+	}
+	modelsDir := f.modelsDir
+	if modelsDir != "" {
+		if modelsDir, err = filepath.Abs(modelsDir); err != nil {
+			return hive.Config{}, usagef("--models-dir %q: %v", f.modelsDir, err)
+		}
+	}
+	return hive.Config{
+		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, ModelsDir: modelsDir,
+		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize,
+		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
+		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle,
+		HeartbeatInterval: f.heartbeatInterval,
+		QueenURL:          f.queen, PoolID: f.poolID, NodeID: f.nodeID,
+		ClusterToken: os.Getenv("APIARY_CLUSTER_TOKEN"),
+		Logger:       slog.New(handler),
+	}, nil
+}

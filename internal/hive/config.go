@@ -1,0 +1,198 @@
+package hive
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/gpu"
+)
+
+// Config is everything a hive needs. Zero values take the contract's
+// defaults (see Default); Validate says what is wrong with the rest.
+type Config struct {
+	Addr      string // listen address, default 127.0.0.1:9200
+	Advertise string // URL others use to reach this hive; default http://Addr
+	DataDir   string // holds the hive's records and worker logs
+	ModelsDir string // GGUF files; default DataDir/models
+
+	// WorkerPath is the binary run as a worker (default: this executable)
+	// with WorkerArgs before the worker flags (default: ["worker"]) and
+	// WorkerEnv added to the hive's environment.
+	WorkerPath string
+	WorkerArgs []string
+	WorkerEnv  []string
+	// WorkerHost is the address workers bind; default the host of Addr
+	// (127.0.0.1 when Addr's host is empty or unspecified).
+	WorkerHost string
+	// PortMin..PortMax is the range worker ports are taken from.
+	PortMin, PortMax int
+	// CtxSize is passed to workers as --ctx-size and sizes the memory
+	// estimate; 0 lets the worker choose (trained context, at most 4096).
+	CtxSize int
+
+	CallbackTimeout   time.Duration // ready callback deadline after spawn
+	HealthInterval    time.Duration // /health probe period
+	HealthFailures    int           // consecutive misses before failed
+	StopGrace         time.Duration // graceful stop budget before SIGTERM
+	ShutdownAck       time.Duration // wait for a worker's ack, and SIGTERM → SIGKILL
+	IdleTimeout       time.Duration // negative disables the idle timeout
+	HeartbeatInterval time.Duration
+
+	QueenURL     string // empty: standalone
+	PoolID       string // default: NodeID
+	NodeID       string // default: host name
+	ClusterToken string // bearer for the queen and for the hive's own API
+
+	MaxBodyBytes int64 // request body limit, default 1 MiB
+
+	Devices gpu.Inventory // default gpu.Detect
+	Logger  *slog.Logger  // default slog.Default()
+}
+
+// Defaults from the contract's timing table.
+const (
+	DefaultAddr              = "127.0.0.1:9200"
+	DefaultCallbackTimeout   = 60 * time.Second
+	DefaultHealthInterval    = 10 * time.Second
+	DefaultHealthFailures    = 3
+	DefaultStopGrace         = 30 * time.Second
+	DefaultShutdownAck       = 5 * time.Second
+	DefaultIdleTimeout       = 5 * time.Minute
+	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultPortMin           = 8001
+	DefaultPortMax           = 8999
+	DefaultMaxBodyBytes      = 1 << 20
+)
+
+// DefaultDataDir is $XDG_DATA_HOME/apiary, or ~/.local/share/apiary.
+func DefaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "apiary")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "apiary")
+	}
+	return filepath.Join(home, ".local", "share", "apiary")
+}
+
+// withDefaults returns c with every zero field set to its default. The
+// timing fields keep an explicit value; IdleTimeout < 0 disables it.
+func (c Config) withDefaults() Config {
+	set := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir()
+	}
+	if c.ModelsDir == "" {
+		c.ModelsDir = filepath.Join(c.DataDir, "models")
+	}
+	if c.WorkerArgs == nil {
+		c.WorkerArgs = []string{"worker"}
+	}
+	if c.PortMin == 0 && c.PortMax == 0 {
+		c.PortMin, c.PortMax = DefaultPortMin, DefaultPortMax
+	}
+	set(&c.CallbackTimeout, DefaultCallbackTimeout)
+	set(&c.HealthInterval, DefaultHealthInterval)
+	set(&c.StopGrace, DefaultStopGrace)
+	set(&c.ShutdownAck, DefaultShutdownAck)
+	set(&c.IdleTimeout, DefaultIdleTimeout)
+	set(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	if c.HealthFailures == 0 {
+		c.HealthFailures = DefaultHealthFailures
+	}
+	if c.NodeID == "" {
+		c.NodeID, _ = os.Hostname()
+		if c.NodeID == "" {
+			c.NodeID = "localhost"
+		}
+	}
+	if c.PoolID == "" {
+		c.PoolID = c.NodeID
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults) at once.
+func (c Config) Validate() error {
+	var errs []error
+	host, _, err := net.SplitHostPort(c.Addr)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--addr %q: %w", c.Addr, err))
+	} else if c.ClusterToken == "" && !isLoopback(host) {
+		errs = append(errs, fmt.Errorf("--addr %q is not a loopback address; set APIARY_CLUSTER_TOKEN to serve on it", c.Addr))
+	}
+	if c.Advertise != "" {
+		if u, err := url.Parse(c.Advertise); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			errs = append(errs, fmt.Errorf("--advertise %q is not an http(s) URL", c.Advertise))
+		}
+	}
+	if c.QueenURL != "" {
+		if u, err := url.Parse(c.QueenURL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			errs = append(errs, fmt.Errorf("--queen %q is not an http(s) URL", c.QueenURL))
+		}
+	}
+	if c.PortMin < 1 || c.PortMax > 65535 || c.PortMin > c.PortMax {
+		errs = append(errs, fmt.Errorf("worker port range %d-%d is not within 1-65535", c.PortMin, c.PortMax))
+	}
+	for name, d := range map[string]time.Duration{
+		"--callback-timeout": c.CallbackTimeout, "--health-interval": c.HealthInterval,
+		"--stop-grace": c.StopGrace, "--shutdown-ack": c.ShutdownAck, "--heartbeat-interval": c.HeartbeatInterval,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+		}
+	}
+	if c.HealthFailures < 1 {
+		errs = append(errs, fmt.Errorf("health failures must be at least 1, got %d", c.HealthFailures))
+	}
+	if c.CtxSize < 0 {
+		errs = append(errs, fmt.Errorf("--worker-ctx-size must not be negative, got %d", c.CtxSize))
+	}
+	if c.MaxBodyBytes < 1 {
+		errs = append(errs, errors.New("body limit must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+func splitHost(addr string) (host, port string, err error) { return net.SplitHostPort(addr) }
+
+func isUnspecified(host string) bool {
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
+func mustAtoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}

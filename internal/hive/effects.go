@@ -1,0 +1,131 @@
+package hive
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"syscall"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/gguf"
+	"github.com/apiary-llm/apiary/internal/procs"
+)
+
+// The hive's effects live behind these small interfaces so that the policy
+// and the owner loop can be tested with fakes.
+
+// Launcher starts worker processes.
+type Launcher interface {
+	Launch(ctx context.Context, spec procs.Spec) (Process, error)
+	Close() error
+}
+
+// Process is a started worker process (see procs.Process).
+type Process interface {
+	PID() int
+	Identity() procs.Identity
+	Exited() <-chan struct{}
+	Done() <-chan struct{}
+	Exit() procs.Exit
+	Signal(sig syscall.Signal) error
+	Kill()
+}
+
+// WorkerClient speaks to a worker's HTTP API.
+type WorkerClient interface {
+	Health(ctx context.Context, uri string) (api.WorkerHealth, error)
+	Shutdown(ctx context.Context, uri, token string) error
+}
+
+// ModelInspector reads what preflight needs from a model file.
+type ModelInspector interface {
+	Inspect(path string, ctxSize int) (ModelInfo, error)
+}
+
+// ModelInfo is what preflight learns from a GGUF header.
+type ModelInfo struct {
+	Architecture string
+	MemoryBytes  uint64 // estimate for weights + KV cache + compute
+}
+
+// spawner launches through procs.Spawner.
+type spawner struct{ s *procs.Spawner }
+
+func newSpawner() *spawner { return &spawner{s: procs.NewSpawner()} }
+
+func (s *spawner) Launch(ctx context.Context, spec procs.Spec) (Process, error) {
+	p, err := s.s.Start(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (s *spawner) Close() error { return s.s.Close() }
+
+// httpWorkerClient is the real WorkerClient.
+type httpWorkerClient struct{ c *http.Client }
+
+func newHTTPWorkerClient() *httpWorkerClient {
+	// No keep-alive: a pooled transport may dial a connection for a probe,
+	// serve the probe on another that became idle meanwhile, and leave the
+	// new one unused. The worker's http.Server.Shutdown then waits 5s for
+	// that never-used connection, which stalled cascades. A loopback dial
+	// per probe costs nothing at these rates.
+	return &httpWorkerClient{c: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+}
+
+func (c *httpWorkerClient) Health(ctx context.Context, uri string) (api.WorkerHealth, error) {
+	var h api.WorkerHealth
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, uri+"/health", nil)
+	if err != nil {
+		return h, err
+	}
+	resp, err := c.c.Do(req)
+	if err != nil {
+		return h, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return h, fmt.Errorf("GET /health: %s", resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&h); err != nil {
+		return h, fmt.Errorf("GET /health: %w", err)
+	}
+	return h, nil
+}
+
+func (c *httpWorkerClient) Shutdown(ctx context.Context, uri, token string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, uri+"/v1/admin/shutdown", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("POST /v1/admin/shutdown: %s", resp.Status)
+	}
+	return nil
+}
+
+func (c *httpWorkerClient) close() { c.c.CloseIdleConnections() }
+
+// ggufInspector reads GGUF headers with package gguf.
+type ggufInspector struct{}
+
+func (ggufInspector) Inspect(path string, ctxSize int) (ModelInfo, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return ModelInfo{}, fmt.Errorf("%w: %w", ErrInvalidModel, err)
+	}
+	info := f.Info()
+	return ModelInfo{Architecture: info.Architecture, MemoryBytes: info.EstimateMemory(ctxSize).Total}, nil
+}

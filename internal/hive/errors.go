@@ -1,0 +1,124 @@
+package hive
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/apiary-llm/apiary/internal/api"
+)
+
+// Sentinel errors. Handlers return them (wrapped with %w); writeError maps
+// each to a status and code once.
+var (
+	ErrWorkerNotFound   = errors.New("hive: worker not found")
+	ErrModelNotFound    = errors.New("hive: model not found")
+	ErrInvalidModelRef  = errors.New("hive: invalid model_ref")
+	ErrInvalidModel     = errors.New("hive: model is not a readable GGUF")
+	ErrUnsupportedModel = errors.New("hive: unsupported model architecture")
+	ErrDeviceNotFound   = errors.New("hive: no such device")
+	ErrNoFreePort       = errors.New("hive: no free port in the worker range")
+	ErrShuttingDown     = errors.New("hive: shutting down")
+	ErrUnauthorized     = errors.New("hive: unauthorized")
+	ErrNotStarting      = errors.New("hive: worker is not starting")
+	ErrImplausibleReady = errors.New("hive: implausible ready callback")
+	ErrWorkerEnded      = errors.New("hive: worker has ended")
+	ErrSpawn            = errors.New("hive: cannot start worker process")
+)
+
+// InsufficientMemoryError is a preflight refusal naming the shortfall.
+type InsufficientMemoryError struct {
+	Device    int
+	Kind      string
+	Need      uint64 // the model's estimate
+	Available uint64 // what the device can give
+	Held      uint64 // what the hive's workers already hold there
+}
+
+func (e *InsufficientMemoryError) Error() string {
+	return fmt.Sprintf("hive: model needs %s but %s device %d has %s available (%s held by its workers); short by %s",
+		bytesIEC(e.Need), e.Kind, e.Device, bytesIEC(e.Available), bytesIEC(e.Held), bytesIEC(e.Need-e.Available))
+}
+
+// requestError is a malformed request: its status and code are given.
+type requestError struct {
+	status int
+	code   string
+	err    error
+}
+
+func (e *requestError) Error() string { return e.err.Error() }
+func (e *requestError) Unwrap() error { return e.err }
+
+func badRequest(format string, a ...any) error {
+	return &requestError{status: http.StatusBadRequest, code: "invalid_request", err: fmt.Errorf(format, a...)}
+}
+
+// statusOf maps an error to its HTTP status and snake_case code.
+func statusOf(err error) (int, string) {
+	var re *requestError
+	var me *InsufficientMemoryError
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &re):
+		return re.status, re.code
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, "body_too_large"
+	case errors.As(err, &me):
+		return http.StatusInsufficientStorage, "insufficient_memory"
+	case errors.Is(err, ErrWorkerNotFound):
+		return http.StatusNotFound, "worker_not_found"
+	case errors.Is(err, ErrModelNotFound):
+		return http.StatusNotFound, "model_not_found"
+	case errors.Is(err, ErrInvalidModelRef):
+		return http.StatusBadRequest, "invalid_model_ref"
+	case errors.Is(err, ErrInvalidModel):
+		return http.StatusUnprocessableEntity, "invalid_model"
+	case errors.Is(err, ErrUnsupportedModel):
+		return http.StatusUnprocessableEntity, "unsupported_model"
+	case errors.Is(err, ErrDeviceNotFound):
+		return http.StatusBadRequest, "device_not_found"
+	case errors.Is(err, ErrNoFreePort):
+		return http.StatusServiceUnavailable, "no_free_port"
+	case errors.Is(err, ErrShuttingDown):
+		return http.StatusServiceUnavailable, "shutting_down"
+	case errors.Is(err, ErrUnauthorized):
+		return http.StatusUnauthorized, "unauthorized"
+	case errors.Is(err, ErrNotStarting):
+		return http.StatusConflict, "worker_not_starting"
+	case errors.Is(err, ErrWorkerEnded):
+		return http.StatusConflict, "worker_ended"
+	case errors.Is(err, ErrImplausibleReady):
+		return http.StatusUnprocessableEntity, "implausible_ready"
+	}
+	return http.StatusInternalServerError, "internal_error"
+}
+
+// writeError answers {"error":{"code","message"}}.
+func writeError(w http.ResponseWriter, err error) {
+	status, code := statusOf(err)
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
+	}
+	writeJSON(w, status, api.Error{Error: api.ErrorDetail{Code: code, Message: err.Error()}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func bytesIEC(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

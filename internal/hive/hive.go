@@ -1,0 +1,271 @@
+// Package hive is apiary's pool manager: one daemon per node that spawns,
+// watches and stops the node's worker processes, keeps their registry and
+// lifecycle history, reports the node's devices, and tells the queen about
+// all of it.
+//
+// Every worker is owned by one goroutine (worker.run) that drives its
+// lifecycle.Machine; policy (health, idle, memory fit) is pure and lives in
+// policy.go; effects (processes, worker HTTP, GGUF headers) are behind the
+// interfaces of effects.go.
+package hive
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/version"
+)
+
+// Hive is a running pool manager. Create it with New, run it with Run.
+type Hive struct {
+	cfg      Config
+	log      *slog.Logger
+	devices  gpu.Inventory
+	launcher Launcher
+	client   WorkerClient
+	models   ModelInspector
+	metrics  *metrics
+	reg      *registry
+	data     *dataDir
+	queen    *queenClient // nil when standalone
+	// onEvent, when set before Run (tests), sees every worker event
+	// synchronously, in order, from the worker's owner.
+	onEvent func(api.WorkerEvent)
+
+	owners sync.WaitGroup // one per worker owner goroutine
+
+	ready    chan struct{}
+	done     chan struct{}
+	shutdown chan struct{} // closed to ask Run to cascade and return
+	addr     net.Addr      // set before ready is closed
+
+	shutdownOnce sync.Once
+	closeOnce    sync.Once
+	runOnce      sync.Once
+}
+
+// New checks cfg (after filling defaults) and prepares a hive. Nothing is
+// bound or spawned until Run.
+func New(cfg Config) (*Hive, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.WorkerPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("hive: find own executable for workers: %w", err)
+		}
+		cfg.WorkerPath = exe
+	}
+	if cfg.WorkerHost == "" {
+		host, _, _ := net.SplitHostPort(cfg.Addr)
+		ip := net.ParseIP(host)
+		if host == "" || (ip != nil && ip.IsUnspecified()) {
+			host = "127.0.0.1"
+		}
+		cfg.WorkerHost = host
+	}
+	h := &Hive{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "hive", "pool_id", cfg.PoolID),
+		devices:  cfg.Devices,
+		launcher: newSpawner(),
+		client:   newHTTPWorkerClient(),
+		models:   ggufInspector{},
+		reg:      newRegistry(cfg.PortMin),
+		ready:    make(chan struct{}),
+		done:     make(chan struct{}),
+		shutdown: make(chan struct{}),
+	}
+	if h.devices == nil {
+		h.devices = gpu.Detect(h.log)
+	}
+	h.metrics = newMetrics(h)
+	if cfg.QueenURL != "" {
+		h.queen = newQueenClient(h)
+	}
+	return h, nil
+}
+
+// Ready is closed once the hive serves.
+func (h *Hive) Ready() <-chan struct{} { return h.ready }
+
+// Done is closed once Run has returned.
+func (h *Hive) Done() <-chan struct{} { return h.done }
+
+// Addr is the address the hive listens on; valid after Ready.
+func (h *Hive) Addr() net.Addr { return h.addr }
+
+// URL is the hive's base URL for others (--advertise, or its listen
+// address); valid after Ready.
+func (h *Hive) URL() string {
+	if h.cfg.Advertise != "" {
+		return h.cfg.Advertise
+	}
+	return "http://" + h.addr.String()
+}
+
+// Shutdown asks a running hive to stop all workers and return from Run.
+// It does not wait; see Done.
+func (h *Hive) Shutdown() {
+	h.shutdownOnce.Do(func() { close(h.shutdown) })
+}
+
+// Run serves until ctx ends or Shutdown is called, then cascades. A
+// cancelled ctx is a clean exit (nil). Run may be called once.
+//
+//  1. lock the data dir and kill what a previous hive left alive
+//  2. listen, serve, register with the queen
+//  3. on ctx end or Shutdown: refuse new workers, stop every worker in
+//     parallel (shutdown ack, SIGTERM, SIGKILL), wait until all are reaped
+//  4. deliver the last events to the queen, stop serving, release the rest
+func (h *Hive) Run(ctx context.Context) (err error) {
+	ran := false
+	h.runOnce.Do(func() { ran = true })
+	if !ran {
+		return errors.New("hive: Run called twice")
+	}
+	defer close(h.done)
+	defer h.release()
+
+	if h.data, err = openDataDir(h.cfg.DataDir); err != nil {
+		return err
+	}
+	if killed, err := h.data.reapSurvivors(h.log, 10*time.Second); err != nil {
+		return err
+	} else if len(killed) > 0 {
+		h.log.Warn("previous hive left workers running; killed them", "pids", killed)
+	}
+	ln, err := net.Listen("tcp", h.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("hive: listen on %s: %w", h.cfg.Addr, err)
+	}
+	h.addr = ln.Addr()
+	srv := &http.Server{
+		Handler:           h.routes(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}
+
+	serveCtx, stopServe := context.WithCancel(context.Background())
+	defer stopServe()
+	g, gctx := errgroup.WithContext(serveCtx)
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("hive: serve: %w", err)
+		}
+		return nil
+	})
+	queenCtx, stopQueen := context.WithCancel(context.Background())
+	defer stopQueen()
+	if h.queen != nil {
+		g.Go(func() error { h.queen.run(queenCtx); return nil })
+	}
+	h.log.Info("hive serving", "addr", h.addr.String(), "data_dir", h.cfg.DataDir, "models_dir", h.cfg.ModelsDir,
+		"version", version.Version)
+	close(h.ready)
+
+	var cause error
+	select {
+	case <-ctx.Done():
+		h.log.Info("hive shutting down", "cause", context.Cause(ctx))
+	case <-h.shutdown:
+		h.log.Info("hive shutting down", "cause", "shutdown requested")
+	case <-gctx.Done():
+		cause = errors.New("hive: server stopped")
+	}
+
+	start := time.Now()
+	h.cascade()
+	h.log.Info("all workers stopped", "took", time.Since(start).Round(time.Millisecond).String())
+
+	stopQueen() // the queen client flushes pending events before it returns
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	stopServe()
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return cause
+}
+
+// cascade stops every worker in parallel and waits until each is gone.
+func (h *Hive) cascade() {
+	for _, w := range h.reg.close() {
+		w.requestStop(stopCmd{reason: "hive shutting down", cascade: true})
+	}
+	h.owners.Wait()
+}
+
+// release frees what New and Run took; it runs once, at the end of Run.
+func (h *Hive) release() {
+	h.closeOnce.Do(func() {
+		h.owners.Wait()
+		if h.launcher != nil {
+			_ = h.launcher.Close()
+		}
+		if c, ok := h.client.(*httpWorkerClient); ok {
+			c.close()
+		}
+		if h.devices != nil {
+			_ = h.devices.Close()
+		}
+		if h.data != nil {
+			h.data.close()
+		}
+	})
+}
+
+// Close shuts a running hive down and waits for Run to return; on a hive
+// that never ran it frees what New took. It is idempotent. The order:
+//
+//  1. refuse new workers
+//  2. stop every worker in parallel: POST /v1/admin/shutdown (ack within
+//     ShutdownAck), exit awaited for StopGrace, then SIGTERM to its group,
+//     then SIGKILL ShutdownAck later; wait until each is reaped
+//  3. deliver the last worker events to the queen (2s at most)
+//  4. stop the HTTP server, the spawner thread, NVML; unlock the data dir
+func (h *Hive) Close() error {
+	neverRan := false
+	h.runOnce.Do(func() { neverRan = true })
+	if neverRan {
+		h.release()
+		return nil
+	}
+	h.Shutdown()
+	<-h.done
+	return nil
+}
+
+// emit hands a worker transition to the queen client, if any.
+func (h *Hive) emit(ev api.WorkerEvent) {
+	ev.PoolID = h.cfg.PoolID
+	if h.onEvent != nil {
+		h.onEvent(ev)
+	}
+	if h.queen != nil {
+		h.queen.enqueue(ev)
+	}
+}
+
+// gpus is the device inventory joined with what workers hold.
+func (h *Hive) gpus(ctx context.Context) ([]api.GPU, error) {
+	devs, err := h.devices.Devices(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return h.reg.devices(devs), nil
+}

@@ -1,0 +1,244 @@
+package hive
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/gguf"
+	"github.com/apiary-llm/apiary/internal/version"
+)
+
+// handlerFunc is a handler that returns its error; handle maps it once.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (h *Hive) routes() http.Handler {
+	mux := http.NewServeMux()
+	open := func(fn handlerFunc) http.Handler { return h.handle(fn, false) }
+	auth := func(fn handlerFunc) http.Handler { return h.handle(fn, true) }
+
+	mux.Handle("GET /health", open(h.getHealth))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(h.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /v2/workers", auth(h.listWorkers))
+	mux.Handle("GET /v2/workers/{id}", auth(h.getWorker))
+	mux.Handle("GET /v2/workers/{id}/logs", auth(h.getWorkerLogs))
+	mux.Handle("POST /v2/workers/start", auth(h.postStart))
+	mux.Handle("POST /v2/workers/{id}/stop", auth(h.postStop))
+	// Authenticated by the worker's own token, checked by its owner.
+	mux.Handle("POST /v2/internal/workers/ready", open(h.postReady))
+	mux.Handle("GET /v2/gpus", auth(h.getGPUs))
+	mux.Handle("GET /v2/models", auth(h.getModels))
+	mux.Handle("POST /v2/shutdown", auth(h.postShutdown))
+	mux.Handle("/", open(func(http.ResponseWriter, *http.Request) error {
+		return &requestError{status: http.StatusNotFound, code: "not_found", err: errors.New("no such endpoint")}
+	}))
+	return mux
+}
+
+func (h *Hive) handle(fn handlerFunc, needToken bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if needToken && h.cfg.ClusterToken != "" {
+			if subtle.ConstantTimeCompare([]byte(bearer(r)), []byte(h.cfg.ClusterToken)) != 1 {
+				writeError(w, fmt.Errorf("%w: missing or wrong cluster token (APIARY_CLUSTER_TOKEN)", ErrUnauthorized))
+				return
+			}
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
+		if err := fn(w, r); err != nil {
+			if status, _ := statusOf(err); status >= 500 {
+				h.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+			writeError(w, err)
+		}
+	})
+}
+
+func bearer(r *http.Request) string {
+	a := r.Header.Get("Authorization")
+	if t, ok := strings.CutPrefix(a, "Bearer "); ok {
+		return strings.TrimSpace(t)
+	}
+	return ""
+}
+
+// decode reads one JSON object strictly: unknown fields are a 400. An
+// empty body leaves dst as it is when allowEmpty.
+func decode(r *http.Request, dst any, allowEmpty bool) error {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return badRequest("read body: %v", err)
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return badRequest("request body is empty; send a JSON object")
+	}
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return badRequest("invalid JSON body: %v", err)
+	}
+	if dec.More() {
+		return badRequest("invalid JSON body: more than one value")
+	}
+	return nil
+}
+
+func (h *Hive) getHealth(w http.ResponseWriter, _ *http.Request) error {
+	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Version: version.Version})
+	return nil
+}
+
+func (h *Hive) listWorkers(w http.ResponseWriter, r *http.Request) error {
+	all, _ := strconv.ParseBool(r.URL.Query().Get("all"))
+	writeJSON(w, http.StatusOK, api.WorkerList{Workers: h.reg.list(all)})
+	return nil
+}
+
+func (h *Hive) getWorker(w http.ResponseWriter, r *http.Request) error {
+	wk, ok := h.reg.get(r.PathValue("id"), true)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrWorkerNotFound, r.PathValue("id"))
+	}
+	writeJSON(w, http.StatusOK, h.reg.snapshot(wk))
+	return nil
+}
+
+func (h *Hive) getWorkerLogs(w http.ResponseWriter, r *http.Request) error {
+	wk, ok := h.reg.get(r.PathValue("id"), true)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrWorkerNotFound, r.PathValue("id"))
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if n, err := strconv.Atoi(r.URL.Query().Get("tail")); err == nil && n > 0 {
+		_, _ = io.WriteString(w, wk.out.Tail(n)+"\n")
+		return nil
+	}
+	_, _ = w.Write(wk.out.Bytes())
+	return nil
+}
+
+func (h *Hive) postStart(w http.ResponseWriter, r *http.Request) error {
+	var req api.StartWorkerRequest
+	if err := decode(r, &req, false); err != nil {
+		return err
+	}
+	snap, err := h.startWorker(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, api.StartWorkerResponse{WorkerID: snap.WorkerID, Status: snap.Status})
+	return nil
+}
+
+func (h *Hive) postStop(w http.ResponseWriter, r *http.Request) error {
+	var req api.StopWorkerRequest
+	if err := decode(r, &req, true); err != nil {
+		return err
+	}
+	if req.GraceSeconds != nil && *req.GraceSeconds < 0 {
+		return badRequest("grace_seconds must not be negative")
+	}
+	id := r.PathValue("id")
+	wk, ok := h.reg.get(id, false)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrWorkerNotFound, id)
+	}
+	c := stopCmd{drain: req.Drain, reason: "stop requested"}
+	if req.Drain {
+		c.reason = "drain requested"
+	}
+	if req.GraceSeconds != nil {
+		c.grace = secondsDuration(*req.GraceSeconds)
+	}
+	if err := wk.requestStop(c); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, api.StopWorkerResponse{WorkerID: id, Status: h.reg.snapshot(wk).Status})
+	return nil
+}
+
+func (h *Hive) postReady(w http.ResponseWriter, r *http.Request) error {
+	var cb api.ReadyCallback
+	if err := decode(r, &cb, false); err != nil {
+		return err
+	}
+	wk, ok := h.reg.get(cb.WorkerID, false)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrWorkerNotFound, cb.WorkerID)
+	}
+	if err := wk.deliverReady(r.Context(), bearer(r), cb); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, h.reg.snapshot(wk))
+	return nil
+}
+
+func (h *Hive) getGPUs(w http.ResponseWriter, r *http.Request) error {
+	gpus, err := h.gpus(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, api.GPUList{GPUs: gpus})
+	return nil
+}
+
+func (h *Hive) getModels(w http.ResponseWriter, _ *http.Request) error {
+	models, err := listModels(h.cfg.ModelsDir)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, api.ModelList{Models: models})
+	return nil
+}
+
+func (h *Hive) postShutdown(w http.ResponseWriter, _ *http.Request) error {
+	writeJSON(w, http.StatusAccepted, api.Health{Status: "shutting_down", Version: version.Version})
+	h.Shutdown()
+	return nil
+}
+
+// listModels lists the GGUF files of the models dir by ref.
+func listModels(dir string) ([]api.Model, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return []api.Model{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("hive: list models: %w", err)
+	}
+	out := []api.Model{}
+	for _, e := range ents {
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, ".gguf") || strings.HasPrefix(name, ".") {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		m := api.Model{Ref: strings.TrimSuffix(name, ".gguf"), SizeBytes: fi.Size(), ModifiedAt: fi.ModTime().UTC()}
+		if f, err := gguf.Open(filepath.Join(dir, name)); err == nil {
+			m.Architecture = f.Architecture()
+		}
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b api.Model) int { return strings.Compare(a.Ref, b.Ref) })
+	return out, nil
+}

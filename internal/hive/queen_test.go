@@ -1,0 +1,213 @@
+package hive
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+)
+
+// fakeQueen plays the queen's side of the contract and records what it got.
+type fakeQueen struct {
+	srv   *httptest.Server
+	token string
+
+	mu         sync.Mutex
+	down       bool // guarded by mu; answer 503 to everything
+	forget     bool // guarded by mu; answer 404 to heartbeats of unknown pools
+	known      map[string]bool
+	registers  []api.RegisterPool
+	heartbeats []api.Heartbeat
+	events     []api.WorkerEvent
+	badAuth    int
+	change     chan struct{}
+}
+
+func newFakeQueen(t testing.TB, token string) *fakeQueen {
+	q := &fakeQueen{token: token, known: map[string]bool{}, change: make(chan struct{})}
+	q.srv = httptest.NewServer(http.HandlerFunc(q.serve))
+	t.Cleanup(q.srv.Close)
+	return q
+}
+
+func (q *fakeQueen) serve(w http.ResponseWriter, r *http.Request) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	defer func() { close(q.change); q.change = make(chan struct{}) }()
+	if q.down {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+		return
+	}
+	if r.Header.Get("Authorization") != "Bearer "+q.token {
+		q.badAuth++
+		http.Error(w, "unauthorized", http.StatusUnauthorized)
+		return
+	}
+	b, _ := io.ReadAll(r.Body)
+	dec := func(v any) bool {
+		d := json.NewDecoder(strings.NewReader(string(b)))
+		d.DisallowUnknownFields()
+		if err := d.Decode(v); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return false
+		}
+		return true
+	}
+	switch {
+	case r.URL.Path == "/v2/pools/register":
+		var reg api.RegisterPool
+		if dec(&reg) {
+			q.registers = append(q.registers, reg)
+			q.known[reg.PoolID] = true
+			w.WriteHeader(http.StatusOK)
+		}
+	case strings.HasPrefix(r.URL.Path, "/v2/pools/") && strings.HasSuffix(r.URL.Path, "/heartbeat"):
+		id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v2/pools/"), "/heartbeat")
+		if !q.known[id] {
+			http.Error(w, `{"error":{"code":"pool_not_found","message":"unknown pool"}}`, http.StatusNotFound)
+			return
+		}
+		var hb api.Heartbeat
+		if dec(&hb) {
+			q.heartbeats = append(q.heartbeats, hb)
+		}
+	case r.URL.Path == "/v2/internal/workers/events":
+		var ev api.WorkerEvent
+		if dec(&ev) {
+			q.events = append(q.events, ev)
+		}
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// until waits for cond (checked under the lock) to hold.
+func (q *fakeQueen) until(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(waitLimit)
+	for {
+		q.mu.Lock()
+		ok := cond()
+		ch := q.change
+		q.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("queen never saw %s", what)
+		}
+	}
+}
+
+func (q *fakeQueen) waitEvent(t testing.TB, id string, to lifecycle.State) api.WorkerEvent {
+	t.Helper()
+	var got api.WorkerEvent
+	q.until(t, "event "+id+" → "+string(to), func() bool {
+		for _, ev := range q.events {
+			if (id == "" || ev.WorkerID == id) && ev.To == string(to) {
+				got = ev
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+func (q *fakeQueen) set(fn func()) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	fn()
+}
+
+func withQueen(q *fakeQueen) hiveOpt {
+	return func(c *Config) { c.QueenURL = q.srv.URL; c.ClusterToken = q.token }
+}
+
+func TestQueenRegisterHeartbeatEvents(t *testing.T) {
+	q := newFakeQueen(t, "cluster-token")
+	th := startHive(t, withQueen(q))
+	q.until(t, "a registration", func() bool { return len(q.registers) == 1 })
+	reg := q.registers[0]
+	if reg.PoolID != "pool-test" || reg.Endpoint != th.URL() || reg.Version == "" || len(reg.GPUs) != 1 || reg.NodeID == "" {
+		t.Errorf("register = %+v", reg)
+	}
+	id := th.startAuthed("cluster-token")
+	q.waitEvent(t, id, lifecycle.Starting)
+	ready := q.waitEvent(t, id, lifecycle.Ready)
+	if ready.PoolID != "pool-test" || ready.From != "starting" || ready.Worker.URI == "" || ready.Worker.PID == 0 {
+		t.Errorf("ready event = %+v", ready)
+	}
+	q.until(t, "a heartbeat with the ready worker", func() bool {
+		for _, hb := range q.heartbeats {
+			if len(hb.Workers) == 1 && hb.Workers[0].Status == "ready" && len(hb.GPUs) == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	th.Shutdown()
+	// The last transitions of a cascade still reach the queen.
+	q.waitEvent(t, id, lifecycle.Draining)
+	q.waitEvent(t, id, lifecycle.Stopped)
+	q.set(func() {
+		if q.badAuth != 0 {
+			t.Errorf("%d requests without the cluster token", q.badAuth)
+		}
+	})
+}
+
+func TestQueenAwayThenBackReregisters(t *testing.T) {
+	q := newFakeQueen(t, "tok")
+	q.set(func() { q.down = true })
+	th := startHive(t, withQueen(q))
+	// Standalone while the queen is away: workers still start and run.
+	id := th.startAuthed("tok")
+	th.rec.wait(t, id, lifecycle.Ready)
+	q.set(func() { q.down = false })
+	q.until(t, "a registration after coming back", func() bool { return len(q.registers) == 1 })
+	// Events held back while it was away are delivered, in order.
+	q.waitEvent(t, id, lifecycle.Ready)
+	q.set(func() {
+		var seen []string
+		for _, ev := range q.events {
+			if ev.WorkerID == id {
+				seen = append(seen, ev.To)
+			}
+		}
+		if !slicesEqual(seen[:2], []string{"starting", "ready"}) {
+			t.Errorf("events = %v", seen)
+		}
+	})
+	// The queen restarts and forgets the pool: heartbeats get 404 and the
+	// hive registers again.
+	q.set(func() { q.known = map[string]bool{} })
+	q.until(t, "a second registration", func() bool { return len(q.registers) >= 2 })
+	q.until(t, "heartbeats after re-registering", func() bool { return len(q.heartbeats) > 0 && q.known["pool-test"] })
+}
+
+// startAuthed starts a worker with the cluster token.
+func (th *testHive) startAuthed(token string) string {
+	th.t.Helper()
+	req, _ := http.NewRequest("POST", th.url+"/v2/workers/start", strings.NewReader(`{"model_ref":"tiny"}`))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		th.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var res api.StartWorkerResponse
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil || resp.StatusCode != http.StatusAccepted {
+		th.t.Fatalf("start: %d %v", resp.StatusCode, err)
+	}
+	return res.WorkerID
+}

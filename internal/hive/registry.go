@@ -1,0 +1,207 @@
+package hive
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/gpu"
+)
+
+type deviceInfo = gpu.Device
+
+// recentMax is how many ended workers the registry remembers for
+// GET /v2/workers?all=true and their logs.
+const recentMax = 64
+
+// registry is the hive's table of workers. Each worker's owner publishes
+// its snapshot here; readers get copies. Spawning reserves a device's memory
+// and a port under the same lock as the fit check, so two starts cannot
+// both take the last gigabyte.
+type registry struct {
+	mu       sync.Mutex
+	live     map[string]*worker // guarded by mu
+	recent   []*worker          // guarded by mu; ended, oldest first
+	ports    map[int]bool       // guarded by mu
+	nextPort int                // guarded by mu
+	closing  bool               // guarded by mu
+}
+
+func newRegistry(portMin int) *registry {
+	return &registry{live: map[string]*worker{}, ports: map[int]bool{}, nextPort: portMin}
+}
+
+// heldLocked sums what the live workers hold on device id.
+func (r *registry) heldLocked(id int) held {
+	var h held
+	for _, w := range r.live {
+		if w.device.ID == id {
+			h.allocated += w.hold.allocated
+			h.reserved += w.hold.reserved
+		}
+	}
+	return h
+}
+
+// admit checks that w's estimate fits its device, takes a free port in
+// [min, max] on host (probing it by binding) and adds w as starting. It
+// fails once the hive is closing.
+func (r *registry) admit(w *worker, host string, portMin, portMax int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closing {
+		return ErrShuttingDown
+	}
+	if err := checkFit(w.device, r.heldLocked(w.device.ID), w.estimate); err != nil {
+		return err
+	}
+	port, err := r.takePortLocked(host, portMin, portMax)
+	if err != nil {
+		return err
+	}
+	w.port = port
+	w.hold = held{reserved: w.estimate}
+	r.live[w.id] = w
+	return nil
+}
+
+// takePortLocked walks the range from where it last stopped and returns the
+// first port no worker holds that can be bound right now.
+func (r *registry) takePortLocked(host string, portMin, portMax int) (int, error) {
+	n := portMax - portMin + 1
+	for range n {
+		p := r.nextPort
+		r.nextPort++
+		if r.nextPort > portMax {
+			r.nextPort = portMin
+		}
+		if r.ports[p] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err != nil {
+			continue // in use by someone else: try the next
+		}
+		ln.Close()
+		r.ports[p] = true
+		return p, nil
+	}
+	return 0, fmt.Errorf("%w: %d-%d", ErrNoFreePort, portMin, portMax)
+}
+
+// publish stores a worker's snapshot and memory hold.
+func (r *registry) publish(w *worker, snap api.Worker, h held) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w.snap = snap
+	w.hold = h
+}
+
+// remove moves an ended worker out of the live table, freeing its port.
+func (r *registry) remove(w *worker) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.live[w.id]; !ok {
+		return
+	}
+	delete(r.live, w.id)
+	delete(r.ports, w.port)
+	w.hold = held{}
+	r.recent = append(r.recent, w)
+	if len(r.recent) > recentMax {
+		r.recent = slices.Delete(r.recent, 0, len(r.recent)-recentMax)
+	}
+}
+
+// get finds a live worker, or with ended also a recently ended one.
+func (r *registry) get(id string, ended bool) (*worker, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w, ok := r.live[id]; ok {
+		return w, true
+	}
+	if ended {
+		for _, w := range r.recent {
+			if w.id == id {
+				return w, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// snapshot is a copy of one worker's published state.
+func (r *registry) snapshot(w *worker) api.Worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return w.snap
+}
+
+// list returns the live workers' snapshots, and with ended the recently
+// ended ones too, oldest spawn first.
+func (r *registry) list(ended bool) []api.Worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]api.Worker, 0, len(r.live))
+	for _, w := range r.live {
+		out = append(out, w.snap)
+	}
+	if ended {
+		for _, w := range r.recent {
+			out = append(out, w.snap)
+		}
+	}
+	slices.SortFunc(out, func(a, b api.Worker) int {
+		if c := a.StartedAt.Compare(b.StartedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.WorkerID, b.WorkerID)
+	})
+	return out
+}
+
+// liveWorkers returns the live workers.
+func (r *registry) liveWorkers() []*worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*worker, 0, len(r.live))
+	for _, w := range r.live {
+		out = append(out, w)
+	}
+	return out
+}
+
+// close refuses further admissions and returns the live workers.
+func (r *registry) close() []*worker {
+	r.mu.Lock()
+	r.closing = true
+	r.mu.Unlock()
+	return r.liveWorkers()
+}
+
+// devices joins the inventory with what the hive's workers hold.
+func (r *registry) devices(devs []gpu.Device) []api.GPU {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]api.GPU, 0, len(devs))
+	for _, d := range devs {
+		h := r.heldLocked(d.ID)
+		g := api.GPU{
+			ID: d.ID, Kind: d.Kind, Name: d.Name, UUID: d.UUID,
+			TotalBytes: d.TotalBytes, FreeBytes: d.FreeBytes, TemperatureC: d.TemperatureC,
+			AllocatedBytes: h.allocated, ReservedBytes: h.reserved, Workers: []string{},
+		}
+		for _, w := range r.live {
+			if w.device.ID == d.ID {
+				g.Workers = append(g.Workers, w.id)
+			}
+		}
+		slices.Sort(g.Workers)
+		out = append(out, g)
+	}
+	return out
+}

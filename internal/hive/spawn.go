@@ -1,0 +1,233 @@
+package hive
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/procs"
+)
+
+// modelPath resolves a model_ref to <models-dir>/<ref>.gguf. A ref is a
+// plain name: path separators, "..", and NUL are refused.
+func (h *Hive) modelPath(ref string) (string, error) {
+	switch {
+	case ref == "":
+		return "", fmt.Errorf("%w: model_ref is empty", ErrInvalidModelRef)
+	case strings.ContainsAny(ref, `/\`+"\x00"), strings.Contains(ref, ".."), ref == ".":
+		return "", fmt.Errorf("%w: %q must be a model name, not a path", ErrInvalidModelRef, ref)
+	}
+	path := filepath.Join(h.cfg.ModelsDir, strings.TrimSuffix(ref, ".gguf")+".gguf")
+	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("%w: %q is not in %s", ErrModelNotFound, ref, h.cfg.ModelsDir)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalidModel, err)
+	}
+	if !st.Mode().IsRegular() {
+		return "", fmt.Errorf("%w: %s is not a regular file", ErrInvalidModel, path)
+	}
+	return path, nil
+}
+
+// chooseDevice picks the requested device, or the one with the most
+// available memory.
+func chooseDevice(devs []gpu.Device, want *int, heldOf func(int) held) (gpu.Device, error) {
+	if want != nil {
+		for _, d := range devs {
+			if d.ID == *want {
+				return d, nil
+			}
+		}
+		return gpu.Device{}, fmt.Errorf("%w: gpu_device %d (this node has %d)", ErrDeviceNotFound, *want, len(devs))
+	}
+	if len(devs) == 0 {
+		return gpu.Device{}, fmt.Errorf("%w: the node reports no device", ErrDeviceNotFound)
+	}
+	best := devs[0]
+	for _, d := range devs[1:] {
+		if available(d, heldOf(d.ID)) > available(best, heldOf(best.ID)) {
+			best = d
+		}
+	}
+	return best, nil
+}
+
+// startWorker runs preflight (model, architecture, memory), takes a port,
+// spawns the worker and hands it to its owner goroutine in state starting.
+func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (snap api.Worker, err error) {
+	defer func() {
+		switch {
+		case err == nil:
+			h.metrics.spawns.WithLabelValues("spawned").Inc()
+		case errors.Is(err, ErrSpawn):
+			h.metrics.spawns.WithLabelValues("error").Inc()
+		default:
+			h.metrics.spawns.WithLabelValues("refused").Inc()
+		}
+	}()
+	path, err := h.modelPath(req.ModelRef)
+	if err != nil {
+		return snap, err
+	}
+	info, err := h.models.Inspect(path, h.cfg.CtxSize)
+	if err != nil {
+		return snap, err
+	}
+	if !textArchitectures[info.Architecture] {
+		return snap, fmt.Errorf("%w: %q (model %s)", ErrUnsupportedModel, info.Architecture, req.ModelRef)
+	}
+	devs, err := h.devices.Devices(ctx)
+	if err != nil {
+		return snap, fmt.Errorf("hive: device inventory: %w", err)
+	}
+	dev, err := chooseDevice(devs, req.GPUDevice, func(id int) held {
+		h.reg.mu.Lock()
+		defer h.reg.mu.Unlock()
+		return h.reg.heldLocked(id)
+	})
+	if err != nil {
+		return snap, err
+	}
+
+	id := "worker-" + newUUID()
+	w := &worker{
+		h: h, id: id, lifecycle: req.LifecycleID, modelRef: strings.TrimSuffix(req.ModelRef, ".gguf"),
+		device: dev, estimate: info.MemoryBytes, token: randomHex(32),
+		cmds: make(chan any), done: make(chan struct{}),
+	}
+	w.log = h.log.With("worker_id", id, "model_ref", w.modelRef, "gpu_device", dev.ID)
+	if err := h.reg.admit(w, h.cfg.WorkerHost, h.cfg.PortMin, h.cfg.PortMax); err != nil {
+		return snap, err
+	}
+	w.uri = "http://" + hostPort(h.cfg.WorkerHost, w.port)
+	w.out = newWorkerLog(filepath.Join(h.data.logsDir(), id+".log"))
+
+	args := append([]string(nil), h.cfg.WorkerArgs...)
+	args = append(args,
+		"--worker-id", id,
+		"--model", path,
+		"--gpu-device", strconv.Itoa(workerDevice(dev)),
+		"--port", strconv.Itoa(w.port),
+		"--host", h.cfg.WorkerHost,
+		"--callback-url", h.callbackURL(),
+	)
+	if req.LifecycleID != "" {
+		args = append(args, "--lifecycle-id", req.LifecycleID)
+	}
+	if h.cfg.CtxSize > 0 {
+		args = append(args, "--ctx-size", strconv.Itoa(h.cfg.CtxSize))
+	}
+	env := append(workerEnviron(os.Environ()), h.cfg.WorkerEnv...)
+	env = append(env, "APIARY_WORKER_TOKEN="+w.token)
+
+	w.spawnedAt = time.Now()
+	w.m = lifecycle.NewMachine(w.spawnedAt)
+	proc, err := h.launcher.Launch(ctx, procs.Spec{
+		Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out,
+	})
+	if err != nil {
+		w.out.close()
+		h.reg.remove(w)
+		return snap, fmt.Errorf("%w: %w", ErrSpawn, err)
+	}
+	w.proc = proc
+	if err := h.data.writeRecord(childRecord{WorkerID: id, Process: proc.Identity(), SpawnedAt: w.spawnedAt}); err != nil {
+		w.log.Error("cannot record child; a crash of this hive could orphan it", "err", err)
+	}
+	w.reason = fmt.Sprintf("spawned pid %d on %s device %d, port %d", proc.PID(), dev.Kind, dev.ID, w.port)
+	snap = w.publish()
+	h.metrics.workers.WithLabelValues(string(lifecycle.Starting)).Inc()
+	w.log.Info("worker spawned", "pid", proc.PID(), "port", w.port, "estimate", bytesIEC(w.estimate))
+	h.emit(api.WorkerEvent{WorkerID: id, LifecycleID: w.lifecycle, To: string(lifecycle.Starting),
+		Reason: w.reason, At: w.spawnedAt, Worker: snap})
+	h.owners.Go(w.run)
+	return snap, nil
+}
+
+// callbackURL is where workers post their ready callback.
+func (h *Hive) callbackURL() string {
+	host := "127.0.0.1"
+	if th, _, err := splitHost(h.addr.String()); err == nil && th != "" && !isUnspecified(th) {
+		host = th
+	}
+	_, port, _ := splitHost(h.addr.String())
+	return "http://" + hostPort(host, mustAtoi(port)) + "/v2/internal/workers/ready"
+}
+
+// requestStop asks the owner to stop the worker; it returns once the owner
+// has taken the request (or the worker is already gone).
+func (w *worker) requestStop(c stopCmd) error {
+	c.reply = make(chan error, 1)
+	select {
+	case w.cmds <- c:
+		return <-c.reply
+	case <-w.done:
+		return nil
+	}
+}
+
+// deliverReady hands a ready callback to the owner and returns its verdict.
+func (w *worker) deliverReady(ctx context.Context, token string, cb api.ReadyCallback) error {
+	c := readyCmd{token: token, cb: cb, reply: make(chan error, 1)}
+	select {
+	case w.cmds <- c:
+		return <-c.reply
+	case <-w.done:
+		return fmt.Errorf("%w: %s", ErrWorkerEnded, w.id)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	x := hex.EncodeToString(b[:])
+	return x[0:8] + "-" + x[8:12] + "-" + x[12:16] + "-" + x[16:20] + "-" + x[20:]
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// workerDevice is the worker's --gpu-device: the GPU's index, or -1 for
+// the CPU device.
+func workerDevice(d gpu.Device) int {
+	if d.Kind == gpu.KindCPU {
+		return -1
+	}
+	return d.ID
+}
+
+// workerEnviron is the hive's environment without the secrets a worker has
+// no use for: the cluster and admin tokens, and any worker token the hive
+// itself was given.
+func workerEnviron(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "APIARY_CLUSTER_TOKEN", "APIARY_ADMIN_TOKEN", "APIARY_WORKER_TOKEN":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}

@@ -1,0 +1,482 @@
+package hive
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/procs"
+)
+
+// worker is one worker process and its state machine. Exactly one goroutine,
+// run, owns the machine and every field below "owned by run": HTTP handlers
+// and the hive reach it only through cmds, stating intent (ready, stop)
+// rather than acting on a snapshot. run publishes a snapshot to the
+// registry after every change.
+type worker struct {
+	h         *Hive
+	log       *slog.Logger
+	id        string
+	lifecycle string
+	modelRef  string
+	device    gpu.Device
+	port      int
+	uri       string // where the worker will listen
+	token     string
+	estimate  uint64
+	spawnedAt time.Time
+	proc      Process
+	out       *workerLog
+
+	cmds chan any      // readyCmd, stopCmd
+	done chan struct{} // closed when run has returned and the worker is gone
+
+	// owned by run:
+	m        *lifecycle.Machine
+	reason   string
+	vram     uint64
+	readyAt  time.Time
+	lastReq  *time.Time
+	inFlight int
+	misses   int
+	exit     *procs.Exit
+	endedAt  time.Time
+
+	// guarded by registry.mu:
+	snap api.Worker
+	hold held
+}
+
+type readyCmd struct {
+	token string
+	cb    api.ReadyCallback
+	reply chan error
+}
+
+type stopCmd struct {
+	drain   bool
+	grace   time.Duration
+	reason  string
+	cascade bool
+	reply   chan error
+}
+
+// stopPhase is where a stop stands.
+type stopPhase int
+
+const (
+	phaseDrainWait stopPhase = iota // drain: waiting for in-flight work
+	phaseAsked                      // shutdown posted (or refused); waiting for exit
+	phaseTerm                       // SIGTERM sent to the group
+	phaseKill                       // SIGKILL sent to the group
+)
+
+type stopping struct {
+	drain    bool
+	grace    time.Duration
+	deadline time.Time // start + grace
+	phase    stopPhase
+	forced   bool // a signal was needed
+	acked    bool
+}
+
+// run is the owner loop. It returns once the process is reaped, its group
+// killed, its memory released and its entry moved out of the registry.
+func (w *worker) run() {
+	defer close(w.done)
+	cfg := &w.h.cfg
+
+	probeCtx, cancelProbes := context.WithCancel(context.Background())
+	var probesWG sync.WaitGroup
+	defer func() { cancelProbes(); probesWG.Wait() }()
+
+	callback := time.NewTimer(cfg.CallbackTimeout)
+	defer callback.Stop()
+	var (
+		healthTick *time.Ticker
+		healthC    <-chan time.Time
+		idleTimer  *time.Timer
+		idleC      <-chan time.Time
+		stopTimer  *time.Timer
+		stopC      <-chan time.Time
+		probing    bool
+		stop       *stopping
+		probes     = make(chan probeResult, 1)
+		acks       = make(chan error, 1)
+	)
+	defer func() {
+		if healthTick != nil {
+			healthTick.Stop()
+		}
+		if idleTimer != nil {
+			idleTimer.Stop()
+		}
+		if stopTimer != nil {
+			stopTimer.Stop()
+		}
+	}()
+
+	probe := func(idle bool, timeout time.Duration) {
+		if probing {
+			return
+		}
+		probing = true
+		probesWG.Go(func() {
+			ctx, cancel := context.WithTimeout(probeCtx, timeout)
+			defer cancel()
+			h, err := w.h.client.Health(ctx, w.uri)
+			probes <- probeResult{err: err, health: h, at: time.Now(), idle: idle}
+		})
+	}
+	armIdle := func() {
+		idle, wait := idleFor(w.m.State(), w.inFlight, lastActivity(w.readyAt, w.lastReq), time.Now(), cfg.IdleTimeout)
+		if wait < 0 {
+			return
+		}
+		if idle {
+			wait = 0
+		}
+		if idleTimer == nil {
+			idleTimer = time.NewTimer(wait)
+			idleC = idleTimer.C
+		} else {
+			idleTimer.Reset(wait)
+		}
+	}
+	armStop := func(d time.Duration) {
+		if stopTimer == nil {
+			stopTimer = time.NewTimer(d)
+			stopC = stopTimer.C
+		} else {
+			stopTimer.Reset(d)
+		}
+	}
+	fail := func(reason string) {
+		if w.transition(lifecycle.Failed, reason) {
+			w.proc.Kill()
+		}
+	}
+	// postShutdown asks the worker to shut down; the answer arrives on acks.
+	postShutdown := func() {
+		probesWG.Go(func() {
+			ctx, cancel := context.WithTimeout(probeCtx, cfg.ShutdownAck)
+			defer cancel()
+			acks <- w.h.client.Shutdown(ctx, w.uri, w.token)
+		})
+	}
+	beginStop := func(c stopCmd) {
+		if !w.transition(lifecycle.Draining, c.reason) {
+			return
+		}
+		if healthTick != nil {
+			healthTick.Stop()
+			healthC = nil
+		}
+		idleC = nil
+		grace := c.grace
+		if grace <= 0 {
+			grace = cfg.StopGrace
+		}
+		stop = &stopping{drain: c.drain, grace: grace, deadline: time.Now().Add(grace)}
+		if c.drain && w.inFlight > 0 {
+			stop.phase = phaseDrainWait
+			armStop(min(cfg.HealthInterval, 200*time.Millisecond))
+			return
+		}
+		stop.phase = phaseAsked
+		postShutdown()
+		armStop(grace)
+	}
+
+	for {
+		select {
+		case <-w.proc.Exited():
+			w.exited(stop)
+			return
+
+		case c := <-w.cmds:
+			switch c := c.(type) {
+			case readyCmd:
+				err := w.ready(c)
+				c.reply <- err
+				if err == nil {
+					callback.Stop()
+					healthTick = time.NewTicker(cfg.HealthInterval)
+					healthC = healthTick.C
+					armIdle()
+				}
+			case stopCmd:
+				switch st := w.m.State(); {
+				case st == lifecycle.Starting:
+					fail("stopped before it was ready: " + c.reason)
+					c.reply <- nil
+				case st.Terminal() || st == lifecycle.Draining:
+					if stop != nil && c.cascade && stop.phase == phaseDrainWait {
+						// The hive is going away: stop waiting for in-flight work.
+						stop.phase = phaseAsked
+						postShutdown()
+						armStop(time.Until(stop.deadline))
+					}
+					c.reply <- nil
+				default:
+					beginStop(c)
+					c.reply <- nil
+				}
+			}
+
+		case <-callback.C:
+			if w.m.State() == lifecycle.Starting {
+				w.h.metrics.callbackTimeouts.Inc()
+				fail(fmt.Sprintf("no ready callback within %s", cfg.CallbackTimeout))
+			}
+
+		case <-healthC:
+			if w.m.State().Serving() {
+				probe(false, cfg.HealthInterval)
+			}
+
+		case <-idleC:
+			if w.m.State() == lifecycle.Ready {
+				// Ask the worker first: a request may have come since the
+				// last probe.
+				probe(true, cfg.HealthInterval)
+			}
+
+		case r := <-probes:
+			probing = false
+			if stop != nil {
+				if stop.phase == phaseDrainWait && (r.err != nil || r.health.InFlight == 0) {
+					stop.phase = phaseAsked
+					postShutdown()
+					armStop(time.Until(stop.deadline))
+				}
+				continue
+			}
+			if !w.m.State().Serving() {
+				continue
+			}
+			w.observe(r)
+			d := decideHealth(w.m.State(), w.misses, cfg.HealthFailures, r)
+			w.misses = d.misses
+			if d.to == lifecycle.Failed {
+				w.h.metrics.healthKills.Inc()
+				fail(d.reason)
+				continue
+			}
+			if d.to != "" {
+				w.transition(d.to, d.reason)
+			} else {
+				w.publish()
+			}
+			if r.err == nil {
+				if idle, _ := idleFor(w.m.State(), w.inFlight, lastActivity(w.readyAt, w.lastReq), r.at, cfg.IdleTimeout); idle && r.idle {
+					beginStop(stopCmd{reason: fmt.Sprintf("idle for %s", cfg.IdleTimeout)})
+					w.h.metrics.idleStops.Inc()
+					continue
+				}
+				armIdle()
+			}
+
+		case err := <-acks:
+			if stop == nil || stop.phase != phaseAsked {
+				continue
+			}
+			if err != nil {
+				// No acknowledgement: signal the group at once.
+				w.log.Warn("worker did not acknowledge shutdown; sending SIGTERM", "err", err)
+				stop.forced = true
+				stop.phase = phaseTerm
+				_ = w.proc.Signal(syscall.SIGTERM)
+				armStop(max(time.Until(stop.deadline), cfg.ShutdownAck))
+				continue
+			}
+			stop.acked = true
+
+		case <-stopC:
+			if stop == nil {
+				continue
+			}
+			switch stop.phase {
+			case phaseDrainWait:
+				if time.Now().Before(stop.deadline) {
+					probe(false, cfg.HealthInterval)
+					armStop(min(cfg.HealthInterval, 200*time.Millisecond))
+					continue
+				}
+				stop.phase = phaseAsked
+				postShutdown()
+				armStop(cfg.ShutdownAck)
+			case phaseAsked:
+				w.log.Warn("worker still running after the stop grace; sending SIGTERM", "grace", stop.grace)
+				stop.forced = true
+				stop.phase = phaseTerm
+				_ = w.proc.Signal(syscall.SIGTERM)
+				armStop(cfg.ShutdownAck)
+			case phaseTerm:
+				w.log.Warn("worker ignored SIGTERM; sending SIGKILL")
+				stop.phase = phaseKill
+				w.proc.Kill()
+			}
+		}
+	}
+}
+
+// ready applies a ready callback: right token, state starting, plausible
+// report. An implausible report from the right token fails the worker.
+func (w *worker) ready(c readyCmd) error {
+	if subtle.ConstantTimeCompare([]byte(c.token), []byte(w.token)) != 1 {
+		w.log.Warn("ready callback with a wrong token refused")
+		return fmt.Errorf("%w: wrong token for worker %s", ErrUnauthorized, w.id)
+	}
+	if st := w.m.State(); st != lifecycle.Starting {
+		return fmt.Errorf("%w: worker %s is %s", ErrNotStarting, w.id, st)
+	}
+	err := plausibleVRAM(c.cb.VRAMBytes, w.device)
+	if err == nil {
+		err = w.checkURI(c.cb.URI)
+	}
+	if err != nil {
+		if w.transition(lifecycle.Failed, err.Error()) {
+			w.proc.Kill()
+		}
+		return err
+	}
+	w.vram = c.cb.VRAMBytes
+	w.uri = c.cb.URI
+	w.readyAt = time.Now()
+	w.h.metrics.readyLatency.Observe(w.readyAt.Sub(w.spawnedAt).Seconds())
+	w.transition(lifecycle.Ready, fmt.Sprintf("ready callback: %s at %s", bytesIEC(w.vram), w.uri))
+	return nil
+}
+
+// checkURI accepts the uri a worker reports only if it points at the port
+// the hive gave it.
+func (w *worker) checkURI(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%w: uri %q is not an http URL", ErrImplausibleReady, raw)
+	}
+	if u.Port() != strconv.Itoa(w.port) {
+		return fmt.Errorf("%w: uri %q is not on the assigned port %d", ErrImplausibleReady, raw, w.port)
+	}
+	return nil
+}
+
+// observe takes what a successful probe says about the worker's work.
+func (w *worker) observe(r probeResult) {
+	if r.err != nil {
+		return
+	}
+	w.inFlight = r.health.InFlight
+	if r.health.LastRequestAt != nil {
+		t := *r.health.LastRequestAt
+		w.lastReq = &t
+	}
+}
+
+// exited records how the process ended, waits until its group and output
+// are gone, releases its memory and port, and removes it from the registry.
+func (w *worker) exited(stop *stopping) {
+	ex := w.proc.Exit()
+	w.exit = &ex
+	switch st := w.m.State(); {
+	case st == lifecycle.Draining:
+		kind := "graceful"
+		if stop != nil && stop.forced {
+			kind = "forced"
+		}
+		w.h.metrics.stops.WithLabelValues(kind).Inc()
+		w.transition(lifecycle.Stopped, fmt.Sprintf("%s stop: %s", kind, ex))
+	case st.Terminal():
+		w.publish() // already failed; record the exit
+	default:
+		w.h.metrics.crashes.WithLabelValues(exitLabel(ex)).Inc()
+		w.transition(lifecycle.Failed, fmt.Sprintf("process exited unexpectedly: %s", ex))
+	}
+	<-w.proc.Done()
+	w.out.close()
+	if st := w.m.State(); st == lifecycle.Failed {
+		w.log.Error("worker failed", "reason", w.reason, "exit", ex.String(), "last_output", w.out.Tail(20))
+	}
+	w.endedAt = time.Now()
+	w.publish()
+	w.h.data.removeRecord(w.id)
+	w.h.reg.remove(w)
+	w.h.metrics.workers.WithLabelValues(string(w.m.State())).Dec()
+}
+
+// transition is the only way the worker's state changes: it checks the
+// table, records history, publishes the snapshot, logs, counts and tells the
+// queen. It reports whether the change happened.
+func (w *worker) transition(to lifecycle.State, reason string) bool {
+	t, err := w.m.Transition(to, reason, time.Now())
+	if err != nil {
+		w.log.Error("refused state change", "err", err, "reason", reason)
+		return false
+	}
+	w.reason = reason
+	snap := w.publish()
+	w.log.Info("worker state", "from", string(t.From), "to", string(t.To), "reason", reason,
+		"after", t.InFrom.Round(time.Millisecond).String())
+	w.h.metrics.workers.WithLabelValues(string(t.From)).Dec()
+	w.h.metrics.workers.WithLabelValues(string(t.To)).Inc()
+	w.h.emit(api.WorkerEvent{
+		WorkerID: w.id, LifecycleID: w.lifecycle,
+		From: string(t.From), To: string(t.To), Reason: reason, At: t.At, Worker: snap,
+	})
+	return true
+}
+
+// publish stores the current snapshot and memory hold in the registry.
+func (w *worker) publish() api.Worker {
+	st := w.m.State()
+	snap := api.Worker{
+		WorkerID: w.id, LifecycleID: w.lifecycle, ModelRef: w.modelRef, GPUDevice: w.device.ID,
+		VRAMBytes: w.vram, URI: w.uri, Status: string(st), Reason: w.reason, PID: w.proc.PID(),
+		InFlight: w.inFlight, StartedAt: w.spawnedAt,
+	}
+	if !w.readyAt.IsZero() {
+		t := w.readyAt
+		snap.ReadyAt = &t
+	}
+	if !w.endedAt.IsZero() {
+		t := w.endedAt
+		snap.StoppedAt = &t
+	}
+	if w.exit != nil {
+		c := w.exit.Code
+		snap.ExitCode = &c
+	}
+	for _, t := range w.m.History() {
+		snap.History = append(snap.History, api.Transition{
+			From: string(t.From), To: string(t.To), Reason: t.Reason, At: t.At, DurationMS: t.InFrom.Milliseconds(),
+		})
+	}
+	// Memory is held until the process is gone, whatever the state says.
+	var h held
+	switch {
+	case w.exit != nil:
+	case w.vram > 0:
+		h.allocated = w.vram
+	default:
+		h.reserved = w.estimate
+	}
+	w.h.reg.publish(w, snap, h)
+	return snap
+}
+
+func exitLabel(ex procs.Exit) string {
+	if ex.Code < 0 {
+		return "signal_" + strconv.Itoa(int(ex.Signal))
+	}
+	return strconv.Itoa(ex.Code)
+}

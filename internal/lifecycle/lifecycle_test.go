@@ -1,0 +1,121 @@
+package lifecycle
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestTransitionTable(t *testing.T) {
+	allowed := map[[2]State]bool{
+		{Starting, Ready}: true, {Starting, Failed}: true,
+		{Ready, Busy}: true, {Busy, Ready}: true,
+		{Ready, Degraded}: true, {Busy, Degraded}: true, {Degraded, Ready}: true,
+		{Ready, Draining}: true, {Busy, Draining}: true, {Degraded, Draining}: true,
+		{Draining, Stopped}: true,
+		{Ready, Failed}:     true, {Busy, Failed}: true, {Degraded, Failed}: true, {Draining, Failed}: true,
+	}
+	for _, from := range States {
+		for _, to := range States {
+			want := allowed[[2]State{from, to}]
+			if got := CanTransition(from, to); got != want {
+				t.Errorf("CanTransition(%s, %s) = %v, want %v", from, to, got, want)
+			}
+		}
+	}
+}
+
+func TestTerminalStatesHaveNoWayOut(t *testing.T) {
+	for _, s := range States {
+		if !s.Terminal() {
+			if !CanTransition(s, Failed) {
+				t.Errorf("non-terminal %s cannot fail", s)
+			}
+			continue
+		}
+		for _, to := range States {
+			if CanTransition(s, to) {
+				t.Errorf("terminal %s → %s allowed", s, to)
+			}
+		}
+	}
+}
+
+func TestMachineRecordsHistoryWithDurations(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	m := NewMachine(t0)
+	steps := []struct {
+		to     State
+		reason string
+		after  time.Duration
+	}{
+		{Ready, "ready callback", 2 * time.Second},
+		{Busy, "health: busy", 5 * time.Second},
+		{Ready, "health: ready", time.Second},
+		{Draining, "stop requested", 10 * time.Second},
+		{Stopped, "exited 0", 500 * time.Millisecond},
+	}
+	now := t0
+	var want []Transition
+	from := Starting
+	for _, s := range steps {
+		now = now.Add(s.after)
+		got, err := m.Transition(s.to, s.reason, now)
+		if err != nil {
+			t.Fatalf("Transition(%s): %v", s.to, err)
+		}
+		w := Transition{From: from, To: s.to, Reason: s.reason, At: now, InFrom: s.after}
+		if diff := cmp.Diff(w, got); diff != "" {
+			t.Errorf("Transition(%s) mismatch (-want +got):\n%s", s.to, diff)
+		}
+		want = append(want, w)
+		from = s.to
+	}
+	if diff := cmp.Diff(want, m.History()); diff != "" {
+		t.Errorf("History mismatch (-want +got):\n%s", diff)
+	}
+	if m.State() != Stopped || !m.Entered().Equal(now) {
+		t.Errorf("state %s entered %v, want stopped at %v", m.State(), m.Entered(), now)
+	}
+}
+
+func TestMachineRefusesInvalidTransition(t *testing.T) {
+	m := NewMachine(time.Unix(0, 0))
+	_, err := m.Transition(Busy, "skip ready", time.Unix(1, 0))
+	var te *TransitionError
+	if !errors.As(err, &te) || !errors.Is(err, ErrInvalidTransition) {
+		t.Fatalf("err = %v, want *TransitionError wrapping ErrInvalidTransition", err)
+	}
+	if te.From != Starting || te.To != Busy {
+		t.Errorf("TransitionError = %+v", te)
+	}
+	if m.State() != Starting || len(m.History()) != 0 {
+		t.Errorf("refused transition changed the machine: %s, %d entries", m.State(), len(m.History()))
+	}
+}
+
+func TestStatusMapping(t *testing.T) {
+	want := map[State]Status{
+		Starting: StatusStarting, Ready: StatusRunning, Busy: StatusRunning, Degraded: StatusRunning,
+		Draining: StatusDraining, Stopped: StatusStopped, Failed: StatusFailed,
+	}
+	for s, st := range want {
+		if got := s.Status(); got != st {
+			t.Errorf("%s.Status() = %s, want %s", s, got, st)
+		}
+	}
+}
+
+func TestParseState(t *testing.T) {
+	for _, s := range States {
+		got, err := ParseState(string(s))
+		if err != nil || got != s {
+			t.Errorf("ParseState(%q) = %q, %v", s, got, err)
+		}
+	}
+	if _, err := ParseState("idle"); !errors.Is(err, ErrUnknownState) {
+		t.Errorf("ParseState(idle) err = %v, want ErrUnknownState", err)
+	}
+}
