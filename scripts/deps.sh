@@ -7,6 +7,7 @@ pkgs=(
   nlohmann-json3-dev # llama.cpp's common code (Go strips the module's vendor/ copy)
   libstb-dev         # stb_image.h for llama.cpp's multimodal helper
   gcc g++ make       # cgo
+  postgresql-15      # the store's PostgreSQL tests start throwaway clusters from its binaries
 )
 
 missing=()
@@ -22,5 +23,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
+# The tests make their own clusters; keep the package from creating and
+# starting a default one.
+$sudo mkdir -p /etc/postgresql-common/createcluster.d
+echo 'create_main_cluster = false' | $sudo tee /etc/postgresql-common/createcluster.d/apiary.conf >/dev/null
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

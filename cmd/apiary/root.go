@@ -47,9 +47,5 @@ func notImplemented(use, short string) *cobra.Command {
 	}
 }
 
-func newQueenCmd() *cobra.Command   { return notImplemented("queen", "Run the orchestrator daemon") }
-func newInferCmd() *cobra.Command   { return notImplemented("infer", "Answer a prompt") }
-func newWorkersCmd() *cobra.Command { return notImplemented("workers", "List, start and stop workers") }
-func newPoolsCmd() *cobra.Command   { return notImplemented("pools", "List, drain and remove pools") }
-func newNodesCmd() *cobra.Command   { return notImplemented("nodes", "Manage SSH nodes") }
-func newAuditCmd() *cobra.Command   { return notImplemented("audit", "Show the audit log") }
+func newInferCmd() *cobra.Command { return notImplemented("infer", "Answer a prompt") }
+func newNodesCmd() *cobra.Command { return notImplemented("nodes", "Manage SSH nodes") }

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/queen"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// startTestQueen runs a queen in this process (SQLite in a temp dir) and
+// registers one pool whose hive does not answer.
+func startTestQueen(t *testing.T) string {
+	t.Helper()
+	q, err := queen.New(queen.Config{Addr: "127.0.0.1:0", DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- q.Run(context.Background()) }()
+	<-q.Ready()
+	t.Cleanup(func() {
+		q.Close()
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	})
+	body, _ := json.Marshal(api.RegisterPool{PoolID: "p1", Endpoint: "http://127.0.0.1:1", NodeID: "n1", Version: "t",
+		GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 6 << 30}}})
+	resp, err := http.Post(q.URL()+"/v2/pools/register", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("register: %s", resp.Status)
+	}
+	return q.URL()
+}
+
+// apiary runs the CLI and returns its exit code, stdout and stderr.
+func apiary(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := run(t.Context(), args, &out, &errb)
+	return exitCode(err, &errb), out.String(), errb.String()
+}
+
+func TestAdminCommands(t *testing.T) {
+	url := startTestQueen(t)
+	q := "--queen=" + url
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		stdout []string // substrings of stdout
+		stderr []string // substrings of stderr
+	}{
+		{[]string{"pools", "ls", q}, 0, []string{"POOL", "p1", "healthy", "6.0 GiB"}, nil},
+		{[]string{"workers", "start", "--model", "tiny", "--pool", "p1", q}, 2, nil, []string{"--reason is required"}},
+		{[]string{"workers", "start", "--reason", "x", q}, 2, nil, []string{"--model is required"}},
+		{[]string{"workers", "start", "--model", "tiny", "--pool", "p1", "--reason", "cli test", q}, 1, nil, []string{"hive_unreachable", "is FAILED"}},
+		{[]string{"workers", "ls", q}, 0, []string{"STATUS", "FAILED", "tiny", "p1", "operator"}, nil},
+		{[]string{"workers", "ls", "--status", "RUNNING", q}, 0, []string{"ID"}, nil},
+		{[]string{"workers", "stop", "wk-0000000000000000", "--reason", "x", q}, 1, nil, []string{"worker_not_found"}},
+		{[]string{"workers", "stop", "--reason", "x", q}, 2, nil, []string{"accepts 1 arg"}},
+		{[]string{"workers", q}, 2, nil, []string{"missing command"}},
+		{[]string{"pools", "drain", "p1", "--reason", "maintenance", q}, 0, []string{"p1: draining"}, nil},
+		{[]string{"pools", "rm", "p1", q}, 0, []string{"p1: offline"}, nil},
+		{[]string{"pools", "drain", "nope", q}, 1, nil, []string{"pool_not_found"}},
+		{[]string{"audit", "--limit", "3", q}, 0, []string{"ACTION", "pool.offline", "pool.drain", "maintenance"}, nil},
+		{[]string{"audit", "--since", "yesterday", q}, 2, nil, []string{"--since"}},
+		{[]string{"pools", "ls", "--queen=http://127.0.0.1:1"}, 1, nil, []string{"queen unreachable", "apiary queen"}},
+	} {
+		code, out, errOut := apiary(t, tc.args...)
+		if code != tc.code {
+			t.Errorf("apiary %v: exit %d, want %d\nstdout: %s\nstderr: %s", tc.args, code, tc.code, out, errOut)
+			continue
+		}
+		for _, s := range tc.stdout {
+			if !strings.Contains(out, s) {
+				t.Errorf("apiary %v: stdout lacks %q:\n%s", tc.args, s, out)
+			}
+		}
+		for _, s := range tc.stderr {
+			if !strings.Contains(errOut, s) {
+				t.Errorf("apiary %v: stderr lacks %q:\n%s", tc.args, s, errOut)
+			}
+		}
+	}
+}
+
+func TestAdminCommandsJSON(t *testing.T) {
+	url := startTestQueen(t)
+	q := "--queen=" + url
+	_, out, _ := apiary(t, "pools", "ls", "--json", q)
+	var pools api.PoolList
+	if err := json.Unmarshal([]byte(out), &pools); err != nil || len(pools.Pools) != 1 || pools.Pools[0].PoolID != "p1" {
+		t.Errorf("pools ls --json: %v %s", err, out)
+	}
+	apiary(t, "workers", "start", "--model", "tiny", "--reason", "json", q)
+	_, out, _ = apiary(t, "workers", "ls", "--json", q)
+	var rows api.LifecycleRowList
+	if err := json.Unmarshal([]byte(out), &rows); err != nil || len(rows.Workers) != 1 || rows.Workers[0].Status != "FAILED" {
+		t.Errorf("workers ls --json: %v %s", err, out)
+	}
+	_, out, _ = apiary(t, "audit", "--json", q)
+	var audit api.AuditList
+	if err := json.Unmarshal([]byte(out), &audit); err != nil || len(audit.Entries) != 3 {
+		t.Errorf("audit --json: %v %s", err, out)
+	}
+}
+
+func TestQueenRefusesNonLoopbackWithoutTokens(t *testing.T) {
+	for _, env := range []string{"APIARY_API_TOKEN", "APIARY_ADMIN_TOKEN", "APIARY_CLUSTER_TOKEN"} {
+		t.Setenv(env, "")
+	}
+	code, _, errOut := apiary(t, "queen", "--addr", "0.0.0.0:0", "--data-dir", t.TempDir())
+	if code != 2 || !strings.Contains(errOut, "not a loopback address") || !strings.Contains(errOut, "APIARY_ADMIN_TOKEN") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}

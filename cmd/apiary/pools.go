@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/keeper"
+)
+
+func newPoolsCmd() *cobra.Command {
+	a := &adminFlags{}
+	cmd := groupCmd("pools", "List, drain and remove pools",
+		`List, drain and remove the pools (hives) registered with the queen. A drained
+pool gets no new workers; a removed pool is offline until its hive registers
+again. Uses $APIARY_ADMIN_TOKEN (or $APIARY_CLUSTER_TOKEN).`,
+		newPoolsLsCmd(a), newPoolsDrainCmd(a), newPoolsRmCmd(a))
+	a.register(cmd)
+	return cmd
+}
+
+func newPoolsLsCmd(a *adminFlags) *cobra.Command {
+	var f keeper.PoolFilter
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List pools",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pools, err := a.client().Pools(cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			if a.asJSON {
+				return printJSON(cmd.OutOrStdout(), api.PoolList{Pools: pools})
+			}
+			return printPools(cmd.OutOrStdout(), pools, time.Now())
+		},
+	}
+	cmd.Flags().StringVar(&f.Status, "status", "", "only pools of these statuses (comma-separated: healthy, unhealthy, draining, offline)")
+	cmd.Flags().StringVar(&f.Model, "model", "", "only pools with a live worker of this model")
+	cmd.Flags().Uint64Var(&f.MinVRAMBytes, "min-vram-bytes", 0, "only pools with a device with at least this much free memory")
+	return cmd
+}
+
+func newPoolsDrainCmd(a *adminFlags) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "drain POOL_ID [--reason TEXT]",
+		Short: "Drain a pool: it gets no new workers",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := a.client().DrainPool(cmd.Context(), args[0], reason)
+			if err != nil {
+				return err
+			}
+			if a.asJSON {
+				return printJSON(cmd.OutOrStdout(), p)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", p.PoolID, p.Status)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
+	return cmd
+}
+
+func newPoolsRmCmd(a *adminFlags) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "rm POOL_ID [--reason TEXT]",
+		Short: "Deregister a pool (offline; its hive may register again)",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := a.client().RemovePool(cmd.Context(), args[0], reason)
+			if err != nil {
+				return err
+			}
+			if a.asJSON {
+				return printJSON(cmd.OutOrStdout(), p)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", p.PoolID, p.Status)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
+	return cmd
+}
+
+// printPools writes the table of `apiary pools ls`.
+func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tSTATUS\tENDPOINT\tVERSION\tDEVICES\tMOST FREE\tWORKERS\tLAST BEAT")
+	for _, p := range pools {
+		var free uint64
+		for _, g := range p.GPUs {
+			free = max(free, g.FreeBytes)
+		}
+		beat := "-"
+		if p.LastHeartbeatAt != nil {
+			beat = age(now, *p.LastHeartbeatAt) + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", p.PoolID, p.Status, p.Endpoint, orDash(p.Version),
+			len(p.GPUs), formatBytes(free), len(p.Workers), beat)
+	}
+	return tw.Flush()
+}

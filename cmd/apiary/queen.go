@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/apiary-llm/apiary/internal/queen"
+	"github.com/apiary-llm/apiary/internal/registry"
+)
+
+// queenFlags are the flags of `apiary queen`; toConfig turns them into a
+// queen.Config.
+type queenFlags struct {
+	addr, advertise, dataDir, databaseURL string
+	heartbeatTimeout, unhealthyGrace      time.Duration
+	offlineRetention, flushInterval       time.Duration
+	hiveTimeout                           time.Duration
+	maxBody                               int64
+	logJSON                               bool
+	logLevel                              string
+}
+
+// databaseURLEnv gives --database-url's default, so that a password need
+// not be on the command line.
+const databaseURLEnv = "APIARY_DATABASE_URL"
+
+func newQueenCmd() *cobra.Command {
+	f := &queenFlags{}
+	cmd := &cobra.Command{
+		Use:   "queen",
+		Short: "Run the orchestrator daemon",
+		Long: `Run the orchestrator daemon: the registry of pools (hives register and
+heartbeat here), the worker lifecycle rows and the audit log, and the admin API.
+
+State lives in SQLite in --data-dir, or in PostgreSQL with --database-url
+(default $` + databaseURLEnv + `). One queen owns a database at a time.
+
+Tokens come from the environment: APIARY_API_TOKEN (inference),
+APIARY_ADMIN_TOKEN (/api/admin/…, pool drain and removal) and
+APIARY_CLUSTER_TOKEN (hives). Without all three the queen binds a loopback
+address only.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.toConfig(cmd)
+			if err != nil {
+				return err
+			}
+			q, err := queen.New(cfg)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			err = q.Run(cmd.Context())
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.addr, "addr", queen.DefaultAddr, "address the queen listens on")
+	fl.StringVar(&f.advertise, "advertise", "", "URL hives and clients use to reach this queen (default http://ADDR)")
+	fl.StringVar(&f.dataDir, "data-dir", queen.DefaultDataDir(), "directory of the queen's SQLite database")
+	fl.StringVar(&f.databaseURL, "database-url", os.Getenv(databaseURLEnv), "PostgreSQL URL (postgres://…) instead of SQLite")
+	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", registry.DefaultHeartbeatTimeout, "a pool without a heartbeat this long is unhealthy")
+	fl.DurationVar(&f.unhealthyGrace, "unhealthy-grace", 0, "a pool unhealthy this long has its workers' rows FAILED (default: --heartbeat-timeout)")
+	fl.DurationVar(&f.offlineRetention, "offline-retention", registry.DefaultOfflineRetention, "offline (deregistered) pools are removed after this")
+	fl.DurationVar(&f.flushInterval, "flush-interval", registry.DefaultFlushInterval, "heartbeat times reach the database this often")
+	fl.DurationVar(&f.hiveTimeout, "hive-timeout", queen.DefaultHiveTimeout, "time budget of one call to a hive")
+	fl.Int64Var(&f.maxBody, "max-body-bytes", queen.DefaultMaxBodyBytes, "request body limit; larger bodies get 413")
+	fl.BoolVar(&f.logJSON, "log-json", false, "write logs as JSON")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	return cmd
+}
+
+func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return queen.Config{}, usagef("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var handler slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), opts)
+	if f.logJSON {
+		handler = slog.NewJSONHandler(cmd.ErrOrStderr(), opts)
+	}
+	for name, d := range map[string]time.Duration{
+		"--heartbeat-timeout": f.heartbeatTimeout, "--offline-retention": f.offlineRetention,
+		"--flush-interval": f.flushInterval, "--hive-timeout": f.hiveTimeout,
+	} {
+		if d <= 0 {
+			return queen.Config{}, usagef("%s must be positive, got %s", name, d)
+		}
+	}
+	if f.unhealthyGrace < 0 {
+		return queen.Config{}, usagef("--unhealthy-grace must not be negative, got %s", f.unhealthyGrace)
+	}
+	if f.maxBody < 1 {
+		return queen.Config{}, usagef("--max-body-bytes must be positive, got %d", f.maxBody)
+	}
+	dataDir, err := filepath.Abs(f.dataDir)
+	if err != nil {
+		return queen.Config{}, usagef("--data-dir %q: %v", f.dataDir, err)
+	}
+	return queen.Config{
+		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL,
+		HeartbeatTimeout: f.heartbeatTimeout, UnhealthyGrace: f.unhealthyGrace, OfflineRetention: f.offlineRetention,
+		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout,
+		Tokens: queen.TokensFromEnv(), MaxBodyBytes: f.maxBody,
+		Logger: slog.New(handler),
+	}, nil
+}

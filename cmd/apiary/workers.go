@@ -1,0 +1,213 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/keeper"
+)
+
+// adminFlags are the flags every admin command shares.
+type adminFlags struct {
+	queen  string
+	asJSON bool
+}
+
+func (a *adminFlags) register(cmd *cobra.Command) {
+	cmd.PersistentFlags().StringVar(&a.queen, "queen", defaultQueenURL(), "queen URL (default $APIARY_QUEEN or http://127.0.0.1:8080)")
+	cmd.PersistentFlags().BoolVar(&a.asJSON, "json", false, "print JSON instead of a table")
+}
+
+// client is the admin client with the tokens of the environment.
+func (a *adminFlags) client() *keeper.Client {
+	return keeper.NewClient(a.queen, os.Getenv("APIARY_ADMIN_TOKEN"), os.Getenv("APIARY_CLUSTER_TOKEN"))
+}
+
+// groupCmd is a command that only holds subcommands.
+func groupCmd(use, short, long string, subs ...*cobra.Command) *cobra.Command {
+	cmd := &cobra.Command{
+		Use: use, Short: short, Long: long,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var names []string
+			for _, s := range subs {
+				names = append(names, s.Name())
+			}
+			if len(args) > 0 {
+				return usagef("unknown command %q for %q (want %s)", args[0], cmd.CommandPath(), strings.Join(names, ", "))
+			}
+			return usagef("%s: missing command (%s)", cmd.CommandPath(), strings.Join(names, ", "))
+		},
+	}
+	cmd.AddCommand(subs...)
+	return cmd
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func newWorkersCmd() *cobra.Command {
+	a := &adminFlags{}
+	cmd := groupCmd("workers", "List, start and stop workers",
+		`List, start and stop workers through the queen's lifecycle rows. Every start
+and stop needs --reason: it goes to the audit log. Uses $APIARY_ADMIN_TOKEN.`,
+		newWorkersLsCmd(a), newWorkersStartCmd(a), newWorkersStopCmd(a))
+	a.register(cmd)
+	return cmd
+}
+
+func newWorkersLsCmd(a *adminFlags) *cobra.Command {
+	var f keeper.WorkerFilter
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List lifecycle rows, newest first",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rows, err := a.client().Workers(cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			if a.asJSON {
+				return printJSON(cmd.OutOrStdout(), api.LifecycleRowList{Workers: rows})
+			}
+			return printRows(cmd.OutOrStdout(), rows, time.Now())
+		},
+	}
+	cmd.Flags().StringVar(&f.Status, "status", "", "only rows of these statuses (comma-separated: STARTING, RUNNING, DRAINING, STOPPED, FAILED)")
+	cmd.Flags().StringVar(&f.Model, "model", "", "only rows of this model")
+	cmd.Flags().StringVar(&f.PoolID, "pool", "", "only rows of this pool")
+	cmd.Flags().IntVar(&f.Limit, "limit", 0, "at most this many rows (default 100)")
+	return cmd
+}
+
+func newWorkersStartCmd(a *adminFlags) *cobra.Command {
+	var model, pool, reason string
+	var gpu int
+	cmd := &cobra.Command{
+		Use:   "start --model REF [--pool ID] [--gpu N] --reason TEXT",
+		Short: "Start a worker",
+		Long: `Start a worker of model REF: the queen writes a STARTING lifecycle row and asks
+the pool's hive to start it. Without --pool the queen picks the healthy pool
+with the most free memory. Prints the lifecycle id.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if model == "" {
+				return usagef("workers start: --model is required")
+			}
+			if strings.TrimSpace(reason) == "" {
+				return usagef("workers start: --reason is required (it goes to the audit log)")
+			}
+			var g *int
+			if cmd.Flags().Changed("gpu") {
+				if gpu < 0 {
+					return usagef("workers start: --gpu must not be negative, got %d", gpu)
+				}
+				g = &gpu
+			}
+			resp, err := a.client().StartWorker(cmd.Context(), model, pool, g, reason)
+			if err != nil {
+				return err
+			}
+			if a.asJSON {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), resp.LifecycleID)
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)\n", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID, resp.Worker.ModelRef)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&model, "model", "", "model ref: the GGUF file name in the hive's models dir without .gguf (required)")
+	cmd.Flags().StringVar(&pool, "pool", "", "pool to start on (default: the queen picks)")
+	cmd.Flags().IntVar(&gpu, "gpu", 0, "device to start on (default: the hive picks)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	return cmd
+}
+
+func newWorkersStopCmd(a *adminFlags) *cobra.Command {
+	var reason string
+	var drain bool
+	cmd := &cobra.Command{
+		Use:   "stop LIFECYCLE_ID [--drain] --reason TEXT",
+		Short: "Stop a worker",
+		Long: `Stop the worker of a lifecycle row: the queen asks its hive to stop it and the
+row becomes DRAINING, then STOPPED when the hive reports it gone. --drain lets
+in-flight requests finish first.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return usagef("workers stop: --reason is required (it goes to the audit log)")
+			}
+			resp, err := a.client().StopWorker(cmd.Context(), args[0], drain, reason)
+			if err != nil {
+				return err
+			}
+			if a.asJSON {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", resp.LifecycleID, resp.Worker.Status)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&drain, "drain", false, "let in-flight requests finish before the worker stops")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	return cmd
+}
+
+// printRows writes the table of `apiary workers ls`.
+func printRows(w io.Writer, rows []api.LifecycleRow, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATUS\tMODEL\tPOOL\tGPU\tVRAM\tAGE\tOWNER\tREASON")
+	for _, r := range rows {
+		gpu := "-"
+		if r.GPUDevice != nil {
+			gpu = strconv.Itoa(*r.GPUDevice)
+		}
+		vram := "-"
+		if r.VRAMBytes > 0 {
+			vram = formatBytes(r.VRAMBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Status, r.ModelRef, r.PoolID, gpu, vram,
+			age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
+	}
+	return tw.Flush()
+}
+
+// age is how long ago t was, short: 45s, 12m, 3h, 2d.
+func age(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+// oneLine shortens s to one line of at most n runes for a table.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return orDash(s)
+}

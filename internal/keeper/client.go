@@ -1,0 +1,192 @@
+// Package keeper is the side of apiary a person types: for now the admin
+// client of the queen's API (pools, lifecycle rows, audit log) that the
+// `apiary workers|pools|audit` commands use.
+package keeper
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+)
+
+// ErrUnreachable means no queen answered at the URL.
+var ErrUnreachable = errors.New("keeper: queen unreachable")
+
+// APIError is the queen's error answer.
+type APIError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("%s (%d %s)", e.Message, e.Status, e.Code)
+}
+
+// Client talks to one queen.
+type Client struct {
+	base         string
+	adminToken   string
+	clusterToken string
+	hc           *http.Client
+}
+
+// NewClient returns a client of the queen at base. The admin token
+// authenticates /api/admin/…; pool commands use it too, or the cluster
+// token when there is no admin token.
+func NewClient(base, adminToken, clusterToken string) *Client {
+	return &Client{base: strings.TrimSuffix(base, "/"), adminToken: adminToken, clusterToken: clusterToken,
+		hc: &http.Client{Timeout: 60 * time.Second}}
+}
+
+// WorkerFilter selects lifecycle rows.
+type WorkerFilter struct {
+	Status, Model, PoolID string
+	Limit                 int
+}
+
+// Workers lists lifecycle rows, newest first.
+func (c *Client) Workers(ctx context.Context, f WorkerFilter) ([]api.LifecycleRow, error) {
+	v := url.Values{}
+	set(v, "status", f.Status)
+	set(v, "model", f.Model)
+	set(v, "pool_id", f.PoolID)
+	if f.Limit > 0 {
+		v.Set("limit", strconv.Itoa(f.Limit))
+	}
+	var out api.LifecycleRowList
+	err := c.do(ctx, http.MethodGet, "/api/admin/workers", v, nil, &out, c.adminToken)
+	return out.Workers, err
+}
+
+// StartWorker asks for a worker; the answer carries its lifecycle id.
+func (c *Client) StartWorker(ctx context.Context, model, poolID string, gpu *int, reason string) (api.AdminWorkerResponse, error) {
+	var out api.AdminWorkerResponse
+	err := c.do(ctx, http.MethodPost, "/api/admin/workers", nil, api.AdminWorkerRequest{
+		Action: api.ActionStart, Model: model, PoolID: poolID, GPU: gpu, Reason: reason}, &out, c.adminToken)
+	return out, err
+}
+
+// StopWorker asks to stop the worker of a lifecycle row.
+func (c *Client) StopWorker(ctx context.Context, lifecycleID string, drain bool, reason string) (api.AdminWorkerResponse, error) {
+	var out api.AdminWorkerResponse
+	err := c.do(ctx, http.MethodPost, "/api/admin/workers", nil, api.AdminWorkerRequest{
+		Action: api.ActionStop, LifecycleID: lifecycleID, Drain: drain, Reason: reason}, &out, c.adminToken)
+	return out, err
+}
+
+// PoolFilter selects pools.
+type PoolFilter struct {
+	Status, Model string
+	MinVRAMBytes  uint64
+}
+
+// Pools lists pools by id.
+func (c *Client) Pools(ctx context.Context, f PoolFilter) ([]api.Pool, error) {
+	v := url.Values{}
+	set(v, "status", f.Status)
+	set(v, "model", f.Model)
+	if f.MinVRAMBytes > 0 {
+		v.Set("min_vram_bytes", strconv.FormatUint(f.MinVRAMBytes, 10))
+	}
+	var out api.PoolList
+	err := c.do(ctx, http.MethodGet, "/v2/pools", v, nil, &out, c.poolToken())
+	return out.Pools, err
+}
+
+// DrainPool drains a pool: it gets no new workers.
+func (c *Client) DrainPool(ctx context.Context, id, reason string) (api.Pool, error) {
+	var out api.Pool
+	err := c.do(ctx, http.MethodPost, "/v2/pools/"+url.PathEscape(id)+"/drain", nil, api.PoolAction{Reason: reason}, &out, c.poolToken())
+	return out, err
+}
+
+// RemovePool deregisters a pool (offline; removed after the retention).
+func (c *Client) RemovePool(ctx context.Context, id, reason string) (api.Pool, error) {
+	var out api.Pool
+	err := c.do(ctx, http.MethodDelete, "/v2/pools/"+url.PathEscape(id), nil, api.PoolAction{Reason: reason}, &out, c.poolToken())
+	return out, err
+}
+
+// Audit lists audit entries, newest first. since is a duration ("1h") or
+// an RFC 3339 time; "" for all.
+func (c *Client) Audit(ctx context.Context, since string, limit int) ([]api.AuditEntry, error) {
+	v := url.Values{}
+	set(v, "since", since)
+	if limit > 0 {
+		v.Set("limit", strconv.Itoa(limit))
+	}
+	var out api.AuditList
+	err := c.do(ctx, http.MethodGet, "/api/admin/audit", v, nil, &out, c.adminToken)
+	return out.Entries, err
+}
+
+func (c *Client) poolToken() string {
+	if c.adminToken != "" {
+		return c.adminToken
+	}
+	return c.clusterToken
+}
+
+func set(v url.Values, k, s string) {
+	if s != "" {
+		v.Set(k, s)
+	}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, body, out any, token string) error {
+	u := c.base + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return fmt.Errorf("keeper: %w", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w at %s (start one with `apiary queen`, or point --queen / APIARY_QUEEN at one): %w", ErrUnreachable, c.base, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("keeper: read answer of %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e api.Error
+		if json.Unmarshal(data, &e) != nil || e.Error.Code == "" {
+			return &APIError{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(data))}
+		}
+		return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("keeper: bad answer of %s %s: %w", method, path, err)
+		}
+	}
+	return nil
+}

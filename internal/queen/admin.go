@@ -1,0 +1,177 @@
+package queen
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+// Limits of the admin lists.
+const (
+	defaultListLimit = 100
+	maxListLimit     = 10000
+)
+
+func (q *Queen) getWorkers(w http.ResponseWriter, r *http.Request, _ caller) error {
+	qs, err := query(r, "status", "model", "pool_id", "limit")
+	if err != nil {
+		return err
+	}
+	var f store.RowFilter
+	if s := qs["status"]; s != "" {
+		for _, name := range strings.Split(s, ",") {
+			st := lifecycle.Status(strings.ToUpper(strings.TrimSpace(name)))
+			if _, ok := rowTransitions[st]; !ok {
+				return badRequest("status %q is not a lifecycle status (STARTING, RUNNING, DRAINING, STOPPED, FAILED)", name)
+			}
+			f.Statuses = append(f.Statuses, st)
+		}
+	}
+	if m := qs["model"]; m != "" {
+		if err := checkModel(m); err != nil {
+			return err
+		}
+		f.ModelRef = m
+	}
+	if p := qs["pool_id"]; p != "" {
+		if err := checkID("pool_id", p); err != nil {
+			return err
+		}
+		f.PoolID = p
+	}
+	if f.Limit, err = parseLimit(qs["limit"], defaultListLimit, maxListLimit); err != nil {
+		return err
+	}
+	var rows []store.Row
+	if err := q.st.View(r.Context(), func(tx *store.Tx) (err error) { rows, err = tx.Rows(f); return err }); err != nil {
+		return err
+	}
+	out := api.LifecycleRowList{Workers: make([]api.LifecycleRow, 0, len(rows))}
+	for _, row := range rows {
+		out.Workers = append(out.Workers, q.rowWire(row))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (q *Queen) getWorker(w http.ResponseWriter, r *http.Request, _ caller) error {
+	id := r.PathValue("id")
+	if err := checkLifecycleID(id); err != nil {
+		return err
+	}
+	row, err := q.rows.get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, q.rowWire(row))
+	return nil
+}
+
+func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) error {
+	var req api.AdminWorkerRequest
+	if err := decode(r, &req, false); err != nil {
+		return err
+	}
+	reason, err := checkReason(req.Reason)
+	if err != nil {
+		return err
+	}
+	switch req.Action {
+	case api.ActionStart:
+		if req.LifecycleID != "" || req.Drain {
+			return badRequest("lifecycleId and drain belong to action stop")
+		}
+		if err := checkModel(req.Model); err != nil {
+			return err
+		}
+		if req.PoolID != "" {
+			if err := checkID("pool_id", req.PoolID); err != nil {
+				return err
+			}
+		}
+		if req.GPU != nil && *req.GPU < 0 {
+			return badRequest("gpu %d is negative", *req.GPU)
+		}
+		row, err := q.StartWorker(r.Context(), StartRequest{Model: req.Model, PoolID: req.PoolID, GPU: req.GPU,
+			Reason: reason, Actor: c.actor, Owner: OwnerOperator})
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusCreated, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
+	case api.ActionStop:
+		if req.Model != "" || req.PoolID != "" || req.GPU != nil {
+			return badRequest("model, pool_id and gpu belong to action start")
+		}
+		if err := checkLifecycleID(req.LifecycleID); err != nil {
+			return err
+		}
+		row, err := q.StopWorker(r.Context(), req.LifecycleID, req.Drain, reason, c.actor)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusAccepted, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
+	default:
+		return badRequest("action %q: want start or stop", req.Action)
+	}
+	return nil
+}
+
+func (q *Queen) getAudit(w http.ResponseWriter, r *http.Request, _ caller) error {
+	qs, err := query(r, "since", "limit", "target", "action")
+	if err != nil {
+		return err
+	}
+	var f store.AuditFilter
+	if s := qs["since"]; s != "" {
+		if f.Since, err = parseSince(s, time.Now()); err != nil {
+			return err
+		}
+	}
+	if f.Limit, err = parseLimit(qs["limit"], defaultListLimit, maxListLimit); err != nil {
+		return err
+	}
+	if t := qs["target"]; t != "" {
+		if len(t) > 300 {
+			return badRequest("target is longer than 300 bytes")
+		}
+		f.Target = t
+	}
+	if a := qs["action"]; a != "" {
+		if err := checkID("action", a); err != nil {
+			return err
+		}
+		f.Action = a
+	}
+	var entries []store.AuditEntry
+	if err := q.st.View(r.Context(), func(tx *store.Tx) (err error) { entries, err = tx.Audit(f); return err }); err != nil {
+		return err
+	}
+	out := api.AuditList{Entries: make([]api.AuditEntry, 0, len(entries))}
+	for _, e := range entries {
+		out.Entries = append(out.Entries, api.AuditEntry{ID: e.ID, TS: e.TS, Actor: e.Actor, Action: e.Action,
+			Target: e.Target, Reason: e.Reason, Metadata: e.Metadata})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// rowWire is a row as the admin API shows it. A live row's last heartbeat
+// comes from memory (the store gets it every flush interval).
+func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
+	if !rowTerminal(r.Status) {
+		q.rows.mu.Lock()
+		if live, ok := q.rows.active[r.ID]; ok && live.LastHeartbeatAt != nil {
+			t := *live.LastHeartbeatAt
+			r.LastHeartbeatAt = &t
+		}
+		q.rows.mu.Unlock()
+	}
+	return api.LifecycleRow{ID: r.ID, PoolID: r.PoolID, WorkerID: r.WorkerID, ModelRef: r.ModelRef, GPUDevice: r.GPUDevice,
+		Status: string(r.Status), Reason: r.Reason, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, ReadyAt: r.ReadyAt,
+		StoppedAt: r.StoppedAt, LastHeartbeatAt: r.LastHeartbeatAt, VRAMBytes: r.VRAMBytes, URI: r.URI, PID: r.PID,
+		ExitCode: r.ExitCode, Owner: r.Owner}
+}

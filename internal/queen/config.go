@@ -1,0 +1,163 @@
+package queen
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+// Tokens authenticate the three kinds of callers. An empty token leaves its
+// endpoints open, which Validate allows on a loopback address only.
+type Tokens struct {
+	API     string // APIARY_API_TOKEN: inference (/v1/…)
+	Admin   string // APIARY_ADMIN_TOKEN: /api/admin/…, pool drain and removal
+	Cluster string // APIARY_CLUSTER_TOKEN: hives (/v2/pools/…, /v2/internal/…)
+}
+
+// The environment variables the tokens come from.
+const (
+	APITokenEnv     = "APIARY_API_TOKEN"
+	AdminTokenEnv   = "APIARY_ADMIN_TOKEN"
+	ClusterTokenEnv = "APIARY_CLUSTER_TOKEN"
+)
+
+// TokensFromEnv reads the three tokens from the environment.
+func TokensFromEnv() Tokens {
+	return Tokens{API: os.Getenv(APITokenEnv), Admin: os.Getenv(AdminTokenEnv), Cluster: os.Getenv(ClusterTokenEnv)}
+}
+
+// Config is everything a queen needs. Zero values take the contract's
+// defaults; Validate says what is wrong with the rest.
+type Config struct {
+	Addr        string // listen address, default 127.0.0.1:8080
+	Advertise   string // URL others use to reach the queen; default http://Addr
+	DataDir     string // holds the SQLite database when DatabaseURL is empty
+	DatabaseURL string // postgres://… selects PostgreSQL
+
+	HeartbeatTimeout time.Duration // a pool without a heartbeat this long is unhealthy
+	UnhealthyGrace   time.Duration // unhealthy this long: its workers' rows become FAILED
+	OfflineRetention time.Duration // offline pools are removed after this
+	FlushInterval    time.Duration // heartbeat times reach the store this often
+	HiveTimeout      time.Duration // budget of one call to a hive
+
+	Tokens       Tokens
+	MaxBodyBytes int64 // request body limit
+
+	// Hives talks to the hives; default HTTP with the cluster token.
+	Hives HiveClient
+	// Placer picks a pool for a start without pool_id; default the
+	// healthy pool with the most free device memory.
+	Placer Placer
+	Logger *slog.Logger
+}
+
+// Defaults.
+const (
+	DefaultAddr         = "127.0.0.1:8080"
+	DefaultHiveTimeout  = 30 * time.Second
+	DefaultMaxBodyBytes = 1 << 20
+)
+
+// DefaultDataDir is $XDG_DATA_HOME/apiary, or ~/.local/share/apiary.
+func DefaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "apiary")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "apiary")
+	}
+	return filepath.Join(home, ".local", "share", "apiary")
+}
+
+func (c Config) withDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.DataDir == "" && c.DatabaseURL == "" {
+		c.DataDir = DefaultDataDir()
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = registry.DefaultHeartbeatTimeout
+	}
+	if c.UnhealthyGrace == 0 {
+		c.UnhealthyGrace = c.HeartbeatTimeout
+	}
+	if c.OfflineRetention == 0 {
+		c.OfflineRetention = registry.DefaultOfflineRetention
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = registry.DefaultFlushInterval
+	}
+	if c.HiveTimeout == 0 {
+		c.HiveTimeout = DefaultHiveTimeout
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Hives == nil {
+		c.Hives = NewHTTPHiveClient(c.Tokens.Cluster, c.HiveTimeout)
+	}
+	if c.Placer == nil {
+		c.Placer = MostFreeMemory{}
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults) at once.
+func (c Config) Validate() error {
+	var errs []error
+	host, _, err := net.SplitHostPort(c.Addr)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--addr %q: %w", c.Addr, err))
+	} else if !isLoopback(host) {
+		var missing []string
+		for env, v := range map[string]string{APITokenEnv: c.Tokens.API, AdminTokenEnv: c.Tokens.Admin, ClusterTokenEnv: c.Tokens.Cluster} {
+			if v == "" {
+				missing = append(missing, env)
+			}
+		}
+		if len(missing) > 0 {
+			errs = append(errs, fmt.Errorf("--addr %q is not a loopback address: set %v to serve on it (without tokens the queen binds loopback only)", c.Addr, sortedStrings(missing)))
+		}
+	}
+	if c.Advertise != "" {
+		if u, err := url.Parse(c.Advertise); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			errs = append(errs, fmt.Errorf("--advertise %q is not an http(s) URL", c.Advertise))
+		}
+	}
+	if c.DatabaseURL != "" && !store.IsPostgresURL(c.DatabaseURL) {
+		errs = append(errs, errors.New("--database-url must be a postgres:// or postgresql:// URL"))
+	}
+	for name, d := range map[string]time.Duration{
+		"--heartbeat-timeout": c.HeartbeatTimeout, "--unhealthy-grace": c.UnhealthyGrace,
+		"--offline-retention": c.OfflineRetention, "--flush-interval": c.FlushInterval, "--hive-timeout": c.HiveTimeout,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+		}
+	}
+	if c.MaxBodyBytes < 1 {
+		errs = append(errs, errors.New("body limit must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,299 @@
+package queen
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/version"
+)
+
+// role is a kind of caller, named by the token it shows.
+type role int
+
+const (
+	roleAdmin role = iota
+	roleCluster
+)
+
+// caller is who made a request: its audit actor.
+type caller struct{ actor string }
+
+// handlerFunc is a handler that returns its error; handle maps it once.
+type handlerFunc func(w http.ResponseWriter, r *http.Request, c caller) error
+
+func (q *Queen) routes() http.Handler {
+	mux := http.NewServeMux()
+	open := func(fn handlerFunc) http.Handler { return q.handle(fn) }
+	admin := func(fn handlerFunc) http.Handler { return q.handle(fn, roleAdmin) }
+	cluster := func(fn handlerFunc) http.Handler { return q.handle(fn, roleCluster) }
+	either := func(fn handlerFunc) http.Handler { return q.handle(fn, roleAdmin, roleCluster) }
+
+	mux.Handle("GET /health", open(q.getHealth))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(q.metrics.reg, promhttp.HandlerOpts{}))
+
+	mux.Handle("POST /v2/pools/register", cluster(q.postRegister))
+	mux.Handle("POST /v2/pools/{id}/heartbeat", cluster(q.postHeartbeat))
+	mux.Handle("POST /v2/internal/workers/events", cluster(q.postEvent))
+	mux.Handle("GET /v2/pools", either(q.getPools))
+	mux.Handle("GET /v2/pools/{id}", either(q.getPool))
+	mux.Handle("POST /v2/pools/{id}/drain", either(q.postDrain))
+	mux.Handle("DELETE /v2/pools/{id}", either(q.deletePool))
+
+	mux.Handle("GET /api/admin/workers", admin(q.getWorkers))
+	mux.Handle("GET /api/admin/workers/{id}", admin(q.getWorker))
+	mux.Handle("POST /api/admin/workers", admin(q.postWorkers))
+	mux.Handle("GET /api/admin/audit", admin(q.getAudit))
+	return q.contractErrors(mux)
+}
+
+// contractErrors answers the mux's own 404 and 405 in the contract's
+// error shape, and counts every answer.
+func (q *Queen) contractErrors(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		if _, pattern := mux.Handler(r); pattern == "" {
+			probe := &statusWriter{ResponseWriter: discardWriter{h: w.Header()}}
+			mux.ServeHTTP(probe, r)
+			if probe.status == http.StatusMethodNotAllowed {
+				writeError(sw, fmt.Errorf("%w: %s %s", errMethodNotAllowed, r.Method, r.URL.Path))
+			} else {
+				writeError(sw, &requestError{status: http.StatusNotFound, code: "not_found", err: fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path)})
+			}
+		} else {
+			mux.ServeHTTP(sw, r)
+		}
+		q.metrics.requests.WithLabelValues(strconv.Itoa(sw.code())).Inc()
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusWriter) code() int {
+	if s.status == 0 {
+		return http.StatusOK
+	}
+	return s.status
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+type discardWriter struct{ h http.Header }
+
+func (d discardWriter) Header() http.Header         { return d.h }
+func (d discardWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (d discardWriter) WriteHeader(int)             {}
+
+// handle authenticates (any of roles; none: open), limits the body, runs
+// fn and maps its error.
+func (q *Queen) handle(fn handlerFunc, roles ...role) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, ok := q.authenticate(r, roles)
+		if !ok {
+			writeError(w, fmt.Errorf("%w: missing or wrong bearer token (%s)", ErrUnauthorized, tokenNames(roles)))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, q.cfg.MaxBodyBytes)
+		if err := fn(w, r, c); err != nil {
+			if status, _ := statusOf(err); status >= 500 {
+				q.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+			writeError(w, err)
+		}
+	})
+}
+
+// authenticate compares the bearer token with each allowed role's token in
+// constant time. A role without a configured token admits everyone (the
+// queen then listens on loopback only).
+func (q *Queen) authenticate(r *http.Request, roles []role) (caller, bool) {
+	if len(roles) == 0 {
+		return caller{actor: "anonymous"}, true
+	}
+	got := []byte(bearer(r))
+	for _, ro := range roles {
+		token, actor := q.cfg.Tokens.Admin, "admin"
+		if ro == roleCluster {
+			token, actor = q.cfg.Tokens.Cluster, "cluster"
+		}
+		if token == "" || subtle.ConstantTimeCompare(got, []byte(token)) == 1 {
+			return caller{actor: actor}, true
+		}
+	}
+	return caller{}, false
+}
+
+func tokenNames(roles []role) string {
+	var names []string
+	for _, ro := range roles {
+		if ro == roleAdmin {
+			names = append(names, AdminTokenEnv)
+		} else {
+			names = append(names, ClusterTokenEnv)
+		}
+	}
+	return strings.Join(names, " or ")
+}
+
+func bearer(r *http.Request) string {
+	if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return strings.TrimSpace(t)
+	}
+	return ""
+}
+
+// decode reads one JSON object strictly: unknown fields are a 400. An
+// empty body leaves dst as it is when allowEmpty.
+func decode(r *http.Request, dst any, allowEmpty bool) error {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return badRequest("read body: %v", err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return badRequest("request body is empty; send a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return badRequest("invalid JSON body: %v", err)
+	}
+	if dec.More() {
+		return badRequest("invalid JSON body: more than one value")
+	}
+	return nil
+}
+
+// query checks that r has no query parameters but allowed, and returns
+// them.
+func query(r *http.Request, allowed ...string) (map[string]string, error) {
+	out := map[string]string{}
+	for k, vs := range r.URL.Query() {
+		ok := false
+		for _, a := range allowed {
+			ok = ok || a == k
+		}
+		if !ok {
+			return nil, badRequest("unknown query parameter %q (allowed: %s)", k, strings.Join(allowed, ", "))
+		}
+		if len(vs) > 1 {
+			return nil, badRequest("query parameter %q given %d times", k, len(vs))
+		}
+		out[k] = vs[0]
+	}
+	return out, nil
+}
+
+// Input limits.
+const (
+	maxReasonLen = 1000
+	maxGPUs      = 256
+	maxWorkers   = 4096
+)
+
+var (
+	idPattern       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$`)
+	modelPattern    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$`)
+	lifecyclePatten = regexp.MustCompile(`^wk-[0-9a-f]{16}$`)
+)
+
+func checkID(what, s string) error {
+	if !idPattern.MatchString(s) {
+		return badRequest("%s %q is not valid: 1-128 letters, digits, '.', '_', ':', '@' or '-', starting with a letter or digit", what, s)
+	}
+	return nil
+}
+
+func checkModel(s string) error {
+	if !modelPattern.MatchString(s) || strings.Contains(s, "..") {
+		return badRequest("model %q is not a model ref: a GGUF file name without .gguf (letters, digits, '.', '_', '+', '-')", s)
+	}
+	return nil
+}
+
+func checkLifecycleID(s string) error {
+	if !lifecyclePatten.MatchString(s) {
+		return badRequest("lifecycle id %q is not valid (want wk- and 16 hex digits)", s)
+	}
+	return nil
+}
+
+// checkReason requires a reason: one line of printable text.
+func checkReason(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	switch {
+	case s == "":
+		return "", badRequest("reason is required: say why, for the audit log")
+	case len(s) > maxReasonLen:
+		return "", badRequest("reason is longer than %d bytes", maxReasonLen)
+	case strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
+		return "", badRequest("reason must be printable text on one line")
+	}
+	return s, nil
+}
+
+func (q *Queen) getHealth(w http.ResponseWriter, _ *http.Request, _ caller) error {
+	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Version: version.Version})
+	return nil
+}
+
+// parseSince accepts a Go duration (1h: entries of the last hour) or an
+// RFC 3339 time.
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return time.Time{}, badRequest("since %q must not be negative", s)
+		}
+		return now.Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	return time.Time{}, badRequest("since %q is neither a duration (e.g. 1h, 30m) nor an RFC 3339 time", s)
+}
+
+func parseLimit(s string, def, maxN int) (int, error) {
+	if s == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > maxN {
+		return 0, badRequest("limit %q must be a number from 1 to %d", s, maxN)
+	}
+	return n, nil
+}

@@ -1,0 +1,407 @@
+package queen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/store"
+	"github.com/apiary-llm/apiary/internal/store/pgtest"
+)
+
+var pg *pgtest.Cluster
+
+func TestMain(m *testing.M) {
+	var err error
+	pg, err = pgtest.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: the queen's PostgreSQL tests need a throwaway cluster:", err)
+		os.Exit(1)
+	}
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if err := pg.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		if binDir != "" {
+			os.RemoveAll(binDir)
+		}
+		os.Exit(code)
+	}))
+}
+
+// waitLimit bounds every wait: reaching it fails the test.
+const waitLimit = 20 * time.Second
+
+// backend is where a test queen keeps its state.
+type backend struct {
+	name string
+	// new returns the Config fields of a fresh database.
+	new func(t *testing.T) (dataDir, url string)
+}
+
+var backends = []backend{
+	{"sqlite", func(t *testing.T) (string, string) { return t.TempDir(), "" }},
+	{"postgres", func(t *testing.T) (string, string) {
+		url, err := pg.NewDatabase(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return "", url
+	}},
+}
+
+func eachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) { fn(t, b) })
+	}
+}
+
+// record is one log line a test queen wrote.
+type record struct {
+	msg   string
+	attrs map[string]string
+}
+
+// logWatch is a slog.Handler that keeps every record and lets a test wait
+// for one, instead of sleeping.
+type logWatch struct {
+	mu      sync.Mutex
+	records []record      // guarded by mu
+	change  chan struct{} // guarded by mu; closed and replaced on each record
+	attrs   []slog.Attr
+	buf     *bytes.Buffer // guarded by mu; text of every record, for failures
+}
+
+func newLogWatch() *logWatch { return &logWatch{change: make(chan struct{}), buf: &bytes.Buffer{}} }
+
+func (l *logWatch) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *logWatch) Handle(_ context.Context, r slog.Record) error {
+	rec := record{msg: r.Message, attrs: map[string]string{}}
+	for _, a := range l.attrs {
+		rec.attrs[a.Key] = a.Value.String()
+	}
+	r.Attrs(func(a slog.Attr) bool { rec.attrs[a.Key] = a.Value.String(); return true })
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, rec)
+	fmt.Fprintf(l.buf, "%s %s %s %v\n", r.Time.Format("15:04:05.000"), r.Level, r.Message, rec.attrs)
+	close(l.change)
+	l.change = make(chan struct{})
+	return nil
+}
+
+func (l *logWatch) WithAttrs(as []slog.Attr) slog.Handler {
+	return &logWatchView{l: l, attrs: as}
+}
+
+func (l *logWatch) WithGroup(string) slog.Handler { return l }
+
+// logWatchView is l with attributes added by Logger.With.
+type logWatchView struct {
+	l     *logWatch
+	attrs []slog.Attr
+}
+
+func (v *logWatchView) Enabled(ctx context.Context, lv slog.Level) bool { return true }
+func (v *logWatchView) Handle(ctx context.Context, r slog.Record) error {
+	r = r.Clone()
+	r.AddAttrs(v.attrs...)
+	return v.l.Handle(ctx, r)
+}
+func (v *logWatchView) WithAttrs(as []slog.Attr) slog.Handler {
+	return &logWatchView{l: v.l, attrs: append(append([]slog.Attr{}, v.attrs...), as...)}
+}
+func (v *logWatchView) WithGroup(string) slog.Handler { return v }
+
+// match reports whether rec has msg and every attribute of want.
+func (rec record) match(msg string, want map[string]string) bool {
+	if rec.msg != msg {
+		return false
+	}
+	for k, v := range want {
+		if rec.attrs[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// wait returns the first record (at or after index from) with msg and the
+// attributes of want; the test fails if none comes within waitLimit.
+func (l *logWatch) wait(t testing.TB, from int, msg string, want map[string]string) (record, int) {
+	t.Helper()
+	deadline := time.NewTimer(waitLimit)
+	defer deadline.Stop()
+	for {
+		l.mu.Lock()
+		for i := from; i < len(l.records); i++ {
+			if l.records[i].match(msg, want) {
+				rec := l.records[i]
+				l.mu.Unlock()
+				return rec, i + 1
+			}
+		}
+		ch := l.change
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			l.mu.Lock()
+			logs := l.buf.String()
+			l.mu.Unlock()
+			t.Fatalf("no log %q with %v within %s; logs:\n%s", msg, want, waitLimit, logs)
+		}
+	}
+}
+
+// count counts the records with msg and the attributes of want.
+func (l *logWatch) count(msg string, want map[string]string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.records {
+		if r.match(msg, want) {
+			n++
+		}
+	}
+	return n
+}
+
+// fakeHive is the queen's HiveClient in tests: it records calls and
+// answers as told.
+type fakeHive struct {
+	mu       sync.Mutex
+	starts   []api.StartWorkerRequest // guarded by mu
+	stops    []string                 // guarded by mu; worker ids
+	startErr error                    // guarded by mu
+	stopErr  error                    // guarded by mu
+	seq      int                      // guarded by mu
+	onStart  func(api.StartWorkerRequest)
+	stopped  chan string
+}
+
+func newFakeHive() *fakeHive { return &fakeHive{stopped: make(chan string, 64)} }
+
+func (f *fakeHive) StartWorker(_ context.Context, _ string, req api.StartWorkerRequest) (api.StartWorkerResponse, error) {
+	if f.onStart != nil {
+		f.onStart(req)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.starts = append(f.starts, req)
+	if f.startErr != nil {
+		return api.StartWorkerResponse{}, f.startErr
+	}
+	f.seq++
+	return api.StartWorkerResponse{WorkerID: fmt.Sprintf("worker-%d", f.seq), Status: "starting"}, nil
+}
+
+func (f *fakeHive) StopWorker(_ context.Context, _, workerID string, _ api.StopWorkerRequest) error {
+	f.mu.Lock()
+	f.stops = append(f.stops, workerID)
+	err := f.stopErr
+	f.mu.Unlock()
+	f.stopped <- workerID
+	return err
+}
+
+func (f *fakeHive) set(startErr, stopErr error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.startErr, f.stopErr = startErr, stopErr
+}
+
+// waitStop returns the next worker id the queen asked to stop.
+func (f *fakeHive) waitStop(t testing.TB) string {
+	t.Helper()
+	select {
+	case id := <-f.stopped:
+		return id
+	case <-time.After(waitLimit):
+		t.Fatalf("no stop within %s", waitLimit)
+		return ""
+	}
+}
+
+// tq is a queen under test, in this process.
+type tq struct {
+	t    *testing.T
+	q    *Queen
+	url  string
+	cfg  Config
+	hive *fakeHive
+	logs *logWatch
+	hc   *http.Client
+}
+
+// startQueen runs a queen on b's fresh database (or, with cfg.DataDir or
+// cfg.DatabaseURL set by a mod, on that one) with a fake hive.
+func startQueen(t *testing.T, dataDir, url string, mods ...func(*Config)) *tq {
+	t.Helper()
+	logs := newLogWatch()
+	cfg := Config{Addr: "127.0.0.1:0", DataDir: dataDir, DatabaseURL: url, HeartbeatTimeout: 10 * time.Second,
+		FlushInterval: 50 * time.Millisecond, Logger: slog.New(logs)}
+	hive := newFakeHive()
+	cfg.Hives = hive
+	for _, m := range mods {
+		m(&cfg)
+	}
+	q, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- q.Run(context.Background()) }()
+	select {
+	case <-q.Ready():
+	case err := <-errc:
+		t.Fatalf("queen did not start: %v", err)
+	}
+	x := &tq{t: t, q: q, url: q.URL(), cfg: cfg, hive: hive, logs: logs, hc: &http.Client{Timeout: waitLimit}}
+	t.Cleanup(func() {
+		q.Close()
+		if err := <-errc; err != nil {
+			t.Errorf("queen Run: %v", err)
+		}
+		x.hc.CloseIdleConnections()
+	})
+	return x
+}
+
+// do sends a request and returns the status and body.
+func (x *tq) do(method, path, token string, body any) (int, []byte) {
+	x.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		data, err := json.Marshal(b)
+		if err != nil {
+			x.t.Fatal(err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequest(method, x.url+path, rd)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := x.hc.Do(req)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, data
+}
+
+// ok sends a request that must answer want, and decodes the answer.
+func (x *tq) ok(method, path string, body any, want int, out any) {
+	x.t.Helper()
+	status, data := x.do(method, path, x.cfg.Tokens.Admin, body)
+	if status != want {
+		x.t.Fatalf("%s %s: %d %s, want %d", method, path, status, data, want)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			x.t.Fatalf("%s %s: %v in %s", method, path, err, data)
+		}
+	}
+}
+
+func (x *tq) register(id string) {
+	x.t.Helper()
+	x.ok("POST", "/v2/pools/register", api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:1", NodeID: id, Version: "t",
+		GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 4 << 30}}}, http.StatusOK, nil)
+}
+
+func (x *tq) beat(id string, workers ...api.Worker) {
+	x.t.Helper()
+	if workers == nil {
+		workers = []api.Worker{}
+	}
+	x.ok("POST", "/v2/pools/"+id+"/heartbeat", api.Heartbeat{GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 4 << 30}}, Workers: workers}, http.StatusOK, nil)
+}
+
+func (x *tq) event(ev api.WorkerEvent) api.EventAck {
+	x.t.Helper()
+	var ack api.EventAck
+	x.ok("POST", "/v2/internal/workers/events", ev, http.StatusOK, &ack)
+	return ack
+}
+
+func (x *tq) start(model, pool string) api.AdminWorkerResponse {
+	x.t.Helper()
+	var resp api.AdminWorkerResponse
+	x.ok("POST", "/api/admin/workers", api.AdminWorkerRequest{Action: "start", Model: model, PoolID: pool, Reason: "test"}, http.StatusCreated, &resp)
+	return resp
+}
+
+func (x *tq) row(id string) api.LifecycleRow {
+	x.t.Helper()
+	var r api.LifecycleRow
+	x.ok("GET", "/api/admin/workers/"+id, nil, http.StatusOK, &r)
+	return r
+}
+
+func (x *tq) pool(id string) api.Pool {
+	x.t.Helper()
+	var p api.Pool
+	x.ok("GET", "/v2/pools/"+id, nil, http.StatusOK, &p)
+	return p
+}
+
+// audit returns the actions of target's audit entries, oldest first.
+func (x *tq) audit(target string) []string {
+	x.t.Helper()
+	var out api.AuditList
+	x.ok("GET", "/api/admin/audit?target="+target, nil, http.StatusOK, &out)
+	var actions []string
+	for i := len(out.Entries) - 1; i >= 0; i-- {
+		actions = append(actions, out.Entries[i].Action)
+	}
+	return actions
+}
+
+// storeRows reads every row straight from the store.
+func (x *tq) storeRows() []store.Row {
+	x.t.Helper()
+	var rows []store.Row
+	if err := x.q.st.View(context.Background(), func(tx *store.Tx) (err error) { rows, err = tx.Rows(store.RowFilter{}); return err }); err != nil {
+		x.t.Fatal(err)
+	}
+	return rows
+}
+
+// worker is a hive's report of a worker.
+func worker(id, lifecycleID, status string) api.Worker {
+	return api.Worker{WorkerID: id, LifecycleID: lifecycleID, ModelRef: "tiny", Status: status, PID: 100,
+		URI: "http://127.0.0.1:8001", VRAMBytes: 1 << 20, StartedAt: time.Now().UTC()}
+}
+
+func sqliteDir(t *testing.T) string { return filepath.Join(t.TempDir(), "queen") }
+
+// startOn runs a test queen on a fresh database of b.
+func startOn(t *testing.T, b backend, mods ...func(*Config)) *tq {
+	t.Helper()
+	dir, url := b.new(t)
+	return startQueen(t, dir, url, mods...)
+}

@@ -1,0 +1,124 @@
+package queen
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+func TestReconcile(t *testing.T) {
+	reg := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	before, after := reg.Add(-time.Minute), reg.Add(time.Minute)
+	row := func(id, workerID string, s lifecycle.Status, created time.Time) store.Row {
+		return store.Row{ID: id, PoolID: "p", WorkerID: workerID, ModelRef: "tiny", Status: s, CreatedAt: created}
+	}
+	w := func(id, lid, status string) api.Worker {
+		return api.Worker{WorkerID: id, LifecycleID: lid, ModelRef: "tiny", Status: status}
+	}
+	for _, tc := range []struct {
+		name string
+		in   reconcileInput
+		want reconcilePlan
+	}{
+		{
+			name: "adopt by lifecycle id, sync status",
+			in:   reconcileInput{Rows: []store.Row{row("wk-1", "", rowStarting, before)}, Workers: []api.Worker{w("w1", "wk-1", "ready")}},
+			want: reconcilePlan{Seen: []string{"wk-1"}, Sync: []rowSync{{ID: "wk-1", Worker: w("w1", "wk-1", "ready"), To: rowRunning}}, Misses: map[string]int{}},
+		},
+		{
+			name: "adopt by worker id, nothing to change",
+			in: reconcileInput{Rows: []store.Row{{ID: "wk-1", PoolID: "p", WorkerID: "w1", ModelRef: "tiny", Status: rowRunning, GPUDevice: new(int)}},
+				Workers: []api.Worker{w("w1", "", "busy")}},
+			want: reconcilePlan{Seen: []string{"wk-1"}, Misses: map[string]int{}},
+		},
+		{
+			name: "draining row with a worker still serving is no news",
+			in: reconcileInput{Rows: []store.Row{{ID: "wk-1", PoolID: "p", WorkerID: "w1", ModelRef: "tiny", Status: rowDraining, GPUDevice: new(int)}},
+				Workers: []api.Worker{w("w1", "wk-1", "ready")}},
+			want: reconcilePlan{Seen: []string{"wk-1"}, Misses: map[string]int{}},
+		},
+		{
+			name: "full inventory loses old rows at once",
+			in: reconcileInput{FullInventory: true, RegisteredAt: reg,
+				Rows: []store.Row{row("wk-old", "w1", rowRunning, before), row("wk-new", "w2", rowStarting, after)}},
+			want: reconcilePlan{Lost: []lostRow{{ID: "wk-old", Reason: "lost: the hive's inventory after it registered does not have this worker"}},
+				Misses: map[string]int{"wk-new": 1}},
+		},
+		{
+			name: "second miss loses the row",
+			in:   reconcileInput{Rows: []store.Row{row("wk-1", "w1", rowRunning, before)}, Misses: map[string]int{"wk-1": 1}},
+			want: reconcilePlan{Lost: []lostRow{{ID: "wk-1", Reason: "lost: missing from 2 heartbeats in a row"}}, Misses: map[string]int{}},
+		},
+		{
+			name: "start not answered yet waits",
+			in:   reconcileInput{Rows: []store.Row{row("wk-1", "", rowStarting, after)}, Misses: map[string]int{"wk-1": 5}},
+			want: reconcilePlan{Misses: map[string]int{}},
+		},
+		{
+			name: "unknown live workers, ended ones ignored",
+			in:   reconcileInput{Workers: []api.Worker{w("w1", "", "ready"), w("w2", "wk-gone", "starting"), w("w3", "", "stopped")}},
+			want: reconcilePlan{Unknown: []unknownWorker{{Worker: w("w1", "", "ready"), Why: "no lifecycle row"},
+				{Worker: w("w2", "wk-gone", "starting"), Why: "lifecycle row wk-gone is not live"}}, Misses: map[string]int{}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := reconcile(tc.in)
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(rowSync{}, lostRow{}, unknownWorker{}, reconcilePlan{})); diff != "" {
+				t.Errorf("plan (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestRowTransitionTable(t *testing.T) {
+	all := []lifecycle.Status{rowStarting, rowRunning, rowDraining, rowStopped, rowFailed}
+	allowed := map[[2]lifecycle.Status]bool{
+		{rowStarting, rowRunning}: true, {rowStarting, rowDraining}: true, {rowStarting, rowFailed}: true,
+		{rowRunning, rowDraining}: true, {rowRunning, rowFailed}: true,
+		{rowDraining, rowStopped}: true, {rowDraining, rowFailed}: true,
+	}
+	for _, from := range all {
+		for _, to := range all {
+			if got := canRowTransition(from, to); got != allowed[[2]lifecycle.Status{from, to}] {
+				t.Errorf("%s → %s: %v", from, to, got)
+			}
+		}
+	}
+}
+
+func TestPlacement(t *testing.T) {
+	gpu := func(id int, free uint64) api.GPU { return api.GPU{ID: id, FreeBytes: free} }
+	pools := []registry.Pool{
+		{ID: "a", Status: registry.Healthy, GPUs: []api.GPU{gpu(0, 10)}},
+		{ID: "b", Status: registry.Healthy, GPUs: []api.GPU{gpu(0, 5), gpu(1, 30)}},
+		{ID: "c", Status: registry.Draining, GPUs: []api.GPU{gpu(0, 100)}},
+		{ID: "d", Status: registry.Healthy, GPUs: []api.GPU{gpu(0, 30)}},
+	}
+	one := 1
+	zero := 0
+	for _, tc := range []struct {
+		name  string
+		pools []registry.Pool
+		gpu   *int
+		want  string
+		err   error
+	}{
+		{"most free memory, ties by id", pools, nil, "b", nil},
+		{"on a given device", pools, &zero, "d", nil},
+		{"device only one pool has", pools, &one, "b", nil},
+		{"nothing healthy", pools[2:3], nil, "", ErrNoPool},
+		{"no pools", nil, nil, "", ErrNoPool},
+	} {
+		p, err := MostFreeMemory{}.Place(tc.pools, PlaceRequest{Model: "tiny", GPU: tc.gpu})
+		if !errors.Is(err, tc.err) || p.ID != tc.want {
+			t.Errorf("%s: %q %v, want %q %v", tc.name, p.ID, err, tc.want, tc.err)
+		}
+	}
+}

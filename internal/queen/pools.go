@@ -1,0 +1,287 @@
+package queen
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/registry"
+)
+
+// checkGPUs and checkWorkers validate what a hive reports.
+func checkGPUs(gpus []api.GPU) error {
+	if len(gpus) > maxGPUs {
+		return badRequest("%d gpus: at most %d", len(gpus), maxGPUs)
+	}
+	for _, g := range gpus {
+		if g.ID < 0 {
+			return badRequest("gpu id %d is negative", g.ID)
+		}
+		if g.FreeBytes > g.TotalBytes && g.TotalBytes > 0 {
+			return badRequest("gpu %d reports more free memory (%d) than total (%d)", g.ID, g.FreeBytes, g.TotalBytes)
+		}
+	}
+	return nil
+}
+
+func checkWorker(w api.Worker) error {
+	if err := checkID("worker_id", w.WorkerID); err != nil {
+		return err
+	}
+	if w.LifecycleID != "" {
+		if err := checkID("lifecycle_id", w.LifecycleID); err != nil {
+			return err
+		}
+	}
+	if _, err := lifecycle.ParseState(w.Status); err != nil {
+		return badRequest("worker %s: %v", w.WorkerID, err)
+	}
+	if w.ModelRef != "" {
+		if err := checkModel(w.ModelRef); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkWorkers(ws []api.Worker) error {
+	if len(ws) > maxWorkers {
+		return badRequest("%d workers: at most %d", len(ws), maxWorkers)
+	}
+	for _, w := range ws {
+		if err := checkWorker(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) error {
+	var reg api.RegisterPool
+	if err := decode(r, &reg, false); err != nil {
+		return err
+	}
+	if err := checkID("pool_id", reg.PoolID); err != nil {
+		return err
+	}
+	if reg.NodeID != "" {
+		if err := checkID("node_id", reg.NodeID); err != nil {
+			return err
+		}
+	}
+	if u, err := url.Parse(reg.Endpoint); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return badRequest("endpoint %q is not an http(s) URL", reg.Endpoint)
+	}
+	if len(reg.Version) > 128 {
+		return badRequest("version is longer than 128 bytes")
+	}
+	if err := checkGPUs(reg.GPUs); err != nil {
+		return err
+	}
+	p, err := q.reg.Register(r.Context(), reg, "hive:"+reg.PoolID)
+	if err != nil {
+		return err
+	}
+	q.metrics.registrations.Inc()
+	writeJSON(w, http.StatusOK, poolWire(p))
+	return nil
+}
+
+// heartbeatAnswer is the body of a heartbeat's 200.
+type heartbeatAnswer struct {
+	PoolID string `json:"pool_id"`
+	Status string `json:"status"`
+}
+
+func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) error {
+	start := time.Now()
+	defer func() { q.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds()) }()
+	q.metrics.heartbeats.Inc()
+	id := r.PathValue("id")
+	if err := checkID("pool id", id); err != nil {
+		return err
+	}
+	var hb api.Heartbeat
+	if err := decode(r, &hb, false); err != nil {
+		return err
+	}
+	if err := checkGPUs(hb.GPUs); err != nil {
+		return err
+	}
+	if err := checkWorkers(hb.Workers); err != nil {
+		return err
+	}
+	if err := q.heartbeat(r.Context(), id, hb); err != nil {
+		return err
+	}
+	p, _ := q.reg.Get(id)
+	writeJSON(w, http.StatusOK, heartbeatAnswer{PoolID: id, Status: string(p.Status)})
+	return nil
+}
+
+func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) error {
+	var ev api.WorkerEvent
+	if err := decode(r, &ev, false); err != nil {
+		return err
+	}
+	q.metrics.events.Inc()
+	if err := checkID("pool_id", ev.PoolID); err != nil {
+		return err
+	}
+	if err := checkID("worker_id", ev.WorkerID); err != nil {
+		return err
+	}
+	if ev.LifecycleID != "" {
+		if err := checkID("lifecycle_id", ev.LifecycleID); err != nil {
+			return err
+		}
+	}
+	for name, s := range map[string]string{"from": ev.From, "to": ev.To} {
+		if s == "" && name == "from" {
+			continue
+		}
+		if _, err := lifecycle.ParseState(s); err != nil {
+			return badRequest("%s: %v", name, err)
+		}
+	}
+	if ev.Worker.WorkerID != "" && ev.Worker.WorkerID != ev.WorkerID {
+		return badRequest("worker.worker_id %q differs from worker_id %q", ev.Worker.WorkerID, ev.WorkerID)
+	}
+	if len(ev.Reason) > 4*maxReasonLen {
+		return badRequest("reason is longer than %d bytes", 4*maxReasonLen)
+	}
+	ack, err := q.event(r.Context(), ev)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, ack)
+	return nil
+}
+
+// poolFilter reads ?status=&model=&min_vram_bytes=; status may list
+// several, comma-separated.
+func poolFilter(r *http.Request) (registry.Filter, error) {
+	qs, err := query(r, "status", "model", "min_vram_bytes")
+	if err != nil {
+		return registry.Filter{}, err
+	}
+	var f registry.Filter
+	if s := qs["status"]; s != "" {
+		for _, name := range strings.Split(s, ",") {
+			st, err := registry.ParseStatus(strings.TrimSpace(name))
+			if err != nil {
+				return f, badRequest("%v", err)
+			}
+			f.Statuses = append(f.Statuses, st)
+		}
+	}
+	if m := qs["model"]; m != "" {
+		if err := checkModel(m); err != nil {
+			return f, err
+		}
+		f.Model = m
+	}
+	if v := qs["min_vram_bytes"]; v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return f, badRequest("min_vram_bytes %q is not a byte count", v)
+		}
+		f.MinFreeBytes = n
+	}
+	return f, nil
+}
+
+func (q *Queen) getPools(w http.ResponseWriter, r *http.Request, _ caller) error {
+	f, err := poolFilter(r)
+	if err != nil {
+		return err
+	}
+	pools := q.reg.Query(f)
+	out := api.PoolList{Pools: make([]api.Pool, 0, len(pools))}
+	for _, p := range pools {
+		out.Pools = append(out.Pools, poolWire(p))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (q *Queen) getPool(w http.ResponseWriter, r *http.Request, _ caller) error {
+	id := r.PathValue("id")
+	if err := checkID("pool id", id); err != nil {
+		return err
+	}
+	p, ok := q.reg.Get(id)
+	if !ok {
+		return fmt.Errorf("%w: %s", registry.ErrNotFound, id)
+	}
+	writeJSON(w, http.StatusOK, poolWire(p))
+	return nil
+}
+
+// poolAction reads the optional {"reason"} of drain and removal.
+func poolAction(r *http.Request, def string) (string, error) {
+	var a api.PoolAction
+	if err := decode(r, &a, true); err != nil {
+		return "", err
+	}
+	if strings.TrimSpace(a.Reason) == "" {
+		return def, nil
+	}
+	return checkReason(a.Reason)
+}
+
+func (q *Queen) postDrain(w http.ResponseWriter, r *http.Request, c caller) error {
+	id := r.PathValue("id")
+	if err := checkID("pool id", id); err != nil {
+		return err
+	}
+	reason, err := poolAction(r, "drain requested")
+	if err != nil {
+		return err
+	}
+	p, err := q.reg.Drain(r.Context(), id, c.actor, reason)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, poolWire(p))
+	return nil
+}
+
+func (q *Queen) deletePool(w http.ResponseWriter, r *http.Request, c caller) error {
+	id := r.PathValue("id")
+	if err := checkID("pool id", id); err != nil {
+		return err
+	}
+	reason, err := poolAction(r, "deregistered")
+	if err != nil {
+		return err
+	}
+	p, err := q.reg.Deregister(r.Context(), id, c.actor, reason)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, poolWire(p))
+	return nil
+}
+
+func poolWire(p registry.Pool) api.Pool {
+	out := api.Pool{PoolID: p.ID, Endpoint: p.Endpoint, NodeID: p.NodeID, Version: p.Version, Status: string(p.Status),
+		Drained: p.Drained, RegisteredAt: p.RegisteredAt.UTC(), StatusChangedAt: p.StatusChangedAt.UTC(),
+		GPUs: p.GPUs, Workers: p.Workers}
+	if !p.LastHeartbeatAt.IsZero() {
+		t := p.LastHeartbeatAt.UTC()
+		out.LastHeartbeatAt = &t
+	}
+	if out.GPUs == nil {
+		out.GPUs = []api.GPU{}
+	}
+	if out.Workers == nil {
+		out.Workers = []api.Worker{}
+	}
+	return out
+}

@@ -1,0 +1,349 @@
+package queen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testmodel"
+)
+
+// The real apiary binary: $APIARY_BIN (make test sets it), or built once
+// for this test binary with the Makefile's cgo flags. A failed build fails
+// the tests that need it; none skips.
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+	binDir  string // removed by TestMain's cleanup
+)
+
+func apiaryBin(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("APIARY_BIN"); p != "" {
+		return p
+	}
+	binOnce.Do(func() { binPath, binErr = buildApiary() })
+	if binErr != nil {
+		t.Fatalf("these tests need the apiary binary: set APIARY_BIN or run `make test`; building it failed: %v", binErr)
+	}
+	return binPath
+}
+
+func buildApiary() (string, error) {
+	dir, err := os.MkdirTemp("", "apiary-queen-test-bin-")
+	if err != nil {
+		return "", err
+	}
+	binDir = dir
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goTool, "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m: %w", err)
+	}
+	modDir := strings.TrimSpace(string(out))
+	env := os.Environ()
+	if os.Getenv("CGO_CPPFLAGS") == "" {
+		out, err := exec.Command(goTool, "list", "-m", "-f", "{{.Dir}}", "github.com/ollama/ollama").Output()
+		if err != nil {
+			return "", fmt.Errorf("locate github.com/ollama/ollama (go mod download): %w", err)
+		}
+		ollama := strings.TrimSpace(string(out))
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", err
+		}
+		include := filepath.Join(home, ".cache", "apiary", "include")
+		stub, err := os.ReadFile(filepath.Join(modDir, "cgo", "include", "miniaudio", "miniaudio.h"))
+		if err != nil {
+			return "", err
+		}
+		if err := os.MkdirAll(filepath.Join(include, "miniaudio"), 0o755); err != nil {
+			return "", err
+		}
+		if have, _ := os.ReadFile(filepath.Join(include, "miniaudio", "miniaudio.h")); !bytes.Equal(have, stub) {
+			if err := os.WriteFile(filepath.Join(include, "miniaudio", "miniaudio.h"), stub, 0o644); err != nil {
+				return "", err
+			}
+		}
+		flags := "-O2"
+		if cpu, _ := os.ReadFile("/proc/cpuinfo"); bytes.Contains(cpu, []byte(" avx2")) {
+			flags += " -march=x86-64-v3" // as the Makefile, so the build cache is shared
+		}
+		env = append(env, "CGO_ENABLED=1", "CGO_CFLAGS="+flags, "CGO_CXXFLAGS="+flags,
+			"CGO_CPPFLAGS=-I"+include+" -I"+ollama+"/llama/llama.cpp/include -I"+ollama+"/ml/backend/ggml/ggml/include")
+	}
+	bin := filepath.Join(dir, "apiary")
+	cmd := exec.Command(goTool, "build", "-o", bin, "./cmd/apiary")
+	cmd.Dir = modDir
+	cmd.Env = env
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/apiary: %w\n%s", err, msg)
+	}
+	return bin, nil
+}
+
+// proc is an apiary daemon run as a process by a test, with its JSON log
+// lines parsed as they come.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	logs *logWatch
+	read chan struct{} // closed when stderr is drained
+	done chan struct{} // closed when the process has been waited for
+	err  error         // set before done is closed
+}
+
+func startProc(t testing.TB, name string, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(apiaryBin(t), append(args, "--log-json")...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	p := &proc{name: name, cmd: cmd, logs: newLogWatch(), read: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.read)
+		defer pr.Close()
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			p.logs.addJSON(sc.Bytes())
+		}
+	}()
+	go func() {
+		<-p.read
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	})
+	return p
+}
+
+// addJSON records one JSON log line (anything else verbatim).
+func (l *logWatch) addJSON(line []byte) {
+	rec := record{attrs: map[string]string{}}
+	var m map[string]any
+	if json.Unmarshal(line, &m) != nil {
+		rec.msg = string(line)
+	} else {
+		for k, v := range m {
+			rec.attrs[k] = fmt.Sprint(v)
+		}
+		rec.msg = rec.attrs["msg"]
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, rec)
+	l.buf.Write(line)
+	l.buf.WriteByte('\n')
+	close(l.change)
+	l.change = make(chan struct{})
+}
+
+// stop sends sig and waits for the exit.
+func (p *proc) stop(t testing.TB, sig syscall.Signal) error {
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(waitLimit):
+		t.Fatalf("%s did not exit within %s of %v; logs:\n%s", p.name, waitLimit, sig, p.logs.buf.String())
+		return nil
+	}
+}
+
+// logTime is the time a JSON log record was written.
+func logTime(t *testing.T, rec record) time.Time {
+	t.Helper()
+	at, err := time.Parse(time.RFC3339Nano, rec.attrs["time"])
+	if err != nil {
+		t.Fatalf("log record without a time: %v", rec)
+	}
+	return at
+}
+
+// startQueenProc runs `apiary queen` on a free port and returns it with its
+// URL.
+func startQueenProc(t *testing.T, dataDir, dbURL string, extra ...string) (*proc, string) {
+	t.Helper()
+	args := []string{"queen", "--addr", "127.0.0.1:0", "--flush-interval", "100ms"}
+	if dbURL != "" {
+		args = append(args, "--database-url", dbURL)
+	} else {
+		args = append(args, "--data-dir", dataDir)
+	}
+	q := startProc(t, "queen", nil, append(args, extra...)...)
+	rec, _ := q.logs.wait(t, 0, "queen serving", nil)
+	return q, "http://" + rec.attrs["addr"]
+}
+
+// startHiveProc runs `apiary hive` for pool id with the test model.
+func startHiveProc(t *testing.T, queenURL, id string, interval time.Duration) *proc {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "models"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteFile(filepath.Join(dir, "models", "tiny.gguf"), testmodel.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	return startProc(t, "hive "+id, nil, "hive", "--addr", "127.0.0.1:0", "--queen", queenURL, "--pool-id", id,
+		"--data-dir", dir, "--heartbeat-interval", interval.String(), "--worker-ports", "20000-29999")
+}
+
+// A queen restart (SIGTERM, start again on the same store) keeps every
+// row, the pool stays healthy, the hive's first heartbeat to the new queen
+// adopts the running worker, and the worker can still be stopped.
+func TestProcessQueenRestartKeepsRows(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		dir, url := b.new(t)
+		q1, qURL := startQueenProc(t, dir, url)
+		hive := startHiveProc(t, qURL, "node-1", 300*time.Millisecond)
+		q1.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
+
+		ctx := t.Context()
+		c := keeper.NewClient(qURL, "", "")
+		resp, err := c.StartWorker(ctx, "tiny", "node-1", nil, "restart test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := resp.LifecycleID
+		q1.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": id, "to": "RUNNING"})
+		before, err := c.Workers(ctx, keeper.WorkerFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q1.stop(t, syscall.SIGTERM); err != nil {
+			t.Fatalf("queen exit after SIGTERM: %v", err)
+		}
+
+		q2, qURL2 := startQueenProc(t, dir, url, "--addr", strings.TrimPrefix(qURL, "http://"))
+		if qURL2 != qURL {
+			t.Fatalf("queen came back on %s, want %s", qURL2, qURL)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("hive logs:\n%s", hive.logs.buf.String())
+			}
+		})
+		q2.logs.wait(t, 0, "pool inventory reconciled", map[string]string{"pool_id": "node-1", "adopted": "1", "lost": "0", "unknown": "0"})
+		after, err := c.Workers(ctx, keeper.WorkerFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ignoreBeat := cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".LastHeartbeatAt" }, cmp.Ignore())
+		if diff := cmp.Diff(before, after, ignoreBeat); diff != "" {
+			t.Errorf("rows after restart (-before +after):\n%s", diff)
+		}
+		pools, err := c.Pools(ctx, keeper.PoolFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pools) != 1 || pools[0].Status != "healthy" || len(pools[0].Workers) != 1 {
+			t.Errorf("pools after restart: %+v", pools)
+		}
+		if _, err := c.StopWorker(ctx, id, true, "done"); err != nil {
+			t.Fatal(err)
+		}
+		q2.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": id, "to": "STOPPED"})
+		entries, err := c.Audit(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var actions []string
+		for i := len(entries) - 1; i >= 0; i-- {
+			if entries[i].Target == id {
+				actions = append(actions, entries[i].Action)
+			}
+		}
+		if actions[0] != "worker.start" || actions[len(actions)-1] != "worker.stopped" || !contains(actions, "worker.running") || !contains(actions, "worker.stop") {
+			t.Errorf("audit of the row: %v", actions)
+		}
+		if err := hive.stop(t, syscall.SIGTERM); err != nil {
+			t.Errorf("hive exit: %v", err)
+		}
+		if err := q2.stop(t, syscall.SIGTERM); err != nil {
+			t.Errorf("queen exit: %v", err)
+		}
+	})
+}
+
+// kill -9 of a hive: its pool is unhealthy within the heartbeat timeout
+// (plus one heartbeat interval, the most its last beat can predate the
+// kill), and after the grace its rows are FAILED.
+func TestProcessHiveKill9MakesPoolUnhealthy(t *testing.T) {
+	const timeout, interval, grace = time.Second, 250 * time.Millisecond, 500 * time.Millisecond
+	q, qURL := startQueenProc(t, t.TempDir(), "", "--heartbeat-timeout", timeout.String(), "--unhealthy-grace", grace.String())
+	hive := startHiveProc(t, qURL, "node-k", interval)
+	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-k", "to": "healthy"})
+	c := keeper.NewClient(qURL, "", "")
+	resp, err := c.StartWorker(t.Context(), "tiny", "", nil, "kill test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, next := q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
+
+	killed := time.Now()
+	if err := hive.stop(t, syscall.SIGKILL); err == nil {
+		t.Fatal("hive exited cleanly after SIGKILL")
+	}
+	rec, next := q.logs.wait(t, next, "pool status changed", map[string]string{"pool_id": "node-k", "to": "unhealthy"})
+	took := logTime(t, rec).Sub(killed)
+	t.Logf("pool unhealthy %s after kill -9 (timeout %s, heartbeat interval %s)", took.Round(time.Millisecond), timeout, interval)
+	if took > timeout+interval+100*time.Millisecond {
+		t.Errorf("pool unhealthy %s after the kill, want at most %s", took, timeout+interval)
+	}
+	if took < timeout-interval-100*time.Millisecond {
+		t.Errorf("pool unhealthy after only %s, before the timeout could have passed", took)
+	}
+	rec, _ = q.logs.wait(t, next, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "FAILED"})
+	if !strings.HasPrefix(rec.attrs["reason"], "lost: pool unhealthy") {
+		t.Errorf("row failed with reason %q", rec.attrs["reason"])
+	}
+	var pools []api.Pool
+	if pools, err = c.Pools(context.Background(), keeper.PoolFilter{Status: "unhealthy"}); err != nil || len(pools) != 1 {
+		t.Errorf("unhealthy pools: %v %v", pools, err)
+	}
+	if err := q.stop(t, syscall.SIGTERM); err != nil {
+		t.Errorf("queen exit: %v", err)
+	}
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,571 @@
+// Package queen is apiary's orchestrator daemon, part 1: it keeps the pool
+// registry (hives register and heartbeat; leases decide liveness), owns the
+// worker lifecycle rows (the only writer), writes an audit entry with every
+// change, reconciles what hives report with its rows, and serves the admin
+// API over it.
+//
+// Ownership: the registry owns pools (internal/registry); rowBook owns the
+// rows; both write the store before they change memory. Decisions are pure
+// (reconcile, Placer); effects on hives go through HiveClient, and the
+// background ones run on the queen's task workers.
+package queen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+// taskWorkers run background hive calls (stops of unknown workers).
+const (
+	taskWorkers = 4
+	taskQueue   = 1024
+)
+
+// Queen is a running orchestrator. Create it with New, run it with Run.
+type Queen struct {
+	cfg     Config
+	log     *slog.Logger
+	hives   HiveClient
+	metrics *metrics
+
+	// Set by Run before Ready is closed; never changed after.
+	st   *store.Store
+	reg  *registry.Registry
+	rows *rowBook
+	addr net.Addr
+
+	tasks chan func(context.Context)
+
+	ready     chan struct{}
+	done      chan struct{}
+	runOnce   sync.Once
+	closeOnce sync.Once
+	stop      context.CancelFunc // guarded by stopMu
+	stopMu    sync.Mutex
+}
+
+// New checks cfg (after defaults) and prepares a queen. Nothing is opened
+// or bound until Run.
+func New(cfg Config) (*Queen, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Queen{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "queen"),
+		hives:   cfg.Hives,
+		metrics: newMetrics(),
+		tasks:   make(chan func(context.Context), taskQueue),
+		ready:   make(chan struct{}),
+		done:    make(chan struct{}),
+	}, nil
+}
+
+// Ready is closed once the queen serves.
+func (q *Queen) Ready() <-chan struct{} { return q.ready }
+
+// Done is closed once Run has returned.
+func (q *Queen) Done() <-chan struct{} { return q.done }
+
+// Addr is the address the queen listens on; valid after Ready.
+func (q *Queen) Addr() net.Addr { return q.addr }
+
+// URL is the queen's base URL for others; valid after Ready.
+func (q *Queen) URL() string {
+	if q.cfg.Advertise != "" {
+		return q.cfg.Advertise
+	}
+	return "http://" + q.addr.String()
+}
+
+// Registry is the pool registry; valid after Ready (placement and routing
+// of issue 5 read it).
+func (q *Queen) Registry() *registry.Registry { return q.reg }
+
+// Run opens the store, loads pools and rows, serves until ctx ends or Close
+// is called, then shuts down in Close's order. Run may be called once.
+func (q *Queen) Run(ctx context.Context) error {
+	err := errors.New("queen: Run called twice")
+	q.runOnce.Do(func() { err = q.run(ctx) })
+	return err
+}
+
+func (q *Queen) run(ctx context.Context) error {
+	defer close(q.done)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	q.stopMu.Lock()
+	q.stop = cancel
+	q.stopMu.Unlock()
+
+	scfg := store.Config{URL: q.cfg.DatabaseURL, Logger: q.cfg.Logger}
+	if q.cfg.DatabaseURL == "" {
+		scfg.Path = filepath.Join(q.cfg.DataDir, store.SQLiteFile)
+	}
+	st, err := store.Open(ctx, scfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close() // step 5
+	q.st = st
+	q.rows = newRowBook(st, q.log, q.metrics)
+	reg, err := registry.New(registry.Config{
+		Store: registry.SQLStore(st), HeartbeatTimeout: q.cfg.HeartbeatTimeout, UnhealthyGrace: q.cfg.UnhealthyGrace,
+		OfflineRetention: q.cfg.OfflineRetention, FlushInterval: q.cfg.FlushInterval,
+		OnLost: q.onLost, Logger: q.cfg.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	q.reg = reg
+	if err := q.rows.load(ctx); err != nil {
+		return err
+	}
+	if err := reg.Load(ctx); err != nil {
+		return err
+	}
+	defer reg.Close() // step 3
+	q.metrics.pools, q.metrics.st = reg.Counts, st
+
+	ln, err := net.Listen("tcp", q.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("queen: listen on %s: %w", q.cfg.Addr, err)
+	}
+	q.addr = ln.Addr()
+	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
+
+	bg, bgCancel := context.WithCancel(context.WithoutCancel(ctx))
+	var g errgroup.Group
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			cancel()
+			return fmt.Errorf("queen: serve: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { return reg.Run(bg) })
+	g.Go(func() error { q.flushRows(bg); return nil })
+	for range taskWorkers {
+		g.Go(func() error { q.runTasks(bg); return nil })
+	}
+	q.log.Info("queen serving", "addr", q.addr.String(), "store", string(st.Dialect()),
+		"heartbeat_timeout", q.cfg.HeartbeatTimeout, "unhealthy_grace", q.cfg.UnhealthyGrace, "offline_retention", q.cfg.OfflineRetention)
+	close(q.ready)
+
+	<-ctx.Done()
+	q.log.Info("queen shutting down")
+	// Step 1: stop taking requests; let those in flight finish.
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	serr := srv.Shutdown(sctx)
+	scancel()
+	// Steps 2 and 4: background work ends (task workers drop what is
+	// queued); the registry and the rows flush heartbeat data once more.
+	bgCancel()
+	gerr := g.Wait()
+	if err := errors.Join(serr, gerr); err != nil {
+		return err
+	}
+	if cerr := context.Cause(ctx); !errors.Is(cerr, context.Canceled) {
+		return cerr
+	}
+	return nil
+}
+
+// Close asks a running queen to stop and waits until it has. It is
+// idempotent; before Run it does nothing.
+//
+// Shutdown order:
+//  1. stop accepting HTTP requests and finish those in flight,
+//  2. stop the task workers (queued hive calls are dropped; the next
+//     heartbeat of each hive would bring them back),
+//  3. stop the registry's lease timers (no status changes after this),
+//  4. flush the heartbeat data of pools and rows to the store,
+//  5. close the store, which releases the owner lock.
+func (q *Queen) Close() error {
+	q.closeOnce.Do(func() {
+		q.stopMu.Lock()
+		stop := q.stop
+		q.stopMu.Unlock()
+		if stop == nil {
+			return
+		}
+		stop()
+		<-q.done
+	})
+	return nil
+}
+
+func (q *Queen) flushRows(ctx context.Context) {
+	t := time.NewTicker(q.cfg.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := q.rows.flush(fctx); err != nil {
+				q.log.Error("final flush of worker heartbeats failed", "err", err)
+			}
+			return
+		case <-t.C:
+			if err := q.rows.flush(ctx); err != nil {
+				q.metrics.storeErrors.Inc()
+				q.log.Error("flush of worker heartbeats failed; will retry", "err", err)
+			}
+		}
+	}
+}
+
+func (q *Queen) runTasks(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case task := <-q.tasks:
+			task(ctx)
+		}
+	}
+}
+
+// enqueue schedules a background hive call; false when the queue is full.
+func (q *Queen) enqueue(task func(context.Context)) bool {
+	select {
+	case q.tasks <- task:
+		return true
+	default:
+		return false
+	}
+}
+
+// onLost is the watchdog: the registry calls it when a pool stayed
+// unhealthy past the grace or went offline. Every live row of the pool
+// becomes FAILED.
+func (q *Queen) onLost(poolID, reason string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, id := range q.rows.livePoolRows(poolID) {
+		_, _, err := q.rows.apply(ctx, id, rowChange{to: rowFailed, reason: "lost: " + reason, actor: registry.ActorQueen, action: "worker.lost",
+			meta: map[string]any{"watchdog": true}})
+		if err != nil && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrRowEnded) {
+			q.metrics.storeErrors.Inc()
+			q.log.Error("watchdog cannot fail lifecycle row", "lifecycle_id", id, "pool_id", poolID, "err", err)
+		}
+	}
+}
+
+// StartRequest asks for a new worker.
+type StartRequest struct {
+	Model  string
+	PoolID string // "" lets the Placer choose
+	GPU    *int
+	Reason string
+	Actor  string
+	Owner  string // OwnerOperator or OwnerQueen
+}
+
+// StartWorker writes a STARTING row, then asks the hive to start the worker
+// with the row's lifecycle id. A hive that refuses leaves the row FAILED
+// with its answer as the reason, and the refusal is returned.
+func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, error) {
+	var pool registry.Pool
+	if req.PoolID != "" {
+		p, ok := q.reg.Get(req.PoolID)
+		if !ok {
+			return store.Row{}, fmt.Errorf("%w: %s", registry.ErrNotFound, req.PoolID)
+		}
+		if p.Status != registry.Healthy {
+			return store.Row{}, fmt.Errorf("%w: pool %s is %s", ErrPoolUnavailable, p.ID, p.Status)
+		}
+		pool = p
+	} else {
+		p, err := q.cfg.Placer.Place(q.reg.Query(registry.Filter{}), PlaceRequest{Model: req.Model, GPU: req.GPU})
+		if err != nil {
+			return store.Row{}, err
+		}
+		pool = p
+	}
+	now := micro(time.Now())
+	row := store.Row{ID: newLifecycleID(), PoolID: pool.ID, ModelRef: req.Model, GPUDevice: req.GPU,
+		Status: rowStarting, Reason: req.Reason, Owner: req.Owner, CreatedAt: now}
+	meta := map[string]any{"pool_id": pool.ID, "model_ref": req.Model, "owner": req.Owner}
+	if req.GPU != nil {
+		meta["gpu_device"] = *req.GPU
+	}
+	if err := q.rows.create(ctx, row, req.Actor, meta); err != nil {
+		return store.Row{}, err
+	}
+	resp, err := q.hives.StartWorker(ctx, pool.Endpoint, api.StartWorkerRequest{ModelRef: req.Model, GPUDevice: req.GPU, LifecycleID: row.ID})
+	// The row's fate no longer depends on the caller waiting for it.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err != nil {
+		failed, _, ferr := q.rows.apply(wctx, row.ID, rowChange{to: rowFailed, reason: "start refused: " + err.Error(),
+			actor: registry.ActorQueen, action: "worker.start_failed"})
+		if ferr != nil && !errors.Is(ferr, ErrRefused) && !errors.Is(ferr, ErrRowEnded) {
+			q.log.Error("cannot record failed start", "lifecycle_id", row.ID, "err", ferr)
+		}
+		q.log.Warn("hive refused to start worker", "lifecycle_id", row.ID, "pool_id", pool.ID, "model_ref", req.Model, "err", err)
+		_ = failed
+		return store.Row{}, fmt.Errorf("start %s on pool %s (lifecycle row %s is FAILED): %w", req.Model, pool.ID, row.ID, err)
+	}
+	started, _, err := q.rows.apply(wctx, row.ID, rowChange{reason: "hive accepted the start", actor: registry.ActorQueen, action: "worker.spawned",
+		meta: map[string]any{"hive_status": resp.Status},
+		set: func(r *store.Row) {
+			if r.WorkerID == "" {
+				r.WorkerID = resp.WorkerID
+			}
+			if r.StartedAt == nil {
+				r.StartedAt = &now
+			}
+		}})
+	switch {
+	case errors.Is(err, ErrRowEnded):
+		// The worker already ended (a fast failure event won the race).
+		return q.rows.get(wctx, row.ID)
+	case err != nil:
+		return store.Row{}, err
+	}
+	return started, nil
+}
+
+// StopWorker asks the hive to stop the row's worker and marks the row
+// DRAINING. A worker its hive no longer knows is lost: its row is FAILED.
+func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, actor string) (store.Row, error) {
+	row, err := q.rows.get(ctx, id)
+	if err != nil {
+		return store.Row{}, err
+	}
+	if rowTerminal(row.Status) {
+		return row, fmt.Errorf("%w: %s is %s (%s)", ErrRowEnded, id, row.Status, row.Reason)
+	}
+	if row.WorkerID == "" {
+		return row, fmt.Errorf("%w: %s; retry in a moment", ErrNotStarted, id)
+	}
+	pool, ok := q.reg.Get(row.PoolID)
+	if !ok || pool.Status == registry.Offline {
+		return row, fmt.Errorf("%w: pool %s of %s is gone; its row fails when the watchdog notices", ErrPoolUnavailable, row.PoolID, id)
+	}
+	err = q.hives.StopWorker(ctx, pool.Endpoint, row.WorkerID, api.StopWorkerRequest{Drain: drain})
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	switch {
+	case hiveCode(err, "worker_not_found"):
+		r, _, aerr := q.rows.apply(wctx, id, rowChange{to: rowFailed, reason: "lost: the hive does not know worker " + row.WorkerID,
+			actor: registry.ActorQueen, action: "worker.lost"})
+		if aerr != nil {
+			return q.rows.get(wctx, id)
+		}
+		return r, nil
+	case hiveCode(err, "worker_ended"):
+		return q.rows.get(wctx, id) // its final event is on the way
+	case err != nil:
+		return row, fmt.Errorf("stop %s on pool %s: %w", id, row.PoolID, err)
+	}
+	r, _, err := q.rows.apply(wctx, id, rowChange{to: rowDraining, reason: reason, actor: actor, action: "worker.stop",
+		meta: map[string]any{"drain": drain}, always: true})
+	if errors.Is(err, ErrRowEnded) || errors.Is(err, ErrRefused) {
+		return q.rows.get(wctx, id) // it ended meanwhile
+	}
+	return r, err
+}
+
+// heartbeat renews the pool's lease and reconciles its workers with the
+// rows.
+func (q *Queen) heartbeat(ctx context.Context, poolID string, hb api.Heartbeat) error {
+	beat, err := q.reg.Heartbeat(ctx, poolID, hb)
+	if err != nil {
+		return err
+	}
+	q.reconcile(ctx, poolID, beat, hb.Workers)
+	return nil
+}
+
+// reconcile decides under the rows' lock (reconcile is pure) and acts
+// after: row changes go through apply, which checks each again.
+func (q *Queen) reconcile(ctx context.Context, poolID string, beat registry.Beat, workers []api.Worker) {
+	now := time.Now()
+	b := q.rows
+	b.mu.Lock()
+	rows := b.poolRowsLocked(poolID)
+	misses := make(map[string]int, len(rows))
+	for _, r := range rows {
+		if n, ok := b.misses[r.ID]; ok {
+			misses[r.ID] = n
+		}
+	}
+	plan := reconcile(reconcileInput{FullInventory: beat.FullInventory, RegisteredAt: beat.RegisteredAt,
+		Workers: workers, Rows: rows, Misses: misses})
+	for _, id := range plan.Seen {
+		b.touchLocked(id, now)
+	}
+	for id, n := range plan.Misses {
+		b.misses[id] = n
+	}
+	b.mu.Unlock()
+	if beat.FullInventory {
+		q.log.Info("pool inventory reconciled", "pool_id", poolID, "workers", len(workers), "rows", len(rows),
+			"adopted", len(plan.Seen), "lost", len(plan.Lost), "unknown", len(plan.Unknown))
+	}
+
+	if len(plan.Sync) == 0 && len(plan.Lost) == 0 && len(plan.Unknown) == 0 {
+		return
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	actor := "hive:" + poolID
+	for _, s := range plan.Sync {
+		w := s.Worker
+		_, _, err := b.apply(wctx, s.ID, rowChange{to: s.To, reason: fmt.Sprintf("reconciled: the hive reports %s (%s)", w.Status, w.Reason),
+			actor: actor, action: "worker.reconcile", set: func(r *store.Row) { fillFromWorker(r, w) }})
+		if err != nil && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrRowEnded) {
+			q.metrics.storeErrors.Inc()
+			q.log.Error("cannot reconcile lifecycle row", "lifecycle_id", s.ID, "err", err)
+		}
+	}
+	for _, l := range plan.Lost {
+		_, _, err := b.apply(wctx, l.ID, rowChange{to: rowFailed, reason: l.Reason, actor: registry.ActorQueen, action: "worker.lost"})
+		if err != nil && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrRowEnded) {
+			q.metrics.storeErrors.Inc()
+			q.log.Error("cannot fail lost lifecycle row", "lifecycle_id", l.ID, "err", err)
+		}
+	}
+	for _, u := range plan.Unknown {
+		q.stopUnknown(wctx, poolID, u)
+	}
+}
+
+// stopUnknown asks the hive to stop a live worker that has no live row,
+// once per heartbeat timeout, and audits it.
+func (q *Queen) stopUnknown(ctx context.Context, poolID string, u unknownWorker) {
+	k := workerKey{poolID, u.Worker.WorkerID}
+	if u.Worker.Status == string(lifecycle.Draining) || !q.rows.markStopping(k, time.Now(), q.cfg.HeartbeatTimeout) {
+		return
+	}
+	pool, ok := q.reg.Get(poolID)
+	if !ok {
+		q.rows.unmarkStopping(k)
+		return
+	}
+	target := poolID + "/" + u.Worker.WorkerID
+	err := q.st.Update(ctx, func(tx *store.Tx) error {
+		_, err := tx.Append(store.AuditEntry{Actor: registry.ActorQueen, Action: "worker.stop_unknown", Target: target,
+			Reason: "live worker without a live lifecycle row: " + u.Why,
+			Metadata: map[string]any{"pool_id": poolID, "worker_id": u.Worker.WorkerID, "lifecycle_id": u.Worker.LifecycleID,
+				"model_ref": u.Worker.ModelRef, "status": u.Worker.Status}})
+		return err
+	})
+	if err != nil {
+		q.rows.unmarkStopping(k)
+		q.metrics.storeErrors.Inc()
+		q.log.Error("cannot audit stop of unknown worker; not stopping it now", "pool_id", poolID, "worker_id", u.Worker.WorkerID, "err", err)
+		return
+	}
+	q.log.Warn("stopping worker without a live lifecycle row", "pool_id", poolID, "worker_id", u.Worker.WorkerID,
+		"lifecycle_id", u.Worker.LifecycleID, "why", u.Why)
+	ok = q.enqueue(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, q.cfg.HiveTimeout)
+		defer cancel()
+		if err := q.hives.StopWorker(ctx, pool.Endpoint, u.Worker.WorkerID, api.StopWorkerRequest{}); err != nil && !hiveCode(err, "worker_not_found") && !hiveCode(err, "worker_ended") {
+			q.rows.unmarkStopping(k) // the next heartbeat tries again
+			q.log.Warn("cannot stop unknown worker; will retry", "pool_id", poolID, "worker_id", u.Worker.WorkerID, "err", err)
+			return
+		}
+		q.metrics.unknownStopped.Inc()
+	})
+	if !ok {
+		q.rows.unmarkStopping(k)
+		q.log.Warn("task queue full; unknown worker stop deferred", "pool_id", poolID, "worker_id", u.Worker.WorkerID)
+	}
+}
+
+// event applies one worker transition pushed by a hive.
+func (q *Queen) event(ctx context.Context, ev api.WorkerEvent) (api.EventAck, error) {
+	pool, ok := q.reg.Get(ev.PoolID)
+	if !ok {
+		return api.EventAck{}, fmt.Errorf("%w: %s", registry.ErrNotFound, ev.PoolID)
+	}
+	if pool.Status == registry.Offline {
+		return api.EventAck{}, fmt.Errorf("%w: %s", registry.ErrOffline, ev.PoolID)
+	}
+	w := ev.Worker
+	if w.WorkerID == "" {
+		w.WorkerID = ev.WorkerID
+	}
+	w.Status = ev.To
+	q.reg.UpdateWorker(ev.PoolID, w)
+
+	lid := ev.LifecycleID
+	if lid == "" {
+		lid = w.LifecycleID
+	}
+	id, ok := q.rows.lookup(ev.PoolID, lid, ev.WorkerID)
+	to := lifecycle.State(ev.To)
+	if !ok {
+		if lid != "" {
+			if row, err := q.rows.get(ctx, lid); err == nil && row.PoolID == ev.PoolID {
+				// An event for an ended row (e.g. the final "failed" of
+				// a worker the watchdog already wrote off).
+				q.log.Info("event for an ended lifecycle row ignored", "lifecycle_id", lid, "status", row.Status, "to", ev.To)
+				return api.EventAck{Applied: false, Message: fmt.Sprintf("lifecycle row %s is %s", lid, row.Status)}, nil
+			}
+		}
+		if !to.Terminal() {
+			why := "no lifecycle row"
+			if lid != "" {
+				why = fmt.Sprintf("no live lifecycle row %s", lid)
+			}
+			q.stopUnknown(ctx, ev.PoolID, unknownWorker{Worker: w, Why: why})
+		}
+		return api.EventAck{Applied: false, Message: "no live lifecycle row for worker " + ev.WorkerID}, nil
+	}
+	_, changed, err := q.rows.apply(ctx, id, rowChange{to: to.Status(), reason: ev.Reason, actor: "hive:" + ev.PoolID,
+		action: "worker." + lowerStatus(to.Status()), fromHive: true, meta: map[string]any{"event_from": ev.From, "event_to": ev.To},
+		set: func(r *store.Row) {
+			fillFromWorker(r, w)
+			if to.Terminal() && r.StoppedAt == nil && !ev.At.IsZero() {
+				at := micro(ev.At)
+				r.StoppedAt = &at
+			}
+			if to.Serving() && r.ReadyAt == nil && !ev.At.IsZero() {
+				at := micro(ev.At)
+				r.ReadyAt = &at
+			}
+		}})
+	switch {
+	case errors.Is(err, ErrRefused), errors.Is(err, ErrRowEnded):
+		return api.EventAck{Applied: false, Message: err.Error()}, nil
+	case err != nil:
+		return api.EventAck{}, err
+	}
+	return api.EventAck{Applied: changed}, nil
+}
+
+func lowerStatus(s lifecycle.Status) string {
+	switch s {
+	case rowStarting:
+		return "starting"
+	case rowRunning:
+		return "running"
+	case rowDraining:
+		return "draining"
+	case rowStopped:
+		return "stopped"
+	default:
+		return "failed"
+	}
+}

@@ -1,0 +1,544 @@
+package queen
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+func TestRegisterHeartbeatAndQuery(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		x := startOn(t, b)
+		x.register("a")
+		x.register("b")
+		x.beat("a", worker("w1", "", "ready"))
+		var list api.PoolList
+		x.ok("GET", "/v2/pools?status=healthy&model=tiny", nil, http.StatusOK, &list)
+		if len(list.Pools) != 1 || list.Pools[0].PoolID != "a" {
+			t.Fatalf("healthy pools with tiny: %+v", list.Pools)
+		}
+		x.ok("GET", "/v2/pools?min_vram_bytes=5000000000", nil, http.StatusOK, &list)
+		if len(list.Pools) != 0 {
+			t.Errorf("pools with 5 GB free: %+v, want none", list.Pools)
+		}
+		x.ok("GET", "/v2/pools", nil, http.StatusOK, &list)
+		if len(list.Pools) != 2 {
+			t.Errorf("all pools: %d, want 2", len(list.Pools))
+		}
+		if diff := cmp.Diff([]string{"pool.register"}, x.audit("a")); diff != "" {
+			t.Errorf("audit of a (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// The row exists, STARTING, before the hive is asked, and the hive gets
+// its lifecycle id.
+func TestAdminStartWritesRowBeforeAskingHive(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		x := startOn(t, b)
+		var seen []store.Row
+		x.hive.onStart = func(req api.StartWorkerRequest) {
+			if err := x.q.st.View(t.Context(), func(tx *store.Tx) error {
+				r, err := tx.Row(req.LifecycleID)
+				seen = append(seen, r)
+				return err
+			}); err != nil {
+				t.Errorf("hive asked to start %q before its row exists: %v", req.LifecycleID, err)
+			}
+		}
+		x.register("a")
+		resp := x.start("tiny", "a")
+		if !strings.HasPrefix(resp.LifecycleID, "wk-") {
+			t.Fatalf("lifecycle id %q", resp.LifecycleID)
+		}
+		if len(seen) != 1 || seen[0].Status != rowStarting || seen[0].Owner != OwnerOperator || seen[0].Reason != "test" {
+			t.Fatalf("row at hive start: %+v", seen)
+		}
+		r := x.row(resp.LifecycleID)
+		if r.Status != "STARTING" || r.WorkerID != "worker-1" || r.StartedAt == nil {
+			t.Errorf("row after the hive accepted: %+v", r)
+		}
+		if diff := cmp.Diff([]string{"worker.start", "worker.spawned"}, x.audit(resp.LifecycleID)); diff != "" {
+			t.Errorf("audit (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestHiveRefusalFailsTheRow(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	x.hive.set(&HiveError{Status: http.StatusInsufficientStorage, Code: "insufficient_memory", Message: "model needs 9 GiB"}, nil)
+	status, body := x.do("POST", "/api/admin/workers", "", api.AdminWorkerRequest{Action: "start", Model: "big", PoolID: "a", Reason: "try"})
+	if status != http.StatusInsufficientStorage || !strings.Contains(string(body), "insufficient_memory") {
+		t.Fatalf("start refused by the hive: %d %s", status, body)
+	}
+	rows := x.storeRows()
+	if len(rows) != 1 || rows[0].Status != rowFailed || !strings.Contains(rows[0].Reason, "model needs 9 GiB") || rows[0].StoppedAt == nil {
+		t.Fatalf("rows after a refused start: %+v", rows)
+	}
+	if diff := cmp.Diff([]string{"worker.start", "worker.start_failed"}, x.audit(rows[0].ID)); diff != "" {
+		t.Errorf("audit (-want +got):\n%s", diff)
+	}
+}
+
+func TestStartOnUnavailablePoolWritesNothing(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	x.ok("POST", "/v2/pools/a/drain", nil, http.StatusOK, nil)
+	for _, tc := range []struct {
+		pool   string
+		status int
+		code   string
+	}{
+		{"a", http.StatusConflict, "pool_unavailable"},
+		{"nope", http.StatusNotFound, "pool_not_found"},
+		{"", http.StatusServiceUnavailable, "no_pool_available"},
+	} {
+		status, body := x.do("POST", "/api/admin/workers", "", api.AdminWorkerRequest{Action: "start", Model: "tiny", PoolID: tc.pool, Reason: "x"})
+		if status != tc.status || !strings.Contains(string(body), tc.code) {
+			t.Errorf("start on %q: %d %s, want %d %s", tc.pool, status, body, tc.status, tc.code)
+		}
+	}
+	if rows := x.storeRows(); len(rows) != 0 {
+		t.Errorf("refused starts left rows: %+v", rows)
+	}
+}
+
+func TestEventsDriveTheRow(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		x := startOn(t, b)
+		x.register("a")
+		id := x.start("tiny", "a").LifecycleID
+		ev := func(from, to, reason string) api.EventAck {
+			w := worker("worker-1", id, to)
+			if to == "failed" || to == "stopped" {
+				code := 0
+				w.ExitCode = &code
+			}
+			return x.event(api.WorkerEvent{PoolID: "a", WorkerID: "worker-1", LifecycleID: id, From: from, To: to, Reason: reason, At: time.Now(), Worker: w})
+		}
+		ev("", "starting", "spawned")
+		if r := x.row(id); r.Status != "STARTING" || r.PID == nil || *r.PID != 100 {
+			t.Errorf("after starting: %+v", r)
+		}
+		ev("starting", "ready", "ready callback")
+		r := x.row(id)
+		if r.Status != "RUNNING" || r.ReadyAt == nil || r.URI != "http://127.0.0.1:8001" || r.VRAMBytes != 1<<20 {
+			t.Errorf("after ready: %+v", r)
+		}
+		ev("ready", "busy", "request")
+		ev("busy", "ready", "idle")
+		ev("ready", "degraded", "missed health check")
+		ev("degraded", "ready", "recovered")
+		var stopResp api.AdminWorkerResponse
+		x.ok("POST", "/api/admin/workers", api.AdminWorkerRequest{Action: "stop", LifecycleID: id, Drain: true, Reason: "scale down"}, http.StatusAccepted, &stopResp)
+		if stopResp.Worker.Status != "DRAINING" {
+			t.Errorf("after stop: %+v", stopResp.Worker)
+		}
+		ev("ready", "busy", "a request still in flight") // the stop had not reached it yet
+		ev("busy", "draining", "drain requested")
+		ev("draining", "stopped", "exit code 0")
+		r = x.row(id)
+		if r.Status != "STOPPED" || r.StoppedAt == nil || r.ExitCode == nil || *r.ExitCode != 0 || r.Reason != "exit code 0" {
+			t.Errorf("after stopped: %+v", r)
+		}
+		want := []string{"worker.start", "worker.spawned", "worker.starting", "worker.running", "worker.stop", "worker.stopped"}
+		if diff := cmp.Diff(want, x.audit(id)); diff != "" {
+			t.Errorf("audit (-want +got):\n%s", diff)
+		}
+		if n := x.logs.count("refused lifecycle transition", nil); n != 0 {
+			t.Errorf("%d refused transitions in a clean life", n)
+		}
+	})
+}
+
+func TestFailedEventKeepsExitCode(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	id := x.start("tiny", "a").LifecycleID
+	w := worker("worker-1", id, "failed")
+	code := 137
+	w.ExitCode = &code
+	x.event(api.WorkerEvent{PoolID: "a", WorkerID: "worker-1", LifecycleID: id, From: "starting", To: "failed", Reason: "killed by signal 9", At: time.Now(), Worker: w})
+	r := x.row(id)
+	if r.Status != "FAILED" || r.ExitCode == nil || *r.ExitCode != 137 || r.Reason != "killed by signal 9" {
+		t.Errorf("failed row: %+v", r)
+	}
+}
+
+// A transition against the table is refused, logged, counted, and answered
+// 200 (the hive must not retry it forever).
+func TestRefusedTransitionIsLoggedAndCounted(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	id := x.start("tiny", "a").LifecycleID
+	ack := x.event(api.WorkerEvent{PoolID: "a", WorkerID: "worker-1", LifecycleID: id, From: "draining", To: "stopped", Reason: "?", Worker: worker("worker-1", id, "stopped")})
+	if ack.Applied || !strings.Contains(ack.Message, "STARTING → STOPPED") {
+		t.Errorf("ack %+v", ack)
+	}
+	if r := x.row(id); r.Status != "STARTING" {
+		t.Errorf("row after a refused transition: %s", r.Status)
+	}
+	x.logs.wait(t, 0, "refused lifecycle transition", map[string]string{"lifecycle_id": id, "from": "STARTING", "to": "STOPPED"})
+	_, body := x.do("GET", "/metrics", "", nil)
+	if !strings.Contains(string(body), "apiary_queen_row_transitions_refused_total 1") {
+		t.Errorf("refusal not counted:\n%s", grep(string(body), "refused"))
+	}
+}
+
+func TestStopNeedsReasonAndALiveRow(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	id := x.start("tiny", "a").LifecycleID
+	for _, tc := range []struct {
+		req    api.AdminWorkerRequest
+		status int
+		code   string
+	}{
+		{api.AdminWorkerRequest{Action: "stop", LifecycleID: id}, 400, "reason is required"},
+		{api.AdminWorkerRequest{Action: "stop", LifecycleID: id, Reason: "  "}, 400, "reason is required"},
+		{api.AdminWorkerRequest{Action: "stop", LifecycleID: "wk-0000000000000000", Reason: "x"}, 404, "worker_not_found"},
+		{api.AdminWorkerRequest{Action: "stop", LifecycleID: "../etc", Reason: "x"}, 400, "lifecycle id"},
+		{api.AdminWorkerRequest{Action: "start", Model: "tiny"}, 400, "reason is required"},
+		{api.AdminWorkerRequest{Action: "start", Model: "../x", Reason: "x"}, 400, "not a model ref"},
+		{api.AdminWorkerRequest{Action: "stop", LifecycleID: id, Model: "tiny", Reason: "x"}, 400, "belong to action start"},
+		{api.AdminWorkerRequest{Action: "restart", Reason: "x"}, 400, "want start or stop"},
+	} {
+		status, body := x.do("POST", "/api/admin/workers", "", tc.req)
+		if status != tc.status || !strings.Contains(string(body), tc.code) {
+			t.Errorf("%+v: %d %s, want %d %q", tc.req, status, body, tc.status, tc.code)
+		}
+	}
+	if diff := cmp.Diff([]string{"worker.start", "worker.spawned"}, x.audit(id)); diff != "" {
+		t.Errorf("refused requests changed the audit (-want +got):\n%s", diff)
+	}
+	// A worker the hive no longer knows is lost.
+	x.hive.set(nil, &HiveError{Status: 404, Code: "worker_not_found", Message: "gone"})
+	var resp api.AdminWorkerResponse
+	x.ok("POST", "/api/admin/workers", api.AdminWorkerRequest{Action: "stop", LifecycleID: id, Reason: "x"}, http.StatusAccepted, &resp)
+	if resp.Worker.Status != "FAILED" || !strings.HasPrefix(resp.Worker.Reason, "lost:") {
+		t.Errorf("stop of a worker the hive forgot: %+v", resp.Worker)
+	}
+	status, body := x.do("POST", "/api/admin/workers", "", api.AdminWorkerRequest{Action: "stop", LifecycleID: id, Reason: "x"})
+	if status != http.StatusConflict || !strings.Contains(string(body), "worker_ended") {
+		t.Errorf("stop of an ended row: %d %s", status, body)
+	}
+}
+
+// A hive that registers again reports its whole inventory: matching
+// workers are adopted, rows without a worker are lost, workers without a
+// live row are stopped and audited.
+func TestReRegistrationReconciles(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		x := startOn(t, b)
+		x.register("a")
+		alive := x.start("tiny", "a").LifecycleID
+		gone := x.start("tiny", "a").LifecycleID
+		ended := x.start("tiny", "a").LifecycleID
+		x.event(api.WorkerEvent{PoolID: "a", WorkerID: "worker-3", LifecycleID: ended, From: "starting", To: "failed", Reason: "crash", Worker: worker("worker-3", ended, "failed")})
+
+		x.register("a") // the hive restarted
+		x.beat("a", worker("worker-1", alive, "ready"), worker("worker-9", "", "ready"), worker("worker-3", ended, "ready"))
+
+		if r := x.row(alive); r.Status != "RUNNING" || r.LastHeartbeatAt == nil {
+			t.Errorf("adopted row: %+v", r)
+		}
+		if r := x.row(gone); r.Status != "FAILED" || !strings.HasPrefix(r.Reason, "lost") {
+			t.Errorf("row of a missing worker: %+v", r)
+		}
+		stopped := map[string]bool{x.hive.waitStop(t): true, x.hive.waitStop(t): true}
+		if !stopped["worker-9"] || !stopped["worker-3"] {
+			t.Errorf("stopped %v, want worker-9 (no row) and worker-3 (ended row)", stopped)
+		}
+		if diff := cmp.Diff([]string{"worker.stop_unknown"}, x.audit("a/worker-9")); diff != "" {
+			t.Errorf("audit of the unknown worker (-want +got):\n%s", diff)
+		}
+		x.logs.wait(t, 0, "pool inventory reconciled", map[string]string{"pool_id": "a", "adopted": "1", "lost": "1", "unknown": "2"})
+		// The next heartbeat does not stop them again.
+		x.beat("a", worker("worker-1", alive, "ready"), worker("worker-9", "", "ready"))
+		select {
+		case id := <-x.hive.stopped:
+			t.Errorf("stopped %s again within the window", id)
+		default:
+		}
+	})
+}
+
+func TestMissingFromTwoHeartbeatsIsLost(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	x.beat("a")
+	id := x.start("tiny", "a").LifecycleID
+	x.beat("a", worker("worker-1", id, "ready"))
+	x.beat("a")
+	if r := x.row(id); r.Status != "RUNNING" {
+		t.Fatalf("after one miss: %s, want RUNNING", r.Status)
+	}
+	x.beat("a")
+	if r := x.row(id); r.Status != "FAILED" || r.Reason != "lost: missing from 2 heartbeats in a row" {
+		t.Errorf("after two misses: %+v", r)
+	}
+}
+
+// A start whose answer has not come back yet is not lost by a heartbeat
+// that crossed it.
+func TestStartInFlightIsNotLost(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	x.beat("a")
+	var id string
+	x.hive.onStart = func(req api.StartWorkerRequest) {
+		id = req.LifecycleID
+		x.beat("a")
+		x.beat("a")
+		x.beat("a")
+	}
+	x.start("tiny", "a")
+	if r := x.row(id); r.Status != "STARTING" {
+		t.Errorf("row of a start in flight: %+v", r)
+	}
+}
+
+// The watchdog: rows of a pool unhealthy past the grace become FAILED.
+func TestWatchdogFailsRowsOfSilentPool(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "", func(c *Config) {
+		c.HeartbeatTimeout, c.UnhealthyGrace = 200*time.Millisecond, 200*time.Millisecond
+	})
+	x.register("a")
+	id := x.start("tiny", "a").LifecycleID
+	x.event(api.WorkerEvent{PoolID: "a", WorkerID: "worker-1", LifecycleID: id, From: "starting", To: "ready", Worker: worker("worker-1", id, "ready")})
+	_, next := x.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "a", "to": "unhealthy"})
+	if r := x.row(id); r.Status != "RUNNING" {
+		t.Errorf("row during the grace: %s", r.Status)
+	}
+	x.logs.wait(t, next, "lifecycle row changed", map[string]string{"lifecycle_id": id, "to": "FAILED"})
+	r := x.row(id)
+	if !strings.HasPrefix(r.Reason, "lost: pool unhealthy for") {
+		t.Errorf("watchdog reason %q", r.Reason)
+	}
+	if diff := cmp.Diff([]string{"pool.register", "pool.unhealthy"}, x.audit("a")); diff != "" {
+		t.Errorf("pool audit (-want +got):\n%s", diff)
+	}
+}
+
+func TestDrainDeregisterAndComeBack(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	id := x.start("tiny", "a").LifecycleID
+	var p api.Pool
+	x.ok("POST", "/v2/pools/a/drain", `{"reason":"maintenance"}`, http.StatusOK, &p)
+	if p.Status != "draining" || !p.Drained {
+		t.Errorf("drained pool: %+v", p)
+	}
+	x.beat("a", worker("worker-1", id, "ready"))
+	x.ok("DELETE", "/v2/pools/a", nil, http.StatusOK, &p)
+	if p.Status != "offline" {
+		t.Errorf("deregistered pool: %+v", p)
+	}
+	if r := x.row(id); r.Status != "FAILED" || !strings.Contains(r.Reason, "deregistered") {
+		t.Errorf("row of a deregistered pool: %+v", r)
+	}
+	status, body := x.do("POST", "/v2/pools/a/heartbeat", "", api.Heartbeat{})
+	if status != http.StatusGone || !strings.Contains(string(body), "pool_offline") {
+		t.Errorf("heartbeat of an offline pool: %d %s", status, body)
+	}
+	x.register("a")
+	if p := x.pool("a"); p.Status != "healthy" || p.Drained {
+		t.Errorf("re-registered pool: %+v", p)
+	}
+	want := []string{"pool.register", "pool.drain", "pool.offline", "pool.register"}
+	if diff := cmp.Diff(want, x.audit("a")); diff != "" {
+		t.Errorf("pool audit (-want +got):\n%s", diff)
+	}
+}
+
+// A queen restart keeps every row and every pool, and the pools stay
+// healthy while their hives beat.
+func TestRestartKeepsRowsAndPools(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		dir, url := b.new(t)
+		x := startQueen(t, dir, url)
+		x.register("a")
+		x.register("b")
+		running := x.start("tiny", "a").LifecycleID
+		x.event(api.WorkerEvent{PoolID: "a", WorkerID: "worker-1", LifecycleID: running, From: "starting", To: "ready", Worker: worker("worker-1", running, "ready")})
+		x.beat("a", worker("worker-1", running, "ready"))
+		failed := x.start("tiny", "b").LifecycleID
+		x.event(api.WorkerEvent{PoolID: "b", WorkerID: "worker-2", LifecycleID: failed, From: "starting", To: "failed", Reason: "crash", Worker: worker("worker-2", failed, "failed")})
+		before := x.storeRows()
+		x.q.Close()
+
+		y := startQueen(t, dir, url)
+		// The final flush of a stopping queen writes the last heartbeat
+		// times; everything else is as it was.
+		ignoreBeat := cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".LastHeartbeatAt" }, cmp.Ignore())
+		if diff := cmp.Diff(before, y.storeRows(), ignoreBeat); diff != "" {
+			t.Errorf("rows after restart (-before +after):\n%s", diff)
+		}
+		if r := y.row(running); r.LastHeartbeatAt == nil {
+			t.Errorf("last heartbeat of the running row was not kept: %+v", r)
+		}
+		for _, id := range []string{"a", "b"} {
+			if p := y.pool(id); p.Status != "healthy" {
+				t.Errorf("pool %s after restart: %s", id, p.Status)
+			}
+		}
+		y.beat("a", worker("worker-1", running, "ready"))
+		y.beat("b")
+		if r := y.row(running); r.Status != "RUNNING" {
+			t.Errorf("running row after the first heartbeat: %+v", r)
+		}
+		y.logs.wait(t, 0, "pool inventory reconciled", map[string]string{"pool_id": "a", "adopted": "1", "lost": "0"})
+	})
+}
+
+func TestTokens(t *testing.T) {
+	tokens := Tokens{API: "api-t", Admin: "admin-t", Cluster: "cluster-t"}
+	x := startQueen(t, sqliteDir(t), "", func(c *Config) { c.Tokens = tokens })
+	reg := api.RegisterPool{PoolID: "a", Endpoint: "http://127.0.0.1:1"}
+	for _, tc := range []struct {
+		method, path, token string
+		body                any
+		want                int
+	}{
+		{"GET", "/health", "", nil, 200},
+		{"GET", "/metrics", "", nil, 200},
+		{"POST", "/v2/pools/register", "", reg, 401},
+		{"POST", "/v2/pools/register", "admin-t", reg, 401},
+		{"POST", "/v2/pools/register", "api-t", reg, 401},
+		{"POST", "/v2/pools/register", "cluster-t", reg, 200},
+		{"GET", "/v2/pools", "", nil, 401},
+		{"GET", "/v2/pools", "admin-t", nil, 200},
+		{"GET", "/v2/pools", "cluster-t", nil, 200},
+		{"POST", "/v2/pools/a/drain", "api-t", nil, 401},
+		{"GET", "/api/admin/workers", "cluster-t", nil, 401},
+		{"GET", "/api/admin/workers", "admin-t", nil, 200},
+		{"GET", "/api/admin/audit", "admin-tx", nil, 401},
+		{"GET", "/api/admin/audit", "admin-t", nil, 200},
+		{"POST", "/v2/internal/workers/events", "admin-t", api.WorkerEvent{}, 401},
+	} {
+		status, body := x.do(tc.method, tc.path, tc.token, tc.body)
+		if status != tc.want {
+			t.Errorf("%s %s with %q: %d %s, want %d", tc.method, tc.path, tc.token, status, body, tc.want)
+		}
+		if status == 401 && !strings.Contains(string(body), `"code":"unauthorized"`) {
+			t.Errorf("401 body %s", body)
+		}
+	}
+	x.logs.mu.Lock()
+	logs := x.logs.buf.String()
+	x.logs.mu.Unlock()
+	_, audit := x.do("GET", "/api/admin/audit", "admin-t", nil)
+	for _, secret := range []string{"admin-t", "cluster-t", "api-t"} {
+		if strings.Contains(logs, secret) || strings.Contains(string(audit), secret) {
+			t.Errorf("token %q is in the logs or the audit log", secret)
+		}
+	}
+}
+
+func TestNonLoopbackAddressNeedsAllTokens(t *testing.T) {
+	for _, tc := range []struct {
+		addr   string
+		tokens Tokens
+		ok     bool
+	}{
+		{"127.0.0.1:0", Tokens{}, true},
+		{"[::1]:0", Tokens{}, true},
+		{"localhost:0", Tokens{}, true},
+		{"0.0.0.0:8080", Tokens{}, false},
+		{":8080", Tokens{}, false},
+		{"0.0.0.0:8080", Tokens{Admin: "a", Cluster: "c"}, false},
+		{"0.0.0.0:8080", Tokens{API: "x", Admin: "a", Cluster: "c"}, true},
+	} {
+		_, err := New(Config{Addr: tc.addr, Tokens: tc.tokens, DataDir: t.TempDir()})
+		if (err == nil) != tc.ok {
+			t.Errorf("%s with %+v: err %v, want ok=%v", tc.addr, tc.tokens, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "APIARY_") {
+			t.Errorf("error does not name the missing tokens: %v", err)
+		}
+	}
+}
+
+func TestInputValidation(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "", func(c *Config) { c.MaxBodyBytes = 4096 })
+	x.register("a")
+	big := `{"pool_id":"a","endpoint":"http://x","node_id":"` + strings.Repeat("x", 5000) + `"}`
+	for _, tc := range []struct {
+		method, path string
+		body         any
+		status       int
+		code         string
+	}{
+		{"POST", "/v2/pools/register", `{"pool_id":"a","endpoint":"http://x","extra":1}`, 400, "unknown field"},
+		{"POST", "/v2/pools/register", `{"pool_id":"a b","endpoint":"http://x"}`, 400, "pool_id"},
+		{"POST", "/v2/pools/register", `{"pool_id":"a","endpoint":"ftp://x"}`, 400, "endpoint"},
+		{"POST", "/v2/pools/register", `not json`, 400, "invalid JSON"},
+		{"POST", "/v2/pools/register", ``, 400, "empty"},
+		{"POST", "/v2/pools/register", big, 413, "body_too_large"},
+		{"POST", "/v2/pools/a/heartbeat", `{"gpus":[],"workers":[{"worker_id":"w","status":"sleepy"}]}`, 400, "unknown state"},
+		{"POST", "/v2/pools/a/heartbeat", `{"gpus":[{"id":-1}],"workers":[]}`, 400, "negative"},
+		{"POST", "/v2/pools/nope/heartbeat", `{"gpus":[],"workers":[]}`, 404, "pool_not_found"},
+		{"POST", "/v2/internal/workers/events", `{"pool_id":"a","worker_id":"w","to":"flying"}`, 400, "unknown state"},
+		{"POST", "/v2/internal/workers/events", `{"pool_id":"zz","worker_id":"w","to":"ready"}`, 404, "pool_not_found"},
+		{"GET", "/v2/pools?colour=red", nil, 400, "unknown query parameter"},
+		{"GET", "/v2/pools?status=sleepy", nil, 400, "unknown pool status"},
+		{"GET", "/v2/pools?min_vram_bytes=-1", nil, 400, "min_vram_bytes"},
+		{"GET", "/api/admin/workers?status=WALKING", nil, 400, "lifecycle status"},
+		{"GET", "/api/admin/workers?limit=0", nil, 400, "limit"},
+		{"GET", "/api/admin/audit?since=yesterday", nil, 400, "since"},
+		{"POST", "/api/admin/workers", `{"action":"start","model":"tiny","reason":"x","lifecycle_id":"wk-1"}`, 400, "unknown field"},
+		{"POST", "/v2/pools/a/drain", `{"reason":"x","why":"y"}`, 400, "unknown field"},
+		{"PUT", "/v2/pools", nil, 405, "method_not_allowed"},
+		{"GET", "/v3/everything", nil, 404, "not_found"},
+	} {
+		status, body := x.do(tc.method, tc.path, "", tc.body)
+		if status != tc.status || !strings.Contains(string(body), tc.code) || !strings.HasPrefix(string(body), `{"error":{"code":`) {
+			t.Errorf("%s %s %.60v: %d %s, want %d with %q", tc.method, tc.path, tc.body, status, body, tc.status, tc.code)
+		}
+	}
+	if diff := cmp.Diff([]string{"pool.register"}, x.audit("a")); diff != "" {
+		t.Errorf("bad requests changed the audit (-want +got):\n%s", diff)
+	}
+}
+
+func TestHealthAndMetrics(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	var h api.Health
+	x.ok("GET", "/health", nil, http.StatusOK, &h)
+	if h.Status != "ok" || h.Version == "" {
+		t.Errorf("health %+v", h)
+	}
+	x.register("a")
+	x.beat("a")
+	x.start("tiny", "a")
+	_, body := x.do("GET", "/metrics", "", nil)
+	for _, want := range []string{
+		`apiary_queen_pools{status="healthy"} 1`,
+		`apiary_queen_pools{status="unhealthy"} 0`,
+		`apiary_queen_heartbeats_received_total 1`,
+		`apiary_queen_heartbeat_duration_seconds_count 1`,
+		`apiary_queen_worker_rows{status="STARTING"} 1`,
+		`apiary_queen_pools_registered_total 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+func grep(text, word string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, word) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

@@ -1,0 +1,449 @@
+package queen
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+// The row statuses, short.
+const (
+	rowStarting = lifecycle.StatusStarting
+	rowRunning  = lifecycle.StatusRunning
+	rowDraining = lifecycle.StatusDraining
+	rowStopped  = lifecycle.StatusStopped
+	rowFailed   = lifecycle.StatusFailed
+)
+
+// Row owners.
+const (
+	OwnerQueen    = "queen"    // placed by the queen on demand
+	OwnerOperator = "operator" // started through the admin API
+)
+
+// rowTransitions is the table of lifecycle row statuses, the queen's view
+// of the worker table: STARTING → RUNNING, RUNNING → DRAINING → STOPPED, a
+// start may be stopped before it is ready, and any live row may fail.
+// STOPPED and FAILED are terminal.
+var rowTransitions = map[lifecycle.Status][]lifecycle.Status{
+	rowStarting: {rowRunning, rowDraining, rowFailed},
+	rowRunning:  {rowDraining, rowFailed},
+	rowDraining: {rowStopped, rowFailed},
+	rowStopped:  nil,
+	rowFailed:   nil,
+}
+
+func canRowTransition(from, to lifecycle.Status) bool {
+	return slices.Contains(rowTransitions[from], to)
+}
+
+func rowTerminal(s lifecycle.Status) bool { return s == rowStopped || s == rowFailed }
+
+// newLifecycleID returns a fresh wk-… id.
+func newLifecycleID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "wk-" + hex.EncodeToString(b[:])
+}
+
+// rowChange is one change to a row: its status (to; "" keeps it), why, who
+// and what else to set. Every write of a row goes with an audit entry.
+type rowChange struct {
+	to     lifecycle.Status
+	reason string
+	actor  string
+	action string
+	meta   map[string]any
+	set    func(*store.Row)
+	// fromHive: a worker we are stopping may report serving states until
+	// the stop reaches it; for a DRAINING row that is no news, not a
+	// refused transition.
+	fromHive bool
+	// always audits the change even when the row already is as asked (an
+	// operator's action is on record even when a hive event got there
+	// first).
+	always bool
+}
+
+type workerKey struct{ pool, worker string }
+
+// rowBook owns the lifecycle rows: the only writer of the workers table.
+// Live (non-terminal) rows are indexed in memory; every change goes
+// through apply, which checks the table and writes the row with its audit
+// entry in one transaction before memory changes.
+type rowBook struct {
+	st  *store.Store
+	log *slog.Logger
+	m   *metrics
+
+	mu       sync.Mutex
+	active   map[string]*store.Row          // guarded by mu; live rows by lifecycle id
+	byPool   map[string]map[string]struct{} // guarded by mu; live row ids of each pool
+	byWorker map[workerKey]string           // guarded by mu; (pool, hive worker id) → lifecycle id
+	misses   map[string]int                 // guarded by mu; heartbeats in a row a live row was missing from
+	beats    map[string]time.Time           // guarded by mu; last_heartbeat_at not yet in the store
+	stopping map[workerKey]time.Time        // guarded by mu; rowless workers we asked to stop, and when
+}
+
+func newRowBook(st *store.Store, log *slog.Logger, m *metrics) *rowBook {
+	return &rowBook{st: st, log: log, m: m,
+		active: map[string]*store.Row{}, byPool: map[string]map[string]struct{}{}, byWorker: map[workerKey]string{},
+		misses: map[string]int{}, beats: map[string]time.Time{}, stopping: map[workerKey]time.Time{}}
+}
+
+// load indexes the live rows of the store.
+func (b *rowBook) load(ctx context.Context) error {
+	var rows []store.Row
+	err := b.st.View(ctx, func(tx *store.Tx) (err error) {
+		rows, err = tx.Rows(store.RowFilter{Statuses: []lifecycle.Status{rowStarting, rowRunning, rowDraining}})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("queen: load lifecycle rows: %w", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range rows {
+		b.indexLocked(r)
+	}
+	b.log.Info("loaded live lifecycle rows", "rows", len(rows))
+	return nil
+}
+
+func (b *rowBook) indexLocked(r store.Row) {
+	if old, ok := b.active[r.ID]; ok && old.WorkerID != "" {
+		delete(b.byWorker, workerKey{old.PoolID, old.WorkerID})
+	}
+	if rowTerminal(r.Status) {
+		delete(b.active, r.ID)
+		delete(b.misses, r.ID)
+		delete(b.beats, r.ID)
+		if ids := b.byPool[r.PoolID]; ids != nil {
+			delete(ids, r.ID)
+			if len(ids) == 0 {
+				delete(b.byPool, r.PoolID)
+			}
+		}
+		return
+	}
+	b.active[r.ID] = &r
+	if b.byPool[r.PoolID] == nil {
+		b.byPool[r.PoolID] = map[string]struct{}{}
+	}
+	b.byPool[r.PoolID][r.ID] = struct{}{}
+	if r.WorkerID != "" {
+		b.byWorker[workerKey{r.PoolID, r.WorkerID}] = r.ID
+	}
+}
+
+// create writes a new STARTING row with its audit entry.
+func (b *rowBook) create(ctx context.Context, r store.Row, actor string, meta map[string]any) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	err := b.st.Update(ctx, func(tx *store.Tx) error {
+		if err := tx.InsertRow(r); err != nil {
+			return err
+		}
+		_, err := tx.Append(store.AuditEntry{TS: r.CreatedAt, Actor: actor, Action: "worker.start", Target: r.ID, Reason: r.Reason, Metadata: meta})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("queen: create lifecycle row: %w", err)
+	}
+	b.indexLocked(r)
+	b.m.rowTransitions.WithLabelValues(string(r.Status)).Inc()
+	b.log.Info("lifecycle row created", "lifecycle_id", r.ID, "pool_id", r.PoolID, "model_ref", r.ModelRef, "status", r.Status, "actor", actor)
+	return nil
+}
+
+// get reads a row: live ones from memory, the others from the store.
+func (b *rowBook) get(ctx context.Context, id string) (store.Row, error) {
+	b.mu.Lock()
+	if r, ok := b.active[id]; ok {
+		row := *r
+		b.mu.Unlock()
+		return row, nil
+	}
+	b.mu.Unlock()
+	var row store.Row
+	err := b.st.View(ctx, func(tx *store.Tx) (err error) { row, err = tx.Row(id); return err })
+	if errors.Is(err, store.ErrNotFound) {
+		return row, fmt.Errorf("%w: %s", ErrRowNotFound, id)
+	}
+	return row, err
+}
+
+// lookup finds the live row of a hive's worker: by lifecycle id, or by
+// (pool, worker id).
+func (b *rowBook) lookup(pool, lifecycleID, workerID string) (string, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r, ok := b.active[lifecycleID]; ok && lifecycleID != "" && r.PoolID == pool {
+		return lifecycleID, true
+	}
+	id, ok := b.byWorker[workerKey{pool, workerID}]
+	return id, ok && workerID != ""
+}
+
+// apply is the one transition function of a row. It checks the table
+// (refusals are logged, counted and returned as ErrRefused), leaves ended
+// rows alone (ErrRowEnded), writes the row with its audit entry, and only
+// then changes memory. A change that changes nothing writes nothing.
+func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row, bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var cur store.Row
+	if r, ok := b.active[id]; ok {
+		cur = *r
+	} else {
+		err := b.st.View(ctx, func(tx *store.Tx) (err error) { cur, err = tx.Row(id); return err })
+		if errors.Is(err, store.ErrNotFound) {
+			return cur, false, fmt.Errorf("%w: %s", ErrRowNotFound, id)
+		}
+		if err != nil {
+			return cur, false, err
+		}
+	}
+	to := c.to
+	if to == "" || (c.fromHive && cur.Status == rowDraining && to == rowRunning) {
+		to = cur.Status
+	}
+	if rowTerminal(cur.Status) {
+		if c.always {
+			// The operator's action is on record even though the row
+			// ended before it landed.
+			err := b.st.Update(ctx, func(tx *store.Tx) error {
+				_, err := tx.Append(store.AuditEntry{Actor: c.actor, Action: c.action, Target: id, Reason: c.reason,
+					Metadata: map[string]any{"pool_id": cur.PoolID, "status": string(cur.Status), "note": "the row had already ended"}})
+				return err
+			})
+			if err != nil {
+				return cur, false, fmt.Errorf("queen: audit %s: %w", id, err)
+			}
+			return cur, false, fmt.Errorf("%w: %s is %s", ErrRowEnded, id, cur.Status)
+		}
+		if to != cur.Status {
+			b.refusedLocked(cur, to, c)
+			return cur, false, fmt.Errorf("%w: %s is %s; %s → %s is not in the table", ErrRefused, id, cur.Status, cur.Status, to)
+		}
+		return cur, false, fmt.Errorf("%w: %s is %s", ErrRowEnded, id, cur.Status)
+	}
+	next := cur
+	copyPtrs(&next)
+	if c.set != nil {
+		c.set(&next)
+	}
+	if to != cur.Status {
+		if !canRowTransition(cur.Status, to) {
+			b.refusedLocked(cur, to, c)
+			return cur, false, fmt.Errorf("%w: %s %s → %s is not in the table", ErrRefused, id, cur.Status, to)
+		}
+		next.Status, next.Reason = to, c.reason
+		if rowTerminal(to) && next.StoppedAt == nil {
+			now := micro(time.Now())
+			next.StoppedAt = &now
+		}
+		if to == rowRunning && next.ReadyAt == nil {
+			now := micro(time.Now())
+			next.ReadyAt = &now
+		}
+	}
+	same := reflect.DeepEqual(cur, next)
+	if same && !c.always {
+		return cur, false, nil
+	}
+	meta := map[string]any{"pool_id": next.PoolID}
+	if next.WorkerID != "" {
+		meta["worker_id"] = next.WorkerID
+	}
+	if to != cur.Status {
+		meta["from"], meta["to"] = string(cur.Status), string(to)
+	}
+	maps.Copy(meta, c.meta)
+	err := b.st.Update(ctx, func(tx *store.Tx) error {
+		if !same {
+			if err := tx.UpdateRow(next); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Append(store.AuditEntry{Actor: c.actor, Action: c.action, Target: id, Reason: c.reason, Metadata: meta})
+		return err
+	})
+	if err != nil {
+		return cur, false, fmt.Errorf("queen: write lifecycle row %s: %w", id, err)
+	}
+	b.indexLocked(next)
+	if to != cur.Status {
+		b.m.rowTransitions.WithLabelValues(string(to)).Inc()
+		b.log.Info("lifecycle row changed", "lifecycle_id", id, "pool_id", next.PoolID, "worker_id", next.WorkerID,
+			"from", cur.Status, "to", to, "reason", c.reason, "actor", c.actor)
+	}
+	return next, !same, nil
+}
+
+func (b *rowBook) refusedLocked(cur store.Row, to lifecycle.Status, c rowChange) {
+	b.m.rowRefused.Inc()
+	b.log.Warn("refused lifecycle transition", "lifecycle_id", cur.ID, "pool_id", cur.PoolID, "from", cur.Status, "to", to,
+		"reason", c.reason, "actor", c.actor, "action", c.action)
+}
+
+// copyPtrs gives r its own copies of its pointer fields, so that a change
+// to next never reaches the row in memory.
+func copyPtrs(r *store.Row) {
+	cp := func(p *time.Time) *time.Time {
+		if p == nil {
+			return nil
+		}
+		v := *p
+		return &v
+	}
+	ci := func(p *int) *int {
+		if p == nil {
+			return nil
+		}
+		v := *p
+		return &v
+	}
+	r.StartedAt, r.ReadyAt, r.StoppedAt, r.LastHeartbeatAt = cp(r.StartedAt), cp(r.ReadyAt), cp(r.StoppedAt), cp(r.LastHeartbeatAt)
+	r.GPUDevice, r.PID, r.ExitCode = ci(r.GPUDevice), ci(r.PID), ci(r.ExitCode)
+}
+
+// micro is t as the store keeps it, so that memory and store agree.
+func micro(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
+
+// fillFromWorker copies what the hive knows of a worker into its row.
+func fillFromWorker(r *store.Row, w api.Worker) {
+	if w.WorkerID != "" {
+		r.WorkerID = w.WorkerID
+	}
+	if w.WorkerID != "" && (r.GPUDevice == nil || *r.GPUDevice != w.GPUDevice) {
+		g := w.GPUDevice
+		r.GPUDevice = &g
+	}
+	if w.VRAMBytes != 0 {
+		r.VRAMBytes = w.VRAMBytes
+	}
+	if w.URI != "" {
+		r.URI = w.URI
+	}
+	if w.PID != 0 && (r.PID == nil || *r.PID != w.PID) {
+		p := w.PID
+		r.PID = &p
+	}
+	if r.StartedAt == nil && !w.StartedAt.IsZero() {
+		t := micro(w.StartedAt)
+		r.StartedAt = &t
+	}
+	if r.ReadyAt == nil && w.ReadyAt != nil {
+		t := micro(*w.ReadyAt)
+		r.ReadyAt = &t
+	}
+	if r.StoppedAt == nil && w.StoppedAt != nil {
+		t := micro(*w.StoppedAt)
+		r.StoppedAt = &t
+	}
+	if w.ExitCode != nil && (r.ExitCode == nil || *r.ExitCode != *w.ExitCode) {
+		e := *w.ExitCode
+		r.ExitCode = &e
+	}
+}
+
+// poolRows returns copies of the live rows of pool.
+func (b *rowBook) poolRowsLocked(pool string) []store.Row {
+	ids := b.byPool[pool]
+	out := make([]store.Row, 0, len(ids))
+	for id := range ids {
+		out = append(out, *b.active[id])
+	}
+	return out
+}
+
+// livePoolRows returns the ids of the live rows of pool.
+func (b *rowBook) livePoolRows(pool string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Collect(maps.Keys(b.byPool[pool]))
+}
+
+// touchLocked records that a live row's worker was in a heartbeat.
+func (b *rowBook) touchLocked(id string, at time.Time) {
+	r, ok := b.active[id]
+	if !ok {
+		return
+	}
+	at = micro(at)
+	r.LastHeartbeatAt = &at
+	b.beats[id] = at
+	delete(b.misses, id)
+}
+
+// flush writes pending last_heartbeat_at times.
+func (b *rowBook) flush(ctx context.Context) error {
+	b.mu.Lock()
+	beats := b.beats
+	b.beats = map[string]time.Time{}
+	b.mu.Unlock()
+	if len(beats) == 0 {
+		return nil
+	}
+	err := b.st.Update(ctx, func(tx *store.Tx) error { return tx.TouchRows(beats) })
+	if err != nil {
+		b.mu.Lock()
+		for id, at := range beats {
+			if _, ok := b.active[id]; ok {
+				if cur, ok := b.beats[id]; !ok || cur.Before(at) {
+					b.beats[id] = at
+				}
+			}
+		}
+		b.mu.Unlock()
+		return fmt.Errorf("queen: write worker heartbeats: %w", err)
+	}
+	return nil
+}
+
+// markStopping records that the rowless worker k is being stopped; false
+// when it already was within the last window.
+func (b *rowBook) markStopping(k workerKey, now time.Time, window time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for key, at := range b.stopping {
+		if now.Sub(at) > window {
+			delete(b.stopping, key)
+		}
+	}
+	if _, ok := b.stopping[k]; ok {
+		return false
+	}
+	b.stopping[k] = now
+	return true
+}
+
+func (b *rowBook) unmarkStopping(k workerKey) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.stopping, k)
+}
+
+// counts counts the live rows by status.
+func (b *rowBook) liveCounts() map[lifecycle.Status]int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[lifecycle.Status]int{}
+	for _, r := range b.active {
+		out[r.Status]++
+	}
+	return out
+}

@@ -1,0 +1,605 @@
+// Package registry is the queen's pool registry (POOLREG-19xxx): the hives
+// that registered, what they last reported (devices, workers), and whether
+// each is alive.
+//
+// A pool's liveness is a lease, one timer per pool (the nomad heartbeat
+// design): every heartbeat re-arms it for the heartbeat timeout; when it
+// fires the pool becomes unhealthy and the timer is re-armed for the
+// unhealthy grace, after which the pool's workers are presumed lost
+// (Config.OnLost). A deregistered pool is offline and its timer counts the
+// offline retention, after which the pool is removed. Nothing polls.
+//
+// The registry owns the pools: one mutex guards them, every status change
+// goes through changeLocked (table check, store write with its audit entry,
+// log), and the store is written before memory changes on every request
+// path, so a failed request changes nothing. Heartbeats that change no
+// status touch memory only; Run flushes them to the store in batches.
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+// Sentinel errors.
+var (
+	ErrNotFound = errors.New("registry: pool not found")
+	ErrOffline  = errors.New("registry: pool is offline")
+	ErrClosed   = errors.New("registry: closed")
+)
+
+// Defaults from the contract's timing table.
+const (
+	DefaultHeartbeatTimeout = 30 * time.Second
+	DefaultOfflineRetention = 5 * time.Minute
+	DefaultFlushInterval    = 5 * time.Second
+)
+
+// ActorQueen is the audit actor of the changes the registry decides itself
+// (lease expiry, removal).
+const ActorQueen = "queen"
+
+// Config is what a Registry needs.
+type Config struct {
+	Store            Store
+	HeartbeatTimeout time.Duration // no beat for this long: unhealthy
+	UnhealthyGrace   time.Duration // unhealthy this long: workers lost (default HeartbeatTimeout)
+	OfflineRetention time.Duration // offline this long: removed
+	FlushInterval    time.Duration // heartbeat data reaches the store this often
+	// OnLost is called, outside the registry's lock, when a pool's workers
+	// must be presumed gone: the pool stayed unhealthy past the grace, or
+	// it went offline.
+	OnLost func(poolID, reason string)
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	if c.UnhealthyGrace == 0 {
+		c.UnhealthyGrace = c.HeartbeatTimeout
+	}
+	if c.OfflineRetention == 0 {
+		c.OfflineRetention = DefaultOfflineRetention
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = DefaultFlushInterval
+	}
+	if c.OnLost == nil {
+		c.OnLost = func(string, string) {}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports what is wrong with c (after defaults).
+func (c Config) Validate() error {
+	var errs []error
+	if c.Store == nil {
+		errs = append(errs, errors.New("registry: no store"))
+	}
+	for name, d := range map[string]time.Duration{
+		"--heartbeat-timeout": c.HeartbeatTimeout, "--unhealthy-grace": c.UnhealthyGrace,
+		"--offline-retention": c.OfflineRetention, "flush interval": c.FlushInterval,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Pool is a snapshot of one pool. Its slices are never changed after the
+// snapshot is handed out.
+type Pool struct {
+	ID              string
+	Endpoint        string
+	NodeID          string
+	Version         string
+	Status          Status
+	Drained         bool
+	RegisteredAt    time.Time
+	StatusChangedAt time.Time
+	LastHeartbeatAt time.Time
+	GPUs            []api.GPU
+	Workers         []api.Worker
+}
+
+// entry is a pool with its lease. Every field is guarded by Registry.mu.
+type entry struct {
+	Pool
+	timer          *time.Timer
+	deadline       time.Time // the timer's job is due at deadline
+	lostPending    bool      // unhealthy and OnLost not called yet
+	awaitInventory bool      // the next heartbeat is the first since (re)registration or queen start
+	beatDirty      bool      // heartbeat data not in the store yet
+	statusDirty    bool      // a status write failed; Flush retries it
+}
+
+// Registry is the set of pools. Create it with New, fill it with Load, keep
+// its store up to date with Run, stop its timers with Close.
+type Registry struct {
+	cfg Config
+	log *slog.Logger
+
+	mu           sync.RWMutex
+	pools        map[string]*entry  // guarded by mu
+	order        []*entry           // guarded by mu; the pools by id, for queries
+	pendingAudit []store.AuditEntry // guarded by mu; entries whose write failed
+	closed       bool               // guarded by mu
+
+	hooks sync.WaitGroup // OnLost calls in flight
+}
+
+// New checks cfg and returns an empty registry.
+func New(cfg Config) (*Registry, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Registry{cfg: cfg, log: cfg.Logger.With("component", "registry"), pools: map[string]*entry{}}, nil
+}
+
+// Load reads the pools of the store. Every pool that was not offline gets a
+// fresh lease (a restarted queen gives each hive a full timeout to beat);
+// an unhealthy one also gets a fresh grace. The first heartbeat of every
+// loaded pool counts as its full inventory.
+func (r *Registry) Load(ctx context.Context) error {
+	recs, err := r.cfg.Store.LoadPools(ctx)
+	if err != nil {
+		return fmt.Errorf("registry: load pools: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	for _, rec := range recs {
+		e := &entry{Pool: fromRecord(rec), awaitInventory: true}
+		r.addLocked(e)
+		switch e.Status {
+		case Offline:
+			r.armLocked(e, e.StatusChangedAt.Add(r.cfg.OfflineRetention).Sub(now))
+		case Unhealthy:
+			e.lostPending = true
+			r.armLocked(e, r.cfg.UnhealthyGrace)
+		default:
+			r.armLocked(e, r.cfg.HeartbeatTimeout)
+		}
+	}
+	r.log.Info("loaded pools", "pools", len(recs))
+	return nil
+}
+
+// addLocked adds a new pool to the map and the id order.
+func (r *Registry) addLocked(e *entry) {
+	r.pools[e.ID] = e
+	i, _ := slices.BinarySearchFunc(r.order, e.ID, func(x *entry, id string) int { return strings.Compare(x.ID, id) })
+	r.order = slices.Insert(r.order, i, e)
+}
+
+// removeLocked forgets a pool.
+func (r *Registry) removeLocked(e *entry) {
+	delete(r.pools, e.ID)
+	if i, ok := slices.BinarySearchFunc(r.order, e.ID, func(x *entry, id string) int { return strings.Compare(x.ID, id) }); ok {
+		r.order = slices.Delete(r.order, i, i+1)
+	}
+}
+
+// armLocked (re)starts e's timer to fire after d.
+func (r *Registry) armLocked(e *entry, d time.Duration) {
+	d = max(d, 0)
+	e.deadline = time.Now().Add(d)
+	if e.timer == nil {
+		e.timer = time.AfterFunc(d, func() { r.fire(e) })
+		return
+	}
+	e.timer.Reset(d)
+}
+
+// change is one status change to persist and apply.
+type change struct {
+	actor, action, reason string
+	meta                  map[string]any
+}
+
+// changeLocked is the one place a pool's registration or status changes:
+// it checks the table, writes next with its audit entry, and only then
+// puts next in memory. With force (the registry's own timers) memory
+// changes even when the store write fails, and the write is retried by
+// Flush: a silent pool must not be routed to because a disk was full.
+func (r *Registry) changeLocked(ctx context.Context, e *entry, next Pool, c change, force bool) error {
+	from := Status("")
+	if e != nil {
+		from = e.Status
+		if err := checkTransition(from, next.Status); err != nil {
+			r.log.Error("refused pool status change", "pool_id", next.ID, "from", from, "to", next.Status, "reason", c.reason)
+			return err
+		}
+	}
+	if from != next.Status {
+		next.StatusChangedAt = time.Now()
+	}
+	meta := map[string]any{"to": string(next.Status)}
+	if from != "" {
+		meta["from"] = string(from)
+	}
+	for k, v := range c.meta {
+		meta[k] = v
+	}
+	audit := store.AuditEntry{TS: time.Now(), Actor: c.actor, Action: c.action, Target: next.ID, Reason: c.reason, Metadata: meta}
+	err := r.cfg.Store.SavePool(ctx, toRecord(next), audit)
+	if err != nil && !force {
+		return fmt.Errorf("registry: save pool %s: %w", next.ID, err)
+	}
+	if e == nil {
+		e = &entry{Pool: Pool{ID: next.ID}}
+		r.addLocked(e)
+	}
+	e.Pool = next
+	if err != nil {
+		e.statusDirty = true
+		r.pendingAudit = append(r.pendingAudit, audit)
+		r.log.Error("cannot save pool status; will retry", "pool_id", next.ID, "status", next.Status, "err", err)
+	}
+	if from != next.Status {
+		r.log.Info("pool status changed", "pool_id", next.ID, "from", from, "to", next.Status, "reason", c.reason, "actor", c.actor)
+	}
+	return nil
+}
+
+// Register records a hive's registration (an upsert): new and offline
+// pools become healthy, an unhealthy one comes back (draining if it was
+// drained), and its lease starts. The next heartbeat is its full inventory.
+func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor string) (Pool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return Pool{}, ErrClosed
+	}
+	now := time.Now()
+	e := r.pools[reg.PoolID]
+	next := Pool{ID: reg.PoolID, Status: Healthy, RegisteredAt: now, StatusChangedAt: now}
+	reason := "registered"
+	if e != nil {
+		next = e.Pool
+		if next.Status == Offline {
+			next.Drained = false
+		}
+		next.Status = live(next.Drained)
+		next.Workers = nil // unknown until the inventory heartbeat
+		reason = "registered again"
+	}
+	next.Endpoint, next.NodeID, next.Version = reg.Endpoint, reg.NodeID, reg.Version
+	next.RegisteredAt, next.LastHeartbeatAt, next.GPUs = now, now, reg.GPUs
+	err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.register", reason: reason,
+		meta: map[string]any{"endpoint": reg.Endpoint, "version": reg.Version, "node_id": reg.NodeID}}, false)
+	if err != nil {
+		return Pool{}, err
+	}
+	e = r.pools[reg.PoolID]
+	e.awaitInventory, e.lostPending, e.beatDirty = true, false, false
+	r.armLocked(e, r.cfg.HeartbeatTimeout)
+	return e.Pool, nil
+}
+
+// Beat is what the queen learns from a heartbeat beyond the pool itself.
+type Beat struct {
+	Status Status
+	// FullInventory is true for the first heartbeat since the pool
+	// registered or the queen loaded it: its workers are everything the
+	// hive runs, and rows it lacks are gone.
+	FullInventory bool
+	RegisteredAt  time.Time
+}
+
+// Heartbeat renews the pool's lease and records its devices and workers.
+// An unhealthy pool comes back. ErrNotFound and ErrOffline tell the hive to
+// register again.
+func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (Beat, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return Beat{}, ErrClosed
+	}
+	e := r.pools[id]
+	switch {
+	case e == nil:
+		return Beat{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case e.Status == Offline:
+		return Beat{}, fmt.Errorf("%w: %s", ErrOffline, id)
+	}
+	now := time.Now()
+	if e.Status == Unhealthy {
+		next := e.Pool
+		next.Status = live(e.Drained)
+		next.LastHeartbeatAt, next.GPUs, next.Workers = now, hb.GPUs, hb.Workers
+		err := r.changeLocked(ctx, e, next, change{actor: "hive:" + id, action: "pool." + string(next.Status),
+			reason: fmt.Sprintf("heartbeat resumed after %s", now.Sub(e.LastHeartbeatAt).Round(time.Millisecond))}, false)
+		if err != nil {
+			return Beat{}, err
+		}
+	} else {
+		e.LastHeartbeatAt, e.GPUs, e.Workers = now, hb.GPUs, hb.Workers
+		e.beatDirty = true
+	}
+	e.lostPending = false
+	r.armLocked(e, r.cfg.HeartbeatTimeout)
+	b := Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt}
+	e.awaitInventory = false
+	return b, nil
+}
+
+// Drain marks the pool drained: it gets no new work. Draining a drained
+// pool changes nothing.
+func (r *Registry) Drain(ctx context.Context, id, actor, reason string) (Pool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return Pool{}, ErrClosed
+	}
+	e := r.pools[id]
+	switch {
+	case e == nil:
+		return Pool{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case e.Status == Offline:
+		return Pool{}, fmt.Errorf("%w: %s cannot be drained", ErrOffline, id)
+	case e.Drained:
+		return e.Pool, nil
+	}
+	next := e.Pool
+	next.Drained = true
+	if next.Status == Healthy {
+		next.Status = Draining
+	}
+	if err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.drain", reason: reason}, false); err != nil {
+		return Pool{}, err
+	}
+	return e.Pool, nil
+}
+
+// Deregister takes the pool offline: its workers are presumed gone, and it
+// is removed after the offline retention unless its hive registers again.
+func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Pool, error) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return Pool{}, ErrClosed
+	}
+	e := r.pools[id]
+	switch {
+	case e == nil:
+		r.mu.Unlock()
+		return Pool{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case e.Status == Offline:
+		p := e.Pool
+		r.mu.Unlock()
+		return p, nil
+	}
+	next := e.Pool
+	next.Status, next.Drained, next.Workers = Offline, false, nil
+	if err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.offline", reason: reason}, false); err != nil {
+		r.mu.Unlock()
+		return Pool{}, err
+	}
+	e.lostPending, e.awaitInventory = false, false
+	r.armLocked(e, r.cfg.OfflineRetention)
+	p := e.Pool
+	r.hooks.Add(1)
+	r.mu.Unlock()
+	defer r.hooks.Done()
+	r.cfg.OnLost(id, "pool deregistered: "+reason)
+	return p, nil
+}
+
+// fire runs e's timer job: lease expiry, end of the unhealthy grace, or end
+// of the offline retention. A timer that was re-armed after it fired finds
+// its deadline in the future and does nothing.
+func (r *Registry) fire(e *entry) {
+	r.mu.Lock()
+	if r.closed || r.pools[e.ID] != e || time.Now().Before(e.deadline) {
+		r.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var lost string
+	switch e.Status {
+	case Healthy, Draining:
+		silent := time.Since(e.LastHeartbeatAt).Round(time.Millisecond)
+		next := e.Pool
+		next.Status = Unhealthy
+		_ = r.changeLocked(ctx, e, next, change{actor: ActorQueen, action: "pool.unhealthy",
+			reason: fmt.Sprintf("no heartbeat for %s (timeout %s)", silent, r.cfg.HeartbeatTimeout)}, true)
+		e.lostPending = true
+		r.armLocked(e, r.cfg.UnhealthyGrace)
+	case Unhealthy:
+		if e.lostPending {
+			e.lostPending = false
+			lost = fmt.Sprintf("pool unhealthy for %s (no heartbeat for %s)", time.Since(e.StatusChangedAt).Round(time.Millisecond),
+				time.Since(e.LastHeartbeatAt).Round(time.Millisecond))
+		}
+	case Offline:
+		audit := store.AuditEntry{TS: time.Now(), Actor: ActorQueen, Action: "pool.remove", Target: e.ID,
+			Reason: fmt.Sprintf("offline for %s (retention %s)", time.Since(e.StatusChangedAt).Round(time.Millisecond), r.cfg.OfflineRetention)}
+		if err := r.cfg.Store.RemovePool(ctx, e.ID, audit); err != nil {
+			r.log.Error("cannot remove offline pool; will retry", "pool_id", e.ID, "err", err)
+			r.armLocked(e, r.cfg.FlushInterval)
+			break
+		}
+		e.timer.Stop()
+		r.removeLocked(e)
+		r.log.Info("removed offline pool", "pool_id", e.ID, "reason", audit.Reason)
+	}
+	if lost == "" {
+		r.mu.Unlock()
+		return
+	}
+	r.hooks.Add(1)
+	r.mu.Unlock()
+	defer r.hooks.Done()
+	r.log.Warn("pool lost: its workers are presumed gone", "pool_id", e.ID, "reason", lost)
+	r.cfg.OnLost(e.ID, lost)
+}
+
+// UpdateWorker records a worker's state from a hive event at once (the next
+// heartbeat would bring it too): placement and routing see a worker ready
+// or gone without waiting a heartbeat interval.
+func (r *Registry) UpdateWorker(poolID string, w api.Worker) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.pools[poolID]
+	if e == nil || e.Status == Offline {
+		return
+	}
+	gone := lifecycle.State(w.Status).Terminal()
+	workers := make([]api.Worker, 0, len(e.Workers)+1)
+	found := false
+	for _, x := range e.Workers {
+		if x.WorkerID == w.WorkerID {
+			found = true
+			if gone {
+				continue
+			}
+			x = w
+		}
+		workers = append(workers, x)
+	}
+	if !found && !gone {
+		workers = append(workers, w)
+	}
+	e.Workers = workers // a new slice: snapshots handed out keep theirs
+	e.beatDirty = true
+}
+
+// Flush writes the heartbeat data not yet in the store, and retries status
+// writes and audit entries that failed.
+func (r *Registry) Flush(ctx context.Context) error {
+	r.mu.Lock()
+	var dirty []Pool // snapshots; encoded after the lock is released
+	var retried []string
+	for id, e := range r.pools {
+		if e.statusDirty {
+			if err := r.cfg.Store.SavePool(ctx, toRecord(e.Pool)); err != nil {
+				r.mu.Unlock()
+				return fmt.Errorf("registry: save pool %s: %w", id, err)
+			}
+			e.statusDirty = false
+		}
+		if e.beatDirty {
+			dirty = append(dirty, e.Pool)
+			retried = append(retried, id)
+			e.beatDirty = false
+		}
+	}
+	audit := r.pendingAudit
+	r.pendingAudit = nil
+	r.mu.Unlock()
+	if len(dirty) == 0 && len(audit) == 0 {
+		return nil
+	}
+	beats := make([]store.Pool, 0, len(dirty))
+	for _, p := range dirty {
+		beats = append(beats, toRecord(p))
+	}
+	if err := r.cfg.Store.SaveBeats(ctx, beats, audit); err != nil {
+		r.mu.Lock()
+		for _, id := range retried {
+			if e := r.pools[id]; e != nil {
+				e.beatDirty = true
+			}
+		}
+		r.pendingAudit = append(audit, r.pendingAudit...)
+		r.mu.Unlock()
+		return fmt.Errorf("registry: save heartbeats: %w", err)
+	}
+	return nil
+}
+
+// Run flushes heartbeat data every flush interval until ctx ends, then
+// once more.
+func (r *Registry) Run(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if err := r.Flush(fctx); err != nil {
+				r.log.Error("final flush failed", "err", err)
+			}
+			return nil
+		case <-t.C:
+			if err := r.Flush(ctx); err != nil {
+				r.log.Error("flush failed", "err", err)
+			}
+		}
+	}
+}
+
+// Close stops every timer and waits for OnLost calls in flight. Later calls
+// answer ErrClosed. It is idempotent.
+//
+// Order:
+//  1. mark closed (a timer that fires now does nothing),
+//  2. stop every pool's timer,
+//  3. wait for OnLost calls that already started.
+func (r *Registry) Close() {
+	r.mu.Lock()
+	r.closed = true
+	for _, e := range r.pools {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+	}
+	r.mu.Unlock()
+	r.hooks.Wait()
+}
+
+func toRecord(p Pool) store.Pool {
+	gpus, _ := json.Marshal(nonNil(p.GPUs))
+	workers, _ := json.Marshal(nonNil(p.Workers))
+	rec := store.Pool{ID: p.ID, Endpoint: p.Endpoint, NodeID: p.NodeID, Version: p.Version, Status: string(p.Status),
+		Drained: p.Drained, RegisteredAt: p.RegisteredAt, StatusChangedAt: p.StatusChangedAt, GPUs: gpus, Workers: workers}
+	if !p.LastHeartbeatAt.IsZero() {
+		t := p.LastHeartbeatAt
+		rec.LastHeartbeatAt = &t
+	}
+	return rec
+}
+
+func fromRecord(rec store.Pool) Pool {
+	p := Pool{ID: rec.ID, Endpoint: rec.Endpoint, NodeID: rec.NodeID, Version: rec.Version, Status: Status(rec.Status),
+		Drained: rec.Drained, RegisteredAt: rec.RegisteredAt, StatusChangedAt: rec.StatusChangedAt}
+	if rec.LastHeartbeatAt != nil {
+		p.LastHeartbeatAt = *rec.LastHeartbeatAt
+	}
+	_ = json.Unmarshal(rec.GPUs, &p.GPUs)
+	_ = json.Unmarshal(rec.Workers, &p.Workers)
+	if _, err := ParseStatus(rec.Status); err != nil {
+		p.Status = Unhealthy // an unknown status from a newer binary: route nothing to it until it beats
+	}
+	return p
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }

@@ -1,0 +1,546 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeStore keeps what the registry writes, and fails on demand.
+type fakeStore struct {
+	mu    sync.Mutex
+	pools map[string]store.Pool // guarded by mu
+	audit []store.AuditEntry    // guarded by mu
+	fail  error                 // guarded by mu
+}
+
+func newFakeStore() *fakeStore { return &fakeStore{pools: map[string]store.Pool{}} }
+
+func (f *fakeStore) LoadPools(context.Context) ([]store.Pool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Collect(maps.Values(f.pools)), f.fail
+}
+
+func (f *fakeStore) SavePool(_ context.Context, p store.Pool, audit ...store.AuditEntry) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
+	f.pools[p.ID] = p
+	f.audit = append(f.audit, audit...)
+	return nil
+}
+
+func (f *fakeStore) RemovePool(_ context.Context, id string, audit store.AuditEntry) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
+	delete(f.pools, id)
+	f.audit = append(f.audit, audit)
+	return nil
+}
+
+func (f *fakeStore) SaveBeats(_ context.Context, beats []store.Pool, audit []store.AuditEntry) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
+	for _, b := range beats {
+		if p, ok := f.pools[b.ID]; ok {
+			p.LastHeartbeatAt, p.GPUs, p.Workers = b.LastHeartbeatAt, b.GPUs, b.Workers
+			f.pools[b.ID] = p
+		}
+	}
+	f.audit = append(f.audit, audit...)
+	return nil
+}
+
+func (f *fakeStore) setFail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail = err
+}
+
+// actions lists the audit actions recorded for target, in order.
+func (f *fakeStore) actions(target string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, e := range f.audit {
+		if e.Target == target {
+			out = append(out, e.Action)
+		}
+	}
+	return out
+}
+
+func (f *fakeStore) status(id string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pools[id].Status
+}
+
+const (
+	ttl       = 30 * time.Second
+	grace     = 20 * time.Second
+	retention = 5 * time.Minute
+)
+
+type lostCall struct{ pool, reason string }
+
+type harness struct {
+	r     *Registry
+	st    *fakeStore
+	mu    sync.Mutex
+	lost  []lostCall // guarded by mu
+	ctx   context.Context
+	testT *testing.T
+}
+
+func newHarness(t *testing.T, st *fakeStore) *harness {
+	h := &harness{st: st, ctx: context.Background(), testT: t}
+	r, err := New(Config{Store: st, HeartbeatTimeout: ttl, UnhealthyGrace: grace, OfflineRetention: retention,
+		FlushInterval: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnLost: func(pool, reason string) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.lost = append(h.lost, lostCall{pool, reason})
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.r = r
+	t.Cleanup(r.Close)
+	return h
+}
+
+func (h *harness) lostCalls() []lostCall {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.lost)
+}
+
+func (h *harness) register(id string) {
+	h.testT.Helper()
+	if _, err := h.r.Register(h.ctx, api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:9200", NodeID: id, Version: "t"}, "hive:"+id); err != nil {
+		h.testT.Fatal(err)
+	}
+}
+
+func (h *harness) beat(id string) Beat {
+	h.testT.Helper()
+	b, err := h.r.Heartbeat(h.ctx, id, api.Heartbeat{})
+	if err != nil {
+		h.testT.Fatal(err)
+	}
+	return b
+}
+
+func (h *harness) status(id string) Status {
+	p, ok := h.r.Get(id)
+	if !ok {
+		return "gone"
+	}
+	return p.Status
+}
+
+// advance moves the bubble's clock by d and lets every timer due run.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
+func TestLeaseExpiresAtTheTimeoutExactly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, newFakeStore())
+		h.register("p1")
+		advance(ttl - time.Millisecond)
+		if got := h.status("p1"); got != Healthy {
+			t.Fatalf("just before the timeout: %s, want healthy", got)
+		}
+		advance(time.Millisecond)
+		if got := h.status("p1"); got != Unhealthy {
+			t.Fatalf("at the timeout: %s, want unhealthy", got)
+		}
+		if got := h.st.status("p1"); got != string(Unhealthy) {
+			t.Errorf("stored status %q, want unhealthy", got)
+		}
+		if diff := cmp.Diff([]string{"pool.register", "pool.unhealthy"}, h.st.actions("p1")); diff != "" {
+			t.Errorf("audit (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestHeartbeatsKeepTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, newFakeStore())
+		h.register("p1")
+		for range 20 {
+			advance(ttl - time.Second)
+			h.beat("p1")
+		}
+		if got := h.status("p1"); got != Healthy {
+			t.Fatalf("beating pool is %s, want healthy", got)
+		}
+		if diff := cmp.Diff([]string{"pool.register"}, h.st.actions("p1")); diff != "" {
+			t.Errorf("a steady pool audited more than its registration (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestUnhealthyPoolComesBackWhenItBeats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, newFakeStore())
+		h.register("p1")
+		h.register("p2")
+		if _, err := h.r.Drain(h.ctx, "p2", "admin", "maintenance"); err != nil {
+			t.Fatal(err)
+		}
+		advance(ttl)
+		for _, id := range []string{"p1", "p2"} {
+			if got := h.status(id); got != Unhealthy {
+				t.Fatalf("%s: %s, want unhealthy", id, got)
+			}
+		}
+		if b := h.beat("p1"); b.Status != Healthy {
+			t.Errorf("p1 after a beat: %s, want healthy", b.Status)
+		}
+		if b := h.beat("p2"); b.Status != Draining {
+			t.Errorf("drained p2 after a beat: %s, want draining", b.Status)
+		}
+		if diff := cmp.Diff([]string{"pool.register", "pool.unhealthy", "pool.healthy"}, h.st.actions("p1")); diff != "" {
+			t.Errorf("p1 audit (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff([]string{"pool.register", "pool.drain", "pool.unhealthy", "pool.draining"}, h.st.actions("p2")); diff != "" {
+			t.Errorf("p2 audit (-want +got):\n%s", diff)
+		}
+		advance(grace * 2)
+		if got := h.lostCalls(); len(got) != 0 {
+			t.Errorf("OnLost called for pools that came back: %v", got)
+		}
+	})
+}
+
+func TestUnhealthyPastGraceLosesWorkersOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, newFakeStore())
+		h.register("p1")
+		advance(ttl + grace - time.Millisecond)
+		if got := h.lostCalls(); len(got) != 0 {
+			t.Fatalf("OnLost before the grace ended: %v", got)
+		}
+		advance(time.Millisecond)
+		got := h.lostCalls()
+		if len(got) != 1 || got[0].pool != "p1" {
+			t.Fatalf("OnLost calls %v, want one for p1", got)
+		}
+		advance(10 * grace)
+		if got := h.lostCalls(); len(got) != 1 {
+			t.Errorf("OnLost called again: %v", got)
+		}
+		if got := h.status("p1"); got != Unhealthy {
+			t.Errorf("lost pool is %s, want unhealthy (it stays known)", got)
+		}
+	})
+}
+
+func TestDeregisterThenRetentionRemoves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, newFakeStore())
+		h.register("p1")
+		if _, err := h.r.Deregister(h.ctx, "p1", "admin", "decommissioned"); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.status("p1"); got != Offline {
+			t.Fatalf("after deregister: %s, want offline", got)
+		}
+		if got := h.lostCalls(); len(got) != 1 {
+			t.Errorf("OnLost calls %v, want one", got)
+		}
+		if _, err := h.r.Heartbeat(h.ctx, "p1", api.Heartbeat{}); !errors.Is(err, ErrOffline) {
+			t.Errorf("heartbeat of an offline pool: %v, want ErrOffline", err)
+		}
+		advance(ttl * 3) // no lease on an offline pool
+		if got := h.status("p1"); got != Offline {
+			t.Fatalf("offline pool became %s", got)
+		}
+		advance(retention - ttl*3)
+		if got := h.status("p1"); got != "gone" {
+			t.Fatalf("after the retention: %s, want removed", got)
+		}
+		if got := h.st.status("p1"); got != "" {
+			t.Errorf("store still has the pool (%q)", got)
+		}
+		if diff := cmp.Diff([]string{"pool.register", "pool.offline", "pool.remove"}, h.st.actions("p1")); diff != "" {
+			t.Errorf("audit (-want +got):\n%s", diff)
+		}
+		if _, err := h.r.Heartbeat(h.ctx, "p1", api.Heartbeat{}); !errors.Is(err, ErrNotFound) {
+			t.Errorf("heartbeat of a removed pool: %v, want ErrNotFound", err)
+		}
+	})
+}
+
+func TestReRegisterBringsOfflinePoolBackUndrained(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, newFakeStore())
+		h.register("p1")
+		if _, err := h.r.Drain(h.ctx, "p1", "admin", "x"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.r.Deregister(h.ctx, "p1", "admin", "x"); err != nil {
+			t.Fatal(err)
+		}
+		h.register("p1")
+		if got := h.status("p1"); got != Healthy {
+			t.Fatalf("re-registered pool: %s, want healthy", got)
+		}
+		if b := h.beat("p1"); !b.FullInventory {
+			t.Error("first beat after registration is not the full inventory")
+		}
+		if b := h.beat("p1"); b.FullInventory {
+			t.Error("second beat counted as full inventory")
+		}
+		advance(retention) // the retention timer of the offline days must not remove it
+		if got := h.status("p1"); got != Unhealthy {
+			t.Errorf("after silence: %s, want unhealthy (not removed)", got)
+		}
+	})
+}
+
+// A failed store write on a request path leaves the registry as it was.
+func TestFailedWriteChangesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		h := newHarness(t, st)
+		h.register("p1")
+		boom := errors.New("disk full")
+		st.setFail(boom)
+		if _, err := h.r.Drain(h.ctx, "p1", "admin", "x"); !errors.Is(err, boom) {
+			t.Fatalf("drain: %v, want the store's error", err)
+		}
+		if _, err := h.r.Register(h.ctx, api.RegisterPool{PoolID: "p2", Endpoint: "http://x"}, "hive:p2"); !errors.Is(err, boom) {
+			t.Fatalf("register: %v, want the store's error", err)
+		}
+		if p, _ := h.r.Get("p1"); p.Status != Healthy || p.Drained {
+			t.Errorf("p1 after a failed drain: %+v", p)
+		}
+		if _, ok := h.r.Get("p2"); ok {
+			t.Error("p2 exists after its registration failed")
+		}
+	})
+}
+
+// The registry's own timers change memory even when the store fails (a
+// silent pool must stop getting work), and Flush catches up later.
+func TestLeaseExpiryWithFailingStoreIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		h := newHarness(t, st)
+		h.register("p1")
+		st.setFail(errors.New("disk full"))
+		advance(ttl)
+		if got := h.status("p1"); got != Unhealthy {
+			t.Fatalf("in memory: %s, want unhealthy", got)
+		}
+		if err := h.r.Flush(h.ctx); err == nil {
+			t.Fatal("flush with a failing store succeeded")
+		}
+		st.setFail(nil)
+		if err := h.r.Flush(h.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := st.status("p1"); got != string(Unhealthy) {
+			t.Errorf("stored status %q, want unhealthy", got)
+		}
+		if diff := cmp.Diff([]string{"pool.register", "pool.unhealthy"}, st.actions("p1")); diff != "" {
+			t.Errorf("audit (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestLoadGivesFreshLeasesAndKeepsStatus(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		h := newHarness(t, st)
+		h.register("healthy")
+		h.register("sick")
+		h.register("gone")
+		advance(ttl / 2)
+		h.beat("healthy")
+		if _, err := h.r.Deregister(h.ctx, "gone", "admin", "x"); err != nil {
+			t.Fatal(err)
+		}
+		advance(ttl / 2) // sick misses its lease
+		h.r.Close()
+
+		advance(time.Minute) // the queen is down for a minute
+		h2 := newHarness(t, st)
+		if err := h2.r.Load(h2.ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]Status{"healthy": Healthy, "sick": Unhealthy, "gone": Offline}
+		for id, s := range want {
+			if got := h2.status(id); got != s {
+				t.Errorf("%s after load: %s, want %s", id, got, s)
+			}
+		}
+		if b := h2.beat("healthy"); !b.FullInventory {
+			t.Error("first beat after load is not the full inventory")
+		}
+		advance(ttl - time.Millisecond)
+		if got := h2.status("healthy"); got != Healthy {
+			t.Errorf("healthy pool lost its fresh lease early: %s", got)
+		}
+		advance(grace)
+		if got := h2.lostCalls(); len(got) != 1 || got[0].pool != "sick" {
+			t.Errorf("OnLost calls %v, want one for sick", got)
+		}
+		advance(retention)
+		if got := h2.status("gone"); got != "gone" {
+			t.Errorf("offline pool after its retention: %s, want removed", got)
+		}
+	})
+}
+
+func TestFlushWritesHeartbeats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		h := newHarness(t, st)
+		h.register("p1")
+		advance(time.Second)
+		if _, err := h.r.Heartbeat(h.ctx, "p1", api.Heartbeat{GPUs: []api.GPU{{ID: 0, FreeBytes: 7}}}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = h.r.Run(ctx); close(done) }()
+		advance(time.Second)
+		cancel()
+		<-done
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		p := st.pools["p1"]
+		var gpus []api.GPU
+		if err := json.Unmarshal(p.GPUs, &gpus); err != nil || len(gpus) != 1 || gpus[0].FreeBytes != 7 {
+			t.Errorf("stored GPUs %s (%v)", p.GPUs, err)
+		}
+		if p.LastHeartbeatAt == nil || !p.LastHeartbeatAt.Equal(time.Now().Add(-time.Second)) {
+			t.Errorf("stored last heartbeat %v, want %v", p.LastHeartbeatAt, time.Now().Add(-time.Second))
+		}
+	})
+}
+
+func TestQuery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, newFakeStore())
+		for _, id := range []string{"a", "b", "c"} {
+			h.register(id)
+		}
+		beat := func(id string, free uint64, workers ...api.Worker) {
+			if _, err := h.r.Heartbeat(h.ctx, id, api.Heartbeat{GPUs: []api.GPU{{ID: 0, FreeBytes: 1}, {ID: 1, FreeBytes: free}}, Workers: workers}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		beat("a", 10<<30, api.Worker{WorkerID: "w1", ModelRef: "tiny", Status: "ready"})
+		beat("b", 2<<30, api.Worker{WorkerID: "w2", ModelRef: "big", Status: "busy"}, api.Worker{WorkerID: "w3", ModelRef: "tiny", Status: "failed"})
+		beat("c", 20<<30)
+		if _, err := h.r.Drain(h.ctx, "c", "admin", "x"); err != nil {
+			t.Fatal(err)
+		}
+		ids := func(ps []Pool) []string {
+			var out []string
+			for _, p := range ps {
+				out = append(out, p.ID)
+			}
+			return out
+		}
+		for _, tc := range []struct {
+			name string
+			f    Filter
+			want []string
+		}{
+			{"all", Filter{}, []string{"a", "b", "c"}},
+			{"healthy", Filter{Statuses: []Status{Healthy}}, []string{"a", "b"}},
+			{"by model (live workers only)", Filter{Model: "tiny"}, []string{"a"}},
+			{"by free memory", Filter{MinFreeBytes: 5 << 30}, []string{"a", "c"}},
+			{"healthy with room", Filter{Statuses: []Status{Healthy}, MinFreeBytes: 5 << 30}, []string{"a"}},
+			{"nothing", Filter{Model: "none"}, nil},
+		} {
+			if diff := cmp.Diff(tc.want, ids(h.r.Query(tc.f))); diff != "" {
+				t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+			}
+		}
+		if diff := cmp.Diff(map[Status]int{Healthy: 2, Draining: 1, Unhealthy: 0, Offline: 0}, h.r.Counts()); diff != "" {
+			t.Errorf("counts (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestUpdateWorkerIsSeenAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, newFakeStore())
+		h.register("a")
+		before, _ := h.r.Get("a")
+		h.r.UpdateWorker("a", api.Worker{WorkerID: "w1", ModelRef: "tiny", Status: "ready"})
+		if got := h.r.Query(Filter{Model: "tiny"}); len(got) != 1 {
+			t.Fatalf("ready worker not seen: %v", got)
+		}
+		h.r.UpdateWorker("a", api.Worker{WorkerID: "w1", ModelRef: "tiny", Status: "stopped"})
+		if got := h.r.Query(Filter{Model: "tiny"}); len(got) != 0 {
+			t.Fatalf("stopped worker still seen: %v", got)
+		}
+		if len(before.Workers) != 0 {
+			t.Errorf("an earlier snapshot changed: %v", before.Workers)
+		}
+	})
+}
+
+func TestTransitionTable(t *testing.T) {
+	for _, tc := range []struct {
+		from, to Status
+		ok       bool
+	}{
+		{Healthy, Unhealthy, true}, {Healthy, Draining, true}, {Healthy, Offline, true},
+		{Unhealthy, Healthy, true}, {Unhealthy, Draining, true}, {Unhealthy, Offline, true},
+		{Draining, Unhealthy, true}, {Draining, Offline, true}, {Draining, Healthy, false},
+		{Offline, Healthy, true}, {Offline, Unhealthy, false}, {Offline, Draining, false},
+	} {
+		if got := CanTransition(tc.from, tc.to); got != tc.ok {
+			t.Errorf("%s → %s: %v, want %v", tc.from, tc.to, got, tc.ok)
+		}
+	}
+	if _, err := ParseStatus("sleepy"); err == nil {
+		t.Error("ParseStatus accepted an unknown status")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	_, err := New(Config{Store: newFakeStore(), HeartbeatTimeout: -time.Second})
+	if err == nil {
+		t.Error("negative timeout accepted")
+	}
+	if _, err := New(Config{}); err == nil {
+		t.Error("missing store accepted")
+	}
+}
