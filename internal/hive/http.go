@@ -7,16 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/apiary-llm/apiary/internal/api"
-	"github.com/apiary-llm/apiary/internal/gguf"
+	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/version"
 )
 
@@ -214,31 +211,20 @@ func (h *Hive) postShutdown(w http.ResponseWriter, _ *http.Request) error {
 	return nil
 }
 
-// listModels lists the GGUF files of the models dir by ref.
+// listModels lists the models dir through the shared model store, so the
+// hive serves exactly what `apiary models ls` shows.
 func listModels(dir string) ([]api.Model, error) {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return []api.Model{}, nil
-	}
+	models, err := modelstore.List(dir)
 	if err != nil {
 		return nil, fmt.Errorf("hive: list models: %w", err)
 	}
-	out := []api.Model{}
-	for _, e := range ents {
-		name := e.Name()
-		if e.IsDir() || !strings.HasSuffix(name, ".gguf") || strings.HasPrefix(name, ".") {
-			continue
+	out := make([]api.Model, 0, len(models))
+	for _, m := range models {
+		am := api.Model{Ref: m.Ref, SizeBytes: m.Size, ModifiedAt: m.ModTime.UTC()}
+		if m.Info != nil {
+			am.Architecture = m.Info.Architecture
 		}
-		fi, err := e.Info()
-		if err != nil {
-			continue
-		}
-		m := api.Model{Ref: strings.TrimSuffix(name, ".gguf"), SizeBytes: fi.Size(), ModifiedAt: fi.ModTime().UTC()}
-		if f, err := gguf.Open(filepath.Join(dir, name)); err == nil {
-			m.Architecture = f.Architecture()
-		}
-		out = append(out, m)
+		out = append(out, am)
 	}
-	slices.SortFunc(out, func(a, b api.Model) int { return strings.Compare(a.Ref, b.Ref) })
 	return out, nil
 }
