@@ -21,7 +21,7 @@ import (
 type hiveFlags struct {
 	addr, advertise, queen, poolID, nodeID string
 	dataDir, modelsDir, ports              string
-	ctxSize                                int
+	ctxSize, threads                       int
 	callbackTimeout, healthInterval        time.Duration
 	stopGrace, shutdownAck                 time.Duration
 	idleTimeout, heartbeatInterval         time.Duration
@@ -68,6 +68,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.StringVar(&f.modelsDir, "models-dir", "", "directory of GGUF models (default DATA_DIR/models)")
 	fl.StringVar(&f.ports, "worker-ports", fmt.Sprintf("%d-%d", hive.DefaultPortMin, hive.DefaultPortMax), "port range for workers, FROM-TO")
 	fl.IntVar(&f.ctxSize, "worker-ctx-size", 0, "context size for workers (0: the model's, at most 4096)")
+	fl.IntVar(&f.threads, "worker-threads", 0, "CPU threads of each worker (0: one per CPU); workers sharing CPUs should split them")
 	fl.DurationVar(&f.callbackTimeout, "callback-timeout", hive.DefaultCallbackTimeout, "ready callback deadline after spawn; then SIGKILL and failed")
 	fl.DurationVar(&f.healthInterval, "health-interval", hive.DefaultHealthInterval, "period of each worker's /health check (3 misses in a row: failed)")
 	fl.DurationVar(&f.stopGrace, "stop-grace", hive.DefaultStopGrace, "graceful stop budget before SIGTERM")
@@ -126,7 +127,7 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 	}
 	return hive.Config{
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, ModelsDir: modelsDir,
-		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize,
+		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads,
 		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
 		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle,
 		HeartbeatInterval: f.heartbeatInterval,

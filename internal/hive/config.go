@@ -36,6 +36,10 @@ type Config struct {
 	// CtxSize is passed to workers as --ctx-size and sizes the memory
 	// estimate; 0 lets the worker choose (trained context, at most 4096).
 	CtxSize int
+	// WorkerThreads is passed to workers as --threads (0: the worker's
+	// default, one per CPU). llama.cpp's threads spin-wait for each other,
+	// so workers sharing a CPU node should split its cores between them.
+	WorkerThreads int
 
 	CallbackTimeout   time.Duration // ready callback deadline after spawn
 	HealthInterval    time.Duration // /health probe period
@@ -165,6 +169,9 @@ func (c Config) Validate() error {
 	}
 	if c.HealthFailures < 1 {
 		errs = append(errs, fmt.Errorf("health failures must be at least 1, got %d", c.HealthFailures))
+	}
+	if c.WorkerThreads < 0 {
+		errs = append(errs, fmt.Errorf("--worker-threads must not be negative, got %d", c.WorkerThreads))
 	}
 	if c.CtxSize < 0 {
 		errs = append(errs, fmt.Errorf("--worker-ctx-size must not be negative, got %d", c.CtxSize))

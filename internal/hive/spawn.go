@@ -127,6 +127,9 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if req.LifecycleID != "" {
 		args = append(args, "--lifecycle-id", req.LifecycleID)
 	}
+	if h.cfg.WorkerThreads > 0 {
+		args = append(args, "--threads", strconv.Itoa(h.cfg.WorkerThreads))
+	}
 	if h.cfg.CtxSize > 0 {
 		args = append(args, "--ctx-size", strconv.Itoa(h.cfg.CtxSize))
 	}
