@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# bench-llama-server.sh compares apiary's worker with llama.cpp's own
+# llama-server on one GGUF, side by side, and writes the figures to
+# docs/benchmarks.md (between <!-- llama-server:begin --> and
+# <!-- llama-server:end -->).
+#
+#   scripts/bench-llama-server.sh [build|model|run|self-test|llama-bench|all]
+#
+#   build        obtain llama.cpp and build llama-server, llama-bench and
+#                llama-quantize into the cache (skipped when already built)
+#   model        make the benchmark model (skipped when already made)
+#   run          the side-by-side benchmark, apiary worker vs llama-server
+#   self-test    the same harness with llama-server on both sides (proves the
+#                harness: the ratio should be ~1.0); writes no docs
+#   llama-bench  llama.cpp's llama-bench on the benchmark model, for reference
+#   all          build, model, llama-bench, run (the default)
+#
+# Where llama.cpp comes from: the npm package node-llama-cpp ships the
+# llama.cpp source tree of the release it binds, as a git bundle
+# (package/llama/gitRelease.bundle, release tag in llama/llama.cpp.info.json).
+# NLC_VERSION pins the package version; the default, 3.14.5, ships llama.cpp
+# b7347, the release closest to the llama.cpp commit vendored in the pinned
+# ollama module (ec98e2002, a few days after b7347), so that the comparison
+# measures how apiary drives llama.cpp rather than llama.cpp's own progress.
+# The source is built as upstream ships it (none of node-llama-cpp's patches
+# or its addon), Release, CPU only, GGML_NATIVE=ON, no curl, with Debian's
+# cmake and g++. Everything goes to a cache outside the repo:
+#   ${XDG_CACHE_HOME:-~/.cache}/apiary/llama-server/node-llama-cpp-<version>/
+#     bin/{llama-server,llama-bench,llama-quantize}, build-info.txt,
+#     CMakeCache.txt, src/, build/
+#   ${XDG_CACHE_HOME:-~/.cache}/apiary/bench-models/<name>.gguf
+# The product build never uses any of it.
+#
+# Knobs (environment):
+#   NLC_VERSION      node-llama-cpp version to take llama.cpp from (3.14.5)
+#   BENCH_SESSIONS   times both servers are started afresh (4): each start
+#                    lays memory out anew, which alone moves a server's speed
+#                    by several percent, so one start is not a fair sample
+#   BENCH_ROUNDS     A/B rounds a session (3); each round runs both sides
+#                    once, in alternating order
+#   BENCH_MAX_FOREIGN  CPUs other processes may take during a request before
+#                    its round is run again (0.25; negative: no check)
+#   BENCH_THREADS    threads for both servers (2)
+#   BENCH_CTX        context size (512)
+#   BENCH_GEN_TOKENS tokens generated per generation request (256)
+#   BENCH_PROMPT_TOKENS prompt tokens per prompt-processing request, BOS
+#                    included (500: a 512-token prompt, plus the token it
+#                    generates, does not fit a 512 context; llama-bench, which
+#                    sizes its own context, takes 512)
+#   BENCH_MODEL      use this GGUF instead of making one
+#   BENCH_DIM, BENCH_LAYERS  shape of the generated model (768, 12)
+#   BENCH_DOCS       markdown file to update (docs/benchmarks.md)
+#   APIARY_BIN       apiary binary (bin/apiary, built with `make build`)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NLC_VERSION=${NLC_VERSION:-3.14.5}
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/apiary
+LS_DIR=$CACHE/llama-server/node-llama-cpp-$NLC_VERSION
+LS_BIN=$LS_DIR/bin
+MODEL_DIR=$CACHE/bench-models
+BENCH_DIM=${BENCH_DIM:-768}
+BENCH_LAYERS=${BENCH_LAYERS:-12}
+APIARY_BIN=${APIARY_BIN:-$ROOT/bin/apiary}
+BENCH_DOCS=${BENCH_DOCS:-$ROOT/docs/benchmarks.md}
+JOBS=$(nproc)
+
+log() { printf 'bench-llama-server: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+need_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+ensure_tools() {
+  local missing=()
+  command -v cmake >/dev/null || missing+=(cmake)
+  command -v g++ >/dev/null || missing+=(g++)
+  command -v make >/dev/null || missing+=(make)
+  command -v git >/dev/null || missing+=(git)
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]} with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    need_root apt-get update -qq
+    need_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  command -v npm >/dev/null || die "npm is needed to fetch node-llama-cpp (apt-get install npm)"
+}
+
+# build obtains llama.cpp from node-llama-cpp@NLC_VERSION and builds the
+# three tools, unless the cache already has them.
+build() {
+  if [ -x "$LS_BIN/llama-server" ] && [ -x "$LS_BIN/llama-bench" ] && [ -x "$LS_BIN/llama-quantize" ]; then
+    log "llama.cpp tools cached in $LS_BIN ($(sed -n 's/^llama_cpp_tag=//p' "$LS_DIR/build-info.txt" 2>/dev/null))"
+    return
+  fi
+  ensure_tools
+  mkdir -p "$LS_DIR"
+  local tmp
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' RETURN
+  log "fetching node-llama-cpp@$NLC_VERSION from the npm registry"
+  (cd "$tmp" && npm pack --silent "node-llama-cpp@$NLC_VERSION" >/dev/null)
+  tar -xzf "$tmp/node-llama-cpp-$NLC_VERSION.tgz" -C "$tmp" \
+    package/llama/gitRelease.bundle package/llama/llama.cpp.info.json ||
+    die "node-llama-cpp@$NLC_VERSION ships no llama.cpp source bundle (package/llama/gitRelease.bundle)"
+  local tag commit
+  tag=$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$tmp/package/llama/llama.cpp.info.json")
+  rm -rf "$LS_DIR/src" "$LS_DIR/build"
+  git clone --quiet "$tmp/package/llama/gitRelease.bundle" "$LS_DIR/src" 2>/dev/null
+  commit=$(git -C "$LS_DIR/src" rev-parse HEAD)
+  log "building llama.cpp $tag (bundle commit $commit) with $JOBS jobs"
+  local start=$SECONDS build_number=0
+  [[ $tag =~ ^b([0-9]+)$ ]] && build_number=${BASH_REMATCH[1]}
+  # LLAMA_BUILD_NUMBER/COMMIT: the bundle is one squashed commit, so
+  # llama.cpp's own git lookup would report a meaningless number.
+  cmake -S "$LS_DIR/src" -B "$LS_DIR/build" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_NUMBER="$build_number" -DLLAMA_BUILD_COMMIT="$tag" \
+    -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
+    >"$LS_DIR/cmake-configure.log" 2>&1 || { tail -30 "$LS_DIR/cmake-configure.log" >&2; die "cmake configure failed"; }
+  cmake --build "$LS_DIR/build" -j "$JOBS" --target llama-server llama-bench llama-quantize \
+    >"$LS_DIR/cmake-build.log" 2>&1 || { tail -30 "$LS_DIR/cmake-build.log" >&2; die "build failed (log: $LS_DIR/cmake-build.log)"; }
+  local secs=$((SECONDS - start))
+  mkdir -p "$LS_BIN"
+  cp "$LS_DIR/build/bin/llama-server" "$LS_DIR/build/bin/llama-bench" "$LS_DIR/build/bin/llama-quantize" "$LS_BIN/"
+  cp "$LS_DIR/build/CMakeCache.txt" "$LS_DIR/CMakeCache.txt"
+  {
+    echo "npm_package=node-llama-cpp@$NLC_VERSION"
+    echo "llama_cpp_tag=$tag"
+    echo "bundle_commit=$commit"
+    echo "build_seconds=$secs"
+    echo "compiler=$(g++ --version | head -1)"
+    echo "cmake=$(cmake --version | head -1)"
+    # The per-instruction-set options (GGML_AVX2, …) are left out: with
+    # GGML_NATIVE=ON they are unused, -march=native decides.
+    grep -E '^(CMAKE_BUILD_TYPE|GGML_NATIVE|GGML_OPENMP|GGML_LLAMAFILE|GGML_CPU_REPACK|GGML_CPU_ALL_VARIANTS|GGML_BACKEND_DL|BUILD_SHARED_LIBS|LLAMA_CURL|OpenMP_C_FLAGS|CMAKE_C_FLAGS_RELEASE|CMAKE_CXX_FLAGS_RELEASE):' "$LS_DIR/build/CMakeCache.txt" |
+      sed 's/:[A-Z]*=/=/'
+    echo "ggml_cpu_compile_flags=$(sed -n 's/^CXX_FLAGS = //p' "$LS_DIR/build/ggml/src/CMakeFiles/ggml-cpu.dir/flags.make" | head -1)"
+    echo "ggml_cpu_defines=$(sed -n 's/^CXX_DEFINES = //p' "$LS_DIR/build/ggml/src/CMakeFiles/ggml-cpu.dir/flags.make" | head -1)"
+  } >"$LS_DIR/build-info.txt"
+  log "built in ${secs}s; tools in $LS_BIN; see $LS_DIR/build-info.txt"
+}
+
+# model_path prints the benchmark model's path.
+model_path() {
+  if [ -n "${BENCH_MODEL:-}" ]; then echo "$BENCH_MODEL"; else echo "$MODEL_DIR/testmodel-d${BENCH_DIM}-l${BENCH_LAYERS}-q8_0.gguf"; fi
+}
+
+# model makes the benchmark model: an F32 llama test model from
+# `apiary models testmodel`, quantized to q8_0 with llama-quantize.
+model() {
+  local out
+  out=$(model_path)
+  [ -f "$out" ] && { log "model $out"; return; }
+  [ -n "${BENCH_MODEL:-}" ] && die "BENCH_MODEL=$BENCH_MODEL does not exist"
+  [ -x "$APIARY_BIN" ] || die "no apiary binary at $APIARY_BIN: run \`make build\` (or set APIARY_BIN)"
+  build
+  mkdir -p "$MODEL_DIR"
+  local f32="$MODEL_DIR/testmodel-d${BENCH_DIM}-l${BENCH_LAYERS}-f32.gguf"
+  if [ ! -f "$f32" ]; then
+    log "generating $f32"
+    "$APIARY_BIN" models testmodel "$f32" --dim "$BENCH_DIM" --layers "$BENCH_LAYERS" >&2
+  fi
+  log "quantizing to q8_0"
+  "$LS_BIN/llama-quantize" "$f32" "$out.tmp" q8_0 >"$MODEL_DIR/quantize.log" 2>&1 ||
+    { tail -20 "$MODEL_DIR/quantize.log" >&2; die "llama-quantize failed"; }
+  mv "$out.tmp" "$out"
+  log "model $out"
+}
+
+# harness runs the Go side-by-side benchmark (internal/benchmark, build tag
+# llamaserver) with B = apiary (run) or a second llama-server (self-test).
+harness() {
+  local mode=$1 docs=""
+  build
+  model
+  if [ "$mode" = apiary ]; then
+    [ -x "$APIARY_BIN" ] || die "no apiary binary at $APIARY_BIN: run \`make build\` (or set APIARY_BIN)"
+    docs=$BENCH_DOCS
+  fi
+  cd "$ROOT"
+  BENCH_B=$mode \
+  BENCH_LLAMA_SERVER=$LS_BIN/llama-server \
+  BENCH_LLAMA_BUILD_INFO=$LS_DIR/build-info.txt \
+  BENCH_LLAMA_BENCH_MD=$(llama_bench_md) \
+  BENCH_LOG_DIR=$LS_DIR/logs \
+  BENCH_MODEL=$(model_path) \
+  BENCH_DOCS=$docs \
+  APIARY_BIN=$APIARY_BIN \
+    go test -tags llamaserver -run '^$' -bench '^BenchmarkLlamaServer$' -benchtime 1x -timeout 60m -v ./internal/benchmark
+}
+
+# llama_bench_md is where llama-bench's table for the model is kept.
+llama_bench_md() { echo "$LS_DIR/llama-bench-$(basename "$(model_path)" .gguf).md"; }
+
+# busy_ticks prints the machine's busy CPU time so far, in clock ticks:
+# user+nice+system+irq+softirq+steal of /proc/stat's "cpu" line.
+busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
+
+# wait_quiet waits up to three minutes for a second in which the machine
+# is at most 0.25 CPUs busy: llama-bench's spinning threads lose most of their
+# speed when anything else runs.
+wait_quiet() {
+  local deadline=$((SECONDS + 180)) a b
+  while :; do
+    a=$(busy_ticks); sleep 1; b=$(busy_ticks)
+    [ $((b - a)) -le 25 ] && return
+    [ $SECONDS -ge $deadline ] && { log "machine still busy ($((b - a))% of a CPU); going on"; return; }
+    sleep 4
+  done
+}
+
+llama_bench() {
+  build
+  model
+  local out try a b wall cpu others
+  out=$(llama_bench_md)
+  # -fa 0,1: llama-bench defaults to flash attention off, llama-server (and
+  # llama.cpp's context defaults, which apiary keeps) to auto, which is on
+  # for the CPU; the fa=1 rows are the ones to hold against the servers.
+  for try in 1 2 3; do
+    wait_quiet
+    a=$(busy_ticks)
+    local t0=$EPOCHREALTIME
+    local TIMEFORMAT='%U %S'
+    cpu=$( { time "$LS_BIN/llama-bench" -m "$(model_path)" -t "${BENCH_THREADS:-2}" -fa 0,1 \
+      -p "${BENCH_PROMPT_TOKENS:-512}" -n "${BENCH_GEN_TOKENS:-256}" -r 3 -o md >"$out.tmp" 2>/dev/null; } 2>&1 )
+    b=$(busy_ticks)
+    wall=$(awk -v t0="$t0" -v t1="$EPOCHREALTIME" 'BEGIN{print t1-t0}')
+    # CPUs others used on average: the machine's busy time less llama-bench's.
+    others=$(awk -v busy=$((b - a)) -v cpu="$cpu" -v wall="$wall" \
+      'BEGIN{split(cpu, c, " "); v=(busy/100 - c[1] - c[2])/wall; if (v < 0) v = 0; printf "%.2f", v}')
+    if awk -v o="$others" 'BEGIN{exit !(o <= 0.25)}'; then break; fi
+    log "llama-bench: other processes used $others CPUs meanwhile (try $try of 3)"
+  done
+  local version
+  version=$(sed -n 's/^build: //p' "$out.tmp")
+  sed -i '/^build: /d' "$out.tmp"
+  printf 'llama-bench %s, 3 repetitions; other processes used %s CPUs on average meanwhile.\n' \
+    "$version" "$others" >>"$out.tmp"
+  mv "$out.tmp" "$out"
+  cat "$out"
+  log "llama-bench table saved to $out"
+}
+
+case "${1:-all}" in
+  build) build ;;
+  model) model ;;
+  run) harness apiary ;;
+  self-test) harness llama-server ;;
+  llama-bench) llama_bench ;;
+  all) build; model; llama_bench; harness apiary ;;
+  *) die "unknown step ${1} (want build, model, run, self-test, llama-bench or all)" ;;
+esac
