@@ -8,6 +8,7 @@ pkgs=(
   libstb-dev         # stb_image.h for llama.cpp's multimodal helper
   gcc g++ make       # cgo
   postgresql-15      # the store's PostgreSQL tests start throwaway clusters from its binaries
+  openssh-server openssh-client iproute2 # multi-node tests: scripts/netns.sh runs sshd in network namespaces; the queen runs the system ssh
 )
 
 missing=()

@@ -110,7 +110,7 @@ func TestAdminCommandsJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &pools); err != nil || len(pools.Pools) != 1 || pools.Pools[0].PoolID != "p1" {
 		t.Errorf("pools ls --json: %v %s", err, out)
 	}
-	apiary(t, "workers", "start", "--model", "tiny", "--reason", "json", q)
+	apiary(t, "workers", "start", "--model", "tiny", "--pool", "p1", "--reason", "json", q)
 	_, out, _ = apiary(t, "workers", "ls", "--json", q)
 	var rows api.LifecycleRowList
 	if err := json.Unmarshal([]byte(out), &rows); err != nil || len(rows.Workers) != 1 || rows.Workers[0].Status != "FAILED" {

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/apiary-llm/apiary/internal/hive"
+	"github.com/apiary-llm/apiary/internal/procs"
 )
 
 // hiveFlags are the flags of `apiary hive`; toConfig turns them into a
@@ -21,12 +22,14 @@ import (
 type hiveFlags struct {
 	addr, advertise, queen, poolID, nodeID string
 	dataDir, modelsDir, ports              string
-	ctxSize, threads                       int
+	ctxSize, threads, slots                int
 	callbackTimeout, healthInterval        time.Duration
 	stopGrace, shutdownAck                 time.Duration
 	idleTimeout, heartbeatInterval         time.Duration
 	logJSON                                bool
 	logLevel                               string
+	owner, lifeline, workerPath            string
+	leaseTimeout                           time.Duration
 }
 
 func newHiveCmd() *cobra.Command {
@@ -46,6 +49,20 @@ registers when the queen comes back. --queen "" disables the queen.`,
 			cfg, err := f.toConfig(cmd)
 			if err != nil {
 				return err
+			}
+			switch f.lifeline {
+			case "":
+			case "stdin":
+				lf, env, err := procs.StdinLifeline(hive.LifelineEnv)
+				if err != nil {
+					return err
+				}
+				cfg.Lifeline = lf
+				if tok := env["APIARY_CLUSTER_TOKEN"]; tok != "" {
+					cfg.ClusterToken = tok
+				}
+			default:
+				return usagef("--lifeline %q: the only lifeline is stdin", f.lifeline)
 			}
 			h, err := hive.New(cfg)
 			if err != nil {
@@ -69,12 +86,18 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.StringVar(&f.ports, "worker-ports", fmt.Sprintf("%d-%d", hive.DefaultPortMin, hive.DefaultPortMax), "port range for workers, FROM-TO")
 	fl.IntVar(&f.ctxSize, "worker-ctx-size", 0, "context size for workers (0: the model's, at most 4096)")
 	fl.IntVar(&f.threads, "worker-threads", 0, "CPU threads of each worker (0: one per CPU); workers sharing CPUs should split them")
+	fl.IntVar(&f.slots, "worker-slots", 0, "generations each worker runs at once (0: the worker's default, 1); tell the queen the same (its --worker-slots)")
 	fl.DurationVar(&f.callbackTimeout, "callback-timeout", hive.DefaultCallbackTimeout, "ready callback deadline after spawn; then SIGKILL and failed")
 	fl.DurationVar(&f.healthInterval, "health-interval", hive.DefaultHealthInterval, "period of each worker's /health check (3 misses in a row: failed)")
 	fl.DurationVar(&f.stopGrace, "stop-grace", hive.DefaultStopGrace, "graceful stop budget before SIGTERM")
 	fl.DurationVar(&f.shutdownAck, "shutdown-ack", hive.DefaultShutdownAck, "wait for a worker's shutdown acknowledgement, and from SIGTERM to SIGKILL")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", hive.DefaultIdleTimeout, "stop a ready worker without requests for this long (0: never)")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", hive.DefaultHeartbeatInterval, "period of heartbeats to the queen")
+	fl.StringVar(&f.owner, "owner", hive.OwnerOperator, "who started this hive: operator, or queen/keeper (then it must not outlive them)")
+	fl.StringVar(&f.lifeline, "lifeline", "", `"stdin": the parent holds this hive's stdin; its end shuts the hive down (with --owner queen|keeper)`)
+	fl.StringVar(&f.workerPath, "worker-path", "", "binary run as a worker with the worker's flags (default: this apiary; tests use it)")
+	_ = fl.MarkHidden("worker-path")
+	fl.DurationVar(&f.leaseTimeout, "lease-timeout", 0, "shut down when the queen answered no heartbeat for this long (with --owner queen|keeper; 0: never)")
 	fl.BoolVar(&f.logJSON, "log-json", false, "write logs as JSON")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
@@ -127,12 +150,13 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 	}
 	return hive.Config{
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, ModelsDir: modelsDir,
-		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads,
+		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads, WorkerSlots: f.slots,
 		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
 		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle,
 		HeartbeatInterval: f.heartbeatInterval,
 		QueenURL:          f.queen, PoolID: f.poolID, NodeID: f.nodeID,
 		ClusterToken: os.Getenv("APIARY_CLUSTER_TOKEN"),
-		Logger:       slog.New(handler),
+		Owner:        f.owner, LeaseTimeout: f.leaseTimeout, WorkerPath: f.workerPath,
+		Logger: slog.New(handler),
 	}, nil
 }

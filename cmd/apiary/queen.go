@@ -10,8 +10,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/queen"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/sshnode"
 )
 
 // queenFlags are the flags of `apiary queen`; toConfig turns them into a
@@ -24,6 +26,11 @@ type queenFlags struct {
 	maxBody                               int64
 	logJSON                               bool
 	logLevel                              string
+	owner, lifeline, sshConfig            string
+	localHive                             bool
+	hiveArgs                              []string
+	hiveStopTimeout, sshTimeout           time.Duration
+	routing                               routingFlags
 }
 
 // databaseURLEnv gives --database-url's default, so that a password need
@@ -51,6 +58,17 @@ address only.`,
 			if err != nil {
 				return err
 			}
+			switch f.lifeline {
+			case "":
+			case "stdin":
+				lf, _, err := procs.StdinLifeline(nil)
+				if err != nil {
+					return err
+				}
+				cfg.Ownership.Lifeline = lf
+			default:
+				return usagef("--lifeline %q: the only lifeline is stdin", f.lifeline)
+			}
 			q, err := queen.New(cfg)
 			if err != nil {
 				return usagef("%v", err)
@@ -73,6 +91,14 @@ address only.`,
 	fl.DurationVar(&f.flushInterval, "flush-interval", registry.DefaultFlushInterval, "heartbeat times reach the database this often")
 	fl.DurationVar(&f.hiveTimeout, "hive-timeout", queen.DefaultHiveTimeout, "time budget of one call to a hive")
 	fl.Int64Var(&f.maxBody, "max-body-bytes", queen.DefaultMaxBodyBytes, "request body limit; larger bodies get 413")
+	fl.StringVar(&f.sshConfig, "ssh-config", "", "ssh client configuration file for the nodes (ssh -F; default the user's ~/.ssh/config)")
+	fl.DurationVar(&f.sshTimeout, "ssh-timeout", 10*time.Second, "how long ssh may take to connect to a node (ssh -o ConnectTimeout)")
+	fl.StringVar(&f.owner, "owner", queen.QueenOwnerOperator, "who started this queen: operator, or keeper (apiary infer's ephemeral mode)")
+	fl.StringVar(&f.lifeline, "lifeline", "", `"stdin": the parent holds this queen's stdin; its end shuts the queen down with every hive it started`)
+	fl.BoolVar(&f.localHive, "local-hive", false, "start a hive on this machine as the queen's child (pool \"local\")")
+	fl.StringArrayVar(&f.hiveArgs, "hive-arg", nil, "extra flag for every hive the queen starts, e.g. --hive-arg=--worker-threads=1 (repeatable)")
+	fl.DurationVar(&f.hiveStopTimeout, "hive-stop-timeout", queen.DefaultHiveStopTimeout, "how long a hive the queen started may take to stop its workers and exit; then it is killed")
+	f.routing.add(fl)
 	fl.BoolVar(&f.logJSON, "log-json", false, "write logs as JSON")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
@@ -106,11 +132,17 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	if err != nil {
 		return queen.Config{}, usagef("--data-dir %q: %v", f.dataDir, err)
 	}
+	routing, err := f.routing.config()
+	if err != nil {
+		return queen.Config{}, err
+	}
 	return queen.Config{
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL,
 		HeartbeatTimeout: f.heartbeatTimeout, UnhealthyGrace: f.unhealthyGrace, OfflineRetention: f.offlineRetention,
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout,
-		Tokens: queen.TokensFromEnv(), MaxBodyBytes: f.maxBody,
+		Tokens: queen.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing,
+		Ownership: queen.OwnershipConfig{Owner: f.owner, LocalHive: f.localHive, HiveArgs: f.hiveArgs,
+			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout},
 		Logger: slog.New(handler),
 	}, nil
 }

@@ -46,6 +46,3 @@ func notImplemented(use, short string) *cobra.Command {
 		},
 	}
 }
-
-func newInferCmd() *cobra.Command { return notImplemented("infer", "Answer a prompt") }
-func newNodesCmd() *cobra.Command { return notImplemented("nodes", "Manage SSH nodes") }

@@ -3,6 +3,7 @@ package hive
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -40,6 +41,10 @@ type Config struct {
 	// default, one per CPU). llama.cpp's threads spin-wait for each other,
 	// so workers sharing a CPU node should split its cores between them.
 	WorkerThreads int
+	// WorkerSlots is passed to workers as --slots (0: the worker's
+	// default, 1): generations one worker runs at once. A queen routing to
+	// these workers should be told the same (its --worker-slots).
+	WorkerSlots int
 
 	CallbackTimeout   time.Duration // ready callback deadline after spawn
 	HealthInterval    time.Duration // /health probe period
@@ -55,6 +60,17 @@ type Config struct {
 	ClusterToken string // bearer for the queen and for the hive's own API
 
 	MaxBodyBytes int64 // request body limit, default 1 MiB
+
+	// Owner is who started the hive (see lifeline.go): OwnerOperator
+	// (default), OwnerQueen or OwnerKeeper. A hive another process owns
+	// shuts down when Lifeline ends or its lease on the queen does.
+	Owner string
+	// Lifeline, when set, is read until it ends; its end means the parent
+	// is gone. The hive closes it when it stops.
+	Lifeline io.ReadCloser
+	// LeaseTimeout, when positive, ends the hive when no heartbeat to the
+	// queen was answered for this long (the queen's --heartbeat-timeout).
+	LeaseTimeout time.Duration
 
 	Devices gpu.Inventory // default gpu.Detect
 	Logger  *slog.Logger  // default slog.Default()
@@ -131,6 +147,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if c.Owner == "" {
+		c.Owner = OwnerOperator
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -170,6 +189,9 @@ func (c Config) Validate() error {
 	if c.HealthFailures < 1 {
 		errs = append(errs, fmt.Errorf("health failures must be at least 1, got %d", c.HealthFailures))
 	}
+	if c.WorkerSlots < 0 {
+		errs = append(errs, fmt.Errorf("--worker-slots must not be negative, got %d", c.WorkerSlots))
+	}
 	if c.WorkerThreads < 0 {
 		errs = append(errs, fmt.Errorf("--worker-threads must not be negative, got %d", c.WorkerThreads))
 	}
@@ -178,6 +200,20 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1 {
 		errs = append(errs, errors.New("body limit must be positive"))
+	}
+	if !validOwner(c.Owner) {
+		errs = append(errs, fmt.Errorf("--owner %q: want %s, %s or %s", c.Owner, OwnerOperator, OwnerQueen, OwnerKeeper))
+	}
+	switch {
+	case c.LeaseTimeout < 0:
+		errs = append(errs, fmt.Errorf("--lease-timeout must not be negative, got %s", c.LeaseTimeout))
+	case c.LeaseTimeout > 0 && c.QueenURL == "":
+		errs = append(errs, errors.New("--lease-timeout needs --queen: the lease is on the queen"))
+	case c.LeaseTimeout > 0 && c.LeaseTimeout <= c.HeartbeatInterval:
+		errs = append(errs, fmt.Errorf("--lease-timeout %s must be longer than --heartbeat-interval %s", c.LeaseTimeout, c.HeartbeatInterval))
+	}
+	if c.Owner == OwnerOperator && (c.Lifeline != nil || c.LeaseTimeout > 0) {
+		errs = append(errs, errors.New("an operator's hive has no lifeline or lease: they belong to hives a queen or keeper started (--owner)"))
 	}
 	return errors.Join(errs...)
 }

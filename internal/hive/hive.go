@@ -44,6 +44,7 @@ type Hive struct {
 	onEvent func(api.WorkerEvent)
 
 	owners sync.WaitGroup // one per worker owner goroutine
+	lease  chan struct{}  // renewals of the lease on the queen; nil without one
 
 	ready    chan struct{}
 	done     chan struct{}
@@ -93,6 +94,9 @@ func New(cfg Config) (*Hive, error) {
 		h.devices = gpu.Detect(h.log)
 	}
 	h.metrics = newMetrics(h)
+	if cfg.LeaseTimeout > 0 {
+		h.lease = make(chan struct{}, 1)
+	}
 	if cfg.QueenURL != "" {
 		h.queen = newQueenClient(h)
 	}
@@ -173,8 +177,9 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	if h.queen != nil {
 		g.Go(func() error { h.queen.run(queenCtx); return nil })
 	}
+	stopOwnerLoops := h.ownerLoops(func(fn func()) { g.Go(func() error { fn(); return nil }) }, queenCtx)
 	h.log.Info("hive serving", "addr", h.addr.String(), "data_dir", h.cfg.DataDir, "models_dir", h.cfg.ModelsDir,
-		"version", version.Version)
+		"version", version.Version, "owner", h.cfg.Owner)
 	close(h.ready)
 
 	var cause error
@@ -192,6 +197,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	h.log.Info("all workers stopped", "took", time.Since(start).Round(time.Millisecond).String())
 
 	stopQueen() // the queen client flushes pending events before it returns
+	stopOwnerLoops()
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
@@ -226,6 +232,9 @@ func (h *Hive) release() {
 		if h.data != nil {
 			h.data.close()
 		}
+		if h.cfg.Lifeline != nil {
+			_ = h.cfg.Lifeline.Close()
+		}
 	})
 }
 
@@ -237,7 +246,8 @@ func (h *Hive) release() {
 //     ShutdownAck), exit awaited for StopGrace, then SIGTERM to its group,
 //     then SIGKILL ShutdownAck later; wait until each is reaped
 //  3. deliver the last worker events to the queen (2s at most)
-//  4. stop the HTTP server, the spawner thread, NVML; unlock the data dir
+//  4. stop the HTTP server, the spawner thread, NVML; unlock the data dir;
+//     close the lifeline (the parent's pipe, if any)
 func (h *Hive) Close() error {
 	neverRan := false
 	h.runOnce.Do(func() { neverRan = true })

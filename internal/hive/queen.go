@@ -89,6 +89,8 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 		if registered {
 			if err = q.heartbeat(ctx); err != nil {
 				registered = false
+			} else {
+				q.h.renewLease()
 			}
 		}
 		switch {

@@ -130,6 +130,9 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if h.cfg.WorkerThreads > 0 {
 		args = append(args, "--threads", strconv.Itoa(h.cfg.WorkerThreads))
 	}
+	if h.cfg.WorkerSlots > 0 {
+		args = append(args, "--slots", strconv.Itoa(h.cfg.WorkerSlots))
+	}
 	if h.cfg.CtxSize > 0 {
 		args = append(args, "--ctx-size", strconv.Itoa(h.cfg.CtxSize))
 	}

@@ -1,6 +1,8 @@
-// Package keeper is the side of apiary a person types: for now the admin
-// client of the queen's API (pools, lifecycle rows, audit log) that the
-// `apiary workers|pools|audit` commands use.
+// Package keeper is the side of apiary a person types: `apiary infer`
+// (Infer: persistent mode against a running queen, or ephemeral mode with
+// a queen and a local hive it starts and tears down), and the admin client
+// of the queen's API (pools, lifecycle rows, audit log, nodes, shutdown)
+// that the `apiary workers|pools|nodes|audit` commands use.
 package keeper
 
 import (
@@ -48,6 +50,10 @@ func NewClient(base, adminToken, clusterToken string) *Client {
 	return &Client{base: strings.TrimSuffix(base, "/"), adminToken: adminToken, clusterToken: clusterToken,
 		hc: &http.Client{Timeout: 60 * time.Second}}
 }
+
+// SetTimeout bounds each call (default 60s); removing a node waits for its
+// hive's cascade.
+func (c *Client) SetTimeout(d time.Duration) { c.hc.Timeout = d }
 
 // WorkerFilter selects lifecycle rows.
 type WorkerFilter struct {
@@ -189,4 +195,41 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 		}
 	}
 	return nil
+}
+
+// Nodes lists the SSH nodes of the queen (and its local hive), by name.
+func (c *Client) Nodes(ctx context.Context) ([]api.Node, error) {
+	var out api.NodeList
+	err := c.do(ctx, http.MethodGet, "/api/admin/nodes", nil, nil, &out, c.adminToken)
+	return out.Nodes, err
+}
+
+// AddNode asks the queen to probe a node over SSH, save it and start a
+// hive there.
+func (c *Client) AddNode(ctx context.Context, req api.AddNodeRequest) (api.Node, error) {
+	var out api.Node
+	err := c.do(ctx, http.MethodPost, "/api/admin/nodes", nil, req, &out, c.adminToken)
+	return out, err
+}
+
+// RemoveNode stops the hive the queen runs on node name (it stops its
+// workers first) and forgets the node.
+func (c *Client) RemoveNode(ctx context.Context, name, reason string) (api.Node, error) {
+	var out api.Node
+	err := c.do(ctx, http.MethodDelete, "/api/admin/nodes/"+url.PathEscape(name), nil, api.PoolAction{Reason: reason}, &out, c.adminToken)
+	return out, err
+}
+
+// Shutdown asks the queen for its cascading shutdown.
+func (c *Client) Shutdown(ctx context.Context, reason string) (api.ShutdownResponse, error) {
+	var out api.ShutdownResponse
+	err := c.do(ctx, http.MethodPost, "/api/admin/shutdown", nil, api.ShutdownRequest{Reason: reason}, &out, c.adminToken)
+	return out, err
+}
+
+// Health asks GET /health; ErrUnreachable when nothing answers.
+func (c *Client) Health(ctx context.Context) (api.Health, error) {
+	var out api.Health
+	err := c.do(ctx, http.MethodGet, "/health", nil, nil, &out, "")
+	return out, err
 }

@@ -43,7 +43,7 @@ type sequence struct {
 	notify   chan struct{}  // capacity 1: "look at pending/finished"
 
 	// --- owned by the decode loop ---
-	seq       int                  // llama.cpp sequence id (= slot)
+	seq       int // llama.cpp sequence id (= slot)
 	sampler   *C.struct_llama_sampler
 	promptPos int // prompt tokens already decoded
 	nPast     int // tokens in the KV cache for this sequence

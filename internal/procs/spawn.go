@@ -35,6 +35,14 @@ type Spec struct {
 	// process and its group are gone (a descendant that left the group may
 	// hold it). Zero means one second.
 	WaitDelay time.Duration
+	// Stdin is the child's standard input; nil is /dev/null. A pipe whose
+	// write end the parent keeps is a lifeline: the child sees EOF when the
+	// parent closes it or dies.
+	Stdin *os.File
+	// DeathSignal is what the kernel sends the child when the spawner's
+	// thread (and so the parent) dies; zero means SIGKILL. A daemon that
+	// cascades its own shutdown on SIGTERM gets SIGTERM here.
+	DeathSignal syscall.Signal
 }
 
 // Spawner forks children from a single OS thread that it keeps locked for
@@ -94,9 +102,15 @@ func (s *Spawner) Start(ctx context.Context, spec Spec) (*Process, error) {
 	cmd := exec.CommandContext(killCtx, spec.Path, spec.Args...)
 	cmd.Env = spec.Env
 	cmd.Dir = spec.Dir
-	cmd.Stdin = nil
+	if spec.Stdin != nil {
+		cmd.Stdin = spec.Stdin
+	}
 	cmd.Stdout, cmd.Stderr = pw, pw
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	death := spec.DeathSignal
+	if death == 0 {
+		death = syscall.SIGKILL
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: death}
 	// Process.Kill (cancelling killCtx) kills the whole group, not just the
 	// leader; WaitDelay is the backstop exec offers on top of that.
 	cmd.Cancel = func() error { return killGroup(cmd.Process.Pid, syscall.SIGKILL) }

@@ -56,7 +56,13 @@ type Config struct {
 	// Placer picks a pool for a start without pool_id; default the
 	// healthy pool with the most free device memory.
 	Placer Placer
-	Logger *slog.Logger
+	// Ownership is who owns the queen and how it runs the hives it owns
+	// (SSH nodes, the local hive); see ownership.go.
+	Ownership OwnershipConfig
+	// Routing is how inference is routed and workers are placed on
+	// demand; see routeconfig.go.
+	Routing RoutingConfig
+	Logger  *slog.Logger
 }
 
 // Defaults.
@@ -112,6 +118,8 @@ func (c Config) withDefaults() Config {
 	if c.Placer == nil {
 		c.Placer = MostFreeMemory{}
 	}
+	c.Ownership = c.Ownership.withDefaults()
+	c.Routing = c.Routing.withDefaults()
 	return c
 }
 
@@ -150,6 +158,15 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1 {
 		errs = append(errs, errors.New("body limit must be positive"))
+	}
+	if err := c.Ownership.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Routing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Ownership.LocalHive && c.DataDir == "" {
+		errs = append(errs, errors.New("the local hive keeps its data in --data-dir; give one"))
 	}
 	return errors.Join(errs...)
 }

@@ -56,6 +56,11 @@ func (q *Queen) routes() http.Handler {
 	mux.Handle("GET /api/admin/workers/{id}", admin(q.getWorker))
 	mux.Handle("POST /api/admin/workers", admin(q.postWorkers))
 	mux.Handle("GET /api/admin/audit", admin(q.getAudit))
+	mux.Handle("GET /api/admin/nodes", admin(q.getNodes))
+	mux.Handle("POST /api/admin/nodes", admin(q.postNode))
+	mux.Handle("DELETE /api/admin/nodes/{name}", admin(q.deleteNode))
+	mux.Handle("POST /api/admin/shutdown", admin(q.postShutdown))
+	q.openaiRoutes(mux)
 	return q.contractErrors(mux)
 }
 

@@ -1,62 +1,190 @@
 package queen
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/registry"
 )
 
-// PlaceRequest is what a placement must satisfy.
+// PlaceRequest is what a placement must satisfy, and what it knows.
 type PlaceRequest struct {
 	Model string
 	GPU   *int // a device the worker must run on
+	// Models holds the model list of every pool whose hive answered, by
+	// pool id (the catalog).
+	Models map[string]map[string]api.Model
+	// Exclude names pools this placement must not use, with why (a hive
+	// that refused the same start a moment ago).
+	Exclude map[string]string
 }
 
-// Placer picks the pool a new worker goes to. It is pure: it decides from
-// the pools it is given. (Issue 5's demand-driven placement replaces the
-// default with one that knows the models and memory estimates.)
+// Rejection is a pool a placement did not choose, and why.
+type Rejection struct {
+	PoolID string
+	Reason string
+}
+
+// Decision is a placement: the pool and device chosen, and every other
+// pool with the reason it was not.
+type Decision struct {
+	Pool      registry.Pool
+	GPU       int    // the device chosen
+	FreeBytes uint64 // its free memory
+	NeedBytes uint64 // the model's size: the least it needs
+	Rejected  []Rejection
+}
+
+// auditMeta is the decision as the audit entry of the start shows it.
+func (d Decision) auditMeta() map[string]any {
+	return map[string]any{"pool_id": d.Pool.ID, "gpu_device": d.GPU, "free_bytes": d.FreeBytes, "need_bytes": d.NeedBytes,
+		"rejected": rejectedMeta(d.Rejected)}
+}
+
+func rejectedMeta(rs []Rejection) map[string]any {
+	out := make(map[string]any, len(rs))
+	for _, r := range rs {
+		out[r.PoolID] = r.Reason
+	}
+	return out
+}
+
+// PlacementError is a placement that found no pool; it wraps ErrNoPool.
+type PlacementError struct {
+	Model    string
+	Rejected []Rejection
+}
+
+func (e *PlacementError) Error() string {
+	if len(e.Rejected) == 0 {
+		return fmt.Sprintf("no pool can run %s: no hive has registered", e.Model)
+	}
+	parts := make([]string, len(e.Rejected))
+	for i, r := range e.Rejected {
+		parts[i] = r.PoolID + ": " + r.Reason
+	}
+	return fmt.Sprintf("no pool can run %s (%s)", e.Model, strings.Join(parts, "; "))
+}
+
+func (e *PlacementError) Unwrap() error { return ErrNoPool }
+
+// Placer picks the pool and device a new worker goes to. It is pure: it
+// decides from the pools and the request it is given.
 type Placer interface {
-	Place(pools []registry.Pool, req PlaceRequest) (registry.Pool, error)
+	Place(pools []registry.Pool, req PlaceRequest) (Decision, error)
 }
 
-// MostFreeMemory places on the healthy pool whose roomiest device (or the
-// requested one) has the most free memory; ties go to the smaller id.
+// MostFreeMemory is the placement of issue 5: among the healthy pools
+// whose hive has the model, the one with a device where the model fits
+// and that has the most free memory; ties go to the smaller pool id, then
+// the smaller device id. The model fits a device whose free memory is at
+// least the GGUF's size (the hive checks its finer estimate, weights plus
+// KV cache, and refuses a start that does not fit; the controller then
+// places again without that pool). Every pool not chosen gets a reason.
 type MostFreeMemory struct{}
 
 // Place implements Placer.
-func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (registry.Pool, error) {
-	var best registry.Pool
-	var bestFree uint64
-	found := false
-	var rejected []string
+func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, error) {
+	type fit struct {
+		pool registry.Pool
+		gpu  int
+		free uint64
+	}
+	var fits []fit
+	var rejected []Rejection
+	var need uint64
 	for _, p := range pools {
+		if m, ok := req.Models[p.ID][req.Model]; ok && m.SizeBytes > 0 {
+			need = uint64(m.SizeBytes)
+			break
+		}
+	}
+	for _, p := range pools {
+		reject := func(format string, a ...any) { rejected = append(rejected, Rejection{p.ID, fmt.Sprintf(format, a...)}) }
 		if p.Status != registry.Healthy {
-			rejected = append(rejected, fmt.Sprintf("%s is %s", p.ID, p.Status))
+			reject("pool is %s", p.Status)
 			continue
 		}
-		free := p.MaxFreeBytes()
-		if req.GPU != nil {
-			ok := false
-			for _, g := range p.GPUs {
-				if g.ID == *req.GPU {
-					free, ok = g.FreeBytes, true
-				}
-			}
-			if !ok {
-				rejected = append(rejected, fmt.Sprintf("%s has no device %d", p.ID, *req.GPU))
+		if why, ok := req.Exclude[p.ID]; ok {
+			reject("%s", why)
+			continue
+		}
+		models, known := req.Models[p.ID]
+		if !known {
+			reject("its model list is not known (the hive has not answered GET /v2/models)")
+			continue
+		}
+		m, ok := models[req.Model]
+		if !ok {
+			reject("does not have model %s", req.Model)
+			continue
+		}
+		size := uint64(max(m.SizeBytes, 0))
+		best, bestFree, found := 0, uint64(0), false
+		var roomiest api.GPU
+		seen := false
+		for _, g := range p.GPUs {
+			if req.GPU != nil && g.ID != *req.GPU {
 				continue
 			}
+			if !seen || g.FreeBytes > roomiest.FreeBytes {
+				roomiest = g
+			}
+			seen = true
+			if g.FreeBytes >= size && (!found || g.FreeBytes > bestFree || (g.FreeBytes == bestFree && g.ID < best)) {
+				best, bestFree, found = g.ID, g.FreeBytes, true
+			}
 		}
-		if !found || free > bestFree || (free == bestFree && p.ID < best.ID) {
-			best, bestFree, found = p, free, true
+		switch {
+		case !seen && req.GPU != nil:
+			reject("has no device %d", *req.GPU)
+		case !seen:
+			reject("reports no devices")
+		case !found:
+			reject("no device has room for %s (%s): the roomiest, device %d, has %s free", req.Model, bytesIEC(size), roomiest.ID, bytesIEC(roomiest.FreeBytes))
+		default:
+			fits = append(fits, fit{p, best, bestFree})
 		}
 	}
-	if !found {
-		if len(rejected) == 0 {
-			return registry.Pool{}, fmt.Errorf("%w: no hive has registered", ErrNoPool)
-		}
-		return registry.Pool{}, fmt.Errorf("%w: %s", ErrNoPool, strings.Join(rejected, "; "))
+	if len(fits) == 0 {
+		return Decision{}, &PlacementError{Model: req.Model, Rejected: rejected}
 	}
-	return best, nil
+	win := fits[0]
+	for _, f := range fits[1:] {
+		if f.free > win.free || (f.free == win.free && f.pool.ID < win.pool.ID) {
+			win = f
+		}
+	}
+	for _, f := range fits {
+		if f.pool.ID != win.pool.ID {
+			rejected = append(rejected, Rejection{f.pool.ID, fmt.Sprintf("fits on device %d with %s free; %s has more (%s on device %d, ties go to the smaller id)",
+				f.gpu, bytesIEC(f.free), win.pool.ID, bytesIEC(win.free), win.gpu)})
+		}
+	}
+	return Decision{Pool: win.pool, GPU: win.gpu, FreeBytes: win.free, NeedBytes: need, Rejected: rejected}, nil
+}
+
+// placementRejections returns the pools a failed placement rejected.
+func placementRejections(err error) []Rejection {
+	var pe *PlacementError
+	if errors.As(err, &pe) {
+		return pe.Rejected
+	}
+	return nil
+}
+
+// bytesIEC formats n as 1.5 GiB.
+func bytesIEC(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -1,7 +1,6 @@
 package queen
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -9,7 +8,6 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
-	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
@@ -89,36 +87,6 @@ func TestRowTransitionTable(t *testing.T) {
 			if got := canRowTransition(from, to); got != allowed[[2]lifecycle.Status{from, to}] {
 				t.Errorf("%s → %s: %v", from, to, got)
 			}
-		}
-	}
-}
-
-func TestPlacement(t *testing.T) {
-	gpu := func(id int, free uint64) api.GPU { return api.GPU{ID: id, FreeBytes: free} }
-	pools := []registry.Pool{
-		{ID: "a", Status: registry.Healthy, GPUs: []api.GPU{gpu(0, 10)}},
-		{ID: "b", Status: registry.Healthy, GPUs: []api.GPU{gpu(0, 5), gpu(1, 30)}},
-		{ID: "c", Status: registry.Draining, GPUs: []api.GPU{gpu(0, 100)}},
-		{ID: "d", Status: registry.Healthy, GPUs: []api.GPU{gpu(0, 30)}},
-	}
-	one := 1
-	zero := 0
-	for _, tc := range []struct {
-		name  string
-		pools []registry.Pool
-		gpu   *int
-		want  string
-		err   error
-	}{
-		{"most free memory, ties by id", pools, nil, "b", nil},
-		{"on a given device", pools, &zero, "d", nil},
-		{"device only one pool has", pools, &one, "b", nil},
-		{"nothing healthy", pools[2:3], nil, "", ErrNoPool},
-		{"no pools", nil, nil, "", ErrNoPool},
-	} {
-		p, err := MostFreeMemory{}.Place(tc.pools, PlaceRequest{Model: "tiny", GPU: tc.gpu})
-		if !errors.Is(err, tc.err) || p.ID != tc.want {
-			t.Errorf("%s: %q %v, want %q %v", tc.name, p.ID, err, tc.want, tc.err)
 		}
 	}
 }

@@ -88,6 +88,7 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 		return err
 	}
 	q.metrics.registrations.Inc()
+	q.routing.catalog.registered(p.ID, p.Endpoint)
 	writeJSON(w, http.StatusOK, poolWire(p))
 	return nil
 }
@@ -119,6 +120,7 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	if err := q.heartbeat(r.Context(), id, hb); err != nil {
 		return err
 	}
+	q.routing.poke()
 	p, _ := q.reg.Get(id)
 	writeJSON(w, http.StatusOK, heartbeatAnswer{PoolID: id, Status: string(p.Status)})
 	return nil
@@ -159,6 +161,7 @@ func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) erro
 	if err != nil {
 		return err
 	}
+	q.routing.poke()
 	writeJSON(w, http.StatusOK, ack)
 	return nil
 }

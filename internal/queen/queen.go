@@ -8,6 +8,14 @@
 // rows; both write the store before they change memory. Decisions are pure
 // (reconcile, Placer); effects on hives go through HiveClient, and the
 // background ones run on the queen's task workers.
+//
+// Inference (routing.go, part 2): the OpenAI endpoints (route.go) check a
+// request and relay it to a serving worker of its model (relay.go), which
+// the router (router.go) picks by in-flight count and session affinity
+// (affinity.go), queueing the request while no worker has a free slot.
+// Requests never start workers: the controller (controller.go) turns
+// queued demand into placements (placement.go, with the hives' model
+// lists from catalog.go) and lifecycle rows, through StartWorker.
 package queen
 
 import (
@@ -15,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -49,6 +58,10 @@ type Queen struct {
 	addr net.Addr
 
 	tasks chan func(context.Context)
+	fleet *fleet // the hives this queen started; set by Run before serving
+	// routing is the inference half (route.go, router.go, controller.go);
+	// set by Run before serving.
+	routing *routing
 
 	ready     chan struct{}
 	done      chan struct{}
@@ -147,7 +160,9 @@ func (q *Queen) run(ctx context.Context) error {
 		return fmt.Errorf("queen: listen on %s: %w", q.cfg.Addr, err)
 	}
 	q.addr = ln.Addr()
+	q.routing = q.newRouting()
 	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
+	stopOwned := q.startOwned(cancel)
 
 	bg, bgCancel := context.WithCancel(context.WithoutCancel(ctx))
 	var g errgroup.Group
@@ -163,12 +178,19 @@ func (q *Queen) run(ctx context.Context) error {
 	for range taskWorkers {
 		g.Go(func() error { q.runTasks(bg); return nil })
 	}
+	g.Go(func() error { q.routing.run(bg, q); return nil })
 	q.log.Info("queen serving", "addr", q.addr.String(), "store", string(st.Dialect()),
 		"heartbeat_timeout", q.cfg.HeartbeatTimeout, "unhealthy_grace", q.cfg.UnhealthyGrace, "offline_retention", q.cfg.OfflineRetention)
 	close(q.ready)
 
 	<-ctx.Done()
 	q.log.Info("queen shutting down")
+	// Step 0a: inference stops: queued requests are answered 503, so
+	// no demand places workers while everything stops.
+	q.routing.close()
+	// Step 0: the hives this queen started cascade and exit while it still
+	// serves, so their workers' last events reach the rows.
+	stopOwned()
 	// Step 1: stop taking requests; let those in flight finish.
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	serr := srv.Shutdown(sctx)
@@ -189,10 +211,15 @@ func (q *Queen) run(ctx context.Context) error {
 // Close asks a running queen to stop and waits until it has. It is
 // idempotent; before Run it does nothing.
 //
-// Shutdown order:
+// First of all, inference stops: new requests and those waiting for a
+// worker are answered 503 (streams in flight go on). Then, in order:
+//  0. stop every hive this queen started (each stops its workers, then
+//     exits) and wait for them, still serving; hives an operator started
+//     are left running,
 //  1. stop accepting HTTP requests and finish those in flight,
 //  2. stop the task workers (queued hive calls are dropped; the next
-//     heartbeat of each hive would bring them back),
+//     heartbeat of each hive would bring them back) and routing's
+//     controller, model list reads and affinity sweep,
 //  3. stop the registry's lease timers (no status changes after this),
 //  4. flush the heartbeat data of pools and rows to the store,
 //  5. close the store, which releases the owner lock.
@@ -276,6 +303,9 @@ type StartRequest struct {
 	Reason string
 	Actor  string
 	Owner  string // OwnerOperator or OwnerQueen
+	// Meta is added to the audit entry of the start (the controller's
+	// placement decision and demand).
+	Meta map[string]any
 }
 
 // StartWorker writes a STARTING row, then asks the hive to start the worker
@@ -293,16 +323,26 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 		}
 		pool = p
 	} else {
-		p, err := q.cfg.Placer.Place(q.reg.Query(registry.Filter{}), PlaceRequest{Model: req.Model, GPU: req.GPU})
+		d, err := q.decide(ctx, req.Model, req.GPU, nil)
 		if err != nil {
 			return store.Row{}, err
 		}
-		pool = p
+		pool = d.Pool
+		if req.GPU == nil {
+			g := d.GPU
+			req.GPU = &g
+		}
+		req.Meta = maps.Clone(req.Meta)
+		if req.Meta == nil {
+			req.Meta = map[string]any{}
+		}
+		req.Meta["placement"] = d.auditMeta()
 	}
 	now := micro(time.Now())
 	row := store.Row{ID: newLifecycleID(), PoolID: pool.ID, ModelRef: req.Model, GPUDevice: req.GPU,
 		Status: rowStarting, Reason: req.Reason, Owner: req.Owner, CreatedAt: now}
 	meta := map[string]any{"pool_id": pool.ID, "model_ref": req.Model, "owner": req.Owner}
+	maps.Copy(meta, req.Meta)
 	if req.GPU != nil {
 		meta["gpu_device"] = *req.GPU
 	}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/apiary-llm/apiary/internal/keeper"
+)
+
+func newInferCmd() *cobra.Command {
+	cfg := keeper.InferConfig{}
+	var debug bool
+	cmd := &cobra.Command{
+		Use:   "infer --model REF --prompt TEXT [--max-tokens N] [--node NAME] [--queen URL]",
+		Short: "Answer a prompt (starting a throwaway queen and hive when none runs)",
+		Long: `Answer one prompt, token by token on stdout; progress goes to stderr.
+
+Persistent mode: a queen answers at --queen (default $APIARY_QUEEN or
+http://127.0.0.1:8080). The prompt goes to it; the queen, its hives and
+workers keep running afterwards.
+
+Ephemeral mode: no queen answers. apiary starts a queen with a hive on this
+machine (free ports, a throwaway data dir), answers, then stops everything it
+started. --model is then a model ref from the models dir
+($XDG_DATA_HOME/apiary/models) or a path to a .gguf file.
+
+Ctrl+C or SIGTERM at any moment stops what this command started (never a
+queen it found running) and exits 130 or 143.
+
+--node NAME pins the request to that node's pool (persistent mode).
+Tokens come from APIARY_API_TOKEN and APIARY_ADMIN_TOKEN.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runInfer(cmd, cfg, debug)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&cfg.Model, "model", "", "model ref (tiny), or a path to a .gguf file (required)")
+	fl.StringVar(&cfg.Prompt, "prompt", "", "the prompt (required)")
+	fl.IntVar(&cfg.MaxTokens, "max-tokens", 0, "longest answer in tokens (0: the worker's default)")
+	fl.StringVar(&cfg.Node, "node", "", "serve the prompt on this node's pool only")
+	fl.StringVar(&cfg.QueenURL, "queen", defaultQueenURL(), "queen URL (default $APIARY_QUEEN or http://127.0.0.1:8080)")
+	fl.StringVar(&cfg.ModelsDir, "models-dir", keeper.DefaultModelsDir(), "ephemeral mode: where a model ref is looked up")
+	fl.IntVar(&cfg.WorkerThreads, "worker-threads", 0, "ephemeral mode: CPU threads of the local worker (0: one per CPU)")
+	fl.StringArrayVar(&cfg.QueenArgs, "queen-arg", nil, "ephemeral mode: extra flag for the queen it starts (repeatable)")
+	fl.DurationVar(&cfg.StopTimeout, "stop-timeout", keeper.DefaultStopTimeout, "ephemeral mode: how long the queen it started may take to stop; then it is killed")
+	fl.BoolVar(&debug, "debug", false, "log what the keeper does on stderr")
+	_ = fl.MarkHidden("queen-arg")
+	return cmd
+}
+
+// runInfer runs the keeper with its own signal handling: it must know
+// whether SIGINT (exit 130) or SIGTERM (exit 143) ended it.
+func runInfer(cmd *cobra.Command, cfg keeper.InferConfig, debug bool) error {
+	cfg.Stdout, cfg.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+	cfg.Tokens = keeper.Tokens{API: os.Getenv("APIARY_API_TOKEN"), Admin: os.Getenv("APIARY_ADMIN_TOKEN"), Cluster: os.Getenv("APIARY_CLUSTER_TOKEN")}
+	if f, ok := cfg.Stderr.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			cfg.Terminal = true
+		}
+	}
+	if debug {
+		cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	k, err := keeper.NewInfer(cfg)
+	if err != nil {
+		return usagef("infer: %v", stripUsage(err))
+	}
+
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+	ctx, cancel := context.WithCancel(cmd.Context())
+	defer cancel()
+	got := make(chan os.Signal, 1)
+	go func() {
+		select {
+		case s := <-sigc:
+			got <- s
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	err = k.Run(ctx)
+	if ctx.Err() != nil {
+		cancel()
+		var sig os.Signal
+		select {
+		case sig = <-got:
+		case s := <-sigc:
+			sig = s
+		case <-time.After(time.Second): // main's handler took the signal; call it Ctrl+C
+			sig = os.Interrupt
+		}
+		code := 130
+		if sig == syscall.SIGTERM {
+			code = 143
+		}
+		var rest error
+		if err != nil && !errors.Is(err, context.Canceled) {
+			rest = err
+		}
+		return &exitError{code: code, err: rest}
+	}
+	if errors.Is(err, keeper.ErrUsage) {
+		return usagef("infer: %v", stripUsage(err))
+	}
+	return err
+}
+
+// stripUsage drops the "keeper: usage: " prefix that the keeper's usage
+// errors carry for errors.Is.
+func stripUsage(err error) error {
+	return errors.New(strings.ReplaceAll(err.Error(), keeper.ErrUsage.Error()+": ", ""))
+}

@@ -1,0 +1,343 @@
+package keeper
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/openai"
+)
+
+// Modes of `apiary infer` (lifecycle-clarification.md, "The Two Modes").
+const (
+	// ModePersistent: a queen answers at the URL; the keeper uses it and
+	// leaves it (and its hives and workers) running.
+	ModePersistent = "persistent"
+	// ModeEphemeral: none answers; the keeper starts a queen with a local
+	// hive, answers the prompt, and stops everything it started.
+	ModeEphemeral = "ephemeral"
+)
+
+// Tokens are the bearer tokens the keeper sends (from the environment).
+type Tokens struct {
+	API, Admin, Cluster string
+}
+
+// InferConfig is one `apiary infer`.
+type InferConfig struct {
+	QueenURL  string
+	Model     string // a model ref, or (ephemeral mode) a path to a .gguf file
+	Prompt    string
+	MaxTokens int    // 0: the worker's default
+	Node      string // pin the request to this node's pool
+	Tokens    Tokens
+
+	Stdout io.Writer // the answer, token by token
+	Stderr io.Writer // progress and diagnostics
+	// Terminal rewrites one progress line in place (stderr is a terminal);
+	// otherwise progress is plain lines, one per change.
+	Terminal bool
+
+	// Ephemeral mode.
+	Binary        string   // apiary to run as the queen; default this executable
+	ModelsDir     string   // where a ref is looked up; default DefaultModelsDir()
+	WorkerThreads int      // the local workers' threads (0: one per CPU)
+	QueenArgs     []string // extra flags of the ephemeral queen
+	TempDir       string   // parent of the throwaway data dir; default os.TempDir()
+
+	DetectTimeout time.Duration // how long a queen has to answer /health; default 2s
+	StartTimeout  time.Duration // queen and local hive up; default 60s
+	StopTimeout   time.Duration // the ephemeral queen's cascade; default 120s
+	Logger        *slog.Logger
+}
+
+// Defaults of InferConfig.
+const (
+	DefaultDetectTimeout = 2 * time.Second
+	DefaultStartTimeout  = 60 * time.Second
+	DefaultStopTimeout   = 120 * time.Second
+)
+
+// DefaultModelsDir is where `apiary models` keeps GGUF files:
+// $XDG_DATA_HOME/apiary/models, or ~/.local/share/apiary/models.
+func DefaultModelsDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "apiary", "models")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "apiary", "models")
+	}
+	return filepath.Join(home, ".local", "share", "apiary", "models")
+}
+
+// ErrUsage marks a mistake in what the keeper was asked (exit code 2).
+var ErrUsage = errors.New("keeper: usage")
+
+var refPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$`)
+
+func (c InferConfig) withDefaults() InferConfig {
+	if c.Stdout == nil {
+		c.Stdout = io.Discard
+	}
+	if c.Stderr == nil {
+		c.Stderr = io.Discard
+	}
+	if c.ModelsDir == "" {
+		c.ModelsDir = DefaultModelsDir()
+	}
+	if c.DetectTimeout == 0 {
+		c.DetectTimeout = DefaultDetectTimeout
+	}
+	if c.StartTimeout == 0 {
+		c.StartTimeout = DefaultStartTimeout
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = DefaultStopTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	c.QueenURL = strings.TrimSuffix(c.QueenURL, "/")
+	return c
+}
+
+// Validate reports every problem with c at once; each wraps ErrUsage.
+func (c InferConfig) Validate() error {
+	var errs []error
+	if strings.TrimSpace(c.Model) == "" {
+		errs = append(errs, fmt.Errorf("%w: --model is required: a model ref (tiny) or a path to a .gguf file", ErrUsage))
+	}
+	if c.Prompt == "" {
+		errs = append(errs, fmt.Errorf("%w: --prompt is required", ErrUsage))
+	}
+	if c.MaxTokens < 0 {
+		errs = append(errs, fmt.Errorf("%w: --max-tokens must not be negative, got %d", ErrUsage, c.MaxTokens))
+	}
+	if c.WorkerThreads < 0 {
+		errs = append(errs, fmt.Errorf("%w: --worker-threads must not be negative, got %d", ErrUsage, c.WorkerThreads))
+	}
+	if c.Node != "" && !refPattern.MatchString(c.Node) {
+		errs = append(errs, fmt.Errorf("%w: --node %q is not a node name", ErrUsage, c.Node))
+	}
+	if !strings.HasPrefix(c.QueenURL, "http://") && !strings.HasPrefix(c.QueenURL, "https://") {
+		errs = append(errs, fmt.Errorf("%w: --queen %q is not an http(s) URL", ErrUsage, c.QueenURL))
+	}
+	return errors.Join(errs...)
+}
+
+// Infer answers one prompt. Create it with NewInfer, run it with Run.
+type Infer struct {
+	cfg  InferConfig
+	log  *slog.Logger
+	mode chan string // receives the mode once Run has chosen it
+}
+
+// NewInfer checks cfg (after defaults).
+func NewInfer(cfg InferConfig) (*Infer, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Infer{cfg: cfg, log: cfg.Logger.With("component", "keeper"), mode: make(chan string, 1)}, nil
+}
+
+// Mode is closed over the mode Run chose (for tests and diagnostics).
+func (k *Infer) Mode() <-chan string { return k.mode }
+
+// Run picks the mode, streams the answer to Stdout and returns. In
+// ephemeral mode it stops the queen it started (which stops its hive,
+// which stops its workers) before it returns, however it returns: done,
+// failed, or ctx cancelled (Ctrl+C, SIGTERM). In persistent mode it leaves
+// everything running.
+func (k *Infer) Run(ctx context.Context) (err error) {
+	mode, err := k.detect(ctx)
+	if err != nil {
+		return err
+	}
+	k.mode <- mode
+	k.log.Debug("mode", "mode", mode, "queen", k.cfg.QueenURL)
+	url, ref := k.cfg.QueenURL, k.cfg.Model
+	if mode == ModeEphemeral {
+		if k.cfg.Node != "" {
+			return fmt.Errorf("%w: --node %s needs a running queen that knows that node; none answers at %s (start one: apiary queen, apiary nodes add)",
+				ErrUsage, k.cfg.Node, k.cfg.QueenURL)
+		}
+		eph := &ephemeral{k: k}
+		defer func() {
+			if terr := eph.teardown(ctx.Err() != nil); terr != nil {
+				err = errors.Join(err, terr)
+			}
+		}()
+		if ref, err = eph.start(ctx); err != nil {
+			return err
+		}
+		url = eph.url
+	} else if ref, err = persistentRef(k.cfg.Model); err != nil {
+		return err
+	}
+	return k.generate(ctx, url, ref)
+}
+
+// persistentRef is the ref to ask a running queen for: a path names its
+// file's ref (the pools must have that file).
+func persistentRef(model string) (string, error) {
+	if !looksLikePath(model) {
+		if !refPattern.MatchString(model) {
+			return "", fmt.Errorf("%w: --model %q is neither a model ref nor a path to a .gguf file", ErrUsage, model)
+		}
+		return strings.TrimSuffix(model, ".gguf"), nil
+	}
+	return strings.TrimSuffix(filepath.Base(model), ".gguf"), nil
+}
+
+func looksLikePath(model string) bool {
+	return strings.ContainsRune(model, '/') || strings.HasSuffix(model, ".gguf")
+}
+
+// detect asks GET /health: an apiary answer is persistent mode, nothing
+// answering is ephemeral mode, anything else is an error.
+func (k *Infer) detect(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, k.cfg.DetectTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.cfg.QueenURL+"/health", nil)
+	if err != nil {
+		return "", fmt.Errorf("%w: --queen %q: %w", ErrUsage, k.cfg.QueenURL, err)
+	}
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Do(req)
+	if err != nil {
+		if pctx := context.Cause(ctx); errors.Is(pctx, context.Canceled) {
+			return "", pctx
+		}
+		k.log.Debug("no queen answers; ephemeral mode", "queen", k.cfg.QueenURL, "err", err)
+		return ModeEphemeral, nil
+	}
+	defer resp.Body.Close()
+	var h api.Health
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &h) != nil || h.Status != "ok" {
+		return "", fmt.Errorf("something answers at %s but it is not an apiary queen (GET /health: %s); point --queen or APIARY_QUEEN at a queen, or at a free address for ephemeral mode",
+			k.cfg.QueenURL, resp.Status)
+	}
+	return ModePersistent, nil
+}
+
+// generate sends the prompt as a streamed chat completion and writes each
+// token as it arrives.
+func (k *Infer) generate(ctx context.Context, url, ref string) error {
+	body := map[string]any{
+		"model":    ref,
+		"messages": []openai.ChatMessage{{Role: openai.RoleUser, Content: k.cfg.Prompt}},
+		"stream":   true,
+	}
+	if k.cfg.MaxTokens > 0 {
+		body["max_tokens"] = k.cfg.MaxTokens
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	if k.cfg.Tokens.API != "" {
+		req.Header.Set("Authorization", "Bearer "+k.cfg.Tokens.API)
+	}
+	if k.cfg.Node != "" {
+		req.Header.Set(api.PoolHeader, k.cfg.Node)
+	}
+	prog := k.startProgress(ctx, url, ref)
+	defer prog.stop()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return fmt.Errorf("%w at %s: %w", ErrUnreachable, url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		prog.stop()
+		return answerError(resp)
+	}
+	return k.stream(ctx, resp.Body, prog)
+}
+
+// answerError reads an OpenAI error answer.
+func answerError(resp *http.Response) error {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var e api.Error
+	if json.Unmarshal(data, &e) != nil || e.Error.Message == "" {
+		return &APIError{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(data))}
+	}
+	return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+}
+
+// stream copies the content of each SSE chunk to Stdout until [DONE].
+func (k *Infer) stream(ctx context.Context, body io.Reader, prog *progress) error {
+	rd := bufio.NewReaderSize(body, 64<<10)
+	wrote, lastNL := false, true
+	finish := func() {
+		if wrote && !lastNL {
+			_, _ = io.WriteString(k.cfg.Stdout, "\n")
+		}
+	}
+	for {
+		line, err := rd.ReadString('\n')
+		if data, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data:"); ok {
+			prog.stop()
+			data = strings.TrimSpace(data)
+			if data == "[DONE]" {
+				finish()
+				return nil
+			}
+			var ev struct {
+				Choices []openai.ChatChunkChoice `json:"choices"`
+				Error   *api.ErrorDetail         `json:"error"`
+			}
+			if jerr := json.Unmarshal([]byte(data), &ev); jerr != nil {
+				finish()
+				return fmt.Errorf("keeper: bad event in the answer stream: %w", jerr)
+			}
+			if ev.Error != nil {
+				finish()
+				return &APIError{Status: http.StatusOK, Code: ev.Error.Code, Message: "the answer broke off: " + ev.Error.Message}
+			}
+			for _, c := range ev.Choices {
+				if c.Delta.Content != nil && *c.Delta.Content != "" {
+					if _, werr := io.WriteString(k.cfg.Stdout, *c.Delta.Content); werr != nil {
+						return fmt.Errorf("keeper: write answer: %w", werr)
+					}
+					wrote, lastNL = true, strings.HasSuffix(*c.Delta.Content, "\n")
+				}
+			}
+		}
+		if err != nil {
+			finish()
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			if errors.Is(err, io.EOF) {
+				return errors.New("keeper: the answer stream ended before [DONE]")
+			}
+			return fmt.Errorf("keeper: read answer stream: %w", err)
+		}
+	}
+}

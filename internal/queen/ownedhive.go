@@ -1,0 +1,333 @@
+package queen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/procs"
+	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/sshnode"
+)
+
+// ownedHive supervises the hive the queen runs on one node: it prepares
+// the node (probe, copy apiary), starts the hive with a lifeline, restarts
+// it with a growing pause when it ends, and on stop (ctx) cascades it.
+type ownedHive struct {
+	f      *fleet
+	spec   nodeSpec
+	log    *slog.Logger
+	ctx    context.Context // cancelled to stop the hive
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu sync.Mutex
+	st api.NodeHive // guarded by mu
+}
+
+// errExternal: a hive the queen did not start serves the pool.
+var errExternal = errors.New("queen: another hive serves the pool")
+
+func (h *ownedHive) set(state, msg string, fn func(*api.NodeHive)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.st.State != state {
+		h.st.Since = time.Now()
+	}
+	h.st.State, h.st.Message = state, msg
+	if fn != nil {
+		fn(&h.st)
+	}
+}
+
+func (h *ownedHive) wire() api.Node {
+	h.mu.Lock()
+	st := h.st
+	h.mu.Unlock()
+	n := api.Node{Name: h.spec.name, HivePort: h.spec.hivePort, Local: h.spec.local(), CreatedAt: h.spec.createdAt.UTC(),
+		PoolID: h.spec.name, Hive: st}
+	n.Hive.Since = n.Hive.Since.UTC()
+	if h.spec.target != nil {
+		n.SSH, n.InstallDir = h.spec.target.String(), h.spec.installDir
+	}
+	return n
+}
+
+// run is the supervisor loop; it returns once the hive is stopped.
+func (h *ownedHive) run() {
+	defer close(h.done)
+	cfg := h.f.cfg
+	pause := cfg.RestartMin
+	for {
+		began := time.Now()
+		err := h.once()
+		if h.ctx.Err() != nil {
+			h.set(api.HiveStopped, "stopped by the queen", func(s *api.NodeHive) { s.PID = 0 })
+			return
+		}
+		wait := pause
+		if errors.Is(err, errExternal) {
+			wait = min(h.f.q.cfg.HeartbeatTimeout, cfg.RestartMax)
+		} else {
+			if time.Since(began) > time.Minute {
+				pause = cfg.RestartMin
+			}
+			wait = pause
+			pause = min(2*pause, cfg.RestartMax)
+			h.set(api.HiveRetrying, fmt.Sprintf("%v; next try in %s", err, wait), func(s *api.NodeHive) { s.PID = 0 })
+			h.log.Warn("hive of the queen not running; will try again", "err", err, "pause", wait.String())
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-h.ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// once prepares the node, starts the hive and waits until it ends or the
+// queen stops it.
+func (h *ownedHive) once() error {
+	h.set(api.HiveConnecting, "", nil)
+	path, args, err := h.prepare()
+	if err != nil {
+		return err
+	}
+	if p, ok := h.f.q.reg.Get(h.spec.name); ok && (p.Status == registry.Healthy || p.Status == registry.Draining) {
+		msg := fmt.Sprintf("pool %s is served by a hive this queen did not start (%s); leaving it alone", p.ID, p.Endpoint)
+		h.set(api.HiveExternal, msg, nil)
+		h.log.Info("a hive the queen did not start serves the node's pool; not starting one", "pool_id", p.ID, "endpoint", p.Endpoint)
+		return errExternal
+	}
+	sess, err := h.launch(path, args)
+	if err != nil {
+		return err
+	}
+	h.set(api.HiveRunning, "", func(s *api.NodeHive) { s.PID = sess.proc.PID(); s.Starts++ })
+	h.log.Info("hive started", "pid", sess.proc.PID(), "local", h.spec.local())
+	h.f.audit("hive.start", h.spec.name, "the queen starts the hive of its node", map[string]any{"pid": sess.proc.PID(), "local": h.spec.local()})
+
+	select {
+	case <-sess.proc.Done():
+		exit := sess.proc.Exit()
+		why := fmt.Sprintf("hive exited (%s)", exit)
+		if tail := sess.out.tail(); tail != "" {
+			why += ": " + tail
+		}
+		h.f.audit("hive.exit", h.spec.name, why, map[string]any{"exit": exit.String()})
+		h.f.deregister(h.spec.name, "the hive the queen started on node "+h.spec.name+" exited")
+		return errors.New(why)
+	case <-h.ctx.Done():
+		h.set(api.HiveStopping, "the hive stops its workers, then exits", nil)
+		start := time.Now()
+		how := h.stopSession(sess)
+		h.log.Info("hive stopped", "how", how, "took", time.Since(start).Round(time.Millisecond).String(), "exit", sess.proc.Exit().String())
+		h.f.audit("hive.stop", h.spec.name, "the queen stops the hive it started: "+how, map[string]any{"exit": sess.proc.Exit().String()})
+		h.f.deregister(h.spec.name, "the queen stopped the hive it started on node "+h.spec.name)
+		return h.ctx.Err()
+	}
+}
+
+// prepare returns the command that runs the hive: apiary itself for the
+// local hive; ssh for a node, after probing it and copying apiary there
+// when it has none or another build.
+func (h *ownedHive) prepare() (string, []string, error) {
+	bin, err := h.f.binary()
+	if err != nil {
+		return "", nil, err
+	}
+	if h.spec.local() {
+		return bin.Path, h.f.hiveArgs(h.spec, "127.0.0.1:0"), nil
+	}
+	ctx, cancel := context.WithTimeout(h.ctx, h.f.cfg.ProbeTimeout)
+	defer cancel()
+	t := *h.spec.target
+	probe, copied, err := h.f.cfg.SSH.Ensure(ctx, t, h.spec.installDir, bin)
+	if err != nil {
+		return "", nil, err
+	}
+	if copied {
+		h.log.Info("copied apiary to the node", "install_dir", probe.InstallDir, "version", bin.Version)
+		h.f.audit("node.install", h.spec.name, "copied apiary "+bin.Version+" to "+probe.InstallDir, map[string]any{"sha256": bin.SHA256})
+	}
+	h.set(api.HiveConnecting, "", func(s *api.NodeHive) { s.Version, s.NodeAddr = probe.Version, probe.NodeAddr })
+	if err := h.f.reachable(h.spec.name, probe.NodeAddr); err != nil {
+		return "", nil, err
+	}
+	host := probe.NodeAddr
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	remote, err := sshnode.ApiaryCommand(h.spec.installDir, h.f.hiveArgs(h.spec, net.JoinHostPort(host, strconv.Itoa(h.spec.hivePort)))...)
+	if err != nil {
+		return "", nil, err
+	}
+	path, args := h.f.cfg.SSH.Command(t, remote)
+	return path, args, nil
+}
+
+// session is a running hive: the local process (the hive, or ssh holding
+// the session to it) and its lifeline.
+type session struct {
+	proc *procs.Process
+	line *procs.Lifeline
+	out  *hiveOutput
+}
+
+func (h *ownedHive) launch(path string, args []string) (*session, error) {
+	line, err := procs.NewLifeline(h.f.lifelineEnv())
+	if err != nil {
+		return nil, err
+	}
+	out := newHiveOutput(h.log)
+	proc, err := h.f.spawner.Start(h.ctx, procs.Spec{Path: path, Args: args, Env: childEnviron(), Stdin: line.Child,
+		Output: out, DeathSignal: syscall.SIGTERM, WaitDelay: 2 * time.Second})
+	line.CloseChildEnd()
+	if err != nil {
+		line.Cut()
+		return nil, err
+	}
+	return &session{proc: proc, line: line, out: out}, nil
+}
+
+// stopSession cascades the hive: its lifeline ends (over SSH: the session's
+// stdin), so it stops its workers and exits; a hive that does not finish
+// in HiveStopTimeout gets SIGTERM (for ssh: the session ends), then
+// SIGKILL. It says how the hive ended.
+func (h *ownedHive) stopSession(s *session) string {
+	s.line.Cut()
+	t := time.NewTimer(h.f.cfg.HiveStopTimeout)
+	defer t.Stop()
+	select {
+	case <-s.proc.Done():
+		return "lifeline closed, hive cascaded"
+	case <-t.C:
+	}
+	h.log.Warn("hive did not finish its cascade in time; SIGTERM", "timeout", h.f.cfg.HiveStopTimeout.String())
+	_ = s.proc.Signal(syscall.SIGTERM)
+	t.Reset(5 * time.Second)
+	select {
+	case <-s.proc.Done():
+		return "SIGTERM after the stop timeout"
+	case <-t.C:
+	}
+	s.proc.Kill()
+	<-s.proc.Done()
+	return "SIGKILL after the stop timeout"
+}
+
+// hiveOutput relays a started hive's log lines (JSON) into the queen's log
+// with the node's name, and keeps the last few for error messages.
+type hiveOutput struct {
+	log *slog.Logger
+
+	mu   sync.Mutex
+	buf  []byte   // guarded by mu; an unfinished line
+	last []string // guarded by mu
+}
+
+const hiveOutputTail = 5
+
+func newHiveOutput(log *slog.Logger) *hiveOutput { return &hiveOutput{log: log} }
+
+func (o *hiveOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.buf = append(o.buf, p...)
+	for {
+		i := bytes.IndexByte(o.buf, '\n')
+		if i < 0 {
+			break
+		}
+		line := string(bytes.TrimRight(o.buf[:i], "\r"))
+		o.buf = o.buf[i+1:]
+		o.lineLocked(line)
+	}
+	if len(o.buf) > 64<<10 {
+		o.lineLocked(string(o.buf))
+		o.buf = o.buf[:0]
+	}
+	return len(p), nil
+}
+
+func (o *hiveOutput) lineLocked(line string) {
+	if strings.TrimSpace(line) == "" {
+		return
+	}
+	o.last = append(o.last, line)
+	if len(o.last) > hiveOutputTail {
+		o.last = o.last[1:]
+	}
+	var m map[string]any
+	if json.Unmarshal([]byte(line), &m) != nil {
+		o.log.Info("hive: " + line)
+		return
+	}
+	level := slog.LevelInfo
+	if s, ok := m["level"].(string); ok {
+		_ = level.UnmarshalText([]byte(s))
+	}
+	msg, _ := m["msg"].(string)
+	delete(m, "level")
+	delete(m, "msg")
+	delete(m, "time")
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	attrs := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		attrs = append(attrs, slog.Any("hive_"+k, m[k]))
+	}
+	o.log.Log(context.Background(), level, "hive: "+msg, attrs...)
+}
+
+// tail is the last lines the hive wrote, the most useful first: an error
+// line if there is one.
+func (o *hiveOutput) tail() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i := len(o.last) - 1; i >= 0; i-- {
+		var m map[string]any
+		if json.Unmarshal([]byte(o.last[i]), &m) == nil {
+			if lvl, _ := m["level"].(string); lvl == "ERROR" {
+				msg, _ := m["msg"].(string)
+				if e, ok := m["err"].(string); ok {
+					msg += ": " + e
+				}
+				return msg
+			}
+			continue
+		}
+		return o.last[i] // plain text: apiary's one-line error, or ssh's
+	}
+	if n := len(o.last); n > 0 {
+		return o.last[n-1]
+	}
+	return ""
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// urlHost is the host of a URL, without port and brackets.
+func urlHost(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return p.Hostname()
+}

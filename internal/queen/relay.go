@@ -1,0 +1,332 @@
+package queen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/registry"
+)
+
+// relayReq is a checked OpenAI request on its way to a worker.
+type relayReq struct {
+	model   string
+	path    string // /v1/completions or /v1/chat/completions
+	body    []byte // as the client sent it
+	stream  bool
+	session string
+	start   time.Time // arrival at the queen
+}
+
+// outcome is how one attempt on one worker ended.
+type outcome struct {
+	// retry: nothing reached the client; another worker may be tried.
+	retry bool
+	// broken: the worker failed the connection (refused, reset, or a
+	// stream that ended without its end); it gets no requests for a while
+	// and is checked.
+	broken bool
+	// started: the answer to the client began.
+	started bool
+	err     error
+}
+
+// relay sends rr to a worker of its model and relays the answer. The
+// request waits in the router's queue while no worker has a free slot.
+// Until the first byte reaches the client, a worker that fails (refused
+// connection, 5xx, a stream that breaks before its first event) is left
+// out and another is tried, up to maxAttempts; after it, a worker that
+// fails ends the stream with an error event.
+func (q *Queen) relay(w http.ResponseWriter, r *http.Request, rr relayReq) error {
+	rt := q.routing
+	ctx := r.Context()
+	exclude := map[workerKey]bool{}
+	var last error
+	for attempt := 1; attempt <= maxAttempts; attempt++ {
+		l, err := rt.router.acquire(ctx, routeReq{model: rr.model, session: rr.session, exclude: exclude, retry: attempt > 1})
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w: while waiting for a worker: %w", errClientGone, err)
+			}
+			if last != nil {
+				return fmt.Errorf("%w (after: %w)", err, last)
+			}
+			return err
+		}
+		if rr.session != "" && attempt == 1 {
+			result := "miss"
+			if l.pinned {
+				result = "hit"
+			}
+			rt.m.affinity.WithLabelValues(result).Inc()
+		}
+		w.Header().Set(WorkerHeader, l.cand.lifecycleID)
+		o := q.attempt(ctx, w, l, rr)
+		rt.router.release(l, o.broken)
+		if o.broken {
+			q.suspect(l, o.err)
+		}
+		if !o.retry {
+			return o.err
+		}
+		exclude[l.cand.key] = true
+		last = o.err
+		reason := "worker_error"
+		if o.broken {
+			reason = "connection"
+		}
+		rt.m.retries.WithLabelValues(rr.model, reason).Inc()
+		q.log.Warn("worker failed before the first byte; trying another", "model_ref", rr.model, "lifecycle_id", l.cand.lifecycleID,
+			"attempt", attempt, "err", o.err)
+	}
+	return fmt.Errorf("%w: %d workers failed: %w", ErrUpstream, maxAttempts, last)
+}
+
+// attempt sends rr to the leased worker and relays its answer.
+func (q *Queen) attempt(ctx context.Context, w http.ResponseWriter, l lease, rr relayReq) outcome {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(l.cand.uri, "/")+rr.path, bytes.NewReader(rr.body))
+	if err != nil {
+		return outcome{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if rr.stream {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	resp, err := q.routing.up.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return outcome{err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
+		}
+		return outcome{retry: true, broken: true, err: fmt.Errorf("worker %s: %w", l.cand.lifecycleID, err)}
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 500:
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return outcome{retry: true, err: workerAnswer(resp.StatusCode, data)}
+	case resp.StatusCode != http.StatusOK:
+		// The client's fault (400, 404 …): the worker's answer is the
+		// answer.
+		return q.copyAnswer(w, resp)
+	case !rr.stream || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
+		return q.copyAnswer(w, resp)
+	}
+	return q.relayStream(ctx, w, resp, l, rr)
+}
+
+// workerAnswer turns a worker's error body into an upstreamError.
+func workerAnswer(status int, data []byte) error {
+	var e openai.ErrorResponse
+	if json.Unmarshal(data, &e) != nil || e.Error.Code == "" {
+		e.Error.Code, e.Error.Message = "worker_error", strings.TrimSpace(string(data))
+	}
+	return &upstreamError{status: status, code: e.Error.Code, message: e.Error.Message}
+}
+
+// copyAnswer passes a worker's whole answer on.
+func (q *Queen) copyAnswer(w http.ResponseWriter, resp *http.Response) outcome {
+	for _, h := range []string{"Content-Type", "Content-Length", "Retry-After"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return outcome{started: true, err: fmt.Errorf("%w: copying the answer: %w", errClientGone, err)}
+	}
+	return outcome{started: true}
+}
+
+// SSE lines the relay looks for.
+var (
+	sseDone  = []byte("data: [DONE]")
+	sseError = []byte(`data: {"error"`)
+	sseData  = []byte("data:")
+	sseEnd   = []byte("\n\n")
+)
+
+// relayStream relays a worker's event stream: each event is written to
+// the client as soon as its blank line arrives, bytes as they came, and
+// flushed unless the next complete event has already arrived with it
+// (then both go in one write). The 200 header goes out with the first
+// event, so that a worker failing before it can still be replaced. A
+// stream that ends without [DONE] or the worker's own error event lost
+// its worker: the client gets a final error event.
+//
+// The headers and the framing are openai.SSEWriter's; the relay writes
+// the worker's bytes itself because the writer only encodes values and
+// flushes its header on its own.
+func (q *Queen) relayStream(ctx context.Context, w http.ResponseWriter, resp *http.Response, l lease, rr relayReq) outcome {
+	m := q.routing.m
+	ttft := m.ttft.WithLabelValues(rr.model)
+	itl := m.interToken.WithLabelValues(rr.model)
+	rc := http.NewResponseController(w)
+	br := bufio.NewReaderSize(resp.Body, 16<<10)
+	var ev []byte
+	var last time.Time
+	started, ended := false, false
+	for {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			ev = append(ev, line...)
+			continue
+		}
+		if err != nil {
+			switch {
+			case ended:
+				return outcome{started: started}
+			case ctx.Err() != nil:
+				return outcome{started: started, err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
+			case !started:
+				return outcome{retry: true, broken: true, err: fmt.Errorf("worker %s: the stream ended before its first event: %w", l.cand.lifecycleID, noEOF(err))}
+			}
+			m.broken.WithLabelValues(rr.model).Inc()
+			cause := fmt.Errorf("worker %s stopped answering mid-stream: %w", l.cand.lifecycleID, noEOF(err))
+			final, _ := json.Marshal(openai.Response(&openai.Error{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer,
+				Message: "the worker serving this stream stopped answering; the answer is incomplete (" + noEOF(err).Error() + ")"}))
+			if _, err := fmt.Fprintf(w, "data: %s\n\n", final); err == nil {
+				_ = rc.Flush()
+			}
+			return outcome{started: true, broken: true, err: cause}
+		}
+		ev = append(ev, line...)
+		if len(bytes.TrimRight(line, "\r\n")) > 0 {
+			continue // the event goes on
+		}
+		if len(bytes.TrimSpace(ev)) == 0 {
+			ev = ev[:0]
+			continue
+		}
+		if !started {
+			started = true
+			h := w.Header()
+			h.Set("Content-Type", "text/event-stream")
+			h.Set("Cache-Control", "no-cache")
+			h.Set("X-Accel-Buffering", "no") // keep reverse proxies from buffering
+			w.WriteHeader(http.StatusOK)
+		}
+		if _, err := w.Write(ev); err != nil {
+			return outcome{started: true, err: fmt.Errorf("%w: %w", errClientGone, err)}
+		}
+		if !eventBuffered(br) {
+			if err := rc.Flush(); err != nil {
+				return outcome{started: true, err: fmt.Errorf("%w: %w", errClientGone, err)}
+			}
+		}
+		now := time.Now()
+		switch {
+		case bytes.HasPrefix(ev, sseDone), bytes.HasPrefix(ev, sseError):
+			ended = true
+		case bytes.HasPrefix(ev, sseData):
+			if last.IsZero() {
+				ttft.Observe(now.Sub(rr.start).Seconds())
+			} else {
+				itl.Observe(now.Sub(last).Seconds())
+			}
+			last = now
+		}
+		ev = ev[:0]
+	}
+}
+
+// eventBuffered reports whether a whole event has already arrived after
+// the one just written (it is written in the same flush).
+func eventBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n == 0 {
+		return false
+	}
+	peek, _ := br.Peek(n)
+	return bytes.Contains(peek, sseEnd)
+}
+
+// noEOF names a stream cut short.
+func noEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// suspect is a worker that broke a connection.
+type suspect struct {
+	lease lease
+	err   error
+	at    time.Time
+}
+
+// suspectGrace is how long the hive has to report a worker that broke a
+// connection before the queen checks it itself.
+const suspectGrace = time.Second
+
+// suspect queues a check of a worker that broke a connection.
+func (q *Queen) suspect(l lease, err error) {
+	select {
+	case q.routing.suspects <- suspect{lease: l, err: err, at: time.Now()}:
+	default:
+	}
+}
+
+// checkSuspects checks each worker that broke a connection, suspectGrace
+// after it did: when its row is still RUNNING (its hive has not reported
+// it) and it does not answer GET /health, its row is FAILED.
+func (q *Queen) checkSuspects(ctx context.Context) {
+	for {
+		var s suspect
+		select {
+		case <-ctx.Done():
+			return
+		case s = <-q.routing.suspects:
+		}
+		t := time.NewTimer(time.Until(s.at.Add(suspectGrace)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		c := s.lease.cand
+		if _, ok := q.rows.runningRow(c.key.pool, c.lifecycleID, c.key.worker); !ok {
+			continue // its hive reported it, or it stopped
+		}
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		herr := probeHealth(hctx, q.routing.up, c.uri)
+		cancel()
+		if herr == nil || ctx.Err() != nil {
+			continue
+		}
+		_, _, err := q.rows.apply(context.WithoutCancel(ctx), c.lifecycleID, rowChange{to: rowFailed, actor: registry.ActorQueen, action: "worker.lost",
+			reason: fmt.Sprintf("lost: the worker broke a request (%v) and does not answer /health (%v)", s.err, herr),
+			meta:   map[string]any{"suspect": true}})
+		if err != nil && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrRowEnded) {
+			q.metrics.storeErrors.Inc()
+			q.log.Error("cannot fail the row of a lost worker", "lifecycle_id", c.lifecycleID, "err", err)
+		}
+	}
+}
+
+func probeHealth(ctx context.Context, hc *http.Client, uri string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(uri, "/")+"/health", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var h api.WorkerHealth
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&h); err != nil || resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /health answered %d", resp.StatusCode)
+	}
+	return nil
+}

@@ -1,0 +1,262 @@
+package queen
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+	"unicode"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/registry"
+)
+
+// Headers of the OpenAI endpoints.
+const (
+	// SessionHeader pins a conversation to the worker that served it.
+	SessionHeader = "X-Session-Id"
+	// WorkerHeader names the lifecycle row of the worker that answered.
+	WorkerHeader = "X-Apiary-Worker"
+)
+
+const maxSessionLen = 256
+
+// openaiRoutes adds the OpenAI-compatible API, authenticated with
+// APIARY_API_TOKEN.
+func (q *Queen) openaiRoutes(mux *http.ServeMux) {
+	mux.Handle("GET /v1/models", q.inference("models", q.getModels))
+	mux.Handle("GET /v1/models/{id}", q.inference("models", q.getModel))
+	mux.Handle("POST /v1/completions", q.inference("completions", q.postCompletions))
+	mux.Handle("POST /v1/chat/completions", q.inference("chat_completions", q.postChatCompletions))
+}
+
+// call is one OpenAI request as the metrics see it.
+type call struct {
+	endpoint string
+	model    string // modelUnknown until the model is known to exist
+	start    time.Time
+}
+
+// inferenceFunc is an OpenAI handler: it returns its error, which
+// inference maps to the OpenAI error shape unless the answer began.
+type inferenceFunc func(w http.ResponseWriter, r *http.Request, c *call) error
+
+// inference authenticates with the API token and maps errors with
+// openai.WriteError, the OpenAI side's one mapper (openaiError converts
+// the queen's errors for it).
+func (q *Queen) inference(endpoint string, fn inferenceFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := &call{endpoint: endpoint, model: modelUnknown, start: time.Now()}
+		sw := &statusWriter{ResponseWriter: w}
+		var err error
+		if tok := q.cfg.Tokens.API; tok != "" && subtle.ConstantTimeCompare([]byte(bearer(r)), []byte(tok)) != 1 {
+			sw.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
+			err = &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
+				Message: "missing or wrong bearer token (" + APITokenEnv + ")"}
+		} else {
+			err = fn(sw, r, c)
+		}
+		switch {
+		case err == nil, errors.Is(err, errClientGone):
+			// Nobody is left to answer.
+		case sw.status == 0:
+			oe := openaiError(err)
+			openai.WriteError(sw, oe)
+			if oe.Status >= 500 && oe.Status != http.StatusServiceUnavailable && oe.Status != http.StatusGatewayTimeout {
+				q.log.Error("inference request failed", "path", r.URL.Path, "model_ref", c.model, "status", oe.Status, "err", err)
+			}
+		default:
+			q.log.Warn("inference request failed after its answer began", "path", r.URL.Path, "model_ref", c.model, "err", err)
+		}
+		code := strconv.Itoa(sw.code())
+		if errors.Is(err, errClientGone) {
+			code = "499" // nginx's "client closed request"
+		}
+		q.routing.m.requests.WithLabelValues(c.model, c.endpoint, code).Inc()
+	})
+}
+
+// errClientGone means the client went away; nothing can be answered.
+var errClientGone = errors.New("queen: client went away")
+
+// upstreamError is a worker's error answer that the queen could not
+// pass on (it tried elsewhere, and no worker did better).
+type upstreamError struct {
+	status  int
+	code    string
+	message string
+}
+
+func (e *upstreamError) Error() string {
+	return fmt.Sprintf("worker answered %d %s: %s", e.status, e.code, e.message)
+}
+
+// openaiError maps the queen's errors to OpenAI errors, once.
+func openaiError(err error) *openai.Error {
+	var oe *openai.Error
+	if errors.As(err, &oe) {
+		return oe
+	}
+	var ue *upstreamError
+	switch {
+	case errors.Is(err, ErrModelNotFound):
+		return &openai.Error{Status: http.StatusNotFound, Code: openai.CodeModelNotFound, Param: "model", Message: err.Error(), Err: err}
+	case errors.Is(err, ErrQueueFull):
+		return &openai.Error{Status: http.StatusTooManyRequests, Code: "queue_full", Message: err.Error(), RetryAfter: time.Second, Err: err}
+	case errors.Is(err, ErrQueueTimeout):
+		return &openai.Error{Status: http.StatusGatewayTimeout, Code: "queue_timeout", Type: openai.TypeServer, Message: err.Error(), Err: err}
+	case errors.Is(err, ErrNoCapacity):
+		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "no_capacity", Message: err.Error(), RetryAfter: 5 * time.Second, Err: err}
+	case errors.Is(err, ErrShuttingDown):
+		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: err.Error(), Err: err}
+	case errors.As(err, &ue) && ue.status == http.StatusServiceUnavailable:
+		return &openai.Error{Status: http.StatusServiceUnavailable, Code: ue.code, Message: err.Error(), RetryAfter: time.Second, Err: err}
+	case errors.As(err, &ue), errors.Is(err, ErrUpstream):
+		return &openai.Error{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer, Message: err.Error(), Err: err}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &openai.Error{Status: http.StatusGatewayTimeout, Code: "timeout", Type: openai.TypeServer, Message: err.Error(), Err: err}
+	}
+	return openai.AsError(err)
+}
+
+// servable returns the pools that count for /v1/models and for "does
+// this model exist": every pool that is not offline.
+func (q *Queen) servable() []registry.Pool {
+	return q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy, registry.Draining, registry.Unhealthy}})
+}
+
+func (q *Queen) getModels(w http.ResponseWriter, r *http.Request, _ *call) error {
+	pools := q.servable()
+	q.routing.catalog.ensureRead(r.Context(), answering(pools))
+	cat := q.routing.catalog.snapshot()
+	seen := map[string]openai.Model{}
+	add := func(ref string, created int64) {
+		if m, ok := seen[ref]; !ok || (created > 0 && (m.Created == 0 || created < m.Created)) {
+			seen[ref] = openai.Model{ID: ref, Object: openai.ObjectModel, Created: created, OwnedBy: "apiary"}
+		}
+	}
+	for _, p := range pools {
+		for ref, m := range cat[p.ID] {
+			add(ref, m.ModifiedAt.Unix())
+		}
+		for _, wk := range p.Workers {
+			if wk.ModelRef != "" {
+				add(wk.ModelRef, 0)
+			}
+		}
+	}
+	list := openai.ModelList{Object: openai.ObjectList, Data: make([]openai.Model, 0, len(seen))}
+	for _, m := range seen {
+		list.Data = append(list.Data, m)
+	}
+	slices.SortFunc(list.Data, func(a, b openai.Model) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	openai.WriteJSON(w, http.StatusOK, list)
+	return nil
+}
+
+func (q *Queen) getModel(w http.ResponseWriter, r *http.Request, c *call) error {
+	id := r.PathValue("id")
+	if err := q.knownModel(r.Context(), id); err != nil {
+		return err
+	}
+	c.model = id
+	var created int64
+	if m, ok := q.routing.catalog.lookup(q.servable(), id); ok {
+		created = m.ModifiedAt.Unix()
+	}
+	openai.WriteJSON(w, http.StatusOK, openai.Model{ID: id, Object: openai.ObjectModel, Created: created, OwnedBy: "apiary"})
+	return nil
+}
+
+// knownModel reports ErrModelNotFound unless a pool has model or a worker
+// of it lives. A model no list has makes the hives' lists be read again
+// (at most once a second each) before the answer is no.
+func (q *Queen) knownModel(ctx context.Context, model string) error {
+	if checkModel(model) != nil {
+		return fmt.Errorf("%w: %q is not a model ref (a GGUF file name without .gguf); see GET /v1/models", ErrModelNotFound, model)
+	}
+	pools := q.servable()
+	if _, ok := q.routing.catalog.lookup(pools, model); ok {
+		return nil
+	}
+	if q.rows.modelCounts()[model].live() > 0 {
+		return nil
+	}
+	if q.routing.catalog.ensure(ctx, answering(pools), model) {
+		return nil
+	}
+	return fmt.Errorf("%w: no pool has model %q; see GET /v1/models", ErrModelNotFound, model)
+}
+
+func (q *Queen) postCompletions(w http.ResponseWriter, r *http.Request, c *call) error {
+	return q.serveInference(w, r, c, "/v1/completions", func(body []byte) (string, bool, error) {
+		req, err := openai.DecodeCompletionRequest(body, openai.Limits{})
+		return req.Model, req.Stream, err
+	})
+}
+
+func (q *Queen) postChatCompletions(w http.ResponseWriter, r *http.Request, c *call) error {
+	return q.serveInference(w, r, c, "/v1/chat/completions", func(body []byte) (string, bool, error) {
+		req, err := openai.DecodeChatCompletionRequest(body, openai.Limits{})
+		return req.Model, req.Stream, err
+	})
+}
+
+// serveInference checks a request (the body is decoded and validated as
+// the worker would, so that a bad one gets its 400 without a worker) and
+// relays it as it came to a worker of its model.
+func (q *Queen) serveInference(w http.ResponseWriter, r *http.Request, c *call, path string,
+	decode func([]byte) (model string, stream bool, err error)) error {
+	body, err := openai.ReadBody(w, r, q.cfg.MaxBodyBytes)
+	if err != nil {
+		return err
+	}
+	model, stream, err := decode(body)
+	if err != nil {
+		return err
+	}
+	if model == "" {
+		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeMissingParameter, Param: "model",
+			Message: "model is required: name the model to run (see GET /v1/models)", Err: openai.ErrInvalidRequest}
+	}
+	session := r.Header.Get(SessionHeader)
+	if len(session) > maxSessionLen || (session != "" && !printable(session)) {
+		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: SessionHeader,
+			Message: fmt.Sprintf("%s must be printable text of at most %d bytes", SessionHeader, maxSessionLen), Err: openai.ErrInvalidRequest}
+	}
+	if pool := r.Header.Get(api.PoolHeader); pool != "" {
+		// The router places and picks workers per model across pools; it
+		// cannot yet keep a request and its placement to one pool. Say so
+		// rather than serve the request somewhere else.
+		return &openai.Error{Status: http.StatusNotImplemented, Code: "not_implemented", Param: api.PoolHeader,
+			Message: fmt.Sprintf("pinning a request to one pool (%s: %q, apiary infer --node) is not implemented yet; send it without the header", api.PoolHeader, pool),
+			Err:     openai.ErrUnsupported}
+	}
+	if err := q.knownModel(r.Context(), model); err != nil {
+		return err
+	}
+	c.model = model
+	return q.relay(w, r, relayReq{model: model, path: path, body: body, stream: stream, session: session, start: c.start})
+}
+
+func printable(s string) bool {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}

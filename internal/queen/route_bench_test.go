@@ -1,0 +1,247 @@
+package queen
+
+// Benchmarks of routing with real processes: what the queen adds to time
+// to first token and to inter-token latency against the same worker, and
+// what a cold start costs beyond the worker's own load.
+//
+//	go test -run '^$' -bench 'RelayOverhead|ColdStartOverhead' -benchtime 1x ./internal/queen/
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testmodel"
+)
+
+// benchCluster runs a queen and a hive as processes for a benchmark.
+func benchCluster(b *testing.B, queenArgs []string, hiveArgs ...string) (qURL string, admin *keeper.Client, q *proc) {
+	b.Helper()
+	dir := b.TempDir()
+	args := append([]string{"queen", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "queen")}, queenArgs...)
+	q = startProc(b, "queen", nil, args...)
+	rec, _ := q.logs.wait(b, 0, "queen serving", nil)
+	qURL = "http://" + rec.attrs["addr"]
+	if err := os.MkdirAll(filepath.Join(dir, "hive", "models"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := testmodel.WriteFile(filepath.Join(dir, "hive", "models", "tiny.gguf"), testmodel.Options{}); err != nil {
+		b.Fatal(err)
+	}
+	hive := startProc(b, "hive", nil, append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",
+		"--data-dir", filepath.Join(dir, "hive"), "--heartbeat-interval", "1s", "--worker-ports", "40000-49999", "--worker-threads", "1"}, hiveArgs...)...)
+	q.logs.wait(b, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
+	b.Cleanup(func() {
+		_ = hive.stop(b, syscall.SIGTERM)
+		_ = q.stop(b, syscall.SIGTERM)
+	})
+	return qURL, keeper.NewClient(qURL, "", ""), q
+}
+
+// streamTimes sends one streamed completion to base and returns the time
+// to its first event and the gaps between its events.
+func streamTimes(ctx context.Context, hc *http.Client, base, body string) (time.Duration, []time.Duration, error) {
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, nil, fmt.Errorf("%s answered %d", base, resp.StatusCode)
+	}
+	br := bufio.NewReaderSize(resp.Body, 32<<10)
+	var ttft time.Duration
+	var gaps []time.Duration
+	var last time.Time
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			return ttft, gaps, fmt.Errorf("stream from %s ended without [DONE]: %w", base, err)
+		}
+		if !bytes.HasPrefix(line, []byte("data: ")) {
+			continue
+		}
+		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
+			return ttft, gaps, nil
+		}
+		now := time.Now()
+		if last.IsZero() {
+			ttft = now.Sub(start)
+		} else {
+			gaps = append(gaps, now.Sub(last))
+		}
+		last = now
+	}
+}
+
+// sample collects latencies of one side.
+type sample struct{ ttft, itl []time.Duration }
+
+func pct(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
+
+// round runs n concurrent streams against base and adds their times to s.
+func round(ctx context.Context, b *testing.B, hc *http.Client, base, body string, n int, s *sample) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			ttft, gaps, err := streamTimes(ctx, hc, base, body)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			mu.Lock()
+			s.ttft = append(s.ttft, ttft)
+			s.itl = append(s.itl, gaps...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+}
+
+// BenchmarkRelayOverhead: one worker with 64 slots; at 1, 16 and 64
+// concurrent streams of 64 tokens, rounds alternate between the worker
+// directly and the queen (direct first, then queen first, …) so that
+// drift of the machine falls on both sides alike. Reported: p50 and p99
+// of TTFT and inter-token latency on each side, and the queen's added
+// p50 and p99 (queen minus direct).
+func BenchmarkRelayOverhead(b *testing.B) {
+	qURL, admin, q := benchCluster(b, []string{"--worker-slots", "64", "--queue-size", "512"}, "--worker-slots", "64")
+	ctx := context.Background()
+	resp, err := admin.StartWorker(ctx, "tiny", "node-1", nil, "relay benchmark")
+	if err != nil {
+		b.Fatal(err)
+	}
+	q.logs.wait(b, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
+	rows, err := admin.Workers(ctx, keeper.WorkerFilter{})
+	if err != nil || len(rows) != 1 || rows[0].URI == "" {
+		b.Fatalf("rows %+v %v", rows, err)
+	}
+	direct := rows[0].URI
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
+	defer hc.CloseIdleConnections()
+	const body = `{"model":"tiny","prompt":"Once upon a time","max_tokens":64,"temperature":0,"ignore_eos":true,"stream":true}`
+	// Warm both paths (connections, the worker's first batch).
+	for range 3 {
+		round(ctx, b, hc, direct, body, 4, &sample{})
+		round(ctx, b, hc, qURL, body, 4, &sample{})
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		var report []string
+		for _, c := range []struct{ streams, rounds int }{{1, 40}, {16, 12}, {64, 6}} {
+			var d, viaQueen sample
+			for i := range c.rounds {
+				if i%2 == 0 {
+					round(ctx, b, hc, direct, body, c.streams, &d)
+					round(ctx, b, hc, qURL, body, c.streams, &viaQueen)
+				} else {
+					round(ctx, b, hc, qURL, body, c.streams, &viaQueen)
+					round(ctx, b, hc, direct, body, c.streams, &d)
+				}
+			}
+			addTTFT50, addTTFT99 := pct(viaQueen.ttft, .5)-pct(d.ttft, .5), pct(viaQueen.ttft, .99)-pct(d.ttft, .99)
+			addITL50, addITL99 := pct(viaQueen.itl, .5)-pct(d.itl, .5), pct(viaQueen.itl, .99)-pct(d.itl, .99)
+			report = append(report, fmt.Sprintf("%2d streams: TTFT p50 %v / %v (added %v), p99 %v / %v (added %v); ITL p50 %v / %v (added %v), p99 %v / %v (added %v) [direct / queen; %d TTFT, %d ITL samples a side]",
+				c.streams, pct(d.ttft, .5), pct(viaQueen.ttft, .5), addTTFT50, pct(d.ttft, .99), pct(viaQueen.ttft, .99), addTTFT99,
+				pct(d.itl, .5), pct(viaQueen.itl, .5), addITL50, pct(d.itl, .99), pct(viaQueen.itl, .99), addITL99, len(d.ttft), len(d.itl)))
+			b.ReportMetric(float64(addTTFT50.Microseconds()), fmt.Sprintf("added-ttft-p50-µs/%d", c.streams))
+			b.ReportMetric(float64(addTTFT99.Microseconds()), fmt.Sprintf("added-ttft-p99-µs/%d", c.streams))
+			b.ReportMetric(float64(addITL50.Microseconds()), fmt.Sprintf("added-itl-p50-µs/%d", c.streams))
+			b.ReportMetric(float64(addITL99.Microseconds()), fmt.Sprintf("added-itl-p99-µs/%d", c.streams))
+		}
+		b.Log("\n" + strings.Join(report, "\n"))
+	}
+}
+
+// BenchmarkColdStartOverhead: with no worker, a streamed request's time
+// to its first token, minus the worker's own load time (its hive's spawn
+// to its ready callback) and minus the worker's own time to first token
+// when warm (straight to it): what the queen and the hive add to a cold
+// start. Each round stops the worker again.
+func BenchmarkColdStartOverhead(b *testing.B) {
+	qURL, admin, q := benchCluster(b, nil)
+	ctx := context.Background()
+	hc := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	defer hc.CloseIdleConnections()
+	const body = `{"model":"tiny","prompt":"Once upon a time","max_tokens":4,"temperature":0,"ignore_eos":true,"stream":true}`
+	var overheads []time.Duration
+	var lines []string
+	next := 0
+	b.ResetTimer()
+	for b.Loop() {
+		for range 10 {
+			cold, _, err := streamTimes(ctx, hc, qURL, body)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rows, err := admin.Workers(ctx, keeper.WorkerFilter{Status: "RUNNING"})
+			if err != nil || len(rows) != 1 {
+				b.Fatalf("rows %+v %v", rows, err)
+			}
+			row := rows[0]
+			pools, err := admin.Pools(ctx, keeper.PoolFilter{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var w api.Worker
+			for _, p := range pools {
+				for _, x := range p.Workers {
+					if x.LifecycleID == row.ID {
+						w = x
+					}
+				}
+			}
+			if w.ReadyAt == nil {
+				b.Fatalf("worker of %s not in the registry: %+v", row.ID, pools)
+			}
+			load := w.ReadyAt.Sub(w.StartedAt)
+			var warm []time.Duration
+			for range 5 {
+				t, _, err := streamTimes(ctx, hc, row.URI, body)
+				if err != nil {
+					b.Fatal(err)
+				}
+				warm = append(warm, t)
+			}
+			own := pct(warm, .5)
+			over := cold - load - own
+			overheads = append(overheads, over)
+			lines = append(lines, fmt.Sprintf("cold TTFT %v = worker load %v + warm TTFT %v + overhead %v (placement to spawn %v)",
+				cold.Round(time.Microsecond), load.Round(time.Microsecond), own.Round(time.Microsecond), over.Round(time.Microsecond),
+				w.StartedAt.Sub(row.CreatedAt).Round(time.Microsecond)))
+			if _, err := admin.StopWorker(ctx, row.ID, false, "cold start benchmark"); err != nil {
+				b.Fatal(err)
+			}
+			_, next = q.logs.wait(b, next, "lifecycle row changed", map[string]string{"lifecycle_id": row.ID, "to": "STOPPED"})
+		}
+	}
+	b.ReportMetric(float64(pct(overheads, .5).Microseconds()), "overhead-p50-µs")
+	b.ReportMetric(float64(slices.Max(overheads).Microseconds()), "overhead-max-µs")
+	b.Log("\n" + strings.Join(lines, "\n"))
+}

@@ -1,0 +1,124 @@
+package queen
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Routing defaults (the contract's --affinity-ttl, and apiary's own).
+const (
+	DefaultAffinityTTL   = 5 * time.Minute
+	DefaultQueueSize     = 256
+	DefaultQueueTimeout  = 90 * time.Second
+	DefaultScaleUpAfter  = 2 * time.Second
+	DefaultMaxWorkers    = 1
+	DefaultWorkerSlots   = 1
+	DefaultModelsRefresh = 30 * time.Second
+	// maxAttempts bounds the workers one request is tried on (retries
+	// happen only before its first byte reached the client).
+	maxAttempts = 3
+	// maxSessions bounds the affinity table; past it new sessions are not
+	// pinned (and count as misses).
+	maxSessions = 100_000
+)
+
+// RoutingConfig is how the queen routes inference and turns demand into
+// workers. Zero fields take the defaults above.
+type RoutingConfig struct {
+	// AffinityTTL is how long an X-Session-Id stays pinned to its worker
+	// after its last request (--affinity-ttl).
+	AffinityTTL time.Duration
+	// QueueSize bounds the requests waiting for a worker of one model; one
+	// more is refused with 429 and Retry-After (--queue-size).
+	QueueSize int
+	// QueueTimeout is the longest a request waits for a worker; then it is
+	// answered 504 (--queue-timeout).
+	QueueTimeout time.Duration
+	// ScaleUpAfter: when the oldest waiting request of a model has waited
+	// this long, the controller places one more worker of it, up to its
+	// max workers (--scale-up-after).
+	ScaleUpAfter time.Duration
+	// MaxWorkers bounds the live workers of each model that the queen
+	// places (--max-workers); ModelMaxWorkers overrides it per model
+	// (--model-max-workers m=n; 0: the queen never places that model, only
+	// operators start its workers). Operators' workers count too.
+	MaxWorkers      int
+	ModelMaxWorkers map[string]int
+	// WorkerSlots is how many requests the queen sends to one worker at
+	// once: the workers' --slots, which hives set with --worker-slots
+	// (--worker-slots). More requests wait in the queen's queue, where the
+	// controller sees them.
+	WorkerSlots int
+	// ModelsRefresh is how often the queen re-reads each hive's model list
+	// (--models-refresh); a request for a model no list has re-reads them
+	// at once.
+	ModelsRefresh time.Duration
+}
+
+func (c RoutingConfig) withDefaults() RoutingConfig {
+	set := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	set(&c.AffinityTTL, DefaultAffinityTTL)
+	set(&c.QueueTimeout, DefaultQueueTimeout)
+	set(&c.ScaleUpAfter, DefaultScaleUpAfter)
+	set(&c.ModelsRefresh, DefaultModelsRefresh)
+	if c.QueueSize == 0 {
+		c.QueueSize = DefaultQueueSize
+	}
+	if c.MaxWorkers == 0 {
+		c.MaxWorkers = DefaultMaxWorkers
+	}
+	if c.WorkerSlots == 0 {
+		c.WorkerSlots = DefaultWorkerSlots
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults).
+func (c RoutingConfig) Validate() error {
+	var errs []error
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"--affinity-ttl", c.AffinityTTL}, {"--queue-timeout", c.QueueTimeout}, {"--scale-up-after", c.ScaleUpAfter}, {"--models-refresh", c.ModelsRefresh}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", d.name, d.v))
+		}
+	}
+	if c.QueueSize < 1 {
+		errs = append(errs, fmt.Errorf("--queue-size must be at least 1, got %d", c.QueueSize))
+	}
+	if c.MaxWorkers < 1 {
+		errs = append(errs, fmt.Errorf("--max-workers must be at least 1, got %d", c.MaxWorkers))
+	}
+	if c.WorkerSlots < 1 {
+		errs = append(errs, fmt.Errorf("--worker-slots must be at least 1, got %d", c.WorkerSlots))
+	}
+	models := make([]string, 0, len(c.ModelMaxWorkers))
+	for m := range c.ModelMaxWorkers {
+		models = append(models, m)
+	}
+	sort.Strings(models)
+	for _, m := range models {
+		if err := checkModel(m); err != nil {
+			errs = append(errs, fmt.Errorf("--model-max-workers: %w", err))
+		}
+		if n := c.ModelMaxWorkers[m]; n < 0 {
+			errs = append(errs, fmt.Errorf("--model-max-workers %s=%d must not be negative (0: only operators start its workers)", m, n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// maxWorkers is model's bound on live workers.
+func (c RoutingConfig) maxWorkers(model string) int {
+	if n, ok := c.ModelMaxWorkers[model]; ok {
+		return n
+	}
+	return c.MaxWorkers
+}

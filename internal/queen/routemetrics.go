@@ -1,0 +1,74 @@
+package queen
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// routeMetrics are the metrics of inference routing, on the queen's
+// registry. Model labels only ever carry models a pool has (requests for
+// others count under modelUnknown).
+type routeMetrics struct {
+	requests     *prometheus.CounterVec   // model, endpoint, code
+	ttft         *prometheus.HistogramVec // model
+	interToken   *prometheus.HistogramVec // model
+	queueDepth   *prometheus.GaugeVec     // model
+	queueWait    *prometheus.HistogramVec // model
+	rejected     *prometheus.CounterVec   // model, reason
+	placements   *prometheus.CounterVec   // model, result
+	affinity     *prometheus.CounterVec   // result
+	retries      *prometheus.CounterVec   // model, reason
+	broken       *prometheus.CounterVec   // model
+	sessionsDesc *prometheus.Desc
+	sessions     func() int
+}
+
+// modelUnknown labels requests for a model no pool has.
+const modelUnknown = "_unknown"
+
+// latencyBuckets cover 50µs (relay overhead) to 30s (a cold start).
+var latencyBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+
+func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetrics {
+	m := &routeMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_inference_requests_total", Help: "OpenAI requests answered, by model, endpoint and HTTP status."},
+			[]string{"model", "endpoint", "code"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "apiary_queen_time_to_first_token_seconds", Help: "Streamed requests: arrival at the queen to the first event relayed, queueing and cold starts included.",
+			Buckets: latencyBuckets}, []string{"model"}),
+		interToken: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "apiary_queen_inter_token_seconds", Help: "Streamed requests: time between two relayed events.",
+			Buckets: latencyBuckets}, []string{"model"}),
+		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "apiary_queen_queue_depth", Help: "Requests waiting for a worker, by model."}, []string{"model"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "apiary_queen_queue_wait_seconds", Help: "Time requests waited in the queue for a worker (those that waited).",
+			Buckets: latencyBuckets}, []string{"model"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_queue_rejected_total", Help: "Requests the queue refused or gave up on: queue_full (429), timeout (504), no_capacity (503)."},
+			[]string{"model", "reason"}),
+		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_placements_total", Help: "Workers the controller placed on demand: started (the hive accepted), failed (no pool, or every hive refused)."},
+			[]string{"model", "result"}),
+		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_affinity_total", Help: "Requests with X-Session-Id: hit (served by the session's worker) or miss."}, []string{"result"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_upstream_retries_total", Help: "Requests tried again on another worker before their first byte, by why."},
+			[]string{"model", "reason"}),
+		broken: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_streams_broken_total", Help: "Streams whose worker stopped answering after the first byte (ended with an error event)."},
+			[]string{"model"}),
+		sessionsDesc: prometheus.NewDesc("apiary_queen_affinity_sessions", "Sessions pinned to a worker.", nil, nil),
+		sessions:     sessions,
+	}
+	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.affinity,
+		m.retries, m.broken, sessionGauge{m})
+	return m
+}
+
+type sessionGauge struct{ m *routeMetrics }
+
+func (g sessionGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.m.sessionsDesc }
+func (g sessionGauge) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(g.m.sessionsDesc, prometheus.GaugeValue, float64(g.m.sessions()))
+}

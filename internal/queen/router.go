@@ -1,0 +1,404 @@
+package queen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Routing errors; route.go maps each to its OpenAI error once.
+var (
+	ErrModelNotFound = errors.New("queen: no pool has the model")
+	ErrQueueFull     = errors.New("queen: queue full")
+	ErrQueueTimeout  = errors.New("queen: no worker within the queue timeout")
+	ErrNoCapacity    = errors.New("queen: no worker can be placed")
+	ErrUpstream      = errors.New("queen: worker failed")
+)
+
+// candidate is a worker that may take a request of its model: serving
+// (ready or busy), in a healthy pool, with a RUNNING lifecycle row.
+type candidate struct {
+	key         workerKey
+	lifecycleID string
+	uri         string
+	reported    int // in_flight as the hive last reported it
+}
+
+// pickResult is a routing decision.
+type pickResult struct {
+	index int // the candidate chosen; -1: none has a free slot
+	// pinned: the session's pin names a live worker. With index -1 the
+	// request waits for that worker, not for any.
+	pinned bool
+}
+
+// pick is the routing policy, pure: the session's pinned worker when it
+// is among the candidates (waiting for it when it is full), otherwise the
+// candidate with the fewest requests in flight from the queen (then the
+// fewest the hive reported, then the smallest key) that has a free slot.
+// Excluded candidates (tried already by this request) are skipped.
+func pick(cands []candidate, inflight map[workerKey]int, slots int, pin *workerKey, exclude map[workerKey]bool) pickResult {
+	if pin != nil && !exclude[*pin] {
+		for i, c := range cands {
+			if c.key == *pin {
+				if inflight[c.key] < slots {
+					return pickResult{index: i, pinned: true}
+				}
+				return pickResult{index: -1, pinned: true}
+			}
+		}
+	}
+	best := -1
+	for i, c := range cands {
+		if exclude[c.key] || inflight[c.key] >= slots {
+			continue
+		}
+		if best < 0 || less(c, cands[best], inflight) {
+			best = i
+		}
+	}
+	return pickResult{index: best}
+}
+
+func less(a, b candidate, inflight map[workerKey]int) bool {
+	if ia, ib := inflight[a.key], inflight[b.key]; ia != ib {
+		return ia < ib
+	}
+	if a.reported != b.reported {
+		return a.reported < b.reported
+	}
+	if a.key.pool != b.key.pool {
+		return a.key.pool < b.key.pool
+	}
+	return a.key.worker < b.key.worker
+}
+
+// lease is a slot on a worker held by one request until release.
+type lease struct {
+	model  string
+	cand   candidate
+	pinned bool          // served by the session's pinned worker
+	waited time.Duration // in the queue
+}
+
+// routeReq is what acquire needs of a request.
+type routeReq struct {
+	model   string
+	session string
+	exclude map[workerKey]bool // workers this request already failed on
+	retry   bool               // a retry goes to the front of the queue
+}
+
+// waiter is a request in a model's queue.
+type waiter struct {
+	req   routeReq
+	since time.Time
+	ch    chan grant // buffered 1; sent to once, under router.mu
+}
+
+type grant struct {
+	l   lease
+	err error
+}
+
+// brokenFor is how long a worker that broke a connection gets no requests
+// (its hive's event or the suspect check ends its row well before).
+const brokenFor = time.Minute
+
+// router owns the queen's side of request routing: how many requests each
+// worker has from the queen, the per-model queues of requests waiting for
+// a worker, and the workers that broke a connection. One mutex guards it;
+// every decision is pick's. It never starts workers: a waiting request
+// only signals demand, and the controller decides.
+type router struct {
+	cfg    RoutingConfig
+	log    *slog.Logger
+	source func(model string) []candidate // serving workers of a model, now
+	aff    *affinity
+	m      *routeMetrics
+	demand func() // wakes the controller
+
+	mu       sync.Mutex
+	inflight map[workerKey]int       // guarded by mu
+	broken   map[workerKey]time.Time // guarded by mu; until when
+	queues   map[string][]*waiter    // guarded by mu; FIFO by model
+	closed   bool                    // guarded by mu
+}
+
+func newRouter(cfg RoutingConfig, log *slog.Logger, source func(string) []candidate, aff *affinity, m *routeMetrics, demand func()) *router {
+	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
+		inflight: map[workerKey]int{}, broken: map[workerKey]time.Time{}, queues: map[string][]*waiter{}}
+}
+
+// acquire returns a lease on a worker of req.model: at once when one has a
+// free slot and no request of the model waits, else after waiting in the
+// model's queue. It fails with ErrQueueFull, ErrQueueTimeout, the
+// controller's ErrNoCapacity, ErrShuttingDown, or ctx's error.
+func (r *router) acquire(ctx context.Context, req routeReq) (lease, error) {
+	cands := r.source(req.model)
+	now := time.Now()
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return lease{}, fmt.Errorf("%w: the queen is stopping", ErrShuttingDown)
+	}
+	cands = r.usableLocked(cands, now)
+	if len(r.queues[req.model]) == 0 {
+		if l, ok := r.tryLocked(req, cands, now, now); ok {
+			r.mu.Unlock()
+			return l, nil
+		}
+	}
+	w := &waiter{req: req, since: now, ch: make(chan grant, 1)}
+	if q := r.queues[req.model]; req.retry {
+		r.queues[req.model] = append([]*waiter{w}, q...)
+	} else {
+		r.queues[req.model] = append(q, w)
+	}
+	// Waiters ahead may be pinned to a full worker, or the workers may
+	// have changed since they were last looked at: dispatch the queue,
+	// this request included.
+	r.dispatchLocked(req.model, cands, now)
+	select {
+	case g := <-w.ch:
+		r.mu.Unlock()
+		return g.l, g.err
+	default:
+	}
+	queued := len(r.queues[req.model])
+	if queued > r.cfg.QueueSize {
+		r.removeLocked(w)
+		r.mu.Unlock()
+		r.m.rejected.WithLabelValues(req.model, "queue_full").Inc()
+		return lease{}, fmt.Errorf("%w: %d requests for %s are waiting for a worker; retry later", ErrQueueFull, queued-1, req.model)
+	}
+	r.mu.Unlock()
+	r.log.Debug("request queued", "model_ref", req.model, "queued", queued)
+	r.demand()
+
+	timer := time.NewTimer(r.cfg.QueueTimeout)
+	defer timer.Stop()
+	var cause error
+	select {
+	case g := <-w.ch:
+		return g.l, g.err
+	case <-timer.C:
+		cause = fmt.Errorf("%w: waited %s for a worker of %s", ErrQueueTimeout, r.cfg.QueueTimeout, req.model)
+	case <-ctx.Done():
+		cause = context.Cause(ctx)
+	}
+	r.mu.Lock()
+	removed := r.removeLocked(w)
+	r.mu.Unlock()
+	if !removed {
+		// Answered while the wait ended: a timeout takes the answer, a
+		// client that left hands the slot back.
+		g := <-w.ch
+		if ctx.Err() == nil {
+			return g.l, g.err
+		}
+		if g.err == nil {
+			r.release(g.l, false)
+		}
+		return lease{}, cause
+	}
+	if errors.Is(cause, ErrQueueTimeout) {
+		r.m.rejected.WithLabelValues(req.model, "timeout").Inc()
+	}
+	r.m.queueWait.WithLabelValues(req.model).Observe(time.Since(now).Seconds())
+	return lease{}, cause
+}
+
+// tryLocked gives req a free slot now if pick finds one.
+func (r *router) tryLocked(req routeReq, cands []candidate, since, now time.Time) (lease, bool) {
+	var pin *workerKey
+	if req.session != "" {
+		if k, ok := r.aff.get(req.model, req.session, now); ok {
+			pin = &k
+		}
+	}
+	res := pick(cands, r.inflight, r.cfg.WorkerSlots, pin, req.exclude)
+	if res.index < 0 {
+		return lease{}, false
+	}
+	c := cands[res.index]
+	r.inflight[c.key]++
+	if req.session != "" {
+		r.aff.set(req.model, req.session, c.key, now)
+	}
+	return lease{model: req.model, cand: c, pinned: res.pinned, waited: now.Sub(since)}, true
+}
+
+// dispatchLocked gives free slots to the model's waiters, oldest first (a
+// waiter pinned to a full worker lets the ones behind it pass).
+func (r *router) dispatchLocked(model string, cands []candidate, now time.Time) {
+	q := r.queues[model]
+	if len(q) == 0 {
+		return
+	}
+	kept := q[:0]
+	for _, w := range q {
+		if l, ok := r.tryLocked(w.req, cands, w.since, now); ok {
+			w.ch <- grant{l: l}
+			if l.waited > 0 {
+				r.m.queueWait.WithLabelValues(model).Observe(l.waited.Seconds())
+			}
+			continue
+		}
+		kept = append(kept, w)
+	}
+	clear(q[len(kept):])
+	r.setQueueLocked(model, kept)
+}
+
+func (r *router) setQueueLocked(model string, q []*waiter) {
+	if len(q) == 0 {
+		delete(r.queues, model)
+	} else {
+		r.queues[model] = q
+	}
+	r.m.queueDepth.WithLabelValues(model).Set(float64(len(q)))
+}
+
+// removeLocked takes w out of its queue; false when it was granted.
+func (r *router) removeLocked(w *waiter) bool {
+	q := r.queues[w.req.model]
+	for i, x := range q {
+		if x == w {
+			r.setQueueLocked(w.req.model, append(q[:i:i], q[i+1:]...))
+			return true
+		}
+	}
+	return false
+}
+
+// usableLocked drops the workers that broke a connection lately.
+func (r *router) usableLocked(cands []candidate, now time.Time) []candidate {
+	if len(r.broken) == 0 {
+		return cands
+	}
+	out := cands[:0:0]
+	for _, c := range cands {
+		if until, ok := r.broken[c.key]; ok && now.Before(until) {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// release hands a lease's slot back and gives it to a waiter; broken
+// marks the worker as one that failed the request's connection.
+func (r *router) release(l lease, broken bool) {
+	cands := r.source(l.model)
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := r.inflight[l.cand.key] - 1; n > 0 {
+		r.inflight[l.cand.key] = n
+	} else {
+		delete(r.inflight, l.cand.key)
+	}
+	if broken {
+		for k, until := range r.broken {
+			if !now.Before(until) {
+				delete(r.broken, k)
+			}
+		}
+		r.broken[l.cand.key] = now.Add(brokenFor)
+		r.aff.forget(l.cand.key)
+	}
+	r.dispatchLocked(l.model, r.usableLocked(cands, now), now)
+}
+
+// poke tells the router that workers changed (a hive event or heartbeat):
+// waiting requests may now have a worker.
+func (r *router) poke() {
+	r.mu.Lock()
+	models := make([]string, 0, len(r.queues))
+	for m := range r.queues {
+		models = append(models, m)
+	}
+	r.mu.Unlock()
+	for _, m := range models {
+		cands := r.source(m)
+		now := time.Now()
+		r.mu.Lock()
+		r.dispatchLocked(m, r.usableLocked(cands, now), now)
+		r.mu.Unlock()
+	}
+}
+
+// queueStat is one model's queue, for the controller.
+type queueStat struct {
+	model  string
+	queued int
+	oldest time.Time
+}
+
+func (r *router) queueStats() []queueStat {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]queueStat, 0, len(r.queues))
+	for m, q := range r.queues {
+		out = append(out, queueStat{model: m, queued: len(q), oldest: q[0].since})
+	}
+	return out
+}
+
+// failModel answers every waiter of model with err (the controller could
+// not place a worker and none serves the model).
+func (r *router) failModel(model string, err error) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.queues[model]
+	for _, w := range q {
+		w.ch <- grant{err: err}
+	}
+	r.setQueueLocked(model, nil)
+	if len(q) > 0 {
+		r.m.rejected.WithLabelValues(model, "no_capacity").Add(float64(len(q)))
+	}
+	return len(q)
+}
+
+// close refuses new requests and answers every waiter ErrShuttingDown.
+func (r *router) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	for m, q := range r.queues {
+		for _, w := range q {
+			w.ch <- grant{err: fmt.Errorf("%w: the queen is stopping", ErrShuttingDown)}
+		}
+		r.setQueueLocked(m, nil)
+	}
+}
+
+// inFlight is the number of requests the queen has on each worker.
+func (r *router) inFlight() map[workerKey]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[workerKey]int, len(r.inflight))
+	for k, n := range r.inflight {
+		out[k] = n
+	}
+	return out
+}
+
+func (k workerKey) String() string { return k.pool + "/" + k.worker }
+
+// sessionKey joins a model and a session id for the affinity table: a
+// worker serves one model, so a session is pinned per model.
+func sessionKey(model, session string) string {
+	var b strings.Builder
+	b.Grow(len(model) + 1 + len(session))
+	b.WriteString(model)
+	b.WriteByte(0)
+	b.WriteString(session)
+	return b.String()
+}

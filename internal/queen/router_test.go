@@ -1,0 +1,341 @@
+package queen
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestPick(t *testing.T) {
+	a, b, c := workerKey{"p1", "a"}, workerKey{"p1", "b"}, workerKey{"p2", "c"}
+	cands := []candidate{{key: a, reported: 3}, {key: b, reported: 0}, {key: c}}
+	for _, tc := range []struct {
+		name     string
+		inflight map[workerKey]int
+		slots    int
+		pin      *workerKey
+		exclude  map[workerKey]bool
+		want     pickResult
+	}{
+		{name: "fewest in flight, then fewest reported, then key", slots: 1, want: pickResult{index: 1}},
+		{name: "fewest in flight from the queen first", slots: 4, inflight: map[workerKey]int{b: 2, c: 1}, want: pickResult{index: 0}},
+		{name: "full workers are skipped", slots: 1, inflight: map[workerKey]int{a: 1, b: 1}, want: pickResult{index: 2}},
+		{name: "all full", slots: 1, inflight: map[workerKey]int{a: 1, b: 1, c: 1}, want: pickResult{index: -1}},
+		{name: "excluded workers are skipped", slots: 1, exclude: map[workerKey]bool{b: true}, want: pickResult{index: 2}},
+		{name: "a pin to a live worker wins", slots: 2, pin: &c, inflight: map[workerKey]int{c: 1}, want: pickResult{index: 2, pinned: true}},
+		{name: "a pin to a full worker waits for it", slots: 1, pin: &c, inflight: map[workerKey]int{c: 1}, want: pickResult{index: -1, pinned: true}},
+		{name: "a pin to a gone worker is a miss", slots: 1, pin: &workerKey{"p9", "x"}, want: pickResult{index: 1}},
+		{name: "a pin to an excluded worker is a miss", slots: 1, pin: &b, exclude: map[workerKey]bool{b: true, c: true}, want: pickResult{index: 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := pick(cands, tc.inflight, tc.slots, tc.pin, tc.exclude); got != tc.want {
+				t.Errorf("pick = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestDecideScale(t *testing.T) {
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	const after = 2 * time.Second
+	for _, tc := range []struct {
+		name string
+		in   modelDemand
+		want scaleDecision
+	}{
+		{name: "cold start places at once",
+			in: modelDemand{Model: "m", Queued: 3, MaxWorkers: 1},
+			want: scaleDecision{Place: []placeOrder{{Model: "m", Kind: "cold_start",
+				Reason: "demand: 3 requests for m waiting, no worker runs it"}}}},
+		{name: "one placement at a time",
+			in:   modelDemand{Model: "m", Queued: 3, Live: 1, Starting: 1, MaxWorkers: 4, OldestWait: time.Minute},
+			want: scaleDecision{}},
+		{name: "short waits wait for the threshold",
+			in:   modelDemand{Model: "m", Queued: 3, Live: 1, Routable: 1, MaxWorkers: 2, OldestWait: 500 * time.Millisecond},
+			want: scaleDecision{Recheck: 1500 * time.Millisecond}},
+		{name: "a long wait scales up",
+			in: modelDemand{Model: "m", Queued: 5, Live: 1, Routable: 1, MaxWorkers: 2, OldestWait: 2500 * time.Millisecond},
+			want: scaleDecision{Place: []placeOrder{{Model: "m", Kind: "scale_up",
+				Reason: "demand: 5 requests for m waiting, the oldest for 2.5s (threshold 2s), 1 of at most 2 workers live"}}}},
+		{name: "never beyond max workers",
+			in:   modelDemand{Model: "m", Queued: 5, Live: 2, Routable: 2, MaxWorkers: 2, OldestWait: time.Minute},
+			want: scaleDecision{}},
+		{name: "not before the retry time",
+			in:   modelDemand{Model: "m", Queued: 1, MaxWorkers: 1, RetryAt: now.Add(3 * time.Second)},
+			want: scaleDecision{Recheck: 3 * time.Second}},
+		{name: "max workers 0 and none live: refused",
+			in: modelDemand{Model: "m", Queued: 1},
+			want: scaleDecision{Refuse: map[string]string{
+				"m": "model m is not placed on demand (its max workers is 0) and no worker of it runs; an operator must start one"}}},
+		{name: "max workers 0 with an operator's worker: wait for it",
+			in:   modelDemand{Model: "m", Queued: 1, Live: 1, Routable: 1, OldestWait: time.Minute},
+			want: scaleDecision{}},
+		{name: "nothing queued", in: modelDemand{Model: "m", MaxWorkers: 3}, want: scaleDecision{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := decideScale(now, []modelDemand{tc.in}, after)
+			if tc.want.Refuse == nil {
+				tc.want.Refuse = map[string]string{}
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("decision (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPlaceBackoff(t *testing.T) {
+	var got []time.Duration
+	for n := range 9 {
+		got = append(got, placeBackoff(n))
+	}
+	want := []time.Duration{0, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+		30 * time.Second, 30 * time.Second, 30 * time.Second}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("backoff (-want +got):\n%s", diff)
+	}
+}
+
+// testRouter is a router over a list of candidates the test changes.
+type testRouter struct {
+	*router
+	reg    *prometheus.Registry
+	mu     sync.Mutex
+	cands  []candidate // guarded by mu
+	demand int         // guarded by mu
+}
+
+func newTestRouter(cfg RoutingConfig, cands ...candidate) *testRouter {
+	tr := &testRouter{cands: cands, reg: prometheus.NewRegistry()}
+	cfg = cfg.withDefaults()
+	m := newRouteMetrics(tr.reg, func() int { return 0 })
+	tr.router = newRouter(cfg, slog.New(slog.DiscardHandler), func(string) []candidate {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return append([]candidate(nil), tr.cands...)
+	}, newAffinity(cfg.AffinityTTL, 10), m, func() {
+		tr.mu.Lock()
+		tr.demand++
+		tr.mu.Unlock()
+	})
+	return tr
+}
+
+func (tr *testRouter) set(cands ...candidate) {
+	tr.mu.Lock()
+	tr.cands = cands
+	tr.mu.Unlock()
+	tr.poke()
+}
+
+// acquireAsync starts an acquire and returns where its answer comes.
+func (tr *testRouter) acquireAsync(ctx context.Context, req routeReq) chan grant {
+	ch := make(chan grant, 1)
+	go func() {
+		l, err := tr.acquire(ctx, req)
+		ch <- grant{l, err}
+	}()
+	return ch
+}
+
+func TestRouterQueue(t *testing.T) {
+	a, b := candidate{key: workerKey{"p", "a"}, uri: "http://a"}, candidate{key: workerKey{"p", "b"}, uri: "http://b"}
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(RoutingConfig{QueueSize: 2, QueueTimeout: 10 * time.Second}, a)
+		ctx := t.Context()
+
+		l1, err := tr.acquire(ctx, routeReq{model: "m"})
+		if err != nil || l1.cand.key != a.key {
+			t.Fatalf("first acquire: %+v %v", l1, err)
+		}
+		// a is full: the next two wait, in order; the third is refused.
+		w1 := tr.acquireAsync(ctx, routeReq{model: "m"})
+		synctest.Wait()
+		w2 := tr.acquireAsync(ctx, routeReq{model: "m"})
+		synctest.Wait()
+		if _, err := tr.acquire(ctx, routeReq{model: "m"}); !errors.Is(err, ErrQueueFull) {
+			t.Fatalf("third waiter: %v, want ErrQueueFull", err)
+		}
+		if stats := tr.queueStats(); len(stats) != 1 || stats[0].queued != 2 || tr.demand != 2 {
+			t.Fatalf("queue %+v, demand signals %d", stats, tr.demand)
+		}
+		// A worker appears: the oldest waiter gets it.
+		tr.set(a, b)
+		g := <-w1
+		if g.err != nil || g.l.cand.key != b.key {
+			t.Fatalf("first waiter: %+v", g)
+		}
+		// a's slot comes back: the second waiter gets it.
+		tr.release(l1, false)
+		g = <-w2
+		if g.err != nil || g.l.cand.key != a.key {
+			t.Fatalf("second waiter: %+v", g)
+		}
+		if got := tr.inFlight(); got[a.key] != 1 || got[b.key] != 1 {
+			t.Errorf("in flight %v", got)
+		}
+
+		// Both full: a waiter gives up after the queue timeout.
+		start := time.Now()
+		if _, err := tr.acquire(ctx, routeReq{model: "m"}); !errors.Is(err, ErrQueueTimeout) || time.Since(start) != 10*time.Second {
+			t.Errorf("timeout: %v after %s", err, time.Since(start))
+		}
+		// A client that leaves is out of the queue.
+		cctx, cancel := context.WithCancel(ctx)
+		w3 := tr.acquireAsync(cctx, routeReq{model: "m"})
+		synctest.Wait()
+		cancel()
+		if g := <-w3; !errors.Is(g.err, context.Canceled) || len(tr.queueStats()) != 0 {
+			t.Errorf("cancelled waiter: %v, queue %+v", g.err, tr.queueStats())
+		}
+		// A broken worker gets nothing until brokenFor passed.
+		tr.release(g.l, false)
+		tr.release(lease{model: "m", cand: a}, true)
+		tr.release(lease{model: "m", cand: b}, false)
+		l, err := tr.acquire(ctx, routeReq{model: "m"})
+		if err != nil || l.cand.key != b.key {
+			t.Fatalf("after a broke: %+v %v", l, err)
+		}
+		tr.release(l, false)
+		time.Sleep(brokenFor)
+		if l, err := tr.acquire(ctx, routeReq{model: "m"}); err != nil || l.cand.key != a.key {
+			t.Errorf("after brokenFor: %+v %v", l, err)
+		} else {
+			tr.release(l, false)
+		}
+
+		// failModel and close answer the waiters.
+		tr.set()
+		w4 := tr.acquireAsync(ctx, routeReq{model: "m"})
+		synctest.Wait()
+		if n := tr.failModel("m", ErrNoCapacity); n != 1 {
+			t.Errorf("failModel answered %d", n)
+		}
+		if g := <-w4; !errors.Is(g.err, ErrNoCapacity) {
+			t.Errorf("failed waiter: %v", g.err)
+		}
+		w5 := tr.acquireAsync(ctx, routeReq{model: "m"})
+		synctest.Wait()
+		tr.close()
+		if g := <-w5; !errors.Is(g.err, ErrShuttingDown) {
+			t.Errorf("waiter at close: %v", g.err)
+		}
+		if _, err := tr.acquire(ctx, routeReq{model: "m"}); !errors.Is(err, ErrShuttingDown) {
+			t.Errorf("acquire after close: %v", err)
+		}
+		if got := tr.counter("apiary_queen_queue_rejected_total", "queue_full"); got != 1 {
+			t.Errorf("queue_full count %v", got)
+		}
+		if got := tr.counter("apiary_queen_queue_rejected_total", "timeout"); got != 1 {
+			t.Errorf("timeout count %v", got)
+		}
+	})
+}
+
+// A session is pinned to its worker: it waits for it while it is busy
+// (others pass it), and is served elsewhere once the worker is gone.
+func TestRouterAffinity(t *testing.T) {
+	a, b := candidate{key: workerKey{"p", "a"}}, candidate{key: workerKey{"p", "b"}}
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(RoutingConfig{AffinityTTL: time.Minute}, a, b)
+		ctx := t.Context()
+		s1, err := tr.acquire(ctx, routeReq{model: "m", session: "s"})
+		if err != nil || s1.cand.key != a.key || s1.pinned {
+			t.Fatalf("first request of the session: %+v %v", s1, err)
+		}
+		// s's worker a is full: s waits for it, another request passes to b.
+		ws := tr.acquireAsync(ctx, routeReq{model: "m", session: "s"})
+		synctest.Wait()
+		other, err := tr.acquire(ctx, routeReq{model: "m"})
+		if err != nil || other.cand.key != b.key {
+			t.Fatalf("request without a session: %+v %v", other, err)
+		}
+		tr.release(s1, false)
+		g := <-ws
+		if g.err != nil || g.l.cand.key != a.key || !g.l.pinned {
+			t.Fatalf("pinned request: %+v", g)
+		}
+		tr.release(g.l, false)
+		tr.release(other, false)
+
+		// The pin outlives requests by the TTL, then goes.
+		time.Sleep(59 * time.Second)
+		if k, ok := tr.aff.get("m", "s", time.Now()); !ok || k != a.key {
+			t.Errorf("pin before the TTL: %v %v", k, ok)
+		}
+		time.Sleep(time.Second)
+		if _, ok := tr.aff.get("m", "s", time.Now()); ok {
+			t.Error("pin lived past its TTL")
+		}
+
+		// A pin to a worker that is gone is a miss, and pins anew.
+		l, _ := tr.acquire(ctx, routeReq{model: "m", session: "t"})
+		tr.release(l, false)
+		tr.set(b)
+		l, err = tr.acquire(ctx, routeReq{model: "m", session: "t"})
+		if err != nil || l.cand.key != b.key || l.pinned {
+			t.Fatalf("session of a gone worker: %+v %v", l, err)
+		}
+		tr.release(l, false)
+		if k, _ := tr.aff.get("m", "t", time.Now()); k != b.key {
+			t.Errorf("session t pinned to %v, want b", k)
+		}
+	})
+}
+
+// Expired pins are swept in the background, within a quarter of the TTL.
+func TestAffinitySweep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		aff := newAffinity(time.Minute, 3)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { aff.run(ctx); close(done) }()
+		now := time.Now()
+		aff.set("m", "s1", workerKey{"p", "a"}, now)
+		aff.set("m", "s2", workerKey{"p", "b"}, now.Add(30*time.Second))
+		aff.set("n", "s1", workerKey{"p", "c"}, now)
+		aff.set("m", "s4", workerKey{"p", "d"}, now) // over the limit: not pinned
+		if aff.size() != 3 {
+			t.Fatalf("%d pins, want 3 (the limit)", aff.size())
+		}
+		time.Sleep(time.Minute + aff.sweepEvery())
+		synctest.Wait()
+		if aff.size() != 1 {
+			t.Errorf("%d pins after the first TTL, want 1", aff.size())
+		}
+		aff.forget(workerKey{"p", "b"})
+		if aff.size() != 0 {
+			t.Errorf("%d pins after forget", aff.size())
+		}
+		cancel()
+		<-done
+	})
+}
+
+// counter reads the counter name whose labels include value.
+func (tr *testRouter) counter(name, value string) float64 {
+	families, err := tr.reg.Gather()
+	if err != nil {
+		panic(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,149 @@
+package queen
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/registry"
+)
+
+// routing is the queen's inference half (issue 5): the router and its
+// session affinity, the model catalog, the controller that places workers
+// on demand, the HTTP client to workers, and the check of workers that
+// broke a connection. Queen.run builds it before serving and runs it with
+// the other background work.
+type routing struct {
+	router   *router
+	aff      *affinity
+	catalog  *catalog
+	ctl      *controller
+	m        *routeMetrics
+	up       *http.Client // to workers
+	suspects chan suspect
+}
+
+func (q *Queen) newRouting() *routing {
+	cfg := q.cfg.Routing
+	src, ok := q.hives.(HiveModels)
+	if !ok {
+		src = NewHTTPHiveClient(q.cfg.Tokens.Cluster, q.cfg.HiveTimeout).(HiveModels)
+	}
+	rt := &routing{
+		aff:      newAffinity(cfg.AffinityTTL, maxSessions),
+		catalog:  newCatalog(src, min(q.cfg.HiveTimeout, 5*time.Second), q.log.With("component", "catalog")),
+		suspects: make(chan suspect, 64),
+		up: &http.Client{Transport: &http.Transport{
+			Proxy:                 nil, // workers are reached directly
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:          1024,
+			MaxIdleConnsPerHost:   256,
+			IdleConnTimeout:       90 * time.Second,
+			DisableCompression:    true, // a gzip reader would hold tokens back
+			ExpectContinueTimeout: 0,
+		}},
+	}
+	rt.m = newRouteMetrics(q.metrics.reg, rt.aff.size)
+	rt.ctl = newController(q)
+	rt.router = newRouter(cfg, q.log.With("component", "router"), q.candidates, rt.aff, rt.m, rt.ctl.signal)
+	return rt
+}
+
+// run runs the background work of routing until ctx ends: the affinity
+// sweep, the catalog refresh, the controller, the suspect checks.
+func (rt *routing) run(ctx context.Context, q *Queen) {
+	var g errgroup.Group
+	g.Go(func() error { rt.aff.run(ctx); return nil })
+	g.Go(func() error {
+		rt.catalog.run(ctx, q.servable, q.cfg.Routing.ModelsRefresh)
+		return nil
+	})
+	g.Go(func() error { rt.ctl.run(ctx); return nil })
+	g.Go(func() error { q.checkSuspects(ctx); return nil })
+	_ = g.Wait()
+	rt.up.CloseIdleConnections()
+}
+
+// poke tells routing that workers or pools changed: waiting requests may
+// have a worker now, and the controller looks at the demand again.
+func (rt *routing) poke() {
+	rt.router.poke()
+	rt.ctl.signal()
+}
+
+// candidates is the router's source: the workers of model that take
+// requests now. A worker qualifies when its pool is healthy (not
+// draining, unhealthy or offline), its hive reports it ready or busy (not
+// starting, degraded or draining) with a URI, and its lifecycle row is
+// RUNNING (a worker without a live row is being stopped).
+func (q *Queen) candidates(model string) []candidate {
+	pools := q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}})
+	var out []candidate
+	for _, p := range pools {
+		for _, w := range p.Workers {
+			if w.ModelRef != model || w.URI == "" {
+				continue
+			}
+			if st := lifecycle.State(w.Status); st != lifecycle.Ready && st != lifecycle.Busy {
+				continue
+			}
+			id, ok := q.rows.runningRow(p.ID, w.LifecycleID, w.WorkerID)
+			if !ok {
+				continue
+			}
+			out = append(out, candidate{key: workerKey{p.ID, w.WorkerID}, lifecycleID: id, uri: w.URI, reported: w.InFlight})
+		}
+	}
+	return out
+}
+
+// runningRow returns the id of the RUNNING row of a hive's worker.
+func (b *rowBook) runningRow(pool, lifecycleID, workerID string) (string, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r, ok := b.active[lifecycleID]; ok && lifecycleID != "" && r.PoolID == pool {
+		return r.ID, r.Status == rowRunning
+	}
+	id, ok := b.byWorker[workerKey{pool, workerID}]
+	if !ok || workerID == "" {
+		return "", false
+	}
+	return id, b.active[id].Status == rowRunning
+}
+
+// modelCount counts the live rows of one model.
+type modelCount struct{ starting, running, draining int }
+
+// live is the workers that count against the model's max workers.
+func (c modelCount) live() int { return c.starting + c.running }
+
+// modelCounts counts the live rows by model; with pools given, only the
+// rows on those pools.
+func (b *rowBook) modelCounts(pools ...map[string]bool) map[string]modelCount {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[string]modelCount{}
+	for _, r := range b.active {
+		if len(pools) > 0 && !pools[0][r.PoolID] {
+			continue
+		}
+		c := out[r.ModelRef]
+		switch r.Status {
+		case rowStarting:
+			c.starting++
+		case rowRunning:
+			c.running++
+		case rowDraining:
+			c.draining++
+		}
+		out[r.ModelRef] = c
+	}
+	return out
+}
+
+// close refuses new inference and answers the waiting requests.
+func (rt *routing) close() { rt.router.close() }

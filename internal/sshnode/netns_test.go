@@ -1,0 +1,442 @@
+package sshnode_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testmodel"
+)
+
+// A real multi-node cluster on one machine: three network namespaces on a
+// bridge, each running Debian's sshd (scripts/netns.sh), the queen in the
+// root namespace starting hives there over SSH with the system ssh. The
+// namespaces share the file system, so each node's hive gets its own data
+// dir (sshd sets XDG_DATA_HOME) and install dir.
+
+const (
+	nsPrefix = "apn"
+	subnet   = "10.78.0"
+	queenIP  = subnet + ".1"
+	timeout  = 3 * time.Second // the queen's --heartbeat-timeout
+)
+
+var tokens = []string{"APIARY_API_TOKEN=test-api", "APIARY_ADMIN_TOKEN=test-admin", "APIARY_CLUSTER_TOKEN=test-cluster"}
+
+var (
+	nsOnce  sync.Once
+	nsErr   error
+	nsState string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if nsState != "" {
+		if out, err := exec.Command("bash", script(), "down", nsPrefix, nsState).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "netns.sh down: %v\n%s", err, out)
+		}
+		os.RemoveAll(nsState)
+	}
+	testbin.Cleanup()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func script() string { return filepath.Join("..", "..", "scripts", "netns.sh") }
+
+// nodes sets up the namespaces once per test binary (they need root) and
+// returns the state dir of scripts/netns.sh.
+func nodes(t *testing.T) string {
+	t.Helper()
+	nsOnce.Do(func() {
+		if os.Getuid() != 0 {
+			nsErr = errors.New("the multi-node tests need root for ip netns and sshd (CI runs as root)")
+			return
+		}
+		dir, err := os.MkdirTemp("", "apiary-netns-")
+		if err != nil {
+			nsErr = err
+			return
+		}
+		nsState = dir
+		// A previous run killed midway may have left its namespaces.
+		_ = exec.Command("bash", script(), "down", nsPrefix, dir).Run()
+		out, err := exec.Command("bash", script(), "up", nsPrefix, "3", dir, subnet).CombinedOutput()
+		if err != nil {
+			nsErr = fmt.Errorf("scripts/netns.sh up: %w\n%s", err, out)
+			return
+		}
+		for i := 1; i <= 3; i++ {
+			models := filepath.Join(dir, fmt.Sprintf("node%d", i), "data", "apiary", "models")
+			if err := os.MkdirAll(models, 0o755); err != nil {
+				nsErr = err
+				return
+			}
+			if err := testmodel.WriteFile(filepath.Join(models, "tiny.gguf"), testmodel.Options{}); err != nil {
+				nsErr = err
+				return
+			}
+		}
+	})
+	if nsErr != nil {
+		t.Fatalf("multi-node setup: %v (needs iproute2, openssh-server, openssh-client; see scripts/deps.sh)", nsErr)
+	}
+	t.Cleanup(func() { killNodeProcesses(t) })
+	return nsState
+}
+
+func nodeAddr(i int) string   { return fmt.Sprintf("%s.%d", subnet, i+1) }
+func nodeDir(i int) string    { return filepath.Join(nsState, fmt.Sprintf("node%d", i)) }
+func nodeMarker(i int) string { return nodeDir(i) + "/" }
+
+// killNodeProcesses ends whatever a test left on the nodes besides sshd,
+// so the next test finds the hive ports free.
+func killNodeProcesses(t *testing.T) {
+	for i := 1; i <= 3; i++ {
+		for _, pid := range testbin.Matching(nodeMarker(i)) {
+			if !strings.Contains(testbin.Cmdline(pid), "sshd") {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	for i := 1; i <= 3; i++ {
+		_ = exec.Command("ip", "link", "set", fmt.Sprintf("%sh%d", nsPrefix, i), "up").Run()
+	}
+}
+
+// freePort is a free TCP port on the queen's address.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", queenIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+type queen struct {
+	*testbin.Proc
+	url string
+	c   *keeper.Client
+}
+
+func startQueen(t *testing.T, sshConfig string, env []string, extra ...string) *queen {
+	t.Helper()
+	state := nodes(t)
+	addr := net.JoinHostPort(queenIP, strconv.Itoa(freePort(t)))
+	args := []string{"queen", "--addr", addr, "--data-dir", filepath.Join(t.TempDir(), "queen"),
+		"--ssh-config", filepath.Join(state, sshConfig), "--ssh-timeout", "2s",
+		"--heartbeat-timeout", timeout.String(), "--flush-interval", "100ms", "--hive-stop-timeout", "20s",
+		"--hive-arg=--worker-threads=1", "--hive-arg=--stop-grace=2s", "--hive-arg=--shutdown-ack=1s", "--log-json"}
+	p := testbin.Start(t, "queen", append(append([]string{}, tokens...), env...), append(args, extra...)...)
+	p.Lines.Wait(t, 0, "queen serving", nil)
+	url := "http://" + addr
+	c := keeper.NewClient(url, "test-admin", "test-cluster")
+	c.SetTimeout(2 * time.Minute)
+	return &queen{Proc: p, url: url, c: c}
+}
+
+// addNode adds node i as name and waits until its hive registered.
+func (q *queen) addNode(t *testing.T, name string, i int) {
+	t.Helper()
+	n, err := q.c.AddNode(t.Context(), api.AddNodeRequest{Name: name, SSH: "root@" + nodeAddr(i), InstallDir: filepath.Join(nodeDir(i), "bin")})
+	if err != nil {
+		t.Fatalf("add node %s: %v", name, err)
+	}
+	if n.Name != name || n.SSH != "root@"+nodeAddr(i) {
+		t.Errorf("added node %+v", n)
+	}
+	q.Lines.Wait(t, 0, "pool status changed", map[string]string{"pool_id": name, "to": "healthy"})
+}
+
+// infer runs `apiary infer` against the queen and returns the lifecycle
+// rows of the model afterwards.
+func (q *queen) infer(t *testing.T, node string) {
+	t.Helper()
+	args := []string{"infer", "--model", "tiny", "--prompt", "hello", "--max-tokens", "8", "--queen", q.url}
+	if node != "" {
+		args = append(args, "--node", node)
+	}
+	k := testbin.Start(t, "keeper", tokens, args...)
+	if code := k.Wait(t); code != 0 {
+		t.Fatalf("apiary infer --node %q: exit %d; stderr:\n%s", node, code, k.Lines.String())
+	}
+	if k.Stdout() == "" {
+		t.Errorf("apiary infer --node %q: no answer", node)
+	}
+}
+
+func (q *queen) runningPools(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := q.c.Workers(t.Context(), keeper.WorkerFilter{Status: "RUNNING"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, r := range rows {
+		out[r.PoolID]++
+	}
+	return out
+}
+
+func TestSSHNode_AddProbesFirst_ClearErrors(t *testing.T) {
+	state := nodes(t)
+	q := startQueen(t, "ssh_config", nil)
+	for _, tc := range []struct {
+		name, ssh string
+		code      string
+	}{
+		{"refused", "root@" + nodeAddr(1) + ":2222", "ssh_unreachable"},
+		{"option-injection", "root@-oProxyCommand=touch", "invalid_request"},
+	} {
+		_, err := q.c.AddNode(t.Context(), api.AddNodeRequest{Name: tc.name, SSH: tc.ssh})
+		var ae *keeper.APIError
+		if !errors.As(err, &ae) || ae.Code != tc.code {
+			t.Errorf("%s: %v, want %s", tc.name, err, tc.code)
+		}
+	}
+	// A node whose sshd accepts connections but never speaks: timeout.
+	sshd := sshdPID(t, 3)
+	_ = syscall.Kill(sshd, syscall.SIGSTOP)
+	_, err := q.c.AddNode(t.Context(), api.AddNodeRequest{Name: "frozen", SSH: "root@" + nodeAddr(3)})
+	_ = syscall.Kill(sshd, syscall.SIGCONT)
+	if ae := new(keeper.APIError); !errors.As(err, &ae) || ae.Code != "ssh_timeout" {
+		t.Errorf("frozen sshd: %v, want ssh_timeout", err)
+	}
+
+	// Host keys are checked against known_hosts; keys are never guessed.
+	unknown := startQueen(t, "ssh_config_nohostkeys", nil)
+	_, err = unknown.c.AddNode(t.Context(), api.AddNodeRequest{Name: "n1", SSH: "root@" + nodeAddr(1)})
+	if ae := new(keeper.APIError); !errors.As(err, &ae) || ae.Code != "ssh_host_key_unknown" || !strings.Contains(ae.Message, "known_hosts") {
+		t.Errorf("unknown host key: %v", err)
+	}
+	wrong := startQueen(t, "ssh_config_wrongkey", nil)
+	_, err = wrong.c.AddNode(t.Context(), api.AddNodeRequest{Name: "n1", SSH: "root@" + nodeAddr(1)})
+	if ae := new(keeper.APIError); !errors.As(err, &ae) || ae.Code != "ssh_auth_failed" || !strings.Contains(ae.Message, "authorized_keys") {
+		t.Errorf("wrong key: %v", err)
+	}
+	// No ssh client on the queen's machine.
+	noSSH := startQueen(t, "ssh_config", []string{"PATH=" + t.TempDir()})
+	_, err = noSSH.c.AddNode(t.Context(), api.AddNodeRequest{Name: "n1", SSH: "root@" + nodeAddr(1)})
+	if ae := new(keeper.APIError); !errors.As(err, &ae) || ae.Code != "ssh_client_missing" || !strings.Contains(ae.Message, "openssh-client") {
+		t.Errorf("no ssh client: %v", err)
+	}
+	nodes, err := q.c.Nodes(t.Context())
+	if err != nil || len(nodes) != 0 {
+		t.Errorf("failed adds saved nodes: %+v %v", nodes, err)
+	}
+	_ = state
+}
+
+func sshdPID(t *testing.T, i int) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(nodeDir(i), "sshd.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// Checklist (queen): "If not running, use SSH to spawn rbee-hive on remote
+// node", "Send inference requests directly to workers", "Relay SSE streams
+// from workers to rbee-keeper". A node cut off (link down): its pool turns unhealthy and the
+// other nodes serve.
+func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testing.T) {
+	q := startQueen(t, "ssh_config", nil)
+	q.addNode(t, "n1", 1)
+	q.addNode(t, "n2", 2)
+	nodes, err := q.c.Nodes(t.Context())
+	if err != nil || len(nodes) != 2 || nodes[0].Hive.State != api.HiveRunning || nodes[1].Hive.NodeAddr != nodeAddr(2) {
+		t.Fatalf("nodes: %+v %v", nodes, err)
+	}
+	hive1 := testbin.AwaitProcess(t, nodeMarker(1), " hive ")
+	if s := testbin.Cmdline(hive1); !strings.Contains(s, "--owner queen") || !strings.Contains(s, "--lifeline stdin") || strings.Contains(s, "test-cluster") {
+		t.Errorf("remote hive command line: %s", s)
+	}
+
+	// Pinning with --node is not implemented yet (the queen answers 501):
+	// an unpinned request is served by a worker placed on one of the two
+	// remote pools.
+	q.infer(t, "")
+	if got := q.runningPools(t); got["n1"]+got["n2"] != 1 {
+		t.Errorf("after infer, running workers by pool: %v, want one on n1 or n2", got)
+	}
+	k := testbin.Start(t, "keeper", tokens, "infer", "--queen", q.url, "--model", "tiny", "--prompt", "hi", "--node", "n1")
+	if code := k.Wait(t); code == 0 || !strings.Contains(k.Lines.String(), "not implemented yet") {
+		t.Errorf("infer --node: exit %d, want a failure saying pinning is not implemented yet; stderr:\n%s", code, k.Lines.String())
+	}
+
+	cut := time.Now()
+	if out, err := exec.Command("ip", "link", "set", nsPrefix+"h2", "down").CombinedOutput(); err != nil {
+		t.Fatalf("link down: %v %s", err, out)
+	}
+	rec, _ := q.Lines.Wait(t, 0, "pool status changed", map[string]string{"pool_id": "n2", "to": "unhealthy"})
+	t.Logf("pool n2 unhealthy %s after its link went down", time.Since(cut).Round(time.Millisecond))
+	_ = rec
+	for range 3 {
+		q.infer(t, "")
+	}
+	rows, err := q.c.Workers(t.Context(), keeper.WorkerFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.PoolID == "n2" && r.CreatedAt.After(cut) {
+			t.Errorf("a worker was placed on the cut-off node: %+v", r)
+		}
+	}
+	// The node's hive lost its queen: its lease ends and it stops its
+	// worker, orphaning nothing on the unreachable machine.
+	testbin.AwaitGone(t, nodeMarker(2)+"bin/", timeout+5*time.Second)
+	testbin.AwaitGone(t, nodeMarker(2)+"data/", timeout+5*time.Second)
+	if err := exec.Command("ip", "link", "set", nsPrefix+"h2", "up").Run(); err != nil {
+		t.Fatal(err)
+	}
+	q.Signal(syscall.SIGTERM)
+	if code := q.Wait(t); code != 0 {
+		t.Errorf("queen exit %d", code)
+	}
+	testbin.AwaitGone(t, nodeMarker(1)+"bin/", 30*time.Second)
+}
+
+// operatorHive starts a hive on node i the way an operator would (not
+// through the queen) and waits until it serves a worker.
+func operatorHive(t *testing.T, q *queen, i int, pool string) (*testbin.Proc, int) {
+	t.Helper()
+	h := testbin.StartCmd(t, "operator hive", tokens, "ip", "netns", "exec", fmt.Sprintf("%s%d", nsPrefix, i), testbin.Path(t),
+		"hive", "--addr", nodeAddr(i)+":9300", "--queen", q.url, "--pool-id", pool, "--worker-threads", "1",
+		"--data-dir", filepath.Join(nodeDir(i), "data", "apiary"), "--heartbeat-interval", "300ms", "--log-json")
+	q.Lines.Wait(t, 0, "pool status changed", map[string]string{"pool_id": pool, "to": "healthy"})
+	resp, err := q.c.StartWorker(t.Context(), "tiny", pool, nil, "operator's worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Lines.Wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
+	return h, testbin.AwaitProcess(t, nodeMarker(i), " worker --worker-id")
+}
+
+// sshCluster: hives the queen started over SSH on nodes 1 and 2, each with
+// a worker, and an operator's hive on node 3 with a worker.
+func sshCluster(t *testing.T) (q *queen, opHive *testbin.Proc, opWorker int) {
+	t.Helper()
+	q = startQueen(t, "ssh_config", nil)
+	q.addNode(t, "n1", 1)
+	q.addNode(t, "n2", 2)
+	for _, pool := range []string{"n1", "n2"} {
+		resp, err := q.c.StartWorker(t.Context(), "tiny", pool, nil, "cascade test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		q.Lines.Wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
+	}
+	opHive, opWorker = operatorHive(t, q, 3, "op")
+	return q, opHive, opWorker
+}
+
+func operatorUntouched(t *testing.T, h *testbin.Proc, worker int) {
+	t.Helper()
+	select {
+	case <-h.Done():
+		t.Errorf("the operator's hive exited; the queen must not stop what it did not start")
+	default:
+	}
+	if !testbin.Alive(worker) {
+		t.Errorf("the operator's worker %d died", worker)
+	}
+}
+
+// "Cascading shutdown on SIGTERM (SSH to rbee-hive)": SIGTERM to the queen
+// stops every hive it started over SSH, each after its workers; the
+// operator's hive on the third node is left running.
+func TestSSHNode_QueenSIGTERM_EverySSHStartedHiveAndWorkerGone_OperatorHiveUntouched(t *testing.T) {
+	q, opHive, opWorker := sshCluster(t)
+	q.Signal(syscall.SIGTERM)
+	if code := q.Wait(t); code != 0 {
+		t.Errorf("queen exit %d after SIGTERM", code)
+	}
+	// The queen returns only after its hives have exited.
+	for i := 1; i <= 2; i++ {
+		for _, m := range []string{nodeMarker(i) + "bin/", nodeMarker(i) + "data/"} {
+			if left := testbin.Matching(m); len(left) > 0 {
+				var cmds []string
+				for _, pid := range left {
+					cmds = append(cmds, testbin.Cmdline(pid))
+				}
+				t.Errorf("node %d still runs %v after the queen exited", i, cmds)
+			}
+		}
+	}
+	for _, pool := range []string{"n1", "n2"} {
+		q.Lines.Wait(t, 0, "hive stopped", map[string]string{"node": pool, "how": "lifeline closed, hive cascaded"})
+	}
+	if n := strings.Count(q.Lines.String(), `"to":"STOPPED"`); n != 2 {
+		t.Errorf("%d worker rows STOPPED during the cascade, want 2", n)
+	}
+	operatorUntouched(t, opHive, opWorker)
+}
+
+// A queen killed with SIGKILL: its ssh sessions end, every hive it started
+// over SSH stops its workers and exits within --heartbeat-timeout; the
+// operator's hive keeps serving.
+func TestSSHNode_QueenSIGKILL_EverySSHStartedHiveAndWorkerGoneWithinTimeout_OperatorHiveUntouched(t *testing.T) {
+	q, opHive, opWorker := sshCluster(t)
+	killed := time.Now()
+	q.Signal(syscall.SIGKILL)
+	q.Wait(t)
+	for i := 1; i <= 2; i++ {
+		testbin.AwaitGone(t, nodeMarker(i)+"bin/", timeout)
+		testbin.AwaitGone(t, nodeMarker(i)+"data/", timeout)
+	}
+	t.Logf("every SSH-started hive and worker gone %s after the queen's SIGKILL", time.Since(killed).Round(time.Millisecond))
+	operatorUntouched(t, opHive, opWorker)
+}
+
+// Checklist (queen): "Detect if rbee-hive is already running on remote
+// node", "If not spawned, do NOT send SIGTERM to rbee-hive". A hive an
+// operator started already serves the node's pool: the queen starts none
+// there, lists the node's hive as external, and leaves it running when it
+// stops.
+func TestSSHNode_HiveAlreadyRunning_QueenNeitherStartsNorStopsIt(t *testing.T) {
+	q := startQueen(t, "ssh_config", nil)
+	opHive, opWorker := operatorHive(t, q, 3, "n3")
+	if _, err := q.c.AddNode(t.Context(), api.AddNodeRequest{Name: "n3", SSH: "root@" + nodeAddr(3), InstallDir: filepath.Join(nodeDir(3), "bin")}); err != nil {
+		t.Fatal(err)
+	}
+	q.Lines.Wait(t, 0, "a hive the queen did not start serves the node's pool; not starting one", map[string]string{"node": "n3"})
+	nodes, err := q.c.Nodes(t.Context())
+	if err != nil || len(nodes) != 1 || nodes[0].Hive.State != api.HiveExternal {
+		t.Errorf("nodes: %+v %v", nodes, err)
+	}
+	if q.Lines.Has("hive started", map[string]string{"node": "n3"}) {
+		t.Error("the queen started a second hive on the node")
+	}
+	q.Signal(syscall.SIGTERM)
+	if code := q.Wait(t); code != 0 {
+		t.Errorf("queen exit %d", code)
+	}
+	operatorUntouched(t, opHive, opWorker)
+}

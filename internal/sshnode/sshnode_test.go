@@ -1,0 +1,138 @@
+package sshnode
+
+import (
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseTarget(t *testing.T) {
+	for in, want := range map[string]Target{
+		"alice@gpu1":            {User: "alice", Host: "gpu1"},
+		"alice@gpu1:2222":       {User: "alice", Host: "gpu1", Port: 2222},
+		"gpu1.lan":              {Host: "gpu1.lan"},
+		"root@10.0.0.2:22":      {User: "root", Host: "10.0.0.2", Port: 22},
+		"bob@[fe80::1]:2200":    {User: "bob", Host: "fe80::1", Port: 2200},
+		"fe80::1":               {Host: "fe80::1"},
+		"svc_user.x@host-a_b.c": {User: "svc_user.x", Host: "host-a_b.c"},
+	} {
+		got, err := ParseTarget(in)
+		if err != nil {
+			t.Errorf("%q: %v", in, err)
+			continue
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("%q (-want +got):\n%s", in, diff)
+		}
+		if back, _ := ParseTarget(got.String()); back != got {
+			t.Errorf("%q: String %q does not parse back", in, got.String())
+		}
+	}
+	// Nothing ssh could read as an option, and nothing a shell would read.
+	for _, in := range []string{"", "-oProxyCommand=sh@x", "a@-oProxyCommand=x", "a@b:0", "a@b:99999", "a@b:x",
+		"a b@c", "a@b c", "a@$(reboot)", "a@b;reboot", "@b", "a@", "a@[1.2.3.4]:22", "a@b@c", ".a@b"} {
+		if _, err := ParseTarget(in); !errors.Is(err, ErrBadTarget) {
+			t.Errorf("%q accepted (%v)", in, err)
+		}
+	}
+}
+
+func TestCheckInstallDir(t *testing.T) {
+	for _, ok := range []string{"~/.local/bin", "~", "/opt/apiary/bin", "~/apiary-1.2+x"} {
+		if err := CheckInstallDir(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "relative/dir", "~/../etc", "/opt/a b", "/opt/$(x)", "~user/bin", "/a;b", "/a'b", "-x"} {
+		if err := CheckInstallDir(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// The remote command goes through a login shell and then sh: whatever the
+// arguments hold, sh gets them back unchanged as its parameters.
+func TestRemoteCommandQuotesEveryArgument(t *testing.T) {
+	args := []string{"plain", "it's", `"double"`, "$(touch /tmp/pwned)", "`id`", "a;b|c&d", "sp ace", "", "\\", "*", "~", "!x"}
+	script := `for a in "$@"; do printf '[%s]' "$a"; done`
+	out, err := exec.Command("sh", "-c", RemoteCommand(script, args...)).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want strings.Builder
+	for _, a := range args {
+		want.WriteString("[" + a + "]")
+	}
+	if string(out) != want.String() {
+		t.Errorf("got  %s\nwant %s", out, want.String())
+	}
+}
+
+func TestApiaryCommandRefusesControlCharacters(t *testing.T) {
+	if _, err := ApiaryCommand("~/.local/bin", "hive", "--x=a\nb"); err == nil {
+		t.Error("newline accepted")
+	}
+	if _, err := ApiaryCommand("../x", "hive"); err == nil {
+		t.Error("bad install dir accepted")
+	}
+	cmd, err := ApiaryCommand("~/.local/bin", "hive", "--queen", "http://10.0.0.1:8080")
+	if err != nil || !strings.HasPrefix(cmd, "sh -c '") || !strings.HasSuffix(cmd, "'hive' '--queen' 'http://10.0.0.1:8080'") {
+		t.Errorf("%q %v", cmd, err)
+	}
+}
+
+func TestCommandEndsOptionsBeforeHost(t *testing.T) {
+	c := Client{ConfigFile: "/etc/apiary/ssh_config"}
+	path, args := c.Command(Target{User: "u", Host: "h", Port: 2222}, "true")
+	joined := strings.Join(args, " ")
+	for _, want := range []string{"-F /etc/apiary/ssh_config", "BatchMode=yes", "StrictHostKeyChecking=yes", "-p 2222", "-l u", "-- h true"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("ssh %s: missing %q", joined, want)
+		}
+	}
+	if path != "ssh" {
+		t.Errorf("path %q", path)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	tgt := Target{User: "u", Host: "h"}
+	for stderr, want := range map[string]error{
+		"No ED25519 host key is known for [10.1.0.2]:22 and you have requested strict checking.\r\nHost key verification failed.\r\n": ErrHostKey,
+		"@@@@\r\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\r\nHost key verification failed.":                        ErrHostKey,
+		"u@h: Permission denied (publickey).":                          ErrAuth,
+		"ssh: connect to host 10.9.9.9 port 22: Connection timed out":  ErrTimeout,
+		"ssh: connect to host h port 22: Connection refused":           ErrUnreachable,
+		"ssh: Could not resolve hostname h: Name or service not known": ErrUnreachable,
+	} {
+		err := Classify(tgt, stderr)
+		if !errors.Is(err, want) {
+			t.Errorf("%q → %v, want %v", stderr, err.Kind, want)
+		}
+		if !strings.Contains(err.Error(), "u@h") || !strings.Contains(err.Error(), "(ssh: ") {
+			t.Errorf("message %q names neither the target nor ssh's words", err.Error())
+		}
+	}
+}
+
+func TestParseProbe(t *testing.T) {
+	p := parseProbe([]byte("os=Linux\narch=x86_64\ninstall_dir=/home/u/.local/bin\nssh_connection=10.1.0.1 51234 10.1.0.2 22\nversion=0.1.0\nsha256=abc\n"))
+	want := Probe{OS: "linux", Arch: "amd64", InstallDir: "/home/u/.local/bin", NodeAddr: "10.1.0.2", Version: "0.1.0", SHA256: "abc"}
+	if diff := cmp.Diff(want, p); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	b := Binary{Version: "0.1.0", SHA256: "abc", OS: "linux", Arch: "amd64"}
+	if !p.Installed(b) {
+		t.Error("same hash not installed")
+	}
+	b.SHA256 = "def"
+	if p.Installed(b) {
+		t.Error("another build counted as installed")
+	}
+	if err := (Probe{OS: "linux", Arch: "arm64"}).CanCopy(b); err == nil {
+		t.Error("an amd64 binary may be copied to an arm64 node")
+	}
+}
