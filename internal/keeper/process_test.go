@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/apiary-llm/apiary/internal/testbin"
 )
@@ -145,18 +146,29 @@ func TestWhatDiesWhen_CtrlCEphemeral_KeeperQueenHiveWorkerAllDie(t *testing.T) {
 // the queen, the hive and the worker were not started by it and stay up.
 func TestWhatDiesWhen_CtrlCPersistent_OnlyKeeperDies(t *testing.T) {
 	op := startOperator(t)
-	k := startKeeper(t, "--model", "tiny", "--prompt", "hello", "--max-tokens", "2000", "--queen", op.url)
-	k.WaitStdout(t, 1)
+	// A first prompt makes the operator's hive start a worker.
+	warm := startKeeper(t, "--model", "tiny", "--prompt", "hello", "--max-tokens", "2", "--queen", op.url)
+	if code := warm.Wait(t); code != 0 {
+		t.Fatalf("warm-up keeper exit %d; stderr:\n%s", code, warm.Lines.String())
+	}
 	var worker int
 	for _, pid := range testbin.Matching(op.marker) {
 		if strings.Contains(testbin.Cmdline(pid), " worker ") {
 			worker = pid
 		}
 	}
+	if worker == 0 {
+		t.Fatal("no worker of the operator's hive after the first prompt")
+	}
+	// Hold the worker so the keeper is surely still waiting for tokens
+	// when Ctrl+C arrives (the random test model may end an answer early).
 	_ = syscall.Kill(worker, syscall.SIGSTOP)
+	k := startKeeper(t, "--model", "tiny", "--prompt", "hello", "--max-tokens", "2000", "--queen", op.url)
+	awaitStderr(t, k, "waiting for the answer")
 	k.Signal(syscall.SIGINT)
+	code := k.Wait(t)
 	_ = syscall.Kill(worker, syscall.SIGCONT)
-	if code := k.Wait(t); code != 130 {
+	if code != 130 {
 		t.Errorf("exit %d, want 130; stderr:\n%s", code, k.Lines.String())
 	}
 	op.stillUp(t)
@@ -167,6 +179,23 @@ func TestWhatDiesWhen_CtrlCPersistent_OnlyKeeperDies(t *testing.T) {
 	}
 	op.stillUp(t)
 	op.stop(t)
+}
+
+// awaitStderr waits until the keeper's stderr holds text.
+func awaitStderr(t *testing.T, k *keeper, text string) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !strings.Contains(k.Lines.String(), text) {
+		select {
+		case <-deadline:
+			t.Fatalf("keeper never wrote %q; stderr:\n%s", text, k.Lines.String())
+		case <-k.Done():
+			t.Fatalf("keeper exited before writing %q; stderr:\n%s", text, k.Lines.String())
+		case <-tick.C:
+		}
+	}
 }
 
 // A keeper killed with SIGKILL cannot tear down; its queen gets SIGTERM
