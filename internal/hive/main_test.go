@@ -142,7 +142,7 @@ func startHive(t testing.TB, opts ...hiveOpt) *testHive {
 		ModelsDir:         filepath.Join(dir, "models"),
 		WorkerPath:        os.Args[0],
 		PortMin:           20000,
-		PortMax:           29999,
+		PortMax:           20999,
 		CallbackTimeout:   10 * time.Second,
 		HealthInterval:    50 * time.Millisecond,
 		StopGrace:         5 * time.Second,

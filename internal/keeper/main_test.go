@@ -58,7 +58,7 @@ func startOperator(t *testing.T) *operator {
 	url := "http://" + rec.Attrs["addr"]
 	h := testbin.Start(t, "operator hive", nil, "hive", "--addr", "127.0.0.1:0", "--queen", url, "--pool-id", "op-1",
 		"--data-dir", filepath.Join(marker, "hive"), "--models-dir", models, "--worker-threads", "1",
-		"--heartbeat-interval", "200ms", "--worker-ports", "30000-30999", "--log-json")
+		"--heartbeat-interval", "200ms", "--worker-ports", "27000-27999", "--log-json")
 	q.Lines.Wait(t, 0, "pool status changed", map[string]string{"pool_id": "op-1", "to": "healthy"})
 	return &operator{queen: q, hive: h, url: url, marker: marker}
 }
@@ -120,7 +120,7 @@ func ephemeralArgs(t *testing.T, extra ...string) []string {
 	args := []string{"--model", model, "--queen", "http://127.0.0.1:1", "--worker-threads", "1",
 		"--queen-arg=--heartbeat-timeout=2s",
 		"--queen-arg=--hive-arg=--stop-grace=2s", "--queen-arg=--hive-arg=--shutdown-ack=1s",
-		"--queen-arg=--hive-arg=--worker-ports=31000-31999"}
+		"--queen-arg=--hive-arg=--worker-ports=28000-28999"}
 	return append(args, extra...)
 }
 

@@ -50,14 +50,14 @@ func startOwnCluster(t *testing.T, addr string, extra ...string) *ownCluster {
 	c := &ownCluster{owned: t.TempDir(), op: t.TempDir()}
 	models := ownModelsDir(t, c.owned)
 	args := []string{"--local-hive", "--hive-arg=--models-dir=" + models, "--hive-arg=--worker-threads=1",
-		"--hive-arg=--worker-ports=32000-32499", "--hive-arg=--stop-grace=2s", "--hive-arg=--shutdown-ack=1s"}
+		"--hive-arg=--worker-ports=25000-25499", "--hive-arg=--stop-grace=2s", "--hive-arg=--shutdown-ack=1s"}
 	if addr != "" {
 		args = append(args, "--addr", addr)
 	}
 	c.queen, c.url = startQueenProc(t, filepath.Join(c.owned, "queen"), "", append(args, extra...)...)
 	c.opHive = startProc(t, "operator hive", nil, "hive", "--addr", "127.0.0.1:0", "--queen", c.url, "--pool-id", "op",
 		"--data-dir", filepath.Join(c.op, "hive"), "--models-dir", ownModelsDir(t, c.op), "--worker-threads", "1",
-		"--heartbeat-interval", "200ms", "--worker-ports", "32500-32999")
+		"--heartbeat-interval", "200ms", "--worker-ports", "25500-25999")
 	c.queen.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "local", "to": "healthy"})
 	c.queen.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "op", "to": "healthy"})
 	cl := keeper.NewClient(c.url, "", "")
@@ -201,7 +201,7 @@ func TestWhatDiesWhen_AfterIdleTimeout_WorkerDies_QueenAndHiveStay(t *testing.T)
 	dir := t.TempDir()
 	q, url := startQueenProc(t, filepath.Join(dir, "queen"), "", "--local-hive", "--hive-arg=--models-dir="+ownModelsDir(t, dir),
 		"--hive-arg=--worker-threads=1", "--hive-arg=--idle-timeout=1s", "--hive-arg=--health-interval=200ms",
-		"--hive-arg=--worker-ports=33000-33499")
+		"--hive-arg=--worker-ports=26000-26499")
 	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "local", "to": "healthy"})
 	resp, err := keeper.NewClient(url, "", "").StartWorker(t.Context(), "tiny", LocalPoolID, nil, "idle test")
 	if err != nil {

@@ -218,7 +218,7 @@ func startHiveProc(t *testing.T, queenURL, id string, interval time.Duration) *p
 		t.Fatal(err)
 	}
 	return startProc(t, "hive "+id, nil, "hive", "--addr", "127.0.0.1:0", "--queen", queenURL, "--pool-id", id,
-		"--data-dir", dir, "--heartbeat-interval", interval.String(), "--worker-ports", "20000-29999")
+		"--data-dir", dir, "--heartbeat-interval", interval.String(), "--worker-ports", "22000-22999", "--worker-threads", "1")
 }
 
 // A queen restart (SIGTERM, start again on the same store) keeps every

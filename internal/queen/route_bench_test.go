@@ -41,7 +41,7 @@ func benchCluster(b *testing.B, queenArgs []string, hiveArgs ...string) (qURL st
 		b.Fatal(err)
 	}
 	hive := startProc(b, "hive", nil, append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",
-		"--data-dir", filepath.Join(dir, "hive"), "--heartbeat-interval", "1s", "--worker-ports", "40000-49999", "--worker-threads", "1"}, hiveArgs...)...)
+		"--data-dir", filepath.Join(dir, "hive"), "--heartbeat-interval", "1s", "--worker-ports", "24000-24999", "--worker-threads", "1"}, hiveArgs...)...)
 	q.logs.wait(b, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
 	b.Cleanup(func() {
 		_ = hive.stop(b, syscall.SIGTERM)

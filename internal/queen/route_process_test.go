@@ -50,7 +50,7 @@ func startCluster(t *testing.T, queenArgs []string, hiveArgs ...string) *cluster
 		t.Fatal(err)
 	}
 	args := append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1", "--data-dir", dir,
-		"--heartbeat-interval", "500ms", "--worker-ports", "30000-39999", "--worker-threads", "1"}, hiveArgs...)
+		"--heartbeat-interval", "500ms", "--worker-ports", "23000-23999", "--worker-threads", "1"}, hiveArgs...)
 	hive := startProc(t, "hive node-1", nil, args...)
 	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
 	c := &cluster{t: t, queen: q, hive: hive, url: qURL, admin: keeper.NewClient(qURL, "", ""),

@@ -512,6 +512,10 @@ func TestRouteColdStartPlacesOnDemand(t *testing.T) {
 	x.registerAt("a", "http://hive-a")
 	x.registerAt("b", "http://hive-b")
 	x.registerAt("c", "http://hive-c")
+	// Registration reads each hive's model list in the background; wait for
+	// the two that answer so the placement's reasons are settled.
+	x.logs.wait(t, 0, "hive model list read", map[string]string{"pool_id": "a"})
+	x.logs.wait(t, 0, "hive model list read", map[string]string{"pool_id": "b"})
 	started := mh.started
 	fw := newFakeWorker(t, tokens(3))
 
