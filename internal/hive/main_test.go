@@ -18,6 +18,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/apiary-llm/apiary/internal/testbin"
+
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
@@ -33,9 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(hiveProcessMain())
 	}
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		if binDir != "" {
-			os.RemoveAll(binDir)
-		}
+		testbin.Cleanup()
 		os.Exit(code)
 	}))
 }

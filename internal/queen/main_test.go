@@ -20,6 +20,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/store/pgtest"
+	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
 var pg *pgtest.Cluster
@@ -35,9 +36,7 @@ func TestMain(m *testing.M) {
 		if err := pg.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}
-		if binDir != "" {
-			os.RemoveAll(binDir)
-		}
+		testbin.Cleanup()
 		os.Exit(code)
 	}))
 }

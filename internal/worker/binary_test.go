@@ -7,101 +7,21 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
-// binDir holds the apiary binary built for this test run; TestMain removes it.
-var binDir string
-
-var (
-	buildOnce sync.Once
-	builtBin  string
-	buildErr  error
-)
-
 // apiaryBin is the binary under test: $APIARY_BIN (set by make test), or
-// one built from this module once per test run with the cgo setup of the
-// Makefile. A failed build fails the test; it never skips.
-func apiaryBin(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("APIARY_BIN"); p != "" {
-		return p
-	}
-	buildOnce.Do(func() { builtBin, buildErr = buildApiary(binDir) })
-	if buildErr != nil {
-		t.Fatalf("the apiary binary is needed: set APIARY_BIN or run `make test`; building it failed: %v", buildErr)
-	}
-	return builtBin
-}
-
-// buildApiary runs `go build ./cmd/apiary` into dir. The cgo flags are the
-// Makefile's, so the (slow) llama.cpp build is shared with `make build`
-// through the build cache; flags already in the environment win.
-func buildApiary(dir string) (string, error) {
-	out := filepath.Join(dir, "apiary")
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	modDir, err := goOutput(goTool, "list", "-m", "-f", "{{.Dir}}")
-	if err != nil {
-		return "", err
-	}
-	env := os.Environ()
-	if os.Getenv("CGO_CPPFLAGS") == "" {
-		ollama, err := goOutput(goTool, "list", "-m", "-f", "{{.Dir}}", "github.com/ollama/ollama")
-		if err != nil {
-			return "", err
-		}
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", err
-		}
-		include := filepath.Join(home, ".cache", "apiary", "include")
-		stub, err := os.ReadFile(filepath.Join(modDir, "cgo", "include", "miniaudio", "miniaudio.h"))
-		if err != nil {
-			return "", err
-		}
-		if err := os.MkdirAll(filepath.Join(include, "miniaudio"), 0o755); err != nil {
-			return "", err
-		}
-		if have, _ := os.ReadFile(filepath.Join(include, "miniaudio", "miniaudio.h")); !bytes.Equal(have, stub) {
-			if err := os.WriteFile(filepath.Join(include, "miniaudio", "miniaudio.h"), stub, 0o644); err != nil {
-				return "", err
-			}
-		}
-		flags := "-O2"
-		if cpu, _ := os.ReadFile("/proc/cpuinfo"); bytes.Contains(cpu, []byte(" avx2")) {
-			flags = "-O2 -march=x86-64-v3"
-		}
-		env = append(env, "CGO_ENABLED=1", "CGO_CFLAGS="+flags, "CGO_CXXFLAGS="+flags,
-			"CGO_CPPFLAGS=-I"+include+" -I"+filepath.Join(ollama, "llama", "llama.cpp", "include")+
-				" -I"+filepath.Join(ollama, "ml", "backend", "ggml", "ggml", "include"))
-	}
-	cmd := exec.Command(goTool, "build", "-o", out, "./cmd/apiary")
-	cmd.Dir = modDir
-	cmd.Env = env
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/apiary: %w\n%s", err, msg)
-	}
-	return out, nil
-}
-
-func goOutput(goTool string, args ...string) (string, error) {
-	out, err := exec.Command(goTool, args...).Output()
-	if err != nil {
-		return "", fmt.Errorf("go %s: %w", strings.Join(args, " "), err)
-	}
-	return strings.TrimSpace(string(out)), nil
-}
+// one built once per test run by testbin. A failed build fails the test.
+func apiaryBin(t *testing.T) string { return testbin.Path(t) }
 
 // testModelPath writes the tiny test model as tiny.gguf in a temp dir.
 func testModelPath(t *testing.T) string {

@@ -19,18 +19,13 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/gguf"
+	"github.com/apiary-llm/apiary/internal/testbin"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "apiary-worker-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir // the integration tests build the binary here, once
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(dir)
+		testbin.Cleanup() // the binary the integration tests built, if any
 		os.Exit(code)
 	}))
 }
