@@ -4,6 +4,15 @@ package llamacpp
 #include <stdlib.h>
 #include "llama.h"
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+// new_threadpool starts the CPU threads every decode of a context uses, as
+// llama.cpp's own server does; without one ggml creates and joins threads
+// for every decode.
+static struct ggml_threadpool *new_threadpool(int n) {
+	struct ggml_threadpool_params p = ggml_threadpool_params_default(n);
+	return ggml_threadpool_new(&p);
+}
 
 // batch_add appends one token to a batch allocated for one sequence id per token.
 static void batch_add(struct llama_batch *b, llama_token id, llama_pos pos, llama_seq_id seq, bool logits) {
@@ -77,6 +86,7 @@ type Engine struct {
 	nCtxSeq   int
 	eog       []C.llama_logit_bias // every end-of-generation token with bias -inf, for ignore_eos
 	tmpl      *C.char              // the model's chat template, nil when it has none
+	pool      *C.struct_ggml_threadpool
 
 	submit    chan *sequence
 	quit      chan struct{}
@@ -188,6 +198,11 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 		submit:    make(chan *sequence),
 		quit:      make(chan struct{}),
 		done:      make(chan struct{}),
+	}
+	if opts.Threads > 1 {
+		if e.pool = C.new_threadpool(C.int(opts.Threads)); e.pool != nil {
+			C.llama_attach_threadpool(lctx, e.pool, e.pool)
+		}
 	}
 	nVocab := int(C.llama_vocab_n_tokens(e.vocab))
 	for id := range nVocab {
@@ -386,6 +401,10 @@ func (e *Engine) free() {
 	if e.lctx != nil {
 		C.llama_free(e.lctx)
 		e.lctx = nil
+	}
+	if e.pool != nil {
+		C.ggml_threadpool_free(e.pool)
+		e.pool = nil
 	}
 	if e.model != nil {
 		C.llama_model_free(e.model)
