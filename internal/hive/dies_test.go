@@ -155,9 +155,19 @@ func TestWhatDiesWhen_HiveKilled_NextHiveKillsSurvivors(t *testing.T) {
 	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
 	_ = hp.cmd.Process.Signal(syscall.SIGKILL)
 	_ = hp.wait()
-	members, err := procs.GroupMembers(pid)
-	if err != nil || len(members) < 2 {
-		t.Fatalf("survivors before the next hive: %v %v (the fake should outlive its hive)", members, err)
+	// The fake worker forks its port holder as it starts serving; under the
+	// race detector that can come a moment after the ready event.
+	var members []int
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		members, err = procs.GroupMembers(pid)
+		if err == nil && len(members) >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("survivors before the next hive: %v %v (the fake and its port holder should outlive their hive)", members, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	th := startHive(t, func(c *Config) { c.DataDir = hp.dir; c.ModelsDir = filepath.Join(hp.dir, "models") })
 	assertNoProcess(t, pid) // killed before Ready
