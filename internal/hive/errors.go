@@ -41,28 +41,14 @@ func (e *InsufficientMemoryError) Error() string {
 		bytesIEC(e.Need), e.Kind, e.Device, bytesIEC(e.Available), bytesIEC(e.Held), bytesIEC(e.Need-e.Available))
 }
 
-// requestError is a malformed request: its status and code are given.
-type requestError struct {
-	status int
-	code   string
-	err    error
-}
-
-func (e *requestError) Error() string { return e.err.Error() }
-func (e *requestError) Unwrap() error { return e.err }
-
-func badRequest(format string, a ...any) error {
-	return &requestError{status: http.StatusBadRequest, code: "invalid_request", err: fmt.Errorf(format, a...)}
-}
-
 // statusOf maps an error to its HTTP status and snake_case code.
 func statusOf(err error) (int, string) {
-	var re *requestError
+	var re *api.RequestError
 	var me *InsufficientMemoryError
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &re):
-		return re.status, re.code
+		return re.Status, re.Code
 	case errors.As(err, &mbe):
 		return http.StatusRequestEntityTooLarge, "body_too_large"
 	case errors.As(err, &me):

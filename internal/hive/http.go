@@ -38,7 +38,7 @@ func (h *Hive) routes() http.Handler {
 	mux.Handle("GET /v2/models", auth(h.getModels))
 	mux.Handle("POST /v2/shutdown", auth(h.postShutdown))
 	mux.Handle("/", open(func(http.ResponseWriter, *http.Request) error {
-		return &requestError{status: http.StatusNotFound, code: "not_found", err: errors.New("no such endpoint")}
+		return &api.RequestError{Status: http.StatusNotFound, Code: "not_found", Err: errors.New("no such endpoint")}
 	}))
 	return mux
 }
@@ -78,21 +78,21 @@ func decode(r *http.Request, dst any, allowEmpty bool) error {
 		if errors.As(err, &mbe) {
 			return err
 		}
-		return badRequest("read body: %v", err)
+		return api.BadRequest("read body: %v", err)
 	}
 	if len(strings.TrimSpace(string(b))) == 0 {
 		if allowEmpty {
 			return nil
 		}
-		return badRequest("request body is empty; send a JSON object")
+		return api.BadRequest("request body is empty; send a JSON object")
 	}
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
-		return badRequest("invalid JSON body: %v", err)
+		return api.BadRequest("invalid JSON body: %v", err)
 	}
 	if dec.More() {
-		return badRequest("invalid JSON body: more than one value")
+		return api.BadRequest("invalid JSON body: more than one value")
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func (h *Hive) postStop(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if req.GraceSeconds != nil && *req.GraceSeconds < 0 {
-		return badRequest("grace_seconds must not be negative")
+		return api.BadRequest("grace_seconds must not be negative")
 	}
 	id := r.PathValue("id")
 	wk, ok := h.reg.get(id, false)

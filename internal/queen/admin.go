@@ -26,7 +26,7 @@ func (q *Queen) getWorkers(w http.ResponseWriter, r *http.Request, _ caller) err
 		for _, name := range strings.Split(s, ",") {
 			st := lifecycle.Status(strings.ToUpper(strings.TrimSpace(name)))
 			if _, ok := rowTransitions[st]; !ok {
-				return badRequest("status %q is not a lifecycle status (STARTING, RUNNING, DRAINING, STOPPED, FAILED)", name)
+				return api.BadRequest("status %q is not a lifecycle status (STARTING, RUNNING, DRAINING, STOPPED, FAILED)", name)
 			}
 			f.Statuses = append(f.Statuses, st)
 		}
@@ -83,7 +83,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 	switch req.Action {
 	case api.ActionStart:
 		if req.LifecycleID != "" || req.Drain {
-			return badRequest("lifecycleId and drain belong to action stop")
+			return api.BadRequest("lifecycleId and drain belong to action stop")
 		}
 		if err := checkModel(req.Model); err != nil {
 			return err
@@ -94,7 +94,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 			}
 		}
 		if req.GPU != nil && *req.GPU < 0 {
-			return badRequest("gpu %d is negative", *req.GPU)
+			return api.BadRequest("gpu %d is negative", *req.GPU)
 		}
 		row, err := q.StartWorker(r.Context(), StartRequest{Model: req.Model, PoolID: req.PoolID, GPU: req.GPU,
 			Reason: reason, Actor: c.actor, Owner: OwnerOperator})
@@ -104,7 +104,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		writeJSON(w, http.StatusCreated, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
 	case api.ActionStop:
 		if req.Model != "" || req.PoolID != "" || req.GPU != nil {
-			return badRequest("model, pool_id and gpu belong to action start")
+			return api.BadRequest("model, pool_id and gpu belong to action start")
 		}
 		if err := checkLifecycleID(req.LifecycleID); err != nil {
 			return err
@@ -115,7 +115,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		}
 		writeJSON(w, http.StatusAccepted, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
 	default:
-		return badRequest("action %q: want start or stop", req.Action)
+		return api.BadRequest("action %q: want start or stop", req.Action)
 	}
 	return nil
 }
@@ -136,7 +136,7 @@ func (q *Queen) getAudit(w http.ResponseWriter, r *http.Request, _ caller) error
 	}
 	if t := qs["target"]; t != "" {
 		if len(t) > 300 {
-			return badRequest("target is longer than 300 bytes")
+			return api.BadRequest("target is longer than 300 bytes")
 		}
 		f.Target = t
 	}

@@ -75,7 +75,7 @@ func (q *Queen) contractErrors(mux *http.ServeMux) http.Handler {
 			if probe.status == http.StatusMethodNotAllowed {
 				writeError(sw, fmt.Errorf("%w: %s %s", errMethodNotAllowed, r.Method, r.URL.Path))
 			} else {
-				writeError(sw, &requestError{status: http.StatusNotFound, code: "not_found", err: fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path)})
+				writeError(sw, &api.RequestError{Status: http.StatusNotFound, Code: "not_found", Err: fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path)})
 			}
 		} else {
 			mux.ServeHTTP(sw, r)
@@ -185,21 +185,21 @@ func decode(r *http.Request, dst any, allowEmpty bool) error {
 		if errors.As(err, &mbe) {
 			return err
 		}
-		return badRequest("read body: %v", err)
+		return api.BadRequest("read body: %v", err)
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
 		if allowEmpty {
 			return nil
 		}
-		return badRequest("request body is empty; send a JSON object")
+		return api.BadRequest("request body is empty; send a JSON object")
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
-		return badRequest("invalid JSON body: %v", err)
+		return api.BadRequest("invalid JSON body: %v", err)
 	}
 	if dec.More() {
-		return badRequest("invalid JSON body: more than one value")
+		return api.BadRequest("invalid JSON body: more than one value")
 	}
 	return nil
 }
@@ -214,10 +214,10 @@ func query(r *http.Request, allowed ...string) (map[string]string, error) {
 			ok = ok || a == k
 		}
 		if !ok {
-			return nil, badRequest("unknown query parameter %q (allowed: %s)", k, strings.Join(allowed, ", "))
+			return nil, api.BadRequest("unknown query parameter %q (allowed: %s)", k, strings.Join(allowed, ", "))
 		}
 		if len(vs) > 1 {
-			return nil, badRequest("query parameter %q given %d times", k, len(vs))
+			return nil, api.BadRequest("query parameter %q given %d times", k, len(vs))
 		}
 		out[k] = vs[0]
 	}
@@ -239,21 +239,21 @@ var (
 
 func checkID(what, s string) error {
 	if !idPattern.MatchString(s) {
-		return badRequest("%s %q is not valid: 1-128 letters, digits, '.', '_', ':', '@' or '-', starting with a letter or digit", what, s)
+		return api.BadRequest("%s %q is not valid: 1-128 letters, digits, '.', '_', ':', '@' or '-', starting with a letter or digit", what, s)
 	}
 	return nil
 }
 
 func checkModel(s string) error {
 	if !modelPattern.MatchString(s) || strings.Contains(s, "..") {
-		return badRequest("model %q is not a model ref: a GGUF file name without .gguf (letters, digits, '.', '_', '+', '-')", s)
+		return api.BadRequest("model %q is not a model ref: a GGUF file name without .gguf (letters, digits, '.', '_', '+', '-')", s)
 	}
 	return nil
 }
 
 func checkLifecycleID(s string) error {
 	if !lifecyclePatten.MatchString(s) {
-		return badRequest("lifecycle id %q is not valid (want wk- and 16 hex digits)", s)
+		return api.BadRequest("lifecycle id %q is not valid (want wk- and 16 hex digits)", s)
 	}
 	return nil
 }
@@ -263,11 +263,11 @@ func checkReason(s string) (string, error) {
 	s = strings.TrimSpace(s)
 	switch {
 	case s == "":
-		return "", badRequest("reason is required: say why, for the audit log")
+		return "", api.BadRequest("reason is required: say why, for the audit log")
 	case len(s) > maxReasonLen:
-		return "", badRequest("reason is longer than %d bytes", maxReasonLen)
+		return "", api.BadRequest("reason is longer than %d bytes", maxReasonLen)
 	case strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
-		return "", badRequest("reason must be printable text on one line")
+		return "", api.BadRequest("reason must be printable text on one line")
 	}
 	return s, nil
 }
@@ -282,14 +282,14 @@ func (q *Queen) getHealth(w http.ResponseWriter, _ *http.Request, _ caller) erro
 func parseSince(s string, now time.Time) (time.Time, error) {
 	if d, err := time.ParseDuration(s); err == nil {
 		if d < 0 {
-			return time.Time{}, badRequest("since %q must not be negative", s)
+			return time.Time{}, api.BadRequest("since %q must not be negative", s)
 		}
 		return now.Add(-d), nil
 	}
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 		return t, nil
 	}
-	return time.Time{}, badRequest("since %q is neither a duration (e.g. 1h, 30m) nor an RFC 3339 time", s)
+	return time.Time{}, api.BadRequest("since %q is neither a duration (e.g. 1h, 30m) nor an RFC 3339 time", s)
 }
 
 func parseLimit(s string, def, maxN int) (int, error) {
@@ -298,7 +298,7 @@ func parseLimit(s string, def, maxN int) (int, error) {
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 || n > maxN {
-		return 0, badRequest("limit %q must be a number from 1 to %d", s, maxN)
+		return 0, api.BadRequest("limit %q must be a number from 1 to %d", s, maxN)
 	}
 	return n, nil
 }

@@ -25,10 +25,10 @@ var nodeNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 func checkNodeName(name string) error {
 	if !nodeNamePattern.MatchString(name) {
-		return badRequest("node name %q is not valid: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+		return api.BadRequest("node name %q is not valid: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", name)
 	}
 	if name == LocalPoolID {
-		return badRequest("node name %q is reserved for the queen's own local hive", name)
+		return api.BadRequest("node name %q is reserved for the queen's own local hive", name)
 	}
 	return nil
 }
@@ -52,7 +52,7 @@ func sshError(err error) error {
 	case errors.Is(err, sshnode.ErrMissingBinary):
 		code, status = "apiary_missing", http.StatusUnprocessableEntity
 	}
-	return &requestError{status: status, code: code, err: err}
+	return &api.RequestError{Status: status, Code: code, Err: err}
 }
 
 func (q *Queen) getNodes(w http.ResponseWriter, r *http.Request, _ caller) error {
@@ -90,19 +90,19 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 	}
 	target, err := sshnode.ParseTarget(req.SSH)
 	if err != nil {
-		return badRequest("ssh: %v", err)
+		return api.BadRequest("ssh: %v", err)
 	}
 	dir := req.InstallDir
 	if dir == "" {
 		dir = sshnode.DefaultInstallDir
 	}
 	if err := sshnode.CheckInstallDir(dir); err != nil {
-		return badRequest("install_dir: %v", err)
+		return api.BadRequest("install_dir: %v", err)
 	}
 	port := DefaultHivePort
 	if req.HivePort != nil {
 		if *req.HivePort < 0 || *req.HivePort > 65535 {
-			return badRequest("hive_port %d is not a port (0: any free port)", *req.HivePort)
+			return api.BadRequest("hive_port %d is not a port (0: any free port)", *req.HivePort)
 		}
 		port = *req.HivePort
 	}
@@ -116,7 +116,7 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 		return fmt.Errorf("%w: not adding node %s", ErrShuttingDown, req.Name)
 	}
 	if _, ok := q.fleet.node(req.Name); ok {
-		return &requestError{status: http.StatusConflict, code: "node_exists", err: fmt.Errorf("node %s exists; remove it first", req.Name)}
+		return &api.RequestError{Status: http.StatusConflict, Code: "node_exists", Err: fmt.Errorf("node %s exists; remove it first", req.Name)}
 	}
 
 	// Probe before saving: a node that cannot run a hive is not added.
@@ -137,7 +137,7 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 		}
 	}
 	if err := q.fleet.reachable(req.Name, probe.NodeAddr); err != nil {
-		return &requestError{status: http.StatusConflict, code: "node_unreachable_from_queen", err: err}
+		return &api.RequestError{Status: http.StatusConflict, Code: "node_unreachable_from_queen", Err: err}
 	}
 
 	meta, _ := json.Marshal(nodeMeta{HivePort: port})
@@ -152,7 +152,7 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 		return err
 	})
 	if errors.Is(err, store.ErrExists) {
-		return &requestError{status: http.StatusConflict, code: "node_exists", err: fmt.Errorf("node %s exists; remove it first", req.Name)}
+		return &api.RequestError{Status: http.StatusConflict, Code: "node_exists", Err: fmt.Errorf("node %s exists; remove it first", req.Name)}
 	}
 	if err != nil {
 		return err
@@ -173,7 +173,7 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 func (q *Queen) deleteNode(w http.ResponseWriter, r *http.Request, c caller) error {
 	name := r.PathValue("name")
 	if name == LocalPoolID {
-		return badRequest("the local hive is the queen's own; it stops with the queen")
+		return api.BadRequest("the local hive is the queen's own; it stops with the queen")
 	}
 	if err := checkNodeName(name); err != nil {
 		return err
@@ -195,7 +195,7 @@ func (q *Queen) deleteNode(w http.ResponseWriter, r *http.Request, c caller) err
 		return err
 	}
 	if stored == nil {
-		return &requestError{status: http.StatusNotFound, code: "node_not_found", err: fmt.Errorf("no node %s (see GET /api/admin/nodes)", name)}
+		return &api.RequestError{Status: http.StatusNotFound, Code: "node_not_found", Err: fmt.Errorf("no node %s (see GET /api/admin/nodes)", name)}
 	}
 	// Stop first (the hive cascades to its workers), then forget: a queen
 	// that dies in between starts the hive again rather than orphan it.
@@ -216,7 +216,7 @@ func (q *Queen) deleteNode(w http.ResponseWriter, r *http.Request, c caller) err
 		return err
 	})
 	if errors.Is(err, store.ErrNotFound) {
-		return &requestError{status: http.StatusNotFound, code: "node_not_found", err: fmt.Errorf("no node %s", name)}
+		return &api.RequestError{Status: http.StatusNotFound, Code: "node_not_found", Err: fmt.Errorf("no node %s", name)}
 	}
 	if err != nil {
 		return err

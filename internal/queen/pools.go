@@ -16,14 +16,14 @@ import (
 // checkGPUs and checkWorkers validate what a hive reports.
 func checkGPUs(gpus []api.GPU) error {
 	if len(gpus) > maxGPUs {
-		return badRequest("%d gpus: at most %d", len(gpus), maxGPUs)
+		return api.BadRequest("%d gpus: at most %d", len(gpus), maxGPUs)
 	}
 	for _, g := range gpus {
 		if g.ID < 0 {
-			return badRequest("gpu id %d is negative", g.ID)
+			return api.BadRequest("gpu id %d is negative", g.ID)
 		}
 		if g.FreeBytes > g.TotalBytes && g.TotalBytes > 0 {
-			return badRequest("gpu %d reports more free memory (%d) than total (%d)", g.ID, g.FreeBytes, g.TotalBytes)
+			return api.BadRequest("gpu %d reports more free memory (%d) than total (%d)", g.ID, g.FreeBytes, g.TotalBytes)
 		}
 	}
 	return nil
@@ -39,7 +39,7 @@ func checkWorker(w api.Worker) error {
 		}
 	}
 	if _, err := lifecycle.ParseState(w.Status); err != nil {
-		return badRequest("worker %s: %v", w.WorkerID, err)
+		return api.BadRequest("worker %s: %v", w.WorkerID, err)
 	}
 	if w.ModelRef != "" {
 		if err := checkModel(w.ModelRef); err != nil {
@@ -51,7 +51,7 @@ func checkWorker(w api.Worker) error {
 
 func checkWorkers(ws []api.Worker) error {
 	if len(ws) > maxWorkers {
-		return badRequest("%d workers: at most %d", len(ws), maxWorkers)
+		return api.BadRequest("%d workers: at most %d", len(ws), maxWorkers)
 	}
 	for _, w := range ws {
 		if err := checkWorker(w); err != nil {
@@ -75,10 +75,10 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 		}
 	}
 	if u, err := url.Parse(reg.Endpoint); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return badRequest("endpoint %q is not an http(s) URL", reg.Endpoint)
+		return api.BadRequest("endpoint %q is not an http(s) URL", reg.Endpoint)
 	}
 	if len(reg.Version) > 128 {
-		return badRequest("version is longer than 128 bytes")
+		return api.BadRequest("version is longer than 128 bytes")
 	}
 	if err := checkGPUs(reg.GPUs); err != nil {
 		return err
@@ -148,14 +148,14 @@ func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) erro
 			continue
 		}
 		if _, err := lifecycle.ParseState(s); err != nil {
-			return badRequest("%s: %v", name, err)
+			return api.BadRequest("%s: %v", name, err)
 		}
 	}
 	if ev.Worker.WorkerID != "" && ev.Worker.WorkerID != ev.WorkerID {
-		return badRequest("worker.worker_id %q differs from worker_id %q", ev.Worker.WorkerID, ev.WorkerID)
+		return api.BadRequest("worker.worker_id %q differs from worker_id %q", ev.Worker.WorkerID, ev.WorkerID)
 	}
 	if len(ev.Reason) > 4*maxReasonLen {
-		return badRequest("reason is longer than %d bytes", 4*maxReasonLen)
+		return api.BadRequest("reason is longer than %d bytes", 4*maxReasonLen)
 	}
 	ack, err := q.event(r.Context(), ev)
 	if err != nil {
@@ -178,7 +178,7 @@ func poolFilter(r *http.Request) (registry.Filter, error) {
 		for _, name := range strings.Split(s, ",") {
 			st, err := registry.ParseStatus(strings.TrimSpace(name))
 			if err != nil {
-				return f, badRequest("%v", err)
+				return f, api.BadRequest("%v", err)
 			}
 			f.Statuses = append(f.Statuses, st)
 		}
@@ -192,7 +192,7 @@ func poolFilter(r *http.Request) (registry.Filter, error) {
 	if v := qs["min_vram_bytes"]; v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			return f, badRequest("min_vram_bytes %q is not a byte count", v)
+			return f, api.BadRequest("min_vram_bytes %q is not a byte count", v)
 		}
 		f.MinFreeBytes = n
 	}
