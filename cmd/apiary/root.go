@@ -1,13 +1,10 @@
 package main
 
 import (
-	"errors"
 	"io"
 
 	"github.com/spf13/cobra"
 )
-
-var errNotImplemented = errors.New("not implemented yet")
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
@@ -32,17 +29,4 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newVersionCmd(),
 	)
 	return root
-}
-
-// notImplemented is the body of commands that later issues fill in: they
-// answer with exit code 2 so scripts can tell them apart from failures.
-func notImplemented(use, short string) *cobra.Command {
-	return &cobra.Command{
-		Use:                use,
-		Short:              short + " (not implemented yet)",
-		DisableFlagParsing: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return &exitError{code: 2, err: errors.Join(errors.New(cmd.CommandPath() + ": " + errNotImplemented.Error()))}
-		},
-	}
 }

@@ -13,66 +13,93 @@ import (
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
-// modelDemand is what the scale policy sees of one model with requests
-// waiting.
+// modelDemand is what the scale policy sees of one target (a model, or a
+// model on one pool for requests pinned to it) with requests waiting.
 type modelDemand struct {
 	Model      string
+	Pool       string // "": any pool
 	Queued     int
 	OldestWait time.Duration
-	Live       int // live rows (STARTING, RUNNING) on healthy pools, plus placements under way
-	Starting   int // STARTING rows plus placements under way
-	Routable   int // workers taking requests now
+	Live       int // the target's live rows (STARTING, RUNNING) on healthy pools, plus placements under way
+	Starting   int // the target's STARTING rows plus placements under way
+	Routable   int // the target's workers taking requests now
+	// ModelLive is Live for the model on every healthy pool: what counts
+	// against MaxWorkers. It equals Live when Pool is "".
+	ModelLive  int
 	MaxWorkers int
 	RetryAt    time.Time // no placement before this (after failures)
 }
 
-// placeOrder asks for one more worker of Model.
+func (m modelDemand) target() target { return target{m.Model, m.Pool} }
+
+// placeOrder asks for one more worker of Model (on Pool, when it names
+// one).
 type placeOrder struct {
 	Model  string
+	Pool   string
 	Kind   string // cold_start or scale_up
 	Reason string // for the audit entry of the start
+}
+
+func (o placeOrder) target() target { return target{o.Model, o.Pool} }
+
+// refusal is a target whose waiting requests no worker will ever serve.
+type refusal struct {
+	Model, Pool string
+	Why         string
 }
 
 // scaleDecision is what decideScale decided.
 type scaleDecision struct {
 	Place []placeOrder
-	// Refuse holds models whose waiting requests no worker will ever
+	// Refuse holds the targets whose waiting requests no worker will ever
 	// serve (none lives, and the queen may not place one), with why.
-	Refuse map[string]string
+	Refuse []refusal
 	// Recheck is when to decide again if nothing else happens first; 0:
 	// no need.
 	Recheck time.Duration
 }
 
-// decideScale is the scale policy, pure. For each model with requests
+// decideScale is the scale policy, pure. For each target with requests
 // waiting:
 //   - at most one placement is under way at a time (a starting worker
 //     will take the queue);
 //   - no worker at all: place one now (cold start);
 //   - the oldest request waited ScaleUpAfter: place one more (scale up);
-//   - never beyond the model's max workers, and not before RetryAt.
+//   - never beyond the model's max workers (counted on every pool), and
+//     not before RetryAt. The one exception is the cold start of a pool
+//     that requests are pinned to: it gets its first worker of the model
+//     even when the model has its max elsewhere (the pin is an explicit
+//     ask for that pool, as an operator's start is); idle timeouts take
+//     the extra workers back.
 func decideScale(now time.Time, demand []modelDemand, scaleUpAfter time.Duration) scaleDecision {
-	d := scaleDecision{Refuse: map[string]string{}}
+	var d scaleDecision
 	recheck := func(after time.Duration) {
 		if after > 0 && (d.Recheck == 0 || after < d.Recheck) {
 			d.Recheck = after
 		}
 	}
 	for _, m := range demand {
+		what, where := m.Model, ""
+		if m.Pool != "" {
+			what, where = fmt.Sprintf("%s on pool %s", m.Model, m.Pool), " on pool "+m.Pool
+		}
 		switch {
 		case m.Queued == 0:
 		case m.Live == 0 && m.MaxWorkers == 0:
-			d.Refuse[m.Model] = fmt.Sprintf("model %s is not placed on demand (its max workers is 0) and no worker of it runs; an operator must start one", m.Model)
-		case m.Starting > 0, m.Live >= m.MaxWorkers:
+			d.Refuse = append(d.Refuse, refusal{m.Model, m.Pool,
+				fmt.Sprintf("model %s is not placed on demand (its max workers is 0) and no worker of it runs%s; an operator must start one", m.Model, where)})
+		case m.Starting > 0:
+		case m.Live > 0 && m.ModelLive >= m.MaxWorkers:
 		case now.Before(m.RetryAt):
 			recheck(m.RetryAt.Sub(now))
 		case m.Live == 0:
-			d.Place = append(d.Place, placeOrder{Model: m.Model, Kind: "cold_start",
-				Reason: fmt.Sprintf("demand: %d requests for %s waiting, no worker runs it", m.Queued, m.Model)})
+			d.Place = append(d.Place, placeOrder{Model: m.Model, Pool: m.Pool, Kind: "cold_start",
+				Reason: fmt.Sprintf("demand: %d requests for %s waiting, no worker runs it%s", m.Queued, what, where)})
 		case m.OldestWait >= scaleUpAfter:
-			d.Place = append(d.Place, placeOrder{Model: m.Model, Kind: "scale_up",
+			d.Place = append(d.Place, placeOrder{Model: m.Model, Pool: m.Pool, Kind: "scale_up",
 				Reason: fmt.Sprintf("demand: %d requests for %s waiting, the oldest for %s (threshold %s), %d of at most %d workers live",
-					m.Queued, m.Model, m.OldestWait.Round(time.Millisecond), scaleUpAfter, m.Live, m.MaxWorkers)})
+					m.Queued, what, m.OldestWait.Round(time.Millisecond), scaleUpAfter, m.ModelLive, m.MaxWorkers)})
 		default:
 			recheck(scaleUpAfter - m.OldestWait)
 		}
@@ -91,9 +118,9 @@ func placeBackoff(n int) time.Duration {
 
 // placeResult is what one placement did.
 type placeResult struct {
-	model string
-	row   store.Row
-	err   error
+	target target
+	row    store.Row
+	err    error
 }
 
 // controller turns demand (requests waiting in the router's queues) into
@@ -124,13 +151,14 @@ func (c *controller) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	results := make(chan placeResult)
-	models := map[string]*placing{}
-	state := func(m string) *placing {
-		if models[m] == nil {
-			models[m] = &placing{}
+	targets := map[target]*placing{}
+	state := func(t target) *placing {
+		if targets[t] == nil {
+			targets[t] = &placing{}
 		}
-		return models[m]
+		return targets[t]
 	}
+	rt := c.q.routing
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -141,7 +169,7 @@ func (c *controller) run(ctx context.Context) {
 		case <-c.wake:
 		case <-timer.C:
 		case res := <-results:
-			st := state(res.model)
+			st := state(res.target)
 			st.pending--
 			if res.err == nil {
 				st.fails, st.failRetry = 0, time.Time{}
@@ -149,20 +177,21 @@ func (c *controller) run(ctx context.Context) {
 			}
 			st.fails++
 			st.failRetry = time.Now().Add(placeBackoff(st.fails))
-			if len(c.q.routing.router.source(res.model)) == 0 && c.q.rows.modelCounts()[res.model].live() == 0 {
-				n := c.q.routing.router.failModel(res.model, fmt.Errorf("%w: %w", ErrNoCapacity, res.err))
-				c.log.Warn("no worker can be placed; waiting requests refused", "model_ref", res.model, "refused", n, "err", res.err)
+			if len(rt.router.source(res.target)) == 0 && c.q.rows.targetCounts(res.target, nil).live() == 0 {
+				n := rt.router.fail(res.target, fmt.Errorf("%w: %w", ErrNoCapacity, res.err))
+				c.log.Warn("no worker can be placed; waiting requests refused", "model_ref", res.target.model, "pool_id", res.target.pool,
+					"refused", n, "err", res.err)
 			}
 		}
 		now := time.Now()
-		// A model that has a serving worker again starts afresh: its next
+		// A target that has a serving worker again starts afresh: its next
 		// cold start (after the worker is gone) is not held back.
-		for m, st := range models {
-			if st.coldTries > 0 && len(c.q.routing.router.source(m)) > 0 {
+		for t, st := range targets {
+			if st.coldTries > 0 && len(rt.router.source(t)) > 0 {
 				st.coldTries, st.coldRetry = 0, time.Time{}
 			}
 			if *st == (placing{}) {
-				delete(models, m)
+				delete(targets, t)
 			}
 		}
 		// Workers on pools that are not healthy (drained, silent) take no
@@ -171,25 +200,39 @@ func (c *controller) run(ctx context.Context) {
 		for _, p := range c.q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}}) {
 			healthy[p.ID] = true
 		}
-		var demand []modelDemand
-		counts := c.q.rows.modelCounts(healthy)
-		for _, s := range c.q.routing.router.queueStats() {
-			st := state(s.model)
-			n := counts[s.model]
-			demand = append(demand, modelDemand{Model: s.model, Queued: s.queued, OldestWait: now.Sub(s.oldest),
-				Live: n.live() + st.pending, Starting: n.starting + st.pending, Routable: len(c.q.routing.router.source(s.model)),
-				MaxWorkers: c.q.cfg.Routing.maxWorkers(s.model), RetryAt: later(st.coldRetry, st.failRetry)})
+		pending := map[string]int{} // by model, every target
+		for t, st := range targets {
+			pending[t.model] += st.pending
 		}
-		sort.Slice(demand, func(i, j int) bool { return demand[i].Model < demand[j].Model })
+		var demand []modelDemand
+		for _, s := range rt.router.queueStats() {
+			st := state(s.target)
+			n := c.q.rows.targetCounts(s.target, healthy)
+			all := n
+			if s.target.pool != "" {
+				all = c.q.rows.targetCounts(target{model: s.target.model}, healthy)
+			}
+			demand = append(demand, modelDemand{Model: s.target.model, Pool: s.target.pool, Queued: s.queued, OldestWait: now.Sub(s.oldest),
+				Live: n.live() + st.pending, Starting: n.starting + st.pending, Routable: len(rt.router.source(s.target)),
+				ModelLive: all.live() + pending[s.target.model], MaxWorkers: c.q.cfg.Routing.maxWorkers(s.target.model),
+				RetryAt: later(st.coldRetry, st.failRetry)})
+			if s.target.pool == "" {
+				demand[len(demand)-1].Live = demand[len(demand)-1].ModelLive
+			}
+		}
+		sort.Slice(demand, func(i, j int) bool {
+			a, b := demand[i], demand[j]
+			return a.Model < b.Model || (a.Model == b.Model && a.Pool < b.Pool)
+		})
 		dec := decideScale(now, demand, c.q.cfg.Routing.ScaleUpAfter)
-		for model, why := range dec.Refuse {
-			c.q.routing.router.failModel(model, fmt.Errorf("%w: %s", ErrNoCapacity, why))
+		for _, r := range dec.Refuse {
+			rt.router.fail(target{r.Model, r.Pool}, fmt.Errorf("%w: %s", ErrNoCapacity, r.Why))
 		}
 		for _, o := range dec.Place {
-			st := state(o.Model)
+			st := state(o.target())
 			st.pending++
 			if o.Kind == "cold_start" {
-				// A worker that dies while loading brings the model back
+				// A worker that dies while loading brings the target back
 				// here: each cold start in a row waits longer.
 				st.coldTries++
 				st.coldRetry = now.Add(placeBackoff(st.coldTries))
@@ -208,7 +251,7 @@ func (c *controller) run(ctx context.Context) {
 	}
 }
 
-// placing is what the controller remembers of one model.
+// placing is what the controller remembers of one target.
 type placing struct {
 	pending   int       // placements under way
 	coldTries int       // cold starts since the model last had a serving worker
@@ -224,17 +267,17 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// place starts one worker of o.Model: placement, lifecycle row, hive
-// start. A hive that refuses (or does not answer) is left out and the
+// place starts one worker of o.Model (on o.Pool when it names one):
+// placement, lifecycle row, hive start. A hive that refuses (or does not answer) is left out and the
 // placement is made again without it.
 func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 	start := time.Now()
 	exclude := map[string]string{}
 	for {
-		d, err := c.q.decide(ctx, o.Model, nil, exclude)
+		d, err := c.q.decide(ctx, PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude})
 		if err != nil {
 			c.q.routing.m.placements.WithLabelValues(o.Model, "failed").Inc()
-			return placeResult{model: o.Model, err: err}
+			return placeResult{target: o.target(), err: err}
 		}
 		gpu := d.GPU
 		row, err := c.q.StartWorker(ctx, StartRequest{Model: o.Model, PoolID: d.Pool.ID, GPU: &gpu, Reason: o.Reason,
@@ -245,50 +288,54 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 			c.q.routing.m.placements.WithLabelValues(o.Model, "started").Inc()
 			c.log.Info("worker placed on demand", "model_ref", o.Model, "kind", o.Kind, "pool_id", d.Pool.ID, "gpu_device", gpu,
 				"lifecycle_id", row.ID, "duration_ms", time.Since(start).Milliseconds())
-			return placeResult{model: o.Model, row: row}
+			return placeResult{target: o.target(), row: row}
 		case ctx.Err() != nil:
-			return placeResult{model: o.Model, err: err}
+			return placeResult{target: o.target(), err: err}
 		case errors.As(err, &he):
 			exclude[d.Pool.ID] = fmt.Sprintf("its hive refused the start: %s %s", he.Code, he.Message)
 		case errors.Is(err, ErrHiveUnreachable), errors.Is(err, ErrPoolUnavailable):
 			exclude[d.Pool.ID] = "its hive did not answer the start: " + err.Error()
 		default:
 			c.q.routing.m.placements.WithLabelValues(o.Model, "failed").Inc()
-			return placeResult{model: o.Model, err: err}
+			return placeResult{target: o.target(), err: err}
 		}
 		c.log.Warn("placement refused; placing again without the pool", "model_ref", o.Model, "pool_id", d.Pool.ID, "err", err)
 	}
 }
 
-// decide places a worker of model: the catalog is brought up to date for
-// it, then the Placer decides. A placement that finds no pool is audited
-// with every pool's reason.
-func (q *Queen) decide(ctx context.Context, model string, gpu *int, exclude map[string]string) (Decision, error) {
+// decide places a worker of req.Model: the catalog is brought up to date
+// for it, then the Placer decides (req.Models is filled in here). A
+// placement that finds no pool is audited with every pool's reason.
+func (q *Queen) decide(ctx context.Context, req PlaceRequest) (Decision, error) {
 	pools := q.reg.Query(registry.Filter{})
 	var healthy []registry.Pool
 	for _, p := range pools {
-		if p.Status == registry.Healthy {
+		if p.Status == registry.Healthy && (req.Pool == "" || p.ID == req.Pool) {
 			healthy = append(healthy, p)
 		}
 	}
-	q.routing.catalog.ensure(ctx, healthy, model)
-	d, err := q.cfg.Placer.Place(pools, PlaceRequest{Model: model, GPU: gpu, Models: q.routing.catalog.snapshot(), Exclude: exclude})
+	q.routing.catalog.ensure(ctx, healthy, req.Model)
+	req.Models = q.routing.catalog.snapshot()
+	d, err := q.cfg.Placer.Place(pools, req)
 	if err == nil {
 		return d, nil
 	}
-	meta := map[string]any{"model_ref": model, "rejected": rejectedMeta(placementRejections(err))}
-	if gpu != nil {
-		meta["gpu_device"] = *gpu
+	meta := map[string]any{"model_ref": req.Model, "rejected": rejectedMeta(placementRejections(err))}
+	if req.GPU != nil {
+		meta["gpu_device"] = *req.GPU
+	}
+	if req.Pool != "" {
+		meta["pool_id"] = req.Pool
 	}
 	aerr := q.st.Update(context.WithoutCancel(ctx), func(tx *store.Tx) error {
-		_, err := tx.Append(store.AuditEntry{Actor: registry.ActorQueen, Action: "worker.place_failed", Target: "model:" + model,
+		_, err := tx.Append(store.AuditEntry{Actor: registry.ActorQueen, Action: "worker.place_failed", Target: "model:" + req.Model,
 			Reason: err.Error(), Metadata: meta})
 		return err
 	})
 	if aerr != nil {
 		q.metrics.storeErrors.Inc()
-		q.log.Error("cannot audit a failed placement", "model_ref", model, "err", aerr)
+		q.log.Error("cannot audit a failed placement", "model_ref", req.Model, "err", aerr)
 	}
-	q.log.Warn("placement found no pool", "model_ref", model, "err", err)
+	q.log.Warn("placement found no pool", "model_ref", req.Model, "pool_id", req.Pool, "err", err)
 	return Decision{}, err
 }

@@ -12,7 +12,8 @@ import (
 // PlaceRequest is what a placement must satisfy, and what it knows.
 type PlaceRequest struct {
 	Model string
-	GPU   *int // a device the worker must run on
+	Pool  string // the pool the worker must run on ("": any)
+	GPU   *int   // a device the worker must run on
 	// Models holds the model list of every pool whose hive answered, by
 	// pool id (the catalog).
 	Models map[string]map[string]api.Model
@@ -103,6 +104,10 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 	}
 	for _, p := range pools {
 		reject := func(format string, a ...any) { rejected = append(rejected, Rejection{p.ID, fmt.Sprintf(format, a...)}) }
+		if req.Pool != "" && p.ID != req.Pool {
+			reject("the request is pinned to pool %s", req.Pool)
+			continue
+		}
 		if p.Status != registry.Healthy {
 			reject("pool is %s", p.Status)
 			continue

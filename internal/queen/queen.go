@@ -323,7 +323,7 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 		}
 		pool = p
 	} else {
-		d, err := q.decide(ctx, req.Model, req.GPU, nil)
+		d, err := q.decide(ctx, PlaceRequest{Model: req.Model, GPU: req.GPU})
 		if err != nil {
 			return store.Row{}, err
 		}

@@ -20,6 +20,7 @@ import (
 // relayReq is a checked OpenAI request on its way to a worker.
 type relayReq struct {
 	model   string
+	pool    string // pinned to this pool (X-Apiary-Pool); "": any
 	path    string // /v1/completions or /v1/chat/completions
 	body    []byte // as the client sent it
 	stream  bool
@@ -52,7 +53,7 @@ func (q *Queen) relay(w http.ResponseWriter, r *http.Request, rr relayReq) error
 	exclude := map[workerKey]bool{}
 	var last error
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
-		l, err := rt.router.acquire(ctx, routeReq{model: rr.model, session: rr.session, exclude: exclude, retry: attempt > 1})
+		l, err := rt.router.acquire(ctx, routeReq{model: rr.model, pool: rr.pool, session: rr.session, exclude: exclude, retry: attempt > 1})
 		if err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("%w: while waiting for a worker: %w", errClientGone, err)

@@ -169,7 +169,7 @@ func (q *Queen) getModels(w http.ResponseWriter, r *http.Request, _ *call) error
 
 func (q *Queen) getModel(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("id")
-	if err := q.knownModel(r.Context(), id); err != nil {
+	if err := q.knownModel(r.Context(), id, ""); err != nil {
 		return err
 	}
 	c.model = id
@@ -181,24 +181,30 @@ func (q *Queen) getModel(w http.ResponseWriter, r *http.Request, c *call) error 
 	return nil
 }
 
-// knownModel reports ErrModelNotFound unless a pool has model or a worker
-// of it lives. A model no list has makes the hives' lists be read again
-// (at most once a second each) before the answer is no.
-func (q *Queen) knownModel(ctx context.Context, model string) error {
+// knownModel reports ErrModelNotFound unless a pool (pool, when it is
+// not "") has model or a worker of it lives there. A model no list has
+// makes the hives' lists be read again (at most once a second each)
+// before the answer is no.
+func (q *Queen) knownModel(ctx context.Context, model, pool string) error {
 	if checkModel(model) != nil {
 		return fmt.Errorf("%w: %q is not a model ref (a GGUF file name without .gguf); see GET /v1/models", ErrModelNotFound, model)
 	}
 	pools := q.servable()
+	where := "no pool has"
+	if pool != "" {
+		pools = slices.DeleteFunc(pools, func(p registry.Pool) bool { return p.ID != pool })
+		where = "pool " + pool + " does not have"
+	}
 	if _, ok := q.routing.catalog.lookup(pools, model); ok {
 		return nil
 	}
-	if q.rows.modelCounts()[model].live() > 0 {
+	if q.rows.targetCounts(target{model, pool}, nil).live() > 0 {
 		return nil
 	}
 	if q.routing.catalog.ensure(ctx, answering(pools), model) {
 		return nil
 	}
-	return fmt.Errorf("%w: no pool has model %q; see GET /v1/models", ErrModelNotFound, model)
+	return fmt.Errorf("%w: %s model %q; see GET /v1/models", ErrModelNotFound, where, model)
 }
 
 func (q *Queen) postCompletions(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -237,19 +243,37 @@ func (q *Queen) serveInference(w http.ResponseWriter, r *http.Request, c *call, 
 		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: SessionHeader,
 			Message: fmt.Sprintf("%s must be printable text of at most %d bytes", SessionHeader, maxSessionLen), Err: openai.ErrInvalidRequest}
 	}
-	if pool := r.Header.Get(api.PoolHeader); pool != "" {
-		// The router places and picks workers per model across pools; it
-		// cannot yet keep a request and its placement to one pool. Say so
-		// rather than serve the request somewhere else.
-		return &openai.Error{Status: http.StatusNotImplemented, Code: "not_implemented", Param: api.PoolHeader,
-			Message: fmt.Sprintf("pinning a request to one pool (%s: %q, apiary infer --node) is not implemented yet; send it without the header", api.PoolHeader, pool),
-			Err:     openai.ErrUnsupported}
+	pool := r.Header.Get(api.PoolHeader)
+	if pool != "" {
+		if err := q.usablePool(pool); err != nil {
+			return err
+		}
 	}
-	if err := q.knownModel(r.Context(), model); err != nil {
+	if err := q.knownModel(r.Context(), model, pool); err != nil {
 		return err
 	}
 	c.model = model
-	return q.relay(w, r, relayReq{model: model, path: path, body: body, stream: stream, session: session, start: c.start})
+	return q.relay(w, r, relayReq{model: model, pool: pool, path: path, body: body, stream: stream, session: session, start: c.start})
+}
+
+// usablePool checks the pool a request is pinned to (X-Apiary-Pool): it
+// must be registered and healthy, or the request is answered at once
+// rather than queued for a pool that cannot serve it.
+func (q *Queen) usablePool(id string) error {
+	if len(id) > maxSessionLen || !printable(id) {
+		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: api.PoolHeader,
+			Message: fmt.Sprintf("%s must be a pool id (a node name) of at most %d bytes", api.PoolHeader, maxSessionLen), Err: openai.ErrInvalidRequest}
+	}
+	p, ok := q.reg.Get(id)
+	if !ok {
+		return &openai.Error{Status: http.StatusNotFound, Code: "pool_not_found", Param: api.PoolHeader,
+			Message: fmt.Sprintf("no pool %q is registered (%s pins a request to one pool; see apiary pools)", id, api.PoolHeader)}
+	}
+	if p.Status != registry.Healthy {
+		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "pool_unavailable", Param: api.PoolHeader, RetryAfter: 5 * time.Second,
+			Message: fmt.Sprintf("pool %s is %s: it takes no requests now (send the request without %s to use any pool)", id, p.Status, api.PoolHeader)}
+	}
+	return nil
 }
 
 func printable(s string) bool {

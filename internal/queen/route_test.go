@@ -681,3 +681,98 @@ func TestRouteDegradedAndDrainedGetNothingNew(t *testing.T) {
 		t.Errorf("served by %s, want the new worker %s", resp.Header.Get(WorkerHeader), req.LifecycleID)
 	}
 }
+
+// A request pinned to a pool (X-Apiary-Pool, apiary infer --node) is
+// served only there: with a worker of its model on another pool, the
+// controller places one on the pinned pool (the other pools' reason in
+// the audit says so). A pool that is unknown, not healthy, or without the
+// model is answered at once.
+func TestRoutePinnedToAPool(t *testing.T) {
+	x, mh := routeQueen(t, map[string][]api.Model{
+		"http://hive-a": {tinyModel},
+		"http://hive-b": {tinyModel},
+		"http://hive-c": {{Ref: "other", SizeBytes: 1}},
+		"http://hive-d": {tinyModel},
+	})
+	for _, id := range []string{"a", "b", "c", "d"} {
+		x.registerAt(id, "http://hive-"+id)
+		x.logs.wait(t, 0, "hive model list read", map[string]string{"pool_id": id})
+	}
+	x.ok("POST", "/v2/pools/d/drain", api.PoolAction{Reason: "maintenance"}, http.StatusOK, nil)
+	onA := newFakeWorker(t, tokens(2))
+	aID := x.readyWorker("a", onA.URL)
+	for range len(mh.started) {
+		<-mh.started
+	}
+
+	// Unpinned: a's worker serves it, nothing is placed.
+	resp := x.post(t.Context(), "/v1/completions", streamBody)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get(WorkerHeader) != aID {
+		t.Fatalf("unpinned request: %d from %q, want a's worker %s", resp.StatusCode, resp.Header.Get(WorkerHeader), aID)
+	}
+
+	// Pinned to b: a worker is placed on b and serves it.
+	onB := newFakeWorker(t, tokens(2))
+	respc := make(chan *http.Response, 1)
+	go func() { respc <- x.post(t.Context(), "/v1/completions", streamBody, api.PoolHeader, "b") }()
+	var req api.StartWorkerRequest
+	select {
+	case req = <-mh.started:
+	case <-time.After(waitLimit):
+		t.Fatal("no worker placed for the request pinned to b")
+	}
+	x.logs.wait(t, 0, "worker placed on demand", map[string]string{"lifecycle_id": req.LifecycleID})
+	row := x.row(req.LifecycleID)
+	if row.PoolID != "b" {
+		t.Fatalf("pinned placement went to pool %s, want b", row.PoolID)
+	}
+	x.workerReady("b", req.LifecycleID, row.WorkerID, onB.URL)
+	resp = <-respc
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get(WorkerHeader) != req.LifecycleID || onB.count() != 1 || onA.count() != 1 {
+		t.Fatalf("pinned request: %d from %q (a served %d, b %d): %s", resp.StatusCode, resp.Header.Get(WorkerHeader), onA.count(), onB.count(), body)
+	}
+	var audit api.AuditList
+	x.ok("GET", "/api/admin/audit?target="+req.LifecycleID+"&action=worker.start", nil, http.StatusOK, &audit)
+	if len(audit.Entries) != 1 {
+		t.Fatalf("start audit %+v", audit)
+	}
+	placement, _ := audit.Entries[0].Metadata["placement"].(map[string]any)
+	rejected, _ := placement["rejected"].(map[string]any)
+	if rejected["a"] != "the request is pinned to pool b" || !strings.Contains(audit.Entries[0].Reason, "tiny on pool b") {
+		t.Errorf("start audit entry %+v", audit.Entries[0])
+	}
+	// Pinned to a: a's worker, though b's has fewer requests.
+	resp = x.post(t.Context(), "/v1/completions", streamBody, api.PoolHeader, "a")
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.Header.Get(WorkerHeader) != aID {
+		t.Errorf("request pinned to a went to %q", resp.Header.Get(WorkerHeader))
+	}
+
+	for _, tc := range []struct {
+		pool, code string
+		status     int
+		says       string
+	}{
+		{"nope", "pool_not_found", http.StatusNotFound, `no pool \"nope\" is registered`},
+		{"c", "model_not_found", http.StatusNotFound, `pool c does not have model \"tiny\"`},
+		{"d", "pool_unavailable", http.StatusServiceUnavailable, "pool d is draining"},
+		{strings.Repeat("n", 300), openai.CodeInvalidValue, http.StatusBadRequest, "must be a pool id"},
+	} {
+		resp := x.post(t.Context(), "/v1/completions", `{"model":"tiny","prompt":"hi"}`, api.PoolHeader, tc.pool)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if status := resp.StatusCode; status != tc.status || errorCode(t, body) != tc.code || !bytes.Contains(body, []byte(tc.says)) {
+			t.Errorf("pinned to %q: %d %s, want %d %s saying %q", tc.pool, resp.StatusCode, body, tc.status, tc.code, tc.says)
+		}
+	}
+	select {
+	case r := <-mh.started:
+		t.Errorf("a worker was placed for a refused request: %+v", r)
+	default:
+	}
+}

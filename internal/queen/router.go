@@ -77,6 +77,21 @@ func less(a, b candidate, inflight map[workerKey]int) bool {
 	return a.key.worker < b.key.worker
 }
 
+// target is what a request asks for: a worker of model, on pool when it
+// is pinned to one (X-Apiary-Pool). The router queues requests, and the
+// controller counts demand, by target.
+type target struct {
+	model string
+	pool  string // "": any pool
+}
+
+func (t target) String() string {
+	if t.pool == "" {
+		return t.model
+	}
+	return t.model + " on pool " + t.pool
+}
+
 // lease is a slot on a worker held by one request until release.
 type lease struct {
 	model  string
@@ -88,12 +103,15 @@ type lease struct {
 // routeReq is what acquire needs of a request.
 type routeReq struct {
 	model   string
+	pool    string // "": any pool
 	session string
 	exclude map[workerKey]bool // workers this request already failed on
 	retry   bool               // a retry goes to the front of the queue
 }
 
-// waiter is a request in a model's queue.
+func (r routeReq) target() target { return target{r.model, r.pool} }
+
+// waiter is a request in a target's queue.
 type waiter struct {
 	req   routeReq
 	since time.Time
@@ -117,7 +135,7 @@ const brokenFor = time.Minute
 type router struct {
 	cfg    RoutingConfig
 	log    *slog.Logger
-	source func(model string) []candidate // serving workers of a model, now
+	source func(target) []candidate // serving workers of a target, now
 	aff    *affinity
 	m      *routeMetrics
 	demand func() // wakes the controller
@@ -125,13 +143,13 @@ type router struct {
 	mu       sync.Mutex
 	inflight map[workerKey]int       // guarded by mu
 	broken   map[workerKey]time.Time // guarded by mu; until when
-	queues   map[string][]*waiter    // guarded by mu; FIFO by model
+	queues   map[target][]*waiter    // guarded by mu; FIFO by target
 	closed   bool                    // guarded by mu
 }
 
-func newRouter(cfg RoutingConfig, log *slog.Logger, source func(string) []candidate, aff *affinity, m *routeMetrics, demand func()) *router {
+func newRouter(cfg RoutingConfig, log *slog.Logger, source func(target) []candidate, aff *affinity, m *routeMetrics, demand func()) *router {
 	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
-		inflight: map[workerKey]int{}, broken: map[workerKey]time.Time{}, queues: map[string][]*waiter{}}
+		inflight: map[workerKey]int{}, broken: map[workerKey]time.Time{}, queues: map[target][]*waiter{}}
 }
 
 // acquire returns a lease on a worker of req.model: at once when one has a
@@ -139,7 +157,8 @@ func newRouter(cfg RoutingConfig, log *slog.Logger, source func(string) []candid
 // model's queue. It fails with ErrQueueFull, ErrQueueTimeout, the
 // controller's ErrNoCapacity, ErrShuttingDown, or ctx's error.
 func (r *router) acquire(ctx context.Context, req routeReq) (lease, error) {
-	cands := r.source(req.model)
+	t := req.target()
+	cands := r.source(t)
 	now := time.Now()
 	r.mu.Lock()
 	if r.closed {
@@ -147,37 +166,37 @@ func (r *router) acquire(ctx context.Context, req routeReq) (lease, error) {
 		return lease{}, fmt.Errorf("%w: the queen is stopping", ErrShuttingDown)
 	}
 	cands = r.usableLocked(cands, now)
-	if len(r.queues[req.model]) == 0 {
+	if len(r.queues[t]) == 0 {
 		if l, ok := r.tryLocked(req, cands, now, now); ok {
 			r.mu.Unlock()
 			return l, nil
 		}
 	}
 	w := &waiter{req: req, since: now, ch: make(chan grant, 1)}
-	if q := r.queues[req.model]; req.retry {
-		r.queues[req.model] = append([]*waiter{w}, q...)
+	if q := r.queues[t]; req.retry {
+		r.queues[t] = append([]*waiter{w}, q...)
 	} else {
-		r.queues[req.model] = append(q, w)
+		r.queues[t] = append(q, w)
 	}
 	// Waiters ahead may be pinned to a full worker, or the workers may
 	// have changed since they were last looked at: dispatch the queue,
 	// this request included.
-	r.dispatchLocked(req.model, cands, now)
+	r.dispatchLocked(t, cands, now)
 	select {
 	case g := <-w.ch:
 		r.mu.Unlock()
 		return g.l, g.err
 	default:
 	}
-	queued := len(r.queues[req.model])
+	queued := len(r.queues[t])
 	if queued > r.cfg.QueueSize {
 		r.removeLocked(w)
 		r.mu.Unlock()
 		r.m.rejected.WithLabelValues(req.model, "queue_full").Inc()
-		return lease{}, fmt.Errorf("%w: %d requests for %s are waiting for a worker; retry later", ErrQueueFull, queued-1, req.model)
+		return lease{}, fmt.Errorf("%w: %d requests for %s are waiting for a worker; retry later", ErrQueueFull, queued-1, t)
 	}
 	r.mu.Unlock()
-	r.log.Debug("request queued", "model_ref", req.model, "queued", queued)
+	r.log.Debug("request queued", "model_ref", req.model, "pool_id", req.pool, "queued", queued)
 	r.demand()
 
 	timer := time.NewTimer(r.cfg.QueueTimeout)
@@ -187,7 +206,7 @@ func (r *router) acquire(ctx context.Context, req routeReq) (lease, error) {
 	case g := <-w.ch:
 		return g.l, g.err
 	case <-timer.C:
-		cause = fmt.Errorf("%w: waited %s for a worker of %s", ErrQueueTimeout, r.cfg.QueueTimeout, req.model)
+		cause = fmt.Errorf("%w: waited %s for a worker of %s", ErrQueueTimeout, r.cfg.QueueTimeout, t)
 	case <-ctx.Done():
 		cause = context.Cause(ctx)
 	}
@@ -233,10 +252,10 @@ func (r *router) tryLocked(req routeReq, cands []candidate, since, now time.Time
 	return lease{model: req.model, cand: c, pinned: res.pinned, waited: now.Sub(since)}, true
 }
 
-// dispatchLocked gives free slots to the model's waiters, oldest first (a
-// waiter pinned to a full worker lets the ones behind it pass).
-func (r *router) dispatchLocked(model string, cands []candidate, now time.Time) {
-	q := r.queues[model]
+// dispatchLocked gives free slots to the target's waiters, oldest first
+// (a waiter pinned to a full worker lets the ones behind it pass).
+func (r *router) dispatchLocked(t target, cands []candidate, now time.Time) {
+	q := r.queues[t]
 	if len(q) == 0 {
 		return
 	}
@@ -245,31 +264,40 @@ func (r *router) dispatchLocked(model string, cands []candidate, now time.Time) 
 		if l, ok := r.tryLocked(w.req, cands, w.since, now); ok {
 			w.ch <- grant{l: l}
 			if l.waited > 0 {
-				r.m.queueWait.WithLabelValues(model).Observe(l.waited.Seconds())
+				r.m.queueWait.WithLabelValues(t.model).Observe(l.waited.Seconds())
 			}
 			continue
 		}
 		kept = append(kept, w)
 	}
 	clear(q[len(kept):])
-	r.setQueueLocked(model, kept)
+	r.setQueueLocked(t, kept)
 }
 
-func (r *router) setQueueLocked(model string, q []*waiter) {
+// setQueueLocked sets t's queue; the depth metric is per model, all its
+// targets together.
+func (r *router) setQueueLocked(t target, q []*waiter) {
 	if len(q) == 0 {
-		delete(r.queues, model)
+		delete(r.queues, t)
 	} else {
-		r.queues[model] = q
+		r.queues[t] = q
 	}
-	r.m.queueDepth.WithLabelValues(model).Set(float64(len(q)))
+	depth := 0
+	for o, q := range r.queues {
+		if o.model == t.model {
+			depth += len(q)
+		}
+	}
+	r.m.queueDepth.WithLabelValues(t.model).Set(float64(depth))
 }
 
 // removeLocked takes w out of its queue; false when it was granted.
 func (r *router) removeLocked(w *waiter) bool {
-	q := r.queues[w.req.model]
+	t := w.req.target()
+	q := r.queues[t]
 	for i, x := range q {
 		if x == w {
-			r.setQueueLocked(w.req.model, append(q[:i:i], q[i+1:]...))
+			r.setQueueLocked(t, append(q[:i:i], q[i+1:]...))
 			return true
 		}
 	}
@@ -294,7 +322,10 @@ func (r *router) usableLocked(cands []candidate, now time.Time) []candidate {
 // release hands a lease's slot back and gives it to a waiter; broken
 // marks the worker as one that failed the request's connection.
 func (r *router) release(l lease, broken bool) {
-	cands := r.source(l.model)
+	// The slot may go to a request for the model on any pool, or to one
+	// pinned to the worker's pool.
+	targets := []target{{l.model, ""}, {l.model, l.cand.key.pool}}
+	cands := [][]candidate{r.source(targets[0]), r.source(targets[1])}
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -312,30 +343,32 @@ func (r *router) release(l lease, broken bool) {
 		r.broken[l.cand.key] = now.Add(brokenFor)
 		r.aff.forget(l.cand.key)
 	}
-	r.dispatchLocked(l.model, r.usableLocked(cands, now), now)
+	for i, t := range targets {
+		r.dispatchLocked(t, r.usableLocked(cands[i], now), now)
+	}
 }
 
 // poke tells the router that workers changed (a hive event or heartbeat):
 // waiting requests may now have a worker.
 func (r *router) poke() {
 	r.mu.Lock()
-	models := make([]string, 0, len(r.queues))
-	for m := range r.queues {
-		models = append(models, m)
+	targets := make([]target, 0, len(r.queues))
+	for t := range r.queues {
+		targets = append(targets, t)
 	}
 	r.mu.Unlock()
-	for _, m := range models {
-		cands := r.source(m)
+	for _, t := range targets {
+		cands := r.source(t)
 		now := time.Now()
 		r.mu.Lock()
-		r.dispatchLocked(m, r.usableLocked(cands, now), now)
+		r.dispatchLocked(t, r.usableLocked(cands, now), now)
 		r.mu.Unlock()
 	}
 }
 
-// queueStat is one model's queue, for the controller.
+// queueStat is one target's queue, for the controller.
 type queueStat struct {
-	model  string
+	target target
 	queued int
 	oldest time.Time
 }
@@ -344,24 +377,24 @@ func (r *router) queueStats() []queueStat {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]queueStat, 0, len(r.queues))
-	for m, q := range r.queues {
-		out = append(out, queueStat{model: m, queued: len(q), oldest: q[0].since})
+	for t, q := range r.queues {
+		out = append(out, queueStat{target: t, queued: len(q), oldest: q[0].since})
 	}
 	return out
 }
 
-// failModel answers every waiter of model with err (the controller could
-// not place a worker and none serves the model).
-func (r *router) failModel(model string, err error) int {
+// fail answers every waiter of t with err (the controller could not
+// place a worker and none serves the target).
+func (r *router) fail(t target, err error) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	q := r.queues[model]
+	q := r.queues[t]
 	for _, w := range q {
 		w.ch <- grant{err: err}
 	}
-	r.setQueueLocked(model, nil)
+	r.setQueueLocked(t, nil)
 	if len(q) > 0 {
-		r.m.rejected.WithLabelValues(model, "no_capacity").Add(float64(len(q)))
+		r.m.rejected.WithLabelValues(t.model, "no_capacity").Add(float64(len(q)))
 	}
 	return len(q)
 }
@@ -371,11 +404,11 @@ func (r *router) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.closed = true
-	for m, q := range r.queues {
+	for t, q := range r.queues {
 		for _, w := range q {
 			w.ch <- grant{err: fmt.Errorf("%w: the queen is stopping", ErrShuttingDown)}
 		}
-		r.setQueueLocked(m, nil)
+		r.setQueueLocked(t, nil)
 	}
 }
 

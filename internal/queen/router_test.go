@@ -72,18 +72,40 @@ func TestDecideScale(t *testing.T) {
 			want: scaleDecision{Recheck: 3 * time.Second}},
 		{name: "max workers 0 and none live: refused",
 			in: modelDemand{Model: "m", Queued: 1},
-			want: scaleDecision{Refuse: map[string]string{
-				"m": "model m is not placed on demand (its max workers is 0) and no worker of it runs; an operator must start one"}}},
+			want: scaleDecision{Refuse: []refusal{{Model: "m",
+				Why: "model m is not placed on demand (its max workers is 0) and no worker of it runs; an operator must start one"}}}},
 		{name: "max workers 0 with an operator's worker: wait for it",
 			in:   modelDemand{Model: "m", Queued: 1, Live: 1, Routable: 1, OldestWait: time.Minute},
 			want: scaleDecision{}},
 		{name: "nothing queued", in: modelDemand{Model: "m", MaxWorkers: 3}, want: scaleDecision{}},
+		{name: "pinned: cold start on the pool while the model runs elsewhere",
+			in: modelDemand{Model: "m", Pool: "n1", Queued: 2, ModelLive: 1, MaxWorkers: 2},
+			want: scaleDecision{Place: []placeOrder{{Model: "m", Pool: "n1", Kind: "cold_start",
+				Reason: "demand: 2 requests for m on pool n1 waiting, no worker runs it on pool n1"}}}},
+		{name: "pinned: the pool's worker is waited for",
+			in:   modelDemand{Model: "m", Pool: "n1", Queued: 2, Live: 1, Routable: 1, ModelLive: 2, MaxWorkers: 4, OldestWait: time.Second},
+			want: scaleDecision{Recheck: time.Second}},
+		{name: "pinned: scale up counts the model's workers on every pool",
+			in: modelDemand{Model: "m", Pool: "n1", Queued: 2, Live: 1, Routable: 1, ModelLive: 2, MaxWorkers: 3, OldestWait: 3 * time.Second},
+			want: scaleDecision{Place: []placeOrder{{Model: "m", Pool: "n1", Kind: "scale_up",
+				Reason: "demand: 2 requests for m on pool n1 waiting, the oldest for 3s (threshold 2s), 2 of at most 3 workers live"}}}},
+		{name: "pinned: the pool's first worker even with the max elsewhere",
+			in: modelDemand{Model: "m", Pool: "n1", Queued: 1, ModelLive: 2, MaxWorkers: 2},
+			want: scaleDecision{Place: []placeOrder{{Model: "m", Pool: "n1", Kind: "cold_start",
+				Reason: "demand: 1 requests for m on pool n1 waiting, no worker runs it on pool n1"}}}},
+		{name: "pinned: no scale up beyond the max",
+			in:   modelDemand{Model: "m", Pool: "n1", Queued: 1, Live: 1, Routable: 1, ModelLive: 2, MaxWorkers: 2, OldestWait: time.Minute},
+			want: scaleDecision{}},
+		{name: "pinned: max workers 0",
+			in: modelDemand{Model: "m", Pool: "n1", Queued: 1, ModelLive: 1},
+			want: scaleDecision{Refuse: []refusal{{Model: "m", Pool: "n1",
+				Why: "model m is not placed on demand (its max workers is 0) and no worker of it runs on pool n1; an operator must start one"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := decideScale(now, []modelDemand{tc.in}, after)
-			if tc.want.Refuse == nil {
-				tc.want.Refuse = map[string]string{}
+			if tc.in.Pool == "" && tc.in.ModelLive == 0 {
+				tc.in.ModelLive = tc.in.Live
 			}
+			got := decideScale(now, []modelDemand{tc.in}, after)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("decision (-want +got):\n%s", diff)
 			}
@@ -116,10 +138,16 @@ func newTestRouter(cfg RoutingConfig, cands ...candidate) *testRouter {
 	tr := &testRouter{cands: cands, reg: prometheus.NewRegistry()}
 	cfg = cfg.withDefaults()
 	m := newRouteMetrics(tr.reg, func() int { return 0 })
-	tr.router = newRouter(cfg, slog.New(slog.DiscardHandler), func(string) []candidate {
+	tr.router = newRouter(cfg, slog.New(slog.DiscardHandler), func(t target) []candidate {
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
-		return append([]candidate(nil), tr.cands...)
+		var out []candidate
+		for _, c := range tr.cands {
+			if t.pool == "" || c.key.pool == t.pool {
+				out = append(out, c)
+			}
+		}
+		return out
 	}, newAffinity(cfg.AffinityTTL, 10), m, func() {
 		tr.mu.Lock()
 		tr.demand++
@@ -215,8 +243,8 @@ func TestRouterQueue(t *testing.T) {
 		tr.set()
 		w4 := tr.acquireAsync(ctx, routeReq{model: "m"})
 		synctest.Wait()
-		if n := tr.failModel("m", ErrNoCapacity); n != 1 {
-			t.Errorf("failModel answered %d", n)
+		if n := tr.fail(target{model: "m"}, ErrNoCapacity); n != 1 {
+			t.Errorf("fail answered %d", n)
 		}
 		if g := <-w4; !errors.Is(g.err, ErrNoCapacity) {
 			t.Errorf("failed waiter: %v", g.err)
@@ -338,4 +366,82 @@ func (tr *testRouter) counter(name, value string) float64 {
 		}
 	}
 	return 0
+}
+
+// A request pinned to a pool (X-Apiary-Pool) is served only by that
+// pool's workers: it waits for them while they are full (requests for any
+// pool pass it), and its queue is its own demand.
+func TestRouterPoolPinning(t *testing.T) {
+	a, c := candidate{key: workerKey{"p1", "a"}}, candidate{key: workerKey{"p2", "c"}}
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(RoutingConfig{QueueSize: 4, QueueTimeout: time.Minute}, a, c)
+		ctx := t.Context()
+		busy, err := tr.acquire(ctx, routeReq{model: "m", pool: "p2"})
+		if err != nil || busy.cand.key != c.key {
+			t.Fatalf("pinned to p2: %+v %v", busy, err)
+		}
+		// c (p2's only worker) is full: a request pinned to p2 waits, one
+		// for any pool goes to a.
+		pinned := tr.acquireAsync(ctx, routeReq{model: "m", pool: "p2"})
+		synctest.Wait()
+		free, err := tr.acquire(ctx, routeReq{model: "m"})
+		if err != nil || free.cand.key != a.key {
+			t.Fatalf("unpinned while p2 is full: %+v %v", free, err)
+		}
+		if stats := tr.queueStats(); len(stats) != 1 || stats[0].target != (target{"m", "p2"}) || stats[0].queued != 1 {
+			t.Fatalf("queues %+v, want one request pinned to p2", stats)
+		}
+		// a's slot coming back does not serve p2's waiter; c's does.
+		tr.release(free, false)
+		synctest.Wait()
+		select {
+		case g := <-pinned:
+			t.Fatalf("p2's waiter served by p1's release: %+v", g)
+		default:
+		}
+		tr.release(busy, false)
+		if g := <-pinned; g.err != nil || g.l.cand.key != c.key {
+			t.Fatalf("p2's waiter: %+v", g)
+		} else {
+			tr.release(g.l, false)
+		}
+		// A pool with no worker of the model: the request waits as demand
+		// for that pool, and the depth gauge counts it under its model.
+		none := tr.acquireAsync(ctx, routeReq{model: "m", pool: "p3"})
+		synctest.Wait()
+		if stats := tr.queueStats(); len(stats) != 1 || stats[0].target != (target{"m", "p3"}) {
+			t.Fatalf("queues %+v, want one request pinned to p3", stats)
+		}
+		if got := tr.gauge("apiary_queen_queue_depth", "m"); got != 1 {
+			t.Errorf("queue depth of m: %v, want 1", got)
+		}
+		p3 := candidate{key: workerKey{"p3", "d"}}
+		tr.set(a, c, p3)
+		if g := <-none; g.err != nil || g.l.cand.key != p3.key {
+			t.Fatalf("p3's waiter: %+v", g)
+		}
+		if got := tr.gauge("apiary_queen_queue_depth", "m"); got != 0 {
+			t.Errorf("queue depth of m after: %v, want 0", got)
+		}
+	})
+}
+
+func (tr *testRouter) gauge(name, value string) float64 {
+	families, err := tr.reg.Gather()
+	if err != nil {
+		panic(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == value {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }

@@ -75,17 +75,23 @@ func (rt *routing) poke() {
 	rt.ctl.signal()
 }
 
-// candidates is the router's source: the workers of model that take
-// requests now. A worker qualifies when its pool is healthy (not
+// candidates is the router's source: the workers of t's model (on t's
+// pool, when it names one) that take requests now. A worker qualifies
+// when its pool is healthy (not
 // draining, unhealthy or offline), its hive reports it ready or busy (not
 // starting, degraded or draining) with a URI, and its lifecycle row is
 // RUNNING (a worker without a live row is being stopped).
-func (q *Queen) candidates(model string) []candidate {
-	pools := q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}})
+func (q *Queen) candidates(t target) []candidate {
+	var pools []registry.Pool
+	if t.pool == "" {
+		pools = q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}})
+	} else if p, ok := q.reg.Get(t.pool); ok && p.Status == registry.Healthy {
+		pools = []registry.Pool{p}
+	}
 	var out []candidate
 	for _, p := range pools {
 		for _, w := range p.Workers {
-			if w.ModelRef != model || w.URI == "" {
+			if w.ModelRef != t.model || w.URI == "" {
 				continue
 			}
 			if st := lifecycle.State(w.Status); st != lifecycle.Ready && st != lifecycle.Busy {
@@ -121,6 +127,17 @@ type modelCount struct{ starting, running, draining int }
 // live is the workers that count against the model's max workers.
 func (c modelCount) live() int { return c.starting + c.running }
 
+func (c *modelCount) add(status lifecycle.Status) {
+	switch status {
+	case rowStarting:
+		c.starting++
+	case rowRunning:
+		c.running++
+	case rowDraining:
+		c.draining++
+	}
+}
+
 // modelCounts counts the live rows by model; with pools given, only the
 // rows on those pools.
 func (b *rowBook) modelCounts(pools ...map[string]bool) map[string]modelCount {
@@ -132,17 +149,25 @@ func (b *rowBook) modelCounts(pools ...map[string]bool) map[string]modelCount {
 			continue
 		}
 		c := out[r.ModelRef]
-		switch r.Status {
-		case rowStarting:
-			c.starting++
-		case rowRunning:
-			c.running++
-		case rowDraining:
-			c.draining++
-		}
+		c.add(r.Status)
 		out[r.ModelRef] = c
 	}
 	return out
+}
+
+// targetCounts counts the live rows of t's model, on t's pool when it
+// names one; with pools given, only the rows on those pools.
+func (b *rowBook) targetCounts(t target, pools map[string]bool) modelCount {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var c modelCount
+	for _, r := range b.active {
+		if r.ModelRef != t.model || (t.pool != "" && r.PoolID != t.pool) || (pools != nil && !pools[r.PoolID]) {
+			continue
+		}
+		c.add(r.Status)
+	}
+	return c
 }
 
 // close refuses new inference and answers the waiting requests.

@@ -278,16 +278,24 @@ func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testin
 		t.Errorf("remote hive command line: %s", s)
 	}
 
-	// Pinning with --node is not implemented yet (the queen answers 501):
-	// an unpinned request is served by a worker placed on one of the two
-	// remote pools.
-	q.infer(t, "")
-	if got := q.runningPools(t); got["n1"]+got["n2"] != 1 {
-		t.Errorf("after infer, running workers by pool: %v, want one on n1 or n2", got)
+	// apiary infer --node pins the request to that node's pool: a worker
+	// is placed on each node in turn (n2's beyond --max-workers 1, as a
+	// pinned cold start may be), and an unknown node is a clear error.
+	q.infer(t, "n1")
+	if got := q.runningPools(t); got["n1"] != 1 || got["n2"] != 0 {
+		t.Errorf("after infer --node n1, running workers by pool: %v, want one on n1", got)
 	}
-	k := testbin.Start(t, "keeper", tokens, "infer", "--queen", q.url, "--model", "tiny", "--prompt", "hi", "--node", "n1")
-	if code := k.Wait(t); code == 0 || !strings.Contains(k.Lines.String(), "not implemented yet") {
-		t.Errorf("infer --node: exit %d, want a failure saying pinning is not implemented yet; stderr:\n%s", code, k.Lines.String())
+	q.infer(t, "n2")
+	if got := q.runningPools(t); got["n1"] != 1 || got["n2"] != 1 {
+		t.Errorf("after infer --node n2, running workers by pool: %v, want one on each node", got)
+	}
+	q.infer(t, "")
+	if got := q.runningPools(t); got["n1"] != 1 || got["n2"] != 1 {
+		t.Errorf("after an unpinned infer, running workers by pool: %v, want still one on each node", got)
+	}
+	k := testbin.Start(t, "keeper", tokens, "infer", "--queen", q.url, "--model", "tiny", "--prompt", "hi", "--node", "n9")
+	if code := k.Wait(t); code == 0 || !strings.Contains(k.Lines.String(), `no pool "n9" is registered`) {
+		t.Errorf("infer --node n9: exit %d, want a failure naming the unknown pool; stderr:\n%s", code, k.Lines.String())
 	}
 
 	cut := time.Now()
@@ -299,6 +307,10 @@ func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testin
 	_ = rec
 	for range 3 {
 		q.infer(t, "")
+	}
+	k = testbin.Start(t, "keeper", tokens, "infer", "--queen", q.url, "--model", "tiny", "--prompt", "hi", "--node", "n2")
+	if code := k.Wait(t); code == 0 || !strings.Contains(k.Lines.String(), "pool n2 is unhealthy") {
+		t.Errorf("infer --node n2 while it is cut off: exit %d, want a failure saying the pool is unhealthy; stderr:\n%s", code, k.Lines.String())
 	}
 	rows, err := q.c.Workers(t.Context(), keeper.WorkerFilter{})
 	if err != nil {
