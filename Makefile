@@ -1,4 +1,5 @@
-# apiary build. `make build` puts the single binary at bin/apiary; `make test`
+# apiary build. `make build` puts the binary at bin/apiary (and its x86-64-v3
+# build beside it, see below); `make test`
 # runs every test. The llama.cpp sources come from the pinned Go module
 # github.com/ollama/ollama; Go strips their vendor/ directory, so the build
 # adds Debian's nlohmann-json3-dev and libstb-dev and a stub miniaudio header
@@ -12,16 +13,30 @@ OLLAMA_MOD := github.com/ollama/ollama
 CGO_INCLUDE := $(HOME)/.cache/apiary/include
 OLLAMA_DIR = $(shell $(GO) list -m -f '{{.Dir}}' $(OLLAMA_MOD) 2>/dev/null)
 
-# -march=x86-64-v3 (AVX2, FMA, F16C) roughly doubles CPU inference speed; use
-# it only when the build machine has AVX2, portable code otherwise.
+# llama.cpp's kernels are chosen at compile time. On amd64 `make build` links
+# two binaries from one source: $(BIN)/apiary, portable (x86-64 baseline; the
+# entry point on every machine), and $(BIN)/apiary-x86-64-v3 (AVX2, FMA, F16C:
+# several times faster), which workers run when the CPU has x86-64-v3 (see
+# internal/cpuvariant). Both are -O3 -DNDEBUG, as llama.cpp's own Release
+# build: the package's cgo directives alone leave -O2 with asserts on.
+OPT_FLAGS := -O3 -DNDEBUG
+V3_FLAGS := $(OPT_FLAGS) -march=x86-64-v3
+GOARCH_HOST := $(shell $(GO) env GOARCH)
+VARIANT_VAR := github.com/apiary-llm/apiary/internal/cpuvariant.Name
+BIN ?= bin
+
+# Tests compile llama.cpp into their own binaries and run them here: they use
+# the v3 flags when this machine has AVX2 (sharing the v3 build's cache).
 HAS_AVX2 := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo yes)
 ifeq ($(HAS_AVX2),yes)
-ARCH_FLAGS := -march=x86-64-v3
+TEST_CGO_FLAGS := $(V3_FLAGS)
+else
+TEST_CGO_FLAGS := $(OPT_FLAGS)
 endif
 
 export CGO_ENABLED := 1
-export CGO_CFLAGS := -O2 $(ARCH_FLAGS)
-export CGO_CXXFLAGS := -O2 $(ARCH_FLAGS)
+export CGO_CFLAGS := $(TEST_CGO_FLAGS)
+export CGO_CXXFLAGS := $(TEST_CGO_FLAGS)
 export CGO_CPPFLAGS = -I$(CGO_INCLUDE) -I$(OLLAMA_DIR)/llama/llama.cpp/include -I$(OLLAMA_DIR)/ml/backend/ggml/ggml/include
 
 TEST_FLAGS ?= -count=1 -timeout 60m
@@ -41,25 +56,32 @@ cgo-include:
 	@$(GO) mod download $(OLLAMA_MOD)
 
 build: cgo-include
-	$(GO) build -o bin/apiary ./cmd/apiary
+ifeq ($(GOARCH_HOST),amd64)
+	CGO_CFLAGS="$(OPT_FLAGS)" CGO_CXXFLAGS="$(OPT_FLAGS)" \
+		$(GO) build -ldflags "-X $(VARIANT_VAR)=portable" -o $(BIN)/apiary ./cmd/apiary
+	CGO_CFLAGS="$(V3_FLAGS)" CGO_CXXFLAGS="$(V3_FLAGS)" \
+		$(GO) build -ldflags "-X $(VARIANT_VAR)=x86-64-v3" -o $(BIN)/apiary-x86-64-v3 ./cmd/apiary
+else
+	CGO_CFLAGS="$(OPT_FLAGS)" CGO_CXXFLAGS="$(OPT_FLAGS)" $(GO) build -o $(BIN)/apiary ./cmd/apiary
+endif
 
 # Packages free of cgo also run under the race detector (the llama.cpp
 # packages would need a second cold C++ build for it).
 RACE_PKGS = $(shell $(GO) list -f '{{if not .CgoFiles}}{{$$cgo := false}}{{range .Deps}}{{if eq . "$(OLLAMA_MOD)/llama"}}{{$$cgo = true}}{{end}}{{end}}{{if not $$cgo}}{{.ImportPath}}{{end}}{{end}}' ./...)
 
 test: deps build
-	APIARY_BIN=$(CURDIR)/bin/apiary $(GO) test $(TEST_FLAGS) ./...
-	APIARY_BIN=$(CURDIR)/bin/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
+	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...
+	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
 
 demo: deps build
 	@./scripts/demo.sh
 
 bench: deps build
-	APIARY_BIN=$(CURDIR)/bin/apiary $(GO) test -run '^$$' -bench . -benchtime 3x ./...
+	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -run '^$$' -bench . -benchtime 3x ./...
 
 # Generation speed through the worker's HTTP API vs the engine in-process.
 bench-worker: deps build
-	APIARY_BIN=$(CURDIR)/bin/apiary $(GO) test -run '^$$' -bench WorkerHTTPvsInProcess -benchtime 8x -timeout 30m ./internal/llamacpp/
+	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -run '^$$' -bench WorkerHTTPvsInProcess -benchtime 8x -timeout 30m ./internal/llamacpp/
 
 clean:
 	rm -rf bin

@@ -200,7 +200,10 @@ the same file.`,
 	fl := cmd.Flags()
 	fl.Int64Var(&opts.Seed, "seed", 1, "seed of the random weights (0 means 1)")
 	fl.IntVar(&opts.Layers, "layers", 2, fmt.Sprintf("transformer blocks, 1 to %d", testmodel.MaxLayers))
-	fl.IntVar(&opts.Dim, "dim", 64, fmt.Sprintf("embedding length, a multiple of %d from %d to %d", testmodel.Heads, testmodel.MinDim, testmodel.MaxDim))
+	fl.IntVar(&opts.Dim, "dim", 64, fmt.Sprintf("embedding length from %d to %d, a multiple of 2 × heads", testmodel.MinDim, testmodel.MaxDim))
+	fl.IntVar(&opts.Heads, "heads", testmodel.Heads, fmt.Sprintf("attention heads, 1 to %d", testmodel.MaxHeads))
+	fl.IntVar(&opts.FF, "ff", 0, fmt.Sprintf("feed-forward length, 1 to %d; 0: %d × dim", testmodel.MaxFF, testmodel.FeedForwardFactor))
+	fl.IntVar(&opts.Vocab, "vocab", testmodel.VocabSize, fmt.Sprintf("tokens, %d (bytes and printable characters) to %d (and pairs of them)", testmodel.VocabSize, testmodel.MaxVocab))
 	fl.BoolVar(&force, "force", false, "replace an existing file")
 	return cmd
 }

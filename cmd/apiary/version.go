@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"os"
 
+	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/version"
 	"github.com/spf13/cobra"
 )
@@ -10,10 +12,29 @@ import (
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version",
-		Args:  cobra.NoArgs,
+		Short: "Print the version, and the CPU build workers run here",
+		Long: `Print the version on the first line, then which build of apiary runs
+llama.cpp on this machine (portable, or x86-64-v3 when the CPU has AVX2, FMA
+and F16C and bin/apiary-x86-64-v3 is beside this binary) and why.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprintln(cmd.OutOrStdout(), version.Version)
+			out := cmd.OutOrStdout()
+			if _, err := fmt.Fprintln(out, version.Version); err != nil {
+				return err
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			c, err := cpuvariant.Choose(exe)
+			if err != nil {
+				return usagef("%w", err)
+			}
+			variant := c.Variant
+			if variant == "" {
+				variant = "unnamed"
+			}
+			_, err = fmt.Fprintf(out, "workers: %s build, %s (%s)\n", variant, c.Path, c.Reason)
 			return err
 		},
 	}

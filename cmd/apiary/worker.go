@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/llamacpp"
 	"github.com/apiary-llm/apiary/internal/worker"
@@ -100,6 +102,20 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	}
 	logger := slog.New(handler)
 
+	// llama.cpp runs in the build made for this CPU: the portable binary
+	// becomes the x86-64-v3 one here when it can (same pid and arguments).
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("worker: find own executable: %w", err)
+	}
+	variant, err := cpuvariant.Choose(exe)
+	if err != nil {
+		return usagef("worker: %w", err)
+	}
+	if err := cpuvariant.Exec(variant, exe); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+
 	cfg := worker.Config{
 		WorkerID:      f.workerID,
 		ModelPath:     f.model,
@@ -116,7 +132,9 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 			GPUDevice: f.gpuDevice,
 			GPULayers: f.gpuLayers,
 		},
-		Logger: logger,
+		CPUBuild:       variant.Variant,
+		CPUBuildReason: variant.Reason,
+		Logger:         logger,
 	}
 	load := func(ctx context.Context, opts engine.Options, log *slog.Logger) (engine.Engine, error) {
 		return llamacpp.Load(ctx, opts, log)

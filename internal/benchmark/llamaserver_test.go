@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/gguf"
 )
 
@@ -140,9 +141,18 @@ func BenchmarkLlamaServer(b *testing.B) {
 	lsVersion := strings.Join(strings.Fields(firstLines(commandOutput(lsBin, "--version"), 2)), " ")
 	nameB, binB, argsB, extraB, versionB := "apiary", apiaryBin, apiaryArgs, map[string]any(nil), ""
 	if mode == "apiary" {
-		versionB = fmt.Sprintf("apiary %s (%s), llama.cpp vendored in github.com/ollama/ollama %s, built with %s",
-			strings.TrimSpace(commandOutput(apiaryBin, "version")), sourceOf(apiaryBin),
-			ollamaVersion(), cgoFlags(apiaryBin))
+		// The worker runs the x86-64-v3 build beside apiary when this
+		// CPU has it (internal/cpuvariant); its flags are the ones that
+		// count.
+		workerBin := apiaryBin
+		if v3 := apiaryBin + "-" + cpuvariant.V3; cpuvariant.SupportsV3() && os.Getenv(cpuvariant.Env) == "" {
+			if _, err := os.Stat(v3); err == nil {
+				workerBin = v3
+			}
+		}
+		versionB = fmt.Sprintf("apiary %s (%s), worker %s, llama.cpp vendored in github.com/ollama/ollama %s, built with %s",
+			strings.TrimSpace(firstLines(commandOutput(apiaryBin, "version"), 1)), sourceOf(apiaryBin), filepath.Base(workerBin),
+			ollamaVersion(), cgoFlags(workerBin))
 	} else {
 		nameB, binB, argsB, extraB, versionB = "llama-server-2", lsBin, llamaServerArgs, map[string]any{"cache_prompt": false}, lsVersion
 	}

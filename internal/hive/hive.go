@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/version"
 )
@@ -68,7 +69,13 @@ func New(cfg Config) (*Hive, error) {
 		if err != nil {
 			return nil, fmt.Errorf("hive: find own executable for workers: %w", err)
 		}
-		cfg.WorkerPath = exe
+		// Workers run the build of apiary made for this CPU (the worker
+		// would switch to it itself; starting it directly saves an exec).
+		c, err := cpuvariant.Choose(exe)
+		if err != nil {
+			return nil, fmt.Errorf("hive: %w", err)
+		}
+		cfg.WorkerPath = c.Path
 	}
 	if cfg.WorkerHost == "" {
 		host, _, _ := net.SplitHostPort(cfg.Addr)

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -131,8 +132,14 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit engine.E
 	}
 }
 
-// run is the decode loop: it owns the llama.cpp context for the engine's life.
+// run is the decode loop: it owns the llama.cpp context for the engine's
+// life. It keeps one OS thread: that thread is ggml's compute thread 0 in
+// every decode, beside the threadpool's, so it stays the same thread (its
+// caches, its place in the kernel's scheduler) from token to token rather
+// than whichever thread the Go scheduler hands the goroutine next.
 func (e *Engine) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	defer close(e.done)
 	active := make([]*sequence, e.slots)
 	batch := C.llama_batch_init(C.int32_t(e.batchSize), 0, 1)

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
@@ -284,6 +285,17 @@ func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testin
 	q.infer(t, "n1")
 	if got := q.runningPools(t); got["n1"] != 1 || got["n2"] != 0 {
 		t.Errorf("after infer --node n1, running workers by pool: %v, want one on n1", got)
+	}
+	// The node got apiary's x86-64-v3 build beside apiary, and its worker
+	// runs the build for its CPU.
+	w1 := testbin.AwaitProcess(t, nodeMarker(1), " worker ")
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", w1))
+	want := filepath.Join(nodeDir(1), "bin", "apiary")
+	if cpuvariant.SupportsV3() {
+		want += "-" + cpuvariant.V3
+	}
+	if err != nil || exe != want {
+		t.Errorf("worker on n1 runs %q (%v), want %s", exe, err, want)
 	}
 	q.infer(t, "n2")
 	if got := q.runningPools(t); got["n1"] != 1 || got["n2"] != 1 {

@@ -12,6 +12,8 @@ import (
 	"os"
 	"runtime"
 	"strings"
+
+	"github.com/apiary-llm/apiary/internal/cpuvariant"
 )
 
 // The scripts below are constants; their only inputs are positional
@@ -34,15 +36,30 @@ if [ -x "$d/apiary" ]; then
     echo "sha256=$(sha256sum < "$d/apiary" | cut -d ' ' -f 1)"
   fi
 fi
+if [ -x "$d/` + v3Name + `" ]; then
+  echo "v3=yes"
+  if command -v sha256sum >/dev/null 2>&1; then
+    echo "sha256_v3=$(sha256sum < "$d/` + v3Name + `" | cut -d ' ' -f 1)"
+  fi
+fi
 `
 
+// v3Name is the x86-64-v3 build's file name beside apiary (see
+// internal/cpuvariant): a node gets it too, or its workers would run the
+// portable build.
+const v3Name = "apiary-" + cpuvariant.V3
+
+// installScript writes stdin to $d/$2 (apiary or its v3 build, never a
+// user's word); installing apiary removes the v3 build of the one before,
+// which must not outlive it.
 const installScript = `set -eu
 ` + expandDir + `mkdir -p "$d"
 t="$d/.apiary.tmp.$$"
 trap 'rm -f "$t"' EXIT
 cat > "$t"
 chmod 0755 "$t"
-mv -f "$t" "$d/apiary"
+if [ "$2" = apiary ]; then rm -f "$d/` + v3Name + `"; fi
+mv -f "$t" "$d/$2"
 trap - EXIT
 `
 
@@ -62,6 +79,9 @@ type Probe struct {
 	// Version and SHA256 of the apiary installed at InstallDir; empty when
 	// there is none.
 	Version, SHA256 string
+	// V3 says whether apiary's x86-64-v3 build is there, V3SHA256 its hash.
+	V3       bool
+	V3SHA256 string
 }
 
 // Binary is the local apiary that a node should run.
@@ -71,6 +91,9 @@ type Binary struct {
 	SHA256  string
 	OS      string
 	Arch    string
+	// V3Path and V3SHA256: its x86-64-v3 build beside it, when there is
+	// one (make build links both).
+	V3Path, V3SHA256 string
 }
 
 // LocalBinary describes the apiary at path (this process's executable
@@ -83,16 +106,33 @@ func LocalBinary(path, version string) (Binary, error) {
 		}
 		path = p
 	}
+	sum, err := hashFile(path)
+	if err != nil {
+		return Binary{}, err
+	}
+	b := Binary{Path: path, Version: version, SHA256: sum, OS: runtime.GOOS, Arch: runtime.GOARCH}
+	if cpuvariant.Name == cpuvariant.Portable {
+		if fi, err := os.Stat(path + "-" + cpuvariant.V3); err == nil && fi.Mode().IsRegular() {
+			b.V3Path = path + "-" + cpuvariant.V3
+			if b.V3SHA256, err = hashFile(b.V3Path); err != nil {
+				return Binary{}, err
+			}
+		}
+	}
+	return b, nil
+}
+
+func hashFile(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return Binary{}, fmt.Errorf("sshnode: %w", err)
+		return "", fmt.Errorf("sshnode: %w", err)
 	}
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return Binary{}, fmt.Errorf("sshnode: hash %s: %w", path, err)
+		return "", fmt.Errorf("sshnode: hash %s: %w", path, err)
 	}
-	return Binary{Path: path, Version: version, SHA256: hex.EncodeToString(h.Sum(nil)), OS: runtime.GOOS, Arch: runtime.GOARCH}, nil
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Probe connects to t and reads what the probe script prints. installDir
@@ -133,6 +173,10 @@ func parseProbe(out []byte) Probe {
 			p.Version = v
 		case "sha256":
 			p.SHA256 = v
+		case "v3":
+			p.V3 = v == "yes"
+		case "sha256_v3":
+			p.V3SHA256 = v
 		}
 	}
 	return p
@@ -154,10 +198,14 @@ func goArch(m string) string {
 }
 
 // Installed reports whether the node runs exactly b (same hash; the same
-// version when the node has no sha256sum).
+// version when the node has no sha256sum), with b's x86-64-v3 build
+// beside it when b has one and none when b has none.
 func (p Probe) Installed(b Binary) bool {
+	if p.V3 != (b.V3Path != "") {
+		return false
+	}
 	if p.SHA256 != "" {
-		return p.SHA256 == b.SHA256
+		return p.SHA256 == b.SHA256 && p.V3SHA256 == b.V3SHA256
 	}
 	return p.Version != "" && p.Version == b.Version
 }
@@ -188,13 +236,13 @@ func (c Client) Ensure(ctx context.Context, t Target, installDir string, b Binar
 		}
 		return p, false, &Error{Kind: ErrMissingBinary, Target: t, Hint: hint}
 	}
-	f, err := os.Open(b.Path)
-	if err != nil {
-		return p, false, fmt.Errorf("sshnode: %w", err)
-	}
-	defer f.Close()
-	if _, err := c.Run(ctx, t, RemoteCommand(installScript, installDir), f); err != nil {
+	if err := c.install(ctx, t, installDir, b.Path, "apiary"); err != nil {
 		return p, false, fmt.Errorf("copy apiary to %s:%s: %w", t, p.InstallDir, err)
+	}
+	if b.V3Path != "" {
+		if err := c.install(ctx, t, installDir, b.V3Path, v3Name); err != nil {
+			return p, true, fmt.Errorf("copy %s to %s:%s: %w", v3Name, t, p.InstallDir, err)
+		}
 	}
 	after, err := c.Probe(ctx, t, installDir)
 	if err != nil {
@@ -205,6 +253,18 @@ func (c Client) Ensure(ctx context.Context, t Target, installDir string, b Binar
 			Hint: fmt.Sprintf("copied apiary to %s but it does not run there (version %q)", after.InstallDir, after.Version)}
 	}
 	return after, true, nil
+}
+
+// install copies the local file at path to the node's install dir as
+// name.
+func (c Client) install(ctx context.Context, t Target, installDir, path, name string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("sshnode: %w", err)
+	}
+	defer f.Close()
+	_, err = c.Run(ctx, t, RemoteCommand(installScript, installDir, name), f)
+	return err
 }
 
 // ApiaryCommand is the remote command that runs `apiary ARGS…` from the

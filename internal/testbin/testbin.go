@@ -1,10 +1,8 @@
 // Package testbin gives tests the real apiary binary: $APIARY_BIN when set
-// (make test sets it), else one build per test binary with the Makefile's
-// cgo flags. A failed build fails the tests that need it; none skips.
+// (make test sets it), else one `make build` per test binary. A failed build fails the tests that need it; none skips.
 package testbin
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -42,6 +40,9 @@ func Cleanup() {
 	}
 }
 
+// build runs `make build` into a temporary directory: the Makefile is the
+// one place that knows the cgo flags and the CPU builds, and the build
+// cache it shares makes this quick after the first time.
 func build() (string, error) {
 	d, err := os.MkdirTemp("", "apiary-test-bin-")
 	if err != nil {
@@ -53,44 +54,10 @@ func build() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("go list -m: %w", err)
 	}
-	modDir := strings.TrimSpace(string(out))
-	env := os.Environ()
-	if os.Getenv("CGO_CPPFLAGS") == "" {
-		out, err := exec.Command(goTool, "list", "-m", "-f", "{{.Dir}}", "github.com/ollama/ollama").Output()
-		if err != nil {
-			return "", fmt.Errorf("locate github.com/ollama/ollama (go mod download): %w", err)
-		}
-		ollama := strings.TrimSpace(string(out))
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", err
-		}
-		include := filepath.Join(home, ".cache", "apiary", "include")
-		stub, err := os.ReadFile(filepath.Join(modDir, "cgo", "include", "miniaudio", "miniaudio.h"))
-		if err != nil {
-			return "", err
-		}
-		if err := os.MkdirAll(filepath.Join(include, "miniaudio"), 0o755); err != nil {
-			return "", err
-		}
-		if have, _ := os.ReadFile(filepath.Join(include, "miniaudio", "miniaudio.h")); !bytes.Equal(have, stub) {
-			if err := os.WriteFile(filepath.Join(include, "miniaudio", "miniaudio.h"), stub, 0o644); err != nil {
-				return "", err
-			}
-		}
-		flags := "-O2"
-		if cpu, _ := os.ReadFile("/proc/cpuinfo"); bytes.Contains(cpu, []byte(" avx2")) {
-			flags += " -march=x86-64-v3" // as the Makefile, so the build cache is shared
-		}
-		env = append(env, "CGO_ENABLED=1", "CGO_CFLAGS="+flags, "CGO_CXXFLAGS="+flags,
-			"CGO_CPPFLAGS=-I"+include+" -I"+ollama+"/llama/llama.cpp/include -I"+ollama+"/ml/backend/ggml/ggml/include")
-	}
-	bin := filepath.Join(d, "apiary")
-	cmd := exec.Command(goTool, "build", "-o", bin, "./cmd/apiary")
-	cmd.Dir = modDir
-	cmd.Env = env
+	cmd := exec.Command("make", "-s", "build", "BIN="+d, "GO="+goTool)
+	cmd.Dir = strings.TrimSpace(string(out))
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/apiary: %w\n%s", err, msg)
+		return "", fmt.Errorf("make build: %w\n%s", err, msg)
 	}
-	return bin, nil
+	return filepath.Join(d, "apiary"), nil
 }

@@ -25,14 +25,15 @@ import (
 	"github.com/apiary-llm/apiary/internal/gguf"
 )
 
-// Fixed hyperparameters of every test model.
+// Hyperparameters of every test model, and the defaults of Options.
 const (
+	// Heads is the default number of attention heads; every model has
+	// as many KV heads as heads (no grouped-query attention).
 	Heads         = 4
-	HeadsKV       = Heads // no grouped-query attention
 	ContextLength = 2048
 	RopeFreqBase  = 10000
 	RMSEpsilon    = 1e-5
-	// FeedForwardFactor times Dim is the feed-forward length.
+	// FeedForwardFactor times Dim is the default feed-forward length.
 	FeedForwardFactor = 4
 	// WeightStdDev is the standard deviation of the random weights; the
 	// norm weights are 1.
@@ -51,6 +52,8 @@ const (
 	MaxLayers = 64
 	MinDim    = 8
 	MaxDim    = 4096
+	MaxHeads  = 128
+	MaxFF     = 4 * MaxDim
 )
 
 // ErrOptions means Options are out of range.
@@ -61,6 +64,12 @@ type Options struct {
 	Seed   int64 // of the random weights; default 1
 	Layers int   // transformer blocks, 1 … MaxLayers; default 2
 	Dim    int   // embedding length, a multiple of Heads in MinDim … MaxDim; default 64
+	Heads  int   // attention heads, 1 … MaxHeads, each of an even size; default 4
+	FF     int   // feed-forward length, 1 … MaxFF; default FeedForwardFactor × Dim
+	// Vocab is the number of tokens, VocabSize … MaxVocab; default
+	// VocabSize. Tokens beyond the byte-level ones are pairs of printable
+	// ASCII characters ("th", "e!" …), which the tokenizer merges.
+	Vocab int
 }
 
 func (o Options) withDefaults() Options {
@@ -73,6 +82,15 @@ func (o Options) withDefaults() Options {
 	if o.Dim == 0 {
 		o.Dim = 64
 	}
+	if o.Heads == 0 {
+		o.Heads = Heads
+	}
+	if o.FF == 0 {
+		o.FF = FeedForwardFactor * o.Dim
+	}
+	if o.Vocab == 0 {
+		o.Vocab = VocabSize
+	}
 	return o
 }
 
@@ -82,10 +100,25 @@ func (o Options) Validate() error {
 	if o.Layers < 1 || o.Layers > MaxLayers {
 		return fmt.Errorf("%w: layers %d is not in 1…%d", ErrOptions, o.Layers, MaxLayers)
 	}
-	if o.Dim < MinDim || o.Dim > MaxDim || o.Dim%Heads != 0 {
-		return fmt.Errorf("%w: dim %d is not a multiple of %d in %d…%d", ErrOptions, o.Dim, Heads, MinDim, MaxDim)
+	if o.Heads < 1 || o.Heads > MaxHeads {
+		return fmt.Errorf("%w: heads %d is not in 1…%d", ErrOptions, o.Heads, MaxHeads)
+	}
+	if o.Dim < MinDim || o.Dim > MaxDim || o.Dim%o.Heads != 0 || (o.Dim/o.Heads)%2 != 0 {
+		return fmt.Errorf("%w: dim %d is not a multiple of %d (2 × heads) in %d…%d", ErrOptions, o.Dim, 2*o.Heads, MinDim, MaxDim)
+	}
+	if o.FF < 1 || o.FF > MaxFF {
+		return fmt.Errorf("%w: feed-forward length %d is not in 1…%d", ErrOptions, o.FF, MaxFF)
+	}
+	if o.Vocab < VocabSize || o.Vocab > MaxVocab {
+		return fmt.Errorf("%w: vocab %d is not in %d…%d", ErrOptions, o.Vocab, VocabSize, MaxVocab)
 	}
 	return nil
+}
+
+// custom reports whether o (with defaults) changes a hyperparameter that
+// models had fixed before it was an option.
+func (o Options) custom() bool {
+	return o.Heads != Heads || o.FF != FeedForwardFactor*o.Dim || o.Vocab != VocabSize
 }
 
 // token types of llama.cpp (enum llama_token_type).
@@ -96,8 +129,9 @@ const (
 	tokenByte    = 6
 )
 
-// vocabulary returns the tokens, their scores and their types.
-func vocabulary() (tokens []string, scores []float32, types []int32) {
+// vocabulary returns the tokens, their scores and their types: the
+// byte-level vocabulary, then n - VocabSize pairs of printable characters.
+func vocabulary(n int) (tokens []string, scores []float32, types []int32) {
 	add := func(tok string, typ int32) {
 		tokens = append(tokens, tok)
 		types = append(types, typ)
@@ -113,9 +147,13 @@ func vocabulary() (tokens []string, scores []float32, types []int32) {
 	for c := '!'; c <= '~'; c++ {
 		add(string(c), tokenNormal)
 	}
-	// Only single characters are in the vocabulary, so the scores never
-	// decide a merge; give normal tokens decreasing ones as real
-	// SentencePiece vocabularies have.
+	for a := '!'; a <= '~' && len(tokens) < n; a++ {
+		for b := '!'; b <= '~' && len(tokens) < n; b++ {
+			add(string([]rune{a, b}), tokenNormal)
+		}
+	}
+	// Normal tokens get decreasing scores, as real SentencePiece
+	// vocabularies have; they decide which pairs merge first.
 	for i, typ := range types {
 		if typ == tokenNormal {
 			scores[i] = -float32(i)
@@ -124,28 +162,38 @@ func vocabulary() (tokens []string, scores []float32, types []int32) {
 	return tokens, scores, types
 }
 
-// VocabSize is the number of tokens of every test model.
-var VocabSize = func() int { t, _, _ := vocabulary(); return len(t) }()
+// VocabSize is the number of tokens of the byte-level vocabulary: the
+// default and least Options.Vocab. MaxVocab adds every pair of printable
+// ASCII characters.
+var (
+	VocabSize = func() int { t, _, _ := vocabulary(0); return len(t) }()
+	MaxVocab  = VocabSize + 94*94
+)
 
 // metadata returns the model's metadata, in the order llama.cpp's
 // converters write it.
 func metadata(o Options) gguf.Metadata {
-	tokens, scores, types := vocabulary()
+	tokens, scores, types := vocabulary(o.Vocab)
 	u32 := func(n int) gguf.Value { return gguf.Uint32(uint32(n)) }
 	var md gguf.Metadata
 	add := func(key string, v gguf.Value) { md = append(md, gguf.KV{Key: key, Value: v}) }
 	add("general.architecture", gguf.String("llama"))
-	add("general.name", gguf.String(fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d)", o.Seed, o.Layers, o.Dim)))
+	name := fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d)", o.Seed, o.Layers, o.Dim)
+	if o.custom() {
+		name = fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d, %d heads, feed-forward %d, vocab %d)",
+			o.Seed, o.Layers, o.Dim, o.Heads, o.FF, o.Vocab)
+	}
+	add("general.name", gguf.String(name))
 	add("general.file_type", gguf.Uint32(0)) // all F32
 	add("llama.vocab_size", u32(len(tokens)))
 	add("llama.context_length", u32(ContextLength))
 	add("llama.embedding_length", u32(o.Dim))
 	add("llama.block_count", u32(o.Layers))
-	add("llama.feed_forward_length", u32(FeedForwardFactor*o.Dim))
-	add("llama.rope.dimension_count", u32(o.Dim/Heads))
+	add("llama.feed_forward_length", u32(o.FF))
+	add("llama.rope.dimension_count", u32(o.Dim/o.Heads))
 	add("llama.rope.freq_base", gguf.Float32(RopeFreqBase))
-	add("llama.attention.head_count", u32(Heads))
-	add("llama.attention.head_count_kv", u32(HeadsKV))
+	add("llama.attention.head_count", u32(o.Heads))
+	add("llama.attention.head_count_kv", u32(o.Heads))
 	add("llama.attention.layer_norm_rms_epsilon", gguf.Float32(RMSEpsilon))
 	add("tokenizer.ggml.model", gguf.String("llama"))
 	add("tokenizer.ggml.tokens", gguf.Array(tokens))
@@ -170,8 +218,8 @@ type tensor struct {
 // order, [columns, rows]: a weight that maps n inputs to m outputs is
 // [n, m].
 func tensors(o Options) []tensor {
-	dim, ff, vocab := uint64(o.Dim), uint64(FeedForwardFactor*o.Dim), uint64(VocabSize)
-	dimKV := dim / Heads * HeadsKV // K and V have HeadsKV heads of dim/Heads
+	dim, ff, vocab := uint64(o.Dim), uint64(o.FF), uint64(o.Vocab)
+	dimKV := dim // K and V have as many heads as Q
 	mk := func(name string, norm bool, shape ...uint64) tensor {
 		return tensor{Tensor: gguf.Tensor{Name: name, Shape: shape, Type: gguf.TypeF32}, norm: norm}
 	}

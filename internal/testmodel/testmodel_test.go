@@ -69,11 +69,11 @@ func TestDefaultModel(t *testing.T) {
 }
 
 func TestTensors(t *testing.T) {
-	for _, o := range []testmodel.Options{{}, {Layers: 3, Dim: 32}, {Layers: 1, Dim: 8}} {
-		t.Run(fmt.Sprintf("layers=%d,dim=%d", o.Layers, o.Dim), func(t *testing.T) {
+	for _, o := range []testmodel.Options{{}, {Layers: 3, Dim: 32}, {Layers: 1, Dim: 8}, {Layers: 1, Dim: 24, Heads: 6, FF: 40, Vocab: 500}} {
+		t.Run(fmt.Sprintf("layers=%d,dim=%d,heads=%d,ff=%d,vocab=%d", o.Layers, o.Dim, o.Heads, o.FF, o.Vocab), func(t *testing.T) {
 			f := parse(t, generate(t, o))
 			layers, dim := or(o.Layers, 2), uint64(or(o.Dim, 64))
-			vocab, ff := uint64(testmodel.VocabSize), 4*dim
+			vocab, ff := uint64(or(o.Vocab, testmodel.VocabSize)), uint64(or(o.FF, 4*int(dim)))
 			want := map[string][]uint64{
 				"token_embd.weight":  {dim, vocab},
 				"output_norm.weight": {dim},
@@ -215,9 +215,9 @@ func TestOptionsValidate(t *testing.T) {
 		{testmodel.Options{Layers: 1, Dim: 8}, ""},
 		{testmodel.Options{Layers: 65}, "testmodel: invalid options: layers 65 is not in 1…64"},
 		{testmodel.Options{Layers: -1}, "testmodel: invalid options: layers -1 is not in 1…64"},
-		{testmodel.Options{Dim: 4}, "testmodel: invalid options: dim 4 is not a multiple of 4 in 8…4096"},
-		{testmodel.Options{Dim: 66}, "testmodel: invalid options: dim 66 is not a multiple of 4 in 8…4096"},
-		{testmodel.Options{Dim: 4100}, "testmodel: invalid options: dim 4100 is not a multiple of 4 in 8…4096"},
+		{testmodel.Options{Dim: 4}, "testmodel: invalid options: dim 4 is not a multiple of 8 (2 × heads) in 8…4096"},
+		{testmodel.Options{Dim: 66}, "testmodel: invalid options: dim 66 is not a multiple of 8 (2 × heads) in 8…4096"},
+		{testmodel.Options{Dim: 4100}, "testmodel: invalid options: dim 4100 is not a multiple of 8 (2 × heads) in 8…4096"},
 	}
 	for _, tt := range tests {
 		err := tt.o.Validate()
@@ -263,5 +263,31 @@ func TestWriteFile(t *testing.T) {
 	}
 	if err := testmodel.WriteFile(path, testmodel.Options{Layers: 100}); !errors.Is(err, testmodel.ErrOptions) {
 		t.Errorf("WriteFile with bad options = %v, want ErrOptions", err)
+	}
+}
+
+// The issue's benchmark shape (embedding 768, 12 heads, feed-forward 2048)
+// at one layer: the options reach the metadata, and the extra tokens are
+// pairs of printable characters after the byte-level vocabulary.
+func TestCustomShape(t *testing.T) {
+	o := testmodel.Options{Layers: 1, Dim: 768, Heads: 12, FF: 2048, Vocab: 4000}
+	f := parse(t, generate(t, o))
+	i := f.Info()
+	if i.HeadCount != 12 || i.HeadCountKV != 12 || i.KeyLength != 64 || i.FeedForwardLength != 2048 || i.VocabSize != 4000 ||
+		i.Name != "apiary test model (seed 1, 1 layers, dim 768, 12 heads, feed-forward 2048, vocab 4000)" {
+		t.Errorf("info %+v", i)
+	}
+	v, _ := f.Metadata.Lookup("tokenizer.ggml.tokens")
+	tokens, _ := v.AsStrings()
+	if len(tokens) != 4000 || tokens[testmodel.VocabSize] != "!!" || tokens[testmodel.VocabSize+94] != "\"!" || tokens[3999] == "" {
+		t.Errorf("extra tokens: %q … %q", tokens[testmodel.VocabSize:testmodel.VocabSize+3], tokens[3996:])
+	}
+	for _, bad := range []testmodel.Options{
+		{Dim: 64, Heads: 3}, {Dim: 64, Heads: 64}, {Heads: testmodel.MaxHeads + 1}, {FF: -1}, {FF: testmodel.MaxFF + 1},
+		{Vocab: testmodel.VocabSize - 1}, {Vocab: testmodel.MaxVocab + 1},
+	} {
+		if err := bad.Validate(); !errors.Is(err, testmodel.ErrOptions) {
+			t.Errorf("%+v: %v, want ErrOptions", bad, err)
+		}
 	}
 }

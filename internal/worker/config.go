@@ -47,6 +47,10 @@ type Config struct {
 	CallbackURL string
 	// LifecycleID is the queen's lifecycle row id; it only appears in logs.
 	LifecycleID string
+	// CPUBuild is the build of apiary this worker runs as (portable,
+	// x86-64-v3; see internal/cpuvariant) and CPUBuildReason why; they
+	// only appear in logs.
+	CPUBuild, CPUBuildReason string
 	// Token authenticates the ready callback and /v1/admin/shutdown. It
 	// comes from TokenEnv.
 	Token string

@@ -159,7 +159,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.addr = ln.Addr()
 	w.mu.Unlock()
 	close(w.listening)
-	w.log.Info("listening", "addr", ln.Addr().String(), "model", w.cfg.ModelRef, "model_path", w.cfg.ModelPath)
+	w.log.Info("listening", "addr", ln.Addr().String(), "model", w.cfg.ModelRef, "model_path", w.cfg.ModelPath,
+		"cpu_build", w.cfg.CPUBuild, "cpu_build_reason", w.cfg.CPUBuildReason)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -1,0 +1,66 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	oai "github.com/openai/openai-go"
+	"github.com/openai/openai-go/option"
+
+	"github.com/apiary-llm/apiary/internal/cpuvariant"
+)
+
+// `make build` links a portable apiary and its x86-64-v3 build beside it;
+// a worker started from the portable one runs as the build for this CPU
+// (same pid), and APIARY_CPU_VARIANT=portable keeps it portable. Both
+// builds serve the model.
+func TestBinaryRunsTheBuildForThisCPU(t *testing.T) {
+	bin := apiaryBin(t)
+	sib := bin + "-" + cpuvariant.V3
+	if _, err := os.Stat(sib); err != nil {
+		t.Fatalf("%s has no %s build beside it (%v): build it with `make build`", bin, cpuvariant.V3, err)
+	}
+	wantAuto, wantAutoExe := cpuvariant.Portable, bin
+	if cpuvariant.SupportsV3() {
+		wantAuto, wantAutoExe = cpuvariant.V3, sib
+	}
+	for _, tc := range []struct {
+		name, env, variant, exe string
+	}{
+		{"by CPU", "", wantAuto, wantAutoExe},
+		{"forced portable", cpuvariant.Env + "=" + cpuvariant.Portable, cpuvariant.Portable, bin},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var env []string
+			if tc.env != "" {
+				env = []string{tc.env}
+			}
+			p, url := startWorkerBinary(t, env)
+			rec := p.waitLog(t, "listening", nil)
+			exe, err := os.Readlink("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/exe")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec["cpu_build"] != tc.variant || filepath.Clean(exe) != filepath.Clean(tc.exe) {
+				t.Errorf("worker runs %s as %v (%v), want %s as %s", exe, rec["cpu_build"], rec["cpu_build_reason"], tc.exe, tc.variant)
+			}
+			client := newOpenAIClient(url)
+			got, err := client.Completions.New(t.Context(), oai.CompletionNewParams{
+				Model: "tiny", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("Once upon a time")},
+				MaxTokens: oai.Int(16), Temperature: oai.Float(0),
+			}, option.WithJSONSet("ignore_eos", true))
+			if err != nil || len(got.Choices) != 1 || got.Usage.CompletionTokens != 16 || got.Choices[0].Text == "" {
+				t.Fatalf("completion on the %s build: %+v %v", tc.variant, got, err)
+			}
+			t.Logf("%s build: %q", tc.variant, got.Choices[0].Text)
+		})
+	}
+
+	p := startApiary(t, []string{cpuvariant.Env + "=avx512"}, "worker", "--model", testModelPath(t), "--port", "0")
+	if code := p.exitCode(t); code != 2 || !strings.Contains(p.output(), `APIARY_CPU_VARIANT="avx512"`) {
+		t.Errorf("bad %s: exit %d, stderr:\n%s", cpuvariant.Env, code, p.output())
+	}
+}
