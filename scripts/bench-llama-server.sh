@@ -48,7 +48,9 @@
 #                    generates, does not fit a 512 context; llama-bench, which
 #                    sizes its own context, takes 512)
 #   BENCH_MODEL      use this GGUF instead of making one
-#   BENCH_DIM, BENCH_LAYERS  shape of the generated model (768, 12)
+#   BENCH_DIM, BENCH_LAYERS, BENCH_HEADS, BENCH_FF, BENCH_VOCAB
+#                    shape of the generated model (768, 12, 12, 2048, 4000:
+#                    91.1 M parameters, the model)
 #   BENCH_DOCS       markdown file to update (docs/benchmarks.md)
 #   APIARY_BIN       apiary binary (bin/apiary, built with `make build`)
 set -euo pipefail
@@ -61,6 +63,10 @@ LS_BIN=$LS_DIR/bin
 MODEL_DIR=$CACHE/bench-models
 BENCH_DIM=${BENCH_DIM:-768}
 BENCH_LAYERS=${BENCH_LAYERS:-12}
+BENCH_HEADS=${BENCH_HEADS:-12}
+BENCH_FF=${BENCH_FF:-2048}
+BENCH_VOCAB=${BENCH_VOCAB:-4000}
+MODEL_SHAPE=d${BENCH_DIM}-l${BENCH_LAYERS}-h${BENCH_HEADS}-ff${BENCH_FF}-v${BENCH_VOCAB}
 APIARY_BIN=${APIARY_BIN:-$ROOT/bin/apiary}
 BENCH_DOCS=${BENCH_DOCS:-$ROOT/docs/benchmarks.md}
 JOBS=$(nproc)
@@ -145,7 +151,7 @@ build() {
 
 # model_path prints the benchmark model's path.
 model_path() {
-  if [ -n "${BENCH_MODEL:-}" ]; then echo "$BENCH_MODEL"; else echo "$MODEL_DIR/testmodel-d${BENCH_DIM}-l${BENCH_LAYERS}-q8_0.gguf"; fi
+  if [ -n "${BENCH_MODEL:-}" ]; then echo "$BENCH_MODEL"; else echo "$MODEL_DIR/testmodel-${MODEL_SHAPE}-q8_0.gguf"; fi
 }
 
 # model makes the benchmark model: an F32 llama test model from
@@ -158,10 +164,11 @@ model() {
   [ -x "$APIARY_BIN" ] || die "no apiary binary at $APIARY_BIN: run \`make build\` (or set APIARY_BIN)"
   build
   mkdir -p "$MODEL_DIR"
-  local f32="$MODEL_DIR/testmodel-d${BENCH_DIM}-l${BENCH_LAYERS}-f32.gguf"
+  local f32="$MODEL_DIR/testmodel-${MODEL_SHAPE}-f32.gguf"
   if [ ! -f "$f32" ]; then
     log "generating $f32"
-    "$APIARY_BIN" models testmodel "$f32" --dim "$BENCH_DIM" --layers "$BENCH_LAYERS" >&2
+    "$APIARY_BIN" models testmodel "$f32" --dim "$BENCH_DIM" --layers "$BENCH_LAYERS" \
+      --heads "$BENCH_HEADS" --ff "$BENCH_FF" --vocab "$BENCH_VOCAB" >&2
   fi
   log "quantizing to q8_0"
   "$LS_BIN/llama-quantize" "$f32" "$out.tmp" q8_0 >"$MODEL_DIR/quantize.log" 2>&1 ||

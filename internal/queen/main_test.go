@@ -238,7 +238,7 @@ func (f *fakeHive) waitStop(t testing.TB) string {
 
 // tq is a queen under test, in this process.
 type tq struct {
-	t    *testing.T
+	t    testing.TB
 	q    *Queen
 	url  string
 	cfg  Config
@@ -249,7 +249,7 @@ type tq struct {
 
 // startQueen runs a queen on b's fresh database (or, with cfg.DataDir or
 // cfg.DatabaseURL set by a mod, on that one) with a fake hive.
-func startQueen(t *testing.T, dataDir, url string, mods ...func(*Config)) *tq {
+func startQueen(t testing.TB, dataDir, url string, mods ...func(*Config)) *tq {
 	t.Helper()
 	logs := newLogWatch()
 	cfg := Config{Addr: "127.0.0.1:0", DataDir: dataDir, DatabaseURL: url, HeartbeatTimeout: 10 * time.Second,
@@ -396,7 +396,7 @@ func worker(id, lifecycleID, status string) api.Worker {
 		URI: "http://127.0.0.1:8001", VRAMBytes: 1 << 20, StartedAt: time.Now().UTC()}
 }
 
-func sqliteDir(t *testing.T) string { return filepath.Join(t.TempDir(), "queen") }
+func sqliteDir(t testing.TB) string { return filepath.Join(t.TempDir(), "queen") }
 
 // startOn runs a test queen on a fresh database of b.
 func startOn(t *testing.T, b backend, mods ...func(*Config)) *tq {

@@ -55,7 +55,7 @@ var tinyModel = api.Model{Ref: "tiny", SizeBytes: 1 << 20, ModifiedAt: time.Date
 
 // routeQueen runs an in-process queen whose fake hives have the models
 // models gives by endpoint.
-func routeQueen(t *testing.T, models map[string][]api.Model, mods ...func(*Config)) (*tq, *modelHive) {
+func routeQueen(t testing.TB, models map[string][]api.Model, mods ...func(*Config)) (*tq, *modelHive) {
 	t.Helper()
 	var mh *modelHive
 	mods = append([]func(*Config){func(c *Config) {
@@ -102,7 +102,7 @@ type fakeWorker struct {
 	stream func(r *http.Request, send func(data string) error, hijack func())
 }
 
-func newFakeWorker(t *testing.T, stream func(r *http.Request, send func(string) error, hijack func())) *fakeWorker {
+func newFakeWorker(t testing.TB, stream func(r *http.Request, send func(string) error, hijack func())) *fakeWorker {
 	fw := &fakeWorker{stream: stream}
 	fw.Server = httptest.NewServer(http.HandlerFunc(fw.serve))
 	t.Cleanup(fw.Close)

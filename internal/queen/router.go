@@ -320,15 +320,15 @@ func (r *router) usableLocked(cands []candidate, now time.Time) []candidate {
 }
 
 // release hands a lease's slot back and gives it to a waiter; broken
-// marks the worker as one that failed the request's connection.
+// marks the worker as one that failed the request's connection. The slot
+// may go to a request for the model on any pool, or to one pinned to the
+// worker's pool; the workers are looked up only when one waits (the slot
+// is freed and the queues read in one critical section, so a request
+// that queues meanwhile dispatches itself).
 func (r *router) release(l lease, broken bool) {
-	// The slot may go to a request for the model on any pool, or to one
-	// pinned to the worker's pool.
-	targets := []target{{l.model, ""}, {l.model, l.cand.key.pool}}
-	cands := [][]candidate{r.source(targets[0]), r.source(targets[1])}
+	targets := [2]target{{l.model, ""}, {l.model, l.cand.key.pool}}
 	now := time.Now()
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if n := r.inflight[l.cand.key] - 1; n > 0 {
 		r.inflight[l.cand.key] = n
 	} else {
@@ -343,8 +343,17 @@ func (r *router) release(l lease, broken bool) {
 		r.broken[l.cand.key] = now.Add(brokenFor)
 		r.aff.forget(l.cand.key)
 	}
+	waiting := [2]bool{len(r.queues[targets[0]]) > 0, len(r.queues[targets[1]]) > 0}
+	r.mu.Unlock()
 	for i, t := range targets {
-		r.dispatchLocked(t, r.usableLocked(cands[i], now), now)
+		if !waiting[i] {
+			continue
+		}
+		cands := r.source(t)
+		now := time.Now()
+		r.mu.Lock()
+		r.dispatchLocked(t, r.usableLocked(cands, now), now)
+		r.mu.Unlock()
 	}
 }
 

@@ -84,7 +84,8 @@ func (rt *routing) poke() {
 func (q *Queen) candidates(t target) []candidate {
 	var pools []registry.Pool
 	if t.pool == "" {
-		pools = q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}})
+		// Only the pools with a worker of the model are copied out.
+		pools = q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}, Model: t.model})
 	} else if p, ok := q.reg.Get(t.pool); ok && p.Status == registry.Healthy {
 		pools = []registry.Pool{p}
 	}
