@@ -13,8 +13,10 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,6 +27,12 @@ import (
 	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
+
+// workerCPUsEnv pins the benchmark's hive and workers to these CPUs
+// (taskset's list), e.g. APIARY_BENCH_WORKER_CPUS=0 with
+// `taskset -c 1 go test …`, to measure the relay without the queen taking
+// the worker's CPU.
+const workerCPUsEnv = "APIARY_BENCH_WORKER_CPUS"
 
 // benchCluster runs a queen and a hive as processes for a benchmark.
 func benchCluster(b *testing.B, queenArgs []string, hiveArgs ...string) (qURL string, admin *keeper.Client, q *proc) {
@@ -43,6 +51,14 @@ func benchCluster(b *testing.B, queenArgs []string, hiveArgs ...string) (qURL st
 	hive := startProc(b, "hive", nil, append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",
 		"--data-dir", filepath.Join(dir, "hive"), "--heartbeat-interval", "1s", "--worker-ports", "24000-24999", "--worker-threads", "1"}, hiveArgs...)...)
 	q.logs.wait(b, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
+	if cpus := os.Getenv(workerCPUsEnv); cpus != "" {
+		// The hive's threads, and so the workers it spawns, on their own
+		// CPUs: run the benchmark itself (client and queen) under
+		// `taskset -c` on the others to keep the queen off the worker's.
+		if out, err := exec.Command("taskset", "-a", "-c", "-p", cpus, strconv.Itoa(hive.cmd.Process.Pid)).CombinedOutput(); err != nil {
+			b.Fatalf("%s=%s: taskset: %v %s", workerCPUsEnv, cpus, err, out)
+		}
+	}
 	b.Cleanup(func() {
 		_ = hive.stop(b, syscall.SIGTERM)
 		_ = q.stop(b, syscall.SIGTERM)

@@ -49,7 +49,14 @@ type proc struct {
 // is killed when the test ends if it is still running.
 func startApiary(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(apiaryBin(t), args...), exited: make(chan struct{}), notify: make(chan struct{}, 1)}
+	return startCommand(t, env, apiaryBin(t), args...)
+}
+
+// startCommand runs name with args (apiary, or apiary under an emulator)
+// and collects its stderr as startApiary does.
+func startCommand(t *testing.T, env []string, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(name, args...), exited: make(chan struct{}), notify: make(chan struct{}, 1)}
 	p.cmd.Env = append(os.Environ(), env...)
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
