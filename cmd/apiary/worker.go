@@ -26,6 +26,7 @@ type workerFlags struct {
 	gpuLayers     int
 	host          string
 	port          int
+	listenFD      int
 	callbackURL   string
 	lifecycleID   string
 	ctxSize       int
@@ -62,6 +63,7 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.IntVar(&f.gpuLayers, "gpu-layers", 0, "layers to offload to the GPU; 0 offloads all")
 	fl.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fl.IntVar(&f.port, "port", 0, "port to listen on; 0 picks a free one (logged, and reported in the ready callback)")
+	fl.IntVar(&f.listenFD, "listen-fd", 0, "serve on this inherited listening socket (a hive binds the port and passes it) instead of binding --host and --port")
 	fl.StringVar(&f.callbackURL, "callback-url", "", "URL to POST the ready callback to; none: serve standalone")
 	fl.StringVar(&f.lifecycleID, "lifecycle-id", "", "the queen's lifecycle id of this worker, for logs")
 	fl.IntVar(&f.ctxSize, "ctx-size", 0, "total context in tokens, shared by the slots; 0: the model's, at most 4096 per slot")
@@ -116,10 +118,20 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 
+	addr := net.JoinHostPort(f.host, strconv.Itoa(f.port))
+	var ln net.Listener
+	if f.listenFD != 0 {
+		if ln, err = inheritedListener(f.listenFD, f.port); err != nil {
+			return usagef("worker: %w", err)
+		}
+		addr = ln.Addr().String()
+	}
+
 	cfg := worker.Config{
 		WorkerID:      f.workerID,
 		ModelPath:     f.model,
-		Addr:          net.JoinHostPort(f.host, strconv.Itoa(f.port)),
+		Addr:          addr,
+		Listener:      ln,
 		CallbackURL:   f.callbackURL,
 		LifecycleID:   f.lifecycleID,
 		Token:         os.Getenv(worker.TokenEnv),
@@ -140,6 +152,9 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		return llamacpp.Load(ctx, opts, log)
 	}
 	w, err := worker.New(cfg, load)
+	if err != nil && ln != nil {
+		ln.Close()
+	}
 	if errors.Is(err, worker.ErrInvalidConfig) {
 		return usagef("%w", err)
 	}
@@ -147,4 +162,29 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		return err
 	}
 	return w.Run(ctx)
+}
+
+// inheritedListener turns fd, a listening TCP socket this process
+// inherited, into a net.Listener; port, when not 0, is the port it must be
+// bound to.
+func inheritedListener(fd, port int) (net.Listener, error) {
+	if fd < 3 {
+		return nil, fmt.Errorf("--listen-fd %d: descriptors 0-2 are standard input and output; an inherited socket is 3 or above", fd)
+	}
+	file := os.NewFile(uintptr(fd), "listen-fd")
+	ln, err := net.FileListener(file)
+	file.Close()
+	if err != nil {
+		return nil, fmt.Errorf("--listen-fd %d is not a listening socket this process inherited: %w", fd, err)
+	}
+	tcp, ok := ln.Addr().(*net.TCPAddr)
+	if !ok {
+		ln.Close()
+		return nil, fmt.Errorf("--listen-fd %d is a %s socket, not TCP", fd, ln.Addr().Network())
+	}
+	if port != 0 && tcp.Port != port {
+		ln.Close()
+		return nil, fmt.Errorf("--listen-fd %d listens on %s, but --port says %d", fd, tcp, port)
+	}
+	return ln, nil
 }

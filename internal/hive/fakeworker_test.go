@@ -39,6 +39,7 @@ import (
 //	slow=D           each completion takes D
 //	health-fail=N    the first N /health checks after the callback answer 500
 //	hold             the grandchild role: sleep holding inherited files
+//	start-delay=D    waits D before it takes its socket
 const fakeWorkerEnv = "APIARY_FAKE_WORKER"
 
 type fakeWorker struct {
@@ -77,6 +78,7 @@ func fakeWorkerMain(spec string, args []string) int {
 	_ = fs.Int("gpu-device", 0, "")
 	port := fs.Int("port", 0, "")
 	host := fs.String("host", "127.0.0.1", "")
+	listenFD := fs.Int("listen-fd", 0, "")
 	cbURL := fs.String("callback-url", "", "")
 	_ = fs.String("lifecycle-id", "", "")
 	_ = fs.Int("ctx-size", 0, "")
@@ -93,7 +95,19 @@ func fakeWorkerMain(spec string, args []string) int {
 		go func() { <-sigs; fw.shutdown() }()
 	}
 
-	ln, err := net.Listen("tcp", net.JoinHostPort(*host, strconv.Itoa(*port)))
+	if d, ok := fw.behave["start-delay"]; ok {
+		pause, _ := time.ParseDuration(d)
+		time.Sleep(pause)
+	}
+	var ln net.Listener
+	var err error
+	if *listenFD != 0 {
+		f := os.NewFile(uintptr(*listenFD), "listen-fd")
+		ln, err = net.FileListener(f)
+		f.Close()
+	} else {
+		ln, err = net.Listen("tcp", net.JoinHostPort(*host, strconv.Itoa(*port)))
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fake worker:", err)
 		return 1

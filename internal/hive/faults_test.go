@@ -2,6 +2,7 @@ package hive
 
 import (
 	"bufio"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -53,6 +54,35 @@ func TestSpawnReadyStop(t *testing.T) {
 	if gpus.GPUs[0].AllocatedBytes != 0 || gpus.GPUs[0].ReservedBytes != 0 {
 		t.Errorf("memory not released: %+v", gpus.GPUs[0])
 	}
+	portFree(t, w.URI)
+}
+
+// The hive binds the worker's port and hands the socket over (--listen-fd):
+// from admission on, no other process can take the port, even while the
+// worker is slow to start; once the worker is gone the port is free, so
+// the hive kept no copy.
+func TestSpawnPortHeldUntilWorkerTakesIt(t *testing.T) {
+	th := startHive(t, withFake("start-delay=300ms"))
+	id := th.start()
+	w := th.worker(id)
+	if w.Status != "starting" {
+		t.Fatalf("worker %+v, want starting", w)
+	}
+	if ln, err := net.Listen("tcp", strings.TrimPrefix(w.URI, "http://")); err == nil {
+		ln.Close()
+		t.Fatalf("port of starting worker %s could be taken by another process", w.URI)
+	}
+	th.rec.wait(t, id, lifecycle.Ready)
+	resp, err := http.Get(w.URI + "/health")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("worker on its inherited socket: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if code := th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{}, nil); code != http.StatusAccepted {
+		t.Fatalf("stop: %d", code)
+	}
+	th.rec.wait(t, id, lifecycle.Stopped)
+	th.gone(id)
 	portFree(t, w.URI)
 }
 

@@ -47,9 +47,10 @@ func (r *registry) heldLocked(id int) held {
 	return h
 }
 
-// admit checks that w's estimate fits its device, takes a free port in
-// [min, max] on host (probing it by binding) and adds w as starting. It
-// fails once the hive is closing.
+// admit checks that w's estimate fits its device, binds a free port in
+// [min, max] on host for it (w.listener, which the worker inherits: no
+// other process can take the port between this check and the worker's
+// start) and adds w as starting. It fails once the hive is closing.
 func (r *registry) admit(w *worker, host string, portMin, portMax int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -59,19 +60,19 @@ func (r *registry) admit(w *worker, host string, portMin, portMax int) error {
 	if err := checkFit(w.device, r.heldLocked(w.device.ID), w.estimate); err != nil {
 		return err
 	}
-	port, err := r.takePortLocked(host, portMin, portMax)
+	ln, port, err := r.takePortLocked(host, portMin, portMax)
 	if err != nil {
 		return err
 	}
-	w.port = port
+	w.port, w.listener = port, ln
 	w.hold = held{reserved: w.estimate}
 	r.live[w.id] = w
 	return nil
 }
 
-// takePortLocked walks the range from where it last stopped and returns the
-// first port no worker holds that can be bound right now.
-func (r *registry) takePortLocked(host string, portMin, portMax int) (int, error) {
+// takePortLocked walks the range from where it last stopped and binds the
+// first port no worker holds that is free.
+func (r *registry) takePortLocked(host string, portMin, portMax int) (*net.TCPListener, int, error) {
 	n := portMax - portMin + 1
 	for range n {
 		p := r.nextPort
@@ -86,11 +87,10 @@ func (r *registry) takePortLocked(host string, portMin, portMax int) (int, error
 		if err != nil {
 			continue // in use by someone else: try the next
 		}
-		ln.Close()
 		r.ports[p] = true
-		return p, nil
+		return ln.(*net.TCPListener), p, nil
 	}
-	return 0, fmt.Errorf("%w: %d-%d", ErrNoFreePort, portMin, portMax)
+	return nil, 0, fmt.Errorf("%w: %d-%d", ErrNoFreePort, portMin, portMax)
 }
 
 // publish stores a worker's snapshot and memory hold.
@@ -110,6 +110,7 @@ func (r *registry) remove(w *worker) {
 	}
 	delete(r.live, w.id)
 	delete(r.ports, w.port)
+	w.closeListener()
 	w.hold = held{}
 	r.recent = append(r.recent, w)
 	if len(r.recent) > recentMax {

@@ -122,6 +122,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		"--gpu-device", strconv.Itoa(workerDevice(dev)),
 		"--port", strconv.Itoa(w.port),
 		"--host", h.cfg.WorkerHost,
+		"--listen-fd", "3", // w.listener, ExtraFiles[0]
 		"--callback-url", h.callbackURL(),
 	)
 	if req.LifecycleID != "" {
@@ -141,9 +142,20 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 
 	w.spawnedAt = time.Now()
 	w.m = lifecycle.NewMachine(w.spawnedAt)
+	lf, err := w.listener.File()
+	if err != nil {
+		w.out.close()
+		h.reg.remove(w)
+		return snap, fmt.Errorf("%w: the worker's socket: %w", ErrSpawn, err)
+	}
 	proc, err := h.launcher.Launch(ctx, procs.Spec{
-		Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out,
+		Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out, ExtraFiles: []*os.File{lf},
 	})
+	// The worker has its own copy of the socket now (or none was made).
+	lf.Close()
+	h.reg.mu.Lock()
+	w.closeListener()
+	h.reg.mu.Unlock()
 	if err != nil {
 		w.out.close()
 		h.reg.remove(w)
@@ -236,4 +248,14 @@ func workerEnviron(env []string) []string {
 		out = append(out, kv)
 	}
 	return out
+}
+
+// closeListener closes the hive's copy of the worker's socket (once the
+// worker has inherited it, or the spawn failed); under the registry's
+// lock.
+func (w *worker) closeListener() {
+	if w.listener != nil {
+		w.listener.Close()
+		w.listener = nil
+	}
 }

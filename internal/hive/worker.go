@@ -1,6 +1,7 @@
 package hive
 
 import (
+	"net"
 	"context"
 	"crypto/subtle"
 	"fmt"
@@ -30,7 +31,10 @@ type worker struct {
 	modelRef  string
 	device    gpu.Device
 	port      int
-	uri       string // where the worker will listen
+	// listener is the worker's socket, bound by admit and handed to the
+	// process at spawn (--listen-fd); the hive closes its copy then.
+	listener *net.TCPListener
+	uri      string // where the worker will listen
 	token     string
 	estimate  uint64
 	spawnedAt time.Time

@@ -39,6 +39,10 @@ type Spec struct {
 	// write end the parent keeps is a lifeline: the child sees EOF when the
 	// parent closes it or dies.
 	Stdin *os.File
+	// ExtraFiles are inherited by the child as fds 3, 4, … (a listening
+	// socket the parent bound for it). The parent may close them once
+	// Start returns.
+	ExtraFiles []*os.File
 	// DeathSignal is what the kernel sends the child when the spawner's
 	// thread (and so the parent) dies; zero means SIGKILL. A daemon that
 	// cascades its own shutdown on SIGTERM gets SIGTERM here.
@@ -105,6 +109,7 @@ func (s *Spawner) Start(ctx context.Context, spec Spec) (*Process, error) {
 	if spec.Stdin != nil {
 		cmd.Stdin = spec.Stdin
 	}
+	cmd.ExtraFiles = spec.ExtraFiles
 	cmd.Stdout, cmd.Stderr = pw, pw
 	death := spec.DeathSignal
 	if death == 0 {

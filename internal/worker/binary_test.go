@@ -7,9 +7,13 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -58,6 +62,12 @@ func startCommand(t *testing.T, env []string, name string, args ...string) *proc
 	t.Helper()
 	p := &proc{cmd: exec.Command(name, args...), exited: make(chan struct{}), notify: make(chan struct{}, 1)}
 	p.cmd.Env = append(os.Environ(), env...)
+	return p.start(t)
+}
+
+// start starts p's command, set up by the caller, and collects its stderr.
+func (p *proc) start(t *testing.T) *proc {
+	t.Helper()
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -167,4 +177,44 @@ func startWorkerBinary(t *testing.T, env []string, flags ...string) (*proc, stri
 	addr, _ := rec["addr"].(string)
 	p.waitLog(t, "worker status changed", func(r map[string]any) bool { return r["to"] == "ready" })
 	return p, "http://" + addr
+}
+
+// A worker serves on a socket it inherits (--listen-fd, as a hive starts
+// it): the port is the one bound for it, and a --port that disagrees is
+// refused.
+func TestBinaryInheritedListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	run := func(portFlag int) *proc {
+		p := &proc{cmd: exec.Command(apiaryBin(t), "worker", "--model", testModelPath(t), "--port", strconv.Itoa(portFlag),
+			"--listen-fd", "3", "--log-json", "--threads", "1"), exited: make(chan struct{}), notify: make(chan struct{}, 1)}
+		p.cmd.ExtraFiles = []*os.File{f}
+		return p.start(t)
+	}
+
+	wrong := run(port + 1)
+	if code := wrong.exitCode(t); code != 2 || !strings.Contains(wrong.output(), "but --port says") {
+		t.Errorf("--port disagreeing with the socket: exit %d, stderr:\n%s", code, wrong.output())
+	}
+
+	p := run(port)
+	rec := p.waitLog(t, "listening", nil)
+	if rec["addr"] != ln.Addr().String() {
+		t.Errorf("worker listens on %v, want the inherited %s", rec["addr"], ln.Addr())
+	}
+	p.waitLog(t, "worker status changed", func(r map[string]any) bool { return r["to"] == "ready" })
+	resp, err := http.Get("http://" + ln.Addr().String() + "/health")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("health on the inherited socket: %v %v", resp, err)
+	}
+	resp.Body.Close()
 }

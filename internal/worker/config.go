@@ -42,6 +42,10 @@ type Config struct {
 	// Addr is the host:port to listen on; port 0 picks a free one (see
 	// Worker.Addr). Without a Token the host must be a loopback address.
 	Addr string
+	// Listener, when set, is the socket to serve on instead of binding
+	// Addr (a hive binds the port and hands it over, so that no other
+	// process can take it in between); Addr must then be its address.
+	Listener net.Listener
 	// CallbackURL, when set, receives the ready callback once the model is
 	// loaded; without it the worker serves standalone.
 	CallbackURL string

@@ -395,6 +395,8 @@ func TestBinaryStartupErrors(t *testing.T) {
 		{"no model flag", []string{"--port", "0"}, nil, 2, "--model is required"},
 		{"public address without token", []string{"--model", notGGUF, "--host", "0.0.0.0"}, nil, 2, "loopback"},
 		{"unknown flag", []string{"--model", notGGUF, "--frobnicate"}, nil, 2, "frobnicate"},
+		{"listen fd not open", []string{"--model", notGGUF, "--listen-fd", "9"}, nil, 2, "--listen-fd 9 is not a listening socket"},
+		{"listen fd is stdout", []string{"--model", notGGUF, "--listen-fd", "1"}, nil, 2, "descriptors 0-2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -150,9 +150,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := checkModelFile(w.cfg.ModelPath); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", w.cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("worker: listen on %s: %w", w.cfg.Addr, err)
+	ln := w.cfg.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", w.cfg.Addr); err != nil {
+			return fmt.Errorf("worker: listen on %s: %w", w.cfg.Addr, err)
+		}
 	}
 	srv := w.serve(ln)
 	w.mu.Lock()
