@@ -58,14 +58,8 @@ type Choice struct {
 // this one (os.Executable). It fails only on a bad APIARY_CPU_VARIANT.
 func Choose(exe string) (Choice, error) {
 	stay := Choice{Path: exe, Variant: Name}
-	switch env := os.Getenv(Env); env {
-	case "", Portable:
-		if env == Portable && Name == Portable {
-			stay.Reason = Env + "=" + Portable
-			return stay, nil
-		}
-	default:
-		return Choice{}, fmt.Errorf("%s=%q: the only value it takes is %q (keep workers on the portable build); unset it to pick by CPU", Env, env, Portable)
+	if err := checkEnv(); err != nil {
+		return Choice{}, err
 	}
 	switch {
 	case Name == "":
@@ -73,6 +67,22 @@ func Choose(exe string) (Choice, error) {
 		return stay, nil
 	case Name != Portable:
 		stay.Reason = "this binary is the " + Name + " build"
+		return stay, nil
+	}
+	return ForPortable(exe)
+}
+
+// ForPortable is Choose for a portable build at exe that need not be this
+// binary (a hive's --worker-path, a test's $APIARY_BIN): its x86-64-v3
+// sibling when this CPU runs it, else exe.
+func ForPortable(exe string) (Choice, error) {
+	stay := Choice{Path: exe, Variant: Portable}
+	if err := checkEnv(); err != nil {
+		return Choice{}, err
+	}
+	switch {
+	case os.Getenv(Env) == Portable:
+		stay.Reason = Env + "=" + Portable
 		return stay, nil
 	case !SupportsV3():
 		stay.Reason = "this CPU lacks x86-64-v3 (AVX2, FMA, F16C, BMI2)"
@@ -85,6 +95,14 @@ func Choose(exe string) (Choice, error) {
 		return stay, nil
 	}
 	return Choice{Path: sib, Variant: V3, Reason: "this CPU has x86-64-v3"}, nil
+}
+
+// checkEnv refuses an APIARY_CPU_VARIANT other than portable.
+func checkEnv() error {
+	if env := os.Getenv(Env); env != "" && env != Portable {
+		return fmt.Errorf("%s=%q: the only value it takes is %q (keep workers on the portable build); unset it to pick by CPU", Env, env, Portable)
+	}
+	return nil
 }
 
 // Exec replaces this process with c's binary (same pid, arguments and

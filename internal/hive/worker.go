@@ -1,11 +1,11 @@
 package hive
 
 import (
-	"net"
 	"context"
 	"crypto/subtle"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strconv"
 	"sync"
@@ -33,8 +33,8 @@ type worker struct {
 	port      int
 	// listener is the worker's socket, bound by admit and handed to the
 	// process at spawn (--listen-fd); the hive closes its copy then.
-	listener *net.TCPListener
-	uri      string // where the worker will listen
+	listener  *net.TCPListener
+	uri       string // where the worker will listen
 	token     string
 	estimate  uint64
 	spawnedAt time.Time

@@ -103,8 +103,8 @@ func BenchmarkRelayTTFTInProcess(b *testing.B) {
 					wg.Wait()
 				}
 			}
-			b.ReportMetric(float64((pct(queen.ttft, 0.5)-pct(direct.ttft, 0.5)).Microseconds()), "added-ttft-p50-µs")
-			b.ReportMetric(float64((pct(queen.ttft, 0.99)-pct(direct.ttft, 0.99)).Microseconds()), "added-ttft-p99-µs")
+			b.ReportMetric(float64((pct(queen.ttft, 0.5) - pct(direct.ttft, 0.5)).Microseconds()), "added-ttft-p50-µs")
+			b.ReportMetric(float64((pct(queen.ttft, 0.99) - pct(direct.ttft, 0.99)).Microseconds()), "added-ttft-p99-µs")
 			b.ReportMetric(float64(pct(direct.ttft, 0.5).Microseconds()), "direct-ttft-p50-µs")
 		})
 	}
