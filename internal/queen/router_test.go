@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 func TestPick(t *testing.T) {
@@ -347,8 +348,23 @@ func TestAffinitySweep(t *testing.T) {
 	})
 }
 
-// counter reads the counter name whose labels include value.
+// counter reads the counter name whose labels include value (0 if none).
 func (tr *testRouter) counter(name, value string) float64 {
+	if m := tr.metric(name, value); m != nil {
+		return m.GetCounter().GetValue()
+	}
+	return 0
+}
+
+// gauge reads the gauge name whose labels include value (-1 if none).
+func (tr *testRouter) gauge(name, value string) float64 {
+	if m := tr.metric(name, value); m != nil {
+		return m.GetGauge().GetValue()
+	}
+	return -1
+}
+
+func (tr *testRouter) metric(name, value string) *dto.Metric {
 	families, err := tr.reg.Gather()
 	if err != nil {
 		panic(err)
@@ -360,12 +376,12 @@ func (tr *testRouter) counter(name, value string) float64 {
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetValue() == value {
-					return m.GetCounter().GetValue()
+					return m
 				}
 			}
 		}
 	}
-	return 0
+	return nil
 }
 
 // A request pinned to a pool (X-Apiary-Pool) is served only by that
@@ -424,24 +440,4 @@ func TestRouterPoolPinning(t *testing.T) {
 			t.Errorf("queue depth of m after: %v, want 0", got)
 		}
 	})
-}
-
-func (tr *testRouter) gauge(name, value string) float64 {
-	families, err := tr.reg.Gather()
-	if err != nil {
-		panic(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetValue() == value {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return -1
 }
