@@ -88,8 +88,8 @@ func BenchmarkRelayTTFTInProcess(b *testing.B) {
 					rb.round(b, rb.fw.URL, streams, &direct)
 				}
 			}
-			b.ReportMetric(float64((pct(queen.ttft, 0.5)-pct(direct.ttft, 0.5)).Microseconds()), "added-ttft-p50-µs")
-			b.ReportMetric(float64((pct(queen.ttft, 0.99)-pct(direct.ttft, 0.99)).Microseconds()), "added-ttft-p99-µs")
+			b.ReportMetric(float64((pct(queen.ttft, 0.5) - pct(direct.ttft, 0.5)).Microseconds()), "added-ttft-p50-µs")
+			b.ReportMetric(float64((pct(queen.ttft, 0.99) - pct(direct.ttft, 0.99)).Microseconds()), "added-ttft-p99-µs")
 			b.ReportMetric(float64(pct(direct.ttft, 0.5).Microseconds()), "direct-ttft-p50-µs")
 		})
 	}
