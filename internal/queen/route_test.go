@@ -92,6 +92,28 @@ func (x *tq) workerReady(pool, lid, wid, uri string) {
 	}
 }
 
+// servedByPlacement sends a streamed request that has no worker yet,
+// waits for the controller to place one (on pool want), reports that
+// worker ready at uri, and returns the answer and the hive's start.
+func (x *tq) servedByPlacement(mh *modelHive, want, uri string, header ...string) (*http.Response, api.StartWorkerRequest) {
+	x.t.Helper()
+	respc := make(chan *http.Response, 1)
+	go func() { respc <- x.post(context.Background(), "/v1/completions", streamBody, header...) }()
+	var req api.StartWorkerRequest
+	select {
+	case req = <-mh.started:
+	case <-time.After(waitLimit):
+		x.t.Fatalf("no worker placed on %s", want)
+	}
+	x.logs.wait(x.t, 0, "worker placed on demand", map[string]string{"lifecycle_id": req.LifecycleID})
+	row := x.row(req.LifecycleID)
+	if row.PoolID != want {
+		x.t.Fatalf("placed on %s, want %s", row.PoolID, want)
+	}
+	x.workerReady(want, req.LifecycleID, row.WorkerID, uri)
+	return <-respc, req
+}
+
 // fakeWorker serves the worker's inference API as the test steers it.
 type fakeWorker struct {
 	*httptest.Server
@@ -659,22 +681,8 @@ func TestRouteDegradedAndDrainedGetNothingNew(t *testing.T) {
 		<-mh.started // the operator's starts above
 	}
 	x.ok("POST", "/v2/pools/a/drain", api.PoolAction{Reason: "maintenance"}, http.StatusOK, nil)
-	respc := make(chan *http.Response, 1)
-	go func() { respc <- x.post(t.Context(), "/v1/completions", streamBody) }()
-	var req api.StartWorkerRequest
-	select {
-	case req = <-mh.started:
-	case <-time.After(waitLimit):
-		t.Fatal("no worker placed while pool a drains")
-	}
-	x.logs.wait(t, 0, "worker placed on demand", map[string]string{"lifecycle_id": req.LifecycleID})
-	row := x.row(req.LifecycleID)
-	if row.PoolID != "b" {
-		t.Fatalf("placed on %s, want b", row.PoolID)
-	}
 	fresh := newFakeWorker(t, tokens(1))
-	x.workerReady("b", req.LifecycleID, row.WorkerID, fresh.URL)
-	resp := <-respc
+	resp, req := x.servedByPlacement(mh, "b", fresh.URL)
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.Header.Get(WorkerHeader) != req.LifecycleID || well.count() != 3 {
@@ -715,21 +723,7 @@ func TestRoutePinnedToAPool(t *testing.T) {
 
 	// Pinned to b: a worker is placed on b and serves it.
 	onB := newFakeWorker(t, tokens(2))
-	respc := make(chan *http.Response, 1)
-	go func() { respc <- x.post(t.Context(), "/v1/completions", streamBody, api.PoolHeader, "b") }()
-	var req api.StartWorkerRequest
-	select {
-	case req = <-mh.started:
-	case <-time.After(waitLimit):
-		t.Fatal("no worker placed for the request pinned to b")
-	}
-	x.logs.wait(t, 0, "worker placed on demand", map[string]string{"lifecycle_id": req.LifecycleID})
-	row := x.row(req.LifecycleID)
-	if row.PoolID != "b" {
-		t.Fatalf("pinned placement went to pool %s, want b", row.PoolID)
-	}
-	x.workerReady("b", req.LifecycleID, row.WorkerID, onB.URL)
-	resp = <-respc
+	resp, req := x.servedByPlacement(mh, "b", onB.URL, api.PoolHeader, "b")
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get(WorkerHeader) != req.LifecycleID || onB.count() != 1 || onA.count() != 1 {
