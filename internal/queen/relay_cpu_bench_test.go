@@ -94,3 +94,29 @@ func BenchmarkRelayTTFTInProcess(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRouteManyPools: what a request costs the queen before it
+// reaches a worker (model check, candidates, lease) with 1 or 2,000
+// healthy pools registered, one of them serving the model.
+func BenchmarkRouteManyPools(b *testing.B) {
+	for _, pools := range []int{1, 2000} {
+		b.Run(fmt.Sprintf("pools=%d", pools), func(b *testing.B) {
+			rb := newRelayBench(b, 1)
+			for i := 1; i < pools; i++ {
+				rb.x.registerAt(fmt.Sprintf("p%04d", i), fmt.Sprintf("http://hive-%04d", i))
+			}
+			q := rb.x.q
+			ctx := context.Background()
+			for b.Loop() {
+				if err := q.knownModel(ctx, "tiny", ""); err != nil {
+					b.Fatal(err)
+				}
+				l, err := q.routing.router.acquire(ctx, routeReq{model: "tiny"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				q.routing.router.release(l, false)
+			}
+		})
+	}
+}

@@ -189,6 +189,11 @@ func (q *Queen) knownModel(ctx context.Context, model, pool string) error {
 	if checkModel(model) != nil {
 		return fmt.Errorf("%w: %q is not a model ref (a GGUF file name without .gguf); see GET /v1/models", ErrModelNotFound, model)
 	}
+	// A live worker of the model answers it without a look at every pool
+	// (the common case, and cheap with thousands of pools).
+	if q.rows.targetCounts(target{model, pool}, nil).live() > 0 {
+		return nil
+	}
 	pools := q.servable()
 	where := "no pool has"
 	if pool != "" {
@@ -196,9 +201,6 @@ func (q *Queen) knownModel(ctx context.Context, model, pool string) error {
 		where = "pool " + pool + " does not have"
 	}
 	if _, ok := q.routing.catalog.lookup(pools, model); ok {
-		return nil
-	}
-	if q.rows.targetCounts(target{model, pool}, nil).live() > 0 {
 		return nil
 	}
 	if q.routing.catalog.ensure(ctx, answering(pools), model) {

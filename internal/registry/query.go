@@ -14,7 +14,10 @@ type Filter struct {
 }
 
 // Match reports whether p passes f.
-func (f Filter) Match(p Pool) bool {
+func (f Filter) Match(p Pool) bool { return f.match(&p) }
+
+// match is Match without copying p (Query runs it on every pool).
+func (f Filter) match(p *Pool) bool {
 	if len(f.Statuses) > 0 && !slices.Contains(f.Statuses, p.Status) {
 		return false
 	}
@@ -28,7 +31,7 @@ func (f Filter) Match(p Pool) bool {
 }
 
 // HasModel reports whether a live worker of p serves model.
-func (p Pool) HasModel(model string) bool {
+func (p *Pool) HasModel(model string) bool {
 	for _, w := range p.Workers {
 		if w.ModelRef == model && !lifecycle.State(w.Status).Terminal() {
 			return true
@@ -38,7 +41,7 @@ func (p Pool) HasModel(model string) bool {
 }
 
 // MaxFreeBytes is the free memory of p's roomiest device.
-func (p Pool) MaxFreeBytes() uint64 {
+func (p *Pool) MaxFreeBytes() uint64 {
 	var m uint64
 	for _, g := range p.GPUs {
 		m = max(m, g.FreeBytes)
@@ -50,9 +53,17 @@ func (p Pool) MaxFreeBytes() uint64 {
 func (r *Registry) Query(f Filter) []Pool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	out := make([]Pool, 0, len(r.order))
+	// Counted first: a narrow filter (the pools serving a model) must not
+	// cost room for every pool, nor a wide one a growing slice.
+	n := 0
 	for _, e := range r.order {
-		if f.Match(e.Pool) {
+		if f.match(&e.Pool) {
+			n++
+		}
+	}
+	out := make([]Pool, 0, n)
+	for _, e := range r.order {
+		if f.match(&e.Pool) {
 			out = append(out, e.Pool)
 		}
 	}
