@@ -132,6 +132,13 @@ func (q *Queen) servable() []registry.Pool {
 
 func (q *Queen) getModels(w http.ResponseWriter, r *http.Request, _ *call) error {
 	pools := q.servable()
+	if id := r.Header.Get(api.PoolHeader); id != "" {
+		// What one pool can serve (its hive's list and its workers).
+		if err := q.knownPool(id); err != nil {
+			return err
+		}
+		pools = slices.DeleteFunc(pools, func(p registry.Pool) bool { return p.ID != id })
+	}
 	q.routing.catalog.ensureRead(r.Context(), answering(pools))
 	cat := q.routing.catalog.snapshot()
 	seen := map[string]openai.Model{}
@@ -258,19 +265,27 @@ func (q *Queen) serveInference(w http.ResponseWriter, r *http.Request, c *call, 
 	return q.relay(w, r, relayReq{model: model, pool: pool, path: path, body: body, stream: stream, session: session, start: c.start})
 }
 
-// usablePool checks the pool a request is pinned to (X-Apiary-Pool): it
-// must be registered and healthy, or the request is answered at once
-// rather than queued for a pool that cannot serve it.
-func (q *Queen) usablePool(id string) error {
+// knownPool checks that id, from X-Apiary-Pool, names a registered pool.
+func (q *Queen) knownPool(id string) error {
 	if len(id) > maxSessionLen || !printable(id) {
 		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: api.PoolHeader,
 			Message: fmt.Sprintf("%s must be a pool id (a node name) of at most %d bytes", api.PoolHeader, maxSessionLen), Err: openai.ErrInvalidRequest}
 	}
-	p, ok := q.reg.Get(id)
-	if !ok {
+	if _, ok := q.reg.Get(id); !ok {
 		return &openai.Error{Status: http.StatusNotFound, Code: "pool_not_found", Param: api.PoolHeader,
 			Message: fmt.Sprintf("no pool %q is registered (%s pins a request to one pool; see apiary pools)", id, api.PoolHeader)}
 	}
+	return nil
+}
+
+// usablePool checks the pool a request is pinned to (X-Apiary-Pool): it
+// must be registered and healthy, or the request is answered at once
+// rather than queued for a pool that cannot serve it.
+func (q *Queen) usablePool(id string) error {
+	if err := q.knownPool(id); err != nil {
+		return err
+	}
+	p, _ := q.reg.Get(id)
 	if p.Status != registry.Healthy {
 		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "pool_unavailable", Param: api.PoolHeader, RetryAfter: 5 * time.Second,
 			Message: fmt.Sprintf("pool %s is %s: it takes no requests now (send the request without %s to use any pool)", id, p.Status, api.PoolHeader)}

@@ -769,4 +769,24 @@ func TestRoutePinnedToAPool(t *testing.T) {
 		t.Errorf("a worker was placed for a refused request: %+v", r)
 	default:
 	}
+
+	// GET /v1/models with the header: what that pool can serve.
+	for pool, want := range map[string]string{"c": "other", "a": "tiny", "nope": "pool_not_found"} {
+		req, _ := http.NewRequest(http.MethodGet, x.url+"/v1/models", nil)
+		req.Header.Set(api.PoolHeader, pool)
+		resp, err := x.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var list openai.ModelList
+		if pool == "nope" {
+			if resp.StatusCode != http.StatusNotFound || errorCode(t, body) != want {
+				t.Errorf("models of pool nope: %d %s", resp.StatusCode, body)
+			}
+		} else if json.Unmarshal(body, &list) != nil || len(list.Data) != 1 || list.Data[0].ID != want {
+			t.Errorf("models of pool %s: %d %s, want only %s", pool, resp.StatusCode, body, want)
+		}
+	}
 }
