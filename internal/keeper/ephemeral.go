@@ -178,7 +178,7 @@ func (e *ephemeral) teardown(interrupted bool) error {
 // linkDir under its own name.
 func resolveModel(model, modelsDir, linkDir string) (ref, dir string, err error) {
 	if !looksLikePath(model) {
-		if !refPattern.MatchString(model) {
+		if !validRef(model) {
 			return "", "", fmt.Errorf("%w: --model %q is neither a model ref nor a path to a .gguf file", ErrUsage, model)
 		}
 		ref = strings.TrimSuffix(model, ".gguf")
@@ -204,7 +204,7 @@ func resolveModel(model, modelsDir, linkDir string) (ref, dir string, err error)
 		return "", "", fmt.Errorf("%w: --model %s is not a regular file", ErrUsage, model)
 	}
 	ref = strings.TrimSuffix(filepath.Base(abs), ".gguf")
-	if !refPattern.MatchString(ref) {
+	if !validRef(ref) {
 		return "", "", fmt.Errorf("%w: --model %s: the file name %q cannot be a model ref (letters, digits, '.', '_', '+', '-')", ErrUsage, model, ref)
 	}
 	if err := os.MkdirAll(linkDir, 0o755); err != nil {

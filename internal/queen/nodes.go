@@ -21,10 +21,10 @@ import (
 // until the node is removed or the queen stops.
 
 // nodeNamePattern: a node's name is also its pool id.
-var nodeNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+var nodeNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`) // at most 63 bytes; see idPattern
 
 func checkNodeName(name string) error {
-	if !nodeNamePattern.MatchString(name) {
+	if len(name) > 63 || !nodeNamePattern.MatchString(name) {
 		return api.BadRequest("node name %q is not valid: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", name)
 	}
 	if name == LocalPoolID {
