@@ -90,7 +90,7 @@ func (c *ownCluster) operatorUntouched(t *testing.T) {
 	t.Helper()
 	select {
 	case <-c.opHive.done:
-		t.Errorf("the operator's hive exited: %v", c.opHive.err)
+		t.Errorf("the operator's hive exited: %v", c.opHive.Err())
 	default:
 	}
 	if !testbin.Alive(c.opWorker) {
@@ -113,8 +113,8 @@ func (c *ownCluster) ownedGone(t *testing.T, graceful bool) {
 			t.Errorf("cascade order: worker STOPPED %s, hive stopped %s, queen done with hives %s",
 				stopped.Format(time.RFC3339Nano), logTime(t, hiveStopped).Format(time.RFC3339Nano), logTime(t, queenDone).Format(time.RFC3339Nano))
 		}
-		if rec.attrs["actor"] != "hive:local" || !strings.Contains(rec.attrs["reason"], "graceful stop") {
-			t.Errorf("worker row stopped by %s: %s", rec.attrs["actor"], rec.attrs["reason"])
+		if rec.Attrs["actor"] != "hive:local" || !strings.Contains(rec.Attrs["reason"], "graceful stop") {
+			t.Errorf("worker row stopped by %s: %s", rec.Attrs["actor"], rec.Attrs["reason"])
 		}
 	}
 }
@@ -147,8 +147,8 @@ func TestCascade_AdminShutdown_StopsHivesItStarted_LeavesOperatorsHive(t *testin
 	}
 	select {
 	case <-c.queen.done:
-		if c.queen.err != nil {
-			t.Errorf("queen exit: %v", c.queen.err)
+		if c.queen.Err() != nil {
+			t.Errorf("queen exit: %v", c.queen.Err())
 		}
 	case <-time.After(waitLimit):
 		t.Fatal("queen did not exit after /api/admin/shutdown")
@@ -210,15 +210,15 @@ func TestWhatDiesWhen_AfterIdleTimeout_WorkerDies_QueenAndHiveStay(t *testing.T)
 	q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
 	worker := ownWorkerOf(t, dir)
 	rec, _ := q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "DRAINING"})
-	if !strings.Contains(rec.attrs["reason"], "idle for 1s") {
-		t.Errorf("row drained with reason %q", rec.attrs["reason"])
+	if !strings.Contains(rec.Attrs["reason"], "idle for 1s") {
+		t.Errorf("row drained with reason %q", rec.Attrs["reason"])
 	}
 	q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "STOPPED"})
 	testbin.AwaitDead(t, worker, waitLimit)
 	hive := testbin.AwaitProcess(t, dir, " hive ")
 	select {
 	case <-q.done:
-		t.Fatalf("queen exited: %v", q.err)
+		t.Fatalf("queen exited: %v", q.Err())
 	default:
 	}
 	if !testbin.Alive(hive) {

@@ -266,7 +266,7 @@ func startQueenProcB(b *testing.B) (*proc, string) {
 	args := []string{"queen", "--addr", "127.0.0.1:0", "--data-dir", b.TempDir(), "--heartbeat-timeout", "30s"}
 	p := startProc(b, "queen", nil, args...)
 	rec, _ := p.logs.wait(b, 0, "queen serving", nil)
-	return p, "http://" + rec.attrs["addr"]
+	return p, "http://" + rec.Attrs["addr"]
 }
 
 // histQuantile is the upper bound of the histogram bucket holding

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -68,116 +69,42 @@ func eachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 	}
 }
 
-// record is one log line a test queen wrote.
-type record struct {
-	msg   string
-	attrs map[string]string
-}
-
-// logWatch is a slog.Handler that keeps every record and lets a test wait
-// for one, instead of sleeping.
+// logWatch is a slog.Handler that keeps every record of an in-process
+// queen as a JSON line in a testbin.Lines (as a daemon's stderr is kept),
+// so a test waits for a record instead of sleeping.
 type logWatch struct {
-	mu      sync.Mutex
-	records []record      // guarded by mu
-	change  chan struct{} // guarded by mu; closed and replaced on each record
-	attrs   []slog.Attr
-	buf     *bytes.Buffer // guarded by mu; text of every record, for failures
+	*testbin.Lines
+	attrs []slog.Attr
 }
 
-func newLogWatch() *logWatch { return &logWatch{change: make(chan struct{}), buf: &bytes.Buffer{}} }
+func newLogWatch() *logWatch { return &logWatch{Lines: testbin.NewLines()} }
 
 func (l *logWatch) Enabled(context.Context, slog.Level) bool { return true }
 
 func (l *logWatch) Handle(_ context.Context, r slog.Record) error {
-	rec := record{msg: r.Message, attrs: map[string]string{}}
+	m := map[string]any{"time": r.Time.Format("15:04:05.000"), "level": r.Level.String(), "msg": r.Message}
 	for _, a := range l.attrs {
-		rec.attrs[a.Key] = a.Value.String()
+		m[a.Key] = a.Value.String()
 	}
-	r.Attrs(func(a slog.Attr) bool { rec.attrs[a.Key] = a.Value.String(); return true })
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.records = append(l.records, rec)
-	fmt.Fprintf(l.buf, "%s %s %s %v\n", r.Time.Format("15:04:05.000"), r.Level, r.Message, rec.attrs)
-	close(l.change)
-	l.change = make(chan struct{})
+	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+	line, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	l.Add(string(line))
 	return nil
 }
 
 func (l *logWatch) WithAttrs(as []slog.Attr) slog.Handler {
-	return &logWatchView{l: l, attrs: as}
+	return &logWatch{Lines: l.Lines, attrs: append(slices.Clone(l.attrs), as...)}
 }
 
 func (l *logWatch) WithGroup(string) slog.Handler { return l }
 
-// logWatchView is l with attributes added by Logger.With.
-type logWatchView struct {
-	l     *logWatch
-	attrs []slog.Attr
-}
-
-func (v *logWatchView) Enabled(ctx context.Context, lv slog.Level) bool { return true }
-func (v *logWatchView) Handle(ctx context.Context, r slog.Record) error {
-	r = r.Clone()
-	r.AddAttrs(v.attrs...)
-	return v.l.Handle(ctx, r)
-}
-func (v *logWatchView) WithAttrs(as []slog.Attr) slog.Handler {
-	return &logWatchView{l: v.l, attrs: append(append([]slog.Attr{}, v.attrs...), as...)}
-}
-func (v *logWatchView) WithGroup(string) slog.Handler { return v }
-
-// match reports whether rec has msg and every attribute of want.
-func (rec record) match(msg string, want map[string]string) bool {
-	if rec.msg != msg {
-		return false
-	}
-	for k, v := range want {
-		if rec.attrs[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
-// wait returns the first record (at or after index from) with msg and the
-// attributes of want; the test fails if none comes within waitLimit.
-func (l *logWatch) wait(t testing.TB, from int, msg string, want map[string]string) (record, int) {
+// wait is Lines.Wait with the queen tests' limit.
+func (l *logWatch) wait(t testing.TB, from int, msg string, want map[string]string) (testbin.Record, int) {
 	t.Helper()
-	deadline := time.NewTimer(waitLimit)
-	defer deadline.Stop()
-	for {
-		l.mu.Lock()
-		for i := from; i < len(l.records); i++ {
-			if l.records[i].match(msg, want) {
-				rec := l.records[i]
-				l.mu.Unlock()
-				return rec, i + 1
-			}
-		}
-		ch := l.change
-		l.mu.Unlock()
-		select {
-		case <-ch:
-		case <-deadline.C:
-			l.mu.Lock()
-			logs := l.buf.String()
-			l.mu.Unlock()
-			t.Fatalf("no log %q with %v within %s; logs:\n%s", msg, want, waitLimit, logs)
-		}
-	}
-}
-
-// count counts the records with msg and the attributes of want.
-func (l *logWatch) count(msg string, want map[string]string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, r := range l.records {
-		if r.match(msg, want) {
-			n++
-		}
-	}
-	return n
+	return l.Wait(t, from, msg, want)
 }
 
 // fakeHive is the queen's HiveClient in tests: it records calls and

@@ -1,10 +1,7 @@
 package queen
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,94 +22,39 @@ import (
 // test binary by testbin).
 func apiaryBin(t testing.TB) string { return testbin.Path(t) }
 
-// proc is an apiary daemon run as a process by a test, with its JSON log
-// lines parsed as they come.
+// proc is an apiary daemon run as a process by a test (testbin.Proc),
+// with its JSON log lines parsed as they come.
 type proc struct {
-	name string
+	*testbin.Proc
+	logs *logWatch // over Proc.Lines
 	cmd  *exec.Cmd
-	logs *logWatch
-	read chan struct{} // closed when stderr is drained
-	done chan struct{} // closed when the process has been waited for
-	err  error         // set before done is closed
+	done <-chan struct{}
+	name string
 }
 
 func startProc(t testing.TB, name string, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(apiaryBin(t), append(args, "--log-json")...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
-	p := &proc{name: name, cmd: cmd, logs: newLogWatch(), read: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(p.read)
-		defer pr.Close()
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			p.logs.addJSON(sc.Bytes())
-		}
-	}()
-	go func() {
-		<-p.read
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
-		}
-	})
-	return p
+	p := testbin.Start(t, name, env, append(args, "--log-json")...)
+	return &proc{Proc: p, logs: &logWatch{Lines: p.Lines}, cmd: p.Cmd, done: p.Done(), name: name}
 }
 
-// addJSON records one JSON log line (anything else verbatim).
-func (l *logWatch) addJSON(line []byte) {
-	rec := record{attrs: map[string]string{}}
-	var m map[string]any
-	if json.Unmarshal(line, &m) != nil {
-		rec.msg = string(line)
-	} else {
-		for k, v := range m {
-			rec.attrs[k] = fmt.Sprint(v)
-		}
-		rec.msg = rec.attrs["msg"]
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.records = append(l.records, rec)
-	l.buf.Write(line)
-	l.buf.WriteByte('\n')
-	close(l.change)
-	l.change = make(chan struct{})
-}
-
-// stop sends sig and waits for the exit.
+// stop sends sig and waits for the exit; it returns how the process
+// ended (nil: exit code 0).
 func (p *proc) stop(t testing.TB, sig syscall.Signal) error {
-	_ = p.cmd.Process.Signal(sig)
+	p.Signal(sig)
 	select {
 	case <-p.done:
-		return p.err
+		return p.Err()
 	case <-time.After(waitLimit):
-		t.Fatalf("%s did not exit within %s of %v; logs:\n%s", p.name, waitLimit, sig, p.logs.buf.String())
+		t.Fatalf("%s did not exit within %s of %v; logs:\n%s", p.name, waitLimit, sig, p.logs.String())
 		return nil
 	}
 }
 
 // logTime is the time a JSON log record was written.
-func logTime(t *testing.T, rec record) time.Time {
+func logTime(t *testing.T, rec testbin.Record) time.Time {
 	t.Helper()
-	at, err := time.Parse(time.RFC3339Nano, rec.attrs["time"])
+	at, err := time.Parse(time.RFC3339Nano, rec.Attrs["time"])
 	if err != nil {
 		t.Fatalf("log record without a time: %v", rec)
 	}
@@ -131,7 +73,7 @@ func startQueenProc(t *testing.T, dataDir, dbURL string, extra ...string) (*proc
 	}
 	q := startProc(t, "queen", nil, append(args, extra...)...)
 	rec, _ := q.logs.wait(t, 0, "queen serving", nil)
-	return q, "http://" + rec.attrs["addr"]
+	return q, "http://" + rec.Attrs["addr"]
 }
 
 // startHiveProc runs `apiary hive` for pool id with the test model.
@@ -180,7 +122,7 @@ func TestProcessQueenRestartKeepsRows(t *testing.T) {
 		}
 		t.Cleanup(func() {
 			if t.Failed() {
-				t.Logf("hive logs:\n%s", hive.logs.buf.String())
+				t.Logf("hive logs:\n%s", hive.logs.String())
 			}
 		})
 		q2.logs.wait(t, 0, "pool inventory reconciled", map[string]string{"pool_id": "node-1", "adopted": "1", "lost": "0", "unknown": "0"})
@@ -254,8 +196,8 @@ func TestProcessHiveKill9MakesPoolUnhealthy(t *testing.T) {
 		t.Errorf("pool unhealthy after only %s, before the timeout could have passed", took)
 	}
 	rec, _ = q.logs.wait(t, next, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "FAILED"})
-	if !strings.HasPrefix(rec.attrs["reason"], "lost: pool unhealthy") {
-		t.Errorf("row failed with reason %q", rec.attrs["reason"])
+	if !strings.HasPrefix(rec.Attrs["reason"], "lost: pool unhealthy") {
+		t.Errorf("row failed with reason %q", rec.Attrs["reason"])
 	}
 	var pools []api.Pool
 	if pools, err = c.Pools(context.Background(), keeper.PoolFilter{Status: "unhealthy"}); err != nil || len(pools) != 1 {

@@ -152,7 +152,7 @@ func TestEventsDriveTheRow(t *testing.T) {
 		if diff := cmp.Diff(want, x.audit(id)); diff != "" {
 			t.Errorf("audit (-want +got):\n%s", diff)
 		}
-		if n := x.logs.count("refused lifecycle transition", nil); n != 0 {
+		if n := x.logs.Count("refused lifecycle transition", nil); n != 0 {
 			t.Errorf("%d refused transitions in a clean life", n)
 		}
 	})
@@ -431,9 +431,7 @@ func TestTokens(t *testing.T) {
 			t.Errorf("401 body %s", body)
 		}
 	}
-	x.logs.mu.Lock()
-	logs := x.logs.buf.String()
-	x.logs.mu.Unlock()
+	logs := x.logs.String()
 	_, audit := x.do("GET", "/api/admin/audit", "admin-t", nil)
 	for _, secret := range []string{"admin-t", "cluster-t", "api-t"} {
 		if strings.Contains(logs, secret) || strings.Contains(string(audit), secret) {

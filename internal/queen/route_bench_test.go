@@ -41,7 +41,7 @@ func benchCluster(b *testing.B, queenArgs []string, hiveArgs ...string) (qURL st
 	args := append([]string{"queen", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "queen")}, queenArgs...)
 	q = startProc(b, "queen", nil, args...)
 	rec, _ := q.logs.wait(b, 0, "queen serving", nil)
-	qURL = "http://" + rec.attrs["addr"]
+	qURL = "http://" + rec.Attrs["addr"]
 	if err := os.MkdirAll(filepath.Join(dir, "hive", "models"), 0o755); err != nil {
 		b.Fatal(err)
 	}

@@ -57,8 +57,8 @@ func startCluster(t *testing.T, queenArgs []string, hiveArgs ...string) *cluster
 		client: oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("queen logs:\n%s", q.logs.text())
-			t.Logf("hive logs:\n%s", hive.logs.text())
+			t.Logf("queen logs:\n%s", q.logs.String())
+			t.Logf("hive logs:\n%s", hive.logs.String())
 		}
 		if err := hive.stop(t, syscall.SIGTERM); err != nil {
 			t.Errorf("hive exit: %v", err)
@@ -344,7 +344,7 @@ func TestProcessWorkerKilledMidStream(t *testing.T) {
 		t.Errorf("error event %s after the kill, want within 1s", took)
 	}
 	rec, _ := c.queen.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": victim.ID, "to": "FAILED"})
-	t.Logf("row FAILED: %s", rec.attrs["reason"])
+	t.Logf("row FAILED: %s", rec.Attrs["reason"])
 
 	after := c.stream(ctx, completion(8), nil)
 	if after.err != nil || after.worker == "" || after.worker == victim.ID {
@@ -395,11 +395,4 @@ func TestProcessQueueFullAndTimeout(t *testing.T) {
 	if got := c.metric(`apiary_queen_queue_rejected_total{model="tiny",reason="timeout"}`); got != "1" {
 		t.Errorf("timeout count %q", got)
 	}
-}
-
-// text is every record so far.
-func (l *logWatch) text() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }

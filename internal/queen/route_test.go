@@ -398,8 +398,8 @@ func TestRouteWorkerDiesMidStream(t *testing.T) {
 		t.Errorf("after the error event: %v", err)
 	}
 	rec, _ := x.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": dyingID, "to": "FAILED"})
-	if !strings.HasPrefix(rec.attrs["reason"], "lost: the worker broke a request") {
-		t.Errorf("row failed with %q", rec.attrs["reason"])
+	if !strings.HasPrefix(rec.Attrs["reason"], "lost: the worker broke a request") {
+		t.Errorf("row failed with %q", rec.Attrs["reason"])
 	}
 	resp2 := x.post(t.Context(), "/v1/completions", streamBody)
 	io.Copy(io.Discard, resp2.Body)

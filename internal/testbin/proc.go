@@ -47,7 +47,7 @@ func StartCmd(t testing.TB, name string, env []string, path string, args ...stri
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p := &Proc{Name: name, Cmd: cmd, Lines: newLines(), stdout: newLines(), done: make(chan struct{})}
+	p := &Proc{Name: name, Cmd: cmd, Lines: NewLines(), stdout: NewLines(), done: make(chan struct{})}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +82,13 @@ func StartCmd(t testing.TB, name string, env []string, path string, args ...stri
 		}
 	})
 	return p
+}
+
+// Err is how the process ended, as exec.Cmd.Wait reports it; valid once
+// Done is closed.
+func (p *Proc) Err() error {
+	<-p.done
+	return p.err
 }
 
 // PID is the process id.
@@ -130,14 +137,15 @@ type Lines struct {
 	change  chan struct{} // guarded by mu; closed and replaced on each write
 }
 
-func newLines() *Lines { return &Lines{change: make(chan struct{})} }
+// NewLines is an empty Lines, for a test that feeds it itself (Add).
+func NewLines() *Lines { return &Lines{change: make(chan struct{})} }
 
 func (l *Lines) readFrom(f *os.File) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		l.add(sc.Text())
+		l.Add(sc.Text())
 	}
 }
 
@@ -159,7 +167,8 @@ func (l *Lines) readRaw(f *os.File) {
 	}
 }
 
-func (l *Lines) add(line string) {
+// Add records one line: a JSON log record, or anything else verbatim.
+func (l *Lines) Add(line string) {
 	rec := Record{Attrs: map[string]string{}, Line: line}
 	var m map[string]any
 	if json.Unmarshal([]byte(line), &m) != nil {
@@ -221,6 +230,19 @@ func (l *Lines) Wait(t testing.TB, from int, msg string, want map[string]string)
 			t.Fatalf("no line %q with %v within %s; lines:\n%s", msg, want, WaitLimit, l.String())
 		}
 	}
+}
+
+// Count counts the records that match.
+func (l *Lines) Count(msg string, want map[string]string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.records {
+		if r.match(msg, want) {
+			n++
+		}
+	}
+	return n
 }
 
 // Has reports whether some record matches.
