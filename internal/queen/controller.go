@@ -194,18 +194,24 @@ func (c *controller) run(ctx context.Context) {
 				delete(targets, t)
 			}
 		}
+		// Nothing waits (the common case: every heartbeat wakes the
+		// controller): nothing to decide, and no pool to look at.
+		stats := rt.router.queueStats()
+		if len(stats) == 0 {
+			continue
+		}
 		// Workers on pools that are not healthy (drained, silent) take no
 		// requests: they do not count against the model's max workers.
-		healthy := map[string]bool{}
-		for _, p := range c.q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}}) {
-			healthy[p.ID] = true
+		healthy := func(pool string) bool {
+			p, ok := c.q.reg.Get(pool)
+			return ok && p.Status == registry.Healthy
 		}
 		pending := map[string]int{} // by model, every target
 		for t, st := range targets {
 			pending[t.model] += st.pending
 		}
 		var demand []modelDemand
-		for _, s := range rt.router.queueStats() {
+		for _, s := range stats {
 			st := state(s.target)
 			n := c.q.rows.targetCounts(s.target, healthy)
 			all := n

@@ -157,16 +157,22 @@ func (b *rowBook) modelCounts(pools ...map[string]bool) map[string]modelCount {
 }
 
 // targetCounts counts the live rows of t's model, on t's pool when it
-// names one; with pools given, only the rows on those pools.
-func (b *rowBook) targetCounts(t target, pools map[string]bool) modelCount {
+// names one; with keep given, only the rows on pools it keeps.
+func (b *rowBook) targetCounts(t target, keep func(pool string) bool) modelCount {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	var c modelCount
+	var pools []string
+	var status []lifecycle.Status
 	for _, r := range b.active {
-		if r.ModelRef != t.model || (t.pool != "" && r.PoolID != t.pool) || (pools != nil && !pools[r.PoolID]) {
-			continue
+		if r.ModelRef == t.model && (t.pool == "" || r.PoolID == t.pool) {
+			pools, status = append(pools, r.PoolID), append(status, r.Status)
 		}
-		c.add(r.Status)
+	}
+	b.mu.Unlock()
+	var c modelCount
+	for i, p := range pools {
+		if keep == nil || keep(p) {
+			c.add(status[i])
+		}
 	}
 	return c
 }
