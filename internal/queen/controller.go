@@ -200,6 +200,7 @@ func (c *controller) run(ctx context.Context) {
 		if len(stats) == 0 {
 			continue
 		}
+		rt.m.rounds.Inc()
 		// Workers on pools that are not healthy (drained, silent) take no
 		// requests: they do not count against the model's max workers.
 		healthy := func(pool string) bool {

@@ -112,3 +112,26 @@ func TestRoutePinnedToAPool(t *testing.T) {
 		}
 	}
 }
+
+// Regression: every heartbeat wakes the demand controller, which used to
+// scan every pool each time (a queen with 2,000 pools took more than a
+// core). While no request waits, a wake-up does nothing at all; a waiting
+// request makes it weigh the demand.
+func TestControllerIdleWhileNothingWaits(t *testing.T) {
+	x, mh := routeQueen(t, map[string][]api.Model{"http://hive-a": {tinyModel}, "http://hive-b": {tinyModel}})
+	x.registerAt("a", "http://hive-a")
+	x.registerAt("b", "http://hive-b")
+	for range 20 {
+		x.beat("a")
+		x.beat("b")
+	}
+	if got := metricLine(x, "apiary_queen_controller_rounds_total"); got != "0" {
+		t.Fatalf("controller rounds after heartbeats with nothing waiting: %q, want 0", got)
+	}
+	fw := newFakeWorker(t, tokens(1))
+	resp, _ := x.servedByPlacement(mh, "a", fw.URL)
+	resp.Body.Close()
+	if got := metricLine(x, "apiary_queen_controller_rounds_total"); got == "0" || got == "" {
+		t.Errorf("controller rounds with a request waiting: %q, want at least 1", got)
+	}
+}

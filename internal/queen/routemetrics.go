@@ -18,6 +18,7 @@ type routeMetrics struct {
 	affinity     *prometheus.CounterVec   // result
 	retries      *prometheus.CounterVec   // model, reason
 	broken       *prometheus.CounterVec   // model
+	rounds       prometheus.Counter
 	sessionsDesc *prometheus.Desc
 	sessions     func() int
 }
@@ -58,11 +59,13 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 		broken: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "apiary_queen_streams_broken_total", Help: "Streams whose worker stopped answering after the first byte (ended with an error event)."},
 			[]string{"model"}),
+		rounds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "apiary_queen_controller_rounds_total", Help: "Times the demand controller weighed waiting requests (it does nothing while none wait)."}),
 		sessionsDesc: prometheus.NewDesc("apiary_queen_affinity_sessions", "Sessions pinned to a worker.", nil, nil),
 		sessions:     sessions,
 	}
 	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.affinity,
-		m.retries, m.broken, sessionGauge{m})
+		m.retries, m.broken, m.rounds, sessionGauge{m})
 	return m
 }
 
