@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/apiary-llm/apiary/internal/hive"
-	"github.com/apiary-llm/apiary/internal/procs"
 )
 
 // hiveFlags are the flags of `apiary hive`; toConfig turns them into a
@@ -50,29 +47,19 @@ registers when the queen comes back. --queen "" disables the queen.`,
 			if err != nil {
 				return err
 			}
-			switch f.lifeline {
-			case "":
-			case "stdin":
-				lf, env, err := procs.StdinLifeline(hive.LifelineEnv)
-				if err != nil {
-					return err
-				}
-				cfg.Lifeline = lf
-				if tok := env["APIARY_CLUSTER_TOKEN"]; tok != "" {
-					cfg.ClusterToken = tok
-				}
-			default:
-				return usagef("--lifeline %q: the only lifeline is stdin", f.lifeline)
+			lf, env, err := openLifeline(f.lifeline, hive.LifelineEnv)
+			if err != nil {
+				return err
+			}
+			cfg.Lifeline = lf
+			if tok := env["APIARY_CLUSTER_TOKEN"]; tok != "" {
+				cfg.ClusterToken = tok
 			}
 			h, err := hive.New(cfg)
 			if err != nil {
 				return usagef("%v", err)
 			}
-			err = h.Run(cmd.Context())
-			if errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return err
+			return h.Run(cmd.Context()) // context.Canceled is a clean exit (exitCode)
 		},
 	}
 	fl := cmd.Flags()

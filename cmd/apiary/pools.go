@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -47,35 +48,26 @@ func newPoolsLsCmd(a *adminFlags) *cobra.Command {
 }
 
 func newPoolsDrainCmd(a *adminFlags) *cobra.Command {
-	var reason string
-	cmd := &cobra.Command{
-		Use:   "drain POOL_ID [--reason TEXT]",
-		Short: "Drain a pool: it gets no new workers",
-		Args:  usageArgs(cobra.ExactArgs(1)),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := a.client().DrainPool(cmd.Context(), args[0], reason)
-			if err != nil {
-				return err
-			}
-			if a.asJSON {
-				return printJSON(cmd.OutOrStdout(), p)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", p.PoolID, p.Status)
-			return nil
-		},
-	}
-	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
-	return cmd
+	return newPoolActionCmd(a, "drain POOL_ID [--reason TEXT]", "Drain a pool: it gets no new workers",
+		(*keeper.Client).DrainPool)
 }
 
 func newPoolsRmCmd(a *adminFlags) *cobra.Command {
+	return newPoolActionCmd(a, "rm POOL_ID [--reason TEXT]", "Deregister a pool (offline; its hive may register again)",
+		(*keeper.Client).RemovePool)
+}
+
+// newPoolActionCmd is a `pools` subcommand that changes one pool's status
+// with action (a reason goes to the audit log) and prints the new status.
+func newPoolActionCmd(a *adminFlags, use, short string,
+	action func(c *keeper.Client, ctx context.Context, id, reason string) (api.Pool, error)) *cobra.Command {
 	var reason string
 	cmd := &cobra.Command{
-		Use:   "rm POOL_ID [--reason TEXT]",
-		Short: "Deregister a pool (offline; its hive may register again)",
+		Use:   use,
+		Short: short,
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := a.client().RemovePool(cmd.Context(), args[0], reason)
+			p, err := action(a.client(), cmd.Context(), args[0], reason)
 			if err != nil {
 				return err
 			}

@@ -1,8 +1,7 @@
 package main
 
 import (
-	"context"
-	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -58,26 +57,16 @@ address only.`,
 			if err != nil {
 				return err
 			}
-			switch f.lifeline {
-			case "":
-			case "stdin":
-				lf, _, err := procs.StdinLifeline(nil)
-				if err != nil {
-					return err
-				}
-				cfg.Ownership.Lifeline = lf
-			default:
-				return usagef("--lifeline %q: the only lifeline is stdin", f.lifeline)
+			lf, _, err := openLifeline(f.lifeline, nil)
+			if err != nil {
+				return err
 			}
+			cfg.Ownership.Lifeline = lf
 			q, err := queen.New(cfg)
 			if err != nil {
 				return usagef("%v", err)
 			}
-			err = q.Run(cmd.Context())
-			if errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return err
+			return q.Run(cmd.Context()) // context.Canceled is a clean exit (exitCode)
 		},
 	}
 	fl := cmd.Flags()
@@ -145,4 +134,16 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout},
 		Logger: slog.New(handler),
 	}, nil
+}
+
+// openLifeline opens the lifeline --lifeline names: none for "", this
+// process's stdin for "stdin" (with the preamble's variables of allowed).
+func openLifeline(flag string, allowed []string) (io.ReadCloser, map[string]string, error) {
+	switch flag {
+	case "":
+		return nil, nil, nil
+	case "stdin":
+		return procs.StdinLifeline(allowed)
+	}
+	return nil, nil, usagef("--lifeline %q: the only lifeline is stdin", flag)
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/gpu"
 )
 
@@ -92,16 +93,7 @@ const (
 )
 
 // DefaultDataDir is $XDG_DATA_HOME/apiary, or ~/.local/share/apiary.
-func DefaultDataDir() string {
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "apiary")
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return filepath.Join(os.TempDir(), "apiary")
-	}
-	return filepath.Join(home, ".local", "share", "apiary")
-}
+func DefaultDataDir() string { return datadir.Default() }
 
 // withDefaults returns c with every zero field set to its default. The
 // timing fields keep an explicit value; IdleTimeout < 0 disables it.

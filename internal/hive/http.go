@@ -2,13 +2,11 @@ package hive
 
 import (
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -46,7 +44,7 @@ func (h *Hive) routes() http.Handler {
 func (h *Hive) handle(fn handlerFunc, needToken bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if needToken && h.cfg.ClusterToken != "" {
-			if subtle.ConstantTimeCompare([]byte(bearer(r)), []byte(h.cfg.ClusterToken)) != 1 {
+			if subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(h.cfg.ClusterToken)) != 1 {
 				writeError(w, fmt.Errorf("%w: missing or wrong cluster token (APIARY_CLUSTER_TOKEN)", ErrUnauthorized))
 				return
 			}
@@ -59,42 +57,6 @@ func (h *Hive) handle(fn handlerFunc, needToken bool) http.Handler {
 			writeError(w, err)
 		}
 	})
-}
-
-func bearer(r *http.Request) string {
-	a := r.Header.Get("Authorization")
-	if t, ok := strings.CutPrefix(a, "Bearer "); ok {
-		return strings.TrimSpace(t)
-	}
-	return ""
-}
-
-// decode reads one JSON object strictly: unknown fields are a 400. An
-// empty body leaves dst as it is when allowEmpty.
-func decode(r *http.Request, dst any, allowEmpty bool) error {
-	b, err := io.ReadAll(r.Body)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return err
-		}
-		return api.BadRequest("read body: %v", err)
-	}
-	if len(strings.TrimSpace(string(b))) == 0 {
-		if allowEmpty {
-			return nil
-		}
-		return api.BadRequest("request body is empty; send a JSON object")
-	}
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
-		return api.BadRequest("invalid JSON body: %v", err)
-	}
-	if dec.More() {
-		return api.BadRequest("invalid JSON body: more than one value")
-	}
-	return nil
 }
 
 func (h *Hive) getHealth(w http.ResponseWriter, _ *http.Request) error {
@@ -133,7 +95,7 @@ func (h *Hive) getWorkerLogs(w http.ResponseWriter, r *http.Request) error {
 
 func (h *Hive) postStart(w http.ResponseWriter, r *http.Request) error {
 	var req api.StartWorkerRequest
-	if err := decode(r, &req, false); err != nil {
+	if err := api.Decode(r, &req, false); err != nil {
 		return err
 	}
 	snap, err := h.startWorker(r.Context(), req)
@@ -146,7 +108,7 @@ func (h *Hive) postStart(w http.ResponseWriter, r *http.Request) error {
 
 func (h *Hive) postStop(w http.ResponseWriter, r *http.Request) error {
 	var req api.StopWorkerRequest
-	if err := decode(r, &req, true); err != nil {
+	if err := api.Decode(r, &req, true); err != nil {
 		return err
 	}
 	if req.GraceSeconds != nil && *req.GraceSeconds < 0 {
@@ -173,14 +135,14 @@ func (h *Hive) postStop(w http.ResponseWriter, r *http.Request) error {
 
 func (h *Hive) postReady(w http.ResponseWriter, r *http.Request) error {
 	var cb api.ReadyCallback
-	if err := decode(r, &cb, false); err != nil {
+	if err := api.Decode(r, &cb, false); err != nil {
 		return err
 	}
 	wk, ok := h.reg.get(cb.WorkerID, false)
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrWorkerNotFound, cb.WorkerID)
 	}
-	if err := wk.deliverReady(r.Context(), bearer(r), cb); err != nil {
+	if err := wk.deliverReady(r.Context(), api.Bearer(r), cb); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, h.reg.snapshot(wk))

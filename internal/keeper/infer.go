@@ -10,13 +10,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/openai"
 )
 
@@ -72,16 +72,7 @@ const (
 
 // DefaultModelsDir is where `apiary models` keeps GGUF files:
 // $XDG_DATA_HOME/apiary/models, or ~/.local/share/apiary/models.
-func DefaultModelsDir() string {
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "apiary", "models")
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return filepath.Join(os.TempDir(), "apiary", "models")
-	}
-	return filepath.Join(home, ".local", "share", "apiary", "models")
-}
+func DefaultModelsDir() string { return datadir.Models() }
 
 // ErrUsage marks a mistake in what the keeper was asked (exit code 2).
 var ErrUsage = errors.New("keeper: usage")

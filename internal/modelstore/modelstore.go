@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/gguf"
 )
 
@@ -37,14 +38,11 @@ var (
 // or ~/.local/share/apiary/models when XDG_DATA_HOME is unset (the hive's
 // default data directory, plus "models").
 func DefaultDir() (string, error) {
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "apiary", "models"), nil
-	}
-	home, err := os.UserHomeDir()
+	d, err := datadir.Home()
 	if err != nil {
 		return "", fmt.Errorf("modelstore: no default models directory: %w", err)
 	}
-	return filepath.Join(home, ".local", "share", "apiary", "models"), nil
+	return filepath.Join(d, "models"), nil
 }
 
 // CheckRef reports whether ref can name a model: 1 to 128 letters, digits,

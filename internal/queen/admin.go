@@ -73,7 +73,7 @@ func (q *Queen) getWorker(w http.ResponseWriter, r *http.Request, _ caller) erro
 
 func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) error {
 	var req api.AdminWorkerRequest
-	if err := decode(r, &req, false); err != nil {
+	if err := api.Decode(r, &req, false); err != nil {
 		return err
 	}
 	reason, err := checkReason(req.Reason)

@@ -7,9 +7,9 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
 )
@@ -73,16 +73,7 @@ const (
 )
 
 // DefaultDataDir is $XDG_DATA_HOME/apiary, or ~/.local/share/apiary.
-func DefaultDataDir() string {
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "apiary")
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return filepath.Join(os.TempDir(), "apiary")
-	}
-	return filepath.Join(home, ".local", "share", "apiary")
-}
+func DefaultDataDir() string { return datadir.Default() }
 
 func (c Config) withDefaults() Config {
 	if c.Addr == "" {

@@ -1,12 +1,8 @@
 package queen
 
 import (
-	"bytes"
 	"crypto/subtle"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -144,7 +140,7 @@ func (q *Queen) authenticate(r *http.Request, roles []role) (caller, bool) {
 	if len(roles) == 0 {
 		return caller{actor: "anonymous"}, true
 	}
-	got := []byte(bearer(r))
+	got := []byte(api.Bearer(r))
 	for _, ro := range roles {
 		token, actor := q.cfg.Tokens.Admin, "admin"
 		if ro == roleCluster {
@@ -167,41 +163,6 @@ func tokenNames(roles []role) string {
 		}
 	}
 	return strings.Join(names, " or ")
-}
-
-func bearer(r *http.Request) string {
-	if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		return strings.TrimSpace(t)
-	}
-	return ""
-}
-
-// decode reads one JSON object strictly: unknown fields are a 400. An
-// empty body leaves dst as it is when allowEmpty.
-func decode(r *http.Request, dst any, allowEmpty bool) error {
-	b, err := io.ReadAll(r.Body)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return err
-		}
-		return api.BadRequest("read body: %v", err)
-	}
-	if len(bytes.TrimSpace(b)) == 0 {
-		if allowEmpty {
-			return nil
-		}
-		return api.BadRequest("request body is empty; send a JSON object")
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
-		return api.BadRequest("invalid JSON body: %v", err)
-	}
-	if dec.More() {
-		return api.BadRequest("invalid JSON body: more than one value")
-	}
-	return nil
 }
 
 // query checks that r has no query parameters but allowed, and returns

@@ -82,7 +82,7 @@ func (q *Queen) getNodes(w http.ResponseWriter, r *http.Request, _ caller) error
 
 func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error {
 	var req api.AddNodeRequest
-	if err := decode(r, &req, false); err != nil {
+	if err := api.Decode(r, &req, false); err != nil {
 		return err
 	}
 	if err := checkNodeName(req.Name); err != nil {

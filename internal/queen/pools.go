@@ -63,7 +63,7 @@ func checkWorkers(ws []api.Worker) error {
 
 func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) error {
 	var reg api.RegisterPool
-	if err := decode(r, &reg, false); err != nil {
+	if err := api.Decode(r, &reg, false); err != nil {
 		return err
 	}
 	if err := checkID("pool_id", reg.PoolID); err != nil {
@@ -108,7 +108,7 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 		return err
 	}
 	var hb api.Heartbeat
-	if err := decode(r, &hb, false); err != nil {
+	if err := api.Decode(r, &hb, false); err != nil {
 		return err
 	}
 	if err := checkGPUs(hb.GPUs); err != nil {
@@ -128,7 +128,7 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 
 func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) error {
 	var ev api.WorkerEvent
-	if err := decode(r, &ev, false); err != nil {
+	if err := api.Decode(r, &ev, false); err != nil {
 		return err
 	}
 	q.metrics.events.Inc()
@@ -229,7 +229,7 @@ func (q *Queen) getPool(w http.ResponseWriter, r *http.Request, _ caller) error 
 // poolAction reads the optional {"reason"} of drain and removal.
 func poolAction(r *http.Request, def string) (string, error) {
 	var a api.PoolAction
-	if err := decode(r, &a, true); err != nil {
+	if err := api.Decode(r, &a, true); err != nil {
 		return "", err
 	}
 	if strings.TrimSpace(a.Reason) == "" {

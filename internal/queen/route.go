@@ -54,7 +54,7 @@ func (q *Queen) inference(endpoint string, fn inferenceFunc) http.Handler {
 		c := &call{endpoint: endpoint, model: modelUnknown, start: time.Now()}
 		sw := &statusWriter{ResponseWriter: w}
 		var err error
-		if tok := q.cfg.Tokens.API; tok != "" && subtle.ConstantTimeCompare([]byte(bearer(r)), []byte(tok)) != 1 {
+		if tok := q.cfg.Tokens.API; tok != "" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(tok)) != 1 {
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
 			err = &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
 				Message: "missing or wrong bearer token (" + APITokenEnv + ")"}

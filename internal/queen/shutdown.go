@@ -74,7 +74,7 @@ func (q *Queen) requestStop() {
 
 func (q *Queen) postShutdown(w http.ResponseWriter, r *http.Request, c caller) error {
 	var req api.ShutdownRequest
-	if err := decode(r, &req, true); err != nil {
+	if err := api.Decode(r, &req, true); err != nil {
 		return err
 	}
 	reason := "shutdown requested"

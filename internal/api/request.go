@@ -1,0 +1,48 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// Bearer is the token of r's "Authorization: Bearer …" header, or "".
+func Bearer(r *http.Request) string {
+	if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return strings.TrimSpace(t)
+	}
+	return ""
+}
+
+// Decode reads r's body as one JSON object, strictly: unknown fields are
+// a 400 (BadRequest), and so is anything after the object. An empty body
+// leaves dst as it is when allowEmpty. A body over the server's limit
+// returns the *http.MaxBytesError for the caller's mapper (413).
+func Decode(r *http.Request, dst any, allowEmpty bool) error {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return BadRequest("read body: %v", err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return BadRequest("request body is empty; send a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return BadRequest("invalid JSON body: %v", err)
+	}
+	if dec.More() {
+		return BadRequest("invalid JSON body: more than one value")
+	}
+	return nil
+}
