@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/gguf"
 	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/testmodel"
@@ -80,7 +81,7 @@ func printModels(w io.Writer, models []modelstore.Model) error {
 	for _, m := range models {
 		size := "-"
 		if m.Size > 0 || m.Error == "" {
-			size = formatBytes(uint64(m.Size))
+			size = api.FormatBytes(uint64(m.Size))
 		}
 		if m.Info == nil {
 			fmt.Fprintf(tw, "%s\t-\t-\t%s\t-\terror: %s\n", m.Ref, size, m.Error)
@@ -158,11 +159,11 @@ func (p *progress) report(written, total int64) {
 	}
 	if total > 0 {
 		pct := written * 100 / total
-		fmt.Fprintf(p.w, "pull %s: %3d%% (%s of %s)\n", p.label, pct, formatBytes(uint64(written)), formatBytes(uint64(total)))
+		fmt.Fprintf(p.w, "pull %s: %3d%% (%s of %s)\n", p.label, pct, api.FormatBytes(uint64(written)), api.FormatBytes(uint64(total)))
 		p.next = (pct/10 + 1) * 10 * total / 100
 		return
 	}
-	fmt.Fprintf(p.w, "pull %s: %s\n", p.label, formatBytes(uint64(written)))
+	fmt.Fprintf(p.w, "pull %s: %s\n", p.label, api.FormatBytes(uint64(written)))
 	p.next = written + 64<<20
 }
 
@@ -228,7 +229,7 @@ func modelPathHint(dir string) string {
 // describeModel is the one-line summary pull and testmodel print.
 func describeModel(path string, info *gguf.Info, size int64) string {
 	return fmt.Sprintf("%s (%s, %s params, %s, context %d)",
-		path, orDash(info.Architecture), formatCount(info.ParameterCount), formatBytes(uint64(size)), info.ContextLength)
+		path, orDash(info.Architecture), formatCount(info.ParameterCount), api.FormatBytes(uint64(size)), info.ContextLength)
 }
 
 // usageArgs makes cobra's argument checks usage errors (exit code 2).
@@ -239,20 +240,6 @@ func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 		}
 		return nil
 	}
-}
-
-// formatBytes formats a size with binary units: 512 B, 699.5 KiB, 4.1 GiB.
-func formatBytes(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // formatCount formats a parameter count the way model cards do: 176.7K,

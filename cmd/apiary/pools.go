@@ -96,7 +96,7 @@ func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
 			beat = age(now, *p.LastHeartbeatAt) + " ago"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", p.PoolID, p.Status, p.Endpoint, orDash(p.Version),
-			len(p.GPUs), formatBytes(free), len(p.Workers), beat)
+			len(p.GPUs), api.FormatBytes(free), len(p.Workers), beat)
 	}
 	return tw.Flush()
 }

@@ -176,7 +176,7 @@ func printRows(w io.Writer, rows []api.LifecycleRow, now time.Time) error {
 		}
 		vram := "-"
 		if r.VRAMBytes > 0 {
-			vram = formatBytes(r.VRAMBytes)
+			vram = api.FormatBytes(r.VRAMBytes)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Status, r.ModelRef, r.PoolID, gpu, vram,
 			age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))

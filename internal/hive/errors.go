@@ -38,7 +38,7 @@ type InsufficientMemoryError struct {
 
 func (e *InsufficientMemoryError) Error() string {
 	return fmt.Sprintf("hive: model needs %s but %s device %d has %s available (%s held by its workers); short by %s",
-		bytesIEC(e.Need), e.Kind, e.Device, bytesIEC(e.Available), bytesIEC(e.Held), bytesIEC(e.Need-e.Available))
+		api.FormatBytes(e.Need), e.Kind, e.Device, api.FormatBytes(e.Available), api.FormatBytes(e.Held), api.FormatBytes(e.Need-e.Available))
 }
 
 // statusOf maps an error to its HTTP status and snake_case code.
@@ -94,17 +94,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
-}
-
-func bytesIEC(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -168,7 +168,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	w.reason = fmt.Sprintf("spawned pid %d on %s device %d, port %d", proc.PID(), dev.Kind, dev.ID, w.port)
 	snap = w.publish()
 	h.metrics.workers.WithLabelValues(string(lifecycle.Starting)).Inc()
-	w.log.Info("worker spawned", "pid", proc.PID(), "port", w.port, "estimate", bytesIEC(w.estimate))
+	w.log.Info("worker spawned", "pid", proc.PID(), "port", w.port, "estimate", api.FormatBytes(w.estimate))
 	h.emit(api.WorkerEvent{WorkerID: id, LifecycleID: w.lifecycle, To: string(lifecycle.Starting),
 		Reason: w.reason, At: w.spawnedAt, Worker: snap})
 	h.owners.Go(w.run)

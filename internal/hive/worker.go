@@ -358,7 +358,7 @@ func (w *worker) ready(c readyCmd) error {
 	w.uri = c.cb.URI
 	w.readyAt = time.Now()
 	w.h.metrics.readyLatency.Observe(w.readyAt.Sub(w.spawnedAt).Seconds())
-	w.transition(lifecycle.Ready, fmt.Sprintf("ready callback: %s at %s", bytesIEC(w.vram), w.uri))
+	w.transition(lifecycle.Ready, fmt.Sprintf("ready callback: %s at %s", api.FormatBytes(w.vram), w.uri))
 	return nil
 }
 

@@ -148,7 +148,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		case !seen:
 			reject("reports no devices")
 		case !found:
-			reject("no device has room for %s (%s): the roomiest, device %d, has %s free", req.Model, bytesIEC(size), roomiest.ID, bytesIEC(roomiest.FreeBytes))
+			reject("no device has room for %s (%s): the roomiest, device %d, has %s free", req.Model, api.FormatBytes(size), roomiest.ID, api.FormatBytes(roomiest.FreeBytes))
 		default:
 			fits = append(fits, fit{p, best, bestFree})
 		}
@@ -165,7 +165,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 	for _, f := range fits {
 		if f.pool.ID != win.pool.ID {
 			rejected = append(rejected, Rejection{f.pool.ID, fmt.Sprintf("fits on device %d with %s free; %s has more (%s on device %d, ties go to the smaller id)",
-				f.gpu, bytesIEC(f.free), win.pool.ID, bytesIEC(win.free), win.gpu)})
+				f.gpu, api.FormatBytes(f.free), win.pool.ID, api.FormatBytes(win.free), win.gpu)})
 		}
 	}
 	return Decision{Pool: win.pool, GPU: win.gpu, FreeBytes: win.free, NeedBytes: need, Rejected: rejected}, nil
@@ -178,18 +178,4 @@ func placementRejections(err error) []Rejection {
 		return pe.Rejected
 	}
 	return nil
-}
-
-// bytesIEC formats n as 1.5 GiB.
-func bytesIEC(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
