@@ -46,3 +46,35 @@ func Decode(r *http.Request, dst any, allowEmpty bool) error {
 	}
 	return nil
 }
+
+// StatusRecorder wraps a ResponseWriter and remembers the status written
+// (0: none yet), for a handler's metrics, logs and error mapping. Unwrap
+// keeps http.ResponseController (flushing) working through it.
+type StatusRecorder struct {
+	http.ResponseWriter
+	Status int
+}
+
+func (s *StatusRecorder) WriteHeader(code int) {
+	if s.Status == 0 {
+		s.Status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *StatusRecorder) Write(b []byte) (int, error) {
+	if s.Status == 0 {
+		s.Status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Code is the status the client got: 200 when nothing was written.
+func (s *StatusRecorder) Code() int {
+	if s.Status == 0 {
+		return http.StatusOK
+	}
+	return s.Status
+}
+
+func (s *StatusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }

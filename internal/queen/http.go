@@ -64,11 +64,11 @@ func (q *Queen) routes() http.Handler {
 // error shape, and counts every answer.
 func (q *Queen) contractErrors(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &api.StatusRecorder{ResponseWriter: w}
 		if _, pattern := mux.Handler(r); pattern == "" {
-			probe := &statusWriter{ResponseWriter: discardWriter{h: w.Header()}}
+			probe := &api.StatusRecorder{ResponseWriter: discardWriter{h: w.Header()}}
 			mux.ServeHTTP(probe, r)
-			if probe.status == http.StatusMethodNotAllowed {
+			if probe.Status == http.StatusMethodNotAllowed {
 				writeError(sw, fmt.Errorf("%w: %s %s", errMethodNotAllowed, r.Method, r.URL.Path))
 			} else {
 				writeError(sw, &api.RequestError{Status: http.StatusNotFound, Code: "not_found", Err: fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path)})
@@ -76,37 +76,9 @@ func (q *Queen) contractErrors(mux *http.ServeMux) http.Handler {
 		} else {
 			mux.ServeHTTP(sw, r)
 		}
-		q.metrics.requests.WithLabelValues(strconv.Itoa(sw.code())).Inc()
+		q.metrics.requests.WithLabelValues(strconv.Itoa(sw.Code())).Inc()
 	})
 }
-
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-func (s *statusWriter) code() int {
-	if s.status == 0 {
-		return http.StatusOK
-	}
-	return s.status
-}
-
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 type discardWriter struct{ h http.Header }
 

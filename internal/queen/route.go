@@ -52,7 +52,7 @@ type inferenceFunc func(w http.ResponseWriter, r *http.Request, c *call) error
 func (q *Queen) inference(endpoint string, fn inferenceFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &call{endpoint: endpoint, model: modelUnknown, start: time.Now()}
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &api.StatusRecorder{ResponseWriter: w}
 		var err error
 		if tok := q.cfg.Tokens.API; tok != "" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(tok)) != 1 {
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
@@ -64,7 +64,7 @@ func (q *Queen) inference(endpoint string, fn inferenceFunc) http.Handler {
 		switch {
 		case err == nil, errors.Is(err, errClientGone):
 			// Nobody is left to answer.
-		case sw.status == 0:
+		case sw.Status == 0:
 			oe := openaiError(err)
 			openai.WriteError(sw, oe)
 			if oe.Status >= 500 && oe.Status != http.StatusServiceUnavailable && oe.Status != http.StatusGatewayTimeout {
@@ -73,7 +73,7 @@ func (q *Queen) inference(endpoint string, fn inferenceFunc) http.Handler {
 		default:
 			q.log.Warn("inference request failed after its answer began", "path", r.URL.Path, "model_ref", c.model, "err", err)
 		}
-		code := strconv.Itoa(sw.code())
+		code := strconv.Itoa(sw.Code())
 		if errors.Is(err, errClientGone) {
 			code = "499" // nginx's "client closed request"
 		}
@@ -134,7 +134,7 @@ func (q *Queen) getModels(w http.ResponseWriter, r *http.Request, _ *call) error
 	pools := q.servable()
 	if id := r.Header.Get(api.PoolHeader); id != "" {
 		// What one pool can serve (its hive's list and its workers).
-		if err := q.knownPool(id); err != nil {
+		if _, err := q.knownPool(id); err != nil {
 			return err
 		}
 		pools = slices.DeleteFunc(pools, func(p registry.Pool) bool { return p.ID != id })
@@ -265,27 +265,28 @@ func (q *Queen) serveInference(w http.ResponseWriter, r *http.Request, c *call, 
 	return q.relay(w, r, relayReq{model: model, pool: pool, path: path, body: body, stream: stream, session: session, start: c.start})
 }
 
-// knownPool checks that id, from X-Apiary-Pool, names a registered pool.
-func (q *Queen) knownPool(id string) error {
+// knownPool returns the registered pool id (from X-Apiary-Pool) names.
+func (q *Queen) knownPool(id string) (registry.Pool, error) {
 	if len(id) > maxSessionLen || !printable(id) {
-		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: api.PoolHeader,
+		return registry.Pool{}, &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: api.PoolHeader,
 			Message: fmt.Sprintf("%s must be a pool id (a node name) of at most %d bytes", api.PoolHeader, maxSessionLen), Err: openai.ErrInvalidRequest}
 	}
-	if _, ok := q.reg.Get(id); !ok {
-		return &openai.Error{Status: http.StatusNotFound, Code: "pool_not_found", Param: api.PoolHeader,
+	p, ok := q.reg.Get(id)
+	if !ok {
+		return registry.Pool{}, &openai.Error{Status: http.StatusNotFound, Code: "pool_not_found", Param: api.PoolHeader,
 			Message: fmt.Sprintf("no pool %q is registered (%s pins a request to one pool; see apiary pools)", id, api.PoolHeader)}
 	}
-	return nil
+	return p, nil
 }
 
 // usablePool checks the pool a request is pinned to (X-Apiary-Pool): it
 // must be registered and healthy, or the request is answered at once
 // rather than queued for a pool that cannot serve it.
 func (q *Queen) usablePool(id string) error {
-	if err := q.knownPool(id); err != nil {
+	p, err := q.knownPool(id)
+	if err != nil {
 		return err
 	}
-	p, _ := q.reg.Get(id)
 	if p.Status != registry.Healthy {
 		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "pool_unavailable", Param: api.PoolHeader, RetryAfter: 5 * time.Second,
 			Message: fmt.Sprintf("pool %s is %s: it takes no requests now (send the request without %s to use any pool)", id, p.Status, api.PoolHeader)}

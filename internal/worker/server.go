@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
 )
 
@@ -54,15 +55,15 @@ type handlerFunc func(http.ResponseWriter, *http.Request) error
 func (w *Worker) adapt(h handlerFunc) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rec := &recorder{ResponseWriter: rw}
+		rec := &api.StatusRecorder{ResponseWriter: rw}
 		err := h(rec, r)
-		status := rec.status
+		status := rec.Status
 		switch {
 		case err == nil:
 		case errors.Is(err, errClientGone):
 			status = 499 // nginx's "client closed request", for the log only
 			w.log.Info("client went away", "method", r.Method, "path", r.URL.Path, "err", err)
-		case rec.status != 0:
+		case rec.Status != 0:
 			w.log.Warn("request failed after the response began", "method", r.Method, "path", r.URL.Path, "err", err)
 		default:
 			status = openai.WriteError(rec, err)
@@ -81,35 +82,12 @@ func (w *Worker) adapt(h handlerFunc) http.Handler {
 	})
 }
 
-// recorder remembers the status written; Unwrap keeps
-// http.ResponseController (flushing) working through it.
-type recorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (r *recorder) WriteHeader(code int) {
-	if r.status == 0 {
-		r.status = code
-	}
-	r.ResponseWriter.WriteHeader(code)
-}
-
-func (r *recorder) Write(b []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	return r.ResponseWriter.Write(b)
-}
-
-func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
-
 // recoverPanics answers 500 when a handler panics and logs the stack. A
 // panic after the response began aborts the connection instead, so that
 // the client sees a broken stream rather than a clean end.
 func (w *Worker) recoverPanics(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		rec := &recorder{ResponseWriter: rw}
+		rec := &api.StatusRecorder{ResponseWriter: rw}
 		defer func() {
 			v := recover()
 			if v == nil {
@@ -120,7 +98,7 @@ func (w *Worker) recoverPanics(next http.Handler) http.Handler {
 			}
 			w.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v),
 				"stack", string(debug.Stack()))
-			if rec.status != 0 {
+			if rec.Status != 0 {
 				panic(http.ErrAbortHandler)
 			}
 			openai.WriteError(rec, &openai.Error{Status: http.StatusInternalServerError, Code: openai.CodeInternal,
