@@ -58,19 +58,16 @@ type Choice struct {
 // Choose returns the binary a worker should run as, given the path of
 // this one (os.Executable). It fails only on a bad APIARY_CPU_VARIANT.
 func Choose(exe string) (Choice, error) {
-	stay := Choice{Path: exe, Variant: Name}
+	if Name == Portable {
+		return ForPortable(exe)
+	}
 	if err := checkEnv(); err != nil {
 		return Choice{}, err
 	}
-	switch {
-	case Name == "":
-		stay.Reason = "this binary was built without the Makefile: it is the only build"
-		return stay, nil
-	case Name != Portable:
-		stay.Reason = "this binary is the " + Name + " build"
-		return stay, nil
+	if Name == "" {
+		return Choice{exe, Name, "this binary was built without the Makefile: it is the only build"}, nil
 	}
-	return ForPortable(exe)
+	return Choice{exe, Name, "this binary is the " + Name + " build"}, nil
 }
 
 // ForPortable is Choose for a portable build at exe that need not be this

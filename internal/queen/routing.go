@@ -123,38 +123,10 @@ func (b *rowBook) runningRow(pool, lifecycleID, workerID string) (string, bool) 
 }
 
 // modelCount counts the live rows of one model.
-type modelCount struct{ starting, running, draining int }
+type modelCount struct{ starting, running int }
 
 // live is the workers that count against the model's max workers.
 func (c modelCount) live() int { return c.starting + c.running }
-
-func (c *modelCount) add(status lifecycle.Status) {
-	switch status {
-	case rowStarting:
-		c.starting++
-	case rowRunning:
-		c.running++
-	case rowDraining:
-		c.draining++
-	}
-}
-
-// modelCounts counts the live rows by model; with pools given, only the
-// rows on those pools.
-func (b *rowBook) modelCounts(pools ...map[string]bool) map[string]modelCount {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := map[string]modelCount{}
-	for _, r := range b.active {
-		if len(pools) > 0 && !pools[0][r.PoolID] {
-			continue
-		}
-		c := out[r.ModelRef]
-		c.add(r.Status)
-		out[r.ModelRef] = c
-	}
-	return out
-}
 
 // targetCounts counts the live rows of t's model, on t's pool when it
 // names one; with keep given, only the rows on pools it keeps.
@@ -167,11 +139,15 @@ func (b *rowBook) targetCounts(t target, keep func(pool string) bool) modelCount
 			pools, status = append(pools, r.PoolID), append(status, r.Status)
 		}
 	}
-	b.mu.Unlock()
+	b.mu.Unlock() // keep may take the registry's lock: not under this one
 	var c modelCount
 	for i, p := range pools {
-		if keep == nil || keep(p) {
-			c.add(status[i])
+		switch {
+		case keep != nil && !keep(p):
+		case status[i] == rowStarting:
+			c.starting++
+		case status[i] == rowRunning:
+			c.running++
 		}
 	}
 	return c
