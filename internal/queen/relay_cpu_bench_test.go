@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,25 +29,6 @@ func newRelayBench(b *testing.B, events int) *relayBench {
 	return &relayBench{x: x, fw: fw, hc: hc}
 }
 
-// round runs n concurrent streams against base and adds their TTFTs to s.
-func (rb *relayBench) round(b *testing.B, base string, n int, s *sample) {
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			ttft, _, err := streamTimes(context.Background(), rb.hc, base, streamBody)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			mu.Lock()
-			s.ttft = append(s.ttft, ttft)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-}
-
 // BenchmarkRelayInProcess: the queen in this process relaying streams of
 // 64 events from a fake worker that sends them as fast as it can, at 1, 16
 // and 64 concurrent streams. It measures the queen's own cost per request
@@ -63,7 +43,7 @@ func BenchmarkRelayInProcess(b *testing.B) {
 			var s sample
 			start := time.Now()
 			for b.Loop() {
-				rb.round(b, rb.x.url, streams, &s)
+				round(context.Background(), b, rb.hc, rb.x.url, streamBody, streams, &s)
 			}
 			b.ReportMetric(float64(time.Since(start).Microseconds())/float64(b.N*streams), "µs/stream")
 		})
@@ -81,11 +61,11 @@ func BenchmarkRelayTTFTInProcess(b *testing.B) {
 			var direct, queen sample
 			for i := 0; b.Loop(); i++ {
 				if i%2 == 0 {
-					rb.round(b, rb.fw.URL, streams, &direct)
-					rb.round(b, rb.x.url, streams, &queen)
+					round(context.Background(), b, rb.hc, rb.fw.URL, streamBody, streams, &direct)
+					round(context.Background(), b, rb.hc, rb.x.url, streamBody, streams, &queen)
 				} else {
-					rb.round(b, rb.x.url, streams, &queen)
-					rb.round(b, rb.fw.URL, streams, &direct)
+					round(context.Background(), b, rb.hc, rb.x.url, streamBody, streams, &queen)
+					round(context.Background(), b, rb.hc, rb.fw.URL, streamBody, streams, &direct)
 				}
 			}
 			b.ReportMetric(float64((pct(queen.ttft, 0.5) - pct(direct.ttft, 0.5)).Microseconds()), "added-ttft-p50-µs")
