@@ -78,3 +78,19 @@ func (s *StatusRecorder) Code() int {
 }
 
 func (s *StatusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// WriteJSON answers v as JSON with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// WriteError answers {"error":{"code","message"}} with status; a 401
+// also says how to authenticate.
+func WriteError(w http.ResponseWriter, status int, code, message string) {
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
+	}
+	WriteJSON(w, status, Error{Error: ErrorDetail{Code: code, Message: message}})
+}

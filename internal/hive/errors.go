@@ -1,7 +1,6 @@
 package hive
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -84,14 +83,5 @@ func statusOf(err error) (int, string) {
 // writeError answers {"error":{"code","message"}}.
 func writeError(w http.ResponseWriter, err error) {
 	status, code := statusOf(err)
-	if status == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
-	}
-	writeJSON(w, status, api.Error{Error: api.ErrorDetail{Code: code, Message: err.Error()}})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	api.WriteError(w, status, code, err.Error())
 }

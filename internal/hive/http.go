@@ -60,13 +60,13 @@ func (h *Hive) handle(fn handlerFunc, needToken bool) http.Handler {
 }
 
 func (h *Hive) getHealth(w http.ResponseWriter, _ *http.Request) error {
-	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Version: version.Version})
+	api.WriteJSON(w, http.StatusOK, api.Health{Status: "ok", Version: version.Version})
 	return nil
 }
 
 func (h *Hive) listWorkers(w http.ResponseWriter, r *http.Request) error {
 	all, _ := strconv.ParseBool(r.URL.Query().Get("all"))
-	writeJSON(w, http.StatusOK, api.WorkerList{Workers: h.reg.list(all)})
+	api.WriteJSON(w, http.StatusOK, api.WorkerList{Workers: h.reg.list(all)})
 	return nil
 }
 
@@ -75,7 +75,7 @@ func (h *Hive) getWorker(w http.ResponseWriter, r *http.Request) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrWorkerNotFound, r.PathValue("id"))
 	}
-	writeJSON(w, http.StatusOK, h.reg.snapshot(wk))
+	api.WriteJSON(w, http.StatusOK, h.reg.snapshot(wk))
 	return nil
 }
 
@@ -102,7 +102,7 @@ func (h *Hive) postStart(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusAccepted, api.StartWorkerResponse{WorkerID: snap.WorkerID, Status: snap.Status})
+	api.WriteJSON(w, http.StatusAccepted, api.StartWorkerResponse{WorkerID: snap.WorkerID, Status: snap.Status})
 	return nil
 }
 
@@ -129,7 +129,7 @@ func (h *Hive) postStop(w http.ResponseWriter, r *http.Request) error {
 	if err := wk.requestStop(c); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusAccepted, api.StopWorkerResponse{WorkerID: id, Status: h.reg.snapshot(wk).Status})
+	api.WriteJSON(w, http.StatusAccepted, api.StopWorkerResponse{WorkerID: id, Status: h.reg.snapshot(wk).Status})
 	return nil
 }
 
@@ -145,7 +145,7 @@ func (h *Hive) postReady(w http.ResponseWriter, r *http.Request) error {
 	if err := wk.deliverReady(r.Context(), api.Bearer(r), cb); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, h.reg.snapshot(wk))
+	api.WriteJSON(w, http.StatusOK, h.reg.snapshot(wk))
 	return nil
 }
 
@@ -154,7 +154,7 @@ func (h *Hive) getGPUs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.GPUList{GPUs: gpus})
+	api.WriteJSON(w, http.StatusOK, api.GPUList{GPUs: gpus})
 	return nil
 }
 
@@ -163,12 +163,12 @@ func (h *Hive) getModels(w http.ResponseWriter, _ *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.ModelList{Models: models})
+	api.WriteJSON(w, http.StatusOK, api.ModelList{Models: models})
 	return nil
 }
 
 func (h *Hive) postShutdown(w http.ResponseWriter, _ *http.Request) error {
-	writeJSON(w, http.StatusAccepted, api.Health{Status: "shutting_down", Version: version.Version})
+	api.WriteJSON(w, http.StatusAccepted, api.Health{Status: "shutting_down", Version: version.Version})
 	h.Shutdown()
 	return nil
 }

@@ -54,7 +54,7 @@ func (q *Queen) getWorkers(w http.ResponseWriter, r *http.Request, _ caller) err
 	for _, row := range rows {
 		out.Workers = append(out.Workers, q.rowWire(row))
 	}
-	writeJSON(w, http.StatusOK, out)
+	api.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -67,7 +67,7 @@ func (q *Queen) getWorker(w http.ResponseWriter, r *http.Request, _ caller) erro
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, q.rowWire(row))
+	api.WriteJSON(w, http.StatusOK, q.rowWire(row))
 	return nil
 }
 
@@ -101,7 +101,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusCreated, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
+		api.WriteJSON(w, http.StatusCreated, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
 	case api.ActionStop:
 		if req.Model != "" || req.PoolID != "" || req.GPU != nil {
 			return api.BadRequest("model, pool_id and gpu belong to action start")
@@ -113,7 +113,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusAccepted, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
+		api.WriteJSON(w, http.StatusAccepted, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
 	default:
 		return api.BadRequest("action %q: want start or stop", req.Action)
 	}
@@ -155,7 +155,7 @@ func (q *Queen) getAudit(w http.ResponseWriter, r *http.Request, _ caller) error
 		out.Entries = append(out.Entries, api.AuditEntry{ID: e.ID, TS: e.TS, Actor: e.Actor, Action: e.Action,
 			Target: e.Target, Reason: e.Reason, Metadata: e.Metadata})
 	}
-	writeJSON(w, http.StatusOK, out)
+	api.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package queen
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -94,16 +93,7 @@ func writeError(w http.ResponseWriter, err error) {
 	if status == http.StatusInternalServerError {
 		msg = "internal error; see the queen's log"
 	}
-	if status == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
-	}
-	writeJSON(w, status, api.Error{Error: api.ErrorDetail{Code: code, Message: msg}})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	api.WriteError(w, status, code, msg)
 }
 
 func sortedStrings(s []string) []string {

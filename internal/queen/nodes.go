@@ -76,7 +76,7 @@ func (q *Queen) getNodes(w http.ResponseWriter, r *http.Request, _ caller) error
 	if out.Nodes == nil {
 		out.Nodes = []api.Node{}
 	}
-	writeJSON(w, http.StatusOK, out)
+	api.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -166,7 +166,7 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 	}
 	q.log.Info("node added", "node", n.Name, "ssh", n.SSHTarget, "node_addr", probe.NodeAddr, "os", probe.OS, "arch", probe.Arch)
 	out, _ := q.fleet.node(n.Name)
-	writeJSON(w, http.StatusCreated, out)
+	api.WriteJSON(w, http.StatusCreated, out)
 	return nil
 }
 
@@ -227,6 +227,6 @@ func (q *Queen) deleteNode(w http.ResponseWriter, r *http.Request, c caller) err
 		out = api.Node{Name: name, SSH: stored.SSHTarget, InstallDir: stored.InstallDir, HivePort: spec.hivePort, CreatedAt: stored.CreatedAt.UTC(),
 			PoolID: name, Hive: api.NodeHive{State: api.HiveStopped}}
 	}
-	writeJSON(w, http.StatusOK, out)
+	api.WriteJSON(w, http.StatusOK, out)
 	return nil
 }

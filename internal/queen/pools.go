@@ -89,7 +89,7 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 	}
 	q.metrics.registrations.Inc()
 	q.routing.catalog.registered(p.ID, p.Endpoint)
-	writeJSON(w, http.StatusOK, poolWire(p))
+	api.WriteJSON(w, http.StatusOK, poolWire(p))
 	return nil
 }
 
@@ -122,7 +122,7 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	}
 	q.routing.poke()
 	p, _ := q.reg.Get(id)
-	writeJSON(w, http.StatusOK, heartbeatAnswer{PoolID: id, Status: string(p.Status)})
+	api.WriteJSON(w, http.StatusOK, heartbeatAnswer{PoolID: id, Status: string(p.Status)})
 	return nil
 }
 
@@ -162,7 +162,7 @@ func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) erro
 		return err
 	}
 	q.routing.poke()
-	writeJSON(w, http.StatusOK, ack)
+	api.WriteJSON(w, http.StatusOK, ack)
 	return nil
 }
 
@@ -209,7 +209,7 @@ func (q *Queen) getPools(w http.ResponseWriter, r *http.Request, _ caller) error
 	for _, p := range pools {
 		out.Pools = append(out.Pools, poolWire(p))
 	}
-	writeJSON(w, http.StatusOK, out)
+	api.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -222,7 +222,7 @@ func (q *Queen) getPool(w http.ResponseWriter, r *http.Request, _ caller) error 
 	if !ok {
 		return fmt.Errorf("%w: %s", registry.ErrNotFound, id)
 	}
-	writeJSON(w, http.StatusOK, poolWire(p))
+	api.WriteJSON(w, http.StatusOK, poolWire(p))
 	return nil
 }
 
@@ -251,7 +251,7 @@ func (q *Queen) postDrain(w http.ResponseWriter, r *http.Request, c caller) erro
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, poolWire(p))
+	api.WriteJSON(w, http.StatusOK, poolWire(p))
 	return nil
 }
 
@@ -268,7 +268,7 @@ func (q *Queen) deletePool(w http.ResponseWriter, r *http.Request, c caller) err
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, poolWire(p))
+	api.WriteJSON(w, http.StatusOK, poolWire(p))
 	return nil
 }
 

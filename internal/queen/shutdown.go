@@ -98,7 +98,7 @@ func (q *Queen) postShutdown(w http.ResponseWriter, r *http.Request, c caller) e
 	if hives == nil {
 		hives = []string{}
 	}
-	writeJSON(w, http.StatusAccepted, api.ShutdownResponse{Status: "shutting_down", Hives: hives})
+	api.WriteJSON(w, http.StatusAccepted, api.ShutdownResponse{Status: "shutting_down", Hives: hives})
 	if f, ok := w.(http.Flusher); ok {
 		f.Flush()
 	}
