@@ -1,9 +1,7 @@
 package main
 
 import (
-	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -51,10 +49,9 @@ or an RFC 3339 time. Uses $APIARY_ADMIN_TOKEN.`,
 
 // printAudit writes the table of `apiary audit`.
 func printAudit(w io.Writer, entries []api.AuditEntry) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tACTOR\tACTION\tTARGET\tREASON")
+	t := newTable(w, "TIME", "ACTOR", "ACTION", "TARGET", "REASON")
 	for _, e := range entries {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.TS.Local().Format("2006-01-02 15:04:05"), e.Actor, e.Action, e.Target, oneLine(e.Reason, 80))
+		t.row(e.TS.Local().Format("2006-01-02 15:04:05"), e.Actor, e.Action, e.Target, oneLine(e.Reason, 80))
 	}
-	return tw.Flush()
+	return t.flush()
 }

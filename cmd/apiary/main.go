@@ -28,7 +28,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // exitCode maps an error to the contract's exit codes (0 success, 1 runtime
-// failure, 2 usage error) and prints it as one line.
+// failure, 2 usage error) and prints it as one line (printError: a daemon's
+// message shows as printable text).
 func exitCode(err error, stderr io.Writer) int {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return 0
@@ -36,16 +37,16 @@ func exitCode(err error, stderr io.Writer) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintf(stderr, "apiary: %v\n", ee.err)
+			printError(stderr, ee.err)
 		}
 		return ee.code
 	}
 	var ue *usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "apiary: %v\n", err)
+		printError(stderr, err)
 		return 2
 	}
-	fmt.Fprintf(stderr, "apiary: %v\n", err)
+	printError(stderr, err)
 	return 1
 }
 

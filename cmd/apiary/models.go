@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"text/tabwriter"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -76,20 +76,19 @@ A file that cannot be read is listed with the reason.`,
 
 // printModels writes the table of `apiary models ls`.
 func printModels(w io.Writer, models []modelstore.Model) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "REF\tARCH\tPARAMS\tSIZE\tCTX")
+	t := newTable(w, "REF", "ARCH", "PARAMS", "SIZE", "CTX")
 	for _, m := range models {
 		size := "-"
 		if m.Size > 0 || m.Error == "" {
 			size = api.FormatBytes(uint64(m.Size))
 		}
 		if m.Info == nil {
-			fmt.Fprintf(tw, "%s\t-\t-\t%s\t-\terror: %s\n", m.Ref, size, m.Error)
+			t.row(m.Ref, "-", "-", size, "-", "error: "+m.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", m.Ref, orDash(m.Info.Architecture), formatCount(m.Info.ParameterCount), size, m.Info.ContextLength)
+		t.row(m.Ref, orDash(m.Info.Architecture), formatCount(m.Info.ParameterCount), size, strconv.FormatUint(m.Info.ContextLength, 10))
 	}
-	return tw.Flush()
+	return t.flush()
 }
 
 func newModelsPullCmd() *cobra.Command {
@@ -135,8 +134,7 @@ leaves nothing behind.`,
 			case err != nil:
 				return err
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "pulled %s: %s\n", m.Ref, describeModel(m.Path, m.Info, m.Size))
-			return err
+			return printLine(cmd.OutOrStdout(), "pulled %s: %s", m.Ref, describeModel(m.Path, m.Info, m.Size))
 		},
 	}
 	cmd.Flags().StringVar(&dir, "models-dir", "", "models directory (default $XDG_DATA_HOME/apiary/models)")
@@ -194,8 +192,7 @@ the same file.`,
 				return err
 			}
 			info := f.Info()
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", describeModel(out, &info, f.Size))
-			return err
+			return printLine(cmd.OutOrStdout(), "wrote %s", describeModel(out, &info, f.Size))
 		},
 	}
 	fl := cmd.Flags()

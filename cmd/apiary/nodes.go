@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
-	"text/tabwriter"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -53,8 +53,7 @@ when it is missing or another build.`,
 			if a.asJSON {
 				return printJSON(cmd.OutOrStdout(), n)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "node %s added (%s); its hive: %s\n", n.Name, n.SSH, n.Hive.State)
-			return nil
+			return printLine(cmd.OutOrStdout(), "node %s added (%s); its hive: %s", n.Name, n.SSH, n.Hive.State)
 		},
 	}
 	cmd.Flags().StringVar(&req.SSH, "ssh", "", "USER@HOST[:PORT] of the node's sshd (required)")
@@ -98,8 +97,7 @@ func newNodesRmCmd(a *adminFlags) *cobra.Command {
 			if a.asJSON {
 				return printJSON(cmd.OutOrStdout(), n)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "node %s removed; its hive: %s\n", n.Name, n.Hive.State)
-			return nil
+			return printLine(cmd.OutOrStdout(), "node %s removed; its hive: %s", n.Name, n.Hive.State)
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
@@ -108,8 +106,7 @@ func newNodesRmCmd(a *adminFlags) *cobra.Command {
 
 // printNodes writes the table of `apiary nodes ls`.
 func printNodes(w io.Writer, nodes []api.Node, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSSH\tHIVE\tSINCE\tPID\tSTARTS\tADDRESS\tINSTALL DIR\tMESSAGE")
+	t := newTable(w, "NODE", "SSH", "HIVE", "SINCE", "PID", "STARTS", "ADDRESS", "INSTALL DIR", "MESSAGE")
 	for _, n := range nodes {
 		ssh := n.SSH
 		if n.Local {
@@ -119,8 +116,8 @@ func printNodes(w io.Writer, nodes []api.Node, now time.Time) error {
 		if n.Hive.PID > 0 {
 			pid = fmt.Sprint(n.Hive.PID)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", n.Name, ssh, n.Hive.State, age(now, n.Hive.Since), pid,
-			n.Hive.Starts, orDash(n.Hive.NodeAddr), orDash(n.InstallDir), oneLine(orDash(n.Hive.Message), 70))
+		t.row(n.Name, ssh, n.Hive.State, age(now, n.Hive.Since), pid,
+			strconv.Itoa(n.Hive.Starts), orDash(n.Hive.NodeAddr), orDash(n.InstallDir), oneLine(orDash(n.Hive.Message), 70))
 	}
-	return tw.Flush()
+	return t.flush()
 }

@@ -2,9 +2,8 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"text/tabwriter"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -74,8 +73,7 @@ func newPoolActionCmd(a *adminFlags, use, short string,
 			if a.asJSON {
 				return printJSON(cmd.OutOrStdout(), p)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", p.PoolID, p.Status)
-			return nil
+			return printLine(cmd.OutOrStdout(), "%s: %s", p.PoolID, p.Status)
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
@@ -84,8 +82,7 @@ func newPoolActionCmd(a *adminFlags, use, short string,
 
 // printPools writes the table of `apiary pools ls`.
 func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tSTATUS\tENDPOINT\tVERSION\tDEVICES\tMOST FREE\tWORKERS\tLAST BEAT")
+	t := newTable(w, "POOL", "STATUS", "ENDPOINT", "VERSION", "DEVICES", "MOST FREE", "WORKERS", "LAST BEAT")
 	for _, p := range pools {
 		var free uint64
 		for _, g := range p.GPUs {
@@ -95,8 +92,8 @@ func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
 		if p.LastHeartbeatAt != nil {
 			beat = age(now, *p.LastHeartbeatAt) + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", p.PoolID, p.Status, p.Endpoint, orDash(p.Version),
-			len(p.GPUs), api.FormatBytes(free), len(p.Workers), beat)
+		t.row(p.PoolID, p.Status, p.Endpoint, orDash(p.Version),
+			strconv.Itoa(len(p.GPUs)), api.FormatBytes(free), strconv.Itoa(len(p.Workers)), beat)
 	}
-	return tw.Flush()
+	return t.flush()
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/queen"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 )
 
@@ -33,8 +34,9 @@ type queenFlags struct {
 }
 
 // databaseURLEnv gives --database-url's default, so that a password need
-// not be on the command line.
-const databaseURLEnv = "APIARY_DATABASE_URL"
+// not be on the command line. Its value is read when the queen starts,
+// never shown: --help says only whether it is set.
+const databaseURLEnv = secret.DatabaseURLEnv
 
 func newQueenCmd() *cobra.Command {
 	f := &queenFlags{}
@@ -73,7 +75,7 @@ address only.`,
 	fl.StringVar(&f.addr, "addr", queen.DefaultAddr, "address the queen listens on")
 	fl.StringVar(&f.advertise, "advertise", "", "URL hives and clients use to reach this queen (default http://ADDR)")
 	fl.StringVar(&f.dataDir, "data-dir", queen.DefaultDataDir(), "directory of the queen's SQLite database")
-	fl.StringVar(&f.databaseURL, "database-url", os.Getenv(databaseURLEnv), "PostgreSQL URL (postgres://…) instead of SQLite")
+	fl.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL (postgres://…) instead of SQLite "+envDefault(databaseURLEnv))
 	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", registry.DefaultHeartbeatTimeout, "a pool without a heartbeat this long is unhealthy")
 	fl.DurationVar(&f.unhealthyGrace, "unhealthy-grace", 0, "a pool unhealthy this long has its workers' rows FAILED (default: --heartbeat-timeout)")
 	fl.DurationVar(&f.offlineRetention, "offline-retention", registry.DefaultOfflineRetention, "offline (deregistered) pools are removed after this")
@@ -117,6 +119,9 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	if f.maxBody < 1 {
 		return queen.Config{}, usagef("--max-body-bytes must be positive, got %d", f.maxBody)
 	}
+	if !cmd.Flags().Changed("database-url") {
+		f.databaseURL = os.Getenv(databaseURLEnv)
+	}
 	dataDir, err := filepath.Abs(f.dataDir)
 	if err != nil {
 		return queen.Config{}, usagef("--data-dir %q: %v", f.dataDir, err)
@@ -134,6 +139,15 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout},
 		Logger: slog.New(handler),
 	}, nil
+}
+
+// envDefault says where a secret flag's default comes from, and whether
+// it is set, without its value.
+func envDefault(env string) string {
+	if os.Getenv(env) == "" {
+		return "(default $" + env + ", not set)"
+	}
+	return "(default: set from $" + env + ")"
 }
 
 // openLifeline opens the lifeline --lifeline names: none for "", this

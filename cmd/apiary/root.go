@@ -2,8 +2,12 @@ package main
 
 import (
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/apiary-llm/apiary/internal/secret"
 )
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -28,5 +32,23 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newModelsCmd(),
 		newVersionCmd(),
 	)
+	redactDefaults(root)
 	return root
+}
+
+// redactDefaults keeps secrets out of --help: a flag whose default is a
+// URL (--queen takes $APIARY_QUEEN) shows it without its password. A flag
+// whose default is a secret itself takes no default from the environment
+// (see envDefault).
+func redactDefaults(c *cobra.Command) {
+	redact := func(f *pflag.Flag) {
+		if strings.Contains(f.DefValue, "://") {
+			f.DefValue = secret.RedactURL(f.DefValue)
+		}
+	}
+	c.Flags().VisitAll(redact)
+	c.PersistentFlags().VisitAll(redact)
+	for _, sub := range c.Commands() {
+		redactDefaults(sub)
+	}
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -123,9 +122,10 @@ with the most free memory. Prints the lifecycle id.`,
 			if a.asJSON {
 				return printJSON(cmd.OutOrStdout(), resp)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), resp.LifecycleID)
-			fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)\n", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID, resp.Worker.ModelRef)
-			return nil
+			if err := printLine(cmd.OutOrStdout(), "%s", resp.LifecycleID); err != nil {
+				return err
+			}
+			return printLine(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID, resp.Worker.ModelRef)
 		},
 	}
 	cmd.Flags().StringVar(&model, "model", "", "model ref: the GGUF file name in the hive's models dir without .gguf (required)")
@@ -156,8 +156,7 @@ in-flight requests finish first.`,
 			if a.asJSON {
 				return printJSON(cmd.OutOrStdout(), resp)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", resp.LifecycleID, resp.Worker.Status)
-			return nil
+			return printLine(cmd.OutOrStdout(), "%s: %s", resp.LifecycleID, resp.Worker.Status)
 		},
 	}
 	cmd.Flags().BoolVar(&drain, "drain", false, "let in-flight requests finish before the worker stops")
@@ -167,8 +166,7 @@ in-flight requests finish first.`,
 
 // printRows writes the table of `apiary workers ls`.
 func printRows(w io.Writer, rows []api.LifecycleRow, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATUS\tMODEL\tPOOL\tGPU\tVRAM\tAGE\tOWNER\tREASON")
+	t := newTable(w, "ID", "STATUS", "MODEL", "POOL", "GPU", "VRAM", "AGE", "OWNER", "REASON")
 	for _, r := range rows {
 		gpu := "-"
 		if r.GPUDevice != nil {
@@ -178,10 +176,9 @@ func printRows(w io.Writer, rows []api.LifecycleRow, now time.Time) error {
 		if r.VRAMBytes > 0 {
 			vram = api.FormatBytes(r.VRAMBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Status, r.ModelRef, r.PoolID, gpu, vram,
-			age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
+		t.row(r.ID, r.Status, r.ModelRef, r.PoolID, gpu, vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
 	}
-	return tw.Flush()
+	return t.flush()
 }
 
 // age is how long ago t was, short: 45s, 12m, 3h, 2d.

@@ -194,10 +194,3 @@ func TestWorkerClientLeavesNoConnectionToStallWorkerShutdown(t *testing.T) {
 		t.Errorf("server shutdown after probes: %v (a probe left a connection open)", err)
 	}
 }
-
-func TestWorkerEnvironHasNoHiveSecrets(t *testing.T) {
-	got := workerEnviron([]string{"PATH=/bin", "APIARY_CLUSTER_TOKEN=c", "APIARY_ADMIN_TOKEN=a", "APIARY_WORKER_TOKEN=old", "HOME=/root"})
-	if diff := cmp.Diff([]string{"PATH=/bin", "HOME=/root"}, got); diff != "" {
-		t.Errorf("(-want +got)\n%s", diff)
-	}
-}

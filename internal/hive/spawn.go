@@ -17,6 +17,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/procs"
+	"github.com/apiary-llm/apiary/internal/secret"
 )
 
 // modelPath resolves a model_ref to <models-dir>/<ref>.gguf. A ref is a
@@ -137,8 +138,9 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if h.cfg.CtxSize > 0 {
 		args = append(args, "--ctx-size", strconv.Itoa(h.cfg.CtxSize))
 	}
-	env := append(workerEnviron(os.Environ()), h.cfg.WorkerEnv...)
-	env = append(env, "APIARY_WORKER_TOKEN="+w.token)
+	// No secret of the hive's reaches the worker but its own token.
+	env := append(secret.Scrub(os.Environ()), h.cfg.WorkerEnv...)
+	env = append(env, secret.WorkerTokenEnv+"="+w.token)
 
 	w.spawnedAt = time.Now()
 	w.m = lifecycle.NewMachine(w.spawnedAt)
@@ -232,22 +234,6 @@ func workerDevice(d gpu.Device) int {
 		return -1
 	}
 	return d.ID
-}
-
-// workerEnviron is the hive's environment without the secrets a worker has
-// no use for: the cluster and admin tokens, and any worker token the hive
-// itself was given.
-func workerEnviron(env []string) []string {
-	out := make([]string, 0, len(env))
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		switch k {
-		case "APIARY_CLUSTER_TOKEN", "APIARY_ADMIN_TOKEN", "APIARY_WORKER_TOKEN":
-			continue
-		}
-		out = append(out, kv)
-	}
-	return out
 }
 
 // closeListener closes the hive's copy of the worker's socket (once the

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/procs"
+	"github.com/apiary-llm/apiary/internal/secret"
 )
 
 // ephemeral is the queen a keeper starts when none answers (rule 1: the
@@ -73,7 +74,7 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 	}
 	e.out = newQueenOutput()
 	e.spawner = procs.NewSpawner()
-	e.proc, err = e.spawner.Start(ctx, procs.Spec{Path: bin, Args: args, Env: os.Environ(), Stdin: e.line.Child,
+	e.proc, err = e.spawner.Start(ctx, procs.Spec{Path: bin, Args: args, Env: e.queenEnviron(), Stdin: e.line.Child,
 		Output: e.out, DeathSignal: syscall.SIGTERM, WaitDelay: 2 * time.Second})
 	e.line.CloseChildEnd()
 	if err != nil {
@@ -98,6 +99,21 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return ref, nil
+}
+
+// queenEnviron is the environment of the queen it starts: the keeper's,
+// without any secret but the tokens the keeper itself sends (so that the
+// queen expects those); a database URL of the environment is not the
+// throwaway queen's.
+func (e *ephemeral) queenEnviron() []string {
+	env := secret.Scrub(os.Environ())
+	for name, tok := range map[string]string{secret.APITokenEnv: e.k.cfg.Tokens.API,
+		secret.AdminTokenEnv: e.k.cfg.Tokens.Admin, secret.ClusterTokenEnv: e.k.cfg.Tokens.Cluster} {
+		if tok != "" {
+			env = append(env, name+"="+tok)
+		}
+	}
+	return env
 }
 
 // awaitLocalPool waits until the queen's local hive has registered.

@@ -18,6 +18,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/termtext"
 )
 
 // Modes of `apiary infer` (lifecycle-clarification.md, "The Two Modes").
@@ -318,11 +319,16 @@ func (k *Infer) stream(ctx context.Context, body io.Reader, prog *progress) erro
 				return &APIError{Status: http.StatusOK, Code: ev.Error.Code, Message: "the answer broke off: " + ev.Error.Message}
 			}
 			for _, c := range ev.Choices {
-				if c.Delta.Content != nil && *c.Delta.Content != "" {
-					if _, werr := io.WriteString(k.cfg.Stdout, *c.Delta.Content); werr != nil {
+				// Model output keeps its newlines and tabs; no other
+				// control character reaches the terminal.
+				if c.Delta.Content == nil {
+					continue
+				}
+				if text := termtext.Stream(*c.Delta.Content); text != "" {
+					if _, werr := io.WriteString(k.cfg.Stdout, text); werr != nil {
 						return fmt.Errorf("keeper: write answer: %w", werr)
 					}
-					wrote, lastNL = true, strings.HasSuffix(*c.Delta.Content, "\n")
+					wrote, lastNL = true, strings.HasSuffix(text, "\n")
 				}
 			}
 		}

@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/apiary-llm/apiary/internal/termtext"
 )
 
 // progress shows, on stderr, what the keeper waits for until the first
@@ -47,12 +49,13 @@ func (p *progress) run(ctx context.Context, c *Client, ref string) {
 			polled = time.Now()
 			state = workerState(ctx, c, ref, state)
 		}
+		line := termtext.Line(state) // it names the queen's pools: printable text only
 		switch {
 		case p.terminal:
-			fmt.Fprintf(p.w, "\r\033[K%s… %s", state, time.Since(start).Truncate(time.Second))
+			fmt.Fprintf(p.w, "\r\033[K%s… %s", line, time.Since(start).Truncate(time.Second))
 			shown = true
 		case state != last:
-			fmt.Fprintf(p.w, "%s…\n", state)
+			fmt.Fprintf(p.w, "%s…\n", line)
 		}
 		last = state
 		select {

@@ -8,13 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/version"
@@ -241,20 +241,9 @@ func (f *fleet) lifelineEnv() []string {
 }
 
 // childEnviron is the environment of the processes the fleet starts: the
-// queen's, without the tokens (a hive gets the cluster token on its
-// lifeline; ssh needs none of them).
-func childEnviron() []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		switch k {
-		case APITokenEnv, AdminTokenEnv, ClusterTokenEnv, "APIARY_WORKER_TOKEN", "APIARY_DATABASE_URL":
-			continue
-		}
-		out = append(out, kv)
-	}
-	return out
-}
+// queen's, without any secret (secret.Scrub). A hive gets the cluster
+// token on its lifeline, never in its environment; ssh needs none.
+func childEnviron() []string { return secret.Scrub(os.Environ()) }
 
 // reachable checks that a hive on a node with address nodeAddr can reach
 // the queen and be reached by it: a loopback queen serves only its own

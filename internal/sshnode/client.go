@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/apiary-llm/apiary/internal/secret"
 )
 
 // The kinds of failure a probe tells apart; each *Error wraps one.
@@ -129,6 +132,7 @@ func (c Client) Run(ctx context.Context, t Target, remote string, stdin io.Reade
 	}
 	_, args := c.Command(t, remote)
 	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = secret.Scrub(os.Environ()) // an ssh config's SendEnv must find no secret
 	cmd.Stdin = stdin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

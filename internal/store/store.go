@@ -26,6 +26,8 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
+
+	"github.com/apiary-llm/apiary/internal/secret"
 )
 
 // Sentinel errors.
@@ -79,8 +81,13 @@ func IsPostgresURL(u string) bool {
 }
 
 // Open opens (creating when needed) and migrates the database of cfg, and
-// takes the owner lock.
+// takes the owner lock. Its errors never show the URL's password.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
+	s, err := open(ctx, cfg)
+	return s, secret.RedactError(err, cfg.URL)
+}
+
+func open(ctx context.Context, cfg Config) (*Store, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()

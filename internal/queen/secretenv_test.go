@@ -1,0 +1,56 @@
+package queen
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testbin"
+)
+
+// Regression (issue 11): no secret of the queen's environment reaches the
+// processes it starts. A real queen with every secret set starts its local
+// hive (which still gets the cluster token, on its lifeline, and
+// registers with it) and the hive a worker: neither environment holds a
+// secret of the queen's; the worker has only its own worker token.
+func TestChildrenInheritNoSecretOfTheQueen(t *testing.T) {
+	const admin, cluster = "admin-s3cret-0123456789", "cluster-s3cret-0123456789"
+	for k, v := range map[string]string{
+		"APIARY_API_TOKEN":     "api-s3cret-0123456789",
+		"APIARY_ADMIN_TOKEN":   admin,
+		"APIARY_CLUSTER_TOKEN": cluster,
+		"APIARY_WORKER_TOKEN":  "worker-s3cret-0123456789",
+		"APIARY_DATABASE_URL":  "postgres://u:db-s3cret@127.0.0.1:1/db",
+		"PGPASSWORD":           "pg-s3cret",
+	} {
+		t.Setenv(k, v)
+	}
+	dir := t.TempDir()
+	q, url := startQueenProc(t, filepath.Join(dir, "queen"), "", "--database-url=", "--local-hive",
+		"--hive-arg=--models-dir="+ownModelsDir(t, dir), "--hive-arg=--worker-threads=1", "--hive-arg=--worker-ports=26000-26499")
+	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": LocalPoolID, "to": "healthy"})
+	resp, err := keeper.NewClient(url, admin, cluster).StartWorker(t.Context(), "tiny", LocalPoolID, nil, "secret env test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
+	for _, who := range []struct{ name, word string }{{"hive", " hive --"}, {"worker", " worker --worker-id"}} {
+		pid := testbin.AwaitProcess(t, dir, who.word)
+		data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+		if err != nil {
+			t.Fatalf("environment of the %s: %v", who.name, err)
+		}
+		for _, kv := range bytes.Split(data, []byte{0}) {
+			if strings.Contains(string(kv), "s3cret") {
+				t.Errorf("the %s (pid %d) inherited %s", who.name, pid, kv)
+			}
+		}
+		if who.name == "worker" && !bytes.Contains(append([]byte{0}, data...), []byte("\x00APIARY_WORKER_TOKEN=")) {
+			t.Errorf("the worker (pid %d) has no worker token of its own", pid)
+		}
+	}
+}
