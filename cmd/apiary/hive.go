@@ -12,11 +12,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/apiary-llm/apiary/internal/hive"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // hiveFlags are the flags of `apiary hive`; toConfig turns them into a
 // hive.Config.
 type hiveFlags struct {
+	tls                                    transport.ServerTLS
 	addr, advertise, queen, poolID, nodeID string
 	dataDir, modelsDir, ports              string
 	ctxSize, threads, slots                int
@@ -85,6 +87,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.StringVar(&f.workerPath, "worker-path", "", "binary run as a worker with the worker's flags (default: this apiary; tests use it)")
 	_ = fl.MarkHidden("worker-path")
 	fl.DurationVar(&f.leaseTimeout, "lease-timeout", 0, "shut down when the queen answered no heartbeat for this long (with --owner queen|keeper; 0: never)")
+	addTLSFlags(fl, &f.tls)
 	fl.BoolVar(&f.logJSON, "log-json", false, "write logs as JSON")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
@@ -143,6 +146,7 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		HeartbeatInterval: f.heartbeatInterval,
 		QueenURL:          f.queen, PoolID: f.poolID, NodeID: f.nodeID,
 		ClusterToken: os.Getenv("APIARY_CLUSTER_TOKEN"),
+		TLS:          f.tls,
 		Owner:        f.owner, LeaseTimeout: f.leaseTimeout, WorkerPath: f.workerPath,
 		Logger: slog.New(handler),
 	}, nil

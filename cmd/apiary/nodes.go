@@ -29,7 +29,7 @@ func newNodesAddCmd(a *adminFlags) *cobra.Command {
 	var req api.AddNodeRequest
 	var port int
 	cmd := &cobra.Command{
-		Use:   "add NAME --ssh USER@HOST[:PORT] [--install-dir DIR] [--hive-port N]",
+		Use:   "add NAME --ssh USER@HOST[:PORT] [--install-dir DIR] [--hive-port N] [--tls-cert FILE --tls-key FILE --node-ca-file FILE]",
 		Short: "Probe a node over SSH, save it and start a hive there",
 		Long: `Probe the node over SSH (clear errors for a timeout, an unknown host key, a
 refused key, a missing binary), save it, and start a hive there whose pool id
@@ -60,6 +60,9 @@ when it is missing or another build.`,
 	cmd.Flags().StringVar(&req.InstallDir, "install-dir", "", "where apiary lives on the node (default ~/.local/bin)")
 	cmd.Flags().IntVar(&port, "hive-port", 9200, "port of the hive on the node (0: any free port)")
 	cmd.Flags().StringVar(&req.Reason, "reason", "", "why, for the audit log")
+	cmd.Flags().StringVar(&req.TLSCert, "tls-cert", "", "certificate file on the node for its hive and workers (required when the queen serves TLS)")
+	cmd.Flags().StringVar(&req.TLSKey, "tls-key", "", "key file on the node of --tls-cert")
+	cmd.Flags().StringVar(&req.CAFile, "node-ca-file", "", "CA file on the node that its hive trusts (the cluster's CA)")
 	return cmd
 }
 

@@ -17,7 +17,7 @@ func newPoolsCmd() *cobra.Command {
 	cmd := groupCmd("pools", "List, drain and remove pools",
 		`List, drain and remove the pools (hives) registered with the queen. A drained
 pool gets no new workers; a removed pool is offline until its hive registers
-again. Uses $APIARY_ADMIN_TOKEN (or $APIARY_CLUSTER_TOKEN).`,
+again. Uses $APIARY_ADMIN_TOKEN ($APIARY_CLUSTER_TOKEN may list pools).`,
 		newPoolsLsCmd(a), newPoolsDrainCmd(a), newPoolsRmCmd(a))
 	a.register(cmd)
 	return cmd

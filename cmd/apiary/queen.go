@@ -14,11 +14,14 @@ import (
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/sshnode"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // queenFlags are the flags of `apiary queen`; toConfig turns them into a
 // queen.Config.
 type queenFlags struct {
+	tls                                   transport.ServerTLS
+	corsOrigins                           []string
 	addr, advertise, dataDir, databaseURL string
 	heartbeatTimeout, unhealthyGrace      time.Duration
 	offlineRetention, flushInterval       time.Duration
@@ -90,6 +93,8 @@ address only.`,
 	fl.StringArrayVar(&f.hiveArgs, "hive-arg", nil, "extra flag for every hive the queen starts, e.g. --hive-arg=--worker-threads=1 (repeatable)")
 	fl.DurationVar(&f.hiveStopTimeout, "hive-stop-timeout", queen.DefaultHiveStopTimeout, "how long a hive the queen started may take to stop its workers and exit; then it is killed")
 	f.routing.add(fl)
+	addTLSFlags(fl, &f.tls)
+	fl.StringArrayVar(&f.corsOrigins, "cors-origin", nil, "browser origin allowed to call the OpenAI endpoints, e.g. https://chat.example.com (repeatable; * for any); default none")
 	fl.BoolVar(&f.logJSON, "log-json", false, "write logs as JSON")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
@@ -134,7 +139,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL,
 		HeartbeatTimeout: f.heartbeatTimeout, UnhealthyGrace: f.unhealthyGrace, OfflineRetention: f.offlineRetention,
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout,
-		Tokens: queen.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing,
+		Tokens: queen.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
 		Ownership: queen.OwnershipConfig{Owner: f.owner, LocalHive: f.localHive, HiveArgs: f.hiveArgs,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout},
 		Logger: slog.New(handler),

@@ -32,6 +32,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newModelsCmd(),
 		newVersionCmd(),
 	)
+	addCAFlag(root)
 	redactDefaults(root)
 	return root
 }

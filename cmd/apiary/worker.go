@@ -14,12 +14,14 @@ import (
 	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/llamacpp"
+	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/worker"
 	"github.com/spf13/cobra"
 )
 
 // workerFlags are the command line of `apiary worker`.
 type workerFlags struct {
+	tls           transport.ServerTLS
 	workerID      string
 	model         string
 	gpuDevice     int
@@ -71,6 +73,7 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.IntVar(&f.threads, "threads", 0, "CPU threads; 0: one per CPU")
 	fl.IntVar(&f.queue, "queue", 0, "requests that may wait for a slot; 0: 4 per slot, -1: none")
 	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "time in-flight generations get to finish on shutdown")
+	addTLSFlags(fl, &f.tls)
 	fl.BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
 	fl.StringVar(&f.logLevel, "log-level", "info", "least important log level: debug, info, warn or error")
 	return cmd
@@ -135,6 +138,7 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		CallbackURL:   f.callbackURL,
 		LifecycleID:   f.lifecycleID,
 		Token:         os.Getenv(worker.TokenEnv),
+		TLS:           f.tls,
 		Slots:         f.slots,
 		QueueSize:     f.queue,
 		ShutdownGrace: f.shutdownGrace,

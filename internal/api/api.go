@@ -141,6 +141,10 @@ type RegisterPool struct {
 type Heartbeat struct {
 	GPUs    []GPU    `json:"gpus"`
 	Workers []Worker `json:"workers"`
+	// WorkerTokens are the live workers' own bearer tokens by worker id:
+	// the queen needs them to send requests to the workers. They travel
+	// only from hive to queen, never in a listing.
+	WorkerTokens map[string]string `json:"worker_tokens,omitempty"`
 }
 
 // WorkerEvent is one transition the hive pushes to the queen's
@@ -154,6 +158,9 @@ type WorkerEvent struct {
 	Reason      string    `json:"reason"`
 	At          time.Time `json:"at"`
 	Worker      Worker    `json:"worker"`
+	// WorkerToken is the worker's own bearer token while it lives (see
+	// Heartbeat.WorkerTokens).
+	WorkerToken string `json:"worker_token,omitempty"`
 }
 
 // WorkerHealth is the worker's GET /health answer as the hive reads it.

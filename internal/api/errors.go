@@ -1,8 +1,12 @@
 package api
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // RequestError is a refused request whose HTTP status and snake_case code
@@ -20,4 +24,49 @@ func (e *RequestError) Unwrap() error { return e.Err }
 // BadRequest is a 400 invalid_request with a formatted message.
 func BadRequest(format string, a ...any) error {
 	return &RequestError{Status: http.StatusBadRequest, Code: "invalid_request", Err: fmt.Errorf(format, a...)}
+}
+
+// MaxRemoteMessage bounds an error message taken from another process's
+// answer before it reaches a log, the audit log or a client.
+const MaxRemoteMessage = 512
+
+// RemoteError reads another apiary process's error answer: the code and
+// message of an {"error":{…}} body, the message cut to MaxRemoteMessage
+// bytes of printable text. A body of any other shape is not passed on:
+// the detail then names only the status.
+func RemoteError(status int, body []byte) ErrorDetail {
+	var e Error
+	if json.Unmarshal(body, &e) != nil || e.Error.Code == "" || e.Error.Message == "" {
+		return ErrorDetail{Code: "unexpected_answer", Message: fmt.Sprintf("answered %d %s with a body that is not an error object", status, http.StatusText(status))}
+	}
+	return ErrorDetail{Code: Printable(e.Error.Code, 64), Message: Printable(e.Error.Message, MaxRemoteMessage)}
+}
+
+// Printable is s cut to at most max bytes (on a rune boundary, with "…"
+// when cut) with every control character, C1 code, bidirectional override
+// and invalid byte replaced by U+FFFD: text from another process that
+// reaches a terminal, a log or the audit log can then neither rewrite the
+// screen nor hide what it says.
+func Printable(s string, max int) string {
+	var b strings.Builder
+	for i, r := range s {
+		if b.Len()+utf8.RuneLen(r) > max {
+			b.WriteString("…")
+			break
+		}
+		if !unicode.IsPrint(r) && r != ' ' || r == utf8.RuneError && isInvalidAt(s, i) || isBidi(r) {
+			r = utf8.RuneError
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func isInvalidAt(s string, i int) bool {
+	r, n := utf8.DecodeRuneInString(s[i:])
+	return r == utf8.RuneError && n <= 1
+}
+
+func isBidi(r rune) bool {
+	return r >= 0x202A && r <= 0x202E || r >= 0x2066 && r <= 0x2069 || r == 0x200E || r == 0x200F
 }

@@ -12,6 +12,12 @@ type AddNodeRequest struct {
 	InstallDir string `json:"install_dir,omitempty"` // default ~/.local/bin
 	HivePort   *int   `json:"hive_port,omitempty"`   // default 9200; 0: any free port
 	Reason     string `json:"reason,omitempty"`
+	// TLS files on the node, for its hive (and its workers): required
+	// when the queen serves TLS. CAFile is what the hive trusts besides
+	// the node's system roots (the cluster's CA).
+	TLSCert string `json:"tls_cert,omitempty"`
+	TLSKey  string `json:"tls_key,omitempty"`
+	CAFile  string `json:"ca_file,omitempty"`
 }
 
 // States of the hive a queen runs on a node.

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // Config is everything a hive needs. Zero values take the contract's
@@ -61,6 +61,10 @@ type Config struct {
 	ClusterToken string // bearer for the queen and for the hive's own API
 
 	MaxBodyBytes int64 // request body limit, default 1 MiB
+
+	// TLS, when its files are set, serves HTTPS only, and the workers
+	// serve HTTPS with the same certificate; default plain HTTP.
+	TLS transport.ServerTLS
 
 	// Owner is who started the hive (see lifeline.go): OwnerOperator
 	// (default), OwnerQueen or OwnerKeeper. A hive another process owns
@@ -158,14 +162,17 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--addr %q is not a loopback address; set APIARY_CLUSTER_TOKEN to serve on it", c.Addr))
 	}
 	if c.Advertise != "" {
-		if u, err := url.Parse(c.Advertise); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			errs = append(errs, fmt.Errorf("--advertise %q is not an http(s) URL", c.Advertise))
+		if _, err := transport.CheckBaseURL("--advertise", c.Advertise); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.QueenURL != "" {
-		if u, err := url.Parse(c.QueenURL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			errs = append(errs, fmt.Errorf("--queen %q is not an http(s) URL", c.QueenURL))
+		if _, err := transport.CheckBaseURL("--queen", c.QueenURL); err != nil {
+			errs = append(errs, err)
 		}
+	}
+	if err := c.TLS.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.PortMin < 1 || c.PortMax > 65535 || c.PortMin > c.PortMax {
 		errs = append(errs, fmt.Errorf("worker port range %d-%d is not within 1-65535", c.PortMin, c.PortMax))
@@ -210,13 +217,7 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+func isLoopback(host string) bool { return transport.IsLoopback(host) }
 
 func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
 

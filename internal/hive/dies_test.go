@@ -32,7 +32,7 @@ func TestWhatDiesWhen_AfterInferenceCompletes_HiveAndWorkerStayUp(t *testing.T) 
 	id := th.start()
 	ready := th.rec.wait(t, id, lifecycle.Ready)
 	for range 2 {
-		if _, err := realCompletion(ready.Worker.URI); err != nil {
+		if _, err := realCompletion(ready); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -54,6 +54,7 @@ func TestWhatDiesWhen_ClientGoesAway_HiveAndWorkerStayUp(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	req, _ := http.NewRequestWithContext(ctx, "POST", ready.Worker.URI+"/v1/completions",
 		strings.NewReader(`{"model":"tiny","prompt":"hello","max_tokens":200,"stream":true}`))
+	req.Header.Set("Authorization", "Bearer "+ready.WorkerToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +65,7 @@ func TestWhatDiesWhen_ClientGoesAway_HiveAndWorkerStayUp(t *testing.T) {
 	}
 	cancel() // Ctrl+C
 	resp.Body.Close()
-	if _, err := realCompletion(ready.Worker.URI); err != nil {
+	if _, err := realCompletion(ready); err != nil {
 		t.Fatalf("worker after a client left: %v", err)
 	}
 	if st := th.rec.states(id); slicesContains(st, "failed") || slicesContains(st, "draining") {

@@ -11,6 +11,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/gguf"
 	"github.com/apiary-llm/apiary/internal/procs"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // The hive's effects live behind these small interfaces so that the policy
@@ -74,7 +75,9 @@ func newHTTPWorkerClient() *httpWorkerClient {
 	// new one unused. The worker's http.Server.Shutdown then waits 5s for
 	// that never-used connection, which stalled cascades. A loopback dial
 	// per probe costs nothing at these rates.
-	return &httpWorkerClient{c: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+	t := transport.NewTransport()
+	t.DisableKeepAlives = true
+	return &httpWorkerClient{c: transport.NewClient(t, 0)}
 }
 
 func (c *httpWorkerClient) Health(ctx context.Context, uri string) (api.WorkerHealth, error) {
@@ -104,6 +107,7 @@ func (c *httpWorkerClient) Shutdown(ctx context.Context, uri, token string) erro
 		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.c.Do(req)
 	if err != nil {
 		return err

@@ -187,6 +187,7 @@ func fakeWorkerMain(spec string, args []string) int {
 		body, _ := json.Marshal(api.ReadyCallback{WorkerID: *id, VRAMBytes: vram, URI: "http://" + ln.Addr().String()})
 		req, _ := http.NewRequest(http.MethodPost, *cbURL, bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+cbToken)
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		_, survivor := fw.behave["no-pdeathsig"]
 		switch {

@@ -125,7 +125,7 @@ func (h *Hive) URL() string {
 	if h.cfg.Advertise != "" {
 		return h.cfg.Advertise
 	}
-	return "http://" + h.addr.String()
+	return h.cfg.TLS.Scheme() + "://" + h.addr.String()
 }
 
 // Shutdown asks a running hive to stop all workers and return from Run.
@@ -164,6 +164,9 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("hive: listen on %s: %w", h.cfg.Addr, err)
 	}
 	h.addr = ln.Addr()
+	if ln, err = h.cfg.TLS.Listen(ln); err != nil {
+		return fmt.Errorf("hive: %w", err)
+	}
 	srv := &http.Server{
 		Handler:           h.routes(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -185,7 +188,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 		g.Go(func() error { h.queen.run(queenCtx); return nil })
 	}
 	stopOwnerLoops := h.ownerLoops(func(fn func()) { g.Go(func() error { fn(); return nil }) }, queenCtx)
-	h.log.Info("hive serving", "addr", h.addr.String(), "data_dir", h.cfg.DataDir, "models_dir", h.cfg.ModelsDir,
+	h.log.Info("hive serving", "addr", h.addr.String(), "url", h.URL(), "data_dir", h.cfg.DataDir, "models_dir", h.cfg.ModelsDir,
 		"version", version.Version, "owner", h.cfg.Owner)
 	close(h.ready)
 

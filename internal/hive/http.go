@@ -12,6 +12,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/modelstore"
+	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/version"
 )
 
@@ -24,7 +25,10 @@ func (h *Hive) routes() http.Handler {
 	auth := func(fn handlerFunc) http.Handler { return h.handle(fn, true) }
 
 	mux.Handle("GET /health", open(h.getHealth))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(h.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", auth(func(w http.ResponseWriter, r *http.Request) error {
+		promhttp.HandlerFor(h.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+		return nil
+	}))
 	mux.Handle("GET /v2/workers", auth(h.listWorkers))
 	mux.Handle("GET /v2/workers/{id}", auth(h.getWorker))
 	mux.Handle("GET /v2/workers/{id}/logs", auth(h.getWorkerLogs))
@@ -41,8 +45,24 @@ func (h *Hive) routes() http.Handler {
 	return mux
 }
 
+// handle refuses what a browser can forge (transport.CheckNotForged) and,
+// without a cluster token, requests not addressed to loopback
+// (transport.CheckHost); authenticates when needToken; limits the body,
+// runs fn and maps its error.
 func (h *Hive) handle(fn handlerFunc, needToken bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h.cfg.ClusterToken == "" {
+			if err := transport.CheckHost(r); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+		if r.URL.Path != "/health" {
+			if err := transport.CheckNotForged(r); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
 		if needToken && h.cfg.ClusterToken != "" {
 			if subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(h.cfg.ClusterToken)) != 1 {
 				writeError(w, fmt.Errorf("%w: missing or wrong cluster token (APIARY_CLUSTER_TOKEN)", ErrUnauthorized))

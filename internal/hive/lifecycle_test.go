@@ -241,6 +241,7 @@ func TestReadyCallbackOnlyOnceAndOnlyWithToken(t *testing.T) {
 	w, _ := th.reg.get(id, false)
 	req, _ := http.NewRequest("POST", th.url+"/v2/internal/workers/ready", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+w.token)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

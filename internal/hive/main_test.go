@@ -230,6 +230,9 @@ func (th *testHive) do(method, path string, body any, out any) int {
 	if err != nil {
 		th.t.Fatal(err)
 	}
+	if method != http.MethodGet {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		th.t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/version"
 )
 
@@ -43,7 +44,7 @@ func newQueenClient(h *Hive) *queenClient {
 		h:      h,
 		base:   strings.TrimSuffix(h.cfg.QueenURL, "/"),
 		token:  h.cfg.ClusterToken,
-		hc:     &http.Client{Timeout: max(h.cfg.HeartbeatInterval, time.Second)},
+		hc:     transport.NewClient(nil, max(h.cfg.HeartbeatInterval, time.Second)),
 		log:    h.log.With("queen", h.cfg.QueenURL),
 		events: make(chan api.WorkerEvent, eventQueue),
 	}
@@ -122,7 +123,7 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 		return err
 	}
 	return q.post(ctx, "/v2/pools/"+url.PathEscape(q.h.cfg.PoolID)+"/heartbeat", api.Heartbeat{
-		GPUs: gpus, Workers: q.h.reg.list(false),
+		GPUs: gpus, Workers: q.h.reg.list(false), WorkerTokens: q.h.reg.tokens(),
 	})
 }
 
@@ -213,6 +214,6 @@ func (q *queenClient) post(ctx context.Context, path string, body any) error {
 	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusGone:
 		return fmt.Errorf("POST %s: %w (%s)", path, errQueenForgot, resp.Status)
 	default:
-		return fmt.Errorf("POST %s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
+		return fmt.Errorf("POST %s: %s: %s", path, resp.Status, api.RemoteError(resp.StatusCode, msg).Message)
 	}
 }

@@ -200,6 +200,7 @@ func (th *testHive) startAuthed(token string) string {
 	th.t.Helper()
 	req, _ := http.NewRequest("POST", th.url+"/v2/workers/start", strings.NewReader(`{"model_ref":"tiny"}`))
 	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		th.t.Fatal(err)

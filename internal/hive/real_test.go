@@ -21,7 +21,7 @@ func TestRealWorkerSpawnServeStop(t *testing.T) {
 	if ready.Worker.VRAMBytes == 0 || !strings.HasPrefix(ready.Worker.URI, "http://127.0.0.1:") {
 		t.Fatalf("ready worker = %+v", ready.Worker)
 	}
-	text, err := realCompletion(ready.Worker.URI)
+	text, err := realCompletion(ready)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestWhatDiesWhen_AfterIdleTimeout_WorkerDiesHiveLives(t *testing.T) {
 	th := startHive(t, withReal(t), func(c *Config) { c.IdleTimeout = 500 * time.Millisecond; c.HealthInterval = 100 * time.Millisecond })
 	id := th.start()
 	ready := th.rec.wait(t, id, lifecycle.Ready)
-	if _, err := realCompletion(ready.Worker.URI); err != nil {
+	if _, err := realCompletion(ready); err != nil {
 		t.Fatal(err)
 	}
 	served := time.Now()
@@ -103,10 +103,15 @@ type completionAnswer struct {
 	} `json:"usage"`
 }
 
-func realCompletion(uri string) (completionAnswer, error) {
+// realCompletion asks the worker of ready directly, with the token its
+// hive gave it (from the event the test recorded).
+func realCompletion(ready api.WorkerEvent) (completionAnswer, error) {
 	var out completionAnswer
-	resp, err := http.Post(uri+"/v1/completions", "application/json",
+	req, _ := http.NewRequest(http.MethodPost, ready.Worker.URI+"/v1/completions",
 		strings.NewReader(`{"model":"tiny","prompt":"hello","max_tokens":4,"temperature":0}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+ready.WorkerToken)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return out, err
 	}

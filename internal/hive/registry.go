@@ -165,6 +165,18 @@ func (r *registry) list(ended bool) []api.Worker {
 	return out
 }
 
+// tokens returns the live workers' own tokens by worker id, for the
+// queen.
+func (r *registry) tokens() map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]string, len(r.live))
+	for id, w := range r.live {
+		out[id] = w.token
+	}
+	return out
+}
+
 // liveWorkers returns the live workers.
 func (r *registry) liveWorkers() []*worker {
 	r.mu.Lock()

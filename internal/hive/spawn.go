@@ -17,6 +17,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/procs"
+	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/secret"
 )
 
@@ -113,7 +114,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if err := h.reg.admit(w, h.cfg.WorkerHost, h.cfg.PortMin, h.cfg.PortMax); err != nil {
 		return snap, err
 	}
-	w.uri = "http://" + hostPort(h.cfg.WorkerHost, w.port)
+	w.uri = h.cfg.TLS.Scheme() + "://" + hostPort(h.cfg.WorkerHost, w.port)
 	w.out = newWorkerLog(filepath.Join(h.data.logsDir(), id+".log"))
 
 	args := append([]string(nil), h.cfg.WorkerArgs...)
@@ -137,6 +138,13 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	}
 	if h.cfg.CtxSize > 0 {
 		args = append(args, "--ctx-size", strconv.Itoa(h.cfg.CtxSize))
+	}
+	if h.cfg.TLS.Enabled() {
+		// A TLS hive's workers serve TLS with the node's certificate.
+		args = append(args, "--tls-cert", h.cfg.TLS.CertFile, "--tls-key", h.cfg.TLS.KeyFile)
+	}
+	if ca := transport.CAFile(); ca != "" {
+		args = append(args, "--ca-file", ca) // to trust the hive in its callback
 	}
 	// No secret of the hive's reaches the worker but its own token.
 	env := append(secret.Scrub(os.Environ()), h.cfg.WorkerEnv...)
@@ -184,7 +192,7 @@ func (h *Hive) callbackURL() string {
 		host = th
 	}
 	_, port, _ := splitHost(h.addr.String())
-	return "http://" + hostPort(host, mustAtoi(port)) + "/v2/internal/workers/ready"
+	return h.cfg.TLS.Scheme() + "://" + hostPort(host, mustAtoi(port)) + "/v2/internal/workers/ready"
 }
 
 // requestStop asks the owner to stop the worker; it returns once the owner

@@ -354,8 +354,7 @@ func (w *worker) ready(c readyCmd) error {
 		}
 		return err
 	}
-	w.vram = c.cb.VRAMBytes
-	w.uri = c.cb.URI
+	w.vram = c.cb.VRAMBytes // w.uri stays the hive's own: its host and scheme
 	w.readyAt = time.Now()
 	w.h.metrics.readyLatency.Observe(w.readyAt.Sub(w.spawnedAt).Seconds())
 	w.transition(lifecycle.Ready, fmt.Sprintf("ready callback: %s at %s", api.FormatBytes(w.vram), w.uri))
@@ -363,11 +362,12 @@ func (w *worker) ready(c readyCmd) error {
 }
 
 // checkURI accepts the uri a worker reports only if it points at the port
-// the hive gave it.
+// the hive gave it. The hive keeps its own uri of the worker either way
+// (its host and scheme), so the report cannot send the queen elsewhere.
 func (w *worker) checkURI(raw string) error {
 	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%w: uri %q is not an http URL", ErrImplausibleReady, raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%w: uri %q is not an http(s) URL of host and port", ErrImplausibleReady, api.Printable(raw, 200))
 	}
 	if u.Port() != strconv.Itoa(w.port) {
 		return fmt.Errorf("%w: uri %q is not on the assigned port %d", ErrImplausibleReady, raw, w.port)
@@ -433,10 +433,14 @@ func (w *worker) transition(to lifecycle.State, reason string) bool {
 		"after", t.InFrom.Round(time.Millisecond).String())
 	w.h.metrics.workers.WithLabelValues(string(t.From)).Dec()
 	w.h.metrics.workers.WithLabelValues(string(t.To)).Inc()
-	w.h.emit(api.WorkerEvent{
+	ev := api.WorkerEvent{
 		WorkerID: w.id, LifecycleID: w.lifecycle,
 		From: string(t.From), To: string(t.To), Reason: reason, At: t.At, Worker: snap,
-	})
+	}
+	if !t.To.Terminal() {
+		ev.WorkerToken = w.token
+	}
+	w.h.emit(ev)
 	return true
 }
 

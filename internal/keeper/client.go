@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // ErrUnreachable means no queen answered at the URL.
@@ -48,7 +49,7 @@ type Client struct {
 // token when there is no admin token.
 func NewClient(base, adminToken, clusterToken string) *Client {
 	return &Client{base: strings.TrimSuffix(base, "/"), adminToken: adminToken, clusterToken: clusterToken,
-		hc: &http.Client{Timeout: 60 * time.Second}}
+		hc: transport.NewClient(nil, 60*time.Second)}
 }
 
 // SetTimeout bounds each call (default 60s); removing a node waits for its
@@ -113,14 +114,14 @@ func (c *Client) Pools(ctx context.Context, f PoolFilter) ([]api.Pool, error) {
 // DrainPool drains a pool: it gets no new workers.
 func (c *Client) DrainPool(ctx context.Context, id, reason string) (api.Pool, error) {
 	var out api.Pool
-	err := c.do(ctx, http.MethodPost, "/v2/pools/"+url.PathEscape(id)+"/drain", nil, api.PoolAction{Reason: reason}, &out, c.poolToken())
+	err := c.do(ctx, http.MethodPost, "/v2/pools/"+url.PathEscape(id)+"/drain", nil, api.PoolAction{Reason: reason}, &out, c.adminToken)
 	return out, err
 }
 
 // RemovePool deregisters a pool (offline; removed after the retention).
 func (c *Client) RemovePool(ctx context.Context, id, reason string) (api.Pool, error) {
 	var out api.Pool
-	err := c.do(ctx, http.MethodDelete, "/v2/pools/"+url.PathEscape(id), nil, api.PoolAction{Reason: reason}, &out, c.poolToken())
+	err := c.do(ctx, http.MethodDelete, "/v2/pools/"+url.PathEscape(id), nil, api.PoolAction{Reason: reason}, &out, c.adminToken)
 	return out, err
 }
 
@@ -167,7 +168,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	if err != nil {
 		return fmt.Errorf("keeper: %w", err)
 	}
-	if body != nil {
+	if method != http.MethodGet {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if token != "" {

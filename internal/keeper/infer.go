@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/termtext"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // Modes of `apiary infer` (lifecycle-clarification.md, "The Two Modes").
@@ -205,6 +207,14 @@ func looksLikePath(model string) bool {
 	return strings.ContainsRune(model, '/') || strings.HasSuffix(model, ".gguf")
 }
 
+// oneShotClient is a client for one request: apiary's TLS settings, no
+// redirects, no connection kept.
+func oneShotClient() *http.Client {
+	t := transport.NewTransport()
+	t.DisableKeepAlives = true
+	return transport.NewClient(t, 0)
+}
+
 // detect asks GET /health: an apiary answer is persistent mode, nothing
 // answering is ephemeral mode, anything else is an error.
 func (k *Infer) detect(ctx context.Context) (string, error) {
@@ -214,11 +224,17 @@ func (k *Infer) detect(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: --queen %q: %w", ErrUsage, k.cfg.QueenURL, err)
 	}
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := hc.Do(req)
+	resp, err := oneShotClient().Do(req)
 	if err != nil {
 		if pctx := context.Cause(ctx); errors.Is(pctx, context.Canceled) {
 			return "", pctx
+		}
+		var cve *tls.CertificateVerificationError
+		var rhe tls.RecordHeaderError
+		if errors.As(err, &cve) || errors.As(err, &rhe) {
+			// Something listens there, and TLS is what fails: ephemeral
+			// mode would only collide with it.
+			return "", fmt.Errorf("TLS with %s failed (for a cluster CA, set %s or --ca-file; for a plain HTTP queen use http://): %w", k.cfg.QueenURL, transport.CAFileEnv, err)
 		}
 		k.log.Debug("no queen answers; ephemeral mode", "queen", k.cfg.QueenURL, "err", err)
 		return ModeEphemeral, nil
@@ -262,8 +278,7 @@ func (k *Infer) generate(ctx context.Context, url, ref string) error {
 	}
 	prog := k.startProgress(ctx, url, ref)
 	defer prog.stop()
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := hc.Do(req)
+	resp, err := oneShotClient().Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)

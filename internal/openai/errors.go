@@ -193,6 +193,9 @@ func WriteError(w http.ResponseWriter, err error) int {
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	}
 	status := e.status()
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
+	}
 	WriteJSON(w, status, Response(e))
 	return status
 }

@@ -43,11 +43,8 @@ func (c *httpHiveClient) Models(ctx context.Context, endpoint string) ([]api.Mod
 		return nil, fmt.Errorf("%w: GET %s/v2/models: %w", ErrHiveUnreachable, endpoint, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		var e api.Error
-		if json.Unmarshal(data, &e) != nil || e.Error.Code == "" {
-			e.Error = api.ErrorDetail{Code: "hive_error", Message: strings.TrimSpace(string(data))}
-		}
-		return nil, &HiveError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+		d := api.RemoteError(resp.StatusCode, data)
+		return nil, &HiveError{Status: resp.StatusCode, Code: d.Code, Message: d.Message}
 	}
 	var list api.ModelList
 	if err := json.Unmarshal(data, &list); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // Tokens authenticate the three kinds of callers. An empty token leaves its
@@ -28,6 +29,14 @@ const (
 	AdminTokenEnv   = "APIARY_ADMIN_TOKEN"
 	ClusterTokenEnv = "APIARY_CLUSTER_TOKEN"
 )
+
+// minTokenLen is the shortest token accepted: 16 bytes resist guessing
+// over the network.
+const minTokenLen = 16
+
+// open reports whether the queen runs without tokens: every endpoint
+// admits anyone who reaches it, so it listens on loopback only.
+func (t Tokens) open() bool { return t.API == "" && t.Admin == "" && t.Cluster == "" }
 
 // TokensFromEnv reads the three tokens from the environment.
 func TokensFromEnv() Tokens {
@@ -50,6 +59,12 @@ type Config struct {
 
 	Tokens       Tokens
 	MaxBodyBytes int64 // request body limit
+
+	// TLS, when its files are set, serves HTTPS only; default plain HTTP.
+	TLS transport.ServerTLS
+	// CORSOrigins are the browser origins allowed to call the OpenAI
+	// endpoints (see transport.CORS); default none.
+	CORSOrigins []string
 
 	// Hives talks to the hives; default HTTP with the cluster token.
 	Hives HiveClient
@@ -118,18 +133,32 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	host, _, err := net.SplitHostPort(c.Addr)
-	if err != nil {
+	var missing []string
+	for env, v := range map[string]string{APITokenEnv: c.Tokens.API, AdminTokenEnv: c.Tokens.Admin, ClusterTokenEnv: c.Tokens.Cluster} {
+		if v == "" {
+			missing = append(missing, env)
+		}
+	}
+	switch {
+	case err != nil:
 		errs = append(errs, fmt.Errorf("--addr %q: %w", c.Addr, err))
-	} else if !isLoopback(host) {
-		var missing []string
-		for env, v := range map[string]string{APITokenEnv: c.Tokens.API, AdminTokenEnv: c.Tokens.Admin, ClusterTokenEnv: c.Tokens.Cluster} {
-			if v == "" {
-				missing = append(missing, env)
-			}
+	case len(missing) == 3 && !isLoopback(host):
+		errs = append(errs, fmt.Errorf("--addr %q is not a loopback address: set %v to serve on it (without tokens the queen binds loopback only)", c.Addr, sortedStrings(missing)))
+	case len(missing) > 0 && len(missing) < 3:
+		// A role whose token is missing would be open to anyone who
+		// reaches the ones that are guarded.
+		errs = append(errs, fmt.Errorf("some tokens are set but %v is not: set all three tokens, or none (then the queen serves loopback only)", sortedStrings(missing)))
+	}
+	for env, v := range map[string]string{APITokenEnv: c.Tokens.API, AdminTokenEnv: c.Tokens.Admin, ClusterTokenEnv: c.Tokens.Cluster} {
+		if v != "" && len(v) < minTokenLen {
+			errs = append(errs, fmt.Errorf("%s is %d bytes; a token needs at least %d (e.g. openssl rand -hex 32)", env, len(v), minTokenLen))
 		}
-		if len(missing) > 0 {
-			errs = append(errs, fmt.Errorf("--addr %q is not a loopback address: set %v to serve on it (without tokens the queen binds loopback only)", c.Addr, sortedStrings(missing)))
-		}
+	}
+	if err := c.TLS.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := transport.CheckOrigins(c.CORSOrigins); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Advertise != "" {
 		if u, err := url.Parse(c.Advertise); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
@@ -162,10 +191,4 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+func isLoopback(host string) bool { return transport.IsLoopback(host) }

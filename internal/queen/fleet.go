@@ -16,6 +16,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/sshnode"
+	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/version"
 )
@@ -48,13 +49,35 @@ type nodeSpec struct {
 	installDir string
 	hivePort   int
 	createdAt  time.Time
+	tls        nodeTLS
+}
+
+// nodeTLS names the files of a node's hive: its certificate and key, and
+// the CA it trusts (paths on the node; empty: plain HTTP, system roots).
+type nodeTLS struct {
+	Cert   string `json:"tls_cert,omitempty"`
+	Key    string `json:"tls_key,omitempty"`
+	CAFile string `json:"ca_file,omitempty"`
+}
+
+// args are the hive's flags for t.
+func (t nodeTLS) args() []string {
+	var out []string
+	if t.Cert != "" {
+		out = append(out, "--tls-cert", t.Cert, "--tls-key", t.Key)
+	}
+	if t.CAFile != "" {
+		out = append(out, "--ca-file", t.CAFile)
+	}
+	return out
 }
 
 func (s nodeSpec) local() bool { return s.target == nil }
 
 // nodeMeta is what a node row keeps in its metadata.
 type nodeMeta struct {
-	HivePort int `json:"hive_port"`
+	HivePort int     `json:"hive_port"`
+	TLS      nodeTLS `json:"tls,omitzero"`
 }
 
 func newFleet(q *Queen) *fleet {
@@ -107,7 +130,7 @@ func specOf(n store.Node) (nodeSpec, error) {
 	if dir == "" {
 		dir = sshnode.DefaultInstallDir
 	}
-	return nodeSpec{name: n.Name, target: &t, installDir: dir, hivePort: meta.HivePort, createdAt: n.CreatedAt}, nil
+	return nodeSpec{name: n.Name, target: &t, installDir: dir, hivePort: meta.HivePort, createdAt: n.CreatedAt, tls: meta.TLS}, nil
 }
 
 // add starts the supervisor of spec's hive.
@@ -228,7 +251,11 @@ func (f *fleet) hiveArgs(spec nodeSpec, addr string) []string {
 	}
 	if spec.local() {
 		args = append(args, "--data-dir", filepath.Join(f.q.cfg.DataDir, "local-hive"))
+		// The queen's own machine: its certificate and CA serve the
+		// local hive too.
+		spec.tls = nodeTLS{Cert: f.q.cfg.TLS.CertFile, Key: f.q.cfg.TLS.KeyFile, CAFile: transport.CAFile()}
 	}
+	args = append(args, spec.tls.args()...)
 	return append(args, f.cfg.HiveArgs...)
 }
 

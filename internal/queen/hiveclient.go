@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // HiveClient is every effect the queen has on a hive. endpoint is the
@@ -22,6 +23,9 @@ type HiveClient interface {
 	StopWorker(ctx context.Context, endpoint, workerID string, req api.StopWorkerRequest) error
 }
 
+// maxHiveAnswer bounds what the queen reads of a hive's answer.
+const maxHiveAnswer = 1 << 20
+
 // httpHiveClient speaks the hive's HTTP API with the cluster token.
 type httpHiveClient struct {
 	token string
@@ -30,7 +34,7 @@ type httpHiveClient struct {
 
 // NewHTTPHiveClient is the HiveClient of a running queen.
 func NewHTTPHiveClient(clusterToken string, timeout time.Duration) HiveClient {
-	return &httpHiveClient{token: clusterToken, hc: &http.Client{Timeout: timeout}}
+	return &httpHiveClient{token: clusterToken, hc: transport.NewClient(nil, timeout)}
 }
 
 func (c *httpHiveClient) StartWorker(ctx context.Context, endpoint string, req api.StartWorkerRequest) (api.StartWorkerResponse, error) {
@@ -61,16 +65,13 @@ func (c *httpHiveClient) post(ctx context.Context, endpoint, path string, body, 
 		return fmt.Errorf("%w: POST %s%s: %w", ErrHiveUnreachable, endpoint, path, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxHiveAnswer))
 	if err != nil {
 		return fmt.Errorf("%w: POST %s%s: %w", ErrHiveUnreachable, endpoint, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e api.Error
-		if json.Unmarshal(data, &e) != nil || e.Error.Code == "" {
-			e.Error = api.ErrorDetail{Code: "hive_error", Message: strings.TrimSpace(string(data))}
-		}
-		return &HiveError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+		d := api.RemoteError(resp.StatusCode, data)
+		return &HiveError{Status: resp.StatusCode, Code: d.Code, Message: d.Message}
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/version"
 )
 
@@ -38,15 +39,15 @@ func (q *Queen) routes() http.Handler {
 	either := func(fn handlerFunc) http.Handler { return q.handle(fn, roleAdmin, roleCluster) }
 
 	mux.Handle("GET /health", open(q.getHealth))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(q.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", either(q.getMetrics(promhttp.HandlerFor(q.metrics.reg, promhttp.HandlerOpts{}))))
 
 	mux.Handle("POST /v2/pools/register", cluster(q.postRegister))
 	mux.Handle("POST /v2/pools/{id}/heartbeat", cluster(q.postHeartbeat))
 	mux.Handle("POST /v2/internal/workers/events", cluster(q.postEvent))
 	mux.Handle("GET /v2/pools", either(q.getPools))
 	mux.Handle("GET /v2/pools/{id}", either(q.getPool))
-	mux.Handle("POST /v2/pools/{id}/drain", either(q.postDrain))
-	mux.Handle("DELETE /v2/pools/{id}", either(q.deletePool))
+	mux.Handle("POST /v2/pools/{id}/drain", admin(q.postDrain))
+	mux.Handle("DELETE /v2/pools/{id}", admin(q.deletePool))
 
 	mux.Handle("GET /api/admin/workers", admin(q.getWorkers))
 	mux.Handle("GET /api/admin/workers/{id}", admin(q.getWorker))
@@ -60,12 +61,23 @@ func (q *Queen) routes() http.Handler {
 	return q.contractErrors(mux)
 }
 
+// getMetrics serves Prometheus' exposition behind the queen's tokens.
+func (q *Queen) getMetrics(h http.Handler) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, _ caller) error {
+		h.ServeHTTP(w, r)
+		return nil
+	}
+}
+
 // contractErrors answers the mux's own 404 and 405 in the contract's
-// error shape, and counts every answer.
+// error shape, and counts every answer. A queen without tokens answers
+// only requests addressed to loopback (transport.CheckHost).
 func (q *Queen) contractErrors(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &api.StatusRecorder{ResponseWriter: w}
-		if _, pattern := mux.Handler(r); pattern == "" {
+		if err := q.checkHost(r); err != nil {
+			writeError(sw, err)
+		} else if _, pattern := mux.Handler(r); pattern == "" {
 			probe := &api.StatusRecorder{ResponseWriter: discardWriter{h: w.Header()}}
 			mux.ServeHTTP(probe, r)
 			if probe.Status == http.StatusMethodNotAllowed {
@@ -86,10 +98,25 @@ func (d discardWriter) Header() http.Header         { return d.h }
 func (d discardWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (d discardWriter) WriteHeader(int)             {}
 
-// handle authenticates (any of roles; none: open), limits the body, runs
-// fn and maps its error.
+// checkHost is transport.CheckHost when the queen runs without tokens.
+func (q *Queen) checkHost(r *http.Request) error {
+	if q.cfg.Tokens.open() {
+		return transport.CheckHost(r)
+	}
+	return nil
+}
+
+// handle authenticates (any of roles; none: open), refuses what a
+// browser can forge on authenticated endpoints, limits the body, runs fn
+// and maps its error.
 func (q *Queen) handle(fn handlerFunc, roles ...role) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(roles) > 0 {
+			if err := transport.CheckNotForged(r); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
 		c, ok := q.authenticate(r, roles)
 		if !ok {
 			writeError(w, fmt.Errorf("%w: missing or wrong bearer token (%s)", ErrUnauthorized, tokenNames(roles)))
@@ -106,8 +133,9 @@ func (q *Queen) handle(fn handlerFunc, roles ...role) http.Handler {
 }
 
 // authenticate compares the bearer token with each allowed role's token in
-// constant time. A role without a configured token admits everyone (the
-// queen then listens on loopback only).
+// constant time. Without tokens (Tokens.open) everyone is admitted: the
+// queen then listens on loopback only and answers only requests addressed
+// there; Validate refuses a partial set of tokens.
 func (q *Queen) authenticate(r *http.Request, roles []role) (caller, bool) {
 	if len(roles) == 0 {
 		return caller{actor: "anonymous"}, true

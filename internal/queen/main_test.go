@@ -230,6 +230,9 @@ func (x *tq) do(method, path, token string, body any) (int, []byte) {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	if method != http.MethodGet {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := x.hc.Do(req)
 	if err != nil {
 		x.t.Fatal(err)
@@ -242,7 +245,14 @@ func (x *tq) do(method, path, token string, body any) (int, []byte) {
 // ok sends a request that must answer want, and decodes the answer.
 func (x *tq) ok(method, path string, body any, want int, out any) {
 	x.t.Helper()
-	status, data := x.do(method, path, x.cfg.Tokens.Admin, body)
+	token := x.cfg.Tokens.Admin
+	switch {
+	case path == "/v2/pools/register", strings.HasSuffix(path, "/heartbeat"), strings.HasPrefix(path, "/v2/internal/"):
+		token = x.cfg.Tokens.Cluster
+	case strings.HasPrefix(path, "/v1/"):
+		token = x.cfg.Tokens.API
+	}
+	status, data := x.do(method, path, token, body)
 	if status != want {
 		x.t.Fatalf("%s %s: %d %s, want %d", method, path, status, data, want)
 	}

@@ -106,6 +106,10 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 		}
 		port = *req.HivePort
 	}
+	tlsFiles := nodeTLS{Cert: req.TLSCert, Key: req.TLSKey, CAFile: req.CAFile}
+	if err := q.checkNodeTLS(tlsFiles); err != nil {
+		return err
+	}
 	reason := "node added"
 	if strings.TrimSpace(req.Reason) != "" {
 		if reason, err = checkReason(req.Reason); err != nil {
@@ -140,7 +144,7 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 		return &api.RequestError{Status: http.StatusConflict, Code: "node_unreachable_from_queen", Err: err}
 	}
 
-	meta, _ := json.Marshal(nodeMeta{HivePort: port})
+	meta, _ := json.Marshal(nodeMeta{HivePort: port, TLS: tlsFiles})
 	n := store.Node{Name: req.Name, SSHTarget: target.String(), InstallDir: dir, CreatedAt: micro(time.Now()), Metadata: meta}
 	err = q.st.Update(r.Context(), func(tx *store.Tx) error {
 		if err := tx.InsertNode(n); err != nil {
@@ -228,5 +232,27 @@ func (q *Queen) deleteNode(w http.ResponseWriter, r *http.Request, c caller) err
 			PoolID: name, Hive: api.NodeHive{State: api.HiveStopped}}
 	}
 	api.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// checkNodeTLS checks a node's TLS files: both or neither of certificate
+// and key, paths fit for its command line, and a certificate whenever the
+// queen serves TLS (a hive that serves plain HTTP would carry the cluster
+// token and prompts in clear).
+func (q *Queen) checkNodeTLS(t nodeTLS) error {
+	if (t.Cert == "") != (t.Key == "") {
+		return api.BadRequest("tls_cert and tls_key go together: give both or neither")
+	}
+	if q.cfg.TLS.Enabled() && t.Cert == "" {
+		return api.BadRequest("the queen serves TLS: give the node's certificate and key (tls_cert, tls_key: paths on the node)")
+	}
+	for what, p := range map[string]string{"tls_cert": t.Cert, "tls_key": t.Key, "ca_file": t.CAFile} {
+		if p == "" {
+			continue
+		}
+		if err := sshnode.CheckPath(what, p); err != nil {
+			return api.BadRequest("%v", err)
+		}
+	}
 	return nil
 }

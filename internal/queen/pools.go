@@ -2,15 +2,17 @@ package queen
 
 import (
 	"fmt"
+	"math"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // checkGPUs and checkWorkers validate what a hive reports.
@@ -18,13 +20,35 @@ func checkGPUs(gpus []api.GPU) error {
 	if len(gpus) > maxGPUs {
 		return api.BadRequest("%d gpus: at most %d", len(gpus), maxGPUs)
 	}
-	for _, g := range gpus {
+	for i, g := range gpus {
+		gpus[i].Name = api.Printable(g.Name, 256) // shown in tables
 		if g.ID < 0 {
 			return api.BadRequest("gpu id %d is negative", g.ID)
 		}
 		if g.FreeBytes > g.TotalBytes && g.TotalBytes > 0 {
 			return api.BadRequest("gpu %d reports more free memory (%d) than total (%d)", g.ID, g.FreeBytes, g.TotalBytes)
 		}
+		if err := checkText(fmt.Sprintf("gpu %d kind", g.ID), g.Kind); err != nil {
+			return err
+		}
+		if err := checkText(fmt.Sprintf("gpu %d uuid", g.ID), g.UUID); err != nil {
+			return err
+		}
+		for _, id := range g.Workers {
+			if err := checkID(fmt.Sprintf("gpu %d worker", g.ID), id); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkText refuses a control character (C0, DEL or C1: what terminal
+// escape sequences are made of) in a name a hive reports: the queen shows
+// it again, and `apiary pools` prints it on a terminal.
+func checkText(what, s string) error {
+	if strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		return api.BadRequest("%s %q contains a control character", what, s)
 	}
 	return nil
 }
@@ -46,7 +70,42 @@ func checkWorker(w api.Worker) error {
 			return err
 		}
 	}
+	if w.URI != "" {
+		// The queen will send prompts and the worker's token there.
+		if _, err := transport.CheckBaseURL("worker "+w.WorkerID+" uri", w.URI); err != nil {
+			return api.BadRequest("%v", err)
+		}
+	}
+	if len(w.Reason) > 4*maxReasonLen {
+		return api.BadRequest("worker %s: reason is longer than %d bytes", w.WorkerID, 4*maxReasonLen)
+	}
+	// The lifecycle row keeps these in 32-bit INTEGER columns.
+	if w.PID < 0 || w.PID > math.MaxInt32 {
+		return api.BadRequest("worker %s: pid %d is out of range (0 to %d)", w.WorkerID, w.PID, math.MaxInt32)
+	}
+	if w.GPUDevice < 0 || w.GPUDevice > math.MaxInt32 {
+		return api.BadRequest("worker %s: gpu_device %d is out of range (0 to %d)", w.WorkerID, w.GPUDevice, math.MaxInt32)
+	}
+	if c := w.ExitCode; c != nil && (*c < math.MinInt32 || *c > math.MaxInt32) {
+		return api.BadRequest("worker %s: exit_code %d is out of range (a 32-bit integer)", w.WorkerID, *c)
+	}
+	for _, t := range w.History {
+		if _, err := lifecycle.ParseState(t.To); err != nil || t.From != "" && !lifecycle.State(t.From).Valid() {
+			return api.BadRequest("worker %s: history entry %q → %q is not between lifecycle states", w.WorkerID, t.From, t.To)
+		}
+	}
 	return nil
+}
+
+// sanitizeWorkers keeps the free text a hive reports (reasons, history)
+// to printable text: it reaches logs, the audit log and terminals.
+func sanitizeWorkers(ws []api.Worker) {
+	for i := range ws {
+		ws[i].Reason = api.Printable(ws[i].Reason, 4*maxReasonLen)
+		for j := range ws[i].History {
+			ws[i].History[j].Reason = api.Printable(ws[i].History[j].Reason, 4*maxReasonLen)
+		}
+	}
 }
 
 func checkWorkers(ws []api.Worker) error {
@@ -74,11 +133,14 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 			return err
 		}
 	}
-	if u, err := url.Parse(reg.Endpoint); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return api.BadRequest("endpoint %q is not an http(s) URL", reg.Endpoint)
+	if _, err := transport.CheckBaseURL("endpoint", reg.Endpoint); err != nil {
+		return api.BadRequest("%v", err)
 	}
 	if len(reg.Version) > 128 {
 		return api.BadRequest("version is longer than 128 bytes")
+	}
+	if err := checkText("version", reg.Version); err != nil {
+		return err
 	}
 	if err := checkGPUs(reg.GPUs); err != nil {
 		return err
@@ -117,9 +179,14 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	if err := checkWorkers(hb.Workers); err != nil {
 		return err
 	}
+	if err := checkWorkerTokens(hb.WorkerTokens, hb.Workers); err != nil {
+		return err
+	}
+	sanitizeWorkers(hb.Workers)
 	if err := q.heartbeat(r.Context(), id, hb); err != nil {
 		return err
 	}
+	q.routing.tokens.replace(id, hb.WorkerTokens)
 	q.routing.poke()
 	p, _ := q.reg.Get(id)
 	api.WriteJSON(w, http.StatusOK, heartbeatAnswer{PoolID: id, Status: string(p.Status)})
@@ -157,10 +224,29 @@ func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) erro
 	if len(ev.Reason) > 4*maxReasonLen {
 		return api.BadRequest("reason is longer than %d bytes", 4*maxReasonLen)
 	}
+	ev.Reason = api.Printable(ev.Reason, 4*maxReasonLen)
+	ws := []api.Worker{ev.Worker}
+	sanitizeWorkers(ws)
+	ev.Worker = ws[0]
+	if ev.WorkerToken != "" {
+		if err := checkWorkerToken(ev.WorkerToken); err != nil {
+			return err
+		}
+	}
+	// The worker as the queen keeps it (see event): its id and state are
+	// the event's.
+	if ev.Worker.WorkerID == "" {
+		ev.Worker.WorkerID = ev.WorkerID
+	}
+	ev.Worker.Status = ev.To
+	if err := checkWorker(ev.Worker); err != nil {
+		return err
+	}
 	ack, err := q.event(r.Context(), ev)
 	if err != nil {
 		return err
 	}
+	q.routing.tokens.event(ev, lifecycle.State(ev.To).Terminal())
 	q.routing.poke()
 	api.WriteJSON(w, http.StatusOK, ack)
 	return nil
@@ -265,6 +351,7 @@ func (q *Queen) deletePool(w http.ResponseWriter, r *http.Request, c caller) err
 		return err
 	}
 	p, err := q.reg.Deregister(r.Context(), id, c.actor, reason)
+	q.routing.tokens.forget(id)
 	if err != nil {
 		return err
 	}

@@ -103,7 +103,7 @@ func (q *Queen) URL() string {
 	if q.cfg.Advertise != "" {
 		return q.cfg.Advertise
 	}
-	return "http://" + q.addr.String()
+	return q.cfg.TLS.Scheme() + "://" + q.addr.String()
 }
 
 // Registry is the pool registry; valid after Ready (placement and routing
@@ -160,6 +160,9 @@ func (q *Queen) run(ctx context.Context) error {
 		return fmt.Errorf("queen: listen on %s: %w", q.cfg.Addr, err)
 	}
 	q.addr = ln.Addr()
+	if ln, err = q.cfg.TLS.Listen(ln); err != nil {
+		return fmt.Errorf("queen: %w", err)
+	}
 	q.routing = q.newRouting()
 	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
 	stopOwned := q.startOwned(cancel)
@@ -179,7 +182,7 @@ func (q *Queen) run(ctx context.Context) error {
 		g.Go(func() error { q.runTasks(bg); return nil })
 	}
 	g.Go(func() error { q.routing.run(bg, q); return nil })
-	q.log.Info("queen serving", "addr", q.addr.String(), "store", string(st.Dialect()),
+	q.log.Info("queen serving", "addr", q.addr.String(), "url", q.URL(), "store", string(st.Dialect()),
 		"heartbeat_timeout", q.cfg.HeartbeatTimeout, "unhealthy_grace", q.cfg.UnhealthyGrace, "offline_retention", q.cfg.OfflineRetention)
 	close(q.ready)
 

@@ -399,7 +399,7 @@ func TestRestartKeepsRowsAndPools(t *testing.T) {
 }
 
 func TestTokens(t *testing.T) {
-	tokens := Tokens{API: "api-t", Admin: "admin-t", Cluster: "cluster-t"}
+	tokens := Tokens{API: "api-t-0123456789", Admin: "admin-t-0123456789", Cluster: "cluster-t-0123456789"}
 	x := startQueen(t, sqliteDir(t), "", func(c *Config) { c.Tokens = tokens })
 	reg := api.RegisterPool{PoolID: "a", Endpoint: "http://127.0.0.1:1"}
 	for _, tc := range []struct {
@@ -408,20 +408,23 @@ func TestTokens(t *testing.T) {
 		want                int
 	}{
 		{"GET", "/health", "", nil, 200},
-		{"GET", "/metrics", "", nil, 200},
+		{"GET", "/metrics", "", nil, 401},
+		{"GET", "/metrics", "admin-t-0123456789", nil, 200},
 		{"POST", "/v2/pools/register", "", reg, 401},
-		{"POST", "/v2/pools/register", "admin-t", reg, 401},
-		{"POST", "/v2/pools/register", "api-t", reg, 401},
-		{"POST", "/v2/pools/register", "cluster-t", reg, 200},
+		{"POST", "/v2/pools/register", "admin-t-0123456789", reg, 401},
+		{"POST", "/v2/pools/register", "api-t-0123456789", reg, 401},
+		{"POST", "/v2/pools/register", "cluster-t-0123456789", reg, 200},
 		{"GET", "/v2/pools", "", nil, 401},
-		{"GET", "/v2/pools", "admin-t", nil, 200},
-		{"GET", "/v2/pools", "cluster-t", nil, 200},
-		{"POST", "/v2/pools/a/drain", "api-t", nil, 401},
-		{"GET", "/api/admin/workers", "cluster-t", nil, 401},
-		{"GET", "/api/admin/workers", "admin-t", nil, 200},
-		{"GET", "/api/admin/audit", "admin-tx", nil, 401},
-		{"GET", "/api/admin/audit", "admin-t", nil, 200},
-		{"POST", "/v2/internal/workers/events", "admin-t", api.WorkerEvent{}, 401},
+		{"GET", "/v2/pools", "admin-t-0123456789", nil, 200},
+		{"GET", "/v2/pools", "cluster-t-0123456789", nil, 200},
+		{"POST", "/v2/pools/a/drain", "api-t-0123456789", nil, 401},
+		{"POST", "/v2/pools/a/drain", "cluster-t-0123456789", nil, 401}, // admin only
+		{"DELETE", "/v2/pools/a", "cluster-t-0123456789", nil, 401},
+		{"GET", "/api/admin/workers", "cluster-t-0123456789", nil, 401},
+		{"GET", "/api/admin/workers", "admin-t-0123456789", nil, 200},
+		{"GET", "/api/admin/audit", "admin-t-0123456789x", nil, 401},
+		{"GET", "/api/admin/audit", "admin-t-0123456789", nil, 200},
+		{"POST", "/v2/internal/workers/events", "admin-t-0123456789", api.WorkerEvent{}, 401},
 	} {
 		status, body := x.do(tc.method, tc.path, tc.token, tc.body)
 		if status != tc.want {
@@ -432,8 +435,8 @@ func TestTokens(t *testing.T) {
 		}
 	}
 	logs := x.logs.String()
-	_, audit := x.do("GET", "/api/admin/audit", "admin-t", nil)
-	for _, secret := range []string{"admin-t", "cluster-t", "api-t"} {
+	_, audit := x.do("GET", "/api/admin/audit", "admin-t-0123456789", nil)
+	for _, secret := range []string{"admin-t-0123456789", "cluster-t-0123456789", "api-t-0123456789"} {
 		if strings.Contains(logs, secret) || strings.Contains(string(audit), secret) {
 			t.Errorf("token %q is in the logs or the audit log", secret)
 		}
@@ -451,8 +454,10 @@ func TestNonLoopbackAddressNeedsAllTokens(t *testing.T) {
 		{"localhost:0", Tokens{}, true},
 		{"0.0.0.0:8080", Tokens{}, false},
 		{":8080", Tokens{}, false},
-		{"0.0.0.0:8080", Tokens{Admin: "a", Cluster: "c"}, false},
-		{"0.0.0.0:8080", Tokens{API: "x", Admin: "a", Cluster: "c"}, true},
+		{"0.0.0.0:8080", Tokens{Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false},
+		{"127.0.0.1:0", Tokens{Admin: "admin-0123456789"}, false}, // a partial set leaves roles open: refused
+		{"0.0.0.0:8080", Tokens{API: "x", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false}, // too short
+		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, true},
 	} {
 		_, err := New(Config{Addr: tc.addr, Tokens: tc.tokens, DataDir: t.TempDir()})
 		if (err == nil) != tc.ok {

@@ -99,6 +99,9 @@ func (q *Queen) attempt(ctx context.Context, w http.ResponseWriter, l lease, rr 
 		return outcome{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if l.cand.token != "" {
+		req.Header.Set("Authorization", "Bearer "+l.cand.token)
+	}
 	if rr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
@@ -115,22 +118,47 @@ func (q *Queen) attempt(ctx context.Context, w http.ResponseWriter, l lease, rr 
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		return outcome{retry: true, err: workerAnswer(resp.StatusCode, data)}
 	case resp.StatusCode != http.StatusOK:
-		// The client's fault (400, 404 …): the worker's answer is the
-		// answer.
+		// The client's fault (400, 404 …): the worker's error is the
+		// answer, when it is one. Anything else (a redirect, a page, a
+		// body of another shape) is not the worker's to send on.
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		oe, ok := clientError(resp.StatusCode, data)
+		if !ok {
+			return outcome{retry: true, err: fmt.Errorf("worker %s answered %s without an OpenAI error", l.cand.lifecycleID, resp.Status)}
+		}
+		openai.WriteError(w, oe)
+		return outcome{started: true}
+	case rr.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
+		return q.relayStream(ctx, w, resp, l, rr)
+	case strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json"):
 		return q.copyAnswer(w, resp)
-	case !rr.stream || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
-		return q.copyAnswer(w, resp)
+	default:
+		return outcome{retry: true, err: fmt.Errorf("worker %s answered 200 with Content-Type %q, not an OpenAI answer",
+			l.cand.lifecycleID, api.Printable(resp.Header.Get("Content-Type"), 100))}
 	}
-	return q.relayStream(ctx, w, resp, l, rr)
+}
+
+// clientError reads a worker's 4xx answer as an OpenAI error, its text
+// kept printable and bounded; ok is false for any other status or shape,
+// and for 401 and 403: a worker that refuses the queen is the queen's
+// problem, not the client's.
+func clientError(status int, data []byte) (*openai.Error, bool) {
+	var e openai.ErrorResponse
+	if status < 400 || status >= 500 || status == http.StatusUnauthorized || status == http.StatusForbidden || json.Unmarshal(data, &e) != nil || e.Error.Code == "" || e.Error.Message == "" {
+		return nil, false
+	}
+	oe := &openai.Error{Status: status, Code: api.Printable(e.Error.Code, 64), Type: api.Printable(e.Error.Type, 64),
+		Message: api.Printable(e.Error.Message, api.MaxRemoteMessage)}
+	if e.Error.Param != nil {
+		oe.Param = api.Printable(*e.Error.Param, 256)
+	}
+	return oe, true
 }
 
 // workerAnswer turns a worker's error body into an upstreamError.
 func workerAnswer(status int, data []byte) error {
-	var e openai.ErrorResponse
-	if json.Unmarshal(data, &e) != nil || e.Error.Code == "" {
-		e.Error.Code, e.Error.Message = "worker_error", strings.TrimSpace(string(data))
-	}
-	return &upstreamError{status: status, code: e.Error.Code, message: e.Error.Message}
+	d := api.RemoteError(status, data)
+	return &upstreamError{status: status, code: d.Code, message: d.Message}
 }
 
 // copyAnswer passes a worker's whole answer on.

@@ -14,6 +14,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // Headers of the OpenAI endpoints.
@@ -33,6 +34,10 @@ func (q *Queen) openaiRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /v1/models/{id}", q.inference("models", q.getModel))
 	mux.Handle("POST /v1/completions", q.inference("completions", q.postCompletions))
 	mux.Handle("POST /v1/chat/completions", q.inference("chat_completions", q.postChatCompletions))
+	mux.Handle("OPTIONS /v1/", q.inference("preflight", func(w http.ResponseWriter, r *http.Request, c *call) error {
+		w.WriteHeader(http.StatusNoContent) // not a CORS preflight: nothing to say
+		return nil
+	}))
 }
 
 // call is one OpenAI request as the metrics see it.
@@ -53,8 +58,13 @@ func (q *Queen) inference(endpoint string, fn inferenceFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &call{endpoint: endpoint, model: modelUnknown, start: time.Now()}
 		sw := &api.StatusRecorder{ResponseWriter: w}
-		var err error
-		if tok := q.cfg.Tokens.API; tok != "" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(tok)) != 1 {
+		done, err := transport.CORS(sw, r, q.cfg.CORSOrigins)
+		if done {
+			return // a preflight, answered
+		}
+		if err != nil {
+			err = &openai.Error{Status: http.StatusForbidden, Code: "forbidden_origin", Message: err.Error()}
+		} else if tok := q.cfg.Tokens.API; tok != "" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(tok)) != 1 {
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
 			err = &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
 				Message: "missing or wrong bearer token (" + APITokenEnv + ")"}

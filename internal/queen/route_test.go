@@ -482,14 +482,16 @@ func TestRouteQueueFullAndTimeout(t *testing.T) {
 
 func TestRouteModels(t *testing.T) {
 	x, _ := routeQueen(t, map[string][]api.Model{"http://hive-a": {tinyModel, {Ref: "big", SizeBytes: 9 << 30}}},
-		func(c *Config) { c.Tokens.API = "sesame" })
+		func(c *Config) {
+			c.Tokens = Tokens{API: "sesame-0123456789", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}
+		})
 	x.registerAt("a", "http://hive-a")
 	get := func(path, token string) (int, []byte) { return x.do("GET", path, token, nil) }
 
 	if status, body := get("/v1/models", ""); status != http.StatusUnauthorized || errorCode(t, body) != "unauthorized" {
 		t.Errorf("without the API token: %d %s", status, body)
 	}
-	status, body := get("/v1/models", "sesame")
+	status, body := get("/v1/models", "sesame-0123456789")
 	var list openai.ModelList
 	if err := json.Unmarshal(body, &list); status != 200 || err != nil {
 		t.Fatalf("models: %d %s", status, body)
@@ -498,12 +500,12 @@ func TestRouteModels(t *testing.T) {
 		list.Object != "list" || list.Data[0].OwnedBy != "apiary" {
 		t.Errorf("models %+v", list)
 	}
-	if status, body := get("/v1/models/tiny", "sesame"); status != 200 || !bytes.Contains(body, []byte(`"id":"tiny"`)) {
+	if status, body := get("/v1/models/tiny", "sesame-0123456789"); status != 200 || !bytes.Contains(body, []byte(`"id":"tiny"`)) {
 		t.Errorf("model tiny: %d %s", status, body)
 	}
 
 	// A model no pool has: 404.
-	status, body = x.do("POST", "/v1/chat/completions", "sesame", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`)
+	status, body = x.do("POST", "/v1/chat/completions", "sesame-0123456789", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`)
 	var e openai.ErrorResponse
 	_ = json.Unmarshal(body, &e)
 	if status != http.StatusNotFound || e.Error.Code != "model_not_found" || e.Error.Type != "not_found_error" || e.Error.Param == nil || *e.Error.Param != "model" {
@@ -511,11 +513,11 @@ func TestRouteModels(t *testing.T) {
 	}
 
 	// The request is checked before routing.
-	status, body = x.do("POST", "/v1/completions", "sesame", `{"model":"tiny","prompt":"hi","n":2}`)
+	status, body = x.do("POST", "/v1/completions", "sesame-0123456789", `{"model":"tiny","prompt":"hi","n":2}`)
 	if status != http.StatusBadRequest || errorCode(t, body) != "unsupported_parameter" {
 		t.Errorf("n=2: %d %s", status, body)
 	}
-	status, body = x.do("POST", "/v1/completions", "sesame", `{"prompt":"hi"}`)
+	status, body = x.do("POST", "/v1/completions", "sesame-0123456789", `{"prompt":"hi"}`)
 	if status != http.StatusBadRequest || errorCode(t, body) != "missing_required_parameter" {
 		t.Errorf("no model: %d %s", status, body)
 	}

@@ -25,7 +25,8 @@ type candidate struct {
 	key         workerKey
 	lifecycleID string
 	uri         string
-	reported    int // in_flight as the hive last reported it
+	token       string // the worker's own bearer token
+	reported    int    // in_flight as the hive last reported it
 }
 
 // pickResult is a routing decision.

@@ -2,7 +2,6 @@ package queen
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // routing is the queen's inference half (issue 5): the router and its
@@ -23,7 +23,8 @@ type routing struct {
 	catalog  *catalog
 	ctl      *controller
 	m        *routeMetrics
-	up       *http.Client // to workers
+	up       *http.Client  // to workers
+	tokens   *workerTokens // the workers' own tokens, from their hives
 	suspects chan suspect
 }
 
@@ -37,20 +38,25 @@ func (q *Queen) newRouting() *routing {
 		aff:      newAffinity(cfg.AffinityTTL, maxSessions),
 		catalog:  newCatalog(src, min(q.cfg.HiveTimeout, 5*time.Second), q.log.With("component", "catalog")),
 		suspects: make(chan suspect, 64),
-		up: &http.Client{Transport: &http.Transport{
-			Proxy:                 nil, // workers are reached directly
-			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:          1024,
-			MaxIdleConnsPerHost:   256,
-			IdleConnTimeout:       90 * time.Second,
-			DisableCompression:    true, // a gzip reader would hold tokens back
-			ExpectContinueTimeout: 0,
-		}},
+		up:       transport.NewClient(upstreamTransport(), 0),
+		tokens:   newWorkerTokens(),
 	}
 	rt.m = newRouteMetrics(q.metrics.reg, rt.aff.size)
 	rt.ctl = newController(q)
 	rt.router = newRouter(cfg, q.log.With("component", "router"), q.candidates, rt.aff, rt.m, rt.ctl.signal)
 	return rt
+}
+
+// upstreamTransport is the relay's transport to workers: apiary's client
+// TLS, many idle connections per worker, no compression (a gzip reader
+// would hold tokens back), and a bound on the wait for a worker's answer
+// to begin.
+func upstreamTransport() *http.Transport {
+	t := transport.NewTransport()
+	t.MaxIdleConns = 1024
+	t.MaxIdleConnsPerHost = 256
+	t.DisableCompression = true
+	return t
 }
 
 // run runs the background work of routing until ctx ends: the affinity
@@ -102,7 +108,8 @@ func (q *Queen) candidates(t target) []candidate {
 			if !ok {
 				continue
 			}
-			out = append(out, candidate{key: workerKey{p.ID, w.WorkerID}, lifecycleID: id, uri: w.URI, reported: w.InFlight})
+			out = append(out, candidate{key: workerKey{p.ID, w.WorkerID}, lifecycleID: id, uri: w.URI, reported: w.InFlight,
+				token: q.routing.tokens.get(p.ID, w.WorkerID)})
 		}
 	}
 	return out

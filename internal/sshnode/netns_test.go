@@ -36,7 +36,7 @@ const (
 	timeout  = 3 * time.Second // the queen's --heartbeat-timeout
 )
 
-var tokens = []string{"APIARY_API_TOKEN=test-api", "APIARY_ADMIN_TOKEN=test-admin", "APIARY_CLUSTER_TOKEN=test-cluster"}
+var tokens = []string{"APIARY_API_TOKEN=test-api-0123456789", "APIARY_ADMIN_TOKEN=test-admin-0123456789", "APIARY_CLUSTER_TOKEN=test-cluster-0123456789"}
 
 var (
 	nsOnce  sync.Once
@@ -152,7 +152,7 @@ func startQueen(t *testing.T, sshConfig string, env []string, extra ...string) *
 	p := testbin.Start(t, "queen", append(append([]string{}, tokens...), env...), append(args, extra...)...)
 	p.Lines.Wait(t, 0, "queen serving", nil)
 	url := "http://" + addr
-	c := keeper.NewClient(url, "test-admin", "test-cluster")
+	c := keeper.NewClient(url, "test-admin-0123456789", "test-cluster-0123456789")
 	c.SetTimeout(2 * time.Minute)
 	return &queen{Proc: p, url: url, c: c}
 }

@@ -117,13 +117,18 @@ const DefaultInstallDir = "~/.local/bin"
 
 // CheckInstallDir validates an --install-dir: absolute or under ~, plain
 // characters, no "..".
-func CheckInstallDir(dir string) error {
-	if len(dir) > 512 || !installDirPattern.MatchString(dir) {
-		return fmt.Errorf("sshnode: install dir %q must be an absolute path or start with ~/, of letters, digits and _ . / + -", dir)
+func CheckInstallDir(dir string) error { return CheckPath("install dir", dir) }
+
+// CheckPath checks a path on a node that goes into its command line (an
+// install dir, a certificate file): absolute or under ~/, of letters,
+// digits and _ . / + -, without "..". what names it in the error.
+func CheckPath(what, p string) error {
+	if len(p) > 512 || !installDirPattern.MatchString(p) {
+		return fmt.Errorf("sshnode: %s %q must be an absolute path or start with ~/, of letters, digits and _ . / + -", what, p)
 	}
-	for _, part := range strings.Split(dir, "/") {
+	for _, part := range strings.Split(p, "/") {
 		if part == ".." {
-			return fmt.Errorf("sshnode: install dir %q must not contain ..", dir)
+			return fmt.Errorf("sshnode: %s %q must not contain ..", what, p)
 		}
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // reportReady POSTs {"worker_id","vram_bytes","uri"} to the callback URL
@@ -21,13 +22,13 @@ import (
 // ErrCallbackFailed.
 func (w *Worker) reportReady(ctx context.Context) error {
 	w.mu.Lock()
-	cb := api.ReadyCallback{WorkerID: w.cfg.WorkerID, VRAMBytes: w.info.MemoryBytes, URI: "http://" + w.addr.String()}
+	cb := api.ReadyCallback{WorkerID: w.cfg.WorkerID, VRAMBytes: w.info.MemoryBytes, URI: w.cfg.TLS.Scheme() + "://" + w.addr.String()}
 	w.mu.Unlock()
 	body, err := json.Marshal(cb)
 	if err != nil {
 		return fmt.Errorf("%w: encode: %w", ErrCallbackFailed, err)
 	}
-	client := &http.Client{Timeout: w.cfg.CallbackTimeout}
+	client := transport.NewClient(nil, w.cfg.CallbackTimeout)
 	defer client.CloseIdleConnections()
 	pause := w.cfg.CallbackBackoff
 	for attempt := 1; ; attempt++ {
@@ -97,5 +98,5 @@ func answerMessage(body []byte) string {
 	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
 		return e.Error.Code + ": " + e.Error.Message
 	}
-	return strings.TrimSpace(string(body))
+	return api.Printable(strings.TrimSpace(string(body)), api.MaxRemoteMessage)
 }

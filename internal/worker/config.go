@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/engine"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // TokenEnv is the environment variable the worker's token comes from. It is
@@ -55,9 +56,11 @@ type Config struct {
 	// x86-64-v3; see internal/cpuvariant) and CPUBuildReason why; they
 	// only appear in logs.
 	CPUBuild, CPUBuildReason string
-	// Token authenticates the ready callback and /v1/admin/shutdown. It
-	// comes from TokenEnv.
+	// Token authenticates the ready callback, and every request but
+	// /health must carry it (see Handler). It comes from TokenEnv.
 	Token string
+	// TLS, when its files are set, serves HTTPS only; default plain HTTP.
+	TLS transport.ServerTLS
 	// Slots is the number of generations run at once (default 1).
 	Slots int
 	// QueueSize is how many requests may wait for a slot (default 4 ×
@@ -95,8 +98,8 @@ func (c *Config) Validate() error {
 	}
 	if c.CallbackURL != "" {
 		u, err := url.Parse(c.CallbackURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("%w: callback URL %q is not an http(s) URL", ErrInvalidConfig, c.CallbackURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return fmt.Errorf("%w: callback URL %q is not an http(s) URL without user info, query or fragment", ErrInvalidConfig, c.CallbackURL)
 		}
 		if c.WorkerID == "" {
 			return fmt.Errorf("%w: a worker id is required with a callback URL", ErrInvalidConfig)
@@ -114,6 +117,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Token == "" && !isLoopback(host) {
 		return fmt.Errorf("%w: without %s the worker binds loopback only; %q is not a loopback address", ErrInvalidConfig, TokenEnv, host)
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if c.Slots == 0 {
 		c.Slots = DefaultSlots
@@ -154,13 +160,7 @@ func setDefault[T int | int64 | time.Duration](v *T, def T) {
 }
 
 // isLoopback reports whether host is "localhost" or a loopback IP.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+func isLoopback(host string) bool { return transport.IsLoopback(host) }
 
 // ErrInvalidConfig wraps every Validate error.
 var ErrInvalidConfig = errors.New("worker: invalid configuration")

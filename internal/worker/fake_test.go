@@ -243,6 +243,9 @@ func (r *running) post(t *testing.T, ctx context.Context, path, body string) *ht
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if tok := r.w.cfg.Token; tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
 	res, err := r.client.Do(req)
 	if err != nil {
 		t.Fatalf("POST %s: %v", path, err)

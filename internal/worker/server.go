@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // Handler returns the worker's HTTP API:
@@ -20,8 +20,16 @@ import (
 //	GET  /v1/models/{id}         the model, when id is the worker's
 //	POST /v1/completions         OpenAI completions, streamed or not
 //	POST /v1/chat/completions    OpenAI chat completions, streamed or not
-//	POST /v1/admin/shutdown      graceful shutdown (bearer token when set)
+//	POST /v1/admin/shutdown      graceful shutdown
 //
+// With a token (APIARY_WORKER_TOKEN; a hive gives each worker its own)
+// every endpoint but /health needs it as a bearer token: a worker listens
+// on its node's network, and only its hive and the queen may use it.
+// Without one the worker listens on loopback and answers only requests
+// addressed there (transport.CheckHost, against DNS rebinding), and a
+// shutdown whose body is not declared JSON is refused (a form a web page
+// can post). Browser requests from another origin are refused either way
+// (transport.CheckNotForged).
 // A wrong method answers 405 and an unknown path 404, both with the error
 // body; a panic answers 500 and is logged.
 func (w *Worker) Handler() http.Handler {
@@ -42,7 +50,53 @@ func (w *Worker) Handler() http.Handler {
 		mux.Handle(rt.path, w.adapt(methodNotAllowed(rt.method)))
 	}
 	mux.Handle("/", w.adapt(notFound))
-	return w.recoverPanics(mux)
+	return w.recoverPanics(w.guard(mux))
+}
+
+// guard refuses, before any handler runs, a request without the worker's
+// token (but for /health), one addressed to a foreign host while the
+// worker has no token, and what a browser can forge.
+func (w *Worker) guard(next http.Handler) http.Handler {
+	refuse := w.adapt(func(rw http.ResponseWriter, r *http.Request) error {
+		return w.admitRequest(r)
+	})
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if w.admitRequest(r) != nil {
+			refuse.ServeHTTP(rw, r)
+			return
+		}
+		next.ServeHTTP(rw, r)
+	})
+}
+
+// admitRequest is nil when r may reach the handlers.
+func (w *Worker) admitRequest(r *http.Request) error {
+	if w.cfg.Token == "" {
+		if err := transport.CheckHost(r); err != nil {
+			return asOpenAI(err)
+		}
+	} else if r.URL.Path != "/health" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(w.cfg.Token)) != 1 {
+		return &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
+			Message: "this worker needs its token as a bearer token (APIARY_WORKER_TOKEN); send requests through the queen"}
+	}
+	if r.URL.Path == "/v1/admin/shutdown" && w.cfg.Token == "" {
+		return asOpenAI(transport.CheckNotForged(r)) // no token to stop a forged one
+	}
+	if origin := r.Header.Get("Origin"); origin != "" || r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+		r2 := r.Clone(r.Context())
+		r2.Method = http.MethodGet // the origin check alone: completions take any body type
+		return asOpenAI(transport.CheckNotForged(r2))
+	}
+	return nil
+}
+
+// asOpenAI turns a transport refusal into the OpenAI error shape.
+func asOpenAI(err error) error {
+	var re *api.RequestError
+	if errors.As(err, &re) {
+		return &openai.Error{Status: re.Status, Code: re.Code, Message: re.Err.Error()}
+	}
+	return err
 }
 
 // handlerFunc is an HTTP handler that returns its error instead of writing
@@ -180,17 +234,9 @@ func (w *Worker) model() openai.Model {
 	return openai.Model{ID: w.cfg.ModelRef, Object: openai.ObjectModel, Created: w.created.Unix(), OwnedBy: "apiary"}
 }
 
-// handleShutdown answers 202 and starts a graceful shutdown. With a token
-// configured it must come as "Authorization: Bearer <token>".
+// handleShutdown answers 202 and starts a graceful shutdown (guard checked
+// the token).
 func (w *Worker) handleShutdown(rw http.ResponseWriter, r *http.Request) error {
-	if w.cfg.Token != "" {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(w.cfg.Token)) != 1 {
-			rw.Header().Set("WWW-Authenticate", "Bearer")
-			return &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
-				Message: "shutting a worker down needs its token as a bearer token"}
-		}
-	}
 	w.log.Info("shutdown requested over HTTP", "remote", r.RemoteAddr)
 	openai.WriteJSON(rw, http.StatusAccepted, map[string]string{"status": string(StatusDraining)})
 	w.RequestShutdown()

@@ -157,9 +157,14 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("worker: listen on %s: %w", w.cfg.Addr, err)
 		}
 	}
+	addr := ln.Addr()
+	ln, err := w.cfg.TLS.Listen(ln)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	srv := w.serve(ln)
 	w.mu.Lock()
-	w.addr = ln.Addr()
+	w.addr = addr
 	w.mu.Unlock()
 	close(w.listening)
 	w.log.Info("listening", "addr", ln.Addr().String(), "model", w.cfg.ModelRef, "model_path", w.cfg.ModelPath,

@@ -1,0 +1,99 @@
+package queen
+
+import (
+	"sync"
+
+	"github.com/apiary-llm/apiary/internal/api"
+)
+
+// workerTokens keeps the bearer token of every live worker that its hive
+// reported, for the requests the queen relays to it. They live in memory
+// only: never stored, listed or logged; a restarted queen learns them
+// again from the next heartbeat. Bounded by the pools' reports: a
+// heartbeat replaces its pool's set (at most maxWorkers), an event that
+// ends a worker removes its token.
+type workerTokens struct {
+	mu     sync.Mutex
+	byPool map[string]map[string]string // guarded by mu
+}
+
+func newWorkerTokens() *workerTokens {
+	return &workerTokens{byPool: map[string]map[string]string{}}
+}
+
+// replace sets a pool's tokens from its heartbeat.
+func (t *workerTokens) replace(pool string, tokens map[string]string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(tokens) == 0 {
+		delete(t.byPool, pool)
+		return
+	}
+	m := make(map[string]string, len(tokens))
+	for id, tok := range tokens {
+		m[id] = tok
+	}
+	t.byPool[pool] = m
+}
+
+// event applies one worker's event: its token while it lives, none after.
+func (t *workerTokens) event(ev api.WorkerEvent, ended bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := t.byPool[ev.PoolID]
+	switch {
+	case ended || ev.WorkerToken == "":
+		delete(m, ev.WorkerID)
+	case m == nil:
+		t.byPool[ev.PoolID] = map[string]string{ev.WorkerID: ev.WorkerToken}
+	case len(m) < maxWorkers:
+		m[ev.WorkerID] = ev.WorkerToken
+	}
+}
+
+// forget drops a pool's tokens (removed, offline).
+func (t *workerTokens) forget(pool string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.byPool, pool)
+}
+
+// get returns a worker's token, "" when its hive reported none.
+func (t *workerTokens) get(pool, worker string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.byPool[pool][worker]
+}
+
+// checkWorkerTokens bounds what a heartbeat may carry: tokens of listed
+// workers only, each 1-256 bytes of printable ASCII.
+func checkWorkerTokens(tokens map[string]string, workers []api.Worker) error {
+	if len(tokens) > len(workers) {
+		return api.BadRequest("worker_tokens has %d entries for %d workers", len(tokens), len(workers))
+	}
+	listed := make(map[string]bool, len(workers))
+	for _, w := range workers {
+		listed[w.WorkerID] = true
+	}
+	for id, tok := range tokens {
+		if !listed[id] {
+			return api.BadRequest("worker_tokens names worker %q that the heartbeat does not list", api.Printable(id, 128))
+		}
+		if err := checkWorkerToken(tok); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkWorkerToken(tok string) error {
+	if len(tok) == 0 || len(tok) > 256 {
+		return api.BadRequest("a worker token must be 1-256 bytes")
+	}
+	for i := 0; i < len(tok); i++ {
+		if tok[i] <= ' ' || tok[i] > '~' {
+			return api.BadRequest("a worker token must be printable ASCII without spaces")
+		}
+	}
+	return nil
+}
