@@ -83,6 +83,9 @@ func TestAdminCommands(t *testing.T) {
 		{[]string{"audit", "--limit", "3", q}, 0, []string{"ACTION", "pool.offline", "pool.drain", "maintenance"}, nil},
 		{[]string{"audit", "--since", "yesterday", q}, 2, nil, []string{"--since"}},
 		{[]string{"pools", "ls", "--queen=http://127.0.0.1:1"}, 1, nil, []string{"queen unreachable", "apiary queen"}},
+		{[]string{"pools", "ls", "--queen=http://127.0.0.1:1/?x"}, 2, nil, []string{"--queen", "query"}},
+		{[]string{"workers", "ls", "--queen=http://admin:pw@127.0.0.1:1"}, 2, nil, []string{"user info"}},
+		{[]string{"audit", q, "--ca-file=/nonexistent/ca.pem"}, 2, nil, []string{"APIARY_CA_FILE", "/nonexistent/ca.pem"}},
 	} {
 		code, out, errOut := apiary(t, tc.args...)
 		if code != tc.code {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // adminFlags are the flags every admin command shares.
@@ -24,6 +25,19 @@ type adminFlags struct {
 func (a *adminFlags) register(cmd *cobra.Command) {
 	cmd.PersistentFlags().StringVar(&a.queen, "queen", defaultQueenURL(), "queen URL (default $APIARY_QUEEN or http://127.0.0.1:8080)")
 	cmd.PersistentFlags().BoolVar(&a.asJSON, "json", false, "print JSON instead of a table")
+	root := cmd.PersistentPreRunE
+	cmd.PersistentPreRunE = func(c *cobra.Command, args []string) error {
+		if _, err := transport.CheckBaseURL("--queen", a.queen); err != nil {
+			return usagef("%v", err)
+		}
+		if root != nil {
+			return root(c, args)
+		}
+		if pre := c.Root().PersistentPreRunE; pre != nil {
+			return pre(c, args) // cobra runs only the nearest hook
+		}
+		return nil
+	}
 }
 
 // client is the admin client with the tokens of the environment.

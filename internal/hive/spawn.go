@@ -17,8 +17,8 @@ import (
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/procs"
-	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/secret"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // modelPath resolves a model_ref to <models-dir>/<ref>.gguf. A ref is a

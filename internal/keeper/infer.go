@@ -132,8 +132,8 @@ func (c InferConfig) Validate() error {
 	if c.Node != "" && !validRef(c.Node) {
 		errs = append(errs, fmt.Errorf("%w: --node %q is not a node name", ErrUsage, c.Node))
 	}
-	if !strings.HasPrefix(c.QueenURL, "http://") && !strings.HasPrefix(c.QueenURL, "https://") {
-		errs = append(errs, fmt.Errorf("%w: --queen %q is not an http(s) URL", ErrUsage, c.QueenURL))
+	if _, err := transport.CheckBaseURL("--queen", c.QueenURL); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrUsage, err))
 	}
 	return errors.Join(errs...)
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/sshnode"
-	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/store"
+	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/version"
 )
 

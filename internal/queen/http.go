@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/version"
 )
@@ -189,7 +190,7 @@ func query(r *http.Request, allowed ...string) (map[string]string, error) {
 const (
 	maxReasonLen = 1000
 	maxGPUs      = 256
-	maxWorkers   = 4096
+	maxWorkers   = registry.MaxWorkersPerPool
 )
 
 var (

@@ -455,7 +455,7 @@ func TestNonLoopbackAddressNeedsAllTokens(t *testing.T) {
 		{"0.0.0.0:8080", Tokens{}, false},
 		{":8080", Tokens{}, false},
 		{"0.0.0.0:8080", Tokens{Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false},
-		{"127.0.0.1:0", Tokens{Admin: "admin-0123456789"}, false}, // a partial set leaves roles open: refused
+		{"127.0.0.1:0", Tokens{Admin: "admin-0123456789"}, false},                                           // a partial set leaves roles open: refused
 		{"0.0.0.0:8080", Tokens{API: "x", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false}, // too short
 		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, true},
 	} {

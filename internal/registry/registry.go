@@ -454,6 +454,10 @@ func (r *Registry) fire(e *entry) {
 	r.cfg.OnLost(e.ID, lost)
 }
 
+// MaxWorkersPerPool bounds the workers one pool may report (a heartbeat
+// with more is refused); events never grow a pool's list beyond it.
+const MaxWorkersPerPool = 4096
+
 // UpdateWorker records a worker's state from a hive event at once (the next
 // heartbeat would bring it too): placement and routing see a worker ready
 // or gone without waiting a heartbeat interval.
@@ -477,8 +481,8 @@ func (r *Registry) UpdateWorker(poolID string, w api.Worker) {
 		}
 		workers = append(workers, x)
 	}
-	if !found && !gone {
-		workers = append(workers, w)
+	if !found && !gone && len(workers) < MaxWorkersPerPool {
+		workers = append(workers, w) // beyond the bound, the next heartbeat tells
 	}
 	e.Workers = workers // a new slice: snapshots handed out keep theirs
 	e.beatDirty = true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -542,5 +543,18 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if _, err := New(Config{}); err == nil {
 		t.Error("missing store accepted")
+	}
+}
+
+// Events cannot grow a pool's worker list beyond MaxWorkersPerPool.
+func TestUpdateWorkerIsBounded(t *testing.T) {
+	h := newHarness(t, newFakeStore())
+	h.register("a")
+	for i := range MaxWorkersPerPool + 10 {
+		h.r.UpdateWorker("a", api.Worker{WorkerID: fmt.Sprintf("w%d", i), Status: "ready"})
+	}
+	p, _ := h.r.Get("a")
+	if len(p.Workers) != MaxWorkersPerPool {
+		t.Errorf("%d workers, want %d", len(p.Workers), MaxWorkersPerPool)
 	}
 }

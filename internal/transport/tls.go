@@ -35,12 +35,26 @@ func CAFile() string {
 	return os.Getenv(CAFileEnv)
 }
 
-var clientTLS = sync.OnceValues(func() (*tls.Config, error) {
-	if caFile != "" {
-		return loadClientTLS(caFile)
+// The client TLS settings, loaded once per CA file.
+var (
+	clientMu   sync.Mutex
+	clientPath string      // guarded by clientMu; the file clientCfg holds
+	clientCfg  *tls.Config // guarded by clientMu; nil: not loaded
+	clientErr  error       // guarded by clientMu
+)
+
+// clientTLS returns the client TLS settings for CAFile, loading them the
+// first time that file is asked for.
+func clientTLS() (*tls.Config, error) {
+	path := CAFile()
+	clientMu.Lock()
+	defer clientMu.Unlock()
+	if (clientCfg == nil && clientErr == nil) || path != clientPath {
+		clientPath = path
+		clientCfg, clientErr = loadClientTLS(path)
 	}
-	return loadClientTLS(os.Getenv(CAFileEnv))
-})
+	return clientCfg, clientErr
+}
 
 // loadClientTLS is the client side's TLS: the system roots plus the PEM
 // certificates in caFile, when given.
