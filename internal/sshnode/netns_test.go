@@ -1,9 +1,12 @@
 package sshnode_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -137,8 +140,9 @@ func freePort(t *testing.T) int {
 
 type queen struct {
 	*testbin.Proc
-	url string
-	c   *keeper.Client
+	url    string
+	c      *keeper.Client
+	caFile string // the CA of a queen serving TLS, for the apiary CLI (--ca-file)
 }
 
 func startQueen(t *testing.T, sshConfig string, env []string, extra ...string) *queen {
@@ -150,8 +154,8 @@ func startQueen(t *testing.T, sshConfig string, env []string, extra ...string) *
 		"--heartbeat-timeout", timeout.String(), "--flush-interval", "100ms", "--hive-stop-timeout", "20s",
 		"--hive-arg=--worker-threads=1", "--hive-arg=--stop-grace=2s", "--hive-arg=--shutdown-ack=1s", "--log-json"}
 	p := testbin.Start(t, "queen", append(append([]string{}, tokens...), env...), append(args, extra...)...)
-	p.Lines.Wait(t, 0, "queen serving", nil)
-	url := "http://" + addr
+	rec, _ := p.Lines.Wait(t, 0, "queen serving", nil)
+	url := rec.Attrs["url"] // https:// with --tls-cert
 	c := keeper.NewClient(url, "test-admin-0123456789", "test-cluster-0123456789")
 	c.SetTimeout(2 * time.Minute)
 	return &queen{Proc: p, url: url, c: c}
@@ -177,6 +181,9 @@ func (q *queen) infer(t *testing.T, node string) {
 	args := []string{"infer", "--model", "tiny", "--prompt", "hello", "--max-tokens", "8", "--queen", q.url}
 	if node != "" {
 		args = append(args, "--node", node)
+	}
+	if q.caFile != "" {
+		args = append(args, "--ca-file", q.caFile)
 	}
 	k := testbin.Start(t, "keeper", tokens, args...)
 	if code := k.Wait(t); code != 0 {
@@ -463,4 +470,137 @@ func TestSSHNode_HiveAlreadyRunning_QueenNeitherStartsNorStopsIt(t *testing.T) {
 		t.Errorf("queen exit %d", code)
 	}
 	operatorUntouched(t, opHive, opWorker)
+}
+
+// TLS end to end across machines with one throwaway CA made here: the
+// queen serves HTTPS on its bridge address; a node added with `nodes add
+// --tls-cert --tls-key --node-ca-file` (files on the node) gets a hive and
+// workers serving HTTPS with its certificate, which names only the node's
+// address (the hive binds it, its workers too, and they call the hive back
+// there); `apiary infer --node` answers over https from a worker there;
+// plain HTTP to the node's hive and worker is refused; and a node without
+// a certificate is refused with 400 while the queen serves TLS.
+func TestSSHNode_TLS_QueenHiveWorkerKeeper_ThrowawayCA(t *testing.T) {
+	nodes(t)
+	ca := testbin.NewCA(t, t.TempDir())
+	queenCert := ca.Issue(t, t.TempDir(), queenIP)
+	// The node's files where its hive reads them: the namespaces share the
+	// file system, so this is a directory of node 1's own.
+	nodeTLSDir := filepath.Join(nodeDir(1), "tls")
+	if err := os.MkdirAll(nodeTLSDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(nodeTLSDir) })
+	nodeCert := ca.Issue(t, nodeTLSDir, nodeAddr(1))
+	nodeCA := filepath.Join(nodeTLSDir, "cluster-ca.pem")
+	b, err := os.ReadFile(ca.File)
+	if err == nil {
+		err = os.WriteFile(nodeCA, b, 0o644)
+	}
+	if err != nil {
+		t.Fatalf("copy the CA to the node: %v", err)
+	}
+
+	q := startQueen(t, "ssh_config", []string{"APIARY_CA_FILE=" + ca.File}, "--tls-cert", queenCert.Cert, "--tls-key", queenCert.Key)
+	q.caFile = ca.File
+	if want := "https://" + queenIP + ":"; !strings.HasPrefix(q.url, want) {
+		t.Fatalf("queen URL %s, want %s…", q.url, want)
+	}
+	// apiary runs the CLI against the queen, trusting the CA (--ca-file);
+	// apiaryJSON decodes what it prints with --json into v.
+	apiary := func(args ...string) (stdout, stderr string, code int) {
+		t.Helper()
+		k := testbin.Start(t, "apiary "+args[0], tokens, append([]string{"--ca-file", ca.File}, append(args, "--queen", q.url)...)...)
+		code = k.Wait(t)
+		return k.Stdout(), k.Lines.String(), code
+	}
+	apiaryJSON := func(v any, args ...string) {
+		t.Helper()
+		out, errOut, code := apiary(append(args, "--json")...)
+		if code != 0 {
+			t.Fatalf("apiary %s: exit %d\n%s", strings.Join(args, " "), code, errOut)
+		}
+		if err := json.Unmarshal([]byte(out), v); err != nil {
+			t.Fatalf("apiary %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+
+	// Without the node's certificate, or with half of it: refused before
+	// any SSH, with the reason.
+	for _, tc := range []struct{ name, flags, want string }{
+		{"n2", "", "the queen serves TLS: give the node's certificate and key"},
+		{"n3", "--tls-cert=" + nodeCert.Cert, "tls_cert and tls_key go together"},
+	} {
+		args := []string{"nodes", "add", tc.name, "--ssh", "root@" + nodeAddr(2), "--install-dir", filepath.Join(nodeDir(2), "bin")}
+		if tc.flags != "" {
+			args = append(args, tc.flags)
+		}
+		if _, errOut, code := apiary(args...); code == 0 || !strings.Contains(errOut, tc.want) || !strings.Contains(errOut, "(400 invalid_request)") {
+			t.Errorf("nodes add %s %s while the queen serves TLS: exit %d, stderr %q; want a 400 saying %q", tc.name, tc.flags, code, errOut, tc.want)
+		}
+	}
+
+	out, errOut, code := apiary("nodes", "add", "n1", "--ssh", "root@"+nodeAddr(1), "--install-dir", filepath.Join(nodeDir(1), "bin"),
+		"--tls-cert", nodeCert.Cert, "--tls-key", nodeCert.Key, "--node-ca-file", nodeCA)
+	if code != 0 {
+		t.Fatalf("nodes add n1 with TLS files: exit %d\n%s%s", code, out, errOut)
+	}
+	q.Lines.Wait(t, 0, "pool status changed", map[string]string{"pool_id": "n1", "to": "healthy"})
+	hive := testbin.Cmdline(testbin.AwaitProcess(t, nodeMarker(1), " hive "))
+	for _, want := range []string{"--tls-cert " + nodeCert.Cert, "--tls-key " + nodeCert.Key, "--ca-file " + nodeCA, "--queen " + q.url} {
+		if !strings.Contains(hive, want) {
+			t.Errorf("the node's hive runs %q, want %q in it", hive, want)
+		}
+	}
+	var nodesOut api.NodeList
+	apiaryJSON(&nodesOut, "nodes", "ls")
+	if len(nodesOut.Nodes) != 1 || nodesOut.Nodes[0].Name != "n1" {
+		t.Errorf("nodes after the refused adds: %+v, want only n1", nodesOut.Nodes)
+	}
+	var pools api.PoolList
+	apiaryJSON(&pools, "pools", "ls")
+	if len(pools.Pools) != 1 || pools.Pools[0].PoolID != "n1" || pools.Pools[0].Status != "healthy" ||
+		pools.Pools[0].Endpoint != "https://"+net.JoinHostPort(nodeAddr(1), "9200") {
+		t.Fatalf("pools: %+v, want n1 healthy at https://%s:9200", pools.Pools, nodeAddr(1))
+	}
+
+	// The keeper's prompt, over https to the queen, served by a worker on
+	// the node over https.
+	q.infer(t, "n1")
+	var rows api.LifecycleRowList
+	apiaryJSON(&rows, "workers", "ls", "--status", "RUNNING")
+	if len(rows.Workers) != 1 || rows.Workers[0].PoolID != "n1" || !strings.HasPrefix(rows.Workers[0].URI, "https://"+nodeAddr(1)+":") {
+		t.Fatalf("running workers: %+v, want one on n1 at https://%s:…", rows.Workers, nodeAddr(1))
+	}
+	if w := testbin.Cmdline(testbin.AwaitProcess(t, nodeMarker(1), " worker ")); !strings.Contains(w, "--tls-cert "+nodeCert.Cert) {
+		t.Errorf("the node's worker runs %q, want it to serve TLS with the node's certificate", w)
+	}
+
+	// Plain HTTP to the node's hive and worker gets nothing served.
+	plain := &http.Client{Timeout: 5 * time.Second}
+	for _, u := range []string{pools.Pools[0].Endpoint, rows.Workers[0].URI} {
+		resp, err := plain.Get("http://" + strings.TrimPrefix(u, "https://") + "/health")
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("plain HTTP to %s: %v; nothing listens there", u, err)
+		}
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || strings.Contains(string(b), "{") {
+			t.Errorf("plain HTTP to %s: %d %s, want it refused", u, resp.StatusCode, b)
+		}
+	}
+
+	// The queen stops the node's hive and worker over TLS too.
+	q.Signal(syscall.SIGTERM)
+	if code := q.Wait(t); code != 0 {
+		t.Errorf("queen exit %d", code)
+	}
+	q.Lines.Wait(t, 0, "hive stopped", map[string]string{"node": "n1", "how": "lifeline closed, hive cascaded"})
+	if !strings.Contains(q.Lines.String(), `"to":"STOPPED"`) {
+		t.Error("the worker's row was not STOPPED during the cascade")
+	}
+	testbin.AwaitGone(t, nodeMarker(1)+"bin/", 30*time.Second)
 }

@@ -26,13 +26,28 @@ type TLSFiles struct {
 // operator to: one CA for the cluster, a certificate per node.
 func MakeTLS(t testing.TB, dir string, hosts ...string) TLSFiles {
 	t.Helper()
+	return NewCA(t, dir).Issue(t, dir, hosts...)
+}
+
+// CA is a throwaway certificate authority: its PEM file, and its key to
+// issue certificates with (a cluster's CA signing a certificate per node).
+type CA struct {
+	File string // dir/ca.pem
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+// NewCA makes a CA valid for a day and writes its certificate to
+// dir/ca.pem.
+func NewCA(t testing.TB, dir string) *CA {
+	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
 	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "apiary test CA"},
+		SerialNumber: serial(t), Subject: pkix.Name{CommonName: "apiary test CA"},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
 	}
@@ -40,13 +55,26 @@ func MakeTLS(t testing.TB, dir string, hosts ...string) TLSFiles {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
+	cert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &CA{File: filepath.Join(dir, "ca.pem"), cert: cert, key: caKey}
+	writePEM(t, ca.File, "CERTIFICATE", caDER, 0o644)
+	return ca
+}
+
+// Issue writes a server certificate for hosts (IP addresses or DNS
+// names), signed by ca, to dir/cert.pem and its key to dir/key.pem.
+func (ca *CA) Issue(t testing.TB, dir string, hosts ...string) TLSFiles {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
+	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]},
+		SerialNumber: serial(t), Subject: pkix.Name{CommonName: hosts[0]},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
@@ -57,7 +85,7 @@ func MakeTLS(t testing.TB, dir string, hosts ...string) TLSFiles {
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,14 +93,25 @@ func MakeTLS(t testing.TB, dir string, hosts ...string) TLSFiles {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := TLSFiles{CA: filepath.Join(dir, "ca.pem"), Cert: filepath.Join(dir, "cert.pem"), Key: filepath.Join(dir, "key.pem")}
-	write := func(path, typ string, der []byte, mode os.FileMode) {
-		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(f.CA, "CERTIFICATE", caDER, 0o644)
-	write(f.Cert, "CERTIFICATE", der, 0o644)
-	write(f.Key, "EC PRIVATE KEY", keyDER, 0o600)
+	f := TLSFiles{CA: ca.File, Cert: filepath.Join(dir, "cert.pem"), Key: filepath.Join(dir, "key.pem")}
+	writePEM(t, f.Cert, "CERTIFICATE", der, 0o644)
+	writePEM(t, f.Key, "EC PRIVATE KEY", keyDER, 0o600)
 	return f
+}
+
+// serial is a random certificate serial number.
+func serial(t testing.TB) *big.Int {
+	t.Helper()
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Add(n, big.NewInt(1))
+}
+
+func writePEM(t testing.TB, path, typ string, der []byte, mode os.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode); err != nil {
+		t.Fatal(err)
+	}
 }
