@@ -67,21 +67,33 @@ type Transition struct {
 // Worker is one entry of the hive's worker registry (WLIFE-10020 plus what
 // the queen's lifecycle row needs).
 type Worker struct {
-	WorkerID    string       `json:"worker_id"`
-	LifecycleID string       `json:"lifecycle_id,omitempty"`
-	ModelRef    string       `json:"model_ref"`
-	GPUDevice   int          `json:"gpu_device"`
-	VRAMBytes   uint64       `json:"vram_bytes"`
-	URI         string       `json:"uri"`
-	Status      string       `json:"status"`
-	Reason      string       `json:"reason,omitempty"`
-	PID         int          `json:"pid"`
-	ExitCode    *int         `json:"exit_code,omitempty"`
-	InFlight    int          `json:"in_flight"`
-	StartedAt   time.Time    `json:"started_at"`
-	ReadyAt     *time.Time   `json:"ready_at,omitempty"`
-	StoppedAt   *time.Time   `json:"stopped_at,omitempty"`
+	WorkerID    string     `json:"worker_id"`
+	LifecycleID string     `json:"lifecycle_id,omitempty"`
+	ModelRef    string     `json:"model_ref"`
+	GPUDevice   int        `json:"gpu_device"`
+	VRAMBytes   uint64     `json:"vram_bytes"`
+	URI         string     `json:"uri"`
+	Status      string     `json:"status"`
+	Reason      string     `json:"reason,omitempty"`
+	PID         int        `json:"pid"`
+	ExitCode    *int       `json:"exit_code,omitempty"`
+	InFlight    int        `json:"in_flight"`
+	StartedAt   time.Time  `json:"started_at"`
+	ReadyAt     *time.Time `json:"ready_at,omitempty"`
+	StoppedAt   *time.Time `json:"stopped_at,omitempty"`
+	// History is the worker's last transitions (lifecycle.HistoryLimit at
+	// most), in the hive's own API only: heartbeats and events leave it
+	// out. Transitions counts them all.
 	History     []Transition `json:"history,omitempty"`
+	Transitions int          `json:"transitions,omitempty"`
+}
+
+// Brief is w without its history: what the hive sends the queen in every
+// heartbeat and event, so that a message's size does not grow with a
+// worker's age.
+func (w Worker) Brief() Worker {
+	w.History = nil
+	return w
 }
 
 // WorkerList is the answer of GET /v2/workers.

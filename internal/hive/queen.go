@@ -123,7 +123,7 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 		return err
 	}
 	return q.post(ctx, "/v2/pools/"+url.PathEscape(q.h.cfg.PoolID)+"/heartbeat", api.Heartbeat{
-		GPUs: gpus, Workers: q.h.reg.list(false), WorkerTokens: q.h.reg.tokens(),
+		GPUs: gpus, Workers: q.h.reg.brief(), WorkerTokens: q.h.reg.tokens(),
 	})
 }
 

@@ -212,3 +212,39 @@ func (th *testHive) startAuthed(token string) string {
 	}
 	return res.WorkerID
 }
+
+// Heartbeats and events carry no history (issue 12's time bomb: it grew
+// with every busy/ready change and was sent in every heartbeat), only the
+// count of transitions; the hive's own API still shows the recent history.
+// Each heartbeat carries the live workers' own tokens for the queen.
+func TestQueenMessagesDoNotGrowWithAWorkersAge(t *testing.T) {
+	q := newFakeQueen(t, "cluster-token")
+	th := startHive(t, withQueen(q))
+	id := th.startAuthed("cluster-token")
+	ready := q.waitEvent(t, id, lifecycle.Ready)
+	if ready.Worker.History != nil || ready.Worker.Transitions != 1 || ready.WorkerToken == "" {
+		t.Errorf("ready event: history %v, transitions %d, token set %v", ready.Worker.History, ready.Worker.Transitions, ready.WorkerToken != "")
+	}
+	q.until(t, "a heartbeat with the ready worker", func() bool {
+		for _, hb := range q.heartbeats {
+			if len(hb.Workers) == 1 && hb.Workers[0].Status == "ready" {
+				if hb.Workers[0].History != nil || hb.Workers[0].Transitions < 1 || hb.WorkerTokens[id] == "" {
+					t.Errorf("heartbeat worker %+v, tokens for %v", hb.Workers[0], len(hb.WorkerTokens))
+				}
+				return true
+			}
+		}
+		return false
+	})
+	req, _ := http.NewRequest("GET", th.url+"/v2/workers/"+id, nil)
+	req.Header.Set("Authorization", "Bearer cluster-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var w api.Worker
+	if err := json.NewDecoder(resp.Body).Decode(&w); err != nil || len(w.History) != 1 || w.History[0].To != "ready" {
+		t.Errorf("GET /v2/workers/%s: %v, history %+v", id, err, w.History)
+	}
+}

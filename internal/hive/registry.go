@@ -165,6 +165,15 @@ func (r *registry) list(ended bool) []api.Worker {
 	return out
 }
 
+// brief lists the live workers without their histories, for heartbeats.
+func (r *registry) brief() []api.Worker {
+	out := r.list(false)
+	for i := range out {
+		out[i] = out[i].Brief()
+	}
+	return out
+}
+
 // tokens returns the live workers' own tokens by worker id, for the
 // queen.
 func (r *registry) tokens() map[string]string {

@@ -180,7 +180,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	h.metrics.workers.WithLabelValues(string(lifecycle.Starting)).Inc()
 	w.log.Info("worker spawned", "pid", proc.PID(), "port", w.port, "estimate", api.FormatBytes(w.estimate))
 	h.emit(api.WorkerEvent{WorkerID: id, LifecycleID: w.lifecycle, To: string(lifecycle.Starting),
-		Reason: w.reason, At: w.spawnedAt, Worker: snap})
+		Reason: w.reason, At: w.spawnedAt, Worker: snap.Brief()})
 	h.owners.Go(w.run)
 	return snap, nil
 }

@@ -435,7 +435,7 @@ func (w *worker) transition(to lifecycle.State, reason string) bool {
 	w.h.metrics.workers.WithLabelValues(string(t.To)).Inc()
 	ev := api.WorkerEvent{
 		WorkerID: w.id, LifecycleID: w.lifecycle,
-		From: string(t.From), To: string(t.To), Reason: reason, At: t.At, Worker: snap,
+		From: string(t.From), To: string(t.To), Reason: reason, At: t.At, Worker: snap.Brief(),
 	}
 	if !t.To.Terminal() {
 		ev.WorkerToken = w.token
@@ -464,6 +464,7 @@ func (w *worker) publish() api.Worker {
 		c := w.exit.Code
 		snap.ExitCode = &c
 	}
+	snap.Transitions = w.m.Total()
 	for _, t := range w.m.History() {
 		snap.History = append(snap.History, api.Transition{
 			From: string(t.From), To: string(t.To), Reason: t.Reason, At: t.At, DurationMS: t.InFrom.Milliseconds(),

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"errors"
 	"testing"
+	"strings"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -117,5 +118,34 @@ func TestParseState(t *testing.T) {
 	}
 	if _, err := ParseState("idle"); !errors.Is(err, ErrUnknownState) {
 		t.Errorf("ParseState(idle) err = %v, want ErrUnknownState", err)
+	}
+}
+
+// A worker that alternates between ready and busy for weeks keeps a
+// bounded history (the time bomb of issue 12: it reached 1 MiB in a day
+// and every heartbeat of its hive was refused); the total still counts
+// every change, and a long reason is cut.
+func TestHistoryIsBounded(t *testing.T) {
+	now := time.Unix(0, 0)
+	m := NewMachine(now)
+	if _, err := m.Transition(Ready, "ready", now); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100_000 {
+		now = now.Add(10 * time.Second)
+		to := Busy
+		if i%2 == 1 {
+			to = Ready
+		}
+		if _, err := m.Transition(to, strings.Repeat("r", 5000), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := m.History()
+	if len(h) != HistoryLimit || m.Total() != 100_001 || cap(m.history) > 2*HistoryLimit {
+		t.Fatalf("history %d entries (cap %d), total %d", len(h), cap(m.history), m.Total())
+	}
+	if last := h[len(h)-1]; !last.At.Equal(now) || len(last.Reason) > MaxReasonLen+len("…") {
+		t.Errorf("last entry %v with a %d-byte reason", last.At, len(last.Reason))
 	}
 }

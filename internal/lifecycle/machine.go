@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"slices"
 	"time"
+	"unicode/utf8"
 )
 
 // Transition is one entry of a worker's history.
@@ -15,13 +16,24 @@ type Transition struct {
 	InFrom time.Duration
 }
 
-// Machine is one worker's state with its history. It is not safe for
-// concurrent use: it belongs to the single owner of the worker, which is the
-// only code that may change it.
+// Bounds of a machine's history: a worker that alternates between ready
+// and busy for weeks must not grow it (it is shown in every snapshot).
+const (
+	// HistoryLimit is the most transitions kept; older ones are dropped
+	// and only counted (Total).
+	HistoryLimit = 32
+	// MaxReasonLen bounds one transition's reason, in bytes.
+	MaxReasonLen = 1024
+)
+
+// Machine is one worker's state with its recent history. It is not safe
+// for concurrent use: it belongs to the single owner of the worker, which
+// is the only code that may change it.
 type Machine struct {
 	state   State
 	entered time.Time
-	history []Transition
+	history []Transition // the last HistoryLimit transitions at most
+	total   int          // every transition made
 }
 
 // NewMachine returns a machine in state starting, entered at now.
@@ -46,10 +58,27 @@ func (m *Machine) Transition(to State, reason string, now time.Time) (Transition
 	if t.InFrom < 0 {
 		t.InFrom = 0
 	}
+	if len(t.Reason) > MaxReasonLen {
+		cut := MaxReasonLen
+		for cut > 0 && !utf8.RuneStart(t.Reason[cut]) {
+			cut--
+		}
+		t.Reason = t.Reason[:cut] + "…"
+	}
+	if len(m.history) == HistoryLimit {
+		// Shift in place: the slice never grows past the limit.
+		copy(m.history, m.history[1:])
+		m.history = m.history[:HistoryLimit-1]
+	}
 	m.history = append(m.history, t)
+	m.total++
 	m.state, m.entered = to, now
 	return t, nil
 }
 
-// History is a copy of every transition so far, oldest first.
+// History is a copy of the last transitions (HistoryLimit at most), oldest
+// first.
 func (m *Machine) History() []Transition { return slices.Clone(m.history) }
+
+// Total counts every transition made, those dropped from History included.
+func (m *Machine) Total() int { return m.total }

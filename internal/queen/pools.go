@@ -97,14 +97,14 @@ func checkWorker(w api.Worker) error {
 	return nil
 }
 
-// sanitizeWorkers keeps the free text a hive reports (reasons, history)
-// to printable text: it reaches logs, the audit log and terminals.
+// sanitizeWorkers keeps the free text a hive reports (reasons) to
+// printable text: it reaches logs, the audit log and terminals. The queen
+// keeps no history of a hive's worker (its rows have their own); a hive
+// may still send one, which is checked and dropped.
 func sanitizeWorkers(ws []api.Worker) {
 	for i := range ws {
 		ws[i].Reason = api.Printable(ws[i].Reason, 4*maxReasonLen)
-		for j := range ws[i].History {
-			ws[i].History[j].Reason = api.Printable(ws[i].History[j].Reason, 4*maxReasonLen)
-		}
+		ws[i].History = nil
 	}
 }
 
