@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
@@ -36,19 +38,34 @@ const workerCPUsEnv = "APIARY_BENCH_WORKER_CPUS"
 
 // benchCluster runs a queen and a hive as processes for a benchmark.
 func benchCluster(b *testing.B, queenArgs []string, hiveArgs ...string) (qURL string, admin *keeper.Client, q *proc) {
+	return benchClusterTLS(b, testbin.TLSFiles{}, queenArgs, hiveArgs...)
+}
+
+// benchClusterTLS is benchCluster with queen, hive and workers serving
+// TLS with certs (and trusting its CA) when certs.Cert is set; admin then
+// works only if this process trusts the CA too.
+func benchClusterTLS(b *testing.B, certs testbin.TLSFiles, queenArgs []string, hiveArgs ...string) (qURL string, admin *keeper.Client, q *proc) {
 	b.Helper()
 	dir := b.TempDir()
+	var env []string
+	scheme := "http://"
+	if certs.Cert != "" {
+		env = []string{"APIARY_CA_FILE=" + certs.CA}
+		scheme = "https://"
+		queenArgs = append(queenArgs, "--tls-cert", certs.Cert, "--tls-key", certs.Key)
+		hiveArgs = append(hiveArgs, "--tls-cert", certs.Cert, "--tls-key", certs.Key)
+	}
 	args := append([]string{"queen", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "queen")}, queenArgs...)
-	q = startProc(b, "queen", nil, args...)
+	q = startProc(b, "queen", env, args...)
 	rec, _ := q.logs.wait(b, 0, "queen serving", nil)
-	qURL = "http://" + rec.Attrs["addr"]
+	qURL = scheme + rec.Attrs["addr"]
 	if err := os.MkdirAll(filepath.Join(dir, "hive", "models"), 0o755); err != nil {
 		b.Fatal(err)
 	}
 	if err := testmodel.WriteFile(filepath.Join(dir, "hive", "models", "tiny.gguf"), testmodel.Options{}); err != nil {
 		b.Fatal(err)
 	}
-	hive := startProc(b, "hive", nil, append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",
+	hive := startProc(b, "hive", env, append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",
 		"--data-dir", filepath.Join(dir, "hive"), "--heartbeat-interval", "1s", "--worker-ports", "24000-24999", "--worker-threads", "1"}, hiveArgs...)...)
 	q.logs.wait(b, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
 	if cpus := os.Getenv(workerCPUsEnv); cpus != "" {
@@ -96,6 +113,9 @@ func streamTimes(ctx context.Context, hc *http.Client, base, body string) (time.
 			continue
 		}
 		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
+			// Read to the end, or the transport closes the connection
+			// instead of keeping it for the next request.
+			_, _ = io.Copy(io.Discard, br)
 			return ttft, gaps, nil
 		}
 		now := time.Now()
