@@ -159,6 +159,21 @@ type Heartbeat struct {
 	WorkerTokens map[string]string `json:"worker_tokens,omitempty"`
 }
 
+// HeartbeatAnswer is the queen's 200 to a heartbeat: the pool's status,
+// and the worker entries it refused (each alone, with why; the rest of the
+// heartbeat was taken).
+type HeartbeatAnswer struct {
+	PoolID  string          `json:"pool_id"`
+	Status  string          `json:"status"`
+	Refused []RefusedWorker `json:"refused,omitempty"`
+}
+
+// RefusedWorker is one worker entry of a heartbeat the queen refused.
+type RefusedWorker struct {
+	WorkerID string `json:"worker_id"`
+	Reason   string `json:"reason"`
+}
+
 // WorkerEvent is one transition the hive pushes to the queen's
 // POST /v2/internal/workers/events as it happens.
 type WorkerEvent struct {

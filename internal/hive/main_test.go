@@ -217,6 +217,12 @@ func writeModel(t testing.TB, dir, ref string) string {
 // do sends a JSON request and decodes a JSON answer into out (if non-nil).
 func (th *testHive) do(method, path string, body any, out any) int {
 	th.t.Helper()
+	return th.doAuthed(method, path, body, out, "")
+}
+
+// doAuthed is do with the cluster token as bearer (none when "").
+func (th *testHive) doAuthed(method, path string, body any, out any, token string) int {
+	th.t.Helper()
 	var rd io.Reader
 	if body != nil {
 		if s, ok := body.(string); ok {
@@ -232,6 +238,9 @@ func (th *testHive) do(method, path string, body any, out any) int {
 	}
 	if method != http.MethodGet {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

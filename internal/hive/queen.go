@@ -88,19 +88,23 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 			}
 		}
 		if registered {
-			if err = q.heartbeat(ctx); err != nil {
-				registered = false
-			} else {
+			if err = q.heartbeat(ctx); err == nil {
 				q.h.renewLease()
+			} else if errors.Is(err, errQueenForgot) {
+				registered = false // register again, then beat
 			}
 		}
 		switch {
 		case err != nil && ctx.Err() == nil && !down:
 			down = true
-			q.log.Warn("queen unreachable; working standalone until it answers", "err", err)
+			if qe := (*queenAnswer)(nil); errors.As(err, &qe) {
+				q.log.Warn("queen refuses this hive's messages; working standalone until it takes them", "status", qe.status, "err", err)
+			} else {
+				q.log.Warn("queen unreachable; working standalone until it answers", "err", err)
+			}
 		case err == nil && down:
 			down = false
-			q.log.Info("queen reachable again")
+			q.log.Info("queen takes this hive's messages again")
 		}
 		t.Reset(q.h.cfg.HeartbeatInterval)
 	}
@@ -122,15 +126,35 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return q.post(ctx, "/v2/pools/"+url.PathEscape(q.h.cfg.PoolID)+"/heartbeat", api.Heartbeat{
+	var ans api.HeartbeatAnswer
+	err = q.postFor(ctx, "/v2/pools/"+url.PathEscape(q.h.cfg.PoolID)+"/heartbeat", api.Heartbeat{
 		GPUs: gpus, Workers: q.h.reg.brief(), WorkerTokens: q.h.reg.tokens(),
-	})
+	}, &ans)
+	if err != nil {
+		return err
+	}
+	for _, r := range ans.Refused {
+		// The queen fails the row of such a worker and stops it; say why
+		// here too, where the hive's operator looks.
+		q.log.Warn("queen refused this hive's report of a worker", "worker_id", r.WorkerID, "reason", r.Reason)
+	}
+	return nil
 }
 
-// deliver sends queued events in order; one that fails is retried after a
-// heartbeat interval, holding back the ones behind it.
+// maxEventAttempts bounds how often one event is sent: after it, the
+// event is dropped (the next heartbeat carries the worker's state) so
+// that the events behind it are not held back for long.
+const maxEventAttempts = 5
+
+// deliver sends queued events in order. An event the queen refuses (4xx)
+// is logged and dropped: sending it again would be refused again. One
+// that fails otherwise (no answer, 5xx) is retried with a doubling pause
+// from a tenth of the heartbeat interval, at most maxEventAttempts times,
+// holding back the ones behind it meanwhile.
 func (q *queenClient) deliver(ctx context.Context) {
-	var retry *time.Timer
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
 	for {
 		var ev api.WorkerEvent
 		select {
@@ -139,7 +163,8 @@ func (q *queenClient) deliver(ctx context.Context) {
 			q.flush()
 			return
 		}
-		for {
+		pause := max(q.h.cfg.HeartbeatInterval/10, 10*time.Millisecond)
+		for attempt := 1; ; attempt++ {
 			err := q.post(ctx, "/v2/internal/workers/events", ev)
 			if err == nil {
 				break
@@ -149,12 +174,13 @@ func (q *queenClient) deliver(ctx context.Context) {
 				q.flush()
 				return
 			}
-			if retry == nil {
-				retry = time.NewTimer(q.h.cfg.HeartbeatInterval)
-				defer retry.Stop()
-			} else {
-				retry.Reset(q.h.cfg.HeartbeatInterval)
+			if drop, why := eventDropped(err, attempt); drop {
+				q.h.metrics.queenEventsDrop.Inc()
+				q.log.Warn("queen event dropped: "+why, "worker_id", ev.WorkerID, "to", ev.To, "attempts", attempt, "err", err)
+				break
 			}
+			retry.Reset(pause)
+			pause = min(2*pause, q.h.cfg.HeartbeatInterval)
 			select {
 			case <-retry.C:
 			case <-ctx.Done():
@@ -164,6 +190,19 @@ func (q *queenClient) deliver(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// eventDropped decides, after a failed attempt, whether an event is given
+// up: refused by the queen (4xx), or tried maxEventAttempts times.
+func eventDropped(err error, attempt int) (bool, string) {
+	var qe *queenAnswer
+	switch {
+	case errors.As(err, &qe) && qe.status/100 == 4:
+		return true, "the queen refused it"
+	case attempt >= maxEventAttempts:
+		return true, "the queen did not take it; the next heartbeat carries the worker's state"
+	}
+	return false, ""
 }
 
 // flush tries, briefly, to deliver what is queued when the hive stops: the
@@ -189,7 +228,29 @@ func (q *queenClient) sendFinal(ev api.WorkerEvent) {
 	_ = q.post(ctx, "/v2/internal/workers/events", ev)
 }
 
+// queenAnswer is a non-2xx answer of the queen.
+type queenAnswer struct {
+	path    string
+	status  int
+	message string
+}
+
+func (e *queenAnswer) Error() string {
+	return fmt.Sprintf("POST %s: %d %s: %s", e.path, e.status, http.StatusText(e.status), e.message)
+}
+
+// Is makes a 404 or 410 errQueenForgot: the queen does not know this pool.
+func (e *queenAnswer) Is(target error) bool {
+	return target == errQueenForgot && (e.status == http.StatusNotFound || e.status == http.StatusGone)
+}
+
 func (q *queenClient) post(ctx context.Context, path string, body any) error {
+	return q.postFor(ctx, path, body, nil)
+}
+
+// postFor posts body and decodes a 2xx answer into out (when not nil); a
+// non-2xx answer is a *queenAnswer.
+func (q *queenClient) postFor(ctx context.Context, path string, body, out any) error {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return err
@@ -207,13 +268,14 @@ func (q *queenClient) post(ctx context.Context, path string, body any) error {
 		return fmt.Errorf("POST %s: %w", path, err)
 	}
 	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	switch {
-	case resp.StatusCode/100 == 2:
-		return nil
-	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusGone:
-		return fmt.Errorf("POST %s: %w (%s)", path, errQueenForgot, resp.Status)
-	default:
-		return fmt.Errorf("POST %s: %s: %s", path, resp.Status, api.RemoteError(resp.StatusCode, msg).Message)
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode/100 != 2 {
+		return &queenAnswer{path: path, status: resp.StatusCode, message: api.RemoteError(resp.StatusCode, msg).Message}
 	}
+	if out != nil && len(bytes.TrimSpace(msg)) > 0 {
+		if err := json.Unmarshal(msg, out); err != nil {
+			return fmt.Errorf("POST %s: the answer is not what a queen sends: %w", path, err)
+		}
+	}
+	return nil
 }

@@ -27,7 +27,11 @@ type fakeQueen struct {
 	heartbeats []api.Heartbeat
 	events     []api.WorkerEvent
 	badAuth    int
-	change     chan struct{}
+	// eventStatus, when set, answers every event with this status;
+	// eventTries counts the events so answered.
+	eventStatus int
+	eventTries  int
+	change      chan struct{}
 }
 
 func newFakeQueen(t testing.TB, token string) *fakeQueen {
@@ -78,6 +82,9 @@ func (q *fakeQueen) serve(w http.ResponseWriter, r *http.Request) {
 		if dec(&hb) {
 			q.heartbeats = append(q.heartbeats, hb)
 		}
+	case r.URL.Path == "/v2/internal/workers/events" && q.eventStatus != 0:
+		q.eventTries++
+		http.Error(w, `{"error":{"code":"invalid_request","message":"refused by the test"}}`, q.eventStatus)
 	case r.URL.Path == "/v2/internal/workers/events":
 		var ev api.WorkerEvent
 		if dec(&ev) {
@@ -247,4 +254,40 @@ func TestQueenMessagesDoNotGrowWithAWorkersAge(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&w); err != nil || len(w.History) != 1 || w.History[0].To != "ready" {
 		t.Errorf("GET /v2/workers/%s: %v, history %+v", id, err, w.History)
 	}
+}
+
+// Issue 12: an event the queen refuses (4xx) used to be retried forever,
+// holding back every later event while the hive re-registered each
+// interval. Now it is dropped after one try; one that fails with a 5xx is
+// retried a bounded number of times; the events behind them get through;
+// the hive does not re-register.
+func TestRefusedEventsAreDroppedNotRetried(t *testing.T) {
+	q := newFakeQueen(t, "cluster-token")
+	q.set(func() { q.eventStatus = http.StatusBadRequest })
+	th := startHive(t, withQueen(q), func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond })
+	id := th.startAuthed("cluster-token")
+	th.rec.wait(t, id, lifecycle.Ready)
+	q.until(t, "both events refused", func() bool { return q.eventTries >= 2 })
+	q.set(func() { q.eventStatus = http.StatusServiceUnavailable })
+	var stop api.StopWorkerResponse
+	if code := th.doAuthed("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{}, &stop, "cluster-token"); code != http.StatusAccepted {
+		t.Fatalf("stop: %d", code)
+	}
+	// draining and stopped fail with 503: each is tried maxEventAttempts
+	// times, then dropped. Had the two refused ones been retried, the
+	// count would pass this.
+	q.until(t, "the 503s given up", func() bool { return q.eventTries >= 2+2*maxEventAttempts })
+	q.set(func() {
+		if q.eventTries != 2+2*maxEventAttempts {
+			t.Errorf("%d tries, want 2 refused once each and 2 failing %d times each", q.eventTries, maxEventAttempts)
+		}
+	})
+	q.set(func() { q.eventStatus = 0 })
+	id2 := th.startAuthed("cluster-token")
+	q.waitEvent(t, id2, lifecycle.Ready)
+	q.set(func() {
+		if len(q.registers) != 1 {
+			t.Errorf("%d registrations, want 1", len(q.registers))
+		}
+	})
 }

@@ -512,7 +512,7 @@ func FuzzHeartbeat(f *testing.F) {
 		if status != http.StatusOK {
 			return
 		}
-		var ack heartbeatAnswer
+		var ack api.HeartbeatAnswer
 		if err := decodeStrict(answer, &ack); err != nil || ack.PoolID != id {
 			t.Fatalf("heartbeat answer %s for pool %q: %v", answer, id, err)
 		}

@@ -155,11 +155,6 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 	return nil
 }
 
-// heartbeatAnswer is the body of a heartbeat's 200.
-type heartbeatAnswer struct {
-	PoolID string `json:"pool_id"`
-	Status string `json:"status"`
-}
 
 func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) error {
 	start := time.Now()
@@ -176,21 +171,57 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	if err := checkGPUs(hb.GPUs); err != nil {
 		return err
 	}
-	if err := checkWorkers(hb.Workers); err != nil {
-		return err
+	if len(hb.Workers) > maxWorkers {
+		return api.BadRequest("%d workers: at most %d", len(hb.Workers), maxWorkers)
 	}
-	if err := checkWorkerTokens(hb.WorkerTokens, hb.Workers); err != nil {
-		return err
+	// One bad entry is refused alone, named in the answer; the rest of
+	// the heartbeat is taken.
+	var refused []api.RefusedWorker
+	hb.Workers, hb.WorkerTokens, refused = splitWorkers(hb.Workers, hb.WorkerTokens)
+	if len(refused) > 0 {
+		q.log.Warn("heartbeat entries refused", "pool_id", id, "refused", len(refused), "first_worker_id", refused[0].WorkerID,
+			"first_reason", refused[0].Reason)
 	}
 	sanitizeWorkers(hb.Workers)
-	if err := q.heartbeat(r.Context(), id, hb); err != nil {
+	if err := q.heartbeat(r.Context(), id, hb, refused); err != nil {
 		return err
 	}
 	q.routing.tokens.replace(id, hb.WorkerTokens)
 	q.routing.poke()
 	p, _ := q.reg.Get(id)
-	api.WriteJSON(w, http.StatusOK, heartbeatAnswer{PoolID: id, Status: string(p.Status)})
+	api.WriteJSON(w, http.StatusOK, api.HeartbeatAnswer{PoolID: id, Status: string(p.Status), Refused: refused})
 	return nil
+}
+
+// splitWorkers checks each worker entry (and its token) alone: the good
+// ones are kept, each bad one is refused with its reason. A token for a
+// worker the heartbeat does not list is dropped and named.
+func splitWorkers(ws []api.Worker, tokens map[string]string) ([]api.Worker, map[string]string, []api.RefusedWorker) {
+	var refused []api.RefusedWorker
+	kept := make([]api.Worker, 0, len(ws))
+	keptTokens := make(map[string]string, len(tokens))
+	listed := make(map[string]bool, len(ws))
+	for _, w := range ws {
+		listed[w.WorkerID] = true
+		err := checkWorker(w)
+		if err == nil && tokens[w.WorkerID] != "" {
+			err = checkWorkerToken(tokens[w.WorkerID])
+		}
+		if err != nil {
+			refused = append(refused, api.RefusedWorker{WorkerID: api.Printable(w.WorkerID, 128), Reason: api.Printable(err.Error(), 512)})
+			continue
+		}
+		kept = append(kept, w)
+		if tok := tokens[w.WorkerID]; tok != "" {
+			keptTokens[w.WorkerID] = tok
+		}
+	}
+	for id := range tokens {
+		if !listed[id] {
+			refused = append(refused, api.RefusedWorker{WorkerID: api.Printable(id, 128), Reason: "a token for a worker the heartbeat does not list"})
+		}
+	}
+	return kept, keptTokens, refused
 }
 
 func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) error {

@@ -428,19 +428,19 @@ func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, a
 }
 
 // heartbeat renews the pool's lease and reconciles its workers with the
-// rows.
-func (q *Queen) heartbeat(ctx context.Context, poolID string, hb api.Heartbeat) error {
+// rows; refused are the entries the queen could not take.
+func (q *Queen) heartbeat(ctx context.Context, poolID string, hb api.Heartbeat, refused []api.RefusedWorker) error {
 	beat, err := q.reg.Heartbeat(ctx, poolID, hb)
 	if err != nil {
 		return err
 	}
-	q.reconcile(ctx, poolID, beat, hb.Workers)
+	q.reconcile(ctx, poolID, beat, hb.Workers, refused)
 	return nil
 }
 
 // reconcile decides under the rows' lock (reconcile is pure) and acts
 // after: row changes go through apply, which checks each again.
-func (q *Queen) reconcile(ctx context.Context, poolID string, beat registry.Beat, workers []api.Worker) {
+func (q *Queen) reconcile(ctx context.Context, poolID string, beat registry.Beat, workers []api.Worker, refused []api.RefusedWorker) {
 	now := time.Now()
 	b := q.rows
 	b.mu.Lock()
@@ -452,7 +452,7 @@ func (q *Queen) reconcile(ctx context.Context, poolID string, beat registry.Beat
 		}
 	}
 	plan := reconcile(reconcileInput{FullInventory: beat.FullInventory, RegisteredAt: beat.RegisteredAt,
-		Workers: workers, Rows: rows, Misses: misses})
+		Workers: workers, Refused: refused, Rows: rows, Misses: misses})
 	for _, id := range plan.Seen {
 		b.touchLocked(id, now)
 	}

@@ -24,7 +24,11 @@ type reconcileInput struct {
 	FullInventory bool
 	RegisteredAt  time.Time
 	Workers       []api.Worker // what the hive runs
-	Rows          []store.Row  // the pool's live rows
+	// Refused are entries of the heartbeat the queen refused: their rows
+	// are lost at once, with the refusal as the reason (the queen cannot
+	// route to, or account for, a worker it cannot read).
+	Refused []api.RefusedWorker
+	Rows    []store.Row // the pool's live rows
 	Misses        map[string]int
 }
 
@@ -64,6 +68,8 @@ type reconcilePlan struct {
 //     lostAfterMisses heartbeats; a row whose start the hive has not
 //     answered yet (no worker id) waits.
 //   - A live worker with no live row is unknown: the caller stops it.
+//   - A worker whose entry the queen refused loses its row at once and is
+//     stopped (when its id can be named).
 func reconcile(in reconcileInput) reconcilePlan {
 	plan := reconcilePlan{Misses: map[string]int{}}
 	byID := make(map[string]store.Row, len(in.Rows))
@@ -113,8 +119,21 @@ func reconcile(in reconcileInput) reconcilePlan {
 			plan.Sync = append(plan.Sync, rowSync{ID: id, Worker: w, To: to})
 		}
 	}
+	refused := make(map[string]string, len(in.Refused))
+	for _, x := range in.Refused {
+		refused[x.WorkerID] = x.Reason
+		if checkID("worker_id", x.WorkerID) == nil {
+			// Nothing may run that the queen cannot account for.
+			plan.Unknown = append(plan.Unknown, unknownWorker{Worker: api.Worker{WorkerID: x.WorkerID},
+				Why: "the queen refused the hive's report of it: " + x.Reason})
+		}
+	}
 	for _, r := range in.Rows {
 		if seen[r.ID] {
+			continue
+		}
+		if why, ok := refused[r.WorkerID]; ok && r.WorkerID != "" {
+			plan.Lost = append(plan.Lost, lostRow{ID: r.ID, Reason: "refused: the hive's report of this worker: " + why})
 			continue
 		}
 		old := r.CreatedAt.Before(in.RegisteredAt)
