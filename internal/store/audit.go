@@ -39,9 +39,10 @@ func (t *Tx) Append(e AuditEntry) (AuditEntry, error) {
 			return e, fmt.Errorf("store: audit metadata: %w", err)
 		}
 	}
-	e.ID = t.s.auditSeq.Add(1)
-	if _, err := t.exec("INSERT INTO audit_log (id, ts, actor, action, target, reason, metadata) VALUES (?, ?, ?, ?, ?, ?, ?)",
-		e.ID, micros(e.TS), e.Actor, e.Action, e.Target, e.Reason, string(meta)); err != nil {
+	// The database gives the id (identity column, AUTOINCREMENT): never
+	// reused, across restarts, prunes and queens.
+	if err := t.queryRow("INSERT INTO audit_log (ts, actor, action, target, reason, metadata) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+		micros(e.TS), e.Actor, e.Action, e.Target, e.Reason, string(meta)).Scan(&e.ID); err != nil {
 		return e, fmt.Errorf("store: append audit entry: %w", err)
 	}
 	e.TS = fromMicros(micros(e.TS))

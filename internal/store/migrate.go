@@ -13,7 +13,9 @@ import (
 
 // migrations holds NNNN_name.sql files, applied in order of NNNN, each in
 // its own transaction together with its row in schema_migrations. The
-// statements of a file are separated by ";" at the end of a line.
+// statements of a file are separated by ";" at the end of a line. A step
+// the two databases cannot share is a pair of files instead:
+// NNNN_name.sqlite.sql and NNNN_name.postgres.sql.
 //
 //go:embed migrations/*.sql
 var migrations embed.FS
@@ -21,7 +23,15 @@ var migrations embed.FS
 type migration struct {
 	version int
 	name    string
-	sql     string
+	sql     map[Dialect]string // "" for both
+}
+
+// text is the migration's SQL for d.
+func (m migration) text(d Dialect) string {
+	if t, ok := m.sql[""]; ok {
+		return t
+	}
+	return m.sql[d]
 }
 
 func loadMigrations() ([]migration, error) {
@@ -29,18 +39,42 @@ func loadMigrations() ([]migration, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []migration
+	byVersion := map[int]*migration{}
 	for _, e := range ents {
 		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
 		v, err := strconv.Atoi(num)
 		if !ok || err != nil || v < 1 {
 			return nil, fmt.Errorf("store: migration %s: name must be NNNN_name.sql", e.Name())
 		}
+		var d Dialect
+		for _, dd := range []Dialect{SQLite, Postgres} {
+			if n, found := strings.CutSuffix(name, "."+string(dd)); found {
+				name, d = n, dd
+			}
+		}
 		b, err := migrations.ReadFile("migrations/" + e.Name())
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, migration{version: v, name: name, sql: string(b)})
+		m := byVersion[v]
+		if m == nil {
+			m = &migration{version: v, name: name, sql: map[Dialect]string{}}
+			byVersion[v] = m
+		}
+		if _, dup := m.sql[d]; dup || m.name != name {
+			return nil, fmt.Errorf("store: migration %s: another file has version %d", e.Name(), v)
+		}
+		m.sql[d] = string(b)
+	}
+	var out []migration
+	for _, m := range byVersion {
+		_, both := m.sql[""]
+		_, lite := m.sql[SQLite]
+		_, post := m.sql[Postgres]
+		if both == (lite || post) || lite != post {
+			return nil, fmt.Errorf("store: migration %04d_%s: want one .sql file, or one .sqlite.sql and one .postgres.sql", m.version, m.name)
+		}
+		out = append(out, *m)
 	}
 	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
 	for i, m := range out {
@@ -104,7 +138,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	for _, m := range ms[current:] {
 		err := s.Update(ctx, func(tx *Tx) error {
-			for _, st := range statements(m.sql) {
+			for _, st := range statements(m.text(s.dialect)) {
 				if _, err := tx.tx.ExecContext(ctx, st); err != nil {
 					return fmt.Errorf("%w in %q", err, firstLine(st))
 				}

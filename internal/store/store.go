@@ -7,10 +7,19 @@
 // row and its audit entry in the same Update never leaves one without the
 // other. One queen owns a database at a time; Open takes a lock (a file lock
 // beside the SQLite file, an advisory lock on PostgreSQL) and refuses a
-// second owner with ErrLocked.
+// second owner with ErrLocked. On PostgreSQL the lock lives on a connection
+// of its own that the store re-checks (lock.go); LockLost is closed when it
+// is gone, and from then on Update refuses to write.
+//
+// PostgreSQL statements have server-side timeouts (statement_timeout,
+// lock_timeout) and connecting has a deadline (connect_timeout), so a hung
+// database fails a call with ErrTimeout instead of holding it forever.
+// Audit ids come from the database (an identity column, SQLite
+// AUTOINCREMENT), never reused, not even after a restart or a prune.
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -20,12 +29,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
-	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 
 	"github.com/apiary-llm/apiary/internal/secret"
 )
@@ -35,6 +47,13 @@ var (
 	ErrNotFound = errors.New("store: not found")
 	ErrExists   = errors.New("store: already exists")
 	ErrLocked   = errors.New("store: database is in use by another queen")
+	// ErrLockLost: the one-queen lock is gone (its connection dropped or
+	// it was released); the queen must step down.
+	ErrLockLost = errors.New("store: lost the one-queen lock")
+	// ErrTimeout: PostgreSQL cancelled a statement that ran past
+	// statement_timeout or waited past lock_timeout, or the transaction
+	// ran past its client-side limit.
+	ErrTimeout = errors.New("store: the database did not answer in time")
 )
 
 // Dialect is the database behind a Store.
@@ -53,7 +72,30 @@ type Config struct {
 	URL    string
 	Path   string
 	Logger *slog.Logger
+
+	// LockCheckInterval is how often a PostgreSQL store checks that it
+	// still holds the one-queen lock; default DefaultLockCheckInterval.
+	LockCheckInterval time.Duration
+	// Retention is what the store prunes in the background; the zero
+	// value prunes nothing.
+	Retention Retention
 }
+
+// PostgreSQL timeouts, each overridden by the parameter of the same name
+// in the URL (connect_timeout in seconds, the others as PostgreSQL reads
+// them, e.g. statement_timeout=60s).
+const (
+	// DefaultConnectTimeout bounds opening one connection.
+	DefaultConnectTimeout = 5 * time.Second
+	// DefaultStatementTimeout is the server's limit on one statement.
+	DefaultStatementTimeout = 30 * time.Second
+	// DefaultLockTimeout is the server's limit on waiting for a row or
+	// table lock.
+	DefaultLockTimeout = 5 * time.Second
+	// DefaultLockCheckInterval is how often the one-queen lock is
+	// re-checked.
+	DefaultLockCheckInterval = 5 * time.Second
+)
 
 // SQLiteFile is the name of the queen's SQLite database in its data dir.
 const SQLiteFile = "queen.db"
@@ -67,12 +109,21 @@ type Store struct {
 	db      *sql.DB
 	dialect Dialect
 	log     *slog.Logger
-	// auditSeq is the last audit id handed out; ids are assigned here so
-	// that one schema serves both databases.
-	auditSeq atomic.Int64
+	// txTimeout bounds one transaction on the client side (PostgreSQL:
+	// twice the statement timeout, against a network that stops
+	// answering); 0: none.
+	txTimeout time.Duration
 
 	unlock func() error // releases the owner lock
-	closed atomic.Bool
+	lock   *pgLock      // PostgreSQL's lock connection; nil on SQLite
+	// lost is closed when the owner lock is gone; lostErr says why.
+	lost     chan struct{}
+	lostOnce sync.Once
+	lostErr  error // written once before lost is closed
+
+	bgCancel context.CancelFunc // ends the lock check and the pruning
+	bg       sync.WaitGroup
+	closed   atomic.Bool
 }
 
 // IsPostgresURL reports whether u names a PostgreSQL database.
@@ -92,7 +143,7 @@ func open(ctx context.Context, cfg Config) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Store{log: log.With("component", "store")}
+	s := &Store{log: log.With("component", "store"), lost: make(chan struct{})}
 	var err error
 	switch {
 	case cfg.URL != "" && IsPostgresURL(cfg.URL):
@@ -113,12 +164,15 @@ func open(ctx context.Context, cfg Config) (*Store, error) {
 		s.Close()
 		return nil, err
 	}
-	var maxID sql.NullInt64
-	if err := s.db.QueryRowContext(ctx, "SELECT MAX(id) FROM audit_log").Scan(&maxID); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("store: read audit sequence: %w", err)
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.bgCancel = cancel
+	if s.lock != nil {
+		every := cmp.Or(cfg.LockCheckInterval, DefaultLockCheckInterval)
+		s.bg.Go(func() { s.watchLock(bg, every) })
 	}
-	s.auditSeq.Store(maxID.Int64)
+	if cfg.Retention.enabled() {
+		s.bg.Go(func() { s.runRetention(bg, cfg.Retention) })
+	}
 	return s, nil
 }
 
@@ -171,42 +225,57 @@ func lockFile(path string) (func() error, error) {
 	return f.Close, nil
 }
 
-// pgLockKey is the advisory lock id of a queen on PostgreSQL ("apiary" in
-// ASCII).
-const pgLockKey = 0x617069617279
-
 func (s *Store) openPostgres(ctx context.Context, url string) error {
-	db, err := sql.Open("pgx", url)
+	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return fmt.Errorf("store: open PostgreSQL: %w", err)
+		return fmt.Errorf("store: PostgreSQL URL: %w", err)
 	}
-	db.SetMaxOpenConns(8)
-	// The advisory lock lives as long as this session: keep one connection
-	// out of the pool for it.
-	conn, err := db.Conn(ctx)
+	stmt := withPGDefaults(cfg)
+	if stmt > 0 {
+		s.txTimeout = 2 * stmt
+	}
+	// The lock first, on a connection of its own: the pool's connections
+	// come and go, the lock lives as long as its session.
+	lock, err := acquirePGLock(ctx, cfg)
 	if err != nil {
+		return err
+	}
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(8)
+	if err := db.PingContext(ctx); err != nil {
 		db.Close()
+		lock.release()
 		return fmt.Errorf("store: connect to PostgreSQL: %w", err)
 	}
-	var got bool
-	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", int64(pgLockKey)).Scan(&got); err != nil {
-		conn.Close()
-		db.Close()
-		return fmt.Errorf("store: PostgreSQL advisory lock: %w", err)
-	}
-	if !got {
-		conn.Close()
-		db.Close()
-		return fmt.Errorf("%w (PostgreSQL advisory lock %d is held)", ErrLocked, pgLockKey)
-	}
-	s.db = db
-	s.unlock = func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, err := conn.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", int64(pgLockKey))
-		return errors.Join(err, conn.Close())
-	}
+	s.db, s.lock, s.unlock = db, lock, lock.release
+	s.log.Info("holding the one-queen lock", "lock_backend_pid", lock.pid, "connect_timeout", cfg.ConnectTimeout,
+		"statement_timeout", cfg.RuntimeParams["statement_timeout"], "lock_timeout", cfg.RuntimeParams["lock_timeout"])
 	return nil
+}
+
+// withPGDefaults sets the timeouts the URL leaves out and returns the
+// statement timeout (0 when the URL disables it or gives it in a form this
+// does not read).
+func withPGDefaults(cfg *pgx.ConnConfig) time.Duration {
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = DefaultConnectTimeout
+	}
+	for name, d := range map[string]time.Duration{"statement_timeout": DefaultStatementTimeout, "lock_timeout": DefaultLockTimeout} {
+		if _, ok := cfg.RuntimeParams[name]; !ok {
+			cfg.RuntimeParams[name] = strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+		}
+	}
+	return pgDuration(cfg.RuntimeParams["statement_timeout"])
+}
+
+// pgDuration reads a PostgreSQL time setting: a number of milliseconds or
+// one with a unit ("30s", "2min", "500ms"); 0 when it reads neither.
+func pgDuration(v string) time.Duration {
+	if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
+		return time.Duration(ms) * time.Millisecond
+	}
+	d, _ := time.ParseDuration(strings.ReplaceAll(strings.ReplaceAll(v, " ", ""), "min", "m"))
+	return d
 }
 
 // Dialect says which database this is.
@@ -215,12 +284,17 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 // Close releases the owner lock and closes the database. It is idempotent.
 //
 // Order:
-//  1. release the owner lock (PostgreSQL: on its own connection),
-//  2. close the connection pool.
+//  1. stop the lock check and the pruning, and wait for them,
+//  2. release the owner lock (PostgreSQL: on its own connection),
+//  3. close the connection pool.
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	if s.bgCancel != nil {
+		s.bgCancel()
+	}
+	s.bg.Wait()
 	var errs []error
 	if s.unlock != nil {
 		errs = append(errs, s.unlock())
@@ -251,7 +325,44 @@ func (s *Store) View(ctx context.Context, fn func(*Tx) error) error {
 	return s.run(ctx, true, fn)
 }
 
-func (s *Store) run(ctx context.Context, readOnly bool, fn func(*Tx) error) (err error) {
+func (s *Store) run(ctx context.Context, readOnly bool, fn func(*Tx) error) error {
+	if !readOnly {
+		select {
+		case <-s.lost:
+			return s.lostErr
+		default:
+		}
+	}
+	if s.txTimeout == 0 {
+		return s.runTx(ctx, readOnly, fn)
+	}
+	tctx, cancel := context.WithTimeoutCause(ctx, s.txTimeout, errTxTimeout)
+	defer cancel()
+	err := s.runTx(tctx, readOnly, fn)
+	if err != nil && ctx.Err() == nil && context.Cause(tctx) == errTxTimeout {
+		return fmt.Errorf("%w (a transaction ran past %s): %w", ErrTimeout, s.txTimeout, err)
+	}
+	return classifyPG(err)
+}
+
+var errTxTimeout = errors.New("store: transaction timeout")
+
+// classifyPG marks PostgreSQL's statement and lock timeouts as ErrTimeout.
+func classifyPG(err error) error {
+	var pe *pgconn.PgError
+	if err == nil || !errors.As(err, &pe) {
+		return err
+	}
+	switch pe.Code {
+	case "57014": // query_canceled: statement_timeout (or an operator's pg_cancel_backend)
+		return fmt.Errorf("%w (statement_timeout): %w", ErrTimeout, err)
+	case "55P03": // lock_not_available: lock_timeout
+		return fmt.Errorf("%w (lock_timeout): %w", ErrTimeout, err)
+	}
+	return err
+}
+
+func (s *Store) runTx(ctx context.Context, readOnly bool, fn func(*Tx) error) (err error) {
 	var opts *sql.TxOptions
 	if readOnly && s.dialect == Postgres {
 		// SQLite's driver would still BEGIN IMMEDIATE; read-only is a

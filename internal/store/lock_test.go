@@ -1,0 +1,190 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+// Regression: the one-queen lock was a session advisory lock on a pooled
+// connection that nobody re-checked, so a dropped connection let a second
+// queen in unnoticed. Now the store finds the loss within its check
+// interval, closes LockLost, refuses to write, and a second store takes
+// the lock.
+func TestPostgresLockLossIsDetectedAndAnotherStoreTakesOver(t *testing.T) {
+	const every = 300 * time.Millisecond
+	u := newPG(t)
+	db := admin(t, u)
+	a := open(t, store.Config{URL: u, LockCheckInterval: every})
+	if _, err := store.Open(t.Context(), store.Config{URL: u}); !errors.Is(err, store.ErrLocked) {
+		t.Fatalf("second open while the lock is held: got %v, want ErrLocked", err)
+	}
+	if _, err := appendEntry(t.Context(), a, "before"); err != nil {
+		t.Fatal(err)
+	}
+
+	terminate(t, db, lockHolder(t, db))
+	killed := time.Now()
+	select {
+	case <-a.LockLost():
+	case <-time.After(waitLimit):
+		t.Fatalf("lock loss not noticed within %s", waitLimit)
+	}
+	if took := time.Since(killed); took > every+2*time.Second {
+		t.Errorf("lock loss noticed after %s; the check interval is %s", took, every)
+	}
+	if err := a.LockErr(); !errors.Is(err, store.ErrLockLost) {
+		t.Errorf("LockErr = %v, want ErrLockLost", err)
+	}
+	mustContain(t, a.LockErr(), "backend pid")
+	if _, err := appendEntry(t.Context(), a, "after the loss"); !errors.Is(err, store.ErrLockLost) {
+		t.Errorf("write after the loss: got %v, want ErrLockLost", err)
+	}
+
+	b := open(t, store.Config{URL: u}) // the lock is free: a second queen starts
+	select {
+	case <-b.LockLost():
+		t.Fatalf("the new owner's lock is lost: %v", b.LockErr())
+	default:
+	}
+	if _, err := appendEntry(t.Context(), b, "new owner"); err != nil {
+		t.Errorf("the new owner cannot write: %v", err)
+	}
+	if err := a.Close(); err != nil {
+		t.Logf("close of the store that lost its lock: %v", err)
+	}
+}
+
+// Audit ids come from the database: two stores on one database, even one
+// that has not yet noticed it lost the lock, never hand out the same id.
+func TestPostgresAuditIDsUniqueAcrossStores(t *testing.T) {
+	u := newPG(t)
+	db := admin(t, u)
+	a := open(t, store.Config{URL: u, LockCheckInterval: time.Hour}) // never notices in this test
+	ids := map[int64]string{}
+	add := func(s *store.Store, who string) {
+		t.Helper()
+		e, err := appendEntry(t.Context(), s, who)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev, dup := ids[e.ID]; dup {
+			t.Errorf("audit id %d given to %s and to %s", e.ID, prev, who)
+		}
+		ids[e.ID] = who
+	}
+	add(a, "a")
+	add(a, "a")
+	terminate(t, db, lockHolder(t, db))
+	b := open(t, store.Config{URL: u})
+	add(b, "b")
+	add(a, "a, not yet aware")
+	add(b, "b")
+	if len(ids) != 5 {
+		t.Errorf("ids %v, want 5 distinct", ids)
+	}
+}
+
+// Ids are never reused by a later store on the same database, not even
+// when every entry was pruned (the seed derived the next id from the
+// largest one left).
+func TestAuditIDsNotReusedAfterPruneAndReopen(t *testing.T) {
+	eachBackend(t, func(t *testing.T, cfg store.Config) {
+		ctx := t.Context()
+		s, err := store.Open(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var last int64
+		for range 3 {
+			e, err := appendEntry(ctx, s, "first")
+			if err != nil {
+				t.Fatal(err)
+			}
+			last = e.ID
+		}
+		if p, err := s.Prune(ctx, time.Now().Add(time.Hour), time.Time{}); err != nil || p.Audit != 3 {
+			t.Fatalf("prune everything: %+v %v", p, err)
+		}
+		s.Close()
+		s = open(t, cfg)
+		e, err := appendEntry(ctx, s, "second")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.ID <= last {
+			t.Errorf("id after prune and reopen = %d, want more than %d", e.ID, last)
+		}
+	})
+}
+
+// SQLite's guard is a file lock that lasts as long as the process: it is
+// never reported lost.
+func TestSQLiteLockIsNeverLost(t *testing.T) {
+	s := open(t, store.Config{Path: filepath.Join(t.TempDir(), store.SQLiteFile), LockCheckInterval: time.Millisecond})
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	select {
+	case <-s.LockLost():
+		t.Fatalf("SQLite lock reported lost: %v", s.LockErr())
+	case <-ctx.Done():
+	}
+	if err := s.LockErr(); err != nil {
+		t.Errorf("LockErr = %v", err)
+	}
+}
+
+// A database of schema version 1 (audit ids handed out by the queen)
+// keeps its entries when it is upgraded, and the database's ids continue
+// after the largest.
+func TestUpgradeKeepsAuditIDsAndContinuesAfterThem(t *testing.T) {
+	eachBackend(t, func(t *testing.T, cfg store.Config) {
+		driver, dsn := "pgx", cfg.URL
+		if cfg.URL == "" {
+			driver, dsn = "sqlite", cfg.Path
+		}
+		db, err := sql.Open(driver, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v1, err := os.ReadFile("migrations/0001_init.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stmts := append(strings.Split(string(v1), ";\n"),
+			"CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+			"INSERT INTO schema_migrations VALUES (1, 'init', 0)",
+			"INSERT INTO audit_log (id, ts, actor, action, target) VALUES (41, 1, 'queen', 'old', 'x'), (42, 2, 'queen', 'old', 'y')")
+		for _, st := range stmts {
+			if strings.TrimSpace(st) == "" {
+				continue
+			}
+			if _, err := db.ExecContext(t.Context(), st); err != nil {
+				t.Fatalf("%v in %q", err, st)
+			}
+		}
+		db.Close()
+
+		s := open(t, cfg)
+		e, err := appendEntry(t.Context(), s, "z")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.ID != 43 {
+			t.Errorf("first id after the upgrade = %d, want 43", e.ID)
+		}
+		_, audit := left(t, s)
+		if diff := cmp.Diff([]string{"z", "y", "x"}, audit); diff != "" {
+			t.Errorf("audit after the upgrade (-want +got):\n%s", diff)
+		}
+	})
+}
