@@ -100,7 +100,13 @@ func inProcessTokensPerSecond(b *testing.B, e *llamacpp.Engine, prompt []int) fl
 // to the last.
 func httpTokensPerSecond(b *testing.B, uri string) float64 {
 	body := fmt.Sprintf(`{"model":"bench","prompt":"Hello","max_tokens":%d,"temperature":0,"ignore_eos":true,"stream":true}`, benchTokens)
-	resp, err := http.Post(uri+"/v1/completions", "application/json", strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, uri+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+benchWorkerToken) // the worker answers only /health without it
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -142,6 +148,9 @@ func httpTokensPerSecond(b *testing.B, uri string) float64 {
 	return float64(n-1) / last.Sub(first).Seconds()
 }
 
+// benchWorkerToken is the token startWorker gives its worker.
+const benchWorkerToken = "bench-token"
+
 // startWorker runs `apiary worker` on a free port and returns its URI, which
 // it learns from the worker's own ready callback.
 func startWorker(b *testing.B, bin, model string) string {
@@ -163,7 +172,7 @@ func startWorker(b *testing.B, bin, model string) string {
 	cmd := exec.Command(bin, "worker", "--worker-id", "bench", "--model", model, "--port", "0",
 		"--gpu-device", "-1", "--threads", fmt.Sprint(benchThreads), "--ctx-size", fmt.Sprint(benchCtx),
 		"--callback-url", cb.URL)
-	cmd.Env = append(os.Environ(), "APIARY_WORKER_TOKEN=bench-token")
+	cmd.Env = append(os.Environ(), "APIARY_WORKER_TOKEN="+benchWorkerToken)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

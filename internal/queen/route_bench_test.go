@@ -83,15 +83,19 @@ func benchClusterTLS(b *testing.B, certs testbin.TLSFiles, queenArgs []string, h
 	return qURL, keeper.NewClient(qURL, "", ""), q
 }
 
-// streamTimes sends one streamed completion to base and returns the time
-// to its first event and the gaps between its events.
-func streamTimes(ctx context.Context, hc *http.Client, base, body string) (time.Duration, []time.Duration, error) {
+// streamTimes sends one streamed completion to base (with token as its
+// bearer token when set: a worker asked straight needs its own) and
+// returns the time to its first event and the gaps between its events.
+func streamTimes(ctx context.Context, hc *http.Client, base, token, body string) (time.Duration, []time.Duration, error) {
 	start := time.Now()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, nil, err
@@ -142,11 +146,17 @@ func pct(d []time.Duration, p float64) time.Duration {
 
 // round runs n concurrent streams against base and adds their times to s.
 func round(ctx context.Context, b *testing.B, hc *http.Client, base, body string, n int, s *sample) {
+	roundAs(ctx, b, hc, base, "", body, n, s)
+}
+
+// roundAs is round with token as the bearer token (a worker's, to ask it
+// straight).
+func roundAs(ctx context.Context, b *testing.B, hc *http.Client, base, token, body string, n int, s *sample) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for range n {
 		wg.Go(func() {
-			ttft, gaps, err := streamTimes(ctx, hc, base, body)
+			ttft, gaps, err := streamTimes(ctx, hc, base, token, body)
 			if err != nil {
 				b.Error(err)
 				return
@@ -175,16 +185,16 @@ func BenchmarkRelayOverhead(b *testing.B) {
 	}
 	q.logs.wait(b, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
 	rows, err := admin.Workers(ctx, keeper.WorkerFilter{})
-	if err != nil || len(rows) != 1 || rows[0].URI == "" {
+	if err != nil || len(rows) != 1 || rows[0].URI == "" || rows[0].PID == nil {
 		b.Fatalf("rows %+v %v", rows, err)
 	}
-	direct := rows[0].URI
+	direct, token := rows[0].URI, testbin.WorkerToken(b, *rows[0].PID)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 	defer hc.CloseIdleConnections()
 	const body = `{"model":"tiny","prompt":"Once upon a time","max_tokens":64,"temperature":0,"ignore_eos":true,"stream":true}`
 	// Warm both paths (connections, the worker's first batch).
 	for range 3 {
-		round(ctx, b, hc, direct, body, 4, &sample{})
+		roundAs(ctx, b, hc, direct, token, body, 4, &sample{})
 		round(ctx, b, hc, qURL, body, 4, &sample{})
 	}
 	b.ResetTimer()
@@ -194,11 +204,11 @@ func BenchmarkRelayOverhead(b *testing.B) {
 			var d, viaQueen sample
 			for i := range c.rounds {
 				if i%2 == 0 {
-					round(ctx, b, hc, direct, body, c.streams, &d)
+					roundAs(ctx, b, hc, direct, token, body, c.streams, &d)
 					round(ctx, b, hc, qURL, body, c.streams, &viaQueen)
 				} else {
 					round(ctx, b, hc, qURL, body, c.streams, &viaQueen)
-					round(ctx, b, hc, direct, body, c.streams, &d)
+					roundAs(ctx, b, hc, direct, token, body, c.streams, &d)
 				}
 			}
 			addTTFT50, addTTFT99 := pct(viaQueen.ttft, .5)-pct(d.ttft, .5), pct(viaQueen.ttft, .99)-pct(d.ttft, .99)
@@ -232,7 +242,7 @@ func BenchmarkColdStartOverhead(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		for range 10 {
-			cold, _, err := streamTimes(ctx, hc, qURL, body)
+			cold, _, err := streamTimes(ctx, hc, qURL, "", body)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -257,9 +267,10 @@ func BenchmarkColdStartOverhead(b *testing.B) {
 				b.Fatalf("worker of %s not in the registry: %+v", row.ID, pools)
 			}
 			load := w.ReadyAt.Sub(w.StartedAt)
+			token := testbin.WorkerToken(b, w.PID)
 			var warm []time.Duration
 			for range 5 {
-				t, _, err := streamTimes(ctx, hc, row.URI, body)
+				t, _, err := streamTimes(ctx, hc, row.URI, token, body)
 				if err != nil {
 					b.Fatal(err)
 				}
