@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
 )
@@ -28,6 +29,13 @@ type modelDemand struct {
 	ModelLive  int
 	MaxWorkers int
 	RetryAt    time.Time // no placement before this (after failures)
+	// NoPlace is why no pool can take a new worker of the target now (the
+	// placement's reasons, from the pools and model lists as known); ""
+	// when one can or may.
+	NoPlace string
+	// LastFailure is why the target's last placement gave no worker (no
+	// pool, every hive refused, or the placed worker failed to start).
+	LastFailure string
 }
 
 func (m modelDemand) target() target { return target{m.Model, m.Pool} }
@@ -43,25 +51,43 @@ type placeOrder struct {
 
 func (o placeOrder) target() target { return target{o.Model, o.Pool} }
 
-// refusal is a target whose waiting requests no worker will ever serve.
+// refusal is a target whose waiting requests no worker will serve: none
+// serves or starts, and none can be placed now.
 type refusal struct {
 	Model, Pool string
 	Why         string
+	RetryAfter  time.Duration // when a new placement may be tried; 0: unknown
 }
 
 // scaleDecision is what decideScale decided.
 type scaleDecision struct {
 	Place []placeOrder
-	// Refuse holds the targets whose waiting requests no worker will ever
-	// serve (none lives, and the queen may not place one), with why.
+	// Refuse holds the targets whose waiting requests no worker will
+	// serve (none serves or starts, and none can be placed now), with why.
 	Refuse []refusal
 	// Recheck is when to decide again if nothing else happens first; 0:
 	// no need.
 	Recheck time.Duration
 }
 
+// demandResync is how often the controller looks again at targets with
+// requests waiting even when nothing wakes it: a pool that is drained or
+// goes silent (its lease ends) sends no event, and its waiting requests
+// must learn that what they waited for is not coming.
+const demandResync = time.Second
+
+// noPlaceAuditEvery is how often a target that no pool can take is
+// audited again (worker.place_failed) while its reason stays the same.
+const noPlaceAuditEvery = time.Minute
+
 // decideScale is the scale policy, pure. For each target with requests
 // waiting:
+//   - requests wait only for capacity that is coming: a worker that
+//     serves (a slot frees), one starting or being placed, or one the
+//     policy places now. When none serves or starts and none can be placed
+//     (NoPlace: every pool's reason), or the last placement failed and the
+//     next may not be tried yet (LastFailure), the requests are refused at
+//     once with why;
 //   - at most one placement is under way at a time (a starting worker
 //     will take the queue);
 //   - no worker at all: place one now (cold start);
@@ -72,6 +98,8 @@ type scaleDecision struct {
 //     even when the model has its max elsewhere (the pin is an explicit
 //     ask for that pool, as an operator's start is); idle timeouts take
 //     the extra workers back.
+//
+// Targets that keep waiting are looked at again within demandResync.
 func decideScale(now time.Time, demand []modelDemand, scaleUpAfter time.Duration) scaleDecision {
 	var d scaleDecision
 	recheck := func(after time.Duration) {
@@ -84,12 +112,22 @@ func decideScale(now time.Time, demand []modelDemand, scaleUpAfter time.Duration
 		if m.Pool != "" {
 			what, where = fmt.Sprintf("%s on pool %s", m.Model, m.Pool), " on pool "+m.Pool
 		}
+		// Nothing serves the target and nothing starts for it.
+		idle := m.Live == 0 && m.Routable == 0 && m.Starting == 0
+		refused := false
+		refuse := func(why string, retryAfter time.Duration) {
+			d.Refuse = append(d.Refuse, refusal{Model: m.Model, Pool: m.Pool, Why: why, RetryAfter: retryAfter})
+			refused = true
+		}
 		switch {
 		case m.Queued == 0:
 		case m.Live == 0 && m.MaxWorkers == 0:
-			d.Refuse = append(d.Refuse, refusal{m.Model, m.Pool,
-				fmt.Sprintf("model %s is not placed on demand (its max workers is 0) and no worker of it runs%s; an operator must start one", m.Model, where)})
+			refuse(fmt.Sprintf("model %s is not placed on demand (its max workers is 0) and no worker of it runs%s; an operator must start one", m.Model, where), 0)
 		case m.Starting > 0:
+		case idle && m.NoPlace != "":
+			refuse(m.NoPlace, 0)
+		case idle && now.Before(m.RetryAt) && m.LastFailure != "":
+			refuse(m.LastFailure, m.RetryAt.Sub(now))
 		case m.Live > 0 && m.ModelLive >= m.MaxWorkers:
 		case now.Before(m.RetryAt):
 			recheck(m.RetryAt.Sub(now))
@@ -102,6 +140,9 @@ func decideScale(now time.Time, demand []modelDemand, scaleUpAfter time.Duration
 					m.Queued, what, m.OldestWait.Round(time.Millisecond), scaleUpAfter, m.ModelLive, m.MaxWorkers)})
 		default:
 			recheck(scaleUpAfter - m.OldestWait)
+		}
+		if m.Queued > 0 && !refused {
+			recheck(demandResync)
 		}
 	}
 	return d
@@ -173,24 +214,27 @@ func (c *controller) run(ctx context.Context) {
 			st.pending--
 			if res.err == nil {
 				st.fails, st.failRetry = 0, time.Time{}
+				st.placed = append(st.placed, res.row.ID)
 				break
 			}
-			st.fails++
-			st.failRetry = time.Now().Add(placeBackoff(st.fails))
-			if len(rt.router.source(res.target)) == 0 && c.q.rows.targetCounts(res.target, nil).live() == 0 {
-				n := rt.router.fail(res.target, fmt.Errorf("%w: %w", ErrNoCapacity, res.err))
-				c.log.Warn("no worker can be placed; waiting requests refused", "model_ref", res.target.model, "pool_id", res.target.pool,
-					"refused", n, "err", res.err)
-			}
+			st.failed(time.Now(), res.err.Error())
+		}
+		// Rows placed on demand that ended before they served: their
+		// waiting requests learn why (the decision below refuses them).
+		for t, st := range targets {
+			c.followPlaced(ctx, t, st)
 		}
 		now := time.Now()
 		// A target that has a serving worker again starts afresh: its next
 		// cold start (after the worker is gone) is not held back.
 		for t, st := range targets {
-			if st.coldTries > 0 && len(rt.router.source(t)) > 0 {
-				st.coldTries, st.coldRetry = 0, time.Time{}
+			if (st.coldTries > 0 || st.lastFailure != "") && len(rt.router.source(t)) > 0 {
+				st.coldTries, st.coldRetry, st.lastFailure = 0, time.Time{}, ""
 			}
-			if *st == (placing{}) {
+			if st.noPlace != "" && now.Sub(st.noPlaceAt) >= noPlaceAuditEvery {
+				st.noPlace = ""
+			}
+			if st.idle() {
 				delete(targets, t)
 			}
 		}
@@ -212,6 +256,8 @@ func (c *controller) run(ctx context.Context) {
 			pending[t.model] += st.pending
 		}
 		var demand []modelDemand
+		var pools []registry.Pool // read once, when a target needs them
+		var models map[string]map[string]api.Model
 		for _, s := range stats {
 			st := state(s.target)
 			n := c.q.rows.targetCounts(s.target, healthy)
@@ -219,13 +265,30 @@ func (c *controller) run(ctx context.Context) {
 			if s.target.pool != "" {
 				all = c.q.rows.targetCounts(target{model: s.target.model}, healthy)
 			}
-			demand = append(demand, modelDemand{Model: s.target.model, Pool: s.target.pool, Queued: s.queued, OldestWait: now.Sub(s.oldest),
+			m := modelDemand{Model: s.target.model, Pool: s.target.pool, Queued: s.queued, OldestWait: now.Sub(s.oldest),
 				Live: n.live() + st.pending, Starting: n.starting + st.pending, Routable: len(rt.router.source(s.target)),
 				ModelLive: all.live() + pending[s.target.model], MaxWorkers: c.q.cfg.Routing.maxWorkers(s.target.model),
-				RetryAt: later(st.coldRetry, st.failRetry)})
+				RetryAt: later(st.coldRetry, st.failRetry), LastFailure: st.lastFailure}
 			if s.target.pool == "" {
-				demand[len(demand)-1].Live = demand[len(demand)-1].ModelLive
+				m.Live = m.ModelLive
 			}
+			if m.Live == 0 && m.Routable == 0 && m.MaxWorkers > 0 {
+				// Nothing serves or starts: can a worker be placed at all?
+				if pools == nil {
+					pools, models = c.q.reg.Query(registry.Filter{}), rt.catalog.snapshot()
+				}
+				req := PlaceRequest{Model: m.Model, Pool: m.Pool, Models: models}
+				if err := unplaceable(c.q.cfg.Placer, pools, req); err != nil {
+					m.NoPlace = err.Error()
+					if m.NoPlace != st.noPlace {
+						// Audited once per reason (again after
+						// noPlaceAuditEvery), not once per request.
+						st.noPlace, st.noPlaceAt = m.NoPlace, now
+						wg.Go(func() { c.q.placeFailed(ctx, req, err) })
+					}
+				}
+			}
+			demand = append(demand, m)
 		}
 		sort.Slice(demand, func(i, j int) bool {
 			a, b := demand[i], demand[j]
@@ -233,7 +296,9 @@ func (c *controller) run(ctx context.Context) {
 		})
 		dec := decideScale(now, demand, c.q.cfg.Routing.ScaleUpAfter)
 		for _, r := range dec.Refuse {
-			rt.router.fail(target{r.Model, r.Pool}, fmt.Errorf("%w: %s", ErrNoCapacity, r.Why))
+			if n := rt.router.fail(target{r.Model, r.Pool}, &capacityError{why: r.Why, retryAfter: r.RetryAfter}); n > 0 {
+				c.log.Warn("no worker can serve the waiting requests; refused", "model_ref", r.Model, "pool_id", r.Pool, "refused", n, "why", r.Why)
+			}
 		}
 		for _, o := range dec.Place {
 			st := state(o.target())
@@ -260,11 +325,51 @@ func (c *controller) run(ctx context.Context) {
 
 // placing is what the controller remembers of one target.
 type placing struct {
-	pending   int       // placements under way
-	coldTries int       // cold starts since the model last had a serving worker
-	coldRetry time.Time // no cold start before (after one that gave no worker)
-	fails     int       // placements in a row that failed
-	failRetry time.Time // no placement before (after failures)
+	pending     int       // placements under way
+	coldTries   int       // cold starts since the model last had a serving worker
+	coldRetry   time.Time // no cold start before (after one that gave no worker)
+	fails       int       // placements in a row that failed
+	failRetry   time.Time // no placement before (after failures)
+	lastFailure string    // why the last placement gave no worker, until one serves
+	noPlace     string    // why no pool could take a worker, as last audited
+	noPlaceAt   time.Time // when noPlace was audited
+	// placed holds the rows placed for the target that have not served
+	// yet; bounded by the placements one at a time and max workers.
+	placed []string
+}
+
+func (p *placing) idle() bool {
+	return p.pending == 0 && p.coldTries == 0 && p.fails == 0 && p.lastFailure == "" && p.noPlace == "" && len(p.placed) == 0
+}
+
+// failed records a placement that gave no worker, and why.
+func (p *placing) failed(now time.Time, why string) {
+	p.fails++
+	p.failRetry = now.Add(placeBackoff(p.fails))
+	p.lastFailure = why
+}
+
+// followPlaced drops the rows of st.placed that serve (RUNNING) and
+// records a failed placement for each that ended before it served, with
+// the row's reason.
+func (c *controller) followPlaced(ctx context.Context, t target, st *placing) {
+	kept := st.placed[:0]
+	for _, id := range st.placed {
+		row, err := c.q.rows.get(ctx, id)
+		switch {
+		case err != nil:
+			c.log.Warn("cannot read a row placed on demand", "lifecycle_id", id, "err", err)
+		case row.Status == rowStarting:
+			kept = append(kept, id)
+		case row.Status == rowRunning:
+		case row.Status == rowFailed:
+			st.failed(time.Now(), fmt.Sprintf("the worker placed for %s (%s on pool %s) failed to start: %s", t, id, row.PoolID, row.Reason))
+		default:
+			st.failed(time.Now(), fmt.Sprintf("the worker placed for %s (%s on pool %s) was stopped before it was ready: %s", t, id, row.PoolID, row.Reason))
+		}
+	}
+	clear(st.placed[len(kept):])
+	st.placed = kept
 }
 
 func later(a, b time.Time) time.Time {
@@ -327,6 +432,13 @@ func (q *Queen) decide(ctx context.Context, req PlaceRequest) (Decision, error) 
 	if err == nil {
 		return d, nil
 	}
+	q.placeFailed(ctx, req, err)
+	return Decision{}, err
+}
+
+// placeFailed audits (worker.place_failed) and logs a placement that
+// found no pool, with every pool's reason.
+func (q *Queen) placeFailed(ctx context.Context, req PlaceRequest, err error) {
 	meta := map[string]any{"model_ref": req.Model, "rejected": rejectedMeta(placementRejections(err))}
 	if req.GPU != nil {
 		meta["gpu_device"] = *req.GPU
@@ -344,5 +456,4 @@ func (q *Queen) decide(ctx context.Context, req PlaceRequest) (Decision, error) 
 		q.log.Error("cannot audit a failed placement", "model_ref", req.Model, "err", aerr)
 	}
 	q.log.Warn("placement found no pool", "model_ref", req.Model, "pool_id", req.Pool, "err", err)
-	return Decision{}, err
 }

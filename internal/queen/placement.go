@@ -3,6 +3,7 @@ package queen
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -58,13 +59,20 @@ type PlacementError struct {
 	Rejected []Rejection
 }
 
+// maxReasons bounds the pools an error message names (a fleet has
+// thousands); the audit entry of the placement has every one.
+const maxReasons = 8
+
 func (e *PlacementError) Error() string {
 	if len(e.Rejected) == 0 {
 		return fmt.Sprintf("no pool can run %s: no hive has registered", e.Model)
 	}
-	parts := make([]string, len(e.Rejected))
-	for i, r := range e.Rejected {
-		parts[i] = r.PoolID + ": " + r.Reason
+	parts := make([]string, 0, min(len(e.Rejected), maxReasons)+1)
+	for _, r := range e.Rejected[:min(len(e.Rejected), maxReasons)] {
+		parts = append(parts, r.PoolID+": "+r.Reason)
+	}
+	if n := len(e.Rejected) - maxReasons; n > 0 {
+		parts = append(parts, fmt.Sprintf("and %d more pools", n))
 	}
 	return fmt.Sprintf("no pool can run %s (%s)", e.Model, strings.Join(parts, "; "))
 }
@@ -169,6 +177,29 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		}
 	}
 	return Decision{Pool: win.pool, GPU: win.gpu, FreeBytes: win.free, NeedBytes: need, Rejected: rejected}, nil
+}
+
+// unplaceable says why no pool can take a new worker of req.Model now,
+// from the pools and the model lists as they are known (no hive is
+// asked): the placer's error, naming each pool's reason. It is nil when a
+// pool can take one, or may: a pool the placer could use whose model
+// list is not known yet (the placement itself reads it).
+func unplaceable(placer Placer, pools []registry.Pool, req PlaceRequest) error {
+	if req.Pool != "" {
+		// Pinned: the one pool's reason, not every other pool's "pinned".
+		pools = slices.DeleteFunc(slices.Clone(pools), func(p registry.Pool) bool { return p.ID != req.Pool })
+		if len(pools) == 0 {
+			return &PlacementError{Model: req.Model, Rejected: []Rejection{{req.Pool, "pool is not registered"}}}
+		}
+	}
+	for _, p := range pools {
+		_, excluded := req.Exclude[p.ID]
+		if p.Status == registry.Healthy && (req.Pool == "" || p.ID == req.Pool) && !excluded && req.Models[p.ID] == nil {
+			return nil
+		}
+	}
+	_, err := placer.Place(pools, req)
+	return err
 }
 
 // placementRejections returns the pools a failed placement rejected.

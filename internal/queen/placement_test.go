@@ -2,6 +2,8 @@ package queen
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -84,4 +86,63 @@ func TestPlacement(t *testing.T) {
 			t.Errorf("no pools: %v", err)
 		}
 	})
+}
+
+// unplaceable is the placement's answer to "can a worker of the model be
+// placed now", from what the queen knows without asking a hive.
+func TestUnplaceable(t *testing.T) {
+	tiny := map[string]api.Model{"tiny": {Ref: "tiny", SizeBytes: 1 << 30}}
+	gpus := []api.GPU{{ID: 0, FreeBytes: 4 << 30}}
+	pool := func(id string, s registry.Status) registry.Pool { return registry.Pool{ID: id, Status: s, GPUs: gpus} }
+	for _, tc := range []struct {
+		name   string
+		pools  []registry.Pool
+		models map[string]map[string]api.Model
+		pin    string
+		want   string
+	}{
+		{name: "a pool fits", pools: []registry.Pool{pool("a", registry.Healthy)}, models: map[string]map[string]api.Model{"a": tiny}},
+		{name: "the only pool drained", pools: []registry.Pool{pool("a", registry.Draining)}, models: map[string]map[string]api.Model{"a": tiny},
+			want: "no pool can run tiny (a: pool is draining)"},
+		{name: "every pool's reason",
+			pools:  []registry.Pool{pool("a", registry.Unhealthy), pool("b", registry.Healthy), {ID: "c", Status: registry.Healthy, GPUs: []api.GPU{{ID: 0, FreeBytes: 1 << 20}}}},
+			models: map[string]map[string]api.Model{"a": tiny, "b": {}, "c": tiny},
+			want:   "no pool can run tiny (a: pool is unhealthy; b: does not have model tiny; c: no device has room for tiny (1.0 GiB): the roomiest, device 0, has 1.0 MiB free)"},
+		{name: "a healthy pool whose list is not known yet may take it",
+			pools: []registry.Pool{pool("a", registry.Draining), pool("b", registry.Healthy)}, models: map[string]map[string]api.Model{"a": tiny}},
+		{name: "an unhealthy pool whose list is not known is no hope",
+			pools: []registry.Pool{pool("a", registry.Unhealthy)}, want: "no pool can run tiny (a: pool is unhealthy)"},
+		{name: "pinned: the pool's own reason, not the others' pin",
+			pools: []registry.Pool{pool("a", registry.Healthy), pool("b", registry.Draining)}, models: map[string]map[string]api.Model{"a": tiny, "b": tiny},
+			pin: "b", want: "no pool can run tiny (b: pool is draining)"},
+		{name: "pinned to a pool that is gone", pools: []registry.Pool{pool("a", registry.Healthy)}, models: map[string]map[string]api.Model{"a": tiny},
+			pin: "b", want: "no pool can run tiny (b: pool is not registered)"},
+		{name: "no pool at all", want: "no pool can run tiny: no hive has registered"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := unplaceable(MostFreeMemory{}, tc.pools, PlaceRequest{Model: "tiny", Pool: tc.pin, Models: tc.models})
+			got := ""
+			if err != nil {
+				got = err.Error()
+				if !errors.Is(err, ErrNoPool) {
+					t.Errorf("%v is not ErrNoPool", err)
+				}
+			}
+			if got != tc.want {
+				t.Errorf("unplaceable = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// A placement error names at most maxReasons pools; the audit has them all.
+func TestPlacementErrorIsBounded(t *testing.T) {
+	var rs []Rejection
+	for i := range maxReasons + 3 {
+		rs = append(rs, Rejection{PoolID: fmt.Sprintf("p%02d", i), Reason: "pool is draining"})
+	}
+	msg := (&PlacementError{Model: "tiny", Rejected: rs}).Error()
+	if !strings.HasSuffix(msg, "p07: pool is draining; and 3 more pools)") || strings.Contains(msg, "p08") {
+		t.Errorf("error %q", msg)
+	}
 }

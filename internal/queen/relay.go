@@ -340,6 +340,8 @@ func (q *Queen) checkSuspects(ctx context.Context) {
 			q.metrics.storeErrors.Inc()
 			q.log.Error("cannot fail the row of a lost worker", "lifecycle_id", c.lifecycleID, "err", err)
 		}
+		// Requests waiting for the worker learn it is gone.
+		q.routing.poke()
 	}
 }
 

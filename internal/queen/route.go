@@ -113,6 +113,7 @@ func openaiError(err error) *openai.Error {
 		return oe
 	}
 	var ue *upstreamError
+	var ce *capacityError
 	switch {
 	case errors.Is(err, ErrModelNotFound):
 		return &openai.Error{Status: http.StatusNotFound, Code: openai.CodeModelNotFound, Param: "model", Message: err.Error(), Err: err}
@@ -121,7 +122,11 @@ func openaiError(err error) *openai.Error {
 	case errors.Is(err, ErrQueueTimeout):
 		return &openai.Error{Status: http.StatusGatewayTimeout, Code: "queue_timeout", Type: openai.TypeServer, Message: err.Error(), Err: err}
 	case errors.Is(err, ErrNoCapacity):
-		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "no_capacity", Message: err.Error(), RetryAfter: 5 * time.Second, Err: err}
+		retry := 5 * time.Second
+		if errors.As(err, &ce) && ce.retryAfter > 0 {
+			retry = ce.retryAfter
+		}
+		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "no_capacity", Message: err.Error(), RetryAfter: retry, Err: err}
 	case errors.Is(err, ErrShuttingDown):
 		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: err.Error(), Err: err}
 	case errors.As(err, &ue) && ue.status == http.StatusServiceUnavailable:

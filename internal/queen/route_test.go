@@ -609,6 +609,7 @@ func TestRouteNoPoolCanPlace(t *testing.T) {
 	if status != http.StatusServiceUnavailable || errorCode(t, body) != "no_capacity" || !bytes.Contains(body, []byte("no device has room for tiny")) {
 		t.Errorf("answer %d %s", status, body)
 	}
+	x.logs.wait(t, 0, "placement found no pool", map[string]string{"model_ref": "tiny"}) // logged once audited
 	var audit api.AuditList
 	x.ok("GET", "/api/admin/audit?target=model:tiny", nil, http.StatusOK, &audit)
 	if len(audit.Entries) != 1 || audit.Entries[0].Action != "worker.place_failed" {

@@ -19,6 +19,16 @@ var (
 	ErrUpstream      = errors.New("queen: worker failed")
 )
 
+// capacityError refuses a request for want of capacity (ErrNoCapacity):
+// nothing serves or starts for it and nothing can be placed, with why.
+type capacityError struct {
+	why        string
+	retryAfter time.Duration // when a placement may be tried again; 0: unknown
+}
+
+func (e *capacityError) Error() string { return ErrNoCapacity.Error() + ": " + e.why }
+func (e *capacityError) Unwrap() error { return ErrNoCapacity }
+
 // candidate is a worker that may take a request of its model: serving
 // (ready or busy), in a healthy pool, with a RUNNING lifecycle row.
 type candidate struct {
@@ -393,8 +403,8 @@ func (r *router) queueStats() []queueStat {
 	return out
 }
 
-// fail answers every waiter of t with err (the controller could not
-// place a worker and none serves the target).
+// fail answers every waiter of t with err (nothing serves or starts for
+// the target, and the controller cannot place a worker).
 func (r *router) fail(t target, err error) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
