@@ -107,7 +107,7 @@ func TestDecideScale(t *testing.T) {
 
 		// Requests wait only for capacity that is coming.
 		{name: "nothing serves or starts and no pool can take one: refused with the reasons",
-			in: modelDemand{Model: "m", Queued: 2, MaxWorkers: 1, NoPlace: "no pool can run m (a: pool is draining)"},
+			in:   modelDemand{Model: "m", Queued: 2, MaxWorkers: 1, NoPlace: "no pool can run m (a: pool is draining)"},
 			want: scaleDecision{Refuse: []refusal{{Model: "m", Why: "no pool can run m (a: pool is draining)"}}}},
 		{name: "no pool can take one, during a backoff too",
 			in: modelDemand{Model: "m", Queued: 1, MaxWorkers: 1, NoPlace: "no pool can run m (a: pool is unhealthy)",
@@ -132,7 +132,7 @@ func TestDecideScale(t *testing.T) {
 			in:   modelDemand{Model: "m", Queued: 1, Live: 1, MaxWorkers: 1, OldestWait: time.Minute},
 			want: scaleDecision{Recheck: demandResync}},
 		{name: "pinned: the pool's reason",
-			in: modelDemand{Model: "m", Pool: "n1", Queued: 1, ModelLive: 1, MaxWorkers: 2, NoPlace: "no pool can run m (n1: pool is draining)"},
+			in:   modelDemand{Model: "m", Pool: "n1", Queued: 1, ModelLive: 1, MaxWorkers: 2, NoPlace: "no pool can run m (n1: pool is draining)"},
 			want: scaleDecision{Refuse: []refusal{{Model: "m", Pool: "n1", Why: "no pool can run m (n1: pool is draining)"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
