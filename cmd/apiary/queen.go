@@ -26,6 +26,7 @@ type queenFlags struct {
 	heartbeatTimeout, unhealthyGrace      time.Duration
 	offlineRetention, flushInterval       time.Duration
 	hiveTimeout                           time.Duration
+	auditRetention, rowsRetention         time.Duration
 	maxBody                               int64
 	logJSON                               bool
 	logLevel                              string
@@ -84,6 +85,8 @@ address only.`,
 	fl.DurationVar(&f.offlineRetention, "offline-retention", registry.DefaultOfflineRetention, "offline (deregistered) pools are removed after this")
 	fl.DurationVar(&f.flushInterval, "flush-interval", registry.DefaultFlushInterval, "heartbeat times reach the database this often")
 	fl.DurationVar(&f.hiveTimeout, "hive-timeout", queen.DefaultHiveTimeout, "time budget of one call to a hive")
+	fl.DurationVar(&f.auditRetention, "audit-retention", queen.DefaultRetention, "audit entries older than this are pruned (at start, then hourly); 0 keeps them forever")
+	fl.DurationVar(&f.rowsRetention, "rows-retention", queen.DefaultRetention, "stopped and failed worker rows that ended longer ago than this are pruned; live rows never are; 0 keeps them forever")
 	fl.Int64Var(&f.maxBody, "max-body-bytes", queen.DefaultMaxBodyBytes, "request body limit; larger bodies get 413")
 	fl.StringVar(&f.sshConfig, "ssh-config", "", "ssh client configuration file for the nodes (ssh -F; default the user's ~/.ssh/config)")
 	fl.DurationVar(&f.sshTimeout, "ssh-timeout", 10*time.Second, "how long ssh may take to connect to a node (ssh -o ConnectTimeout)")
@@ -124,6 +127,14 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	if f.maxBody < 1 {
 		return queen.Config{}, usagef("--max-body-bytes must be positive, got %d", f.maxBody)
 	}
+	for name, d := range map[string]*time.Duration{"--audit-retention": &f.auditRetention, "--rows-retention": &f.rowsRetention} {
+		switch {
+		case *d < 0:
+			return queen.Config{}, usagef("%s must not be negative (0 keeps forever), got %s", name, *d)
+		case *d == 0:
+			*d = queen.KeepForever
+		}
+	}
 	if !cmd.Flags().Changed("database-url") {
 		f.databaseURL = os.Getenv(databaseURLEnv)
 	}
@@ -139,6 +150,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL,
 		HeartbeatTimeout: f.heartbeatTimeout, UnhealthyGrace: f.unhealthyGrace, OfflineRetention: f.offlineRetention,
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout,
+		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention,
 		Tokens: queen.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
 		Ownership: queen.OwnershipConfig{Owner: f.owner, LocalHive: f.localHive, HiveArgs: f.hiveArgs,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout},

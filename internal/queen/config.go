@@ -57,6 +57,14 @@ type Config struct {
 	FlushInterval    time.Duration // heartbeat times reach the store this often
 	HiveTimeout      time.Duration // budget of one call to a hive
 
+	// AuditRetention: audit entries older than this are pruned, at start
+	// and hourly; default DefaultRetention; negative keeps them forever.
+	AuditRetention time.Duration
+	// RowsRetention: ended lifecycle rows (STOPPED, FAILED) that ended
+	// longer ago than this are pruned with the audit entries; live rows
+	// never are; default DefaultRetention; negative keeps them forever.
+	RowsRetention time.Duration
+
 	Tokens       Tokens
 	MaxBodyBytes int64 // request body limit
 
@@ -85,6 +93,12 @@ const (
 	DefaultAddr         = "127.0.0.1:8080"
 	DefaultHiveTimeout  = 30 * time.Second
 	DefaultMaxBodyBytes = 1 << 20
+	// DefaultRetention keeps a month of audit entries and ended rows.
+	DefaultRetention = 30 * 24 * time.Hour
+	// KeepForever as a retention prunes nothing.
+	KeepForever time.Duration = -1
+	// minRetention is the shortest retention Validate takes.
+	minRetention = time.Minute
 )
 
 // DefaultDataDir is $XDG_DATA_HOME/apiary, or ~/.local/share/apiary.
@@ -114,6 +128,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.AuditRetention == 0 {
+		c.AuditRetention = DefaultRetention
+	}
+	if c.RowsRetention == 0 {
+		c.RowsRetention = DefaultRetention
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -174,6 +194,11 @@ func (c Config) Validate() error {
 	} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+		}
+	}
+	for name, d := range map[string]time.Duration{"--audit-retention": c.AuditRetention, "--rows-retention": c.RowsRetention} {
+		if d > 0 && d < minRetention {
+			errs = append(errs, fmt.Errorf("%s %s is shorter than %s: give at least %s, or 0 to keep forever", name, d, minRetention, minRetention))
 		}
 	}
 	if c.MaxBodyBytes < 1 {

@@ -120,13 +120,15 @@ func (q *Queen) Run(ctx context.Context) error {
 
 func (q *Queen) run(ctx context.Context) error {
 	defer close(q.done)
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	cancel := func() { cancelCause(nil) }
 	defer cancel()
 	q.stopMu.Lock()
 	q.stop = cancel
 	q.stopMu.Unlock()
 
-	scfg := store.Config{URL: q.cfg.DatabaseURL, Logger: q.cfg.Logger}
+	scfg := store.Config{URL: q.cfg.DatabaseURL, Logger: q.cfg.Logger,
+		Retention: store.Retention{Audit: max(q.cfg.AuditRetention, 0), Rows: max(q.cfg.RowsRetention, 0)}}
 	if q.cfg.DatabaseURL == "" {
 		scfg.Path = filepath.Join(q.cfg.DataDir, store.SQLiteFile)
 	}
@@ -182,6 +184,17 @@ func (q *Queen) run(ctx context.Context) error {
 		g.Go(func() error { q.runTasks(bg); return nil })
 	}
 	g.Go(func() error { q.routing.run(bg, q); return nil })
+	g.Go(func() error {
+		// Another queen may take the database once the lock is gone:
+		// step down (stop routing and serving, Run returns the cause).
+		select {
+		case <-st.LockLost():
+			q.log.Error("queen stepping down: it no longer holds the database's one-queen lock", "err", st.LockErr())
+			cancelCause(st.LockErr())
+		case <-bg.Done():
+		}
+		return nil
+	})
 	q.log.Info("queen serving", "addr", q.addr.String(), "url", q.URL(), "store", string(st.Dialect()),
 		"heartbeat_timeout", q.cfg.HeartbeatTimeout, "unhealthy_grace", q.cfg.UnhealthyGrace, "offline_retention", q.cfg.OfflineRetention)
 	close(q.ready)
