@@ -262,10 +262,18 @@ func withPGDefaults(cfg *pgx.ConnConfig) time.Duration {
 	}
 	for name, d := range map[string]time.Duration{"statement_timeout": DefaultStatementTimeout, "lock_timeout": DefaultLockTimeout} {
 		if _, ok := cfg.RuntimeParams[name]; !ok {
-			cfg.RuntimeParams[name] = strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+			cfg.RuntimeParams[name] = pgSetting(d)
 		}
 	}
 	return pgDuration(cfg.RuntimeParams["statement_timeout"])
+}
+
+// pgSetting writes d as a PostgreSQL time setting: "30s", or "250ms".
+func pgSetting(d time.Duration) string {
+	if d%time.Second == 0 {
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
 }
 
 // pgDuration reads a PostgreSQL time setting: a number of milliseconds or
