@@ -118,6 +118,13 @@ func (h *Hive) postStart(w http.ResponseWriter, r *http.Request) error {
 	if err := api.Decode(r, &req, false); err != nil {
 		return err
 	}
+	if req.LifecycleID != "" {
+		// The hive reports it in every heartbeat: take only what the
+		// queen would take there.
+		if err := api.CheckID("lifecycle_id", req.LifecycleID); err != nil {
+			return err
+		}
+	}
 	snap, err := h.startWorker(r.Context(), req)
 	if err != nil {
 		return err

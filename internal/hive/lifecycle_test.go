@@ -157,6 +157,7 @@ func TestPreflightRefusals(t *testing.T) {
 		{"path separator", `{"model_ref":"../models/tiny"}`, 400, "invalid_model_ref", "must be a model name"},
 		{"dot dot", `{"model_ref":"..tiny"}`, 400, "invalid_model_ref", "must be a model name"},
 		{"empty", `{"model_ref":""}`, 400, "invalid_model_ref", "empty"},
+		{"bad lifecycle id", `{"model_ref":"tiny","lifecycle_id":"not a lifecycle id!"}`, 400, "invalid_request", "lifecycle_id"},
 		{"missing", `{"model_ref":"nope"}`, 404, "model_not_found", "not in"},
 		{"not gguf", `{"model_ref":"junk"}`, 422, "invalid_model", "GGUF"},
 		{"no such device", `{"model_ref":"tiny","gpu_device":3}`, 400, "device_not_found", "gpu_device 3"},

@@ -194,20 +194,15 @@ const (
 )
 
 var (
-	// Both use * and leave the length to the code: a counted repetition
+	// It uses * and leaves the length to the code: a counted repetition
 	// such as {0,199} compiles into a program of that many copies, which
 	// cost every process start milliseconds.
-	idPattern       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]*$`) // at most 128 bytes
-	modelPattern    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`)  // at most 200 bytes
+	modelPattern    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`) // at most 200 bytes
 	lifecyclePatten = regexp.MustCompile(`^wk-[0-9a-f]{16}$`)
 )
 
-func checkID(what, s string) error {
-	if len(s) > 128 || !idPattern.MatchString(s) {
-		return api.BadRequest("%s %q is not valid: 1-128 letters, digits, '.', '_', ':', '@' or '-', starting with a letter or digit", what, s)
-	}
-	return nil
-}
+// checkID is api.CheckID: the hives check ids the same way.
+func checkID(what, s string) error { return api.CheckID(what, s) }
 
 func checkModel(s string) error {
 	if len(s) > 200 || !modelPattern.MatchString(s) || strings.Contains(s, "..") {

@@ -1,0 +1,23 @@
+package api
+
+import "regexp"
+
+// idPattern is what an id on the wire may be: pool, node, worker and
+// lifecycle ids. It uses * and leaves the length to CheckID: a counted
+// repetition such as {0,127} compiles into a program of that many copies,
+// which costs every process start milliseconds.
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]*$`)
+
+// MaxIDLen bounds an id.
+const MaxIDLen = 128
+
+// CheckID is the one check of an id that queen and hive both apply, so
+// that a hive never takes what its queen would refuse: 1-128 letters,
+// digits, '.', '_', ':', '@' or '-', starting with a letter or digit. what
+// names the field in the 400.
+func CheckID(what, s string) error {
+	if len(s) > MaxIDLen || !idPattern.MatchString(s) {
+		return BadRequest("%s %q is not valid: 1-128 letters, digits, '.', '_', ':', '@' or '-', starting with a letter or digit", what, Printable(s, 140))
+	}
+	return nil
+}
