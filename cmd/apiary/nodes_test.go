@@ -29,7 +29,7 @@ func TestNodesAndInferCommands(t *testing.T) {
 		{[]string{"infer", "--prompt", "x", q}, 2, nil, []string{"--model is required"}},
 		{[]string{"infer", "--model", "tiny", q}, 2, nil, []string{"--prompt is required"}},
 		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--max-tokens", "-1", q}, 2, nil, []string{"--max-tokens must not be negative"}},
-		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--queen", "ftp://x"}, 2, nil, []string{"not an http(s) URL"}},
+		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--queen", "ftp://x"}, 2, nil, []string{"--queen", "scheme must be http or https"}},
 		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--node", "n1", "--queen", "http://127.0.0.1:1"}, 2, nil, []string{"--node n1 needs a running queen"}},
 	} {
 		code, out, errOut := apiary(t, tc.args...)
