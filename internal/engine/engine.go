@@ -58,6 +58,11 @@ type Request struct {
 	MinP        float32
 	Seed        uint32
 	IgnoreEOS   bool
+	// FrequencyPenalty and PresencePenalty (OpenAI's, -2..2; 0: off)
+	// lower the odds of tokens already generated: by how often they came,
+	// and for having come at all.
+	FrequencyPenalty float32
+	PresencePenalty  float32
 }
 
 // Token is one sampled token. Piece holds the raw bytes of its text, which

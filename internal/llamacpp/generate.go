@@ -283,9 +283,13 @@ func (e *Engine) run() {
 	}
 }
 
+// penaltyLastN is how many recent tokens the penalties look at, llama.cpp
+// server's default.
+const penaltyLastN = 64
+
 // newSampler builds the sampling chain llama.cpp's server uses for these
-// settings: [EOG ban] → top-k → top-p → min-p → temperature → draw; greedy
-// when the temperature is 0.
+// settings: [EOG ban] → [penalties] → top-k → top-p → min-p → temperature
+// → draw; greedy when the temperature is 0 (after the penalties).
 func (e *Engine) newSampler(req engine.Request) *C.struct_llama_sampler {
 	params := C.llama_sampler_chain_default_params()
 	params.no_perf = true
@@ -293,6 +297,10 @@ func (e *Engine) newSampler(req engine.Request) *C.struct_llama_sampler {
 	if req.IgnoreEOS && len(e.eog) > 0 {
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_logit_bias(
 			C.int32_t(e.info.Vocab), C.int32_t(len(e.eog)), (*C.llama_logit_bias)(unsafe.Pointer(&e.eog[0]))))
+	}
+	if req.FrequencyPenalty != 0 || req.PresencePenalty != 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(penaltyLastN, 1,
+			C.float(req.FrequencyPenalty), C.float(req.PresencePenalty)))
 	}
 	if req.Temperature <= 0 {
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())

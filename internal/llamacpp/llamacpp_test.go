@@ -128,6 +128,28 @@ func TestGreedyIsDeterministicAndHonoursMaxTokens(t *testing.T) {
 	}
 }
 
+// frequency_penalty and presence_penalty change what is generated (they
+// were accepted and ignored: issue 12), greedy included, and stay
+// deterministic.
+func TestPenaltiesChangeGreedyOutput(t *testing.T) {
+	e := load(t, 1)
+	base := engine.Request{Prompt: prompt(t, e, "The bees"), MaxTokens: 48, IgnoreEOS: true}
+	plain, _ := collect(t, e, base)
+	for _, req := range []engine.Request{
+		{Prompt: base.Prompt, MaxTokens: 48, IgnoreEOS: true, FrequencyPenalty: 2},
+		{Prompt: base.Prompt, MaxTokens: 48, IgnoreEOS: true, PresencePenalty: 2},
+	} {
+		a, _ := collect(t, e, req)
+		b, _ := collect(t, e, req)
+		if cmp.Equal(a, plain) {
+			t.Errorf("penalties %v/%v left the greedy output as it was", req.FrequencyPenalty, req.PresencePenalty)
+		}
+		if !cmp.Equal(a, b) {
+			t.Errorf("penalties %v/%v: two greedy runs differ", req.FrequencyPenalty, req.PresencePenalty)
+		}
+	}
+}
+
 func TestSeededSamplingRepeats(t *testing.T) {
 	e := load(t, 1)
 	req := engine.Request{Prompt: prompt(t, e, "x"), MaxTokens: 32, Temperature: 1, TopK: 40, TopP: 0.95, Seed: 42, IgnoreEOS: true}

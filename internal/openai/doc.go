@@ -29,7 +29,7 @@
 // numbers (100.0, 1e3). The "developer" role is read as "system"; an
 // assistant message may have null content. Array content is flattened by
 // joining its text parts with "\n". presence_penalty and frequency_penalty
-// are accepted for compatibility and not applied. Extensions understood as
+// apply to the last 64 tokens, as in llama.cpp's server. Extensions understood as
 // llama.cpp's server does: top_k, min_p, ignore_eos.
 //
 // # Errors

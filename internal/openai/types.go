@@ -46,7 +46,7 @@ type Sampling struct {
 	// (llama.cpp extension).
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
 	// PresencePenalty and FrequencyPenalty are range-checked (-2..2) and
-	// accepted for compatibility, but not applied.
+	// applied by llama.cpp's penalties sampler over the last 64 tokens.
 	PresencePenalty  *float64       `json:"presence_penalty,omitempty"`
 	FrequencyPenalty *float64       `json:"frequency_penalty,omitempty"`
 	Stream           bool           `json:"stream,omitempty"`

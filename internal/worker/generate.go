@@ -75,6 +75,12 @@ func newJob(eng engine.Engine, info engine.ModelInfo, prompt, param string, s op
 	if s.MinP != nil {
 		r.MinP = float32(*s.MinP)
 	}
+	if s.FrequencyPenalty != nil {
+		r.FrequencyPenalty = float32(*s.FrequencyPenalty)
+	}
+	if s.PresencePenalty != nil {
+		r.PresencePenalty = float32(*s.PresencePenalty)
+	}
 	if s.Seed == nil || *s.Seed == -1 { // -1 means random, as in llama.cpp
 		r.Seed = rand.Uint32()
 	} else {
