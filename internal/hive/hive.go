@@ -170,6 +170,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	srv := &http.Server{
 		Handler:           h.routes(),
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute, // idle keep-alive connections are closed: they cost a socket each
 		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 	}
 

@@ -155,7 +155,6 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 	return nil
 }
 
-
 func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) error {
 	start := time.Now()
 	defer func() { q.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds()) }()

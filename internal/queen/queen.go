@@ -166,7 +166,8 @@ func (q *Queen) run(ctx context.Context) error {
 		return fmt.Errorf("queen: %w", err)
 	}
 	q.routing = q.newRouting()
-	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
+	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, // idle keep-alive connections are closed: they cost a socket each
+		ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
 	stopOwned := q.startOwned(cancel)
 
 	bg, bgCancel := context.WithCancel(context.WithoutCancel(ctx))

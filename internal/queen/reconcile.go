@@ -29,7 +29,7 @@ type reconcileInput struct {
 	// route to, or account for, a worker it cannot read).
 	Refused []api.RefusedWorker
 	Rows    []store.Row // the pool's live rows
-	Misses        map[string]int
+	Misses  map[string]int
 }
 
 // rowSync is a row to bring in line with its worker.
