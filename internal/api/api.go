@@ -6,15 +6,19 @@ package api
 
 import "time"
 
-// Error is the body of every error answer: {"error":{"code","message"}}.
+// Error is the body of every error answer, in OpenAI's shape:
+// {"error":{"code","message","type","param"}}.
 type Error struct {
 	Error ErrorDetail `json:"error"`
 }
 
-// ErrorDetail names what went wrong: a snake_case code and one clear line.
+// ErrorDetail names what went wrong: a snake_case code, one clear line,
+// OpenAI's type for the status, and the field at fault (null: none).
 type ErrorDetail struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
+	Code    string  `json:"code"`
+	Message string  `json:"message"`
+	Type    string  `json:"type,omitempty"`
+	Param   *string `json:"param"`
 }
 
 // Health is the answer of a daemon's GET /health.

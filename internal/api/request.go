@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	"github.com/apiary-llm/apiary/internal/openai"
 )
 
 // Bearer is the token of r's "Authorization: Bearer …" header, or "".
@@ -92,5 +94,5 @@ func WriteError(w http.ResponseWriter, status int, code, message string) {
 	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
 	}
-	WriteJSON(w, status, Error{Error: ErrorDetail{Code: code, Message: message}})
+	WriteJSON(w, status, Error{Error: ErrorDetail{Code: code, Message: message, Type: openai.TypeFor(status)}})
 }

@@ -87,7 +87,12 @@ func (e *Error) errorType() string {
 	if e.Type != "" {
 		return e.Type
 	}
-	switch s := e.status(); {
+	return TypeFor(e.status())
+}
+
+// TypeFor is the error type OpenAI uses for an HTTP status.
+func TypeFor(s int) string {
+	switch {
 	case s == http.StatusUnauthorized || s == http.StatusForbidden:
 		return TypeAuthentication
 	case s == http.StatusNotFound:
