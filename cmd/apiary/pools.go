@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -14,11 +15,11 @@ import (
 
 func newPoolsCmd() *cobra.Command {
 	a := &adminFlags{}
-	cmd := groupCmd("pools", "List, drain and remove pools",
-		`List, drain and remove the pools (hives) registered with the queen. A drained
-pool gets no new workers; a removed pool is offline until its hive registers
-again. Uses $APIARY_ADMIN_TOKEN ($APIARY_CLUSTER_TOKEN may list pools).`,
-		newPoolsLsCmd(a), newPoolsDrainCmd(a), newPoolsRmCmd(a))
+	cmd := groupCmd("pools", "List, drain, undrain and remove pools",
+		`List, drain, undrain and remove the pools (hives) registered with the queen. A
+drained pool gets no new workers (its running workers stay) until it is
+undrained; a removed pool is offline until its hive registers again. Uses $APIARY_ADMIN_TOKEN ($APIARY_CLUSTER_TOKEN may list pools).`,
+		newPoolsLsCmd(a), newPoolsDrainCmd(a), newPoolsUndrainCmd(a), newPoolsRmCmd(a))
 	a.register(cmd)
 	return cmd
 }
@@ -49,6 +50,22 @@ func newPoolsLsCmd(a *adminFlags) *cobra.Command {
 func newPoolsDrainCmd(a *adminFlags) *cobra.Command {
 	return newPoolActionCmd(a, "drain POOL_ID [--reason TEXT]", "Drain a pool: it gets no new workers",
 		(*keeper.Client).DrainPool)
+}
+
+func newPoolsUndrainCmd(a *adminFlags) *cobra.Command {
+	cmd := newPoolActionCmd(a, "undrain POOL_ID --reason TEXT", "Take a drained pool back: it gets new workers again",
+		(*keeper.Client).UndrainPool)
+	pre := cmd.PreRunE
+	cmd.PreRunE = func(c *cobra.Command, args []string) error {
+		if r, _ := c.Flags().GetString("reason"); strings.TrimSpace(r) == "" {
+			return usagef("pools undrain: --reason is required (it goes to the audit log)")
+		}
+		if pre != nil {
+			return pre(c, args)
+		}
+		return nil
+	}
+	return cmd
 }
 
 func newPoolsRmCmd(a *adminFlags) *cobra.Command {

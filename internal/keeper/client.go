@@ -118,6 +118,13 @@ func (c *Client) DrainPool(ctx context.Context, id, reason string) (api.Pool, er
 	return out, err
 }
 
+// UndrainPool takes a drained pool back: it gets new workers again.
+func (c *Client) UndrainPool(ctx context.Context, id, reason string) (api.Pool, error) {
+	var out api.Pool
+	err := c.do(ctx, http.MethodPost, "/v2/pools/"+url.PathEscape(id)+"/undrain", nil, api.PoolAction{Reason: reason}, &out, c.adminToken)
+	return out, err
+}
+
 // RemovePool deregisters a pool (offline; removed after the retention).
 func (c *Client) RemovePool(ctx context.Context, id, reason string) (api.Pool, error) {
 	var out api.Pool

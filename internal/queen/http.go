@@ -48,6 +48,7 @@ func (q *Queen) routes() http.Handler {
 	mux.Handle("GET /v2/pools", either(q.getPools))
 	mux.Handle("GET /v2/pools/{id}", either(q.getPool))
 	mux.Handle("POST /v2/pools/{id}/drain", admin(q.postDrain))
+	mux.Handle("POST /v2/pools/{id}/undrain", admin(q.postUndrain))
 	mux.Handle("DELETE /v2/pools/{id}", admin(q.deletePool))
 
 	mux.Handle("GET /api/admin/workers", admin(q.getWorkers))

@@ -371,6 +371,28 @@ func (q *Queen) postDrain(w http.ResponseWriter, r *http.Request, c caller) erro
 	return nil
 }
 
+// postUndrain takes a drained pool back; the reason is required (audit).
+func (q *Queen) postUndrain(w http.ResponseWriter, r *http.Request, c caller) error {
+	id := r.PathValue("id")
+	if err := checkID("pool id", id); err != nil {
+		return err
+	}
+	reason, err := poolAction(r, "")
+	if err != nil {
+		return err
+	}
+	if reason == "" {
+		return api.BadRequest("reason is required: say why the pool takes work again, for the audit log")
+	}
+	p, err := q.reg.Undrain(r.Context(), id, c.actor, reason)
+	if err != nil {
+		return err
+	}
+	q.routing.poke() // requests waiting for capacity may have it now
+	api.WriteJSON(w, http.StatusOK, poolWire(p))
+	return nil
+}
+
 func (q *Queen) deletePool(w http.ResponseWriter, r *http.Request, c caller) error {
 	id := r.PathValue("id")
 	if err := checkID("pool id", id); err != nil {

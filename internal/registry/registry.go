@@ -370,6 +370,36 @@ func (r *Registry) Drain(ctx context.Context, id, actor, reason string) (Pool, e
 	return e.Pool, nil
 }
 
+// Undrain takes a drained pool back: it gets new workers again. It is
+// healthy at once when it was draining, and stays unhealthy until its
+// heartbeats return when it was unhealthy. A pool not drained is left as
+// it is.
+func (r *Registry) Undrain(ctx context.Context, id, actor, reason string) (Pool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return Pool{}, ErrClosed
+	}
+	e := r.pools[id]
+	switch {
+	case e == nil:
+		return Pool{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case e.Status == Offline:
+		return Pool{}, fmt.Errorf("%w: %s cannot be undrained; its hive registers it again", ErrOffline, id)
+	case !e.Drained:
+		return e.Pool, nil
+	}
+	next := e.Pool
+	next.Drained = false
+	if next.Status == Draining {
+		next.Status = Healthy
+	}
+	if err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.undrain", reason: reason}, false); err != nil {
+		return Pool{}, err
+	}
+	return e.Pool, nil
+}
+
 // Deregister takes the pool offline: its workers are presumed gone, and it
 // is removed after the offline retention unless its hive registers again.
 func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Pool, error) {

@@ -524,7 +524,7 @@ func TestTransitionTable(t *testing.T) {
 	}{
 		{Healthy, Unhealthy, true}, {Healthy, Draining, true}, {Healthy, Offline, true},
 		{Unhealthy, Healthy, true}, {Unhealthy, Draining, true}, {Unhealthy, Offline, true},
-		{Draining, Unhealthy, true}, {Draining, Offline, true}, {Draining, Healthy, false},
+		{Draining, Unhealthy, true}, {Draining, Offline, true}, {Draining, Healthy, true},
 		{Offline, Healthy, true}, {Offline, Unhealthy, false}, {Offline, Draining, false},
 	} {
 		if got := CanTransition(tc.from, tc.to); got != tc.ok {
@@ -556,5 +556,32 @@ func TestUpdateWorkerIsBounded(t *testing.T) {
 	p, _ := h.r.Get("a")
 	if len(p.Workers) != MaxWorkersPerPool {
 		t.Errorf("%d workers, want %d", len(p.Workers), MaxWorkersPerPool)
+	}
+}
+
+// A drained pool can be taken back (issue 12: drain could not be undone,
+// and `pools rm` killed the pool's workers); undraining one that is not
+// drained changes nothing, and an offline pool cannot be.
+func TestUndrain(t *testing.T) {
+	h := newHarness(t, newFakeStore())
+	h.register("a")
+	if _, err := h.r.Drain(h.ctx, "a", "admin", "maintenance"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := h.r.Undrain(h.ctx, "a", "admin", "done")
+	if err != nil || p.Status != Healthy || p.Drained {
+		t.Fatalf("undrain: %+v %v", p, err)
+	}
+	if p, err := h.r.Undrain(h.ctx, "a", "admin", "again"); err != nil || p.Status != Healthy {
+		t.Errorf("undrain of a pool not drained: %+v %v", p, err)
+	}
+	if _, err := h.r.Deregister(h.ctx, "a", "admin", "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.r.Undrain(h.ctx, "a", "admin", "x"); !errors.Is(err, ErrOffline) {
+		t.Errorf("undrain of an offline pool: %v", err)
+	}
+	if _, err := h.r.Undrain(h.ctx, "nope", "admin", "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("undrain of an unknown pool: %v", err)
 	}
 }

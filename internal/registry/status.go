@@ -20,12 +20,13 @@ const (
 var Statuses = []Status{Healthy, Unhealthy, Draining, Offline}
 
 // transitions is POOLREG-19051 widened to what a lease needs: a drained
-// pool that misses heartbeats is unhealthy and comes back draining, and a
-// deregistered pool comes back when its hive registers again.
+// pool that misses heartbeats is unhealthy and comes back draining, a
+// deregistered pool comes back when its hive registers again, and an
+// operator may undrain a draining pool (healthy again).
 var transitions = map[Status][]Status{
 	Healthy:   {Unhealthy, Draining, Offline},
 	Unhealthy: {Healthy, Draining, Offline},
-	Draining:  {Unhealthy, Offline},
+	Draining:  {Healthy, Unhealthy, Offline},
 	Offline:   {Healthy},
 }
 
