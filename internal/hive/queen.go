@@ -127,8 +127,9 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 		return err
 	}
 	var ans api.HeartbeatAnswer
+	workers, tokens := q.h.reg.heartbeat()
 	err = q.postFor(ctx, "/v2/pools/"+url.PathEscape(q.h.cfg.PoolID)+"/heartbeat", api.Heartbeat{
-		GPUs: gpus, Workers: q.h.reg.brief(), WorkerTokens: q.h.reg.tokens(),
+		GPUs: gpus, Workers: workers, WorkerTokens: tokens,
 	}, &ans)
 	if err != nil {
 		return err

@@ -147,13 +147,23 @@ func (r *registry) snapshot(w *worker) api.Worker {
 func (r *registry) list(ended bool) []api.Worker {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.listLocked(ended)
+}
+
+// listLocked is list; a worker admitted but not spawned yet has no
+// snapshot (publish) and is left out: it would be an entry without id.
+func (r *registry) listLocked(ended bool) []api.Worker {
 	out := make([]api.Worker, 0, len(r.live))
 	for _, w := range r.live {
-		out = append(out, w.snap)
+		if w.snap.WorkerID != "" {
+			out = append(out, w.snap)
+		}
 	}
 	if ended {
 		for _, w := range r.recent {
-			out = append(out, w.snap)
+			if w.snap.WorkerID != "" {
+				out = append(out, w.snap)
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b api.Worker) int {
@@ -165,25 +175,20 @@ func (r *registry) list(ended bool) []api.Worker {
 	return out
 }
 
-// brief lists the live workers without their histories, for heartbeats.
-func (r *registry) brief() []api.Worker {
-	out := r.list(false)
-	for i := range out {
-		out[i] = out[i].Brief()
-	}
-	return out
-}
-
-// tokens returns the live workers' own tokens by worker id, for the
-// queen.
-func (r *registry) tokens() map[string]string {
+// heartbeat lists the live workers without their histories and their own
+// tokens by worker id, for the queen, in one look: every token is of a
+// listed worker (the queen refuses a token for one it does not see, and
+// stops that worker).
+func (r *registry) heartbeat() ([]api.Worker, map[string]string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[string]string, len(r.live))
-	for id, w := range r.live {
-		out[id] = w.token
+	out := r.listLocked(false)
+	tokens := make(map[string]string, len(out))
+	for i := range out {
+		out[i] = out[i].Brief()
+		tokens[out[i].WorkerID] = r.live[out[i].WorkerID].token
 	}
-	return out
+	return out, tokens
 }
 
 // liveWorkers returns the live workers.

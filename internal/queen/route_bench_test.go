@@ -251,20 +251,25 @@ func BenchmarkColdStartOverhead(b *testing.B) {
 				b.Fatalf("rows %+v %v", rows, err)
 			}
 			row := rows[0]
-			pools, err := admin.Pools(ctx, keeper.PoolFilter{})
-			if err != nil {
-				b.Fatal(err)
-			}
+			// The pool's view comes with heartbeats: one taken while the
+			// worker was starting may still be the latest, so wait for
+			// the next (1s) rather than fail.
 			var w api.Worker
-			for _, p := range pools {
-				for _, x := range p.Workers {
-					if x.LifecycleID == row.ID {
-						w = x
+			for wait := time.Now().Add(5 * time.Second); w.ReadyAt == nil; time.Sleep(50 * time.Millisecond) {
+				pools, err := admin.Pools(ctx, keeper.PoolFilter{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, p := range pools {
+					for _, x := range p.Workers {
+						if x.LifecycleID == row.ID {
+							w = x
+						}
 					}
 				}
-			}
-			if w.ReadyAt == nil {
-				b.Fatalf("worker of %s not in the registry: %+v", row.ID, pools)
+				if w.ReadyAt == nil && time.Now().After(wait) {
+					b.Fatalf("worker of %s not ready in the registry: %+v", row.ID, pools)
+				}
 			}
 			load := w.ReadyAt.Sub(w.StartedAt)
 			token := testbin.WorkerToken(b, w.PID)
