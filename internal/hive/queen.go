@@ -61,13 +61,29 @@ func (q *queenClient) enqueue(ev api.WorkerEvent) {
 }
 
 // run heartbeats and delivers events until ctx ends, then tries for a
-// moment to deliver what is still queued.
+// moment to deliver what is still queued and to take the pool offline.
 func (q *queenClient) run(ctx context.Context) {
 	var g errgroup.Group
 	g.Go(func() error { q.heartbeats(ctx); return nil })
 	g.Go(func() error { q.deliver(ctx); return nil })
 	_ = g.Wait()
+	q.goOffline()
 	q.hc.CloseIdleConnections()
+}
+
+// goOffline tells the queen the hive stops, once its workers' last events
+// are sent: the pool is offline at once instead of healthy until its
+// heartbeats time out (requests meanwhile would fail against a hive that
+// is gone).
+func (q *queenClient) goOffline() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := q.post(ctx, "/v2/pools/"+url.PathEscape(q.h.cfg.PoolID)+"/offline", api.PoolAction{Reason: "the hive stopped"})
+	if err != nil {
+		q.log.Warn("could not take the pool offline at the queen; it goes unhealthy when the heartbeats stop", "err", err)
+		return
+	}
+	q.log.Info("pool offline at the queen")
 }
 
 func (q *queenClient) heartbeats(ctx context.Context) {

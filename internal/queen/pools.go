@@ -394,15 +394,28 @@ func (q *Queen) postUndrain(w http.ResponseWriter, r *http.Request, c caller) er
 }
 
 func (q *Queen) deletePool(w http.ResponseWriter, r *http.Request, c caller) error {
+	return q.deregister(w, r, c.actor, "deregistered")
+}
+
+// postOffline is a hive saying it stops (POST /v2/pools/{id}/offline,
+// cluster token): after stopping its workers and sending their last
+// events, it takes its pool offline at once rather than leaving it
+// healthy until its heartbeats time out.
+func (q *Queen) postOffline(w http.ResponseWriter, r *http.Request, c caller) error {
+	return q.deregister(w, r, "hive:"+r.PathValue("id"), "the hive stopped")
+}
+
+// deregister takes the request's pool offline for actor.
+func (q *Queen) deregister(w http.ResponseWriter, r *http.Request, actor, def string) error {
 	id := r.PathValue("id")
 	if err := checkID("pool id", id); err != nil {
 		return err
 	}
-	reason, err := poolAction(r, "deregistered")
+	reason, err := poolAction(r, def)
 	if err != nil {
 		return err
 	}
-	p, err := q.reg.Deregister(r.Context(), id, c.actor, reason)
+	p, err := q.reg.Deregister(r.Context(), id, actor, reason)
 	q.routing.tokens.forget(id)
 	if err != nil {
 		return err
