@@ -1,6 +1,11 @@
 package api
 
-import "time"
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+)
 
 // This file holds the queen's own answers and admin requests: the pool
 // registry (/v2/pools), the lifecycle rows and the audit log
@@ -67,21 +72,79 @@ const (
 
 // AdminWorkerRequest is the body of POST /api/admin/workers:
 // {"action":"start","model","pool_id"?,"gpu"?,"reason"} or
-// {"action":"stop","lifecycleId","drain","reason"}.
+// {"action":"stop","lifecycle_id","drain","reason"}. The seed's
+// "lifecycleId" is still taken in place of "lifecycle_id" (UnmarshalJSON).
 type AdminWorkerRequest struct {
 	Action      string `json:"action"`
 	Model       string `json:"model,omitempty"`
 	PoolID      string `json:"pool_id,omitempty"`
 	GPU         *int   `json:"gpu,omitempty"`
-	LifecycleID string `json:"lifecycleId,omitempty"`
+	LifecycleID string `json:"lifecycle_id,omitempty"`
 	Drain       bool   `json:"drain,omitempty"`
 	Reason      string `json:"reason"`
 }
 
-// AdminWorkerResponse answers a start (201) or a stop (202).
+// legacyLifecycleID is the camelCase key the seed used for lifecycle ids
+// (before every key on the wire became snake_case); it is still read.
+type legacyLifecycleID struct {
+	Legacy *string `json:"lifecycleId,omitempty"`
+}
+
+// UnmarshalJSON decodes strictly (an unknown field is an error, as
+// Decode's) and takes "lifecycleId" for "lifecycle_id"; both at once must
+// agree.
+func (r *AdminWorkerRequest) UnmarshalJSON(b []byte) error {
+	type plain AdminWorkerRequest // without this method
+	var v struct {
+		plain
+		legacyLifecycleID
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	if err := v.merge(&v.LifecycleID); err != nil {
+		return err
+	}
+	*r = AdminWorkerRequest(v.plain)
+	return nil
+}
+
+// merge moves a legacy id into *id.
+func (l legacyLifecycleID) merge(id *string) error {
+	switch {
+	case l.Legacy == nil:
+	case *id == "":
+		*id = *l.Legacy
+	case *id != *l.Legacy:
+		return fmt.Errorf("lifecycle_id %q and lifecycleId %q differ; send lifecycle_id only", *id, *l.Legacy)
+	}
+	return nil
+}
+
+// AdminWorkerResponse answers a start (201) or a stop (202). A keeper
+// reads "lifecycleId" too, from a queen of the seed's wire.
 type AdminWorkerResponse struct {
-	LifecycleID string       `json:"lifecycleId"`
+	LifecycleID string       `json:"lifecycle_id"`
 	Worker      LifecycleRow `json:"worker"`
+}
+
+// UnmarshalJSON takes "lifecycleId" for "lifecycle_id".
+func (r *AdminWorkerResponse) UnmarshalJSON(b []byte) error {
+	type plain AdminWorkerResponse
+	var v struct {
+		plain
+		legacyLifecycleID
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	if err := v.merge(&v.LifecycleID); err != nil {
+		return err
+	}
+	*r = AdminWorkerResponse(v.plain)
+	return nil
 }
 
 // AuditEntry is one entry of the queen's audit log.

@@ -83,7 +83,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 	switch req.Action {
 	case api.ActionStart:
 		if req.LifecycleID != "" || req.Drain {
-			return api.BadRequest("lifecycleId and drain belong to action stop")
+			return api.BadRequest("lifecycle_id and drain belong to action stop")
 		}
 		if err := checkModel(req.Model); err != nil {
 			return err

@@ -175,7 +175,7 @@ type controller struct {
 }
 
 func newController(q *Queen) *controller {
-	return &controller{q: q, log: q.log.With("component", "controller"), wake: make(chan struct{}, 1)}
+	return &controller{q: q, log: q.cfg.Logger.With("component", "controller"), wake: make(chan struct{}, 1)}
 }
 
 // signal asks the controller to look at the demand; it never blocks.

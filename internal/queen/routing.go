@@ -36,14 +36,14 @@ func (q *Queen) newRouting() *routing {
 	}
 	rt := &routing{
 		aff:      newAffinity(cfg.AffinityTTL, maxSessions),
-		catalog:  newCatalog(src, min(q.cfg.HiveTimeout, 5*time.Second), q.log.With("component", "catalog")),
+		catalog:  newCatalog(src, min(q.cfg.HiveTimeout, 5*time.Second), q.cfg.Logger.With("component", "catalog")),
 		suspects: make(chan suspect, 64),
 		up:       transport.NewClient(upstreamTransport(), 0),
 		tokens:   newWorkerTokens(),
 	}
 	rt.m = newRouteMetrics(q.metrics.reg, rt.aff.size)
 	rt.ctl = newController(q)
-	rt.router = newRouter(cfg, q.log.With("component", "router"), q.candidates, rt.aff, rt.m, rt.ctl.signal)
+	rt.router = newRouter(cfg, q.cfg.Logger.With("component", "router"), q.candidates, rt.aff, rt.m, rt.ctl.signal)
 	return rt
 }
 
