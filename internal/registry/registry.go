@@ -460,7 +460,17 @@ func (r *Registry) fire(e *entry) {
 			e.lostPending = false
 			lost = fmt.Sprintf("pool unhealthy for %s (no heartbeat for %s)", time.Since(e.StatusChangedAt).Round(time.Millisecond),
 				time.Since(e.LastHeartbeatAt).Round(time.Millisecond))
+			// Still silent after the offline retention: offline, and
+			// removed after another (an unhealthy pool is not kept
+			// forever).
+			r.armLocked(e, r.cfg.OfflineRetention)
+			break
 		}
+		next := e.Pool
+		next.Status, next.Drained, next.Workers = Offline, false, nil
+		_ = r.changeLocked(ctx, e, next, change{actor: ActorQueen, action: "pool.offline",
+			reason: fmt.Sprintf("no heartbeat for %s", time.Since(e.LastHeartbeatAt).Round(time.Millisecond))}, true)
+		r.armLocked(e, r.cfg.OfflineRetention)
 	case Offline:
 		audit := store.AuditEntry{TS: time.Now(), Actor: ActorQueen, Action: "pool.remove", Target: e.ID,
 			Reason: fmt.Sprintf("offline for %s (retention %s)", time.Since(e.StatusChangedAt).Round(time.Millisecond), r.cfg.OfflineRetention)}

@@ -585,3 +585,32 @@ func TestUndrain(t *testing.T) {
 		t.Errorf("undrain of an unknown pool: %v", err)
 	}
 }
+
+// Issue 12: an unhealthy pool was kept forever. One still silent an
+// offline retention after it was lost goes offline, and is removed after
+// another; a heartbeat before then brings it back.
+func TestSilentUnhealthyPoolGoesOfflineThenAway(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, newFakeStore())
+		h.register("p1")
+		advance(ttl + grace)
+		if got := h.status("p1"); got != Unhealthy || len(h.lostCalls()) != 1 {
+			t.Fatalf("after the grace: %s, %d lost calls", got, len(h.lostCalls()))
+		}
+		advance(retention - time.Millisecond)
+		if got := h.status("p1"); got != Unhealthy {
+			t.Fatalf("before the retention: %s, want unhealthy", got)
+		}
+		advance(time.Millisecond)
+		if got := h.status("p1"); got != Offline {
+			t.Fatalf("after the retention: %s, want offline", got)
+		}
+		advance(retention)
+		if got := h.status("p1"); got != "gone" {
+			t.Fatalf("after another retention: %s, want removed", got)
+		}
+		if diff := cmp.Diff([]string{"pool.register", "pool.unhealthy", "pool.offline", "pool.remove"}, h.st.actions("p1")); diff != "" {
+			t.Errorf("audit (-want +got):\n%s", diff)
+		}
+	})
+}
