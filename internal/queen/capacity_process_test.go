@@ -47,7 +47,10 @@ func TestProcessDrainedPoolAnswersNoCapacity(t *testing.T) {
 	ctx := t.Context()
 	first := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() { c.stream(ctx, completion(1800), first) }) // holds the one slot
+	long, stop := context.WithCancel(ctx)
+	defer wg.Wait()
+	defer stop() // the stream that holds the one slot is not waited for
+	wg.Go(func() { c.stream(long, completion(1800), first) })
 	<-first
 	queued := make(chan error, 1)
 	go func() {
@@ -69,7 +72,6 @@ func TestProcessDrainedPoolAnswersNoCapacity(t *testing.T) {
 	start := time.Now()
 	_, err := c.client.Completions.New(ctx, completion(4), ignoreEOS)
 	refusedFast(t, "sent after the drain", start, err, "node-1: pool is draining")
-	wg.Wait()
 }
 
 // kill -9 of the only hive, its worker RUNNING: a request right after
