@@ -1,6 +1,7 @@
 package queen
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net/http"
@@ -355,40 +356,39 @@ func poolAction(r *http.Request, def string) (string, error) {
 }
 
 func (q *Queen) postDrain(w http.ResponseWriter, r *http.Request, c caller) error {
-	id := r.PathValue("id")
-	if err := checkID("pool id", id); err != nil {
-		return err
-	}
-	reason, err := poolAction(r, "drain requested")
-	if err != nil {
-		return err
-	}
-	p, err := q.reg.Drain(r.Context(), id, c.actor, reason)
-	if err != nil {
-		return err
-	}
-	api.WriteJSON(w, http.StatusOK, poolWire(p))
-	return nil
+	return q.poolChange(w, r, "drain requested", func(ctx context.Context, id, reason string) (registry.Pool, error) {
+		return q.reg.Drain(ctx, id, c.actor, reason)
+	})
 }
 
 // postUndrain takes a drained pool back; the reason is required (audit).
 func (q *Queen) postUndrain(w http.ResponseWriter, r *http.Request, c caller) error {
+	return q.poolChange(w, r, "", func(ctx context.Context, id, reason string) (registry.Pool, error) {
+		if reason == "" {
+			return registry.Pool{}, api.BadRequest("reason is required: say why the pool takes work again, for the audit log")
+		}
+		p, err := q.reg.Undrain(ctx, id, c.actor, reason)
+		q.routing.poke() // requests waiting for capacity may have it now
+		return p, err
+	})
+}
+
+// poolChange applies change to the request's pool with its reason (def
+// when the body gives none) and answers the pool.
+func (q *Queen) poolChange(w http.ResponseWriter, r *http.Request, def string,
+	change func(ctx context.Context, id, reason string) (registry.Pool, error)) error {
 	id := r.PathValue("id")
 	if err := checkID("pool id", id); err != nil {
 		return err
 	}
-	reason, err := poolAction(r, "")
+	reason, err := poolAction(r, def)
 	if err != nil {
 		return err
 	}
-	if reason == "" {
-		return api.BadRequest("reason is required: say why the pool takes work again, for the audit log")
-	}
-	p, err := q.reg.Undrain(r.Context(), id, c.actor, reason)
+	p, err := change(r.Context(), id, reason)
 	if err != nil {
 		return err
 	}
-	q.routing.poke() // requests waiting for capacity may have it now
 	api.WriteJSON(w, http.StatusOK, poolWire(p))
 	return nil
 }
@@ -407,21 +407,11 @@ func (q *Queen) postOffline(w http.ResponseWriter, r *http.Request, c caller) er
 
 // deregister takes the request's pool offline for actor.
 func (q *Queen) deregister(w http.ResponseWriter, r *http.Request, actor, def string) error {
-	id := r.PathValue("id")
-	if err := checkID("pool id", id); err != nil {
-		return err
-	}
-	reason, err := poolAction(r, def)
-	if err != nil {
-		return err
-	}
-	p, err := q.reg.Deregister(r.Context(), id, actor, reason)
-	q.routing.tokens.forget(id)
-	if err != nil {
-		return err
-	}
-	api.WriteJSON(w, http.StatusOK, poolWire(p))
-	return nil
+	return q.poolChange(w, r, def, func(ctx context.Context, id, reason string) (registry.Pool, error) {
+		p, err := q.reg.Deregister(ctx, id, actor, reason)
+		q.routing.tokens.forget(id)
+		return p, err
+	})
 }
 
 func poolWire(p registry.Pool) api.Pool {

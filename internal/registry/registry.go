@@ -345,29 +345,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 // Drain marks the pool drained: it gets no new work. Draining a drained
 // pool changes nothing.
 func (r *Registry) Drain(ctx context.Context, id, actor, reason string) (Pool, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return Pool{}, ErrClosed
-	}
-	e := r.pools[id]
-	switch {
-	case e == nil:
-		return Pool{}, fmt.Errorf("%w: %s", ErrNotFound, id)
-	case e.Status == Offline:
-		return Pool{}, fmt.Errorf("%w: %s cannot be drained", ErrOffline, id)
-	case e.Drained:
-		return e.Pool, nil
-	}
-	next := e.Pool
-	next.Drained = true
-	if next.Status == Healthy {
-		next.Status = Draining
-	}
-	if err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.drain", reason: reason}, false); err != nil {
-		return Pool{}, err
-	}
-	return e.Pool, nil
+	return r.setDrained(ctx, id, actor, reason, true)
 }
 
 // Undrain takes a drained pool back: it gets new workers again. It is
@@ -375,6 +353,15 @@ func (r *Registry) Drain(ctx context.Context, id, actor, reason string) (Pool, e
 // heartbeats return when it was unhealthy. A pool not drained is left as
 // it is.
 func (r *Registry) Undrain(ctx context.Context, id, actor, reason string) (Pool, error) {
+	return r.setDrained(ctx, id, actor, reason, false)
+}
+
+// setDrained drains or undrains a pool that is not offline.
+func (r *Registry) setDrained(ctx context.Context, id, actor, reason string, drained bool) (Pool, error) {
+	verb, action := "drained", "pool.drain"
+	if !drained {
+		verb, action = "undrained; its hive registers it again", "pool.undrain"
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -385,16 +372,19 @@ func (r *Registry) Undrain(ctx context.Context, id, actor, reason string) (Pool,
 	case e == nil:
 		return Pool{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	case e.Status == Offline:
-		return Pool{}, fmt.Errorf("%w: %s cannot be undrained; its hive registers it again", ErrOffline, id)
-	case !e.Drained:
+		return Pool{}, fmt.Errorf("%w: %s cannot be %s", ErrOffline, id, verb)
+	case e.Drained == drained:
 		return e.Pool, nil
 	}
 	next := e.Pool
-	next.Drained = false
-	if next.Status == Draining {
+	next.Drained = drained
+	switch {
+	case drained && next.Status == Healthy:
+		next.Status = Draining
+	case !drained && next.Status == Draining:
 		next.Status = Healthy
 	}
-	if err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.undrain", reason: reason}, false); err != nil {
+	if err := r.changeLocked(ctx, e, next, change{actor: actor, action: action, reason: reason}, false); err != nil {
 		return Pool{}, err
 	}
 	return e.Pool, nil
