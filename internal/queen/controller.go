@@ -213,7 +213,7 @@ func (c *controller) run(ctx context.Context) {
 			st := state(res.target)
 			st.pending--
 			if res.err == nil {
-				st.fails, st.failRetry = 0, time.Time{}
+				st.fails, st.failRetry, st.lastFailure = 0, time.Time{}, ""
 				st.placed = append(st.placed, res.row.ID)
 				break
 			}
