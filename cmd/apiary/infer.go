@@ -25,7 +25,9 @@ func newInferCmd() *cobra.Command {
 
 Persistent mode: a queen answers at --queen (default $APIARY_QUEEN or
 http://127.0.0.1:8080). The prompt goes to it; the queen, its hives and
-workers keep running afterwards.
+workers keep running afterwards. --model is then a model ref of the hives'
+models dirs: a path is refused (the queen cannot load a file of this
+machine).
 
 Ephemeral mode: no queen answers. apiary starts a queen with a hive on this
 machine (free ports, a throwaway data dir), answers, then stops everything it

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"strings"
 
@@ -16,6 +17,20 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		Short:         "Turn machines with GPUs (or CPUs) into one OpenAI-compatible LLM endpoint",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Cobra's own "unknown command" is a plain error (exit 1); as
+		// every other usage error, it exits 2.
+		Args:                       cobra.ArbitraryArgs,
+		SuggestionsMinimumDistance: 2,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			hint := ""
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				hint = fmt.Sprintf("; did you mean %s?", strings.Join(s, ", "))
+			}
+			return usagef("unknown command %q for %q%s (see apiary --help)", args[0], cmd.CommandPath(), hint)
+		},
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)

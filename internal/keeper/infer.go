@@ -191,16 +191,23 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 	return k.generate(ctx, url, ref)
 }
 
-// persistentRef is the ref to ask a running queen for: a path names its
-// file's ref (the pools must have that file).
+// persistentRef is the ref to ask a running queen for. A path is
+// refused: the queen serves models by ref from its hives' models dirs and
+// cannot load a file of this machine, nor tell whether the pool's model of
+// that name is this very file; sending its name would silently answer with
+// whatever file the pools have under it.
 func persistentRef(model string) (string, error) {
-	if !looksLikePath(model) {
-		if !validRef(model) {
-			return "", fmt.Errorf("%w: --model %q is neither a model ref nor a path to a .gguf file", ErrUsage, model)
-		}
-		return strings.TrimSuffix(model, ".gguf"), nil
+	if looksLikePath(model) {
+		ref := strings.TrimSuffix(filepath.Base(model), ".gguf")
+		return "", fmt.Errorf("%w: --model %s is a path, but a queen answers at --queen: it serves models by ref from its hives' models dirs, "+
+			"cannot load this file and cannot tell whether its pools' %s is the same file. Use the ref (--model %s: %s.gguf in the hives' models dir), "+
+			"or run without a queen (ephemeral mode: --queen at a free address) to load the file itself",
+			ErrUsage, model, ref, ref, ref)
 	}
-	return strings.TrimSuffix(filepath.Base(model), ".gguf"), nil
+	if !validRef(model) {
+		return "", fmt.Errorf("%w: --model %q is neither a model ref nor a path to a .gguf file", ErrUsage, model)
+	}
+	return model, nil
 }
 
 func looksLikePath(model string) bool {
