@@ -83,11 +83,18 @@ type workerKey struct{ pool, worker string }
 // Live (non-terminal) rows are indexed in memory; every change goes
 // through apply, which checks the table and writes the row with its audit
 // entry in one transaction before memory changes.
+//
+// Two locks: wmu serializes the writers (create, apply) and is held
+// across their store transactions, so that row changes reach the store in
+// the order they were decided; mu guards the memory and is never held
+// across I/O, so that routing, which reads rows on every request, never
+// waits for a slow or stalled store. Lock order: wmu, then mu.
 type rowBook struct {
 	st  *store.Store
 	log *slog.Logger
 	m   *metrics
 
+	wmu      sync.Mutex
 	mu       sync.Mutex
 	active   map[string]*store.Row          // guarded by mu; live rows by lifecycle id
 	byPool   map[string]map[string]struct{} // guarded by mu; live row ids of each pool
@@ -150,8 +157,8 @@ func (b *rowBook) indexLocked(r store.Row) {
 
 // create writes a new STARTING row with its audit entry.
 func (b *rowBook) create(ctx context.Context, r store.Row, actor string, meta map[string]any) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
 	err := b.st.Update(ctx, func(tx *store.Tx) error {
 		if err := tx.InsertRow(r); err != nil {
 			return err
@@ -162,7 +169,9 @@ func (b *rowBook) create(ctx context.Context, r store.Row, actor string, meta ma
 	if err != nil {
 		return fmt.Errorf("queen: create lifecycle row: %w", err)
 	}
+	b.mu.Lock()
 	b.indexLocked(r)
+	b.mu.Unlock()
 	b.m.rowTransitions.WithLabelValues(string(r.Status)).Inc()
 	b.log.Info("lifecycle row created", "lifecycle_id", r.ID, "pool_id", r.PoolID, "model_ref", r.ModelRef, "status", r.Status, "actor", actor)
 	return nil
@@ -202,12 +211,17 @@ func (b *rowBook) lookup(pool, lifecycleID, workerID string) (string, bool) {
 // rows alone (ErrRowEnded), writes the row with its audit entry, and only
 // then changes memory. A change that changes nothing writes nothing.
 func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row, bool, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
 	var cur store.Row
-	if r, ok := b.active[id]; ok {
+	b.mu.Lock()
+	r, live := b.active[id]
+	if live {
 		cur = *r
-	} else {
+		copyPtrs(&cur)
+	}
+	b.mu.Unlock()
+	if !live {
 		err := b.st.View(ctx, func(tx *store.Tx) (err error) { cur, err = tx.Row(id); return err })
 		if errors.Is(err, store.ErrNotFound) {
 			return cur, false, fmt.Errorf("%w: %s", ErrRowNotFound, id)
@@ -235,7 +249,7 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 			return cur, false, fmt.Errorf("%w: %s is %s", ErrRowEnded, id, cur.Status)
 		}
 		if to != cur.Status {
-			b.refusedLocked(cur, to, c)
+			b.refused(cur, to, c)
 			return cur, false, fmt.Errorf("%w: %s is %s; %s → %s is not in the table", ErrRefused, id, cur.Status, cur.Status, to)
 		}
 		return cur, false, fmt.Errorf("%w: %s is %s", ErrRowEnded, id, cur.Status)
@@ -247,7 +261,7 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 	}
 	if to != cur.Status {
 		if !canRowTransition(cur.Status, to) {
-			b.refusedLocked(cur, to, c)
+			b.refused(cur, to, c)
 			return cur, false, fmt.Errorf("%w: %s %s → %s is not in the table", ErrRefused, id, cur.Status, to)
 		}
 		next.Status, next.Reason = to, c.reason
@@ -284,7 +298,12 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 	if err != nil {
 		return cur, false, fmt.Errorf("queen: write lifecycle row %s: %w", id, err)
 	}
+	b.mu.Lock()
+	if r, ok := b.active[id]; ok && r.LastHeartbeatAt != nil && (next.LastHeartbeatAt == nil || r.LastHeartbeatAt.After(*next.LastHeartbeatAt)) {
+		next.LastHeartbeatAt = r.LastHeartbeatAt // a heartbeat came while the row was written
+	}
 	b.indexLocked(next)
+	b.mu.Unlock()
 	if to != cur.Status {
 		b.m.rowTransitions.WithLabelValues(string(to)).Inc()
 		b.log.Info("lifecycle row changed", "lifecycle_id", id, "pool_id", next.PoolID, "worker_id", next.WorkerID,
@@ -293,7 +312,7 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 	return next, !same, nil
 }
 
-func (b *rowBook) refusedLocked(cur store.Row, to lifecycle.Status, c rowChange) {
+func (b *rowBook) refused(cur store.Row, to lifecycle.Status, c rowChange) {
 	b.m.rowRefused.Inc()
 	b.log.Warn("refused lifecycle transition", "lifecycle_id", cur.ID, "pool_id", cur.PoolID, "from", cur.Status, "to", to,
 		"reason", c.reason, "actor", c.actor, "action", c.action)
