@@ -1,8 +1,12 @@
 package main
 
 import (
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
 )
 
 // Regression (issue 12): an unknown command exited 1 while every other
@@ -43,6 +47,40 @@ func TestPersistentInferRefusesAModelPath(t *testing.T) {
 			if !strings.Contains(errOut, s) {
 				t.Errorf("infer --model %s: stderr lacks %q: %s", model, s, errOut)
 			}
+		}
+	}
+}
+
+// Regression (issue 12, "a CPU shows as GPU 0"): a row on the CPU of a
+// CPU-only pool shows its device as cpu; a GPU row as gpu N.
+func TestWorkersLsShowsTheCPUAsCPU(t *testing.T) {
+	q := "--queen=" + startTestQueen(t) // pool p1: device 0 is the CPU
+	apiary(t, "workers", "start", "--model", "tiny", "--pool", "p1", "--gpu", "0", "--reason", "cpu row", q)
+	code, out, errOut := apiary(t, "workers", "ls", q)
+	if code != 0 {
+		t.Fatalf("workers ls: exit %d %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "DEVICE") || strings.Contains(lines[0], "GPU") ||
+		!regexp.MustCompile(`\bp1\s+cpu\s`).MatchString(lines[1]) {
+		t.Errorf("workers ls:\n%s", out)
+	}
+	_, out, _ = apiary(t, "workers", "ls", "--json", q)
+	if !strings.Contains(out, `"device_kind": "cpu"`) {
+		t.Errorf("workers ls --json lacks the device kind:\n%s", out)
+	}
+	zero := 0
+	var b strings.Builder
+	if err := printRows(&b, []api.LifecycleRow{
+		{ID: "wk-1", GPUDevice: &zero, DeviceKind: api.DeviceCUDA},
+		{ID: "wk-2", GPUDevice: &zero},
+		{ID: "wk-3"},
+	}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`wk-1 .*\s+gpu 0\s`, `wk-2 .*\s+0\s`, `wk-3 .*\s+-\s`} {
+		if !regexp.MustCompile(want).MatchString(b.String()) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
 	}
 }

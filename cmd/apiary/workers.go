@@ -180,12 +180,9 @@ in-flight requests finish first.`,
 
 // printRows writes the table of `apiary workers ls`.
 func printRows(w io.Writer, rows []api.LifecycleRow, now time.Time) error {
-	t := newTable(w, "ID", "STATUS", "MODEL", "POOL", "GPU", "VRAM", "AGE", "OWNER", "REASON")
+	t := newTable(w, "ID", "STATUS", "MODEL", "POOL", "DEVICE", "VRAM", "AGE", "OWNER", "REASON")
 	for _, r := range rows {
-		gpu := "-"
-		if r.GPUDevice != nil {
-			gpu = strconv.Itoa(*r.GPUDevice)
-		}
+		gpu := deviceName(r)
 		vram := "-"
 		if r.VRAMBytes > 0 {
 			vram = api.FormatBytes(r.VRAMBytes)
@@ -193,6 +190,20 @@ func printRows(w io.Writer, rows []api.LifecycleRow, now time.Time) error {
 		t.row(r.ID, r.Status, r.ModelRef, r.PoolID, gpu, vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
 	}
 	return t.flush()
+}
+
+// deviceName is a row's device for a table: cpu, gpu N, or the bare
+// number when its pool no longer says which kind it is.
+func deviceName(r api.LifecycleRow) string {
+	switch {
+	case r.GPUDevice == nil:
+		return "-"
+	case r.DeviceKind == api.DeviceCPU:
+		return "cpu"
+	case r.DeviceKind != "":
+		return "gpu " + strconv.Itoa(*r.GPUDevice)
+	}
+	return strconv.Itoa(*r.GPUDevice)
 }
 
 // age is how long ago t was, short: 45s, 12m, 3h, 2d.

@@ -40,11 +40,15 @@ type PoolAction struct {
 // LifecycleRow is one worker lifecycle row of the queen, the source of
 // truth about a worker it asked for.
 type LifecycleRow struct {
-	ID              string     `json:"id"` // wk-…
-	PoolID          string     `json:"pool_id"`
-	WorkerID        string     `json:"worker_id,omitempty"` // the hive's id, once it accepted
-	ModelRef        string     `json:"model_ref"`
-	GPUDevice       *int       `json:"gpu_device"`
+	ID        string `json:"id"` // wk-…
+	PoolID    string `json:"pool_id"`
+	WorkerID  string `json:"worker_id,omitempty"` // the hive's id, once it accepted
+	ModelRef  string `json:"model_ref"`
+	GPUDevice *int   `json:"gpu_device"`
+	// DeviceKind is the kind of device gpu_device names (DeviceCPU: the
+	// CPU, not a GPU; DeviceCUDA), from its pool's inventory; empty when
+	// the pool is no longer known.
+	DeviceKind      string     `json:"device_kind,omitempty"`
 	Status          string     `json:"status"` // STARTING, RUNNING, DRAINING, STOPPED, FAILED
 	Reason          string     `json:"reason"`
 	CreatedAt       time.Time  `json:"created_at"`

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -110,7 +111,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		device: dev, estimate: info.MemoryBytes, token: randomHex(32),
 		cmds: make(chan any), done: make(chan struct{}),
 	}
-	w.log = h.log.With("worker_id", id, "model_ref", w.modelRef, "gpu_device", dev.ID)
+	w.log = h.log.With("worker_id", id, "model_ref", w.modelRef, deviceAttr(dev))
 	if err := h.reg.admit(w, h.cfg.WorkerHost, h.cfg.PortMin, h.cfg.PortMax); err != nil {
 		return snap, err
 	}
@@ -237,6 +238,15 @@ func randomHex(n int) string {
 
 // workerDevice is the worker's --gpu-device: the GPU's index, or -1 for
 // the CPU device.
+// deviceAttr names a worker's device in its log lines: device=cpu on the
+// CPU (its inventory id 0 is no GPU), gpu_device=N on a GPU.
+func deviceAttr(d gpu.Device) slog.Attr {
+	if d.Kind == gpu.KindCPU {
+		return slog.String("device", gpu.KindCPU)
+	}
+	return slog.Int("gpu_device", d.ID)
+}
+
 func workerDevice(d gpu.Device) int {
 	if d.Kind == gpu.KindCPU {
 		return -1

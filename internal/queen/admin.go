@@ -171,7 +171,26 @@ func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
 		q.rows.mu.Unlock()
 	}
 	return api.LifecycleRow{ID: r.ID, PoolID: r.PoolID, WorkerID: r.WorkerID, ModelRef: r.ModelRef, GPUDevice: r.GPUDevice,
-		Status: string(r.Status), Reason: r.Reason, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, ReadyAt: r.ReadyAt,
+		DeviceKind: q.deviceKind(r.PoolID, r.GPUDevice), Status: string(r.Status), Reason: r.Reason, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, ReadyAt: r.ReadyAt,
 		StoppedAt: r.StoppedAt, LastHeartbeatAt: r.LastHeartbeatAt, VRAMBytes: r.VRAMBytes, URI: r.URI, PID: r.PID,
 		ExitCode: r.ExitCode, Owner: r.Owner}
+}
+
+// deviceKind is the kind of device dev of pool poolID (api.DeviceCPU or
+// api.DeviceCUDA), "" when the pool or the device is not known: a CPU is
+// device 0 of its pool's inventory, and must not read as a GPU.
+func (q *Queen) deviceKind(poolID string, dev *int) string {
+	if dev == nil {
+		return ""
+	}
+	p, ok := q.reg.Get(poolID)
+	if !ok {
+		return ""
+	}
+	for _, g := range p.GPUs {
+		if g.ID == *dev {
+			return g.Kind
+		}
+	}
+	return ""
 }
