@@ -4,7 +4,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 
@@ -96,20 +95,6 @@ func (h *Hive) getWorker(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: %s", ErrWorkerNotFound, r.PathValue("id"))
 	}
 	api.WriteJSON(w, http.StatusOK, h.reg.snapshot(wk))
-	return nil
-}
-
-func (h *Hive) getWorkerLogs(w http.ResponseWriter, r *http.Request) error {
-	wk, ok := h.reg.get(r.PathValue("id"), true)
-	if !ok {
-		return fmt.Errorf("%w: %s", ErrWorkerNotFound, r.PathValue("id"))
-	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if n, err := strconv.Atoi(r.URL.Query().Get("tail")); err == nil && n > 0 {
-		_, _ = io.WriteString(w, wk.out.Tail(n)+"\n")
-		return nil
-	}
-	_, _ = w.Write(wk.out.Bytes())
 	return nil
 }
 
