@@ -23,7 +23,7 @@ func TestWorkerLogNamesItsDevice(t *testing.T) {
 			id := th.start()
 			th.rec.wait(t, id, lifecycle.Ready)
 			line := regexp.MustCompile(`(?m)^.*msg="worker spawned".*$`).FindString(th.logs.String())
-			if !regexp.MustCompile(`\b` + tc.want + `\b`).MatchString(line) || regexp.MustCompile(`\b`+tc.not_).MatchString(line) {
+			if !regexp.MustCompile(`\b`+tc.want+`\b`).MatchString(line) || regexp.MustCompile(`\b`+tc.not_).MatchString(line) {
 				t.Errorf("spawn line %q: want %s, not %s", line, tc.want, tc.not_)
 			}
 		})
