@@ -4,13 +4,14 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"unicode/utf8"
 
 	"github.com/apiary-llm/apiary/internal/termtext"
 )
 
-// The CLI prints what daemons tell it (names, reasons, messages, errors):
-// every such string reaches the terminal through table.row, printLine or
-// printError, which show control characters and bidirectional overrides
+// The CLI prints what daemons tell it (names, reasons, messages, errors,
+// worker logs): every such string reaches the terminal through table.row,
+// printLine, printError or a textWriter, which show control characters and bidirectional overrides
 // as visible escapes (termtext) instead of letting them act.
 
 // table is the table of a list command: columns aligned with tabwriter,
@@ -58,4 +59,42 @@ func printLine(w io.Writer, format string, args ...any) error {
 // (errors.Join), every other control character is escaped.
 func printError(w io.Writer, err error) {
 	fmt.Fprintf(w, "apiary: %s\n", termtext.Text(err.Error()))
+}
+
+// textWriter passes a stream of text from elsewhere (a worker's log) to w
+// as printable text: newlines stay, every other control character is
+// escaped (termtext.Text). A UTF-8 sequence split between two writes is
+// held back until it is whole (or Flush), so that it is not escaped as
+// bytes.
+type textWriter struct {
+	w     io.Writer
+	carry []byte // at most utf8.UTFMax-1 bytes: the start of a rune
+}
+
+func (t *textWriter) Write(p []byte) (int, error) {
+	b := append(t.carry, p...)
+	cut := len(b)
+	for i := len(b) - 1; i >= 0 && i > len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				cut = i
+			}
+			break
+		}
+	}
+	t.carry = append([]byte(nil), b[cut:]...)
+	if _, err := io.WriteString(t.w, termtext.Text(string(b[:cut]))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush writes what is held back.
+func (t *textWriter) Flush() error {
+	if len(t.carry) == 0 {
+		return nil
+	}
+	_, err := io.WriteString(t.w, termtext.Text(string(t.carry)))
+	t.carry = nil
+	return err
 }

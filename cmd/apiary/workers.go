@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -73,10 +74,11 @@ func printJSON(w io.Writer, v any) error {
 
 func newWorkersCmd() *cobra.Command {
 	a := &adminFlags{}
-	cmd := groupCmd("workers", "List, start and stop workers",
-		`List, start and stop workers through the queen's lifecycle rows. Every start
-and stop needs --reason: it goes to the audit log. Uses $APIARY_ADMIN_TOKEN.`,
-		newWorkersLsCmd(a), newWorkersStartCmd(a), newWorkersStopCmd(a))
+	cmd := groupCmd("workers", "List, start and stop workers, and read their logs",
+		`List, start and stop workers through the queen's lifecycle rows, and read
+their logs. Every start and stop needs --reason: it goes to the audit log.
+Uses $APIARY_ADMIN_TOKEN.`,
+		newWorkersLsCmd(a), newWorkersStartCmd(a), newWorkersStopCmd(a), newWorkersLogsCmd(a))
 	a.register(cmd)
 	return cmd
 }
@@ -175,6 +177,38 @@ in-flight requests finish first.`,
 	}
 	cmd.Flags().BoolVar(&drain, "drain", false, "let in-flight requests finish before the worker stops")
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	return cmd
+}
+
+func newWorkersLogsCmd(a *adminFlags) *cobra.Command {
+	var q api.LogQuery
+	cmd := &cobra.Command{
+		Use:   "logs LIFECYCLE_ID [--follow] [--tail N]",
+		Short: "Print a worker's log",
+		Long: `Print the log (stdout and stderr) of a lifecycle row's worker, live or ended,
+as the queen reads it from the worker's hive: the end of it, at most 1 MiB of
+whole lines, or its last --tail N lines (at most 10000). --follow then prints
+each new line as the worker writes it, until the worker ends (or Ctrl+C).
+Control characters show as escapes such as \x1b.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if a.asJSON {
+				return usagef("workers logs: --json does not apply: a log is text")
+			}
+			if !strings.HasPrefix(id, "wk-") {
+				return usagef("workers logs: %q is not a lifecycle id: give the wk-… id that apiary workers ls shows", id)
+			}
+			if cmd.Flags().Changed("tail") && (q.Tail < 1 || q.Tail > api.MaxLogTail) {
+				return usagef("workers logs: --tail must be from 1 to %d, got %d", api.MaxLogTail, q.Tail)
+			}
+			out := &textWriter{w: cmd.OutOrStdout()}
+			err := a.client().WorkerLogs(cmd.Context(), id, q, out)
+			return errors.Join(err, out.Flush())
+		},
+	}
+	cmd.Flags().BoolVarP(&q.Follow, "follow", "f", false, "print new lines as they come, until the worker ends")
+	cmd.Flags().IntVar(&q.Tail, "tail", 0, "only the last N lines (1-10000; default: all, up to 1 MiB)")
 	return cmd
 }
 

@@ -191,11 +191,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 		return fmt.Errorf("keeper: read answer of %s %s: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e api.Error
-		if json.Unmarshal(data, &e) != nil || e.Error.Code == "" {
-			return &APIError{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(data))}
-		}
-		return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+		return apiError(resp.StatusCode, data)
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
@@ -203,6 +199,15 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 		}
 	}
 	return nil
+}
+
+// apiError is the queen's error answer data with status.
+func apiError(status int, data []byte) *APIError {
+	var e api.Error
+	if json.Unmarshal(data, &e) != nil || e.Error.Code == "" {
+		return &APIError{Status: status, Code: "http_error", Message: strings.TrimSpace(string(data))}
+	}
+	return &APIError{Status: status, Code: e.Error.Code, Message: e.Error.Message}
 }
 
 // Nodes lists the SSH nodes of the queen (and its local hive), by name.

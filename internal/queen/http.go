@@ -54,6 +54,7 @@ func (q *Queen) routes() http.Handler {
 
 	mux.Handle("GET /api/admin/workers", admin(q.getWorkers))
 	mux.Handle("GET /api/admin/workers/{id}", admin(q.getWorker))
+	mux.Handle("GET /api/admin/workers/{id}/logs", admin(q.getWorkerLogs))
 	mux.Handle("POST /api/admin/workers", admin(q.postWorkers))
 	mux.Handle("GET /api/admin/audit", admin(q.getAudit))
 	mux.Handle("GET /api/admin/nodes", admin(q.getNodes))

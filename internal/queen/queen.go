@@ -63,6 +63,11 @@ type Queen struct {
 	// set by Run before serving.
 	routing *routing
 
+	// followers ends the log streams of `apiary workers logs --follow`
+	// when the server shuts down (they would hold it up); set by Run
+	// before serving.
+	followers context.Context
+
 	ready     chan struct{}
 	done      chan struct{}
 	runOnce   sync.Once
@@ -168,6 +173,10 @@ func (q *Queen) run(ctx context.Context) error {
 	q.routing = q.newRouting()
 	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, // idle keep-alive connections are closed: they cost a socket each
 		ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
+	followers, endFollowers := context.WithCancel(context.Background())
+	defer endFollowers()
+	q.followers = followers
+	srv.RegisterOnShutdown(endFollowers)
 	stopOwned := q.startOwned(cancel)
 
 	bg, bgCancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -233,7 +242,8 @@ func (q *Queen) run(ctx context.Context) error {
 //  0. stop every hive this queen started (each stops its workers, then
 //     exits) and wait for them, still serving; hives an operator started
 //     are left running,
-//  1. stop accepting HTTP requests and finish those in flight,
+//  1. stop accepting HTTP requests and finish those in flight (log
+//     followers end at once),
 //  2. stop the task workers (queued hive calls are dropped; the next
 //     heartbeat of each hive would bring them back) and routing's
 //     controller, model list reads and affinity sweep,

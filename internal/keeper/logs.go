@@ -1,0 +1,65 @@
+package keeper
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+)
+
+// WorkerLogs writes the log of a lifecycle row's worker to w, as the
+// queen relays it from the worker's hive (GET
+// /api/admin/workers/{id}/logs): the end of it as q asks and, with
+// q.Follow, every new line until the worker ends or ctx does. The
+// client's time limit bounds the wait for the answer to begin, not the
+// stream.
+func (c *Client) WorkerLogs(ctx context.Context, id string, q api.LogQuery, w io.Writer) error {
+	path := "/api/admin/workers/" + url.PathEscape(id) + "/logs"
+	u := c.base + path
+	if s := q.Encode(); s != "" {
+		u += "?" + s
+	}
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return fmt.Errorf("keeper: %w", err)
+	}
+	if c.adminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+c.adminToken)
+	}
+	stream := *c.hc
+	stream.Timeout = 0
+	var late *time.Timer
+	if c.hc.Timeout > 0 {
+		late = time.AfterFunc(c.hc.Timeout, cancel)
+	}
+	resp, err := stream.Do(req)
+	if late != nil && !late.Stop() && err == nil {
+		resp.Body.Close()
+		err = fmt.Errorf("no answer within %s", c.hc.Timeout)
+	}
+	if err != nil {
+		if perr := parent.Err(); perr != nil {
+			return perr // Ctrl+C
+		}
+		return fmt.Errorf("%w at %s (start one with `apiary queen`, or point --queen / APIARY_QUEEN at one): %w", ErrUnreachable, c.base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return apiError(resp.StatusCode, data)
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		if perr := parent.Err(); perr != nil {
+			return perr
+		}
+		return fmt.Errorf("keeper: the log of %s broke off: %w", id, err)
+	}
+	return nil
+}
