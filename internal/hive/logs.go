@@ -26,7 +26,7 @@ type workerLog struct {
 	buf   []byte        // guarded by mu; the last size bytes written, oldest first
 	size  int           // the ring's bound
 	total int64         // guarded by mu; bytes written since the start
-	grew  chan struct{} // guarded by mu; closed and replaced by every write and by close
+	grew  chan struct{} // guarded by mu; made by a follower (since), closed by the next write or close
 	ended bool          // guarded by mu; set by close: nothing more comes
 	file  *os.File      // guarded by mu; nil when it could not be created, and after close
 }
@@ -34,7 +34,7 @@ type workerLog struct {
 const ringSize = 64 << 10
 
 func newWorkerLog(path string) *workerLog {
-	l := &workerLog{path: path, size: ringSize, grew: make(chan struct{})}
+	l := &workerLog{path: path, size: ringSize}
 	if f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
 		l.file = f
 	}
@@ -49,7 +49,7 @@ func endedLog(path string) *workerLog {
 	if err != nil || !st.Mode().IsRegular() {
 		return nil
 	}
-	return &workerLog{path: path, total: st.Size(), ended: true, grew: make(chan struct{})}
+	return &workerLog{path: path, total: st.Size(), ended: true}
 }
 
 // Write keeps p; it never fails, so a full disk cannot stall a worker.
@@ -68,9 +68,12 @@ func (l *workerLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// wakeLocked tells the followers waiting that the log changed.
 func (l *workerLog) wakeLocked() {
-	close(l.grew)
-	l.grew = make(chan struct{})
+	if l.grew != nil {
+		close(l.grew)
+		l.grew = nil
+	}
 }
 
 // Bytes is a copy of what the ring holds.
@@ -113,6 +116,9 @@ func (l *workerLog) since(pos int64) (data []byte, lost, next int64, grew <-chan
 	}
 	if pos < l.total {
 		data = bytes.Clone(l.buf[pos-first:])
+	}
+	if l.grew == nil {
+		l.grew = make(chan struct{})
 	}
 	return data, lost, l.total, l.grew, l.ended
 }
