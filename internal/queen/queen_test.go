@@ -495,7 +495,7 @@ func TestInputValidation(t *testing.T) {
 		{"GET", "/api/admin/workers?status=WALKING", nil, 400, "lifecycle status"},
 		{"GET", "/api/admin/workers?limit=0", nil, 400, "limit"},
 		{"GET", "/api/admin/audit?since=yesterday", nil, 400, "since"},
-		{"POST", "/api/admin/workers", `{"action":"start","model":"tiny","reason":"x","lifecycle_id":"wk-1"}`, 400, "unknown field"},
+		{"POST", "/api/admin/workers", `{"action":"start","model":"tiny","reason":"x","worker_id":"w-1"}`, 400, "unknown field"},
 		{"POST", "/v2/pools/a/drain", `{"reason":"x","why":"y"}`, 400, "unknown field"},
 		{"PUT", "/v2/pools", nil, 405, "method_not_allowed"},
 		{"GET", "/v3/everything", nil, 404, "not_found"},
