@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -136,6 +137,13 @@ type Registry struct {
 	cfg Config
 	log *slog.Logger
 
+	// wmu serializes the changes that write the store (changeLocked's
+	// callers) and is held across their writes, so that they reach the
+	// store in the order they were decided; mu guards the memory and is
+	// released during those writes, so that queries (routing, on every
+	// request) and heartbeats never wait for a slow or stalled store. Lock
+	// order: wmu, then mu.
+	wmu          sync.Mutex
 	mu           sync.RWMutex
 	pools        map[string]*entry  // guarded by mu
 	order        []*entry           // guarded by mu; the pools by id, for queries
@@ -220,6 +228,11 @@ type change struct {
 // puts next in memory. With force (the registry's own timers) memory
 // changes even when the store write fails, and the write is retried by
 // Flush: a silent pool must not be routed to because a disk was full.
+//
+// The caller holds wmu and mu; mu is released during the store write
+// (and held again when changeLocked returns). What heartbeats and events
+// changed meanwhile (last heartbeat, devices, workers) is kept unless the
+// change itself sets it.
 func (r *Registry) changeLocked(ctx context.Context, e *entry, next Pool, c change, force bool) error {
 	from := Status("")
 	if e != nil {
@@ -240,13 +253,22 @@ func (r *Registry) changeLocked(ctx context.Context, e *entry, next Pool, c chan
 		meta[k] = v
 	}
 	audit := store.AuditEntry{TS: time.Now(), Actor: c.actor, Action: c.action, Target: next.ID, Reason: c.reason, Metadata: meta}
-	err := r.cfg.Store.SavePool(ctx, toRecord(next), audit)
+	var pre Pool
+	if e != nil {
+		pre = e.Pool
+	}
+	rec := toRecord(next)
+	r.mu.Unlock()
+	err := r.cfg.Store.SavePool(ctx, rec, audit)
+	r.mu.Lock()
 	if err != nil && !force {
 		return fmt.Errorf("registry: save pool %s: %w", next.ID, err)
 	}
 	if e == nil {
 		e = &entry{Pool: Pool{ID: next.ID}}
 		r.addLocked(e)
+	} else {
+		keepNewer(&next, pre, e.Pool)
 	}
 	e.Pool = next
 	if err != nil {
@@ -260,12 +282,33 @@ func (r *Registry) changeLocked(ctx context.Context, e *entry, next Pool, c chan
 	return nil
 }
 
+// keepNewer keeps in next what heartbeats and events changed in memory
+// (cur) since the change was decided (pre), where the change itself left
+// it as it was.
+func keepNewer(next *Pool, pre, cur Pool) {
+	if next.LastHeartbeatAt.Equal(pre.LastHeartbeatAt) {
+		next.LastHeartbeatAt = cur.LastHeartbeatAt
+	}
+	if reflect.DeepEqual(next.GPUs, pre.GPUs) {
+		next.GPUs = cur.GPUs
+	}
+	if reflect.DeepEqual(next.Workers, pre.Workers) {
+		next.Workers = cur.Workers
+	}
+}
+
+// lockWrite takes wmu and mu, for a change that writes the store.
+func (r *Registry) lockWrite() func() {
+	r.wmu.Lock()
+	r.mu.Lock()
+	return func() { r.mu.Unlock(); r.wmu.Unlock() }
+}
+
 // Register records a hive's registration (an upsert): new and offline
 // pools become healthy, an unhealthy one comes back (draining if it was
 // drained), and its lease starts. The next heartbeat is its full inventory.
 func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor string) (Pool, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.lockWrite()()
 	if r.closed {
 		return Pool{}, ErrClosed
 	}
@@ -310,7 +353,13 @@ type Beat struct {
 // register again.
 func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (Beat, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	if e := r.pools[id]; e != nil && e.Status == Unhealthy {
+		// It comes back: a change that writes the store.
+		r.mu.Unlock()
+		defer r.lockWrite()()
+	} else {
+		defer r.mu.Unlock()
+	}
 	if r.closed {
 		return Beat{}, ErrClosed
 	}
@@ -362,8 +411,7 @@ func (r *Registry) setDrained(ctx context.Context, id, actor, reason string, dra
 	if !drained {
 		verb, action = "undrained; its hive registers it again", "pool.undrain"
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.lockWrite()()
 	if r.closed {
 		return Pool{}, ErrClosed
 	}
@@ -393,25 +441,30 @@ func (r *Registry) setDrained(ctx context.Context, id, actor, reason string, dra
 // Deregister takes the pool offline: its workers are presumed gone, and it
 // is removed after the offline retention unless its hive registers again.
 func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Pool, error) {
+	r.wmu.Lock()
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
+		r.wmu.Unlock()
 		return Pool{}, ErrClosed
 	}
 	e := r.pools[id]
 	switch {
 	case e == nil:
 		r.mu.Unlock()
+		r.wmu.Unlock()
 		return Pool{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	case e.Status == Offline:
 		p := e.Pool
 		r.mu.Unlock()
+		r.wmu.Unlock()
 		return p, nil
 	}
 	next := e.Pool
 	next.Status, next.Drained, next.Workers = Offline, false, nil
 	if err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.offline", reason: reason}, false); err != nil {
 		r.mu.Unlock()
+		r.wmu.Unlock()
 		return Pool{}, err
 	}
 	e.lostPending, e.awaitInventory = false, false
@@ -419,6 +472,7 @@ func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Po
 	p := e.Pool
 	r.hooks.Add(1)
 	r.mu.Unlock()
+	r.wmu.Unlock()
 	defer r.hooks.Done()
 	r.cfg.OnLost(id, "pool deregistered: "+reason)
 	return p, nil
@@ -428,9 +482,11 @@ func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Po
 // of the offline retention. A timer that was re-armed after it fired finds
 // its deadline in the future and does nothing.
 func (r *Registry) fire(e *entry) {
+	r.wmu.Lock()
 	r.mu.Lock()
 	if r.closed || r.pools[e.ID] != e || time.Now().Before(e.deadline) {
 		r.mu.Unlock()
+		r.wmu.Unlock()
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -464,7 +520,10 @@ func (r *Registry) fire(e *entry) {
 	case Offline:
 		audit := store.AuditEntry{TS: time.Now(), Actor: ActorQueen, Action: "pool.remove", Target: e.ID,
 			Reason: fmt.Sprintf("offline for %s (retention %s)", time.Since(e.StatusChangedAt).Round(time.Millisecond), r.cfg.OfflineRetention)}
-		if err := r.cfg.Store.RemovePool(ctx, e.ID, audit); err != nil {
+		r.mu.Unlock() // no lock across the store write; wmu keeps the order
+		err := r.cfg.Store.RemovePool(ctx, e.ID, audit)
+		r.mu.Lock()
+		if err != nil {
 			r.log.Error("cannot remove offline pool; will retry", "pool_id", e.ID, "err", err)
 			r.armLocked(e, r.cfg.FlushInterval)
 			break
@@ -475,10 +534,12 @@ func (r *Registry) fire(e *entry) {
 	}
 	if lost == "" {
 		r.mu.Unlock()
+		r.wmu.Unlock()
 		return
 	}
 	r.hooks.Add(1)
 	r.mu.Unlock()
+	r.wmu.Unlock()
 	defer r.hooks.Done()
 	r.log.Warn("pool lost: its workers are presumed gone", "pool_id", e.ID, "reason", lost)
 	r.cfg.OnLost(e.ID, lost)
@@ -521,17 +582,13 @@ func (r *Registry) UpdateWorker(poolID string, w api.Worker) {
 // Flush writes the heartbeat data not yet in the store, and retries status
 // writes and audit entries that failed.
 func (r *Registry) Flush(ctx context.Context) error {
+	if err := r.flushStatuses(ctx); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	var dirty []Pool // snapshots; encoded after the lock is released
 	var retried []string
 	for id, e := range r.pools {
-		if e.statusDirty {
-			if err := r.cfg.Store.SavePool(ctx, toRecord(e.Pool)); err != nil {
-				r.mu.Unlock()
-				return fmt.Errorf("registry: save pool %s: %w", id, err)
-			}
-			e.statusDirty = false
-		}
 		if e.beatDirty {
 			dirty = append(dirty, e.Pool)
 			retried = append(retried, id)
@@ -558,6 +615,33 @@ func (r *Registry) Flush(ctx context.Context) error {
 		r.pendingAudit = append(audit, r.pendingAudit...)
 		r.mu.Unlock()
 		return fmt.Errorf("registry: save heartbeats: %w", err)
+	}
+	return nil
+}
+
+// flushStatuses retries the status writes that failed (a timer's change
+// is in memory already), in the order of the other status changes (wmu),
+// without holding mu across the writes.
+func (r *Registry) flushStatuses(ctx context.Context) error {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	r.mu.Lock()
+	var pending []Pool
+	for _, e := range r.pools {
+		if e.statusDirty {
+			pending = append(pending, e.Pool)
+		}
+	}
+	r.mu.Unlock()
+	for _, p := range pending {
+		if err := r.cfg.Store.SavePool(ctx, toRecord(p)); err != nil {
+			return fmt.Errorf("registry: save pool %s: %w", p.ID, err)
+		}
+		r.mu.Lock()
+		if e := r.pools[p.ID]; e != nil {
+			e.statusDirty = false
+		}
+		r.mu.Unlock()
 	}
 	return nil
 }

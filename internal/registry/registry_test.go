@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -29,6 +30,9 @@ type fakeStore struct {
 	pools map[string]store.Pool // guarded by mu
 	audit []store.AuditEntry    // guarded by mu
 	fail  error                 // guarded by mu
+	// stall, when set, holds SavePool until it is closed (a store that
+	// hangs); read without mu.
+	stall chan struct{}
 }
 
 func newFakeStore() *fakeStore { return &fakeStore{pools: map[string]store.Pool{}} }
@@ -40,6 +44,9 @@ func (f *fakeStore) LoadPools(context.Context) ([]store.Pool, error) {
 }
 
 func (f *fakeStore) SavePool(_ context.Context, p store.Pool, audit ...store.AuditEntry) error {
+	if f.stall != nil {
+		<-f.stall
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fail != nil {
@@ -613,4 +620,49 @@ func TestSilentUnhealthyPoolGoesOfflineThenAway(t *testing.T) {
 			t.Errorf("audit (-want +got):\n%s", diff)
 		}
 	})
+}
+
+// Issue 12: the registry held its lock across store writes, and every
+// request queries it: a status change waiting for a stalled store stopped
+// all routing and every heartbeat. Now queries and heartbeats go on while
+// it waits; the change lands when the store answers.
+func TestStalledStoreBlocksNoQueryOrHeartbeat(t *testing.T) {
+	st := newFakeStore()
+	h := newHarness(t, st)
+	h.register("a")
+	h.register("b")
+	st.stall = make(chan struct{})
+	drained := make(chan error, 1)
+	go func() {
+		_, err := h.r.Drain(h.ctx, "a", "admin", "maintenance")
+		drained <- err
+	}()
+	// Wait until the drain holds the writers' lock (it waits for the store).
+	for h.r.wmu.TryLock() {
+		h.r.wmu.Unlock()
+		runtime.Gosched()
+	}
+	if got := h.r.Query(Filter{}); len(got) != 2 {
+		t.Errorf("query while the store stalls: %d pools", len(got))
+	}
+	if p, ok := h.r.Get("a"); !ok || p.Status != Healthy {
+		t.Errorf("pool a while its drain waits for the store: %+v", p)
+	}
+	h.beat("b")
+	h.r.UpdateWorker("b", api.Worker{WorkerID: "w1", Status: "ready"})
+	select {
+	case err := <-drained:
+		t.Fatalf("the drain returned before the store answered: %v", err)
+	default:
+	}
+	close(st.stall)
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	if got := h.status("a"); got != Draining {
+		t.Errorf("after the store answered: %s", got)
+	}
+	if p, _ := h.r.Get("b"); len(p.Workers) != 1 {
+		t.Errorf("pool b's worker from the event: %+v", p.Workers)
+	}
 }
