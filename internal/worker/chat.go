@@ -18,7 +18,7 @@ func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) 
 	if err != nil {
 		return err
 	}
-	req, err := openai.DecodeChatCompletionRequest(body, openai.Limits{MaxTokens: info.CtxSize})
+	req, err := openai.DecodeChatCompletionRequest(body, openai.Limits{})
 	if err != nil {
 		return err
 	}

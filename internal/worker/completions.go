@@ -17,7 +17,7 @@ func (w *Worker) handleCompletions(rw http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	req, err := openai.DecodeCompletionRequest(body, openai.Limits{MaxTokens: info.CtxSize})
+	req, err := openai.DecodeCompletionRequest(body, openai.Limits{})
 	if err != nil {
 		return err
 	}

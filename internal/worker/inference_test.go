@@ -169,12 +169,20 @@ func TestSamplingReachesEngine(t *testing.T) {
 	eng.started = make(chan engine.Request, 1)
 	r := startWorker(t, testConfig(t), eng)
 	r.postJSON(t, "/v1/completions", `{"prompt":"hi","max_tokens":7,"temperature":0,"top_p":0.5,"top_k":3,
-		"min_p":0.1,"seed":42,"ignore_eos":true}`, nil)
+		"min_p":0.1,"seed":42,"ignore_eos":true,"frequency_penalty":0.5,"presence_penalty":-1}`, nil)
 	got := <-eng.started
 	want := engine.Request{Prompt: []int{1, 'h', 'i'}, MaxTokens: 7, Temperature: 0, TopP: 0.5, TopK: 3, MinP: 0.1,
-		Seed: 42, IgnoreEOS: true}
+		Seed: 42, IgnoreEOS: true, FrequencyPenalty: 0.5, PresencePenalty: -1}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("engine request mismatch (-want +got):\n%s", diff)
+	}
+	// Issue 12: the queen took max_tokens up to 1048576 and the worker
+	// only up to its context, with two messages. Now both take the same
+	// range, and a max_tokens beyond the room left in the context ends
+	// the generation there (finish_reason length), as llama.cpp's server.
+	r.postJSON(t, "/v1/completions", `{"prompt":"hi","max_tokens":100000}`, nil)
+	if got := <-eng.started; got.MaxTokens != 256-3 {
+		t.Errorf("max_tokens 100000 on a 256-token context: engine got %d, want the room left (253)", got.MaxTokens)
 	}
 }
 
@@ -318,7 +326,7 @@ func TestBadRequests(t *testing.T) {
 		{"empty body", "POST", "/v1/chat/completions", ``, 400, "invalid_json", ""},
 		{"wrong type", "POST", "/v1/completions", `{"prompt":"a","max_tokens":"ten"}`, 400, "invalid_type", "max_tokens"},
 		{"negative max_tokens", "POST", "/v1/completions", `{"prompt":"a","max_tokens":-1}`, 400, "invalid_value", "max_tokens"},
-		{"max_tokens over the context", "POST", "/v1/completions", `{"prompt":"a","max_tokens":65}`, 400, "invalid_value", "max_tokens"},
+		{"max_tokens over the queen's limit", "POST", "/v1/completions", `{"prompt":"a","max_tokens":1048577}`, 400, "invalid_value", "max_tokens"},
 		{"huge max_tokens", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_tokens":1e300}`, 400, "invalid_value", "max_tokens"},
 		{"n > 1", "POST", "/v1/completions", `{"prompt":"a","n":2}`, 400, "unsupported_parameter", "n"},
 		{"tools", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"tools":[{"type":"function"}]}`, 400, "unsupported_parameter", "tools"},
