@@ -25,6 +25,7 @@ type hiveFlags struct {
 	callbackTimeout, healthInterval        time.Duration
 	stopGrace, shutdownAck                 time.Duration
 	idleTimeout, heartbeatInterval         time.Duration
+	logRetention                           time.Duration
 	logJSON                                bool
 	logLevel                               string
 	owner, lifeline, workerPath            string
@@ -81,6 +82,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.DurationVar(&f.stopGrace, "stop-grace", hive.DefaultStopGrace, "graceful stop budget before SIGTERM")
 	fl.DurationVar(&f.shutdownAck, "shutdown-ack", hive.DefaultShutdownAck, "wait for a worker's shutdown acknowledgement, and from SIGTERM to SIGKILL")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", hive.DefaultIdleTimeout, "stop a ready worker without requests for this long (0: never)")
+	fl.DurationVar(&f.logRetention, "log-retention", hive.DefaultLogRetention, "remove ended workers' log files last written longer ago, hourly (0: keep forever)")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", hive.DefaultHeartbeatInterval, "period of heartbeats to the queen")
 	fl.StringVar(&f.owner, "owner", hive.OwnerOperator, "who started this hive: operator, or queen/keeper (then it must not outlive them)")
 	fl.StringVar(&f.lifeline, "lifeline", "", `"stdin": the parent holds this hive's stdin; its end shuts the hive down (with --owner queen|keeper)`)
@@ -124,9 +126,15 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 			return hive.Config{}, usagef("%s must be positive, got %s", name, d)
 		}
 	}
-	idle := f.idleTimeout
+	idle, logRetention := f.idleTimeout, f.logRetention
 	if idle == 0 {
 		idle = -1 // the flag's 0 means never
+	}
+	switch {
+	case logRetention == 0:
+		logRetention = -1 // forever
+	case logRetention < 0:
+		return hive.Config{}, usagef("--log-retention must not be negative, got %s", f.logRetention)
 	}
 	dataDir, err := filepath.Abs(f.dataDir)
 	if err != nil {
@@ -142,7 +150,7 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, ModelsDir: modelsDir,
 		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads, WorkerSlots: f.slots,
 		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
-		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle,
+		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle, LogRetention: logRetention,
 		HeartbeatInterval: f.heartbeatInterval,
 		QueenURL:          f.queen, PoolID: f.poolID, NodeID: f.nodeID,
 		ClusterToken: os.Getenv("APIARY_CLUSTER_TOKEN"),

@@ -47,12 +47,16 @@ type Config struct {
 	// these workers should be told the same (its --worker-slots).
 	WorkerSlots int
 
-	CallbackTimeout   time.Duration // ready callback deadline after spawn
-	HealthInterval    time.Duration // /health probe period
-	HealthFailures    int           // consecutive misses before failed
-	StopGrace         time.Duration // graceful stop budget before SIGTERM
-	ShutdownAck       time.Duration // wait for a worker's ack, and SIGTERM → SIGKILL
-	IdleTimeout       time.Duration // negative disables the idle timeout
+	CallbackTimeout time.Duration // ready callback deadline after spawn
+	HealthInterval  time.Duration // /health probe period
+	HealthFailures  int           // consecutive misses before failed
+	StopGrace       time.Duration // graceful stop budget before SIGTERM
+	ShutdownAck     time.Duration // wait for a worker's ack, and SIGTERM → SIGKILL
+	IdleTimeout     time.Duration // negative disables the idle timeout
+	// LogRetention removes the log files of ended workers last written
+	// longer ago, at start and hourly; default DefaultLogRetention,
+	// negative keeps them forever.
+	LogRetention      time.Duration
 	HeartbeatInterval time.Duration
 
 	QueenURL     string // empty: standalone
@@ -90,6 +94,7 @@ const (
 	DefaultStopGrace         = 30 * time.Second
 	DefaultShutdownAck       = 5 * time.Second
 	DefaultIdleTimeout       = 5 * time.Minute
+	DefaultLogRetention      = 30 * 24 * time.Hour
 	DefaultHeartbeatInterval = 10 * time.Second
 	DefaultPortMin           = 8001
 	DefaultPortMax           = 8999
@@ -127,6 +132,7 @@ func (c Config) withDefaults() Config {
 	set(&c.StopGrace, DefaultStopGrace)
 	set(&c.ShutdownAck, DefaultShutdownAck)
 	set(&c.IdleTimeout, DefaultIdleTimeout)
+	set(&c.LogRetention, DefaultLogRetention)
 	set(&c.HeartbeatInterval, DefaultHeartbeatInterval)
 	if c.HealthFailures == 0 {
 		c.HealthFailures = DefaultHealthFailures

@@ -189,6 +189,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 		g.Go(func() error { h.queen.run(queenCtx); return nil })
 	}
 	stopOwnerLoops := h.ownerLoops(func(fn func()) { g.Go(func() error { fn(); return nil }) }, queenCtx)
+	g.Go(func() error { h.pruneLogsLoop(queenCtx); return nil })
 	h.log.Info("hive serving", "addr", h.addr.String(), "url", h.URL(), "data_dir", h.cfg.DataDir, "models_dir", h.cfg.ModelsDir,
 		"version", version.Version, "owner", h.cfg.Owner)
 	close(h.ready)
