@@ -3,6 +3,7 @@ package hive
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -61,5 +62,32 @@ func TestHivePrunesOldLogsAtStart(t *testing.T) {
 			t.Fatalf("the old log is still there; hive log:\n%s", th.logs.String())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Issue 12: a worker that logs without end filled the disk. Its log file
+// stops at a bound with a line that says so; the log goes on in memory.
+func TestWorkerLogFileIsBounded(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "worker-chatty.log")
+	l := newWorkerLog(p)
+	l.maxFile = 1000
+	line := []byte("0123456789012345678901234567890123456789\n") // 41 bytes
+	for range 100 {
+		_, _ = l.Write(line)
+	}
+	l.close()
+	st, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() > 1000+200 {
+		t.Errorf("log file of %d bytes, bound 1000", st.Size())
+	}
+	b, _ := os.ReadFile(p)
+	if !strings.Contains(string(b), "kept in memory only") {
+		t.Errorf("the file does not say it stopped:\n%s", b[max(0, len(b)-200):])
+	}
+	if got := l.Tail(1); got != strings.TrimSpace(string(line)) {
+		t.Errorf("the ring's last line %q", got)
 	}
 }

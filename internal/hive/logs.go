@@ -28,15 +28,26 @@ type workerLog struct {
 	total int64         // guarded by mu; bytes written since the start
 	grew  chan struct{} // guarded by mu; made by a follower (since), closed by the next write or close
 	ended bool          // guarded by mu; set by close: nothing more comes
-	file  *os.File      // guarded by mu; nil when it could not be created, and after close
+	file  *os.File      // guarded by mu; nil when it could not be created, when full, and after close
+	fileN int64         // guarded by mu; bytes in the file
+	// maxFile, when positive, replaces maxLogFile (tests).
+	maxFile int64
 }
 
 const ringSize = 64 << 10
+
+// maxLogFile bounds a worker's log file: a worker that logs without end
+// must not fill the disk. Past it the log goes on in the ring only, and
+// the file ends with a line that says so.
+const maxLogFile = 64 << 20
 
 func newWorkerLog(path string) *workerLog {
 	l := &workerLog{path: path, size: ringSize}
 	if f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
 		l.file = f
+		if st, err := f.Stat(); err == nil {
+			l.fileN = st.Size()
+		}
 	}
 	return l
 }
@@ -57,7 +68,15 @@ func (l *workerLog) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.file != nil {
-		_, _ = l.file.Write(p)
+		if l.fileN+int64(len(p)) > l.fileMax() {
+			_, _ = fmt.Fprintf(l.file, "\n[apiary: this log file reached %d bytes; the rest of the log is kept in memory only (its last %d bytes)]\n",
+				l.fileN, l.size)
+			l.file.Close()
+			l.file = nil
+		} else {
+			n, _ := l.file.Write(p)
+			l.fileN += int64(n)
+		}
 	}
 	l.buf = append(l.buf, p...)
 	if over := len(l.buf) - l.size; over > 0 {
@@ -66,6 +85,14 @@ func (l *workerLog) Write(p []byte) (int, error) {
 	l.total += int64(len(p))
 	l.wakeLocked()
 	return len(p), nil
+}
+
+// fileMax is maxLogFile, or the test's bound.
+func (l *workerLog) fileMax() int64 {
+	if l.maxFile > 0 {
+		return l.maxFile
+	}
+	return maxLogFile
 }
 
 // wakeLocked tells the followers waiting that the log changed.
