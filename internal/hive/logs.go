@@ -60,7 +60,7 @@ func endedLog(path string) *workerLog {
 	if err != nil || !st.Mode().IsRegular() {
 		return nil
 	}
-	return &workerLog{path: path, total: st.Size(), ended: true}
+	return &workerLog{path: path, total: st.Size(), fileN: st.Size(), ended: true}
 }
 
 // Write keeps p; it never fails, so a full disk cannot stall a worker.
@@ -148,6 +148,15 @@ func (l *workerLog) since(pos int64) (data []byte, lost, next int64, grew <-chan
 		l.grew = make(chan struct{})
 	}
 	return data, lost, l.total, l.grew, l.ended
+}
+
+// snapshot is what the ring holds, how many bytes before it it lost, the
+// log's length, and whether the file holds the whole log (every write,
+// nothing else: then its offsets are the log's).
+func (l *workerLog) snapshot() (ring []byte, lost, end int64, whole bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Clone(l.buf), l.total - int64(len(l.buf)), l.total, l.fileN == l.total
 }
 
 // head is the end of the log up to offset end, at most max bytes, from
@@ -239,10 +248,10 @@ func (h *Hive) getWorkerLogs(w http.ResponseWriter, r *http.Request) error {
 // does. A follower that falls more than the ring behind is told how much
 // it missed.
 func streamLog(ctx context.Context, w http.ResponseWriter, l *workerLog, q api.LogQuery) {
-	ring, lost, end, _, _ := l.since(0)
+	ring, lost, end, whole := l.snapshot()
 	head, cut, err := l.head(end, api.MaxLogBytes)
-	if err != nil {
-		head, cut = ring, lost > 0 // no file, or one that missed writes
+	if !whole || err != nil {
+		head, cut = ring, lost > 0 // no file, a full one, or one that missed writes
 	}
 	head = lastLines(head, cut, q.Tail)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

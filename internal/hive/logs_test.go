@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -167,5 +168,26 @@ func TestWorkerLogsTailFollowAndFile(t *testing.T) {
 	var e api.Error
 	if code := th.do("GET", "/v2/workers/worker-gone/logs", nil, &e); code != 404 || e.Error.Code != "worker_not_found" || !strings.Contains(e.Error.Message, "no log file") {
 		t.Errorf("unknown worker's log: %d %+v", code, e)
+	}
+}
+
+// Once a worker's log file is full (maxLogFile) the file no longer holds
+// the log's offsets: the answer comes from the ring, without the file's
+// closing note and without a gap.
+func TestWorkerLogsServeTheRingPastAFullFile(t *testing.T) {
+	l := newWorkerLog(filepath.Join(t.TempDir(), "w.log"))
+	l.maxFile = 10
+	_, _ = l.Write([]byte("12345\n"))
+	_, _ = l.Write([]byte("abcdef\n"))
+	l.close()
+	rec := httptest.NewRecorder()
+	streamLog(t.Context(), rec, l, api.LogQuery{Follow: true})
+	if got := rec.Body.String(); got != "12345\nabcdef\n" {
+		t.Errorf("log past a full file: %q", got)
+	}
+	rec = httptest.NewRecorder()
+	streamLog(t.Context(), rec, l, api.LogQuery{Tail: 1})
+	if got := rec.Body.String(); got != "abcdef\n" {
+		t.Errorf("tail past a full file: %q", got)
 	}
 }
