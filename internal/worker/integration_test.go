@@ -230,7 +230,7 @@ func TestBinaryBadRequests(t *testing.T) {
 		{"truncated JSON", "/v1/chat/completions", `{"messages":[{"role":"user"`, 400, "invalid_json"},
 		{"wrong type", "/v1/completions", `{"prompt":"a","temperature":"warm"}`, 400, "invalid_type"},
 		{"huge max_tokens", "/v1/completions", `{"prompt":"a","max_tokens":9999999999}`, 400, "invalid_value"},
-		{"max_tokens over the context", "/v1/completions", `{"prompt":"a","max_tokens":257}`, 400, "invalid_value"},
+		{"max_tokens over the queen's range", "/v1/completions", `{"prompt":"a","max_tokens":1048577}`, 400, "invalid_value"},
 		{"prompt over the context", "/v1/completions", `{"prompt":"` + strings.Repeat("ab ", 1000) + `"}`, 400, "context_length_exceeded"},
 		{"token prompt", "/v1/completions", `{"prompt":[1,2,3]}`, 400, "unsupported_parameter"},
 		{"image content", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "unsupported_parameter"},
