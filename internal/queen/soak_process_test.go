@@ -49,7 +49,6 @@ var soakFor = flag.Duration("soak", time.Minute, "how long TestSoak kills and re
 
 const (
 	soakPause    = 4 * time.Second  // mean pause between two kills
-	soakClients  = 3                // goroutines sending completions
 	soakRequest  = 2 * time.Minute  // a request still open this long counts as hung
 	soakSettle   = 2 * time.Minute  // bound on the wait for rows and processes to agree
 	rssEvery     = 2 * time.Second  // RSS sampling period
@@ -75,8 +74,8 @@ func TestSoak(t *testing.T) {
 	s.wire.setWindow(start, start.Add(*soakFor))
 	load, stopLoad := context.WithCancel(t.Context())
 	var clients sync.WaitGroup
-	for i := range soakClients {
-		clients.Go(func() { s.client(load, uint64(i)) })
+	for i, pool := range []string{"node-a", "node-b", ""} { // pinned, so that each hive has workers to lose
+		clients.Go(func() { s.client(load, uint64(i), pool) })
 	}
 	var sampler sync.WaitGroup
 	sampling, stopSampling := context.WithCancel(t.Context())
@@ -151,7 +150,7 @@ func newSoak(t *testing.T) *soak {
 	s := &soak{root: root, kills: map[string]int{}, failed: map[string]int{}, wire: newWireWatch()}
 	queenDir := filepath.Join(root, "queen")
 	queenArgs := []string{"--heartbeat-timeout", "3s", "--unhealthy-grace", "2s", "--queue-timeout", "15s",
-		"--max-workers", "2", "--scale-up-after", "500ms"}
+		"--max-workers", "3", "--scale-up-after", "500ms"}
 	s.queen = &daemon{name: "queen", start: func(t *testing.T) *proc {
 		args := queenArgs
 		if s.addr != "" {
@@ -258,23 +257,27 @@ func (s *soak) killWorker(t *testing.T, rng *rand.Rand) {
 }
 
 // client sends completions of 8 to 64 tokens, whole or streamed, until
-// ctx ends, and counts how each ended.
-func (s *soak) client(ctx context.Context, seed uint64) {
+// ctx ends, and counts how each ended; with pool, pinned to that pool.
+func (s *soak) client(ctx context.Context, seed uint64, pool string) {
 	rng := rand.New(rand.NewPCG(seed, uint64(time.Now().UnixNano())))
 	c := &cluster{client: s.oai}
+	var opts []option.RequestOption
+	if pool != "" {
+		opts = append(opts, option.WithHeader(api.PoolHeader, pool))
+	}
 	for ctx.Err() == nil {
 		n := 8 + rng.IntN(57)
 		streamedToo := rng.IntN(2)
 		rctx, cancel := context.WithTimeout(ctx, soakRequest)
 		var err error
 		if streamedToo == 1 {
-			r := c.stream(rctx, completion(n), nil)
+			r := c.stream(rctx, completion(n), nil, opts...)
 			if err = r.err; err == nil && r.tokens != int64(n) {
 				err = fmt.Errorf("short answer: %d of %d tokens", r.tokens, n)
 			}
 		} else {
 			var resp *oai.Completion
-			resp, err = s.oai.Completions.New(rctx, completion(n), ignoreEOS)
+			resp, err = s.oai.Completions.New(rctx, completion(n), append(opts, ignoreEOS)...)
 			if err == nil && resp.Usage.CompletionTokens != int64(n) {
 				err = fmt.Errorf("short answer: %d of %d tokens", resp.Usage.CompletionTokens, n)
 			}
@@ -493,6 +496,12 @@ func (s *soak) report(t *testing.T, chaos time.Duration, final agreement) {
 		live = append(live, fmt.Sprintf("%s %s on %s pid %d", r.ID, r.Status, r.PoolID, *r.PID))
 	}
 	t.Logf("test process (it keeps every daemon's log): %s", soakSelfRSS())
+	var rows []string
+	q := &cluster{t: t, url: s.url}
+	for _, st := range []string{"STARTING", "RUNNING", "DRAINING", "STOPPED", "FAILED"} {
+		rows = append(rows, st+" "+q.metric(`apiary_queen_worker_rows{status="`+st+`"}`))
+	}
+	t.Logf("rows by status: %s", strings.Join(rows, ", "))
 	t.Logf("final: %d live rows = %d worker processes [%s]; pools %v", len(final.rows), len(final.workers), strings.Join(live, "; "), final.pools)
 
 	w := s.wire
@@ -520,18 +529,49 @@ func (s *soak) report(t *testing.T, chaos time.Duration, final agreement) {
 	}
 
 	for _, d := range []*daemon{s.queen, s.hiveA, s.hiveB} {
-		for i, l := range d.lives {
-			end := l.ended
-			if end.IsZero() {
-				end = time.Now()
-			}
-			t.Logf("rss %s #%d pid %d lived %s: first %s, start %s, end %s, peak %s", d.name, i+1, l.pid,
-				end.Sub(l.began).Round(time.Second), mib(l.first), mib(l.start), mib(l.end), mib(l.peak))
-			grew := l.end - l.start
-			if l.start > 0 && (grew > grossAbsMiB<<20 || (l.end > grossFactor*l.start && grew > grossSlackMB<<20)) {
-				t.Errorf("%s (pid %d) grew from %s to %s", d.name, l.pid, mib(l.start), mib(l.end))
-			}
+		s.reportRSS(t, d)
+	}
+}
+
+// rssListed is how many incarnations of a daemon are logged one by one;
+// past it, a summary and the longest-lived one.
+const rssListed = 6
+
+// reportRSS logs d's RSS at the start and end of each incarnation and
+// fails on gross growth within one.
+func (s *soak) reportRSS(t *testing.T, d *daemon) {
+	lived := func(l *life) time.Duration {
+		end := l.ended
+		if end.IsZero() {
+			end = time.Now()
 		}
+		return end.Sub(l.began).Round(time.Second)
+	}
+	line := func(i int, l *life) string {
+		return fmt.Sprintf("%s #%d pid %d lived %s: first %s, start %s, end %s, peak %s", d.name, i+1, l.pid,
+			lived(l), mib(l.first), mib(l.start), mib(l.end), mib(l.peak))
+	}
+	longest := 0
+	var lo, hi int64 // end RSS over all incarnations
+	for i, l := range d.lives {
+		if len(d.lives) <= rssListed {
+			t.Logf("rss %s", line(i, l))
+		}
+		if lived(l) > lived(d.lives[longest]) {
+			longest = i
+		}
+		if l.end > 0 && (lo == 0 || l.end < lo) {
+			lo = l.end
+		}
+		hi = max(hi, l.end)
+		grew := l.end - l.start
+		if l.start > 0 && (grew > grossAbsMiB<<20 || (l.end > grossFactor*l.start && grew > grossSlackMB<<20)) {
+			t.Errorf("%s (pid %d) grew from %s to %s", d.name, l.pid, mib(l.start), mib(l.end))
+		}
+	}
+	if len(d.lives) > rssListed {
+		t.Logf("rss %s: %d incarnations, end RSS %s to %s; the longest-lived: %s", d.name, len(d.lives), mib(lo), mib(hi),
+			line(longest, d.lives[longest]))
 	}
 }
 
