@@ -183,10 +183,12 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 			"first_reason", refused[0].Reason)
 	}
 	sanitizeWorkers(hb.Workers)
+	if _, known := q.reg.Get(id); known {
+		q.routing.tokens.replace(id, hb.WorkerTokens) // before the rows change, as for events
+	}
 	if err := q.heartbeat(r.Context(), id, hb, refused); err != nil {
 		return err
 	}
-	q.routing.tokens.replace(id, hb.WorkerTokens)
 	q.routing.poke()
 	p, _ := q.reg.Get(id)
 	api.WriteJSON(w, http.StatusOK, api.HeartbeatAnswer{PoolID: id, Status: string(p.Status), Refused: refused})
@@ -273,11 +275,15 @@ func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) erro
 	if err := checkWorker(ev.Worker); err != nil {
 		return err
 	}
+	if _, known := q.reg.Get(ev.PoolID); known {
+		// Before the row changes: a request routed to the worker as soon
+		// as its row is RUNNING must find its token.
+		q.routing.tokens.event(ev, lifecycle.State(ev.To).Terminal())
+	}
 	ack, err := q.event(r.Context(), ev)
 	if err != nil {
 		return err
 	}
-	q.routing.tokens.event(ev, lifecycle.State(ev.To).Terminal())
 	q.routing.poke()
 	api.WriteJSON(w, http.StatusOK, ack)
 	return nil

@@ -365,8 +365,13 @@ func TestProcessQueueFullAndTimeout(t *testing.T) {
 	first := make(chan struct{})
 	var long streamed
 	var wg sync.WaitGroup
-	wg.Go(func() { long = c.stream(ctx, completion(1800), first) })
-	<-first
+	longDone := make(chan struct{})
+	wg.Go(func() { defer close(longDone); long = c.stream(ctx, completion(1800), first) })
+	select {
+	case <-first:
+	case <-longDone:
+		t.Fatalf("the long stream ended before its first chunk: %v", long.err)
+	}
 	queued := make(chan error, 1)
 	go func() {
 		_, err := c.client.Completions.New(ctx, completion(4), ignoreEOS)
