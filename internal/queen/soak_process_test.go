@@ -82,6 +82,7 @@ func TestSoak(t *testing.T) {
 	sampler.Go(func() { s.sampleRSS(sampling) })
 
 	rng := rand.New(rand.NewPCG(uint64(start.UnixNano()), 12))
+	var deck []int // kills in a random order, each kind in every four: a minute sees them all
 	for time.Since(start) < *soakFor {
 		pause := soakPause/2 + time.Duration(rng.Int64N(int64(soakPause)))
 		select {
@@ -89,7 +90,13 @@ func TestSoak(t *testing.T) {
 		case <-t.Context().Done():
 			t.Fatal("test context ended")
 		}
-		switch rng.IntN(4) {
+		if len(deck) == 0 {
+			deck = []int{0, 1, 2, 3}
+			rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+		}
+		kill := deck[0]
+		deck = deck[1:]
+		switch kill {
 		case 0, 1:
 			s.killWorker(t, rng)
 		case 2:
@@ -531,6 +538,23 @@ func (s *soak) report(t *testing.T, chaos time.Duration, final agreement) {
 	for _, d := range []*daemon{s.queen, s.hiveA, s.hiveB} {
 		s.reportRSS(t, d)
 	}
+	for _, id := range []string{"node-a", "node-b"} {
+		n, size := dirSize(filepath.Join(s.root, id, "hive", "logs"))
+		t.Logf("worker log files of hive %s: %d, %s", id, n, mib(size))
+	}
+}
+
+// dirSize counts the files under dir and their bytes.
+func dirSize(dir string) (n int, size int64) {
+	_ = filepath.WalkDir(dir, func(_ string, e os.DirEntry, err error) error {
+		if err == nil && e.Type().IsRegular() {
+			if info, err := e.Info(); err == nil {
+				n, size = n+1, size+info.Size()
+			}
+		}
+		return nil
+	})
+	return n, size
 }
 
 // rssListed is how many incarnations of a daemon are logged one by one;
