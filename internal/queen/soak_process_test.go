@@ -48,16 +48,16 @@ import (
 var soakFor = flag.Duration("soak", time.Minute, "how long TestSoak kills and restarts daemons under load (CI: 1m; by hand: 1h)")
 
 const (
-	soakPause    = 4 * time.Second  // mean pause between two kills
-	soakRequest  = 2 * time.Minute  // a request still open this long counts as hung
-	soakSettle   = 2 * time.Minute  // bound on the wait for rows and processes to agree
-	rssEvery     = 2 * time.Second  // RSS sampling period
-	rssWarmup    = 10 * time.Second // a daemon's "start" RSS is its first sample this long after it started
-	entryMax     = 2 << 10          // bytes: a heartbeat's worker entry, an event
-	entryGrowth  = 512              // bytes a late entry may exceed the early ones by (pids, ports, reasons vary)
-	grossFactor  = 3
-	grossAbsMiB  = 200
-	grossSlackMB = 32 // growth below this many MiB is never gross, whatever the factor
+	soakPause     = 4 * time.Second  // mean pause between two kills
+	soakRequest   = 2 * time.Minute  // a request still open this long counts as hung
+	soakSettle    = 2 * time.Minute  // bound on the wait for rows and processes to agree
+	rssEvery      = 2 * time.Second  // RSS sampling period
+	rssWarmup     = 10 * time.Second // a daemon's "start" RSS is its first sample this long after it started
+	entryMax      = 2 << 10          // bytes: a heartbeat's worker entry, an event
+	entryGrowth   = 512              // bytes a late entry may exceed the early ones by (pids, ports, reasons vary)
+	grossFactor   = 3
+	grossAbsMiB   = 200
+	grossSlackMiB = 32 // growth below this many MiB is never gross, whatever the factor
 )
 
 // liveStatuses are the row statuses of a worker that should be running.
@@ -80,6 +80,12 @@ func TestSoak(t *testing.T) {
 	var sampler sync.WaitGroup
 	sampling, stopSampling := context.WithCancel(t.Context())
 	sampler.Go(func() { s.sampleRSS(sampling) })
+	t.Cleanup(func() { // also when the test failed half-way
+		stopLoad()
+		clients.Wait()
+		stopSampling()
+		sampler.Wait()
+	})
 
 	rng := rand.New(rand.NewPCG(uint64(start.UnixNano()), 12))
 	var deck []int // kills in a random order, each kind in every four: a minute sees them all
@@ -589,7 +595,7 @@ func (s *soak) reportRSS(t *testing.T, d *daemon) {
 		}
 		hi = max(hi, l.end)
 		grew := l.end - l.start
-		if l.start > 0 && (grew > grossAbsMiB<<20 || (l.end > grossFactor*l.start && grew > grossSlackMB<<20)) {
+		if l.start > 0 && (grew > grossAbsMiB<<20 || (l.end > grossFactor*l.start && grew > grossSlackMiB<<20)) {
 			t.Errorf("%s (pid %d) grew from %s to %s", d.name, l.pid, mib(l.start), mib(l.end))
 		}
 	}
