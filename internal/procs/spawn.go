@@ -76,6 +76,14 @@ func (s *Spawner) loop() {
 	// Never unlocked: when this goroutine returns the runtime ends the
 	// thread, which is what fires Pdeathsig for anything still alive.
 	runtime.LockOSThread()
+	if syscall.Gettid() == syscall.Getpid() {
+		// The main thread is the exception: the runtime never ends it
+		// (it wedges it), so children forked here would outlive Close.
+		// Move to another thread.
+		runtime.UnlockOSThread()
+		go s.loop()
+		return
+	}
 	defer close(s.done)
 	for {
 		select {
