@@ -6,9 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // WorkerLogs writes the log of a lifecycle row's worker to w, as the
@@ -23,9 +23,6 @@ func (c *Client) WorkerLogs(ctx context.Context, id string, q api.LogQuery, w io
 	if s := q.Encode(); s != "" {
 		u += "?" + s
 	}
-	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return fmt.Errorf("keeper: %w", err)
@@ -33,19 +30,9 @@ func (c *Client) WorkerLogs(ctx context.Context, id string, q api.LogQuery, w io
 	if c.adminToken != "" {
 		req.Header.Set("Authorization", "Bearer "+c.adminToken)
 	}
-	stream := *c.hc
-	stream.Timeout = 0
-	var late *time.Timer
-	if c.hc.Timeout > 0 {
-		late = time.AfterFunc(c.hc.Timeout, cancel)
-	}
-	resp, err := stream.Do(req)
-	if late != nil && !late.Stop() && err == nil {
-		resp.Body.Close()
-		err = fmt.Errorf("no answer within %s", c.hc.Timeout)
-	}
+	resp, err := transport.OpenStream(c.hc, req)
 	if err != nil {
-		if perr := parent.Err(); perr != nil {
+		if perr := ctx.Err(); perr != nil {
 			return perr // Ctrl+C
 		}
 		return fmt.Errorf("%w at %s (start one with `apiary queen`, or point --queen / APIARY_QUEEN at one): %w", ErrUnreachable, c.base, err)
@@ -56,7 +43,7 @@ func (c *Client) WorkerLogs(ctx context.Context, id string, q api.LogQuery, w io
 		return apiError(resp.StatusCode, data)
 	}
 	if _, err := io.Copy(w, resp.Body); err != nil {
-		if perr := parent.Err(); perr != nil {
+		if perr := ctx.Err(); perr != nil {
 			return perr
 		}
 		return fmt.Errorf("keeper: the log of %s broke off: %w", id, err)

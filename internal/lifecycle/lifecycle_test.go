@@ -2,8 +2,8 @@ package lifecycle
 
 import (
 	"errors"
-	"testing"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"

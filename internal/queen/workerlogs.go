@@ -8,10 +8,10 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // HiveLogs reads a worker's log from its hive (GET
@@ -32,50 +32,24 @@ func (c *httpHiveClient) WorkerLogs(ctx context.Context, endpoint, workerID stri
 	if s := q.Encode(); s != "" {
 		u += "?" + s
 	}
-	ctx, cancel := context.WithCancel(ctx)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		cancel()
 		return nil, fmt.Errorf("%w: %w", ErrHiveUnreachable, err)
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	stream := *c.hc
-	stream.Timeout = 0
-	var late *time.Timer
-	if c.hc.Timeout > 0 {
-		late = time.AfterFunc(c.hc.Timeout, cancel)
-	}
-	resp, err := stream.Do(req)
-	if late != nil && !late.Stop() && err == nil {
-		resp.Body.Close()
-		err = fmt.Errorf("no answer within %s", c.hc.Timeout)
-	}
+	resp, err := transport.OpenStream(c.hc, req)
 	if err != nil {
-		cancel()
 		return nil, fmt.Errorf("%w: GET %s%s: %w", ErrHiveUnreachable, endpoint, path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		defer cancel()
 		defer resp.Body.Close()
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxHiveAnswer))
 		d := api.RemoteError(resp.StatusCode, data)
 		return nil, &HiveError{Status: resp.StatusCode, Code: d.Code, Message: d.Message}
 	}
-	return &cancelBody{ReadCloser: resp.Body, cancel: cancel}, nil
-}
-
-// cancelBody ends its request's context when closed.
-type cancelBody struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (b *cancelBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel()
-	return err
+	return resp.Body, nil // closing it ends the request
 }
 
 // getWorkerLogs serves GET /api/admin/workers/{id}/logs: the log of a
