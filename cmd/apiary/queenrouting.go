@@ -3,13 +3,12 @@ package main
 import (
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/routing"
 	"github.com/spf13/pflag"
-
-	"github.com/apiary-llm/apiary/internal/queen"
 )
 
 // routingFlags are the flags of `apiary queen` for inference routing and
-// placement on demand; config turns them into a queen.RoutingConfig.
+// placement on demand; config turns them into a routing.Config.
 type routingFlags struct {
 	affinityTTL, queueTimeout    time.Duration
 	scaleUpAfter, modelsRefresh  time.Duration
@@ -18,17 +17,17 @@ type routingFlags struct {
 }
 
 func (r *routingFlags) add(fl *pflag.FlagSet) {
-	fl.DurationVar(&r.affinityTTL, "affinity-ttl", queen.DefaultAffinityTTL, "an X-Session-Id stays pinned to its worker this long after its last request")
-	fl.IntVar(&r.queueSize, "queue-size", queen.DefaultQueueSize, "requests of one model that may wait for a worker; one more gets 429")
-	fl.DurationVar(&r.queueTimeout, "queue-timeout", queen.DefaultQueueTimeout, "longest wait for a worker (cold starts included); then 504")
-	fl.DurationVar(&r.scaleUpAfter, "scale-up-after", queen.DefaultScaleUpAfter, "place one more worker of a model when its oldest waiting request waited this long")
-	fl.IntVar(&r.maxWorkers, "max-workers", queen.DefaultMaxWorkers, "live workers of each model at most (operators' included) when placing on demand")
+	fl.DurationVar(&r.affinityTTL, "affinity-ttl", routing.DefaultAffinityTTL, "an X-Session-Id stays pinned to its worker this long after its last request")
+	fl.IntVar(&r.queueSize, "queue-size", routing.DefaultQueueSize, "requests of one model that may wait for a worker; one more gets 429")
+	fl.DurationVar(&r.queueTimeout, "queue-timeout", routing.DefaultQueueTimeout, "longest wait for a worker (cold starts included); then 504")
+	fl.DurationVar(&r.scaleUpAfter, "scale-up-after", routing.DefaultScaleUpAfter, "place one more worker of a model when its oldest waiting request waited this long")
+	fl.IntVar(&r.maxWorkers, "max-workers", routing.DefaultMaxWorkers, "live workers of each model at most (operators' included) when placing on demand")
 	fl.StringToIntVar(&r.modelMaxWorkers, "model-max-workers", nil, "max workers per model, e.g. tiny=2,big=1 (0: never placed on demand)")
-	fl.IntVar(&r.slots, "worker-slots", queen.DefaultWorkerSlots, "requests sent to one worker at once: the workers' --slots (hives set it with --worker-slots)")
-	fl.DurationVar(&r.modelsRefresh, "models-refresh", queen.DefaultModelsRefresh, "how often the hives' model lists are read again")
+	fl.IntVar(&r.slots, "worker-slots", routing.DefaultWorkerSlots, "requests sent to one worker at once: the workers' --slots (hives set it with --worker-slots)")
+	fl.DurationVar(&r.modelsRefresh, "models-refresh", routing.DefaultModelsRefresh, "how often the hives' model lists are read again")
 }
 
-func (r *routingFlags) config() (queen.RoutingConfig, error) {
+func (r *routingFlags) config() (routing.Config, error) {
 	// Zero means "default" to the library but is a mistake on the command
 	// line.
 	for _, d := range []struct {
@@ -36,7 +35,7 @@ func (r *routingFlags) config() (queen.RoutingConfig, error) {
 		v    time.Duration
 	}{{"--affinity-ttl", r.affinityTTL}, {"--queue-timeout", r.queueTimeout}, {"--scale-up-after", r.scaleUpAfter}, {"--models-refresh", r.modelsRefresh}} {
 		if d.v <= 0 {
-			return queen.RoutingConfig{}, usagef("%s must be positive, got %s", d.name, d.v)
+			return routing.Config{}, usagef("%s must be positive, got %s", d.name, d.v)
 		}
 	}
 	for _, n := range []struct {
@@ -44,10 +43,10 @@ func (r *routingFlags) config() (queen.RoutingConfig, error) {
 		v    int
 	}{{"--queue-size", r.queueSize}, {"--max-workers", r.maxWorkers}, {"--worker-slots", r.slots}} {
 		if n.v < 1 {
-			return queen.RoutingConfig{}, usagef("%s must be at least 1, got %d", n.name, n.v)
+			return routing.Config{}, usagef("%s must be at least 1, got %d", n.name, n.v)
 		}
 	}
-	c := queen.RoutingConfig{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout,
+	c := routing.Config{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout,
 		ScaleUpAfter: r.scaleUpAfter, MaxWorkers: r.maxWorkers, ModelMaxWorkers: r.modelMaxWorkers,
 		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh}
 	if err := c.Validate(); err != nil {

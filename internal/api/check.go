@@ -1,6 +1,9 @@
 package api
 
-import "regexp"
+import (
+	"regexp"
+	"strings"
+)
 
 // idPattern is what an id on the wire may be: pool, node, worker and
 // lifecycle ids. It uses * and leaves the length to CheckID: a counted
@@ -18,6 +21,23 @@ const MaxIDLen = 128
 func CheckID(what, s string) error {
 	if len(s) > MaxIDLen || !idPattern.MatchString(s) {
 		return BadRequest("%s %q is not valid: 1-128 letters, digits, '.', '_', ':', '@' or '-', starting with a letter or digit", what, Printable(s, 140))
+	}
+	return nil
+}
+
+// modelPattern is a model ref: a GGUF file name without .gguf. At most
+// 200 bytes, which CheckModel counts.
+var modelPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`)
+
+// MaxModelLen bounds a model ref.
+const MaxModelLen = 200
+
+// CheckModel is the one check of a model ref that queen and routing
+// apply: a GGUF file name without .gguf (letters, digits, '.', '_', '+',
+// '-'), never "..".
+func CheckModel(s string) error {
+	if len(s) > MaxModelLen || !modelPattern.MatchString(s) || strings.Contains(s, "..") {
+		return BadRequest("model %q is not a model ref: a GGUF file name without .gguf (letters, digits, '.', '_', '+', '-')", Printable(s, MaxModelLen+20))
 	}
 	return nil
 }

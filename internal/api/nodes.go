@@ -77,3 +77,11 @@ type ShutdownResponse struct {
 // --node NAME`: a node's pool id is its name): the queen serves it only
 // with workers of that pool, and places a new worker there when none runs.
 const PoolHeader = "X-Apiary-Pool"
+
+// Headers of the OpenAI endpoints.
+const (
+	// SessionHeader pins a conversation to the worker that served it.
+	SessionHeader = "X-Session-Id"
+	// WorkerHeader names the lifecycle row of the worker that answered.
+	WorkerHeader = "X-Apiary-Worker"
+)

@@ -169,7 +169,8 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 	}
 	k.mode <- mode
 	k.log.Debug("mode", "mode", mode, "queen", k.cfg.QueenURL)
-	url, ref := k.cfg.QueenURL, k.cfg.Model
+	url := k.cfg.QueenURL
+	var ref string
 	if mode == ModeEphemeral {
 		if k.cfg.Node != "" {
 			return fmt.Errorf("%w: --node %s needs a running queen that knows that node; none answers at %s (start one: apiary queen, apiary nodes add)",

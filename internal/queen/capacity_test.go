@@ -19,6 +19,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/routing"
 )
 
 // longQueue is the queue timeout of these tests; fastAnswer is the upper
@@ -29,7 +30,7 @@ const (
 )
 
 func longQueueConfig(c *Config) {
-	c.Routing = RoutingConfig{QueueTimeout: longQueue, MaxWorkers: 1}
+	c.Routing = routing.Config{QueueTimeout: longQueue, MaxWorkers: 1}
 }
 
 // answer is what a request got, and how long it took.

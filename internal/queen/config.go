@@ -11,6 +11,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/routing"
 	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
@@ -78,13 +79,13 @@ type Config struct {
 	Hives HiveClient
 	// Placer picks a pool for a start without pool_id; default the
 	// healthy pool with the most free device memory.
-	Placer Placer
+	Placer routing.Placer
 	// Ownership is who owns the queen and how it runs the hives it owns
 	// (SSH nodes, the local hive); see ownership.go.
 	Ownership OwnershipConfig
 	// Routing is how inference is routed and workers are placed on
 	// demand; see routeconfig.go.
-	Routing RoutingConfig
+	Routing routing.Config
 	Logger  *slog.Logger
 }
 
@@ -142,10 +143,10 @@ func (c Config) withDefaults() Config {
 		c.Hives = NewHTTPHiveClient(c.Tokens.Cluster, c.HiveTimeout)
 	}
 	if c.Placer == nil {
-		c.Placer = MostFreeMemory{}
+		c.Placer = routing.MostFreeMemory{}
 	}
 	c.Ownership = c.Ownership.withDefaults()
-	c.Routing = c.Routing.withDefaults()
+	c.Routing = c.Routing.WithDefaults()
 	return c
 }
 

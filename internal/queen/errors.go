@@ -7,7 +7,9 @@ import (
 	"slices"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/routing"
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
@@ -19,7 +21,7 @@ var (
 	ErrRowEnded         = errors.New("queen: worker has ended")
 	ErrNotStarted       = errors.New("queen: the hive has not accepted the worker yet")
 	ErrPoolUnavailable  = errors.New("queen: pool is not available")
-	ErrNoPool           = errors.New("queen: no healthy pool")
+	ErrNoPool           = routing.ErrNoPool // a start without pool_id found none
 	ErrRefused          = errors.New("queen: transition refused")
 	ErrHiveUnreachable  = errors.New("queen: hive unreachable")
 	ErrShuttingDown     = errors.New("queen: shutting down")
@@ -65,7 +67,7 @@ func statusOf(err error) (int, string) {
 		return http.StatusConflict, "transition_refused"
 	case errors.Is(err, ErrNoPool):
 		return http.StatusServiceUnavailable, "no_pool_available"
-	case errors.Is(err, ErrShuttingDown), errors.Is(err, registry.ErrClosed):
+	case errors.Is(err, ErrShuttingDown), errors.Is(err, registry.ErrClosed), errors.Is(err, fleet.ErrStopping):
 		return http.StatusServiceUnavailable, "shutting_down"
 	case errors.As(err, &he):
 		// The hive's own refusal (model_not_found, insufficient_memory, …)

@@ -86,3 +86,32 @@ func hiveCode(err error, code string) bool {
 	var he *HiveError
 	return errors.As(err, &he) && he.Code == code
 }
+
+// Models implements HiveModels.
+func (c *httpHiveClient) Models(ctx context.Context, endpoint string) ([]api.Model, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(endpoint, "/")+"/v2/models", nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrHiveUnreachable, err)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: GET %s/v2/models: %w", ErrHiveUnreachable, endpoint, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%w: GET %s/v2/models: %w", ErrHiveUnreachable, endpoint, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		d := api.RemoteError(resp.StatusCode, data)
+		return nil, &HiveError{Status: resp.StatusCode, Code: d.Code, Message: d.Message}
+	}
+	var list api.ModelList
+	if err := json.Unmarshal(data, &list); err != nil {
+		return nil, fmt.Errorf("%w: GET %s/v2/models: bad answer: %w", ErrHiveUnreachable, endpoint, err)
+	}
+	return list.Models, nil
+}

@@ -61,7 +61,7 @@ func (q *Queen) routes() http.Handler {
 	mux.Handle("POST /api/admin/nodes", admin(q.postNode))
 	mux.Handle("DELETE /api/admin/nodes/{name}", admin(q.deleteNode))
 	mux.Handle("POST /api/admin/shutdown", admin(q.postShutdown))
-	q.openaiRoutes(mux)
+	q.routing.Routes(mux)
 	return q.contractErrors(mux)
 }
 
@@ -200,19 +200,13 @@ var (
 	// It uses * and leaves the length to the code: a counted repetition
 	// such as {0,199} compiles into a program of that many copies, which
 	// cost every process start milliseconds.
-	modelPattern    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`) // at most 200 bytes
 	lifecyclePatten = regexp.MustCompile(`^wk-[0-9a-f]{16}$`)
 )
 
 // checkID is api.CheckID: the hives check ids the same way.
 func checkID(what, s string) error { return api.CheckID(what, s) }
 
-func checkModel(s string) error {
-	if len(s) > 200 || !modelPattern.MatchString(s) || strings.Contains(s, "..") {
-		return api.BadRequest("model %q is not a model ref: a GGUF file name without .gguf (letters, digits, '.', '_', '+', '-')", s)
-	}
-	return nil
-}
+func checkModel(s string) error { return api.CheckModel(s) }
 
 func checkLifecycleID(s string) error {
 	if !lifecyclePatten.MatchString(s) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 	"github.com/apiary-llm/apiary/internal/store"
 )
@@ -63,14 +64,14 @@ func (q *Queen) getNodes(w http.ResponseWriter, r *http.Request, _ caller) error
 	if err := q.st.View(r.Context(), func(tx *store.Tx) (err error) { nodes, err = tx.Nodes(); return err }); err != nil {
 		return err
 	}
-	out := api.NodeList{Nodes: q.fleet.localNodes()}
+	out := api.NodeList{Nodes: q.fleet.LocalNodes()}
 	for _, n := range nodes {
-		if live, ok := q.fleet.node(n.Name); ok {
+		if live, ok := q.fleet.Node(n.Name); ok {
 			out.Nodes = append(out.Nodes, live)
 			continue
 		}
-		spec, _ := specOf(n)
-		out.Nodes = append(out.Nodes, api.Node{Name: n.Name, SSH: n.SSHTarget, InstallDir: n.InstallDir, HivePort: spec.hivePort,
+		spec, _ := fleet.SpecOf(n)
+		out.Nodes = append(out.Nodes, api.Node{Name: n.Name, SSH: n.SSHTarget, InstallDir: n.InstallDir, HivePort: spec.HivePort(),
 			CreatedAt: n.CreatedAt.UTC(), PoolID: n.Name, Hive: api.NodeHive{State: api.HiveStopped}})
 	}
 	if out.Nodes == nil {
@@ -106,7 +107,7 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 		}
 		port = *req.HivePort
 	}
-	tlsFiles := nodeTLS{Cert: req.TLSCert, Key: req.TLSKey, CAFile: req.CAFile}
+	tlsFiles := fleet.TLS{Cert: req.TLSCert, Key: req.TLSKey, CAFile: req.CAFile}
 	if err := q.checkNodeTLS(tlsFiles); err != nil {
 		return err
 	}
@@ -116,10 +117,10 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 			return err
 		}
 	}
-	if q.fleet.stopped() {
+	if q.fleet.Stopped() {
 		return fmt.Errorf("%w: not adding node %s", ErrShuttingDown, req.Name)
 	}
-	if _, ok := q.fleet.node(req.Name); ok {
+	if _, ok := q.fleet.Node(req.Name); ok {
 		return &api.RequestError{Status: http.StatusConflict, Code: "node_exists", Err: fmt.Errorf("node %s exists; remove it first", req.Name)}
 	}
 
@@ -130,7 +131,7 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 	if err != nil {
 		return sshError(err)
 	}
-	bin, err := q.fleet.binary()
+	bin, err := q.fleet.Binary()
 	if err != nil {
 		return err
 	}
@@ -140,11 +141,11 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 				Hint: fmt.Sprintf("%v, and it has no apiary %s at %s: install it there", cerr, bin.Version, probe.InstallDir)})
 		}
 	}
-	if err := q.fleet.reachable(req.Name, probe.NodeAddr); err != nil {
+	if err := q.fleet.Reachable(req.Name, probe.NodeAddr); err != nil {
 		return &api.RequestError{Status: http.StatusConflict, Code: "node_unreachable_from_queen", Err: err}
 	}
 
-	meta, _ := json.Marshal(nodeMeta{HivePort: port, TLS: tlsFiles})
+	meta, _ := json.Marshal(fleet.Meta{HivePort: port, TLS: tlsFiles})
 	n := store.Node{Name: req.Name, SSHTarget: target.String(), InstallDir: dir, CreatedAt: micro(time.Now()), Metadata: meta}
 	err = q.st.Update(r.Context(), func(tx *store.Tx) error {
 		if err := tx.InsertNode(n); err != nil {
@@ -161,15 +162,15 @@ func (q *Queen) postNode(w http.ResponseWriter, r *http.Request, c caller) error
 	if err != nil {
 		return err
 	}
-	spec, err := specOf(n)
+	spec, err := fleet.SpecOf(n)
 	if err != nil {
 		return err
 	}
-	if err := q.fleet.add(spec); err != nil {
+	if err := q.fleet.Add(spec); err != nil {
 		return err
 	}
 	q.log.Info("node added", "node", n.Name, "ssh", n.SSHTarget, "node_addr", probe.NodeAddr, "os", probe.OS, "arch", probe.Arch)
-	out, _ := q.fleet.node(n.Name)
+	out, _ := q.fleet.Node(n.Name)
 	api.WriteJSON(w, http.StatusCreated, out)
 	return nil
 }
@@ -203,9 +204,9 @@ func (q *Queen) deleteNode(w http.ResponseWriter, r *http.Request, c caller) err
 	}
 	// Stop first (the hive cascades to its workers), then forget: a queen
 	// that dies in between starts the hive again rather than orphan it.
-	out, _ := q.fleet.node(name)
-	q.fleet.remove(name)
-	if after, ok := q.fleet.node(name); ok {
+	out, _ := q.fleet.Node(name)
+	q.fleet.Remove(name)
+	if after, ok := q.fleet.Node(name); ok {
 		out = after
 	}
 	out.Hive.State, out.Hive.PID = api.HiveStopped, 0
@@ -227,8 +228,8 @@ func (q *Queen) deleteNode(w http.ResponseWriter, r *http.Request, c caller) err
 	}
 	q.log.Info("node removed", "node", name, "reason", reason)
 	if out.Name == "" {
-		spec, _ := specOf(*stored)
-		out = api.Node{Name: name, SSH: stored.SSHTarget, InstallDir: stored.InstallDir, HivePort: spec.hivePort, CreatedAt: stored.CreatedAt.UTC(),
+		spec, _ := fleet.SpecOf(*stored)
+		out = api.Node{Name: name, SSH: stored.SSHTarget, InstallDir: stored.InstallDir, HivePort: spec.HivePort(), CreatedAt: stored.CreatedAt.UTC(),
 			PoolID: name, Hive: api.NodeHive{State: api.HiveStopped}}
 	}
 	api.WriteJSON(w, http.StatusOK, out)
@@ -239,7 +240,7 @@ func (q *Queen) deleteNode(w http.ResponseWriter, r *http.Request, c caller) err
 // and key, paths fit for its command line, and a certificate whenever the
 // queen serves TLS (a hive that serves plain HTTP would carry the cluster
 // token and prompts in clear).
-func (q *Queen) checkNodeTLS(t nodeTLS) error {
+func (q *Queen) checkNodeTLS(t fleet.TLS) error {
 	if (t.Cert == "") != (t.Key == "") {
 		return api.BadRequest("tls_cert and tls_key go together: give both or neither")
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 )
 
@@ -62,9 +63,9 @@ const (
 	DefaultRestartMin      = time.Second
 	DefaultRestartMax      = 30 * time.Second
 	DefaultProbeTimeout    = 2 * time.Minute
-	DefaultHivePort        = 9200
+	DefaultHivePort        = fleet.DefaultHivePort
 	// LocalPoolID is the pool id (and node name) of the queen's local hive.
-	LocalPoolID = "local"
+	LocalPoolID = fleet.LocalPoolID
 )
 
 func (c OwnershipConfig) withDefaults() OwnershipConfig {

@@ -39,8 +39,8 @@ func TestRoutePinnedToAPool(t *testing.T) {
 	resp := x.post(t.Context(), "/v1/completions", streamBody)
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(WorkerHeader) != aID {
-		t.Fatalf("unpinned request: %d from %q, want a's worker %s", resp.StatusCode, resp.Header.Get(WorkerHeader), aID)
+	if resp.StatusCode != 200 || resp.Header.Get(api.WorkerHeader) != aID {
+		t.Fatalf("unpinned request: %d from %q, want a's worker %s", resp.StatusCode, resp.Header.Get(api.WorkerHeader), aID)
 	}
 
 	// Pinned to b: a worker is placed on b and serves it.
@@ -48,8 +48,8 @@ func TestRoutePinnedToAPool(t *testing.T) {
 	resp, req := x.servedByPlacement(mh, "b", onB.URL, api.PoolHeader, "b")
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(WorkerHeader) != req.LifecycleID || onB.count() != 1 || onA.count() != 1 {
-		t.Fatalf("pinned request: %d from %q (a served %d, b %d): %s", resp.StatusCode, resp.Header.Get(WorkerHeader), onA.count(), onB.count(), body)
+	if resp.StatusCode != 200 || resp.Header.Get(api.WorkerHeader) != req.LifecycleID || onB.count() != 1 || onA.count() != 1 {
+		t.Fatalf("pinned request: %d from %q (a served %d, b %d): %s", resp.StatusCode, resp.Header.Get(api.WorkerHeader), onA.count(), onB.count(), body)
 	}
 	var audit api.AuditList
 	x.ok("GET", "/api/admin/audit?target="+req.LifecycleID+"&action=worker.start", nil, http.StatusOK, &audit)
@@ -65,8 +65,8 @@ func TestRoutePinnedToAPool(t *testing.T) {
 	resp = x.post(t.Context(), "/v1/completions", streamBody, api.PoolHeader, "a")
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.Header.Get(WorkerHeader) != aID {
-		t.Errorf("request pinned to a went to %q", resp.Header.Get(WorkerHeader))
+	if resp.Header.Get(api.WorkerHeader) != aID {
+		t.Errorf("request pinned to a went to %q", resp.Header.Get(api.WorkerHeader))
 	}
 
 	for _, tc := range []struct {

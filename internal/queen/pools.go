@@ -16,7 +16,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
-// checkGPUs and checkWorkers validate what a hive reports.
+// checkGPUs and checkWorker validate what a hive reports.
 func checkGPUs(gpus []api.GPU) error {
 	if len(gpus) > maxGPUs {
 		return api.BadRequest("%d gpus: at most %d", len(gpus), maxGPUs)
@@ -109,18 +109,6 @@ func sanitizeWorkers(ws []api.Worker) {
 	}
 }
 
-func checkWorkers(ws []api.Worker) error {
-	if len(ws) > maxWorkers {
-		return api.BadRequest("%d workers: at most %d", len(ws), maxWorkers)
-	}
-	for _, w := range ws {
-		if err := checkWorker(w); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) error {
 	var reg api.RegisterPool
 	if err := api.Decode(r, &reg, false); err != nil {
@@ -151,7 +139,7 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 		return err
 	}
 	q.metrics.registrations.Inc()
-	q.routing.catalog.registered(p.ID, p.Endpoint)
+	q.routing.Registered(p.ID, p.Endpoint)
 	api.WriteJSON(w, http.StatusOK, poolWire(p))
 	return nil
 }
@@ -184,12 +172,12 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	}
 	sanitizeWorkers(hb.Workers)
 	if _, known := q.reg.Get(id); known {
-		q.routing.tokens.replace(id, hb.WorkerTokens) // before the rows change, as for events
+		q.tokens.replace(id, hb.WorkerTokens) // before the rows change, as for events
 	}
 	if err := q.heartbeat(r.Context(), id, hb, refused); err != nil {
 		return err
 	}
-	q.routing.poke()
+	q.routing.Poke()
 	p, _ := q.reg.Get(id)
 	api.WriteJSON(w, http.StatusOK, api.HeartbeatAnswer{PoolID: id, Status: string(p.Status), Refused: refused})
 	return nil
@@ -278,13 +266,13 @@ func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) erro
 	if _, known := q.reg.Get(ev.PoolID); known {
 		// Before the row changes: a request routed to the worker as soon
 		// as its row is RUNNING must find its token.
-		q.routing.tokens.event(ev, lifecycle.State(ev.To).Terminal())
+		q.tokens.event(ev, lifecycle.State(ev.To).Terminal())
 	}
 	ack, err := q.event(r.Context(), ev)
 	if err != nil {
 		return err
 	}
-	q.routing.poke()
+	q.routing.Poke()
 	api.WriteJSON(w, http.StatusOK, ack)
 	return nil
 }
@@ -374,7 +362,7 @@ func (q *Queen) postUndrain(w http.ResponseWriter, r *http.Request, c caller) er
 			return registry.Pool{}, api.BadRequest("reason is required: say why the pool takes work again, for the audit log")
 		}
 		p, err := q.reg.Undrain(ctx, id, c.actor, reason)
-		q.routing.poke() // requests waiting for capacity may have it now
+		q.routing.Poke() // requests waiting for capacity may have it now
 		return p, err
 	})
 }
@@ -415,7 +403,7 @@ func (q *Queen) postOffline(w http.ResponseWriter, r *http.Request, c caller) er
 func (q *Queen) deregister(w http.ResponseWriter, r *http.Request, actor, def string) error {
 	return q.poolChange(w, r, def, func(ctx context.Context, id, reason string) (registry.Pool, error) {
 		p, err := q.reg.Deregister(ctx, id, actor, reason)
-		q.routing.tokens.forget(id)
+		q.tokens.forget(id)
 		return p, err
 	})
 }

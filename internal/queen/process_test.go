@@ -18,10 +18,6 @@ import (
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
-// apiaryBin is the real apiary binary ($APIARY_BIN, or built once per
-// test binary by testbin).
-func apiaryBin(t testing.TB) string { return testbin.Path(t) }
-
 // proc is an apiary daemon run as a process by a test (testbin.Proc),
 // with its JSON log lines parsed as they come.
 type proc struct {

@@ -1,21 +1,18 @@
-// Package queen is apiary's orchestrator daemon, part 1: it keeps the pool
-// registry (hives register and heartbeat; leases decide liveness), owns the
-// worker lifecycle rows (the only writer), writes an audit entry with every
-// change, reconciles what hives report with its rows, and serves the admin
-// API over it.
+// Package queen is apiary's orchestrator daemon: its control plane. It
+// keeps the pool registry (hives register and heartbeat; leases decide
+// liveness), owns the worker lifecycle rows (the only writer), writes an
+// audit entry with every change, reconciles what hives report with its
+// rows, and serves the admin and cluster APIs over them.
 //
 // Ownership: the registry owns pools (internal/registry); rowBook owns the
-// rows; both write the store before they change memory. Decisions are pure
-// (reconcile, Placer); effects on hives go through HiveClient, and the
-// background ones run on the queen's task workers.
+// rows; both decide in memory and write the store after, in order.
+// Decisions are pure (reconcile); effects on hives go through HiveClient,
+// and the background ones run on the queen's task workers.
 //
-// Inference (routing.go, part 2): the OpenAI endpoints (route.go) check a
-// request and relay it to a serving worker of its model (relay.go), which
-// the router (router.go) picks by in-flight count and session affinity
-// (affinity.go), queueing the request while no worker has a free slot.
-// Requests never start workers: the controller (controller.go) turns
-// queued demand into placements (placement.go, with the hives' model
-// lists from catalog.go) and lifecycle rows, through StartWorker.
+// Inference is internal/routing, which sees the queen only through
+// controlPlane (controlplane.go): pools, candidates, counts, starting a
+// worker it placed, failing the row of a worker it lost. The hives the
+// queen starts (SSH nodes, the local hive) are its fleet (fleet.go).
 package queen
 
 import (
@@ -33,8 +30,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/routing"
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
@@ -58,10 +57,12 @@ type Queen struct {
 	addr net.Addr
 
 	tasks chan func(context.Context)
-	fleet *fleet // the hives this queen started; set by Run before serving
-	// routing is the inference half (route.go, router.go, controller.go);
-	// set by Run before serving.
-	routing *routing
+	fleet *fleet.Fleet // the hives this queen started; set by Run before serving
+	// routing is the inference half (internal/routing); set by Run
+	// before serving.
+	routing *routing.Service
+	// tokens are the workers' own tokens, from their hives, for routing.
+	tokens *workerTokens
 
 	// followers ends the log streams of `apiary workers logs --follow`
 	// when the server shuts down (they would hold it up); set by Run
@@ -89,6 +90,7 @@ func New(cfg Config) (*Queen, error) {
 		hives:   cfg.Hives,
 		metrics: newMetrics(),
 		tasks:   make(chan func(context.Context), taskQueue),
+		tokens:  newWorkerTokens(),
 		ready:   make(chan struct{}),
 		done:    make(chan struct{}),
 	}, nil
@@ -111,8 +113,7 @@ func (q *Queen) URL() string {
 	return q.cfg.TLS.Scheme() + "://" + q.addr.String()
 }
 
-// Registry is the pool registry; valid after Ready (placement and routing
-// of issue 5 read it).
+// Registry is the pool registry; valid after Ready.
 func (q *Queen) Registry() *registry.Registry { return q.reg }
 
 // Run opens the store, loads pools and rows, serves until ctx ends or Close
@@ -170,7 +171,9 @@ func (q *Queen) run(ctx context.Context) error {
 	if ln, err = q.cfg.TLS.Listen(ln); err != nil {
 		return fmt.Errorf("queen: %w", err)
 	}
-	q.routing = q.newRouting()
+	if q.routing, err = routing.New(q.routingConfig(), controlPlane{q}); err != nil {
+		return err
+	}
 	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, // idle keep-alive connections are closed: they cost a socket each
 		ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
 	followers, endFollowers := context.WithCancel(context.Background())
@@ -193,7 +196,7 @@ func (q *Queen) run(ctx context.Context) error {
 	for range taskWorkers {
 		g.Go(func() error { q.runTasks(bg); return nil })
 	}
-	g.Go(func() error { q.routing.run(bg, q); return nil })
+	g.Go(func() error { q.routing.Run(bg); return nil })
 	g.Go(func() error {
 		// Another queen may take the database once the lock is gone:
 		// step down (stop routing and serving, Run returns the cause).
@@ -213,7 +216,7 @@ func (q *Queen) run(ctx context.Context) error {
 	q.log.Info("queen shutting down")
 	// Step 0a: inference stops: queued requests are answered 503, so
 	// no demand places workers while everything stops.
-	q.routing.close()
+	q.routing.Close()
 	// Step 0: the hives this queen started cascade and exit while it still
 	// serves, so their workers' last events reach the rows.
 	stopOwned()
@@ -350,7 +353,7 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 		}
 		pool = p
 	} else {
-		d, err := q.decide(ctx, PlaceRequest{Model: req.Model, GPU: req.GPU})
+		d, err := q.routing.Place(ctx, routing.PlaceRequest{Model: req.Model, GPU: req.GPU})
 		if err != nil {
 			return store.Row{}, err
 		}
@@ -363,7 +366,7 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 		if req.Meta == nil {
 			req.Meta = map[string]any{}
 		}
-		req.Meta["placement"] = d.auditMeta()
+		req.Meta["placement"] = d.AuditMeta()
 	}
 	now := micro(time.Now())
 	row := store.Row{ID: newLifecycleID(), PoolID: pool.ID, ModelRef: req.Model, GPUDevice: req.GPU,

@@ -88,14 +88,9 @@ func BenchmarkRouteManyPools(b *testing.B) {
 			q := rb.x.q
 			ctx := context.Background()
 			for b.Loop() {
-				if err := q.knownModel(ctx, "tiny", ""); err != nil {
+				if err := q.routing.Route(ctx, "tiny", ""); err != nil {
 					b.Fatal(err)
 				}
-				l, err := q.routing.router.acquire(ctx, routeReq{model: "tiny"})
-				if err != nil {
-					b.Fatal(err)
-				}
-				q.routing.router.release(l, false)
 			}
 		})
 	}

@@ -115,7 +115,7 @@ func (c *cluster) stream(ctx context.Context, params oai.CompletionNewParams, fi
 	}
 	out.text, out.err = b.String(), s.Err()
 	if resp != nil {
-		out.worker = resp.Header.Get(WorkerHeader)
+		out.worker = resp.Header.Get(api.WorkerHeader)
 	}
 	return out
 }
@@ -177,7 +177,7 @@ func TestProcessColdStartThenWarm(t *testing.T) {
 	if chunks < 4 || acc.Usage.CompletionTokens != 16 || acc.Choices[0].FinishReason != "length" || acc.Choices[0].Message.Content == "" {
 		t.Fatalf("cold chat: %d chunks, %+v", chunks, acc.Choices)
 	}
-	cold := resp.Header.Get(WorkerHeader)
+	cold := resp.Header.Get(api.WorkerHeader)
 	rows := c.rows()
 	if len(rows) != 1 || rows[0].ID != cold || rows[0].Owner != OwnerQueen || rows[0].Status != "RUNNING" {
 		t.Fatalf("rows after the cold start: %+v (served by %s)", rows, cold)
@@ -281,7 +281,7 @@ func TestProcessSessionAffinity(t *testing.T) {
 	_, next := c.queen.logs.wait(t, 0, "lifecycle row changed", map[string]string{"to": "RUNNING"})
 	c.queen.logs.wait(t, next, "lifecycle row changed", map[string]string{"to": "RUNNING"})
 
-	session := func(id string) option.RequestOption { return option.WithHeader(SessionHeader, id) }
+	session := func(id string) option.RequestOption { return option.WithHeader(api.SessionHeader, id) }
 	// a's first request holds one worker while b's first goes to the other.
 	aFirst := make(chan struct{})
 	var a1 streamed

@@ -10,18 +10,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
-	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/routing"
 )
 
 // modelHive is the fake hive with model lists, by endpoint.
@@ -257,7 +255,7 @@ func TestRouteRelaysEachEventAsItComes(t *testing.T) {
 	resp := <-respc
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("X-Accel-Buffering") != "no" || resp.Header.Get("Content-Type") != "text/event-stream" ||
-		resp.Header.Get(WorkerHeader) != lid {
+		resp.Header.Get(api.WorkerHeader) != lid {
 		t.Fatalf("answer %d, headers %v", resp.StatusCode, resp.Header)
 	}
 	br := bufio.NewReader(resp.Body)
@@ -343,8 +341,8 @@ func TestRouteRetriesBeforeTheFirstByte(t *testing.T) {
 		resp := x.post(t.Context(), "/v1/completions", streamBody)
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 200 || resp.Header.Get(WorkerHeader) != goodID || !bytes.Contains(body, []byte("[DONE]")) {
-			t.Fatalf("%s: %d from %s: %s", m, resp.StatusCode, resp.Header.Get(WorkerHeader), body)
+		if resp.StatusCode != 200 || resp.Header.Get(api.WorkerHeader) != goodID || !bytes.Contains(body, []byte("[DONE]")) {
+			t.Fatalf("%s: %d from %s: %s", m, resp.StatusCode, resp.Header.Get(api.WorkerHeader), body)
 		}
 	}
 	if got := metricLine(x, `apiary_queen_upstream_retries_total{model="tiny",reason="connection"}`); got != "1" {
@@ -356,8 +354,8 @@ func TestRouteRetriesBeforeTheFirstByte(t *testing.T) {
 	// The worker that hung up is left out: no third visit.
 	resp := x.post(t.Context(), "/v1/completions", `{"model":"tiny","prompt":"hi"}`)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(WorkerHeader) != goodID {
-		t.Errorf("after the hang-up: %d from %s, want 200 from %s (not %s)", resp.StatusCode, resp.Header.Get(WorkerHeader), goodID, badID)
+	if resp.StatusCode != 200 || resp.Header.Get(api.WorkerHeader) != goodID {
+		t.Errorf("after the hang-up: %d from %s, want 200 from %s (not %s)", resp.StatusCode, resp.Header.Get(api.WorkerHeader), goodID, badID)
 	}
 }
 
@@ -404,8 +402,8 @@ func TestRouteWorkerDiesMidStream(t *testing.T) {
 	resp2 := x.post(t.Context(), "/v1/completions", streamBody)
 	io.Copy(io.Discard, resp2.Body)
 	resp2.Body.Close()
-	if resp2.StatusCode != 200 || resp2.Header.Get(WorkerHeader) != otherID {
-		t.Errorf("next request: %d from %s, want %s", resp2.StatusCode, resp2.Header.Get(WorkerHeader), otherID)
+	if resp2.StatusCode != 200 || resp2.Header.Get(api.WorkerHeader) != otherID {
+		t.Errorf("next request: %d from %s, want %s", resp2.StatusCode, resp2.Header.Get(api.WorkerHeader), otherID)
 	}
 	if got := metricLine(x, `apiary_queen_streams_broken_total{model="tiny"}`); got != "1" {
 		t.Errorf("broken streams %q", got)
@@ -450,7 +448,7 @@ func TestRouteQueueFullAndTimeout(t *testing.T) {
 		_ = send("[DONE]")
 	})
 	x, _ := routeQueen(t, map[string][]api.Model{"http://hive-a": {tinyModel}}, func(c *Config) {
-		c.Routing = RoutingConfig{QueueSize: 1, QueueTimeout: 300 * time.Millisecond, MaxWorkers: 1}
+		c.Routing = routing.Config{QueueSize: 1, QueueTimeout: 300 * time.Millisecond, MaxWorkers: 1}
 	})
 	x.registerAt("a", "http://hive-a")
 	x.readyWorker("a", fw.URL)
@@ -544,7 +542,7 @@ func TestRouteColdStartPlacesOnDemand(t *testing.T) {
 	fw := newFakeWorker(t, tokens(3))
 
 	respc := make(chan *http.Response, 1)
-	go func() { respc <- x.post(t.Context(), "/v1/completions", streamBody, SessionHeader, "s1") }()
+	go func() { respc <- x.post(t.Context(), "/v1/completions", streamBody, api.SessionHeader, "s1") }()
 	var req api.StartWorkerRequest
 	select {
 	case req = <-started:
@@ -563,7 +561,7 @@ func TestRouteColdStartPlacesOnDemand(t *testing.T) {
 	resp := <-respc
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(WorkerHeader) != req.LifecycleID || !bytes.Contains(body, []byte("[DONE]")) {
+	if resp.StatusCode != 200 || resp.Header.Get(api.WorkerHeader) != req.LifecycleID || !bytes.Contains(body, []byte("[DONE]")) {
 		t.Fatalf("cold request: %d %s", resp.StatusCode, body)
 	}
 
@@ -581,11 +579,11 @@ func TestRouteColdStartPlacesOnDemand(t *testing.T) {
 	}
 	// Warm: the next request of the session reuses the worker; nothing
 	// more is placed.
-	resp = x.post(t.Context(), "/v1/completions", streamBody, SessionHeader, "s1")
+	resp = x.post(t.Context(), "/v1/completions", streamBody, api.SessionHeader, "s1")
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.Header.Get(WorkerHeader) != req.LifecycleID || fw.count() != 2 {
-		t.Errorf("warm request went to %s", resp.Header.Get(WorkerHeader))
+	if resp.Header.Get(api.WorkerHeader) != req.LifecycleID || fw.count() != 2 {
+		t.Errorf("warm request went to %s", resp.Header.Get(api.WorkerHeader))
 	}
 	select {
 	case r := <-started:
@@ -617,42 +615,6 @@ func TestRouteNoPoolCanPlace(t *testing.T) {
 	}
 }
 
-// The catalog reads a hive's list again when a model is asked for that it
-// lacks, at most once per catalogRetry.
-func TestCatalogEnsure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		src := &modelHive{fakeHive: newFakeHive(), models: map[string][]api.Model{"http://a": {tinyModel}}}
-		c := newCatalog(src, time.Second, slog.New(slog.DiscardHandler))
-		pools := []registry.Pool{{ID: "a", Endpoint: "http://a", Status: registry.Healthy}}
-		if !c.ensure(t.Context(), pools, "tiny") {
-			t.Fatal("tiny not found")
-		}
-		src.mu.Lock()
-		src.models["http://a"] = append(src.models["http://a"], api.Model{Ref: "new"})
-		src.mu.Unlock()
-		if c.ensure(t.Context(), pools, "new") {
-			t.Fatal("read again within catalogRetry")
-		}
-		time.Sleep(catalogRetry)
-		if !c.ensure(t.Context(), pools, "new") {
-			t.Fatal("a model added to the hive is not found")
-		}
-		// A hive that stops answering keeps its last list.
-		src.mu.Lock()
-		delete(src.models, "http://a")
-		src.mu.Unlock()
-		c.refresh(t.Context(), pools)
-		if _, ok := c.lookup(pools, "tiny"); !ok {
-			t.Error("a failed read lost the list")
-		}
-		// A pool that is gone is forgotten.
-		c.refresh(t.Context(), nil)
-		if len(c.snapshot()) != 0 {
-			t.Errorf("catalog %v after its pool went", c.snapshot())
-		}
-	})
-}
-
 // Degraded workers and the workers of a drained pool get no new requests;
 // with no other worker, the controller places one on a healthy pool (the
 // drained pool's workers do not count against max workers).
@@ -672,8 +634,8 @@ func TestRouteDegradedAndDrainedGetNothingNew(t *testing.T) {
 		resp := x.post(t.Context(), "/v1/completions", streamBody)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if resp.Header.Get(WorkerHeader) != wellID {
-			t.Fatalf("served by %s, want %s (not the degraded %s)", resp.Header.Get(WorkerHeader), wellID, sickID)
+		if resp.Header.Get(api.WorkerHeader) != wellID {
+			t.Fatalf("served by %s, want %s (not the degraded %s)", resp.Header.Get(api.WorkerHeader), wellID, sickID)
 		}
 	}
 	if sick.count() != 0 {
@@ -688,7 +650,7 @@ func TestRouteDegradedAndDrainedGetNothingNew(t *testing.T) {
 	resp, req := x.servedByPlacement(mh, "b", fresh.URL)
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.Header.Get(WorkerHeader) != req.LifecycleID || well.count() != 3 {
-		t.Errorf("served by %s, want the new worker %s", resp.Header.Get(WorkerHeader), req.LifecycleID)
+	if resp.Header.Get(api.WorkerHeader) != req.LifecycleID || well.count() != 3 {
+		t.Errorf("served by %s, want the new worker %s", resp.Header.Get(api.WorkerHeader), req.LifecycleID)
 	}
 }

@@ -455,14 +455,3 @@ func (b *rowBook) unmarkStopping(k workerKey) {
 	defer b.mu.Unlock()
 	delete(b.stopping, k)
 }
-
-// counts counts the live rows by status.
-func (b *rowBook) liveCounts() map[lifecycle.Status]int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := map[lifecycle.Status]int{}
-	for _, r := range b.active {
-		out[r.Status]++
-	}
-	return out
-}

@@ -7,6 +7,7 @@ package queen
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -264,7 +265,7 @@ func getJSON[T any](t *testing.T, _ *http.Client, certs testbin.TLSFiles, url st
 	if resp.StatusCode != 200 {
 		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, b)
 	}
-	if err := jsonUnmarshal(b, &out); err != nil {
+	if err := json.Unmarshal(b, &out); err != nil {
 		t.Fatalf("GET %s: %v", url, err)
 	}
 	return out

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
 // Cascading shutdown (lifecycle-clarification.md): SIGTERM to the queen, or
 // POST /api/admin/shutdown, or the end of the queen's own lifeline (its
 // keeper is gone) → every hive the queen started stops its workers and
-// exits (fleet.stopAll, the queen still serving so their last events
+// exits (Fleet.StopAll, the queen still serving so their last events
 // arrive) → the queen stops serving and exits. Hives it did not start are
 // left running.
 
@@ -22,7 +23,11 @@ import (
 // its lifeline; cancel stops the queen. The returned stop is step 0 of the
 // queen's shutdown: it cascades the owned hives and waits for them.
 func (q *Queen) startOwned(cancel context.CancelFunc) (stop func()) {
-	q.fleet = newFleet(q)
+	own := q.cfg.Ownership
+	q.fleet = fleet.New(fleet.Config{LocalHive: own.LocalHive, DataDir: q.cfg.DataDir, HiveArgs: own.HiveArgs, Binary: own.Binary,
+		SSH: own.SSH, HiveStopTimeout: own.HiveStopTimeout, RestartMin: own.RestartMin, RestartMax: own.RestartMax,
+		ProbeTimeout: own.ProbeTimeout, HeartbeatTimeout: q.cfg.HeartbeatTimeout, TLS: q.cfg.TLS, ClusterToken: q.cfg.Tokens.Cluster,
+		Logger: q.log}, controlPlane{q})
 	var nodes []store.Node
 	ctx, done := context.WithTimeout(context.Background(), 30*time.Second)
 	err := q.st.View(ctx, func(tx *store.Tx) (err error) { nodes, err = tx.Nodes(); return err })
@@ -30,9 +35,8 @@ func (q *Queen) startOwned(cancel context.CancelFunc) (stop func()) {
 	if err != nil {
 		q.log.Error("cannot read the nodes; starting no hive on them", "err", err)
 	}
-	own := q.cfg.Ownership
 	q.log.Info("ownership", "owner", own.Owner, "local_hive", own.LocalHive, "nodes", len(nodes))
-	q.fleet.start(nodes)
+	q.fleet.Start(nodes)
 
 	var wg sync.WaitGroup
 	closing := make(chan struct{})
@@ -51,14 +55,14 @@ func (q *Queen) startOwned(cancel context.CancelFunc) (stop func()) {
 	}
 	return func() {
 		start := time.Now()
-		q.fleet.stopAll()
+		q.fleet.StopAll()
 		q.log.Info("hives of the queen stopped", "took", time.Since(start).Round(time.Millisecond).String())
 		close(closing)
 		if own.Lifeline != nil {
 			_ = own.Lifeline.Close()
 		}
 		wg.Wait()
-		q.fleet.close()
+		q.fleet.Close()
 	}
 }
 
@@ -84,7 +88,7 @@ func (q *Queen) postShutdown(w http.ResponseWriter, r *http.Request, c caller) e
 			return err
 		}
 	}
-	hives := q.fleet.names()
+	hives := q.fleet.Names()
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
 	defer cancel()
 	if err := q.st.Update(wctx, func(tx *store.Tx) error {

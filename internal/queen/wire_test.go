@@ -49,17 +49,15 @@ func TestAdminWorkerLifecycleIDIsSnakeCase(t *testing.T) {
 	}
 }
 
-// Regression (issue 12, "JSON logs carry two component keys"): the
-// queen's sub-loggers (router, catalog, controller) each write one
-// component key, their own.
+// The queen's log lines carry one component key, its own (routing's
+// loggers are checked in internal/routing).
 func TestQueenLogLinesHaveOneComponent(t *testing.T) {
 	var buf bytes.Buffer
 	q, err := New(Config{Addr: "127.0.0.1:0", DataDir: t.TempDir(), Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := q.newRouting()
-	for name, l := range map[string]*slog.Logger{"queen": q.log, "router": rt.router.log, "catalog": rt.catalog.log, "controller": rt.ctl.log} {
+	for name, l := range map[string]*slog.Logger{"queen": q.log} {
 		buf.Reset()
 		l.Info("probe")
 		if n := strings.Count(buf.String(), `"component":`); n != 1 || !strings.Contains(buf.String(), `"component":"`+name+`"`) {

@@ -65,27 +65,6 @@ func (t *workerTokens) get(pool, worker string) string {
 	return t.byPool[pool][worker]
 }
 
-// checkWorkerTokens bounds what a heartbeat may carry: tokens of listed
-// workers only, each 1-256 bytes of printable ASCII.
-func checkWorkerTokens(tokens map[string]string, workers []api.Worker) error {
-	if len(tokens) > len(workers) {
-		return api.BadRequest("worker_tokens has %d entries for %d workers", len(tokens), len(workers))
-	}
-	listed := make(map[string]bool, len(workers))
-	for _, w := range workers {
-		listed[w.WorkerID] = true
-	}
-	for id, tok := range tokens {
-		if !listed[id] {
-			return api.BadRequest("worker_tokens names worker %q that the heartbeat does not list", api.Printable(id, 128))
-		}
-		if err := checkWorkerToken(tok); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func checkWorkerToken(tok string) error {
 	if len(tok) == 0 || len(tok) > 256 {
 		return api.BadRequest("a worker token must be 1-256 bytes")

@@ -128,7 +128,7 @@ func CheckPath(what, p string) error {
 	}
 	for _, part := range strings.Split(p, "/") {
 		if part == ".." {
-			return fmt.Errorf("sshnode: %s %q must not contain ..", what, p)
+			return fmt.Errorf("sshnode: %s %q must not contain a \"..\" part", what, p)
 		}
 	}
 	return nil

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -49,7 +48,10 @@ func build() (string, error) {
 		return "", err
 	}
 	dir = d
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("the go command builds apiary for the tests: %w", err)
+	}
 	out, err := exec.Command(goTool, "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {
 		return "", fmt.Errorf("go list -m: %w", err)

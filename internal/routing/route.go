@@ -1,4 +1,4 @@
-package queen
+package routing
 
 import (
 	"context"
@@ -14,27 +14,20 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
-)
-
-// Headers of the OpenAI endpoints.
-const (
-	// SessionHeader pins a conversation to the worker that served it.
-	SessionHeader = "X-Session-Id"
-	// WorkerHeader names the lifecycle row of the worker that answered.
-	WorkerHeader = "X-Apiary-Worker"
 )
 
 const maxSessionLen = 256
 
-// openaiRoutes adds the OpenAI-compatible API, authenticated with
+// Routes adds the OpenAI-compatible API, authenticated with
 // APIARY_API_TOKEN.
-func (q *Queen) openaiRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /v1/models", q.inference("models", q.getModels))
-	mux.Handle("GET /v1/models/{id}", q.inference("models", q.getModel))
-	mux.Handle("POST /v1/completions", q.inference("completions", q.postCompletions))
-	mux.Handle("POST /v1/chat/completions", q.inference("chat_completions", q.postChatCompletions))
-	mux.Handle("OPTIONS /v1/", q.inference("preflight", func(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s *Service) Routes(mux *http.ServeMux) {
+	mux.Handle("GET /v1/models", s.inference("models", s.getModels))
+	mux.Handle("GET /v1/models/{id}", s.inference("models", s.getModel))
+	mux.Handle("POST /v1/completions", s.inference("completions", s.postCompletions))
+	mux.Handle("POST /v1/chat/completions", s.inference("chat_completions", s.postChatCompletions))
+	mux.Handle("OPTIONS /v1/", s.inference("preflight", func(w http.ResponseWriter, r *http.Request, c *call) error {
 		w.WriteHeader(http.StatusNoContent) // not a CORS preflight: nothing to say
 		return nil
 	}))
@@ -54,20 +47,20 @@ type inferenceFunc func(w http.ResponseWriter, r *http.Request, c *call) error
 // inference authenticates with the API token and maps errors with
 // openai.WriteError, the OpenAI side's one mapper (openaiError converts
 // the queen's errors for it).
-func (q *Queen) inference(endpoint string, fn inferenceFunc) http.Handler {
+func (s *Service) inference(endpoint string, fn inferenceFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &call{endpoint: endpoint, model: modelUnknown, start: time.Now()}
 		sw := &api.StatusRecorder{ResponseWriter: w}
-		done, err := transport.CORS(sw, r, q.cfg.CORSOrigins)
+		done, err := transport.CORS(sw, r, s.cfg.CORSOrigins)
 		if done {
 			return // a preflight, answered
 		}
 		if err != nil {
 			err = &openai.Error{Status: http.StatusForbidden, Code: "forbidden_origin", Message: err.Error()}
-		} else if tok := q.cfg.Tokens.API; tok != "" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(tok)) != 1 {
+		} else if tok := s.cfg.APIToken; tok != "" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(tok)) != 1 {
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
 			err = &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
-				Message: "missing or wrong bearer token (" + APITokenEnv + ")"}
+				Message: "missing or wrong bearer token (" + secret.APITokenEnv + ")"}
 		} else {
 			err = fn(sw, r, c)
 		}
@@ -78,16 +71,16 @@ func (q *Queen) inference(endpoint string, fn inferenceFunc) http.Handler {
 			oe := openaiError(err)
 			openai.WriteError(sw, oe)
 			if oe.Status >= 500 && oe.Status != http.StatusServiceUnavailable && oe.Status != http.StatusGatewayTimeout {
-				q.log.Error("inference request failed", "path", r.URL.Path, "model_ref", c.model, "status", oe.Status, "err", err)
+				s.log.Error("inference request failed", "path", r.URL.Path, "model_ref", c.model, "status", oe.Status, "err", err)
 			}
 		default:
-			q.log.Warn("inference request failed after its answer began", "path", r.URL.Path, "model_ref", c.model, "err", err)
+			s.log.Warn("inference request failed after its answer began", "path", r.URL.Path, "model_ref", c.model, "err", err)
 		}
 		code := strconv.Itoa(sw.Code())
 		if errors.Is(err, errClientGone) {
 			code = "499" // nginx's "client closed request"
 		}
-		q.routing.m.requests.WithLabelValues(c.model, c.endpoint, code).Inc()
+		s.m.requests.WithLabelValues(c.model, c.endpoint, code).Inc()
 	})
 }
 
@@ -141,21 +134,21 @@ func openaiError(err error) *openai.Error {
 
 // servable returns the pools that count for /v1/models and for "does
 // this model exist": every pool that is not offline.
-func (q *Queen) servable() []registry.Pool {
-	return q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy, registry.Draining, registry.Unhealthy}})
+func (s *Service) servable() []registry.Pool {
+	return s.cp.Pools(registry.Filter{Statuses: []registry.Status{registry.Healthy, registry.Draining, registry.Unhealthy}})
 }
 
-func (q *Queen) getModels(w http.ResponseWriter, r *http.Request, _ *call) error {
-	pools := q.servable()
+func (s *Service) getModels(w http.ResponseWriter, r *http.Request, _ *call) error {
+	pools := s.servable()
 	if id := r.Header.Get(api.PoolHeader); id != "" {
 		// What one pool can serve (its hive's list and its workers).
-		if _, err := q.knownPool(id); err != nil {
+		if _, err := s.knownPool(id); err != nil {
 			return err
 		}
 		pools = slices.DeleteFunc(pools, func(p registry.Pool) bool { return p.ID != id })
 	}
-	q.routing.catalog.ensureRead(r.Context(), answering(pools))
-	cat := q.routing.catalog.snapshot()
+	s.catalog.ensureRead(r.Context(), answering(pools))
+	cat := s.catalog.snapshot()
 	seen := map[string]openai.Model{}
 	add := func(ref string, created int64) {
 		if m, ok := seen[ref]; !ok || (created > 0 && (m.Created == 0 || created < m.Created)) {
@@ -189,14 +182,14 @@ func (q *Queen) getModels(w http.ResponseWriter, r *http.Request, _ *call) error
 	return nil
 }
 
-func (q *Queen) getModel(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("id")
-	if err := q.knownModel(r.Context(), id, ""); err != nil {
+	if err := s.knownModel(r.Context(), id, ""); err != nil {
 		return err
 	}
 	c.model = id
 	var created int64
-	if m, ok := q.routing.catalog.lookup(q.servable(), id); ok {
+	if m, ok := s.catalog.lookup(s.servable(), id); ok {
 		created = m.ModifiedAt.Unix()
 	}
 	openai.WriteJSON(w, http.StatusOK, openai.Model{ID: id, Object: openai.ObjectModel, Created: created, OwnedBy: "apiary"})
@@ -207,39 +200,39 @@ func (q *Queen) getModel(w http.ResponseWriter, r *http.Request, c *call) error 
 // not "") has model or a worker of it lives there. A model no list has
 // makes the hives' lists be read again (at most once a second each)
 // before the answer is no.
-func (q *Queen) knownModel(ctx context.Context, model, pool string) error {
-	if checkModel(model) != nil {
+func (s *Service) knownModel(ctx context.Context, model, pool string) error {
+	if api.CheckModel(model) != nil {
 		return fmt.Errorf("%w: %q is not a model ref (a GGUF file name without .gguf); see GET /v1/models", ErrModelNotFound, model)
 	}
 	// A live worker of the model answers it without a look at every pool
 	// (the common case, and cheap with thousands of pools).
-	if q.rows.targetCounts(target{model, pool}, nil).live() > 0 {
+	if s.counts(target{model, pool}, false).Live() > 0 {
 		return nil
 	}
-	pools := q.servable()
+	pools := s.servable()
 	where := "no pool has"
 	if pool != "" {
 		pools = slices.DeleteFunc(pools, func(p registry.Pool) bool { return p.ID != pool })
 		where = "pool " + pool + " does not have"
 	}
-	if _, ok := q.routing.catalog.lookup(pools, model); ok {
+	if _, ok := s.catalog.lookup(pools, model); ok {
 		return nil
 	}
-	if q.routing.catalog.ensure(ctx, answering(pools), model) {
+	if s.catalog.ensure(ctx, answering(pools), model) {
 		return nil
 	}
 	return fmt.Errorf("%w: %s model %q; see GET /v1/models", ErrModelNotFound, where, model)
 }
 
-func (q *Queen) postCompletions(w http.ResponseWriter, r *http.Request, c *call) error {
-	return q.serveInference(w, r, c, "/v1/completions", func(body []byte) (string, bool, error) {
+func (s *Service) postCompletions(w http.ResponseWriter, r *http.Request, c *call) error {
+	return s.serveInference(w, r, c, "/v1/completions", func(body []byte) (string, bool, error) {
 		req, err := openai.DecodeCompletionRequest(body, openai.Limits{})
 		return req.Model, req.Stream, err
 	})
 }
 
-func (q *Queen) postChatCompletions(w http.ResponseWriter, r *http.Request, c *call) error {
-	return q.serveInference(w, r, c, "/v1/chat/completions", func(body []byte) (string, bool, error) {
+func (s *Service) postChatCompletions(w http.ResponseWriter, r *http.Request, c *call) error {
+	return s.serveInference(w, r, c, "/v1/chat/completions", func(body []byte) (string, bool, error) {
 		req, err := openai.DecodeChatCompletionRequest(body, openai.Limits{})
 		return req.Model, req.Stream, err
 	})
@@ -248,9 +241,9 @@ func (q *Queen) postChatCompletions(w http.ResponseWriter, r *http.Request, c *c
 // serveInference checks a request (the body is decoded and validated as
 // the worker would, so that a bad one gets its 400 without a worker) and
 // relays it as it came to a worker of its model.
-func (q *Queen) serveInference(w http.ResponseWriter, r *http.Request, c *call, path string,
+func (s *Service) serveInference(w http.ResponseWriter, r *http.Request, c *call, path string,
 	decode func([]byte) (model string, stream bool, err error)) error {
-	body, err := openai.ReadBody(w, r, q.cfg.MaxBodyBytes)
+	body, err := openai.ReadBody(w, r, s.cfg.MaxBodyBytes)
 	if err != nil {
 		return err
 	}
@@ -262,31 +255,31 @@ func (q *Queen) serveInference(w http.ResponseWriter, r *http.Request, c *call, 
 		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeMissingParameter, Param: "model",
 			Message: "model is required: name the model to run (see GET /v1/models)", Err: openai.ErrInvalidRequest}
 	}
-	session := r.Header.Get(SessionHeader)
+	session := r.Header.Get(api.SessionHeader)
 	if len(session) > maxSessionLen || (session != "" && !printable(session)) {
-		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: SessionHeader,
-			Message: fmt.Sprintf("%s must be printable text of at most %d bytes", SessionHeader, maxSessionLen), Err: openai.ErrInvalidRequest}
+		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: api.SessionHeader,
+			Message: fmt.Sprintf("%s must be printable text of at most %d bytes", api.SessionHeader, maxSessionLen), Err: openai.ErrInvalidRequest}
 	}
 	pool := r.Header.Get(api.PoolHeader)
 	if pool != "" {
-		if err := q.usablePool(pool); err != nil {
+		if err := s.usablePool(pool); err != nil {
 			return err
 		}
 	}
-	if err := q.knownModel(r.Context(), model, pool); err != nil {
+	if err := s.knownModel(r.Context(), model, pool); err != nil {
 		return err
 	}
 	c.model = model
-	return q.relay(w, r, relayReq{model: model, pool: pool, path: path, body: body, stream: stream, session: session, start: c.start})
+	return s.relay(w, r, relayReq{model: model, pool: pool, path: path, body: body, stream: stream, session: session, start: c.start})
 }
 
 // knownPool returns the registered pool id (from X-Apiary-Pool) names.
-func (q *Queen) knownPool(id string) (registry.Pool, error) {
+func (s *Service) knownPool(id string) (registry.Pool, error) {
 	if len(id) > maxSessionLen || !printable(id) {
 		return registry.Pool{}, &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: api.PoolHeader,
 			Message: fmt.Sprintf("%s must be a pool id (a node name) of at most %d bytes", api.PoolHeader, maxSessionLen), Err: openai.ErrInvalidRequest}
 	}
-	p, ok := q.reg.Get(id)
+	p, ok := s.cp.Pool(id)
 	if !ok {
 		return registry.Pool{}, &openai.Error{Status: http.StatusNotFound, Code: "pool_not_found", Param: api.PoolHeader,
 			Message: fmt.Sprintf("no pool %q is registered (%s pins a request to one pool; see apiary pools)", id, api.PoolHeader)}
@@ -297,8 +290,8 @@ func (q *Queen) knownPool(id string) (registry.Pool, error) {
 // usablePool checks the pool a request is pinned to (X-Apiary-Pool): it
 // must be registered and healthy, or the request is answered at once
 // rather than queued for a pool that cannot serve it.
-func (q *Queen) usablePool(id string) error {
-	p, err := q.knownPool(id)
+func (s *Service) usablePool(id string) error {
+	p, err := s.knownPool(id)
 	if err != nil {
 		return err
 	}

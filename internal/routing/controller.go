@@ -1,4 +1,4 @@
-package queen
+package routing
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
 )
@@ -37,8 +38,6 @@ type modelDemand struct {
 	// pool, every hive refused, or the placed worker failed to start).
 	LastFailure string
 }
-
-func (m modelDemand) target() target { return target{m.Model, m.Pool} }
 
 // placeOrder asks for one more worker of Model (on Pool, when it names
 // one).
@@ -169,13 +168,13 @@ type placeResult struct {
 // never serves a request. One goroutine (run) owns its state; placements
 // run on goroutines run starts and waits for.
 type controller struct {
-	q    *Queen
+	s    *Service
 	log  *slog.Logger
 	wake chan struct{}
 }
 
-func newController(q *Queen) *controller {
-	return &controller{q: q, log: q.cfg.Logger.With("component", "controller"), wake: make(chan struct{}, 1)}
+func newController(s *Service) *controller {
+	return &controller{s: s, log: s.cfg.Logger.With("component", "controller"), wake: make(chan struct{}, 1)}
 }
 
 // signal asks the controller to look at the demand; it never blocks.
@@ -199,7 +198,7 @@ func (c *controller) run(ctx context.Context) {
 		}
 		return targets[t]
 	}
-	rt := c.q.routing
+	rt := c.s
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -247,10 +246,6 @@ func (c *controller) run(ctx context.Context) {
 		rt.m.rounds.Inc()
 		// Workers on pools that are not healthy (drained, silent) take no
 		// requests: they do not count against the model's max workers.
-		healthy := func(pool string) bool {
-			p, ok := c.q.reg.Get(pool)
-			return ok && p.Status == registry.Healthy
-		}
 		pending := map[string]int{} // by model, every target
 		for t, st := range targets {
 			pending[t.model] += st.pending
@@ -260,14 +255,14 @@ func (c *controller) run(ctx context.Context) {
 		var models map[string]map[string]api.Model
 		for _, s := range stats {
 			st := state(s.target)
-			n := c.q.rows.targetCounts(s.target, healthy)
+			n := c.s.counts(s.target, true)
 			all := n
 			if s.target.pool != "" {
-				all = c.q.rows.targetCounts(target{model: s.target.model}, healthy)
+				all = c.s.counts(target{model: s.target.model}, true)
 			}
 			m := modelDemand{Model: s.target.model, Pool: s.target.pool, Queued: s.queued, OldestWait: now.Sub(s.oldest),
-				Live: n.live() + st.pending, Starting: n.starting + st.pending, Routable: len(rt.router.source(s.target)),
-				ModelLive: all.live() + pending[s.target.model], MaxWorkers: c.q.cfg.Routing.maxWorkers(s.target.model),
+				Live: n.Live() + st.pending, Starting: n.Starting + st.pending, Routable: len(rt.router.source(s.target)),
+				ModelLive: all.Live() + pending[s.target.model], MaxWorkers: c.s.cfg.maxWorkers(s.target.model),
 				RetryAt: later(st.coldRetry, st.failRetry), LastFailure: st.lastFailure}
 			if s.target.pool == "" {
 				m.Live = m.ModelLive
@@ -275,16 +270,16 @@ func (c *controller) run(ctx context.Context) {
 			if m.Live == 0 && m.Routable == 0 && m.MaxWorkers > 0 {
 				// Nothing serves or starts: can a worker be placed at all?
 				if pools == nil {
-					pools, models = c.q.reg.Query(registry.Filter{}), rt.catalog.snapshot()
+					pools, models = c.s.cp.Pools(registry.Filter{}), rt.catalog.snapshot()
 				}
 				req := PlaceRequest{Model: m.Model, Pool: m.Pool, Models: models}
-				if err := unplaceable(c.q.cfg.Placer, pools, req); err != nil {
+				if err := unplaceable(c.s.cfg.Placer, pools, req); err != nil {
 					m.NoPlace = err.Error()
 					if m.NoPlace != st.noPlace {
 						// Audited once per reason (again after
 						// noPlaceAuditEvery), not once per request.
 						st.noPlace, st.noPlaceAt = m.NoPlace, now
-						wg.Go(func() { c.q.placeFailed(ctx, req, err) })
+						wg.Go(func() { c.s.placeFailed(ctx, req, err) })
 					}
 				}
 			}
@@ -294,7 +289,7 @@ func (c *controller) run(ctx context.Context) {
 			a, b := demand[i], demand[j]
 			return a.Model < b.Model || (a.Model == b.Model && a.Pool < b.Pool)
 		})
-		dec := decideScale(now, demand, c.q.cfg.Routing.ScaleUpAfter)
+		dec := decideScale(now, demand, c.s.cfg.ScaleUpAfter)
 		for _, r := range dec.Refuse {
 			if n := rt.router.fail(target{r.Model, r.Pool}, &capacityError{why: r.Why, retryAfter: r.RetryAfter}); n > 0 {
 				c.log.Warn("no worker can serve the waiting requests; refused", "model_ref", r.Model, "pool_id", r.Pool, "refused", n, "why", r.Why)
@@ -355,14 +350,14 @@ func (p *placing) failed(now time.Time, why string) {
 func (c *controller) followPlaced(ctx context.Context, t target, st *placing) {
 	kept := st.placed[:0]
 	for _, id := range st.placed {
-		row, err := c.q.rows.get(ctx, id)
+		row, err := c.s.cp.Row(ctx, id)
 		switch {
 		case err != nil:
 			c.log.Warn("cannot read a row placed on demand", "lifecycle_id", id, "err", err)
-		case row.Status == rowStarting:
+		case row.Status == lifecycle.StatusStarting:
 			kept = append(kept, id)
-		case row.Status == rowRunning:
-		case row.Status == rowFailed:
+		case row.Status == lifecycle.StatusRunning:
+		case row.Status == lifecycle.StatusFailed:
 			st.failed(time.Now(), fmt.Sprintf("the worker placed for %s (%s on pool %s) failed to start: %s", t, id, row.PoolID, row.Reason))
 		default:
 			st.failed(time.Now(), fmt.Sprintf("the worker placed for %s (%s on pool %s) was stopped before it was ready: %s", t, id, row.PoolID, row.Reason))
@@ -386,59 +381,58 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 	start := time.Now()
 	exclude := map[string]string{}
 	for {
-		d, err := c.q.decide(ctx, PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude})
+		d, err := c.s.Place(ctx, PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude})
 		if err != nil {
-			c.q.routing.m.placements.WithLabelValues(o.Model, "failed").Inc()
+			c.s.m.placements.WithLabelValues(o.Model, "failed").Inc()
 			return placeResult{target: o.target(), err: err}
 		}
 		gpu := d.GPU
-		row, err := c.q.StartWorker(ctx, StartRequest{Model: o.Model, PoolID: d.Pool.ID, GPU: &gpu, Reason: o.Reason,
-			Actor: registry.ActorQueen, Owner: OwnerQueen, Meta: map[string]any{"placement": d.auditMeta(), "demand": o.Kind}})
-		var he *HiveError
+		row, err := c.s.cp.StartWorker(ctx, Start{Model: o.Model, Pool: d.Pool.ID, GPU: gpu, Reason: o.Reason,
+			Meta: map[string]any{"placement": d.AuditMeta(), "demand": o.Kind}})
+		var refused *StartRefused
 		switch {
 		case err == nil:
-			c.q.routing.m.placements.WithLabelValues(o.Model, "started").Inc()
+			c.s.m.placements.WithLabelValues(o.Model, "started").Inc()
 			c.log.Info("worker placed on demand", "model_ref", o.Model, "kind", o.Kind, "pool_id", d.Pool.ID, "gpu_device", gpu,
 				"lifecycle_id", row.ID, "duration_ms", time.Since(start).Milliseconds())
 			return placeResult{target: o.target(), row: row}
 		case ctx.Err() != nil:
 			return placeResult{target: o.target(), err: err}
-		case errors.As(err, &he):
-			exclude[d.Pool.ID] = fmt.Sprintf("its hive refused the start: %s %s", he.Code, he.Message)
-		case errors.Is(err, ErrHiveUnreachable), errors.Is(err, ErrPoolUnavailable):
-			exclude[d.Pool.ID] = "its hive did not answer the start: " + err.Error()
+		case errors.As(err, &refused):
+			exclude[d.Pool.ID] = refused.Why
 		default:
-			c.q.routing.m.placements.WithLabelValues(o.Model, "failed").Inc()
+			c.s.m.placements.WithLabelValues(o.Model, "failed").Inc()
 			return placeResult{target: o.target(), err: err}
 		}
 		c.log.Warn("placement refused; placing again without the pool", "model_ref", o.Model, "pool_id", d.Pool.ID, "err", err)
 	}
 }
 
-// decide places a worker of req.Model: the catalog is brought up to date
+// Place places a worker of req.Model: the catalog is brought up to date
 // for it, then the Placer decides (req.Models is filled in here). A
-// placement that finds no pool is audited with every pool's reason.
-func (q *Queen) decide(ctx context.Context, req PlaceRequest) (Decision, error) {
-	pools := q.reg.Query(registry.Filter{})
+// placement that finds no pool is audited with every pool's reason. The
+// queen places an operator's start without a pool with it.
+func (s *Service) Place(ctx context.Context, req PlaceRequest) (Decision, error) {
+	pools := s.cp.Pools(registry.Filter{})
 	var healthy []registry.Pool
 	for _, p := range pools {
 		if p.Status == registry.Healthy && (req.Pool == "" || p.ID == req.Pool) {
 			healthy = append(healthy, p)
 		}
 	}
-	q.routing.catalog.ensure(ctx, healthy, req.Model)
-	req.Models = q.routing.catalog.snapshot()
-	d, err := q.cfg.Placer.Place(pools, req)
+	s.catalog.ensure(ctx, healthy, req.Model)
+	req.Models = s.catalog.snapshot()
+	d, err := s.cfg.Placer.Place(pools, req)
 	if err == nil {
 		return d, nil
 	}
-	q.placeFailed(ctx, req, err)
+	s.placeFailed(ctx, req, err)
 	return Decision{}, err
 }
 
 // placeFailed audits (worker.place_failed) and logs a placement that
 // found no pool, with every pool's reason.
-func (q *Queen) placeFailed(ctx context.Context, req PlaceRequest, err error) {
+func (s *Service) placeFailed(ctx context.Context, req PlaceRequest, err error) {
 	meta := map[string]any{"model_ref": req.Model, "rejected": rejectedMeta(placementRejections(err))}
 	if req.GPU != nil {
 		meta["gpu_device"] = *req.GPU
@@ -446,14 +440,7 @@ func (q *Queen) placeFailed(ctx context.Context, req PlaceRequest, err error) {
 	if req.Pool != "" {
 		meta["pool_id"] = req.Pool
 	}
-	aerr := q.st.Update(context.WithoutCancel(ctx), func(tx *store.Tx) error {
-		_, err := tx.Append(store.AuditEntry{Actor: registry.ActorQueen, Action: "worker.place_failed", Target: "model:" + req.Model,
-			Reason: err.Error(), Metadata: meta})
-		return err
-	})
-	if aerr != nil {
-		q.metrics.storeErrors.Inc()
-		q.log.Error("cannot audit a failed placement", "model_ref", req.Model, "err", aerr)
-	}
-	q.log.Warn("placement found no pool", "model_ref", req.Model, "pool_id", req.Pool, "err", err)
+	s.cp.Audit(context.WithoutCancel(ctx), store.AuditEntry{Actor: registry.ActorQueen, Action: "worker.place_failed",
+		Target: "model:" + req.Model, Reason: err.Error(), Metadata: meta})
+	s.log.Warn("placement found no pool", "model_ref", req.Model, "pool_id", req.Pool, "err", err)
 }

@@ -1,4 +1,4 @@
-package queen
+package routing
 
 import (
 	"errors"

@@ -1,14 +1,9 @@
-package queen
+package routing
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"log/slog"
 	"maps"
-	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,35 +17,6 @@ import (
 // may start there. The HTTP HiveClient implements it.
 type HiveModels interface {
 	Models(ctx context.Context, endpoint string) ([]api.Model, error)
-}
-
-// Models implements HiveModels.
-func (c *httpHiveClient) Models(ctx context.Context, endpoint string) ([]api.Model, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(endpoint, "/")+"/v2/models", nil)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHiveUnreachable, err)
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%w: GET %s/v2/models: %w", ErrHiveUnreachable, endpoint, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return nil, fmt.Errorf("%w: GET %s/v2/models: %w", ErrHiveUnreachable, endpoint, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		d := api.RemoteError(resp.StatusCode, data)
-		return nil, &HiveError{Status: resp.StatusCode, Code: d.Code, Message: d.Message}
-	}
-	var list api.ModelList
-	if err := json.Unmarshal(data, &list); err != nil {
-		return nil, fmt.Errorf("%w: GET %s/v2/models: bad answer: %w", ErrHiveUnreachable, endpoint, err)
-	}
-	return list.Models, nil
 }
 
 // catalogRetry is the least time between two reads of one hive's list on
@@ -270,7 +236,7 @@ func (c *catalog) store(r read, list []api.Model, err error) {
 	}
 	models := make(map[string]api.Model, len(list))
 	for _, m := range list {
-		if checkModel(m.Ref) == nil {
+		if api.CheckModel(m.Ref) == nil {
 			models[m.Ref] = m
 		}
 	}

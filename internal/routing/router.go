@@ -1,4 +1,4 @@
-package queen
+package routing
 
 import (
 	"context"
@@ -12,11 +12,13 @@ import (
 
 // Routing errors; route.go maps each to its OpenAI error once.
 var (
-	ErrModelNotFound = errors.New("queen: no pool has the model")
-	ErrQueueFull     = errors.New("queen: queue full")
-	ErrQueueTimeout  = errors.New("queen: no worker within the queue timeout")
-	ErrNoCapacity    = errors.New("queen: no worker can be placed")
-	ErrUpstream      = errors.New("queen: worker failed")
+	ErrModelNotFound = errors.New("no pool has the model")
+	ErrQueueFull     = errors.New("queue full")
+	ErrQueueTimeout  = errors.New("no worker within the queue timeout")
+	ErrNoCapacity    = errors.New("no worker can be placed")
+	ErrUpstream      = errors.New("worker failed")
+	ErrShuttingDown  = errors.New("shutting down")
+	ErrNoPool        = errors.New("no healthy pool")
 )
 
 // capacityError refuses a request for want of capacity (ErrNoCapacity):
@@ -29,15 +31,19 @@ type capacityError struct {
 func (e *capacityError) Error() string { return ErrNoCapacity.Error() + ": " + e.why }
 func (e *capacityError) Unwrap() error { return ErrNoCapacity }
 
-// candidate is a worker that may take a request of its model: serving
+// Candidate is a worker that may take a request of its model: serving
 // (ready or busy), in a healthy pool, with a RUNNING lifecycle row.
-type candidate struct {
-	key         workerKey
-	lifecycleID string
-	uri         string
-	token       string // the worker's own bearer token
-	reported    int    // in_flight as the hive last reported it
+type Candidate struct {
+	Key         WorkerKey
+	LifecycleID string
+	URI         string
+	Token       string // the worker's own bearer token
+	Reported    int    // in_flight as the hive last reported it
 }
+
+// WorkerKey names a worker as its hive does: its pool and the hive's id
+// of it.
+type WorkerKey struct{ Pool, Worker string }
 
 // pickResult is a routing decision.
 type pickResult struct {
@@ -52,11 +58,11 @@ type pickResult struct {
 // candidate with the fewest requests in flight from the queen (then the
 // fewest the hive reported, then the smallest key) that has a free slot.
 // Excluded candidates (tried already by this request) are skipped.
-func pick(cands []candidate, inflight map[workerKey]int, slots int, pin *workerKey, exclude map[workerKey]bool) pickResult {
+func pick(cands []Candidate, inflight map[WorkerKey]int, slots int, pin *WorkerKey, exclude map[WorkerKey]bool) pickResult {
 	if pin != nil && !exclude[*pin] {
 		for i, c := range cands {
-			if c.key == *pin {
-				if inflight[c.key] < slots {
+			if c.Key == *pin {
+				if inflight[c.Key] < slots {
 					return pickResult{index: i, pinned: true}
 				}
 				return pickResult{index: -1, pinned: true}
@@ -65,7 +71,7 @@ func pick(cands []candidate, inflight map[workerKey]int, slots int, pin *workerK
 	}
 	best := -1
 	for i, c := range cands {
-		if exclude[c.key] || inflight[c.key] >= slots {
+		if exclude[c.Key] || inflight[c.Key] >= slots {
 			continue
 		}
 		if best < 0 || less(c, cands[best], inflight) {
@@ -75,17 +81,17 @@ func pick(cands []candidate, inflight map[workerKey]int, slots int, pin *workerK
 	return pickResult{index: best}
 }
 
-func less(a, b candidate, inflight map[workerKey]int) bool {
-	if ia, ib := inflight[a.key], inflight[b.key]; ia != ib {
+func less(a, b Candidate, inflight map[WorkerKey]int) bool {
+	if ia, ib := inflight[a.Key], inflight[b.Key]; ia != ib {
 		return ia < ib
 	}
-	if a.reported != b.reported {
-		return a.reported < b.reported
+	if a.Reported != b.Reported {
+		return a.Reported < b.Reported
 	}
-	if a.key.pool != b.key.pool {
-		return a.key.pool < b.key.pool
+	if a.Key.Pool != b.Key.Pool {
+		return a.Key.Pool < b.Key.Pool
 	}
-	return a.key.worker < b.key.worker
+	return a.Key.Worker < b.Key.Worker
 }
 
 // target is what a request asks for: a worker of model, on pool when it
@@ -106,7 +112,7 @@ func (t target) String() string {
 // lease is a slot on a worker held by one request until release.
 type lease struct {
 	model  string
-	cand   candidate
+	cand   Candidate
 	pinned bool          // served by the session's pinned worker
 	waited time.Duration // in the queue
 }
@@ -116,7 +122,7 @@ type routeReq struct {
 	model   string
 	pool    string // "": any pool
 	session string
-	exclude map[workerKey]bool // workers this request already failed on
+	exclude map[WorkerKey]bool // workers this request already failed on
 	retry   bool               // a retry goes to the front of the queue
 }
 
@@ -144,23 +150,23 @@ const brokenFor = time.Minute
 // every decision is pick's. It never starts workers: a waiting request
 // only signals demand, and the controller decides.
 type router struct {
-	cfg    RoutingConfig
+	cfg    Config
 	log    *slog.Logger
-	source func(target) []candidate // serving workers of a target, now
+	source func(target) []Candidate // serving workers of a target, now
 	aff    *affinity
 	m      *routeMetrics
 	demand func() // wakes the controller
 
 	mu       sync.Mutex
-	inflight map[workerKey]int       // guarded by mu
-	broken   map[workerKey]time.Time // guarded by mu; until when
+	inflight map[WorkerKey]int       // guarded by mu
+	broken   map[WorkerKey]time.Time // guarded by mu; until when
 	queues   map[target][]*waiter    // guarded by mu; FIFO by target
 	closed   bool                    // guarded by mu
 }
 
-func newRouter(cfg RoutingConfig, log *slog.Logger, source func(target) []candidate, aff *affinity, m *routeMetrics, demand func()) *router {
+func newRouter(cfg Config, log *slog.Logger, source func(target) []Candidate, aff *affinity, m *routeMetrics, demand func()) *router {
 	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
-		inflight: map[workerKey]int{}, broken: map[workerKey]time.Time{}, queues: map[target][]*waiter{}}
+		inflight: map[WorkerKey]int{}, broken: map[WorkerKey]time.Time{}, queues: map[target][]*waiter{}}
 }
 
 // acquire returns a lease on a worker of req.model: at once when one has a
@@ -244,8 +250,8 @@ func (r *router) acquire(ctx context.Context, req routeReq) (lease, error) {
 }
 
 // tryLocked gives req a free slot now if pick finds one.
-func (r *router) tryLocked(req routeReq, cands []candidate, since, now time.Time) (lease, bool) {
-	var pin *workerKey
+func (r *router) tryLocked(req routeReq, cands []Candidate, since, now time.Time) (lease, bool) {
+	var pin *WorkerKey
 	if req.session != "" {
 		if k, ok := r.aff.get(req.model, req.session, now); ok {
 			pin = &k
@@ -256,16 +262,16 @@ func (r *router) tryLocked(req routeReq, cands []candidate, since, now time.Time
 		return lease{}, false
 	}
 	c := cands[res.index]
-	r.inflight[c.key]++
+	r.inflight[c.Key]++
 	if req.session != "" {
-		r.aff.set(req.model, req.session, c.key, now)
+		r.aff.set(req.model, req.session, c.Key, now)
 	}
 	return lease{model: req.model, cand: c, pinned: res.pinned, waited: now.Sub(since)}, true
 }
 
 // dispatchLocked gives free slots to the target's waiters, oldest first
 // (a waiter pinned to a full worker lets the ones behind it pass).
-func (r *router) dispatchLocked(t target, cands []candidate, now time.Time) {
+func (r *router) dispatchLocked(t target, cands []Candidate, now time.Time) {
 	q := r.queues[t]
 	if len(q) == 0 {
 		return
@@ -316,13 +322,13 @@ func (r *router) removeLocked(w *waiter) bool {
 }
 
 // usableLocked drops the workers that broke a connection lately.
-func (r *router) usableLocked(cands []candidate, now time.Time) []candidate {
+func (r *router) usableLocked(cands []Candidate, now time.Time) []Candidate {
 	if len(r.broken) == 0 {
 		return cands
 	}
 	out := cands[:0:0]
 	for _, c := range cands {
-		if until, ok := r.broken[c.key]; ok && now.Before(until) {
+		if until, ok := r.broken[c.Key]; ok && now.Before(until) {
 			continue
 		}
 		out = append(out, c)
@@ -337,13 +343,13 @@ func (r *router) usableLocked(cands []candidate, now time.Time) []candidate {
 // is freed and the queues read in one critical section, so a request
 // that queues meanwhile dispatches itself).
 func (r *router) release(l lease, broken bool) {
-	targets := [2]target{{l.model, ""}, {l.model, l.cand.key.pool}}
+	targets := [2]target{{l.model, ""}, {l.model, l.cand.Key.Pool}}
 	now := time.Now()
 	r.mu.Lock()
-	if n := r.inflight[l.cand.key] - 1; n > 0 {
-		r.inflight[l.cand.key] = n
+	if n := r.inflight[l.cand.Key] - 1; n > 0 {
+		r.inflight[l.cand.Key] = n
 	} else {
-		delete(r.inflight, l.cand.key)
+		delete(r.inflight, l.cand.Key)
 	}
 	if broken {
 		for k, until := range r.broken {
@@ -351,8 +357,8 @@ func (r *router) release(l lease, broken bool) {
 				delete(r.broken, k)
 			}
 		}
-		r.broken[l.cand.key] = now.Add(brokenFor)
-		r.aff.forget(l.cand.key)
+		r.broken[l.cand.Key] = now.Add(brokenFor)
+		r.aff.forget(l.cand.Key)
 	}
 	waiting := [2]bool{len(r.queues[targets[0]]) > 0, len(r.queues[targets[1]]) > 0}
 	r.mu.Unlock()
@@ -433,17 +439,17 @@ func (r *router) close() {
 }
 
 // inFlight is the number of requests the queen has on each worker.
-func (r *router) inFlight() map[workerKey]int {
+func (r *router) inFlight() map[WorkerKey]int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[workerKey]int, len(r.inflight))
+	out := make(map[WorkerKey]int, len(r.inflight))
 	for k, n := range r.inflight {
 		out[k] = n
 	}
 	return out
 }
 
-func (k workerKey) String() string { return k.pool + "/" + k.worker }
+func (k WorkerKey) String() string { return k.Pool + "/" + k.Worker }
 
 // sessionKey joins a model and a session id for the affinity table: a
 // worker serves one model, so a session is pinned per model.

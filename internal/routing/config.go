@@ -1,10 +1,15 @@
-package queen
+package routing
 
 import (
+	"log/slog"
+
 	"errors"
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Routing defaults (the contract's --affinity-ttl, and apiary's own).
@@ -16,6 +21,10 @@ const (
 	DefaultMaxWorkers    = 1
 	DefaultWorkerSlots   = 1
 	DefaultModelsRefresh = 30 * time.Second
+	DefaultMaxBodyBytes  = 1 << 20
+	DefaultHiveTimeout   = 30 * time.Second
+	// catalogTimeout bounds one read of a hive's model list.
+	catalogTimeout = 5 * time.Second
 	// maxAttempts bounds the workers one request is tried on (retries
 	// happen only before its first byte reached the client).
 	maxAttempts = 3
@@ -24,9 +33,9 @@ const (
 	maxSessions = 100_000
 )
 
-// RoutingConfig is how the queen routes inference and turns demand into
+// Config is how the queen routes inference and turns demand into
 // workers. Zero fields take the defaults above.
-type RoutingConfig struct {
+type Config struct {
 	// AffinityTTL is how long an X-Session-Id stays pinned to its worker
 	// after its last request (--affinity-ttl).
 	AffinityTTL time.Duration
@@ -55,9 +64,27 @@ type RoutingConfig struct {
 	// (--models-refresh); a request for a model no list has re-reads them
 	// at once.
 	ModelsRefresh time.Duration
+
+	// What routing is wired to; set by the queen.
+
+	// APIToken guards the OpenAI endpoints ("": open).
+	APIToken string
+	// CORSOrigins are the browser origins allowed (see transport.CORS).
+	CORSOrigins []string
+	// MaxBodyBytes bounds a request body.
+	MaxBodyBytes int64
+	// Models reads a hive's model list; HiveTimeout bounds one read.
+	Models      HiveModels
+	HiveTimeout time.Duration
+	// Placer picks a pool for a worker placed on demand; default
+	// MostFreeMemory.
+	Placer  Placer
+	Metrics prometheus.Registerer // default: a registry of its own
+	Logger  *slog.Logger          // default slog.Default()
 }
 
-func (c RoutingConfig) withDefaults() RoutingConfig {
+// WithDefaults fills the zero fields with the defaults above.
+func (c Config) WithDefaults() Config {
 	set := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
@@ -76,11 +103,24 @@ func (c RoutingConfig) withDefaults() RoutingConfig {
 	if c.WorkerSlots == 0 {
 		c.WorkerSlots = DefaultWorkerSlots
 	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	set(&c.HiveTimeout, DefaultHiveTimeout)
+	if c.Placer == nil {
+		c.Placer = MostFreeMemory{}
+	}
+	if c.Metrics == nil {
+		c.Metrics = prometheus.NewRegistry()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	return c
 }
 
 // Validate reports every problem with c (after defaults).
-func (c RoutingConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	for _, d := range []struct {
 		name string
@@ -99,13 +139,14 @@ func (c RoutingConfig) Validate() error {
 	if c.WorkerSlots < 1 {
 		errs = append(errs, fmt.Errorf("--worker-slots must be at least 1, got %d", c.WorkerSlots))
 	}
+
 	models := make([]string, 0, len(c.ModelMaxWorkers))
 	for m := range c.ModelMaxWorkers {
 		models = append(models, m)
 	}
 	sort.Strings(models)
 	for _, m := range models {
-		if err := checkModel(m); err != nil {
+		if err := api.CheckModel(m); err != nil {
 			errs = append(errs, fmt.Errorf("--model-max-workers: %w", err))
 		}
 		if n := c.ModelMaxWorkers[m]; n < 0 {
@@ -116,7 +157,7 @@ func (c RoutingConfig) Validate() error {
 }
 
 // maxWorkers is model's bound on live workers.
-func (c RoutingConfig) maxWorkers(model string) int {
+func (c Config) maxWorkers(model string) int {
 	if n, ok := c.ModelMaxWorkers[model]; ok {
 		return n
 	}

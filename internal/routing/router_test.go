@@ -1,4 +1,4 @@
-package queen
+package routing
 
 import (
 	"context"
@@ -15,25 +15,25 @@ import (
 )
 
 func TestPick(t *testing.T) {
-	a, b, c := workerKey{"p1", "a"}, workerKey{"p1", "b"}, workerKey{"p2", "c"}
-	cands := []candidate{{key: a, reported: 3}, {key: b, reported: 0}, {key: c}}
+	a, b, c := WorkerKey{"p1", "a"}, WorkerKey{"p1", "b"}, WorkerKey{"p2", "c"}
+	cands := []Candidate{{Key: a, Reported: 3}, {Key: b, Reported: 0}, {Key: c}}
 	for _, tc := range []struct {
 		name     string
-		inflight map[workerKey]int
+		inflight map[WorkerKey]int
 		slots    int
-		pin      *workerKey
-		exclude  map[workerKey]bool
+		pin      *WorkerKey
+		exclude  map[WorkerKey]bool
 		want     pickResult
 	}{
 		{name: "fewest in flight, then fewest reported, then key", slots: 1, want: pickResult{index: 1}},
-		{name: "fewest in flight from the queen first", slots: 4, inflight: map[workerKey]int{b: 2, c: 1}, want: pickResult{index: 0}},
-		{name: "full workers are skipped", slots: 1, inflight: map[workerKey]int{a: 1, b: 1}, want: pickResult{index: 2}},
-		{name: "all full", slots: 1, inflight: map[workerKey]int{a: 1, b: 1, c: 1}, want: pickResult{index: -1}},
-		{name: "excluded workers are skipped", slots: 1, exclude: map[workerKey]bool{b: true}, want: pickResult{index: 2}},
-		{name: "a pin to a live worker wins", slots: 2, pin: &c, inflight: map[workerKey]int{c: 1}, want: pickResult{index: 2, pinned: true}},
-		{name: "a pin to a full worker waits for it", slots: 1, pin: &c, inflight: map[workerKey]int{c: 1}, want: pickResult{index: -1, pinned: true}},
-		{name: "a pin to a gone worker is a miss", slots: 1, pin: &workerKey{"p9", "x"}, want: pickResult{index: 1}},
-		{name: "a pin to an excluded worker is a miss", slots: 1, pin: &b, exclude: map[workerKey]bool{b: true, c: true}, want: pickResult{index: 0}},
+		{name: "fewest in flight from the queen first", slots: 4, inflight: map[WorkerKey]int{b: 2, c: 1}, want: pickResult{index: 0}},
+		{name: "full workers are skipped", slots: 1, inflight: map[WorkerKey]int{a: 1, b: 1}, want: pickResult{index: 2}},
+		{name: "all full", slots: 1, inflight: map[WorkerKey]int{a: 1, b: 1, c: 1}, want: pickResult{index: -1}},
+		{name: "excluded workers are skipped", slots: 1, exclude: map[WorkerKey]bool{b: true}, want: pickResult{index: 2}},
+		{name: "a pin to a live worker wins", slots: 2, pin: &c, inflight: map[WorkerKey]int{c: 1}, want: pickResult{index: 2, pinned: true}},
+		{name: "a pin to a full worker waits for it", slots: 1, pin: &c, inflight: map[WorkerKey]int{c: 1}, want: pickResult{index: -1, pinned: true}},
+		{name: "a pin to a gone worker is a miss", slots: 1, pin: &WorkerKey{"p9", "x"}, want: pickResult{index: 1}},
+		{name: "a pin to an excluded worker is a miss", slots: 1, pin: &b, exclude: map[WorkerKey]bool{b: true, c: true}, want: pickResult{index: 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := pick(cands, tc.inflight, tc.slots, tc.pin, tc.exclude); got != tc.want {
@@ -164,20 +164,20 @@ type testRouter struct {
 	*router
 	reg    *prometheus.Registry
 	mu     sync.Mutex
-	cands  []candidate // guarded by mu
+	cands  []Candidate // guarded by mu
 	demand int         // guarded by mu
 }
 
-func newTestRouter(cfg RoutingConfig, cands ...candidate) *testRouter {
+func newTestRouter(cfg Config, cands ...Candidate) *testRouter {
 	tr := &testRouter{cands: cands, reg: prometheus.NewRegistry()}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	m := newRouteMetrics(tr.reg, func() int { return 0 })
-	tr.router = newRouter(cfg, slog.New(slog.DiscardHandler), func(t target) []candidate {
+	tr.router = newRouter(cfg, slog.New(slog.DiscardHandler), func(t target) []Candidate {
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
-		var out []candidate
+		var out []Candidate
 		for _, c := range tr.cands {
-			if t.pool == "" || c.key.pool == t.pool {
+			if t.pool == "" || c.Key.Pool == t.pool {
 				out = append(out, c)
 			}
 		}
@@ -190,7 +190,7 @@ func newTestRouter(cfg RoutingConfig, cands ...candidate) *testRouter {
 	return tr
 }
 
-func (tr *testRouter) set(cands ...candidate) {
+func (tr *testRouter) set(cands ...Candidate) {
 	tr.mu.Lock()
 	tr.cands = cands
 	tr.mu.Unlock()
@@ -208,13 +208,13 @@ func (tr *testRouter) acquireAsync(ctx context.Context, req routeReq) chan grant
 }
 
 func TestRouterQueue(t *testing.T) {
-	a, b := candidate{key: workerKey{"p", "a"}, uri: "http://a"}, candidate{key: workerKey{"p", "b"}, uri: "http://b"}
+	a, b := Candidate{Key: WorkerKey{"p", "a"}, URI: "http://a"}, Candidate{Key: WorkerKey{"p", "b"}, URI: "http://b"}
 	synctest.Test(t, func(t *testing.T) {
-		tr := newTestRouter(RoutingConfig{QueueSize: 2, QueueTimeout: 10 * time.Second}, a)
+		tr := newTestRouter(Config{QueueSize: 2, QueueTimeout: 10 * time.Second}, a)
 		ctx := t.Context()
 
 		l1, err := tr.acquire(ctx, routeReq{model: "m"})
-		if err != nil || l1.cand.key != a.key {
+		if err != nil || l1.cand.Key != a.Key {
 			t.Fatalf("first acquire: %+v %v", l1, err)
 		}
 		// a is full: the next two wait, in order; the third is refused.
@@ -231,16 +231,16 @@ func TestRouterQueue(t *testing.T) {
 		// A worker appears: the oldest waiter gets it.
 		tr.set(a, b)
 		g := <-w1
-		if g.err != nil || g.l.cand.key != b.key {
+		if g.err != nil || g.l.cand.Key != b.Key {
 			t.Fatalf("first waiter: %+v", g)
 		}
 		// a's slot comes back: the second waiter gets it.
 		tr.release(l1, false)
 		g = <-w2
-		if g.err != nil || g.l.cand.key != a.key {
+		if g.err != nil || g.l.cand.Key != a.Key {
 			t.Fatalf("second waiter: %+v", g)
 		}
-		if got := tr.inFlight(); got[a.key] != 1 || got[b.key] != 1 {
+		if got := tr.inFlight(); got[a.Key] != 1 || got[b.Key] != 1 {
 			t.Errorf("in flight %v", got)
 		}
 
@@ -262,12 +262,12 @@ func TestRouterQueue(t *testing.T) {
 		tr.release(lease{model: "m", cand: a}, true)
 		tr.release(lease{model: "m", cand: b}, false)
 		l, err := tr.acquire(ctx, routeReq{model: "m"})
-		if err != nil || l.cand.key != b.key {
+		if err != nil || l.cand.Key != b.Key {
 			t.Fatalf("after a broke: %+v %v", l, err)
 		}
 		tr.release(l, false)
 		time.Sleep(brokenFor)
-		if l, err := tr.acquire(ctx, routeReq{model: "m"}); err != nil || l.cand.key != a.key {
+		if l, err := tr.acquire(ctx, routeReq{model: "m"}); err != nil || l.cand.Key != a.Key {
 			t.Errorf("after brokenFor: %+v %v", l, err)
 		} else {
 			tr.release(l, false)
@@ -304,24 +304,24 @@ func TestRouterQueue(t *testing.T) {
 // A session is pinned to its worker: it waits for it while it is busy
 // (others pass it), and is served elsewhere once the worker is gone.
 func TestRouterAffinity(t *testing.T) {
-	a, b := candidate{key: workerKey{"p", "a"}}, candidate{key: workerKey{"p", "b"}}
+	a, b := Candidate{Key: WorkerKey{"p", "a"}}, Candidate{Key: WorkerKey{"p", "b"}}
 	synctest.Test(t, func(t *testing.T) {
-		tr := newTestRouter(RoutingConfig{AffinityTTL: time.Minute}, a, b)
+		tr := newTestRouter(Config{AffinityTTL: time.Minute}, a, b)
 		ctx := t.Context()
 		s1, err := tr.acquire(ctx, routeReq{model: "m", session: "s"})
-		if err != nil || s1.cand.key != a.key || s1.pinned {
+		if err != nil || s1.cand.Key != a.Key || s1.pinned {
 			t.Fatalf("first request of the session: %+v %v", s1, err)
 		}
 		// s's worker a is full: s waits for it, another request passes to b.
 		ws := tr.acquireAsync(ctx, routeReq{model: "m", session: "s"})
 		synctest.Wait()
 		other, err := tr.acquire(ctx, routeReq{model: "m"})
-		if err != nil || other.cand.key != b.key {
+		if err != nil || other.cand.Key != b.Key {
 			t.Fatalf("request without a session: %+v %v", other, err)
 		}
 		tr.release(s1, false)
 		g := <-ws
-		if g.err != nil || g.l.cand.key != a.key || !g.l.pinned {
+		if g.err != nil || g.l.cand.Key != a.Key || !g.l.pinned {
 			t.Fatalf("pinned request: %+v", g)
 		}
 		tr.release(g.l, false)
@@ -329,7 +329,7 @@ func TestRouterAffinity(t *testing.T) {
 
 		// The pin outlives requests by the TTL, then goes.
 		time.Sleep(59 * time.Second)
-		if k, ok := tr.aff.get("m", "s", time.Now()); !ok || k != a.key {
+		if k, ok := tr.aff.get("m", "s", time.Now()); !ok || k != a.Key {
 			t.Errorf("pin before the TTL: %v %v", k, ok)
 		}
 		time.Sleep(time.Second)
@@ -342,11 +342,11 @@ func TestRouterAffinity(t *testing.T) {
 		tr.release(l, false)
 		tr.set(b)
 		l, err = tr.acquire(ctx, routeReq{model: "m", session: "t"})
-		if err != nil || l.cand.key != b.key || l.pinned {
+		if err != nil || l.cand.Key != b.Key || l.pinned {
 			t.Fatalf("session of a gone worker: %+v %v", l, err)
 		}
 		tr.release(l, false)
-		if k, _ := tr.aff.get("m", "t", time.Now()); k != b.key {
+		if k, _ := tr.aff.get("m", "t", time.Now()); k != b.Key {
 			t.Errorf("session t pinned to %v, want b", k)
 		}
 	})
@@ -360,10 +360,10 @@ func TestAffinitySweep(t *testing.T) {
 		done := make(chan struct{})
 		go func() { aff.run(ctx); close(done) }()
 		now := time.Now()
-		aff.set("m", "s1", workerKey{"p", "a"}, now)
-		aff.set("m", "s2", workerKey{"p", "b"}, now.Add(30*time.Second))
-		aff.set("n", "s1", workerKey{"p", "c"}, now)
-		aff.set("m", "s4", workerKey{"p", "d"}, now) // over the limit: not pinned
+		aff.set("m", "s1", WorkerKey{"p", "a"}, now)
+		aff.set("m", "s2", WorkerKey{"p", "b"}, now.Add(30*time.Second))
+		aff.set("n", "s1", WorkerKey{"p", "c"}, now)
+		aff.set("m", "s4", WorkerKey{"p", "d"}, now) // over the limit: not pinned
 		if aff.size() != 3 {
 			t.Fatalf("%d pins, want 3 (the limit)", aff.size())
 		}
@@ -372,7 +372,7 @@ func TestAffinitySweep(t *testing.T) {
 		if aff.size() != 1 {
 			t.Errorf("%d pins after the first TTL, want 1", aff.size())
 		}
-		aff.forget(workerKey{"p", "b"})
+		aff.forget(WorkerKey{"p", "b"})
 		if aff.size() != 0 {
 			t.Errorf("%d pins after forget", aff.size())
 		}
@@ -421,12 +421,12 @@ func (tr *testRouter) metric(name, value string) *dto.Metric {
 // pool's workers: it waits for them while they are full (requests for any
 // pool pass it), and its queue is its own demand.
 func TestRouterPoolPinning(t *testing.T) {
-	a, c := candidate{key: workerKey{"p1", "a"}}, candidate{key: workerKey{"p2", "c"}}
+	a, c := Candidate{Key: WorkerKey{"p1", "a"}}, Candidate{Key: WorkerKey{"p2", "c"}}
 	synctest.Test(t, func(t *testing.T) {
-		tr := newTestRouter(RoutingConfig{QueueSize: 4, QueueTimeout: time.Minute}, a, c)
+		tr := newTestRouter(Config{QueueSize: 4, QueueTimeout: time.Minute}, a, c)
 		ctx := t.Context()
 		busy, err := tr.acquire(ctx, routeReq{model: "m", pool: "p2"})
-		if err != nil || busy.cand.key != c.key {
+		if err != nil || busy.cand.Key != c.Key {
 			t.Fatalf("pinned to p2: %+v %v", busy, err)
 		}
 		// c (p2's only worker) is full: a request pinned to p2 waits, one
@@ -434,7 +434,7 @@ func TestRouterPoolPinning(t *testing.T) {
 		pinned := tr.acquireAsync(ctx, routeReq{model: "m", pool: "p2"})
 		synctest.Wait()
 		free, err := tr.acquire(ctx, routeReq{model: "m"})
-		if err != nil || free.cand.key != a.key {
+		if err != nil || free.cand.Key != a.Key {
 			t.Fatalf("unpinned while p2 is full: %+v %v", free, err)
 		}
 		if stats := tr.queueStats(); len(stats) != 1 || stats[0].target != (target{"m", "p2"}) || stats[0].queued != 1 {
@@ -449,7 +449,7 @@ func TestRouterPoolPinning(t *testing.T) {
 		default:
 		}
 		tr.release(busy, false)
-		if g := <-pinned; g.err != nil || g.l.cand.key != c.key {
+		if g := <-pinned; g.err != nil || g.l.cand.Key != c.Key {
 			t.Fatalf("p2's waiter: %+v", g)
 		} else {
 			tr.release(g.l, false)
@@ -464,9 +464,9 @@ func TestRouterPoolPinning(t *testing.T) {
 		if got := tr.gauge("apiary_queen_queue_depth", "m"); got != 1 {
 			t.Errorf("queue depth of m: %v, want 1", got)
 		}
-		p3 := candidate{key: workerKey{"p3", "d"}}
+		p3 := Candidate{Key: WorkerKey{"p3", "d"}}
 		tr.set(a, c, p3)
-		if g := <-none; g.err != nil || g.l.cand.key != p3.key {
+		if g := <-none; g.err != nil || g.l.cand.Key != p3.Key {
 			t.Fatalf("p3's waiter: %+v", g)
 		}
 		if got := tr.gauge("apiary_queen_queue_depth", "m"); got != 0 {

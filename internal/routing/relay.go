@@ -1,4 +1,4 @@
-package queen
+package routing
 
 import (
 	"bufio"
@@ -14,7 +14,6 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
-	"github.com/apiary-llm/apiary/internal/registry"
 )
 
 // relayReq is a checked OpenAI request on its way to a worker.
@@ -47,10 +46,10 @@ type outcome struct {
 // connection, 5xx, a stream that breaks before its first event) is left
 // out and another is tried, up to maxAttempts; after it, a worker that
 // fails ends the stream with an error event.
-func (q *Queen) relay(w http.ResponseWriter, r *http.Request, rr relayReq) error {
-	rt := q.routing
+func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) error {
+	rt := s
 	ctx := r.Context()
-	exclude := map[workerKey]bool{}
+	exclude := map[WorkerKey]bool{}
 	var last error
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
 		l, err := rt.router.acquire(ctx, routeReq{model: rr.model, pool: rr.pool, session: rr.session, exclude: exclude, retry: attempt > 1})
@@ -70,47 +69,47 @@ func (q *Queen) relay(w http.ResponseWriter, r *http.Request, rr relayReq) error
 			}
 			rt.m.affinity.WithLabelValues(result).Inc()
 		}
-		w.Header().Set(WorkerHeader, l.cand.lifecycleID)
-		o := q.attempt(ctx, w, l, rr)
+		w.Header().Set(api.WorkerHeader, l.cand.LifecycleID)
+		o := s.attempt(ctx, w, l, rr)
 		rt.router.release(l, o.broken)
 		if o.broken {
-			q.suspect(l, o.err)
+			s.suspect(l, o.err)
 		}
 		if !o.retry {
 			return o.err
 		}
-		exclude[l.cand.key] = true
+		exclude[l.cand.Key] = true
 		last = o.err
 		reason := "worker_error"
 		if o.broken {
 			reason = "connection"
 		}
 		rt.m.retries.WithLabelValues(rr.model, reason).Inc()
-		q.log.Warn("worker failed before the first byte; trying another", "model_ref", rr.model, "lifecycle_id", l.cand.lifecycleID,
+		s.log.Warn("worker failed before the first byte; trying another", "model_ref", rr.model, "lifecycle_id", l.cand.LifecycleID,
 			"attempt", attempt, "err", o.err)
 	}
 	return fmt.Errorf("%w: %d workers failed: %w", ErrUpstream, maxAttempts, last)
 }
 
 // attempt sends rr to the leased worker and relays its answer.
-func (q *Queen) attempt(ctx context.Context, w http.ResponseWriter, l lease, rr relayReq) outcome {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(l.cand.uri, "/")+rr.path, bytes.NewReader(rr.body))
+func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, rr relayReq) outcome {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(l.cand.URI, "/")+rr.path, bytes.NewReader(rr.body))
 	if err != nil {
 		return outcome{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if l.cand.token != "" {
-		req.Header.Set("Authorization", "Bearer "+l.cand.token)
+	if l.cand.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+l.cand.Token)
 	}
 	if rr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
-	resp, err := q.routing.up.Do(req)
+	resp, err := s.up.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return outcome{err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
 		}
-		return outcome{retry: true, broken: true, err: fmt.Errorf("worker %s: %w", l.cand.lifecycleID, err)}
+		return outcome{retry: true, broken: true, err: fmt.Errorf("worker %s: %w", l.cand.LifecycleID, err)}
 	}
 	defer resp.Body.Close()
 	switch {
@@ -124,17 +123,17 @@ func (q *Queen) attempt(ctx context.Context, w http.ResponseWriter, l lease, rr 
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		oe, ok := clientError(resp.StatusCode, data)
 		if !ok {
-			return outcome{retry: true, err: fmt.Errorf("worker %s answered %s without an OpenAI error", l.cand.lifecycleID, resp.Status)}
+			return outcome{retry: true, err: fmt.Errorf("worker %s answered %s without an OpenAI error", l.cand.LifecycleID, resp.Status)}
 		}
 		openai.WriteError(w, oe)
 		return outcome{started: true}
 	case rr.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
-		return q.relayStream(ctx, w, resp, l, rr)
+		return s.relayStream(ctx, w, resp, l, rr)
 	case strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json"):
-		return q.copyAnswer(w, resp)
+		return s.copyAnswer(w, resp)
 	default:
 		return outcome{retry: true, err: fmt.Errorf("worker %s answered 200 with Content-Type %q, not an OpenAI answer",
-			l.cand.lifecycleID, api.Printable(resp.Header.Get("Content-Type"), 100))}
+			l.cand.LifecycleID, api.Printable(resp.Header.Get("Content-Type"), 100))}
 	}
 }
 
@@ -162,7 +161,7 @@ func workerAnswer(status int, data []byte) error {
 }
 
 // copyAnswer passes a worker's whole answer on.
-func (q *Queen) copyAnswer(w http.ResponseWriter, resp *http.Response) outcome {
+func (s *Service) copyAnswer(w http.ResponseWriter, resp *http.Response) outcome {
 	for _, h := range []string{"Content-Type", "Content-Length", "Retry-After"} {
 		if v := resp.Header.Get(h); v != "" {
 			w.Header().Set(h, v)
@@ -194,8 +193,8 @@ var (
 // The headers and the framing are openai.SSEWriter's; the relay writes
 // the worker's bytes itself because the writer only encodes values and
 // flushes its header on its own.
-func (q *Queen) relayStream(ctx context.Context, w http.ResponseWriter, resp *http.Response, l lease, rr relayReq) outcome {
-	m := q.routing.m
+func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *http.Response, l lease, rr relayReq) outcome {
+	m := s.m
 	ttft := m.ttft.WithLabelValues(rr.model)
 	itl := m.interToken.WithLabelValues(rr.model)
 	rc := http.NewResponseController(w)
@@ -216,10 +215,10 @@ func (q *Queen) relayStream(ctx context.Context, w http.ResponseWriter, resp *ht
 			case ctx.Err() != nil:
 				return outcome{started: started, err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
 			case !started:
-				return outcome{retry: true, broken: true, err: fmt.Errorf("worker %s: the stream ended before its first event: %w", l.cand.lifecycleID, noEOF(err))}
+				return outcome{retry: true, broken: true, err: fmt.Errorf("worker %s: the stream ended before its first event: %w", l.cand.LifecycleID, noEOF(err))}
 			}
 			m.broken.WithLabelValues(rr.model).Inc()
-			cause := fmt.Errorf("worker %s stopped answering mid-stream: %w", l.cand.lifecycleID, noEOF(err))
+			cause := fmt.Errorf("worker %s stopped answering mid-stream: %w", l.cand.LifecycleID, noEOF(err))
 			final, _ := json.Marshal(openai.Response(&openai.Error{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer,
 				Message: "the worker serving this stream stopped answering; the answer is incomplete (" + noEOF(err).Error() + ")"}))
 			if _, err := fmt.Fprintf(w, "data: %s\n\n", final); err == nil {
@@ -298,9 +297,9 @@ type suspect struct {
 const suspectGrace = time.Second
 
 // suspect queues a check of a worker that broke a connection.
-func (q *Queen) suspect(l lease, err error) {
+func (s *Service) suspect(l lease, err error) {
 	select {
-	case q.routing.suspects <- suspect{lease: l, err: err, at: time.Now()}:
+	case s.suspects <- suspect{lease: l, err: err, at: time.Now()}:
 	default:
 	}
 }
@@ -308,40 +307,37 @@ func (q *Queen) suspect(l lease, err error) {
 // checkSuspects checks each worker that broke a connection, suspectGrace
 // after it did: when its row is still RUNNING (its hive has not reported
 // it) and it does not answer GET /health, its row is FAILED.
-func (q *Queen) checkSuspects(ctx context.Context) {
+func (s *Service) checkSuspects(ctx context.Context) {
 	for {
-		var s suspect
+		var sus suspect
 		select {
 		case <-ctx.Done():
 			return
-		case s = <-q.routing.suspects:
+		case sus = <-s.suspects:
 		}
-		t := time.NewTimer(time.Until(s.at.Add(suspectGrace)))
+		t := time.NewTimer(time.Until(sus.at.Add(suspectGrace)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-t.C:
 		}
-		c := s.lease.cand
-		if _, ok := q.rows.runningRow(c.key.pool, c.lifecycleID, c.key.worker); !ok {
+		c := sus.lease.cand
+		if !s.cp.Running(c.Key.Pool, c.LifecycleID, c.Key.Worker) {
 			continue // its hive reported it, or it stopped
 		}
 		hctx, cancel := context.WithTimeout(ctx, time.Second)
-		herr := probeHealth(hctx, q.routing.up, c.uri)
+		herr := probeHealth(hctx, s.up, c.URI)
 		cancel()
 		if herr == nil || ctx.Err() != nil {
 			continue
 		}
-		_, _, err := q.rows.apply(context.WithoutCancel(ctx), c.lifecycleID, rowChange{to: rowFailed, actor: registry.ActorQueen, action: "worker.lost",
-			reason: fmt.Sprintf("lost: the worker broke a request (%v) and does not answer /health (%v)", s.err, herr),
-			meta:   map[string]any{"suspect": true}})
-		if err != nil && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrRowEnded) {
-			q.metrics.storeErrors.Inc()
-			q.log.Error("cannot fail the row of a lost worker", "lifecycle_id", c.lifecycleID, "err", err)
+		reason := fmt.Sprintf("lost: the worker broke a request (%v) and does not answer /health (%v)", sus.err, herr)
+		if err := s.cp.WorkerLost(context.WithoutCancel(ctx), c.LifecycleID, reason); err != nil {
+			s.log.Error("cannot fail the row of a lost worker", "lifecycle_id", c.LifecycleID, "err", err)
 		}
 		// Requests waiting for the worker learn it is gone.
-		q.routing.poke()
+		s.Poke()
 	}
 }
 

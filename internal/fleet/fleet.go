@@ -1,7 +1,8 @@
-package queen
+package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,14 +22,14 @@ import (
 	"github.com/apiary-llm/apiary/internal/version"
 )
 
-// fleet owns the hives this queen started: one supervisor goroutine per
+// Fleet owns the hives a queen started: one supervisor goroutine per
 // node (ownedHive.run), the only writer of that node's state. It starts
 // them from the spawner's locked thread, with SIGTERM as their death
 // signal: a queen that dies takes its local hive and its ssh sessions with
 // it, and each hive cascades to its workers.
-type fleet struct {
-	q       *Queen
-	cfg     OwnershipConfig
+type Fleet struct {
+	queen   Queen
+	cfg     Config
 	log     *slog.Logger
 	spawner *procs.Spawner
 
@@ -42,26 +43,79 @@ type fleet struct {
 	wg       sync.WaitGroup
 }
 
-// nodeSpec is what the fleet needs to run a hive on a node.
-type nodeSpec struct {
+// Queen is what the fleet needs of the queen that owns it.
+type Queen interface {
+	// URL is the queen's base URL for its hives.
+	URL() string
+	// Pool returns the registered pool id (a node's pool id is its name).
+	Pool(id string) (registry.Pool, bool)
+	// Deregister takes a pool offline: its hive stopped or exited.
+	Deregister(ctx context.Context, poolID, reason string) error
+	// Audit appends an entry to the audit log; a failure is the queen's
+	// to log and count.
+	Audit(ctx context.Context, e store.AuditEntry)
+}
+
+// Config is how the fleet runs hives.
+type Config struct {
+	// LocalHive starts a hive on this machine (pool LocalPoolID), with
+	// its data in DataDir/local-hive.
+	LocalHive bool
+	DataDir   string
+	// HiveArgs are added to the command line of every hive started.
+	HiveArgs []string
+	// Binary is the apiary run locally and copied to nodes; default this
+	// executable.
+	Binary string
+	// SSH runs the system ssh client.
+	SSH sshnode.Client
+	// HiveStopTimeout bounds the wait for one hive's cascade on stop.
+	HiveStopTimeout time.Duration
+	// RestartMin and RestartMax bound the pause before a hive is started
+	// again after it ended or could not start.
+	RestartMin, RestartMax time.Duration
+	// ProbeTimeout bounds each SSH probe and copy.
+	ProbeTimeout time.Duration
+	// HeartbeatTimeout is the queen's: a hive's lease on the queen, and
+	// how long a node cut off is waited for.
+	HeartbeatTimeout time.Duration
+	// TLS is the queen's own certificate, which the local hive serves too.
+	TLS transport.ServerTLS
+	// ClusterToken reaches every hive on its lifeline.
+	ClusterToken string
+	Logger       *slog.Logger
+}
+
+// Defaults a node takes.
+const (
+	DefaultHivePort = 9200
+	// LocalPoolID is the pool id (and node name) of the queen's local hive.
+	LocalPoolID = "local"
+)
+
+// ErrStopping: the fleet is stopping and starts no hive.
+var ErrStopping = errors.New("the queen is stopping")
+
+// Spec is what the fleet needs to run a hive on a node.
+type Spec struct {
 	name       string
 	target     *sshnode.Target // nil: this machine
 	installDir string
 	hivePort   int
 	createdAt  time.Time
-	tls        nodeTLS
+	tls        TLS
 }
 
-// nodeTLS names the files of a node's hive: its certificate and key, and
+// TLS names the files of a node's hive: its certificate and key, and
 // the CA it trusts (paths on the node; empty: plain HTTP, system roots).
-type nodeTLS struct {
+type TLS struct {
 	Cert   string `json:"tls_cert,omitempty"`
 	Key    string `json:"tls_key,omitempty"`
 	CAFile string `json:"ca_file,omitempty"`
 }
 
 // args are the hive's flags for t.
-func (t nodeTLS) args() []string {
+func (t TLS) args() []string {
 	var out []string
 	if t.Cert != "" {
 		out = append(out, "--tls-cert", t.Cert, "--tls-key", t.Key)
@@ -72,73 +126,73 @@ func (t nodeTLS) args() []string {
 	return out
 }
 
-func (s nodeSpec) local() bool { return s.target == nil }
+func (s Spec) local() bool { return s.target == nil }
 
-// nodeMeta is what a node row keeps in its metadata.
-type nodeMeta struct {
-	HivePort int     `json:"hive_port"`
-	TLS      nodeTLS `json:"tls,omitzero"`
+// Meta is what a node row keeps in its metadata.
+type Meta struct {
+	HivePort int `json:"hive_port"`
+	TLS      TLS `json:"tls,omitzero"`
 }
 
-func newFleet(q *Queen) *fleet {
-	cfg := q.cfg.Ownership
+// New builds the fleet of queen; Start runs its hives.
+func New(cfg Config, queen Queen) *Fleet {
 	if cfg.SSH.AliveInterval == 0 {
 		// A session to a node cut off ends about when its pool turns
 		// unhealthy, so the queen tries again soon after.
-		cfg.SSH.AliveInterval = max(time.Second, q.cfg.HeartbeatTimeout/3)
+		cfg.SSH.AliveInterval = max(time.Second, cfg.HeartbeatTimeout/3)
 	}
-	return &fleet{q: q, cfg: cfg, log: q.log, spawner: procs.NewSpawner(), hives: map[string]*ownedHive{}}
+	return &Fleet{queen: queen, cfg: cfg, log: cfg.Logger, spawner: procs.NewSpawner(), hives: map[string]*ownedHive{}}
 }
 
 // binary hashes the apiary that hives run, once.
-func (f *fleet) binary() (sshnode.Binary, error) {
+func (f *Fleet) Binary() (sshnode.Binary, error) {
 	f.binOnce.Do(func() { f.bin, f.binErr = sshnode.LocalBinary(f.cfg.Binary, version.Version) })
 	return f.bin, f.binErr
 }
 
 // start runs the local hive (if configured) and one hive per stored node.
-func (f *fleet) start(nodes []store.Node) {
+func (f *Fleet) Start(nodes []store.Node) {
 	if f.cfg.LocalHive {
-		if err := f.add(nodeSpec{name: LocalPoolID, createdAt: time.Now()}); err != nil {
+		if err := f.Add(Spec{name: LocalPoolID, createdAt: time.Now()}); err != nil {
 			f.log.Error("cannot start the local hive", "err", err)
 		}
 	}
 	for _, n := range nodes {
-		spec, err := specOf(n)
+		spec, err := SpecOf(n)
 		if err != nil {
 			f.log.Error("stored node is invalid; not starting its hive", "node", n.Name, "err", err)
 			continue
 		}
-		if err := f.add(spec); err != nil {
+		if err := f.Add(spec); err != nil {
 			f.log.Error("cannot start the hive of a node", "node", n.Name, "err", err)
 		}
 	}
 }
 
-func specOf(n store.Node) (nodeSpec, error) {
+func SpecOf(n store.Node) (Spec, error) {
 	t, err := sshnode.ParseTarget(n.SSHTarget)
 	if err != nil {
-		return nodeSpec{}, err
+		return Spec{}, err
 	}
-	meta := nodeMeta{HivePort: DefaultHivePort}
+	meta := Meta{HivePort: DefaultHivePort}
 	if len(n.Metadata) > 0 {
-		if err := jsonUnmarshal(n.Metadata, &meta); err != nil {
-			return nodeSpec{}, fmt.Errorf("node metadata: %w", err)
+		if err := json.Unmarshal(n.Metadata, &meta); err != nil {
+			return Spec{}, fmt.Errorf("node metadata: %w", err)
 		}
 	}
 	dir := n.InstallDir
 	if dir == "" {
 		dir = sshnode.DefaultInstallDir
 	}
-	return nodeSpec{name: n.Name, target: &t, installDir: dir, hivePort: meta.HivePort, createdAt: n.CreatedAt, tls: meta.TLS}, nil
+	return Spec{name: n.Name, target: &t, installDir: dir, hivePort: meta.HivePort, createdAt: n.CreatedAt, tls: meta.TLS}, nil
 }
 
 // add starts the supervisor of spec's hive.
-func (f *fleet) add(spec nodeSpec) error {
+func (f *Fleet) Add(spec Spec) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.stopping {
-		return fmt.Errorf("%w: not starting a hive on %s", ErrShuttingDown, spec.name)
+		return fmt.Errorf("%w: not starting a hive on %s", ErrStopping, spec.name)
 	}
 	if _, ok := f.hives[spec.name]; ok {
 		return fmt.Errorf("%w: node %s", store.ErrExists, spec.name)
@@ -154,7 +208,7 @@ func (f *fleet) add(spec nodeSpec) error {
 
 // stopped reports whether the fleet takes no more hives (the queen is
 // shutting down).
-func (f *fleet) stopped() bool {
+func (f *Fleet) Stopped() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.stopping
@@ -162,7 +216,7 @@ func (f *fleet) stopped() bool {
 
 // remove stops the hive of node name (its cascade) and forgets it. It
 // returns once the hive is gone.
-func (f *fleet) remove(name string) bool {
+func (f *Fleet) Remove(name string) bool {
 	f.mu.Lock()
 	h, ok := f.hives[name]
 	delete(f.hives, name)
@@ -175,7 +229,7 @@ func (f *fleet) remove(name string) bool {
 }
 
 // names lists the nodes whose hives the fleet runs.
-func (f *fleet) names() []string {
+func (f *Fleet) Names() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]string, 0, len(f.hives))
@@ -189,7 +243,7 @@ func (f *fleet) names() []string {
 // stopAll stops every hive the queen started, in parallel, and waits
 // until each has cascaded and exited (or was killed after the stop
 // timeout). No hive starts after it.
-func (f *fleet) stopAll() {
+func (f *Fleet) StopAll() {
 	f.mu.Lock()
 	f.stopping = true
 	hives := make([]*ownedHive, 0, len(f.hives))
@@ -207,10 +261,10 @@ func (f *fleet) stopAll() {
 }
 
 // close ends the spawner thread; only after stopAll.
-func (f *fleet) close() { _ = f.spawner.Close() }
+func (f *Fleet) Close() { _ = f.spawner.Close() }
 
 // node is the wire form of one node's entry.
-func (f *fleet) node(name string) (api.Node, bool) {
+func (f *Fleet) Node(name string) (api.Node, bool) {
 	f.mu.Lock()
 	h, ok := f.hives[name]
 	f.mu.Unlock()
@@ -221,7 +275,7 @@ func (f *fleet) node(name string) (api.Node, bool) {
 }
 
 // localNodes lists the hives that are not stored nodes (the local hive).
-func (f *fleet) localNodes() []api.Node {
+func (f *Fleet) LocalNodes() []api.Node {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []api.Node
@@ -235,12 +289,12 @@ func (f *fleet) localNodes() []api.Node {
 
 // hiveArgs is the command line of a hive the queen starts on spec's node,
 // its node address being addr (the hive binds it).
-func (f *fleet) hiveArgs(spec nodeSpec, addr string) []string {
-	hb := f.q.cfg.HeartbeatTimeout
+func (f *Fleet) hiveArgs(spec Spec, addr string) []string {
+	hb := f.cfg.HeartbeatTimeout
 	interval := min(max(hb/3, 100*time.Millisecond), 10*time.Second)
 	args := []string{"hive",
 		"--addr", addr,
-		"--queen", f.q.URL(),
+		"--queen", f.queen.URL(),
 		"--pool-id", spec.name,
 		"--node-id", spec.name,
 		"--owner", "queen",
@@ -250,18 +304,18 @@ func (f *fleet) hiveArgs(spec nodeSpec, addr string) []string {
 		"--log-json",
 	}
 	if spec.local() {
-		args = append(args, "--data-dir", filepath.Join(f.q.cfg.DataDir, "local-hive"))
+		args = append(args, "--data-dir", filepath.Join(f.cfg.DataDir, "local-hive"))
 		// The queen's own machine: its certificate and CA serve the
 		// local hive too.
-		spec.tls = nodeTLS{Cert: f.q.cfg.TLS.CertFile, Key: f.q.cfg.TLS.KeyFile, CAFile: transport.CAFile()}
+		spec.tls = TLS{Cert: f.cfg.TLS.CertFile, Key: f.cfg.TLS.KeyFile, CAFile: transport.CAFile()}
 	}
 	args = append(args, spec.tls.args()...)
 	return append(args, f.cfg.HiveArgs...)
 }
 
 // lifelineEnv is the preamble a started hive gets on its lifeline.
-func (f *fleet) lifelineEnv() []string {
-	if tok := f.q.cfg.Tokens.Cluster; tok != "" {
+func (f *Fleet) lifelineEnv() []string {
+	if tok := f.cfg.ClusterToken; tok != "" {
 		return []string{"APIARY_CLUSTER_TOKEN=" + tok}
 	}
 	return nil
@@ -275,41 +329,37 @@ func childEnviron() []string { return secret.Scrub(os.Environ()) }
 // reachable checks that a hive on a node with address nodeAddr can reach
 // the queen and be reached by it: a loopback queen serves only its own
 // machine, and a hive on another needs the cluster token.
-func (f *fleet) reachable(name, nodeAddr string) error {
-	if nodeAddr == "" || isLoopback(nodeAddr) {
+func (f *Fleet) Reachable(name, nodeAddr string) error {
+	if nodeAddr == "" || transport.IsLoopback(nodeAddr) {
 		return nil
 	}
 	var errs []error
-	if host := urlHost(f.q.URL()); isLoopback(host) || host == "0.0.0.0" || host == "::" {
+	if host := urlHost(f.queen.URL()); transport.IsLoopback(host) || host == "0.0.0.0" || host == "::" {
 		errs = append(errs, fmt.Errorf("node %s (%s) cannot reach this queen at %s: start the queen with --addr on an address the node reaches and --advertise http://THAT:PORT",
-			name, nodeAddr, f.q.URL()))
+			name, nodeAddr, f.queen.URL()))
 	}
-	if f.q.cfg.Tokens.Cluster == "" {
-		errs = append(errs, fmt.Errorf("node %s (%s) is another machine: its hive serves on the network only with a cluster token; start the queen with %s set", name, nodeAddr, ClusterTokenEnv))
+	if f.cfg.ClusterToken == "" {
+		errs = append(errs, fmt.Errorf("node %s (%s) is another machine: its hive serves on the network only with a cluster token; start the queen with %s set", name, nodeAddr, secret.ClusterTokenEnv))
 	}
 	return errors.Join(errs...)
 }
 
 // deregister takes a hive's pool offline after the queen stopped it or saw
 // it exit, so no request waits for it.
-func (f *fleet) deregister(poolID, reason string) {
+func (f *Fleet) deregister(poolID, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := f.q.reg.Deregister(ctx, poolID, registry.ActorQueen, reason); err != nil && !errors.Is(err, registry.ErrNotFound) && !errors.Is(err, registry.ErrClosed) {
+	if err := f.queen.Deregister(ctx, poolID, reason); err != nil {
 		f.log.Warn("cannot take the pool of a stopped hive offline", "pool_id", poolID, "err", err)
 	}
 }
 
 // audit records a change to a hive the queen owns.
-func (f *fleet) audit(action, node, reason string, meta map[string]any) {
+func (f *Fleet) audit(action, node, reason string, meta map[string]any) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := f.q.st.Update(ctx, func(tx *store.Tx) error {
-		_, err := tx.Append(store.AuditEntry{Actor: registry.ActorQueen, Action: action, Target: "node:" + node, Reason: reason, Metadata: meta})
-		return err
-	})
-	if err != nil {
-		f.q.metrics.storeErrors.Inc()
-		f.log.Error("cannot audit hive change", "action", action, "node", node, "err", err)
-	}
+	f.queen.Audit(ctx, store.AuditEntry{Actor: registry.ActorQueen, Action: action, Target: "node:" + node, Reason: reason, Metadata: meta})
 }
+
+// HivePort is the port the node's hive listens on.
+func (s Spec) HivePort() int { return s.hivePort }

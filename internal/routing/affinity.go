@@ -1,4 +1,4 @@
-package queen
+package routing
 
 import (
 	"context"
@@ -21,7 +21,7 @@ type affinity struct {
 }
 
 type pin struct {
-	worker  workerKey
+	worker  WorkerKey
 	expires time.Time
 }
 
@@ -30,24 +30,24 @@ func newAffinity(ttl time.Duration, limit int) *affinity {
 }
 
 // get returns the session's worker while its pin lives.
-func (a *affinity) get(model, session string, now time.Time) (workerKey, bool) {
+func (a *affinity) get(model, session string, now time.Time) (WorkerKey, bool) {
 	k := sessionKey(model, session)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	p, ok := a.pins[k]
 	if !ok {
-		return workerKey{}, false
+		return WorkerKey{}, false
 	}
 	if !now.Before(p.expires) {
 		delete(a.pins, k)
-		return workerKey{}, false
+		return WorkerKey{}, false
 	}
 	return p.worker, true
 }
 
 // set pins the session to w for ttl from now. New sessions beyond the
 // limit are not pinned.
-func (a *affinity) set(model, session string, w workerKey, now time.Time) {
+func (a *affinity) set(model, session string, w WorkerKey, now time.Time) {
 	k := sessionKey(model, session)
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -58,7 +58,7 @@ func (a *affinity) set(model, session string, w workerKey, now time.Time) {
 }
 
 // forget drops every pin to w.
-func (a *affinity) forget(w workerKey) {
+func (a *affinity) forget(w WorkerKey) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, p := range a.pins {

@@ -1,4 +1,4 @@
-package queen
+package routing
 
 import (
 	"errors"
@@ -39,8 +39,8 @@ type Decision struct {
 	Rejected  []Rejection
 }
 
-// auditMeta is the decision as the audit entry of the start shows it.
-func (d Decision) auditMeta() map[string]any {
+// AuditMeta is the decision as the audit entry of the start shows it.
+func (d Decision) AuditMeta() map[string]any {
 	return map[string]any{"pool_id": d.Pool.ID, "gpu_device": d.GPU, "free_bytes": d.FreeBytes, "need_bytes": d.NeedBytes,
 		"rejected": rejectedMeta(d.Rejected)}
 }

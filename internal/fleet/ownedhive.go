@@ -1,4 +1,4 @@
-package queen
+package fleet
 
 import (
 	"bytes"
@@ -26,8 +26,8 @@ import (
 // the node (probe, copy apiary), starts the hive with a lifeline, restarts
 // it with a growing pause when it ends, and on stop (ctx) cascades it.
 type ownedHive struct {
-	f      *fleet
-	spec   nodeSpec
+	f      *Fleet
+	spec   Spec
 	log    *slog.Logger
 	ctx    context.Context // cancelled to stop the hive
 	cancel context.CancelFunc
@@ -38,7 +38,7 @@ type ownedHive struct {
 }
 
 // errExternal: a hive the queen did not start serves the pool.
-var errExternal = errors.New("queen: another hive serves the pool")
+var errExternal = errors.New("another hive serves the pool")
 
 func (h *ownedHive) set(state, msg string, fn func(*api.NodeHive)) {
 	h.mu.Lock()
@@ -79,7 +79,7 @@ func (h *ownedHive) run() {
 		}
 		wait := pause
 		if errors.Is(err, errExternal) {
-			wait = min(h.f.q.cfg.HeartbeatTimeout, cfg.RestartMax)
+			wait = min(h.f.cfg.HeartbeatTimeout, cfg.RestartMax)
 		} else {
 			if time.Since(began) > time.Minute {
 				pause = cfg.RestartMin
@@ -106,7 +106,7 @@ func (h *ownedHive) once() error {
 	if err != nil {
 		return err
 	}
-	if p, ok := h.f.q.reg.Get(h.spec.name); ok && (p.Status == registry.Healthy || p.Status == registry.Draining) {
+	if p, ok := h.f.queen.Pool(h.spec.name); ok && (p.Status == registry.Healthy || p.Status == registry.Draining) {
 		msg := fmt.Sprintf("pool %s is served by a hive this queen did not start (%s); leaving it alone", p.ID, p.Endpoint)
 		h.set(api.HiveExternal, msg, nil)
 		h.log.Info("a hive the queen did not start serves the node's pool; not starting one", "pool_id", p.ID, "endpoint", p.Endpoint)
@@ -145,7 +145,7 @@ func (h *ownedHive) once() error {
 // local hive; ssh for a node, after probing it and copying apiary there
 // when it has none or another build.
 func (h *ownedHive) prepare() (string, []string, error) {
-	bin, err := h.f.binary()
+	bin, err := h.f.Binary()
 	if err != nil {
 		return "", nil, err
 	}
@@ -164,7 +164,7 @@ func (h *ownedHive) prepare() (string, []string, error) {
 		h.f.audit("node.install", h.spec.name, "copied apiary "+bin.Version+" to "+probe.InstallDir, map[string]any{"sha256": bin.SHA256})
 	}
 	h.set(api.HiveConnecting, "", func(s *api.NodeHive) { s.Version, s.NodeAddr = probe.Version, probe.NodeAddr })
-	if err := h.f.reachable(h.spec.name, probe.NodeAddr); err != nil {
+	if err := h.f.Reachable(h.spec.name, probe.NodeAddr); err != nil {
 		return "", nil, err
 	}
 	host := probe.NodeAddr
@@ -320,8 +320,6 @@ func (o *hiveOutput) tail() string {
 	}
 	return ""
 }
-
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 // urlHost is the host of a URL, without port and brackets.
 func urlHost(u string) string {

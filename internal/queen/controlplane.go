@@ -1,0 +1,196 @@
+package queen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/apiary-llm/apiary/internal/fleet"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/routing"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+// controlPlane is the queen as routing and the fleet see it
+// (routing.ControlPlane, fleet.Queen): the registry's pools, the rows,
+// the workers' tokens, and the few changes they ask for.
+type controlPlane struct{ q *Queen }
+
+var (
+	_ routing.ControlPlane = controlPlane{}
+	_ fleet.Queen          = controlPlane{}
+)
+
+// URL is the queen's base URL for its hives.
+func (c controlPlane) URL() string { return c.q.URL() }
+
+// Deregister takes the pool of a hive that stopped or exited offline, so
+// no request waits for it; a pool already gone is no error.
+func (c controlPlane) Deregister(ctx context.Context, poolID, reason string) error {
+	_, err := c.q.reg.Deregister(ctx, poolID, registry.ActorQueen, reason)
+	if errors.Is(err, registry.ErrNotFound) || errors.Is(err, registry.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+func (c controlPlane) Pool(id string) (registry.Pool, bool)    { return c.q.reg.Get(id) }
+func (c controlPlane) Pools(f registry.Filter) []registry.Pool { return c.q.reg.Query(f) }
+func (c controlPlane) Row(ctx context.Context, id string) (store.Row, error) {
+	return c.q.rows.get(ctx, id)
+}
+
+// Candidates returns the workers of model (on pool, when it names one)
+// that take requests now. A worker qualifies when its pool is healthy
+// (not draining, unhealthy or offline), its hive reports it ready or busy
+// (not starting, degraded or draining) with a URI, and its lifecycle row
+// is RUNNING (a worker without a live row is being stopped).
+func (c controlPlane) Candidates(model, pool string) []routing.Candidate {
+	q := c.q
+	var pools []registry.Pool
+	if pool == "" {
+		// Only the pools with a worker of the model are copied out.
+		pools = q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}, Model: model})
+	} else if p, ok := q.reg.Get(pool); ok && p.Status == registry.Healthy {
+		pools = []registry.Pool{p}
+	}
+	var out []routing.Candidate
+	for _, p := range pools {
+		for _, w := range p.Workers {
+			if w.ModelRef != model || w.URI == "" {
+				continue
+			}
+			if st := lifecycle.State(w.Status); st != lifecycle.Ready && st != lifecycle.Busy {
+				continue
+			}
+			id, ok := q.rows.runningRow(p.ID, w.LifecycleID, w.WorkerID)
+			if !ok {
+				continue
+			}
+			out = append(out, routing.Candidate{Key: routing.WorkerKey{Pool: p.ID, Worker: w.WorkerID}, LifecycleID: id, URI: w.URI,
+				Reported: w.InFlight, Token: q.tokens.get(p.ID, w.WorkerID)})
+		}
+	}
+	return out
+}
+
+// Running reports whether the hive's worker has a RUNNING row.
+func (c controlPlane) Running(pool, lifecycleID, workerID string) bool {
+	_, ok := c.q.rows.runningRow(pool, lifecycleID, workerID)
+	return ok
+}
+
+// Count counts the live rows of model (on pool, when it names one); with
+// healthyOnly, only those on healthy pools: workers on drained or silent
+// pools take no requests.
+func (c controlPlane) Count(model, pool string, healthyOnly bool) routing.Count {
+	var keep func(string) bool
+	if healthyOnly {
+		keep = func(id string) bool {
+			p, ok := c.q.reg.Get(id)
+			return ok && p.Status == registry.Healthy
+		}
+	}
+	return c.q.rows.targetCounts(model, pool, keep)
+}
+
+// StartWorker starts a worker the controller placed: the queen's own,
+// audited as the queen's. A hive that refused the start or did not answer
+// it is a *routing.StartRefused.
+func (c controlPlane) StartWorker(ctx context.Context, s routing.Start) (store.Row, error) {
+	gpu := s.GPU
+	row, err := c.q.StartWorker(ctx, StartRequest{Model: s.Model, PoolID: s.Pool, GPU: &gpu, Reason: s.Reason,
+		Actor: registry.ActorQueen, Owner: OwnerQueen, Meta: s.Meta})
+	var he *HiveError
+	switch {
+	case err == nil:
+	case errors.As(err, &he):
+		return row, &routing.StartRefused{Why: fmt.Sprintf("its hive refused the start: %s %s", he.Code, he.Message), Err: err}
+	case errors.Is(err, ErrHiveUnreachable), errors.Is(err, ErrPoolUnavailable):
+		return row, &routing.StartRefused{Why: "its hive did not answer the start: " + err.Error(), Err: err}
+	}
+	return row, err
+}
+
+// WorkerLost fails the row of a worker that broke a request and does not
+// answer its health check; a row that ended meanwhile is left as it is.
+func (c controlPlane) WorkerLost(ctx context.Context, lifecycleID, reason string) error {
+	_, _, err := c.q.rows.apply(ctx, lifecycleID, rowChange{to: rowFailed, actor: registry.ActorQueen, action: "worker.lost",
+		reason: reason, meta: map[string]any{"suspect": true}})
+	if err != nil && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrRowEnded) {
+		c.q.metrics.storeErrors.Inc()
+		return err
+	}
+	return nil
+}
+
+// Audit appends e; a failure is logged and counted.
+func (c controlPlane) Audit(ctx context.Context, e store.AuditEntry) {
+	err := c.q.st.Update(ctx, func(tx *store.Tx) error {
+		_, err := tx.Append(e)
+		return err
+	})
+	if err != nil {
+		c.q.metrics.storeErrors.Inc()
+		c.q.log.Error("cannot write an audit entry", "action", e.Action, "target", e.Target, "err", err)
+	}
+}
+
+// runningRow returns the id of the RUNNING row of a hive's worker.
+func (b *rowBook) runningRow(pool, lifecycleID, workerID string) (string, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r, ok := b.active[lifecycleID]; ok && lifecycleID != "" && r.PoolID == pool {
+		return r.ID, r.Status == rowRunning
+	}
+	id, ok := b.byWorker[workerKey{pool, workerID}]
+	if !ok || workerID == "" {
+		return "", false
+	}
+	return id, b.active[id].Status == rowRunning
+}
+
+// targetCounts counts the live rows of model (on pool, when it names
+// one); with keep given, only the rows on pools it keeps.
+func (b *rowBook) targetCounts(model, pool string, keep func(pool string) bool) routing.Count {
+	b.mu.Lock()
+	var pools []string
+	var status []lifecycle.Status
+	for _, r := range b.active {
+		if r.ModelRef == model && (pool == "" || r.PoolID == pool) {
+			pools, status = append(pools, r.PoolID), append(status, r.Status)
+		}
+	}
+	b.mu.Unlock() // keep may take the registry's lock: not under this one
+	var c routing.Count
+	for i, p := range pools {
+		switch {
+		case keep != nil && !keep(p):
+		case status[i] == rowStarting:
+			c.Starting++
+		case status[i] == rowRunning:
+			c.Running++
+		}
+	}
+	return c
+}
+
+// routingConfig is the routing's Config: the queen's routing settings,
+// wired to the queen's tokens, hive client and metrics.
+func (q *Queen) routingConfig() routing.Config {
+	rc := q.cfg.Routing
+	rc.APIToken = q.cfg.Tokens.API
+	rc.CORSOrigins = q.cfg.CORSOrigins
+	rc.MaxBodyBytes = q.cfg.MaxBodyBytes
+	rc.HiveTimeout = q.cfg.HiveTimeout
+	rc.Placer = q.cfg.Placer
+	rc.Metrics = q.metrics.reg
+	rc.Logger = q.cfg.Logger
+	src, ok := q.hives.(routing.HiveModels)
+	if !ok {
+		src = NewHTTPHiveClient(q.cfg.Tokens.Cluster, q.cfg.HiveTimeout).(routing.HiveModels)
+	}
+	rc.Models = src
+	return rc
+}

@@ -1,0 +1,86 @@
+package routing
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/registry"
+)
+
+// listHive is a hive's model list, by endpoint: what GET /v2/models
+// answers; an endpoint without one does not answer.
+type listHive struct {
+	mu     sync.Mutex
+	models map[string][]api.Model
+}
+
+func (h *listHive) Models(_ context.Context, endpoint string) ([]api.Model, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	list, ok := h.models[endpoint]
+	if !ok {
+		return nil, fmt.Errorf("GET %s/v2/models: connection refused", endpoint)
+	}
+	return append([]api.Model(nil), list...), nil
+}
+
+// The catalog reads a hive's list again when a model is asked for that it
+// lacks, at most once per catalogRetry.
+func TestCatalogEnsure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &listHive{models: map[string][]api.Model{"http://a": {{Ref: "tiny"}}}}
+		c := newCatalog(src, time.Second, slog.New(slog.DiscardHandler))
+		pools := []registry.Pool{{ID: "a", Endpoint: "http://a", Status: registry.Healthy}}
+		if !c.ensure(t.Context(), pools, "tiny") {
+			t.Fatal("tiny not found")
+		}
+		src.mu.Lock()
+		src.models["http://a"] = append(src.models["http://a"], api.Model{Ref: "new"})
+		src.mu.Unlock()
+		if c.ensure(t.Context(), pools, "new") {
+			t.Fatal("read again within catalogRetry")
+		}
+		time.Sleep(catalogRetry)
+		if !c.ensure(t.Context(), pools, "new") {
+			t.Fatal("a model added to the hive is not found")
+		}
+		// A hive that stops answering keeps its last list.
+		src.mu.Lock()
+		delete(src.models, "http://a")
+		src.mu.Unlock()
+		c.refresh(t.Context(), pools)
+		if _, ok := c.lookup(pools, "tiny"); !ok {
+			t.Error("a failed read lost the list")
+		}
+		// A pool that is gone is forgotten.
+		c.refresh(t.Context(), nil)
+		if len(c.snapshot()) != 0 {
+			t.Errorf("catalog %v after its pool went", c.snapshot())
+		}
+	})
+}
+
+// Routing's sub-loggers (router, catalog, controller) each write one
+// component key, their own, also when the queen's logger carries one.
+func TestLogLinesHaveOneComponent(t *testing.T) {
+	var buf bytes.Buffer
+	s, err := New(Config{Models: &listHive{}, Logger: slog.New(slog.NewJSONHandler(&buf, nil))}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, l := range map[string]*slog.Logger{"router": s.router.log, "catalog": s.catalog.log, "controller": s.ctl.log} {
+		buf.Reset()
+		l.Info("probe")
+		if n := strings.Count(buf.String(), `"component":`); n != 1 || !strings.Contains(buf.String(), `"component":"`+name+`"`) {
+			t.Errorf("%s logs %d component keys: %s", name, n, buf.String())
+		}
+	}
+}

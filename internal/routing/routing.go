@@ -1,0 +1,192 @@
+// Package routing is the queen's inference half: the OpenAI endpoints
+// (route.go) check a request and relay it to a serving worker of its model
+// (relay.go), which the router (router.go) picks by in-flight count and
+// session affinity (affinity.go), queueing the request while no worker has
+// a free slot. Requests never start workers: the controller
+// (controller.go) turns queued demand into placements (placement.go, with
+// the hives' model lists from catalog.go) and asks the control plane to
+// start them.
+//
+// Routing owns no pool and no lifecycle row: it reads them, and changes
+// them, only through ControlPlane, which the queen implements.
+package routing
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/store"
+	"github.com/apiary-llm/apiary/internal/transport"
+)
+
+// ControlPlane is what routing needs of the queen: the pools, the
+// workers that serve, counts of live rows, and the two changes routing
+// makes (start a worker it placed, fail the row of a worker it lost).
+// Its methods are safe for concurrent use and hold no lock while they
+// return.
+type ControlPlane interface {
+	// Pool returns the registered pool id.
+	Pool(id string) (registry.Pool, bool)
+	// Pools returns the registered pools f selects.
+	Pools(f registry.Filter) []registry.Pool
+	// Candidates returns the workers of model (on pool, when it is not
+	// "") that take requests now: ready or busy, with a URI, on a healthy
+	// pool, with a RUNNING row.
+	Candidates(model, pool string) []Candidate
+	// Running reports whether the worker still has a RUNNING row.
+	Running(pool, lifecycleID, workerID string) bool
+	// Count counts the live rows of model (on pool, when it is not "");
+	// with healthyOnly, only those on healthy pools.
+	Count(model, pool string, healthyOnly bool) Count
+	// Row reads one lifecycle row.
+	Row(ctx context.Context, lifecycleID string) (store.Row, error)
+	// StartWorker writes the row of a worker placed on demand and asks
+	// its hive to start it. A hive that refused or did not answer is a
+	// *StartRefused: the placement is tried again without that pool.
+	StartWorker(ctx context.Context, s Start) (store.Row, error)
+	// WorkerLost fails the RUNNING row of a worker that broke a request
+	// and does not answer its health check.
+	WorkerLost(ctx context.Context, lifecycleID, reason string) error
+	// Audit appends an entry to the audit log; a failure is the control
+	// plane's to log and count.
+	Audit(ctx context.Context, e store.AuditEntry)
+}
+
+// Count is the live rows of a target.
+type Count struct{ Starting, Running int }
+
+// Live is the workers that count against the model's max workers.
+func (c Count) Live() int { return c.Starting + c.Running }
+
+// Start is a worker the controller placed.
+type Start struct {
+	Model  string
+	Pool   string
+	GPU    int
+	Reason string         // for the audit entry of the start
+	Meta   map[string]any // the placement and the demand, for the audit entry
+}
+
+// StartRefused is a start that a pool's hive refused, or did not
+// answer: another pool may take it.
+type StartRefused struct {
+	Why string // "its hive refused the start: …"
+	Err error
+}
+
+func (e *StartRefused) Error() string { return e.Err.Error() }
+func (e *StartRefused) Unwrap() error { return e.Err }
+
+// Service is the routing of one queen. Create it with New; serve its
+// routes (Routes) once Run is under way.
+type Service struct {
+	cfg      Config
+	cp       ControlPlane
+	log      *slog.Logger
+	router   *router
+	aff      *affinity
+	catalog  *catalog
+	ctl      *controller
+	m        *routeMetrics
+	up       *http.Client // to workers
+	suspects chan suspect
+}
+
+// New checks cfg (after defaults) and builds the routing over cp.
+func New(cfg Config, cp ControlPlane) (*Service, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Models == nil {
+		return nil, errors.New("routing: Config.Models is required (the hives' model lists)")
+	}
+	return newService(cfg, cp), nil
+}
+
+func newService(cfg Config, cp ControlPlane) *Service {
+	s := &Service{
+		cfg:      cfg,
+		cp:       cp,
+		log:      cfg.Logger.With("component", "router"),
+		aff:      newAffinity(cfg.AffinityTTL, maxSessions),
+		catalog:  newCatalog(cfg.Models, min(cfg.HiveTimeout, catalogTimeout), cfg.Logger.With("component", "catalog")),
+		suspects: make(chan suspect, 64),
+		up:       transport.NewClient(upstreamTransport(), 0),
+	}
+	s.m = newRouteMetrics(cfg.Metrics, s.aff.size)
+	s.ctl = newController(s)
+	s.router = newRouter(cfg, s.log, s.candidates, s.aff, s.m, s.ctl.signal)
+	return s
+}
+
+// upstreamTransport is the relay's transport to workers: apiary's client
+// TLS, many idle connections per worker, no compression (a gzip reader
+// would hold tokens back).
+func upstreamTransport() *http.Transport {
+	t := transport.NewTransport()
+	t.MaxIdleConns = 1024
+	t.MaxIdleConnsPerHost = 256
+	t.DisableCompression = true
+	return t
+}
+
+// Run runs the background work of routing until ctx ends: the affinity
+// sweep, the catalog refresh, the controller, the checks of workers that
+// broke a connection.
+func (s *Service) Run(ctx context.Context) {
+	var g errgroup.Group
+	g.Go(func() error { s.aff.run(ctx); return nil })
+	g.Go(func() error {
+		s.catalog.run(ctx, s.servable, s.cfg.ModelsRefresh)
+		return nil
+	})
+	g.Go(func() error { s.ctl.run(ctx); return nil })
+	g.Go(func() error { s.checkSuspects(ctx); return nil })
+	_ = g.Wait()
+	s.up.CloseIdleConnections()
+}
+
+// Poke tells routing that workers or pools changed: waiting requests may
+// have a worker now, and the controller looks at the demand again.
+func (s *Service) Poke() {
+	s.router.poke()
+	s.ctl.signal()
+}
+
+// Registered tells routing that a hive (re)registered: its model list is
+// read again.
+func (s *Service) Registered(poolID, endpoint string) { s.catalog.registered(poolID, endpoint) }
+
+// Close refuses new inference and answers the waiting requests.
+func (s *Service) Close() { s.router.close() }
+
+// candidates is the router's source: the workers of t's model that take
+// requests now.
+func (s *Service) candidates(t target) []Candidate { return s.cp.Candidates(t.model, t.pool) }
+
+// counts counts the live rows of t (on healthy pools only, or all).
+func (s *Service) counts(t target, healthyOnly bool) Count {
+	return s.cp.Count(t.model, t.pool, healthyOnly)
+}
+
+// Route checks a request for model (on pool, when it is not "") as an
+// OpenAI request is checked, then takes a lease on a worker for it and
+// gives it back, without sending anything: what every request costs
+// before it reaches a worker. Benchmarks measure routing with it.
+func (s *Service) Route(ctx context.Context, model, pool string) error {
+	if err := s.knownModel(ctx, model, pool); err != nil {
+		return err
+	}
+	l, err := s.router.acquire(ctx, routeReq{model: model, pool: pool})
+	if err != nil {
+		return err
+	}
+	s.router.release(l, false)
+	return nil
+}
