@@ -41,7 +41,7 @@ export CGO_CPPFLAGS = -I$(CGO_INCLUDE) -I$(OLLAMA_DIR)/llama/llama.cpp/include -
 
 TEST_FLAGS ?= -count=1 -timeout 60m
 
-.PHONY: all build deps cgo-include test demo bench bench-worker clean
+.PHONY: all build deps cgo-include lint test demo bench bench-worker clean
 
 all: build
 
@@ -69,7 +69,12 @@ endif
 # packages would need a second cold C++ build for it).
 RACE_PKGS = $(shell $(GO) list -f '{{if not .CgoFiles}}{{$$cgo := false}}{{range .Deps}}{{if eq . "$(OLLAMA_MOD)/llama"}}{{$$cgo = true}}{{end}}{{end}}{{if not $$cgo}}{{.ImportPath}}{{end}}{{end}}' ./...)
 
-test: deps build
+# go vet and staticcheck (pinned in go.mod as a tool), both clean.
+lint: cgo-include
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+test: deps build lint
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
 
