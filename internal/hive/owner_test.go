@@ -49,7 +49,6 @@ func (p *fakeProc) sent() []syscall.Signal {
 	defer p.mu.Unlock()
 	return append([]syscall.Signal(nil), p.signals...)
 }
-func (p *fakeProc) setDieOn(s syscall.Signal) { p.mu.Lock(); p.dieOn = s; p.mu.Unlock() }
 func (p *fakeProc) Signal(s syscall.Signal) error {
 	p.mu.Lock()
 	p.signals = append(p.signals, s)

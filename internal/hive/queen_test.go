@@ -21,7 +21,6 @@ type fakeQueen struct {
 
 	mu         sync.Mutex
 	down       bool // guarded by mu; answer 503 to everything
-	forget     bool // guarded by mu; answer 404 to heartbeats of unknown pools
 	known      map[string]bool
 	registers  []api.RegisterPool
 	heartbeats []api.Heartbeat
