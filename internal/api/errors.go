@@ -2,11 +2,14 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/apiary-llm/apiary/internal/openai"
 )
 
 // RequestError is a refused request whose HTTP status and snake_case code
@@ -18,8 +21,37 @@ type RequestError struct {
 	Err    error
 }
 
-func (e *RequestError) Error() string { return e.Err.Error() }
-func (e *RequestError) Unwrap() error { return e.Err }
+func (e *RequestError) Error() string     { return e.Err.Error() }
+func (e *RequestError) Unwrap() error     { return e.Err }
+func (e *RequestError) HTTPStatus() int   { return e.Status }
+func (e *RequestError) ErrorCode() string { return e.Code }
+
+// StatusOf is the HTTP status and code err carries (openai.Coded, found
+// with errors.As however deeply it is wrapped); a body over the limit is
+// 413 body_too_large; anything else is 500 internal_error.
+func StatusOf(err error) (int, string) {
+	var c openai.Coded
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &c):
+		return c.HTTPStatus(), c.ErrorCode()
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, "body_too_large"
+	}
+	return http.StatusInternalServerError, "internal_error"
+}
+
+// Fail answers err as {"error":{…}} with the status and code it carries.
+// An internal error (500) says only that something failed and that the
+// log of who has the details.
+func Fail(w http.ResponseWriter, err error, who string) {
+	status, code := StatusOf(err)
+	msg := err.Error()
+	if status == http.StatusInternalServerError {
+		msg = "internal error; see the " + who + "'s log"
+	}
+	WriteError(w, status, code, msg)
+}
 
 // BadRequest is a 400 invalid_request with a formatted message.
 func BadRequest(format string, a ...any) error {

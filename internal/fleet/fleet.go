@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/secret"
@@ -94,7 +96,7 @@ const (
 )
 
 // ErrStopping: the fleet is stopping and starts no hive.
-var ErrStopping = errors.New("the queen is stopping")
+var ErrStopping = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "the queen is stopping")
 
 // Spec is what the fleet needs to run a hive on a node.
 type Spec struct {

@@ -6,24 +6,26 @@ import (
 	"net/http"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/openai"
 )
 
-// Sentinel errors. Handlers return them (wrapped with %w); writeError maps
-// each to a status and code once.
+// Sentinel errors, each with the status and code it is answered with
+// (openai.Coded); handlers return them wrapped with %w, and writeError
+// answers the status and code found with one errors.As.
 var (
-	ErrWorkerNotFound   = errors.New("hive: worker not found")
-	ErrModelNotFound    = errors.New("hive: model not found")
-	ErrInvalidModelRef  = errors.New("hive: invalid model_ref")
-	ErrInvalidModel     = errors.New("hive: model is not a readable GGUF")
-	ErrUnsupportedModel = errors.New("hive: unsupported model architecture")
-	ErrDeviceNotFound   = errors.New("hive: no such device")
-	ErrNoFreePort       = errors.New("hive: no free port in the worker range")
-	ErrShuttingDown     = errors.New("hive: shutting down")
-	ErrUnauthorized     = errors.New("hive: unauthorized")
-	ErrNotStarting      = errors.New("hive: worker is not starting")
-	ErrImplausibleReady = errors.New("hive: implausible ready callback")
-	ErrWorkerEnded      = errors.New("hive: worker has ended")
-	ErrSpawn            = errors.New("hive: cannot start worker process")
+	ErrWorkerNotFound   = openai.Sentinel(http.StatusNotFound, "worker_not_found", "hive: worker not found")
+	ErrModelNotFound    = openai.Sentinel(http.StatusNotFound, "model_not_found", "hive: model not found")
+	ErrInvalidModelRef  = openai.Sentinel(http.StatusBadRequest, "invalid_model_ref", "hive: invalid model_ref")
+	ErrInvalidModel     = openai.Sentinel(http.StatusUnprocessableEntity, "invalid_model", "hive: model is not a readable GGUF")
+	ErrUnsupportedModel = openai.Sentinel(http.StatusUnprocessableEntity, "unsupported_model", "hive: unsupported model architecture")
+	ErrDeviceNotFound   = openai.Sentinel(http.StatusBadRequest, "device_not_found", "hive: no such device")
+	ErrNoFreePort       = openai.Sentinel(http.StatusServiceUnavailable, "no_free_port", "hive: no free port in the worker range")
+	ErrShuttingDown     = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "hive: shutting down")
+	ErrUnauthorized     = openai.Sentinel(http.StatusUnauthorized, "unauthorized", "hive: unauthorized")
+	ErrNotStarting      = openai.Sentinel(http.StatusConflict, "worker_not_starting", "hive: worker is not starting")
+	ErrImplausibleReady = openai.Sentinel(http.StatusUnprocessableEntity, "implausible_ready", "hive: implausible ready callback")
+	ErrWorkerEnded      = openai.Sentinel(http.StatusConflict, "worker_ended", "hive: worker has ended")
+	ErrSpawn            = errors.New("hive: cannot start worker process") // an internal error
 )
 
 // InsufficientMemoryError is a preflight refusal naming the shortfall.
@@ -40,48 +42,11 @@ func (e *InsufficientMemoryError) Error() string {
 		api.FormatBytes(e.Need), e.Kind, e.Device, api.FormatBytes(e.Available), api.FormatBytes(e.Held), api.FormatBytes(e.Need-e.Available))
 }
 
-// statusOf maps an error to its HTTP status and snake_case code.
-func statusOf(err error) (int, string) {
-	var re *api.RequestError
-	var me *InsufficientMemoryError
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &re):
-		return re.Status, re.Code
-	case errors.As(err, &mbe):
-		return http.StatusRequestEntityTooLarge, "body_too_large"
-	case errors.As(err, &me):
-		return http.StatusInsufficientStorage, "insufficient_memory"
-	case errors.Is(err, ErrWorkerNotFound):
-		return http.StatusNotFound, "worker_not_found"
-	case errors.Is(err, ErrModelNotFound):
-		return http.StatusNotFound, "model_not_found"
-	case errors.Is(err, ErrInvalidModelRef):
-		return http.StatusBadRequest, "invalid_model_ref"
-	case errors.Is(err, ErrInvalidModel):
-		return http.StatusUnprocessableEntity, "invalid_model"
-	case errors.Is(err, ErrUnsupportedModel):
-		return http.StatusUnprocessableEntity, "unsupported_model"
-	case errors.Is(err, ErrDeviceNotFound):
-		return http.StatusBadRequest, "device_not_found"
-	case errors.Is(err, ErrNoFreePort):
-		return http.StatusServiceUnavailable, "no_free_port"
-	case errors.Is(err, ErrShuttingDown):
-		return http.StatusServiceUnavailable, "shutting_down"
-	case errors.Is(err, ErrUnauthorized):
-		return http.StatusUnauthorized, "unauthorized"
-	case errors.Is(err, ErrNotStarting):
-		return http.StatusConflict, "worker_not_starting"
-	case errors.Is(err, ErrWorkerEnded):
-		return http.StatusConflict, "worker_ended"
-	case errors.Is(err, ErrImplausibleReady):
-		return http.StatusUnprocessableEntity, "implausible_ready"
-	}
-	return http.StatusInternalServerError, "internal_error"
-}
+func (e *InsufficientMemoryError) HTTPStatus() int   { return http.StatusInsufficientStorage }
+func (e *InsufficientMemoryError) ErrorCode() string { return "insufficient_memory" }
 
 // writeError answers {"error":{"code","message"}}.
 func writeError(w http.ResponseWriter, err error) {
-	status, code := statusOf(err)
+	status, code := api.StatusOf(err)
 	api.WriteError(w, status, code, err.Error())
 }

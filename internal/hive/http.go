@@ -70,7 +70,7 @@ func (h *Hive) handle(fn handlerFunc, needToken bool) http.Handler {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
 		if err := fn(w, r); err != nil {
-			if status, _ := statusOf(err); status >= 500 {
+			if status, _ := api.StatusOf(err); status >= 500 {
 				h.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
 			writeError(w, err)

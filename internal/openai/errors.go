@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -153,13 +154,76 @@ func naming(param, msg string) string {
 	return param + ": " + msg
 }
 
+// Coded is an error that carries its HTTP answer from where it is made:
+// its status and snake_case code. Every apiary error writer finds it with
+// one errors.As, however deeply it is wrapped, and answers with the
+// outermost error's message; there are no tables that map errors to
+// statuses. An error may also say its Retry-After (RetryAfter() time.Duration)
+// and the request field at fault (ErrorParam() string).
+type Coded interface {
+	error
+	HTTPStatus() int
+	ErrorCode() string
+}
+
+// CodedError is a Coded error with a fixed message: the sentinels of the
+// daemons (var ErrX = openai.Sentinel(http.StatusNotFound, "x_not_found",
+// "no such x")), matched with errors.Is.
+type CodedError struct {
+	Status  int
+	Code    string
+	Message string
+	Retry   time.Duration // Retry-After; 0: none
+	Type    string        // OpenAI error.type; "": derived from Status
+}
+
+// Sentinel returns a CodedError.
+func Sentinel(status int, code, message string) *CodedError {
+	return &CodedError{Status: status, Code: code, Message: message}
+}
+
+func (e *CodedError) Error() string             { return e.Message }
+func (e *CodedError) HTTPStatus() int           { return e.Status }
+func (e *CodedError) ErrorCode() string         { return e.Code }
+func (e *CodedError) RetryAfter() time.Duration { return e.Retry }
+func (e *CodedError) ErrorType() string         { return e.Type }
+
+// HTTPStatus makes *Error a Coded error.
+func (e *Error) HTTPStatus() int { return e.status() }
+
+// ErrorCode makes *Error a Coded error.
+func (e *Error) ErrorCode() string { return e.Code }
+
 // AsError converts any error into an *Error: an *Error found with errors.As
-// is returned as is, a body over the limit becomes 413, and anything else
-// becomes an opaque 500 (the cause is kept in Err for logging, not shown).
+// is returned as is; any other Coded error gives its status, code (and
+// Retry-After, param and type when it has them) with the outermost error's
+// message; a body over the limit becomes 413; a deadline that passed
+// becomes 504 timeout; anything else becomes an opaque 500 (the cause is
+// kept in Err for logging, not shown).
 func AsError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
+	}
+	var c Coded
+	if errors.As(err, &c) {
+		out := &Error{Status: c.HTTPStatus(), Code: c.ErrorCode(), Message: err.Error(), Err: err}
+		var r interface{ RetryAfter() time.Duration }
+		if errors.As(err, &r) {
+			out.RetryAfter = r.RetryAfter()
+		}
+		var p interface{ ErrorParam() string }
+		if errors.As(err, &p) {
+			out.Param = p.ErrorParam()
+		}
+		var t interface{ ErrorType() string }
+		if errors.As(err, &t) {
+			out.Type = t.ErrorType()
+		}
+		return out
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &Error{Status: http.StatusGatewayTimeout, Code: "timeout", Type: TypeServer, Message: err.Error(), Err: err}
 	}
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,5 +110,23 @@ func TestNewIDs(t *testing.T) {
 	}
 	if c := NewChatCompletionID(); !strings.HasPrefix(c, "chatcmpl-") {
 		t.Errorf("chat id %q", c)
+	}
+}
+
+// A Coded error is answered with its status, code, Retry-After, param and
+// type however deeply it is wrapped, and with the outermost message.
+func TestAsErrorFindsCodedErrorsThroughWrapping(t *testing.T) {
+	sentinel := &CodedError{Status: http.StatusTooManyRequests, Code: "queue_full", Message: "queue full", Retry: 2 * time.Second}
+	err := fmt.Errorf("model tiny: %w", fmt.Errorf("%w: 256 requests wait", sentinel))
+	e := AsError(err)
+	if e.Status != http.StatusTooManyRequests || e.Code != "queue_full" || e.RetryAfter != 2*time.Second ||
+		e.Message != "model tiny: queue full: 256 requests wait" || !errors.Is(e, sentinel) {
+		t.Errorf("AsError = %+v", e)
+	}
+	if e := AsError(fmt.Errorf("reading: %w", context.DeadlineExceeded)); e.Status != http.StatusGatewayTimeout || e.Code != "timeout" {
+		t.Errorf("a deadline = %+v", e)
+	}
+	if e := AsError(errors.New("disk on fire")); e.Status != http.StatusInternalServerError || e.Message == "disk on fire" {
+		t.Errorf("an uncoded error = %+v: its text must not reach the client", e)
 	}
 }

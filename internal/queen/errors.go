@@ -1,31 +1,29 @@
 package queen
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 
 	"github.com/apiary-llm/apiary/internal/api"
-	"github.com/apiary-llm/apiary/internal/fleet"
-	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/routing"
-	"github.com/apiary-llm/apiary/internal/store"
 )
 
-// Sentinel errors. Handlers return them wrapped with %w; writeError maps
-// each to a status and a snake_case code once.
+// Sentinel errors, each with the status and code it is answered with
+// (openai.Coded); handlers return them wrapped with %w, and writeError
+// answers the status and code found with one errors.As.
 var (
-	ErrUnauthorized     = errors.New("queen: unauthorized")
-	ErrRowNotFound      = errors.New("queen: no such lifecycle row")
-	ErrRowEnded         = errors.New("queen: worker has ended")
-	ErrNotStarted       = errors.New("queen: the hive has not accepted the worker yet")
-	ErrPoolUnavailable  = errors.New("queen: pool is not available")
+	ErrUnauthorized     = openai.Sentinel(http.StatusUnauthorized, "unauthorized", "queen: unauthorized")
+	ErrRowNotFound      = openai.Sentinel(http.StatusNotFound, "worker_not_found", "queen: no such lifecycle row")
+	ErrRowEnded         = openai.Sentinel(http.StatusConflict, "worker_ended", "queen: worker has ended")
+	ErrNotStarted       = openai.Sentinel(http.StatusConflict, "worker_not_started", "queen: the hive has not accepted the worker yet")
+	ErrPoolUnavailable  = openai.Sentinel(http.StatusConflict, "pool_unavailable", "queen: pool is not available")
 	ErrNoPool           = routing.ErrNoPool // a start without pool_id found none
-	ErrRefused          = errors.New("queen: transition refused")
-	ErrHiveUnreachable  = errors.New("queen: hive unreachable")
-	ErrShuttingDown     = errors.New("queen: shutting down")
-	errMethodNotAllowed = errors.New("queen: method not allowed")
+	ErrRefused          = openai.Sentinel(http.StatusConflict, "transition_refused", "queen: transition refused")
+	ErrHiveUnreachable  = openai.Sentinel(http.StatusBadGateway, "hive_unreachable", "queen: hive unreachable")
+	ErrShuttingDown     = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "queen: shutting down")
+	errMethodNotAllowed = openai.Sentinel(http.StatusMethodNotAllowed, "method_not_allowed", "queen: method not allowed")
 )
 
 // HiveError is a hive's refusal, with the status and code it answered.
@@ -39,64 +37,28 @@ func (e *HiveError) Error() string {
 	return fmt.Sprintf("hive answered %d %s: %s", e.Status, e.Code, e.Message)
 }
 
-// statusOf maps an error to its HTTP status and code.
-func statusOf(err error) (int, string) {
-	var re *api.RequestError
-	var he *HiveError
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &re):
-		return re.Status, re.Code
-	case errors.As(err, &mbe):
-		return http.StatusRequestEntityTooLarge, "body_too_large"
-	case errors.Is(err, ErrUnauthorized):
-		return http.StatusUnauthorized, "unauthorized"
-	case errors.Is(err, registry.ErrNotFound):
-		return http.StatusNotFound, "pool_not_found"
-	case errors.Is(err, registry.ErrOffline):
-		return http.StatusGone, "pool_offline"
-	case errors.Is(err, ErrRowNotFound):
-		return http.StatusNotFound, "worker_not_found"
-	case errors.Is(err, ErrRowEnded):
-		return http.StatusConflict, "worker_ended"
-	case errors.Is(err, ErrNotStarted):
-		return http.StatusConflict, "worker_not_started"
-	case errors.Is(err, ErrPoolUnavailable):
-		return http.StatusConflict, "pool_unavailable"
-	case errors.Is(err, ErrRefused):
-		return http.StatusConflict, "transition_refused"
-	case errors.Is(err, ErrNoPool):
-		return http.StatusServiceUnavailable, "no_pool_available"
-	case errors.Is(err, ErrShuttingDown), errors.Is(err, registry.ErrClosed), errors.Is(err, fleet.ErrStopping):
-		return http.StatusServiceUnavailable, "shutting_down"
-	case errors.As(err, &he):
-		// The hive's own refusal (model_not_found, insufficient_memory, …)
-		// reaches the operator with its status; a hive failing is a bad
-		// gateway.
-		if he.Status >= 400 && he.Status < 500 || he.Status == http.StatusInsufficientStorage {
-			return he.Status, he.Code
-		}
-		return http.StatusBadGateway, "hive_error"
-	case errors.Is(err, ErrHiveUnreachable):
-		return http.StatusBadGateway, "hive_unreachable"
-	case errors.Is(err, errMethodNotAllowed):
-		return http.StatusMethodNotAllowed, "method_not_allowed"
-	case errors.Is(err, store.ErrLocked):
-		return http.StatusServiceUnavailable, "store_locked"
+// HTTPStatus: the hive's own refusal (model_not_found,
+// insufficient_memory, …) reaches the operator with its status; a hive
+// failing is a bad gateway.
+func (e *HiveError) HTTPStatus() int {
+	if e.Status >= 400 && e.Status < 500 || e.Status == http.StatusInsufficientStorage {
+		return e.Status
 	}
-	return http.StatusInternalServerError, "internal_error"
+	return http.StatusBadGateway
 }
 
-// writeError answers {"error":{"code","message"}}. Internal errors say
-// only that something failed; the log has the details.
-func writeError(w http.ResponseWriter, err error) {
-	status, code := statusOf(err)
-	msg := err.Error()
-	if status == http.StatusInternalServerError {
-		msg = "internal error; see the queen's log"
+// ErrorCode is the hive's code with its own status, else hive_error.
+func (e *HiveError) ErrorCode() string {
+	if e.HTTPStatus() == e.Status {
+		return e.Code
 	}
-	api.WriteError(w, status, code, msg)
+	return "hive_error"
 }
+
+// writeError answers {"error":{"code","message"}} with the status and code
+// err carries. Internal errors say only that something failed; the log
+// has the details.
+func writeError(w http.ResponseWriter, err error) { api.Fail(w, err, "queen") }
 
 func sortedStrings(s []string) []string {
 	s = slices.Clone(s)

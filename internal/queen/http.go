@@ -128,7 +128,7 @@ func (q *Queen) handle(fn handlerFunc, roles ...role) http.Handler {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, q.cfg.MaxBodyBytes)
 		if err := fn(w, r, c); err != nil {
-			if status, _ := statusOf(err); status >= 500 {
+			if status, _ := api.StatusOf(err); status >= 500 {
 				q.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
 			writeError(w, err)

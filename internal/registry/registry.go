@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"reflect"
 	"slices"
 	"strings"
@@ -30,14 +31,15 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
 // Sentinel errors.
 var (
-	ErrNotFound = errors.New("registry: pool not found")
-	ErrOffline  = errors.New("registry: pool is offline")
-	ErrClosed   = errors.New("registry: closed")
+	ErrNotFound = openai.Sentinel(http.StatusNotFound, "pool_not_found", "registry: pool not found")
+	ErrOffline  = openai.Sentinel(http.StatusGone, "pool_offline", "registry: pool is offline")
+	ErrClosed   = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "registry: closed")
 )
 
 // Defaults from the contract's timing table.

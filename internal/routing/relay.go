@@ -88,6 +88,10 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 		s.log.Warn("worker failed before the first byte; trying another", "model_ref", rr.model, "lifecycle_id", l.cand.LifecycleID,
 			"attempt", attempt, "err", o.err)
 	}
+	if ue := new(upstreamError); errors.As(last, &ue) {
+		// The workers' own answer (a 503 busy, say) says how to answer.
+		return fmt.Errorf("%s: %d workers failed: %w", ErrUpstream, maxAttempts, last)
+	}
 	return fmt.Errorf("%w: %d workers failed: %w", ErrUpstream, maxAttempts, last)
 }
 

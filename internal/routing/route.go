@@ -45,8 +45,7 @@ type call struct {
 type inferenceFunc func(w http.ResponseWriter, r *http.Request, c *call) error
 
 // inference authenticates with the API token and maps errors with
-// openai.WriteError, the OpenAI side's one mapper (openaiError converts
-// the queen's errors for it).
+// openai.WriteError, the OpenAI side's one mapper.
 func (s *Service) inference(endpoint string, fn inferenceFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &call{endpoint: endpoint, model: modelUnknown, start: time.Now()}
@@ -68,7 +67,7 @@ func (s *Service) inference(endpoint string, fn inferenceFunc) http.Handler {
 		case err == nil, errors.Is(err, errClientGone):
 			// Nobody is left to answer.
 		case sw.Status == 0:
-			oe := openaiError(err)
+			oe := openai.AsError(err)
 			openai.WriteError(sw, oe)
 			if oe.Status >= 500 && oe.Status != http.StatusServiceUnavailable && oe.Status != http.StatusGatewayTimeout {
 				s.log.Error("inference request failed", "path", r.URL.Path, "model_ref", c.model, "status", oe.Status, "err", err)
@@ -88,7 +87,8 @@ func (s *Service) inference(endpoint string, fn inferenceFunc) http.Handler {
 var errClientGone = errors.New("queen: client went away")
 
 // upstreamError is a worker's error answer that the queen could not
-// pass on (it tried elsewhere, and no worker did better).
+// pass on (it tried elsewhere, and no worker did better): a worker that
+// is busy (503) is the client's 503, anything else a bad gateway.
 type upstreamError struct {
 	status  int
 	code    string
@@ -99,37 +99,32 @@ func (e *upstreamError) Error() string {
 	return fmt.Sprintf("worker answered %d %s: %s", e.status, e.code, e.message)
 }
 
-// openaiError maps the queen's errors to OpenAI errors, once.
-func openaiError(err error) *openai.Error {
-	var oe *openai.Error
-	if errors.As(err, &oe) {
-		return oe
+func (e *upstreamError) HTTPStatus() int {
+	if e.status == http.StatusServiceUnavailable {
+		return e.status
 	}
-	var ue *upstreamError
-	var ce *capacityError
-	switch {
-	case errors.Is(err, ErrModelNotFound):
-		return &openai.Error{Status: http.StatusNotFound, Code: openai.CodeModelNotFound, Param: "model", Message: err.Error(), Err: err}
-	case errors.Is(err, ErrQueueFull):
-		return &openai.Error{Status: http.StatusTooManyRequests, Code: "queue_full", Message: err.Error(), RetryAfter: time.Second, Err: err}
-	case errors.Is(err, ErrQueueTimeout):
-		return &openai.Error{Status: http.StatusGatewayTimeout, Code: "queue_timeout", Type: openai.TypeServer, Message: err.Error(), Err: err}
-	case errors.Is(err, ErrNoCapacity):
-		retry := 5 * time.Second
-		if errors.As(err, &ce) && ce.retryAfter > 0 {
-			retry = ce.retryAfter
-		}
-		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "no_capacity", Message: err.Error(), RetryAfter: retry, Err: err}
-	case errors.Is(err, ErrShuttingDown):
-		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: err.Error(), Err: err}
-	case errors.As(err, &ue) && ue.status == http.StatusServiceUnavailable:
-		return &openai.Error{Status: http.StatusServiceUnavailable, Code: ue.code, Message: err.Error(), RetryAfter: time.Second, Err: err}
-	case errors.As(err, &ue), errors.Is(err, ErrUpstream):
-		return &openai.Error{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer, Message: err.Error(), Err: err}
-	case errors.Is(err, context.DeadlineExceeded):
-		return &openai.Error{Status: http.StatusGatewayTimeout, Code: "timeout", Type: openai.TypeServer, Message: err.Error(), Err: err}
+	return http.StatusBadGateway
+}
+
+func (e *upstreamError) ErrorCode() string {
+	if e.status == http.StatusServiceUnavailable {
+		return e.code
 	}
-	return openai.AsError(err)
+	return "worker_failed"
+}
+
+func (e *upstreamError) RetryAfter() time.Duration {
+	if e.status == http.StatusServiceUnavailable {
+		return time.Second
+	}
+	return 0
+}
+
+func (e *upstreamError) ErrorType() string {
+	if e.status == http.StatusServiceUnavailable {
+		return ""
+	}
+	return openai.TypeServer
 }
 
 // servable returns the pools that count for /v1/models and for "does

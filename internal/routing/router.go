@@ -5,21 +5,34 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/apiary-llm/apiary/internal/openai"
 )
 
-// Routing errors; route.go maps each to its OpenAI error once.
+// Routing errors, each with the OpenAI answer it gets (openai.Coded):
+// the OpenAI endpoints answer what one errors.As finds, with the
+// outermost error's message.
 var (
-	ErrModelNotFound = errors.New("no pool has the model")
-	ErrQueueFull     = errors.New("queue full")
-	ErrQueueTimeout  = errors.New("no worker within the queue timeout")
-	ErrNoCapacity    = errors.New("no worker can be placed")
-	ErrUpstream      = errors.New("worker failed")
-	ErrShuttingDown  = errors.New("shutting down")
-	ErrNoPool        = errors.New("no healthy pool")
+	ErrModelNotFound = &codedError{openai.CodedError{Status: http.StatusNotFound, Code: openai.CodeModelNotFound, Message: "no pool has the model"}, "model"}
+	ErrQueueFull     = &openai.CodedError{Status: http.StatusTooManyRequests, Code: "queue_full", Message: "queue full", Retry: time.Second}
+	ErrQueueTimeout  = &openai.CodedError{Status: http.StatusGatewayTimeout, Code: "queue_timeout", Type: openai.TypeServer, Message: "no worker within the queue timeout"}
+	ErrNoCapacity    = &openai.CodedError{Status: http.StatusServiceUnavailable, Code: "no_capacity", Message: "no worker can be placed", Retry: 5 * time.Second}
+	ErrUpstream      = &openai.CodedError{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer, Message: "worker failed"}
+	ErrShuttingDown  = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "shutting down")
+	ErrNoPool        = openai.Sentinel(http.StatusServiceUnavailable, "no_pool_available", "no healthy pool")
 )
+
+// codedError is a sentinel that names the request field at fault.
+type codedError struct {
+	openai.CodedError
+	param string
+}
+
+func (e *codedError) ErrorParam() string { return e.param }
 
 // capacityError refuses a request for want of capacity (ErrNoCapacity):
 // nothing serves or starts for it and nothing can be placed, with why.
@@ -30,6 +43,14 @@ type capacityError struct {
 
 func (e *capacityError) Error() string { return ErrNoCapacity.Error() + ": " + e.why }
 func (e *capacityError) Unwrap() error { return ErrNoCapacity }
+
+// RetryAfter is when a placement may be tried again, else ErrNoCapacity's.
+func (e *capacityError) RetryAfter() time.Duration {
+	if e.retryAfter > 0 {
+		return e.retryAfter
+	}
+	return ErrNoCapacity.Retry
+}
 
 // Candidate is a worker that may take a request of its model: serving
 // (ready or busy), in a healthy pool, with a RUNNING lifecycle row.

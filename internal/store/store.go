@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -39,6 +40,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 
+	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/secret"
 )
 
@@ -46,7 +48,7 @@ import (
 var (
 	ErrNotFound = errors.New("store: not found")
 	ErrExists   = errors.New("store: already exists")
-	ErrLocked   = errors.New("store: database is in use by another queen")
+	ErrLocked   = openai.Sentinel(http.StatusServiceUnavailable, "store_locked", "store: database is in use by another queen")
 	// ErrLockLost: the one-queen lock is gone (its connection dropped or
 	// it was released); the queen must step down.
 	ErrLockLost = errors.New("store: lost the one-queen lock")
