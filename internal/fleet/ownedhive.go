@@ -208,25 +208,25 @@ func (h *ownedHive) launch(path string, args []string) (*session, error) {
 // in HiveStopTimeout gets SIGTERM (for ssh: the session ends), then
 // SIGKILL. It says how the hive ended.
 func (h *ownedHive) stopSession(s *session) string {
-	s.line.Cut()
-	t := time.NewTimer(h.f.cfg.HiveStopTimeout)
-	defer t.Stop()
-	select {
-	case <-s.proc.Done():
-		return "lifeline closed, hive cascaded"
-	case <-t.C:
-	}
-	h.log.Warn("hive did not finish its cascade in time; SIGTERM", "timeout", h.f.cfg.HiveStopTimeout.String())
-	_ = s.proc.Signal(syscall.SIGTERM)
-	t.Reset(5 * time.Second)
-	select {
-	case <-s.proc.Done():
-		return "SIGTERM after the stop timeout"
-	case <-t.C:
-	}
-	s.proc.Kill()
+	phase, err := procs.Stop(context.Background(), s.proc, procs.Escalation{
+		Ask:     func(context.Context) error { s.line.Cut(); return nil },
+		AskWait: h.f.cfg.HiveStopTimeout, TermWait: 5 * time.Second,
+	})
+	s.line.Cut() // also when the hive was gone before the ask
 	<-s.proc.Done()
-	return "SIGKILL after the stop timeout"
+	if err != nil {
+		h.log.Warn("stopping the hive", "err", err)
+	}
+	if phase >= procs.PhaseTerm {
+		h.log.Warn("hive did not finish its cascade in time", "timeout", h.f.cfg.HiveStopTimeout.String(), "sent", phase.String())
+	}
+	switch phase {
+	case procs.PhaseTerm:
+		return "SIGTERM after the stop timeout"
+	case procs.PhaseKill:
+		return "SIGKILL after the stop timeout"
+	}
+	return "lifeline closed, hive cascaded"
 }
 
 // hiveOutput relays a started hive's log lines (JSON) into the queen's log

@@ -1,15 +1,12 @@
 package hive
 
 import (
-	"context"
 	"crypto/subtle"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
 	"strconv"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -74,266 +71,6 @@ type stopCmd struct {
 	reply   chan error
 }
 
-// stopPhase is where a stop stands.
-type stopPhase int
-
-const (
-	phaseDrainWait stopPhase = iota // drain: waiting for in-flight work
-	phaseAsked                      // shutdown posted (or refused); waiting for exit
-	phaseTerm                       // SIGTERM sent to the group
-	phaseKill                       // SIGKILL sent to the group
-)
-
-type stopping struct {
-	drain    bool
-	grace    time.Duration
-	deadline time.Time // start + grace
-	phase    stopPhase
-	forced   bool // a signal was needed
-	acked    bool
-}
-
-// run is the owner loop. It returns once the process is reaped, its group
-// killed, its memory released and its entry moved out of the registry.
-func (w *worker) run() {
-	defer close(w.done)
-	cfg := &w.h.cfg
-
-	probeCtx, cancelProbes := context.WithCancel(context.Background())
-	var probesWG sync.WaitGroup
-	defer func() { cancelProbes(); probesWG.Wait() }()
-
-	callback := time.NewTimer(cfg.CallbackTimeout)
-	defer callback.Stop()
-	var (
-		healthTick *time.Ticker
-		healthC    <-chan time.Time
-		idleTimer  *time.Timer
-		idleC      <-chan time.Time
-		stopTimer  *time.Timer
-		stopC      <-chan time.Time
-		probing    bool
-		stop       *stopping
-		probes     = make(chan probeResult, 1)
-		acks       = make(chan error, 1)
-	)
-	defer func() {
-		if healthTick != nil {
-			healthTick.Stop()
-		}
-		if idleTimer != nil {
-			idleTimer.Stop()
-		}
-		if stopTimer != nil {
-			stopTimer.Stop()
-		}
-	}()
-
-	probe := func(idle bool, timeout time.Duration) {
-		if probing {
-			return
-		}
-		probing = true
-		probesWG.Go(func() {
-			ctx, cancel := context.WithTimeout(probeCtx, timeout)
-			defer cancel()
-			h, err := w.h.client.Health(ctx, w.uri)
-			probes <- probeResult{err: err, health: h, at: time.Now(), idle: idle}
-		})
-	}
-	armIdle := func() {
-		idle, wait := idleFor(w.m.State(), w.inFlight, lastActivity(w.readyAt, w.lastReq), time.Now(), cfg.IdleTimeout)
-		if wait < 0 {
-			return
-		}
-		if idle {
-			wait = 0
-		}
-		if idleTimer == nil {
-			idleTimer = time.NewTimer(wait)
-			idleC = idleTimer.C
-		} else {
-			idleTimer.Reset(wait)
-		}
-	}
-	armStop := func(d time.Duration) {
-		if stopTimer == nil {
-			stopTimer = time.NewTimer(d)
-			stopC = stopTimer.C
-		} else {
-			stopTimer.Reset(d)
-		}
-	}
-	fail := func(reason string) {
-		if w.transition(lifecycle.Failed, reason) {
-			w.proc.Kill()
-		}
-	}
-	// postShutdown asks the worker to shut down; the answer arrives on acks.
-	postShutdown := func() {
-		probesWG.Go(func() {
-			ctx, cancel := context.WithTimeout(probeCtx, cfg.ShutdownAck)
-			defer cancel()
-			acks <- w.h.client.Shutdown(ctx, w.uri, w.token)
-		})
-	}
-	beginStop := func(c stopCmd) {
-		if !w.transition(lifecycle.Draining, c.reason) {
-			return
-		}
-		if healthTick != nil {
-			healthTick.Stop()
-			healthC = nil
-		}
-		idleC = nil
-		grace := c.grace
-		if grace <= 0 {
-			grace = cfg.StopGrace
-		}
-		stop = &stopping{drain: c.drain, grace: grace, deadline: time.Now().Add(grace)}
-		if c.drain && w.inFlight > 0 {
-			stop.phase = phaseDrainWait
-			armStop(min(cfg.HealthInterval, 200*time.Millisecond))
-			return
-		}
-		stop.phase = phaseAsked
-		postShutdown()
-		armStop(grace)
-	}
-
-	for {
-		select {
-		case <-w.proc.Exited():
-			w.exited(stop)
-			return
-
-		case c := <-w.cmds:
-			switch c := c.(type) {
-			case readyCmd:
-				err := w.ready(c)
-				c.reply <- err
-				if err == nil {
-					callback.Stop()
-					healthTick = time.NewTicker(cfg.HealthInterval)
-					healthC = healthTick.C
-					armIdle()
-				}
-			case stopCmd:
-				switch st := w.m.State(); {
-				case st == lifecycle.Starting:
-					fail("stopped before it was ready: " + c.reason)
-					c.reply <- nil
-				case st.Terminal() || st == lifecycle.Draining:
-					if stop != nil && c.cascade && stop.phase == phaseDrainWait {
-						// The hive is going away: stop waiting for in-flight work.
-						stop.phase = phaseAsked
-						postShutdown()
-						armStop(time.Until(stop.deadline))
-					}
-					c.reply <- nil
-				default:
-					beginStop(c)
-					c.reply <- nil
-				}
-			}
-
-		case <-callback.C:
-			if w.m.State() == lifecycle.Starting {
-				w.h.metrics.callbackTimeouts.Inc()
-				fail(fmt.Sprintf("no ready callback within %s", cfg.CallbackTimeout))
-			}
-
-		case <-healthC:
-			if w.m.State().Serving() {
-				probe(false, cfg.HealthInterval)
-			}
-
-		case <-idleC:
-			if w.m.State() == lifecycle.Ready {
-				// Ask the worker first: a request may have come since the
-				// last probe.
-				probe(true, cfg.HealthInterval)
-			}
-
-		case r := <-probes:
-			probing = false
-			if stop != nil {
-				if stop.phase == phaseDrainWait && (r.err != nil || r.health.InFlight == 0) {
-					stop.phase = phaseAsked
-					postShutdown()
-					armStop(time.Until(stop.deadline))
-				}
-				continue
-			}
-			if !w.m.State().Serving() {
-				continue
-			}
-			w.observe(r)
-			d := decideHealth(w.m.State(), w.misses, cfg.HealthFailures, r)
-			w.misses = d.misses
-			if d.to == lifecycle.Failed {
-				w.h.metrics.healthKills.Inc()
-				fail(d.reason)
-				continue
-			}
-			if d.to != "" {
-				w.transition(d.to, d.reason)
-			} else {
-				w.publish()
-			}
-			if r.err == nil {
-				if idle, _ := idleFor(w.m.State(), w.inFlight, lastActivity(w.readyAt, w.lastReq), r.at, cfg.IdleTimeout); idle && r.idle {
-					beginStop(stopCmd{reason: fmt.Sprintf("idle for %s", cfg.IdleTimeout)})
-					w.h.metrics.idleStops.Inc()
-					continue
-				}
-				armIdle()
-			}
-
-		case err := <-acks:
-			if stop == nil || stop.phase != phaseAsked {
-				continue
-			}
-			if err != nil {
-				// No acknowledgement: signal the group at once.
-				w.log.Warn("worker did not acknowledge shutdown; sending SIGTERM", "err", err)
-				stop.forced = true
-				stop.phase = phaseTerm
-				_ = w.proc.Signal(syscall.SIGTERM)
-				armStop(max(time.Until(stop.deadline), cfg.ShutdownAck))
-				continue
-			}
-			stop.acked = true
-
-		case <-stopC:
-			if stop == nil {
-				continue
-			}
-			switch stop.phase {
-			case phaseDrainWait:
-				if time.Now().Before(stop.deadline) {
-					probe(false, cfg.HealthInterval)
-					armStop(min(cfg.HealthInterval, 200*time.Millisecond))
-					continue
-				}
-				stop.phase = phaseAsked
-				postShutdown()
-				armStop(cfg.ShutdownAck)
-			case phaseAsked:
-				w.log.Warn("worker still running after the stop grace; sending SIGTERM", "grace", stop.grace)
-				stop.forced = true
-				stop.phase = phaseTerm
-				_ = w.proc.Signal(syscall.SIGTERM)
-				armStop(cfg.ShutdownAck)
-			case phaseTerm:
-				w.log.Warn("worker ignored SIGTERM; sending SIGKILL")
-				stop.phase = phaseKill
-				w.proc.Kill()
-			}
-		}
-	}
-}
-
 // ready applies a ready callback: right token, state starting, plausible
 // report. An implausible report from the right token fails the worker.
 func (w *worker) ready(c readyCmd) error {
@@ -387,17 +124,14 @@ func (w *worker) observe(r probeResult) {
 	}
 }
 
-// exited records how the process ended, waits until its group and output
+// exited records how the process ended (kind: how its stop ended it,
+// "graceful" or "forced"), waits until its group and output
 // are gone, releases its memory and port, and removes it from the registry.
-func (w *worker) exited(stop *stopping) {
+func (w *worker) exited(kind string) {
 	ex := w.proc.Exit()
 	w.exit = &ex
 	switch st := w.m.State(); {
 	case st == lifecycle.Draining:
-		kind := "graceful"
-		if stop != nil && stop.forced {
-			kind = "forced"
-		}
 		w.h.metrics.stops.WithLabelValues(kind).Inc()
 		w.transition(lifecycle.Stopped, fmt.Sprintf("%s stop: %s", kind, ex))
 	case st.Terminal():

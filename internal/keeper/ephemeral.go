@@ -163,16 +163,14 @@ func (e *ephemeral) teardown(interrupted bool) error {
 		}
 		start := time.Now()
 		e.line.Cut()
-		_ = e.proc.Signal(syscall.SIGTERM)
-		t := time.NewTimer(e.k.cfg.StopTimeout)
-		select {
-		case <-e.proc.Done():
-		case <-t.C:
-			e.proc.Kill()
-			<-e.proc.Done()
+		phase, serr := procs.Stop(context.Background(), e.proc, procs.Escalation{TermWait: e.k.cfg.StopTimeout})
+		<-e.proc.Done()
+		if phase == procs.PhaseKill {
 			err = fmt.Errorf("keeper: the queen it started did not stop within %s; killed it: %s", e.k.cfg.StopTimeout, e.out.tail())
 		}
-		t.Stop()
+		if serr != nil {
+			err = errors.Join(err, fmt.Errorf("keeper: stop the queen it started: %w", serr))
+		}
 		if x := e.proc.Exit(); err == nil && x.Code != 0 {
 			err = fmt.Errorf("keeper: the queen it started exited with %s: %s", x, e.out.tail())
 		}

@@ -3,8 +3,10 @@ package procs
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"slices"
 	"strings"
 	"sync"
@@ -31,6 +33,15 @@ func child(behaviour string) int {
 	case "sleep":
 		fmt.Println("sleeping")
 		time.Sleep(time.Hour)
+	case "ignore-term":
+		signal.Ignore(syscall.SIGTERM)
+		fmt.Println("ready")
+		time.Sleep(time.Hour)
+	case "lifeline":
+		// Exits once its stdin (a lifeline) closes.
+		fmt.Println("ready")
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		return 0
 	case "grandchild":
 		// A descendant in the same group that keeps the output open.
 		cmd := exec.Command(os.Args[0])
