@@ -1,7 +1,15 @@
-// Package api holds the JSON wire types that apiary's daemons exchange: the
-// hive's own API, the worker's ready callback, and the hive → queen
-// registration, heartbeat and event messages. The queen decodes what the hive
-// encodes with the same types.
+// Package api is the wire between apiary's processes, both ends of it:
+//   - the JSON types they exchange (the hive's API, the worker's ready
+//     callback, the hive → queen registration, heartbeat and events, the
+//     admin API); the queen decodes what the hive encodes with the same
+//     types;
+//   - the checks both ends apply to what is on the wire (CheckID,
+//     CheckModel), so that no daemon takes what its peer would refuse;
+//   - the server side of a JSON endpoint (Decode, WriteJSON, Bearer,
+//     StatusRecorder) and of its errors (RequestError, StatusOf, Fail, the
+//     error shape), and the reading of a peer's error (RemoteError,
+//     Printable);
+//   - FormatBytes, the one way sizes are shown.
 package api
 
 import "time"

@@ -1,11 +1,15 @@
 package api
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/apiary-llm/apiary/internal/openai"
 )
 
 // Every error answer has OpenAI's shape: code, message, type, param.
@@ -67,6 +71,37 @@ func TestCheckID(t *testing.T) {
 	for _, bad := range []string{"", "-a", "a b", "a/b", "a\x1b", strings.Repeat("a", 129), "ä"} {
 		if err := CheckID("id", bad); err == nil || strings.ContainsRune(err.Error(), 0x1b) {
 			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+func TestStatusOf(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		status int
+		code   string
+	}{
+		{BadRequest("x %d", 1), http.StatusBadRequest, "invalid_request"},
+		{fmt.Errorf("ctx: %w", &RequestError{Status: http.StatusConflict, Code: "worker_ended", Err: errors.New("ended")}), http.StatusConflict, "worker_ended"},
+		{fmt.Errorf("a: %w", openai.Sentinel(http.StatusGone, "pool_offline", "offline")), http.StatusGone, "pool_offline"},
+		{&http.MaxBytesError{Limit: 10}, http.StatusRequestEntityTooLarge, "body_too_large"},
+		{errors.New("disk on fire"), http.StatusInternalServerError, "internal_error"},
+	} {
+		if s, c := StatusOf(tc.err); s != tc.status || c != tc.code {
+			t.Errorf("StatusOf(%v) = %d %s, want %d %s", tc.err, s, c, tc.status, tc.code)
+		}
+	}
+	w := httptest.NewRecorder()
+	Fail(w, errors.New("secret detail"), "queen")
+	if w.Code != http.StatusInternalServerError || strings.Contains(w.Body.String(), "secret detail") || !strings.Contains(w.Body.String(), "queen's log") {
+		t.Errorf("an internal error answered %d %s", w.Code, w.Body)
+	}
+}
+
+func TestFormatBytes(t *testing.T) {
+	for n, want := range map[uint64]string{0: "0 B", 1023: "1023 B", 1 << 20: "1.0 MiB", 3 << 30: "3.0 GiB"} {
+		if got := FormatBytes(n); got != want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", n, got, want)
 		}
 	}
 }

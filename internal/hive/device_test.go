@@ -8,7 +8,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 )
 
-// Regression (issue 12, "a CPU shows as GPU 0"): a worker on the CPU logs
+// Regression ("a CPU shows as GPU 0"): a worker on the CPU logs
 // device=cpu, not gpu_device=0; one on a GPU logs its gpu_device.
 func TestWorkerLogNamesItsDevice(t *testing.T) {
 	for _, tc := range []struct {

@@ -21,7 +21,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/procs"
 )
 
-// The rows of lifecycle-clarification.md's "What Dies When" that concern
+// The cases of what dies when (docs/ownership.md, "Who owns what") that concern
 // the hive and its workers, one test each, named after the row. The queen's
 // cascade reaches a hive as SIGTERM (SSH) or POST /v2/shutdown.
 

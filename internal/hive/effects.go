@@ -2,15 +2,14 @@ package hive
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"syscall"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/gguf"
 	"github.com/apiary-llm/apiary/internal/procs"
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -82,42 +81,12 @@ func newHTTPWorkerClient() *httpWorkerClient {
 
 func (c *httpWorkerClient) Health(ctx context.Context, uri string) (api.WorkerHealth, error) {
 	var h api.WorkerHealth
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, uri+"/health", nil)
-	if err != nil {
-		return h, err
-	}
-	resp, err := c.c.Do(req)
-	if err != nil {
-		return h, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return h, fmt.Errorf("GET /health: %s", resp.Status)
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&h); err != nil {
-		return h, fmt.Errorf("GET /health: %w", err)
-	}
-	return h, nil
+	err := rpc.Do(ctx, c.c, rpc.Call{URL: uri + "/health", Out: &h, MaxAnswer: 1 << 20})
+	return h, err
 }
 
 func (c *httpWorkerClient) Shutdown(ctx context.Context, uri, token string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, uri+"/v1/admin/shutdown", nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("POST /v1/admin/shutdown: %s", resp.Status)
-	}
-	return nil
+	return rpc.Do(ctx, c.c, rpc.Call{Method: http.MethodPost, URL: uri + "/v1/admin/shutdown", Token: token, MaxAnswer: 4096})
 }
 
 func (c *httpWorkerClient) close() { c.c.CloseIdleConnections() }

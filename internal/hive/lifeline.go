@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// Who started a hive decides what ends it (lifecycle-clarification.md,
-// rule 1). An operator's hive lives until the operator stops it: a queen
+// Who started a hive decides what ends it (docs/ownership.md, "Who owns
+// what"). An operator's hive lives until the operator stops it: a queen
 // that goes away is not its business, it keeps serving and registers again
 // when a queen answers. A hive that a queen (over SSH, or as a local child)
 // or a keeper started belongs to that process and must not outlive it: it

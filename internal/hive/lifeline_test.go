@@ -11,7 +11,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 )
 
-// Rule 1 of lifecycle-clarification.md from the hive's side: a hive that a
+// The first ownership rule (docs/ownership.md) from the hive's side: a hive that a
 // queen (or a keeper) started must not outlive it; an operator's hive must
 // not care.
 

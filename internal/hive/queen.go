@@ -1,12 +1,9 @@
 package hive
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -16,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/version"
 )
@@ -268,31 +266,10 @@ func (q *queenClient) post(ctx context.Context, path string, body any) error {
 // postFor posts body and decodes a 2xx answer into out (when not nil); a
 // non-2xx answer is a *queenAnswer.
 func (q *queenClient) postFor(ctx context.Context, path string, body, out any) error {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return err
+	err := rpc.Do(ctx, q.hc, rpc.Call{Method: http.MethodPost, URL: q.base + path, Token: q.token, In: body, Out: out, MaxAnswer: 64 << 10})
+	var se *rpc.StatusError
+	if errors.As(err, &se) {
+		return &queenAnswer{path: path, status: se.Status, message: se.Message}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, q.base+path, bytes.NewReader(b))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if q.token != "" {
-		req.Header.Set("Authorization", "Bearer "+q.token)
-	}
-	resp, err := q.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("POST %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if resp.StatusCode/100 != 2 {
-		return &queenAnswer{path: path, status: resp.StatusCode, message: api.RemoteError(resp.StatusCode, msg).Message}
-	}
-	if out != nil && len(bytes.TrimSpace(msg)) > 0 {
-		if err := json.Unmarshal(msg, out); err != nil {
-			return fmt.Errorf("POST %s: the answer is not what a queen sends: %w", path, err)
-		}
-	}
-	return nil
+	return err
 }

@@ -219,7 +219,7 @@ func (th *testHive) startAuthed(token string) string {
 	return res.WorkerID
 }
 
-// Heartbeats and events carry no history (issue 12's time bomb: it grew
+// Heartbeats and events carry no history (the time bomb: it grew
 // with every busy/ready change and was sent in every heartbeat), only the
 // count of transitions; the hive's own API still shows the recent history.
 // Each heartbeat carries the live workers' own tokens for the queen.

@@ -26,7 +26,7 @@ func environOf(t *testing.T, pid int) map[string]string {
 	return env
 }
 
-// Regression (issue 11): the hive's scrub of its workers' environment
+// Regression: the hive's scrub of its workers' environment
 // missed APIARY_API_TOKEN and APIARY_DATABASE_URL. A real `apiary hive`
 // run with every secret in its environment starts a real worker whose
 // environment holds none of them, only its own worker token.

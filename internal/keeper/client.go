@@ -6,12 +6,10 @@
 package keeper
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -19,6 +17,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -163,45 +162,22 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, rd)
-	if err != nil {
-		return fmt.Errorf("keeper: %w", err)
-	}
-	if method != http.MethodGet {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
+	err := rpc.Do(ctx, c.hc, rpc.Call{Method: method, URL: u, Token: token, In: body, Out: out, MaxAnswer: 64 << 20})
+	var se *rpc.StatusError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se):
+		return apiError(se.Status, se.Body)
+	case errors.Is(err, rpc.ErrUnreachable):
 		return fmt.Errorf("%w at %s (start one with `apiary queen`, or point --queen / APIARY_QUEEN at one): %w", ErrUnreachable, c.base, err)
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return fmt.Errorf("keeper: read answer of %s %s: %w", method, path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		return apiError(resp.StatusCode, data)
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("keeper: bad answer of %s %s: %w", method, path, err)
-		}
-	}
-	return nil
+	return fmt.Errorf("keeper: %w", err)
 }
 
-// apiError is the queen's error answer data with status.
+// apiError is the queen's error answer data with status, its text as it
+// came: the CLI escapes what it prints (termtext), so a person sees what
+// was sent.
 func apiError(status int, data []byte) *APIError {
 	var e api.Error
 	if json.Unmarshal(data, &e) != nil || e.Error.Code == "" {

@@ -23,7 +23,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
-// Modes of `apiary infer` (lifecycle-clarification.md, "The Two Modes").
+// Modes of `apiary infer` (docs/ownership.md, "`apiary infer`").
 const (
 	// ModePersistent: a queen answers at the URL; the keeper uses it and
 	// leaves it (and its hives and workers) running.
@@ -304,11 +304,7 @@ func (k *Infer) generate(ctx context.Context, url, ref string) error {
 // answerError reads an OpenAI error answer.
 func answerError(resp *http.Response) error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	var e api.Error
-	if json.Unmarshal(data, &e) != nil || e.Error.Message == "" {
-		return &APIError{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(data))}
-	}
-	return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+	return apiError(resp.StatusCode, data)
 }
 
 // stream copies the content of each SSE chunk to Stdout until [DONE].

@@ -13,8 +13,8 @@ import (
 )
 
 // The keeper as a person runs it: the real binary, a real queen, hive and
-// worker. Tests are named after the rows of lifecycle-clarification.md's
-// "What Dies When" tables and the items of its keeper checklist.
+// worker. Tests are named after the cases of what dies when, and of the
+// two modes of `apiary infer` (docs/ownership.md).
 
 // Persistent mode. Checklist: "Detect if queen-rbee is already running",
 // "If not spawned, do NOT send SIGTERM to queen-rbee", "Exit after command

@@ -9,7 +9,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
-// Regression (issue 11): the queen of ephemeral mode inherited the
+// Regression: the queen of ephemeral mode inherited the
 // keeper's whole environment, $APIARY_DATABASE_URL and $PGPASSWORD
 // included, and took the operator's database for its throwaway one. It
 // gets no secret but the tokens the keeper sends, and answers from its own

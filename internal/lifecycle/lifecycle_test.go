@@ -122,7 +122,7 @@ func TestParseState(t *testing.T) {
 }
 
 // A worker that alternates between ready and busy for weeks keeps a
-// bounded history (the time bomb of issue 12: it reached 1 MiB in a day
+// bounded history (unbounded, it reached 1 MiB in a day
 // and every heartbeat of its hive was refused); the total still counts
 // every change, and a long reason is cut.
 func TestHistoryIsBounded(t *testing.T) {

@@ -129,7 +129,7 @@ func TestGreedyIsDeterministicAndHonoursMaxTokens(t *testing.T) {
 }
 
 // frequency_penalty and presence_penalty change what is generated (they
-// were accepted and ignored: issue 12), greedy included, and stay
+// were once accepted and ignored), greedy included, and stay
 // deterministic.
 func TestPenaltiesChangeGreedyOutput(t *testing.T) {
 	e := load(t, 1)

@@ -20,7 +20,7 @@ import (
 // Ownership and the cascading shutdown with real processes: a queen with a
 // hive it started (--local-hive: its child, lifeline on stdin, lease on the
 // queen) and a hive an operator started, each with a worker. Tests are
-// named after lifecycle-clarification.md's rules and checklist items.
+// named after the ownership rules and their checks (docs/ownership.md).
 
 // ownCluster is a queen that owns a local hive, and an operator's hive
 // registered with it; each runs one worker of tiny.

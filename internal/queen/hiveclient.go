@@ -1,18 +1,16 @@
 package queen
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -48,37 +46,25 @@ func (c *httpHiveClient) StopWorker(ctx context.Context, endpoint, workerID stri
 }
 
 func (c *httpHiveClient) post(ctx context.Context, endpoint, path string, body, out any) error {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(endpoint, "/")+path, bytes.NewReader(b))
-	if err != nil {
+	return c.call(ctx, rpc.Call{Method: http.MethodPost, URL: strings.TrimSuffix(endpoint, "/") + path, In: body, Out: out, MaxAnswer: maxHiveAnswer})
+}
+
+// call makes one call to a hive with the cluster token: an answer that is
+// not 2xx is the hive's refusal (*HiveError); no answer is
+// ErrHiveUnreachable.
+func (c *httpHiveClient) call(ctx context.Context, rc rpc.Call) error {
+	rc.Token = c.token
+	err := rpc.Do(ctx, c.hc, rc)
+	var se *rpc.StatusError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se):
+		return &HiveError{Status: se.Status, Code: se.Code, Message: se.Message}
+	case errors.Is(err, rpc.ErrUnreachable):
 		return fmt.Errorf("%w: %w", ErrHiveUnreachable, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("%w: POST %s%s: %w", ErrHiveUnreachable, endpoint, path, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxHiveAnswer))
-	if err != nil {
-		return fmt.Errorf("%w: POST %s%s: %w", ErrHiveUnreachable, endpoint, path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		d := api.RemoteError(resp.StatusCode, data)
-		return &HiveError{Status: resp.StatusCode, Code: d.Code, Message: d.Message}
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("%w: POST %s%s: bad answer: %w", ErrHiveUnreachable, endpoint, path, err)
-		}
-	}
-	return nil
+	return err
 }
 
 // hiveCode reports whether err is the hive's refusal with code.
@@ -87,31 +73,9 @@ func hiveCode(err error, code string) bool {
 	return errors.As(err, &he) && he.Code == code
 }
 
-// Models implements HiveModels.
+// Models implements routing.HiveModels: GET /v2/models.
 func (c *httpHiveClient) Models(ctx context.Context, endpoint string) ([]api.Model, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(endpoint, "/")+"/v2/models", nil)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHiveUnreachable, err)
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%w: GET %s/v2/models: %w", ErrHiveUnreachable, endpoint, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return nil, fmt.Errorf("%w: GET %s/v2/models: %w", ErrHiveUnreachable, endpoint, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		d := api.RemoteError(resp.StatusCode, data)
-		return nil, &HiveError{Status: resp.StatusCode, Code: d.Code, Message: d.Message}
-	}
 	var list api.ModelList
-	if err := json.Unmarshal(data, &list); err != nil {
-		return nil, fmt.Errorf("%w: GET %s/v2/models: bad answer: %w", ErrHiveUnreachable, endpoint, err)
-	}
-	return list.Models, nil
+	err := c.call(ctx, rpc.Call{URL: strings.TrimSuffix(endpoint, "/") + "/v2/models", Out: &list, MaxAnswer: 8 << 20})
+	return list.Models, err
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
-// metrics are the queen's Prometheus metrics (POOLREG-19070 and the
+// metrics are the queen's Prometheus metrics (the
 // lifecycle rows), on a registry of its own.
 type metrics struct {
 	reg                 *prometheus.Registry

@@ -11,7 +11,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/sshnode"
 )
 
-// Ownership (lifecycle-clarification.md, rule 1): a daemon stops only what
+// Ownership (docs/ownership.md, "Who owns what"): a daemon stops only what
 // it started. The queen records who started it (an operator, or a keeper in
 // ephemeral mode) and which hives it started itself: one per SSH node and,
 // when asked, one on this machine. Those hives hold a lifeline to the queen

@@ -12,7 +12,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
-// Regression (issue 11): no secret of the queen's environment reaches the
+// Regression: no secret of the queen's environment reaches the
 // processes it starts. A real queen with every secret set starts its local
 // hive (which still gets the cluster token, on its lifeline, and
 // registers with it) and the hive a worker: neither environment holds a

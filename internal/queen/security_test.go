@@ -31,7 +31,7 @@ func TestForgedURLsAreRefused(t *testing.T) {
 	x.register("a")
 	now := time.Now().UTC()
 	w := api.Worker{WorkerID: "w1", ModelRef: "tiny", URI: "http://127.0.0.1:1/?steal=", Status: "ready", StartedAt: now}
-	// A bad entry is refused alone, named in the answer (issue 12).
+	// A bad entry is refused alone, named in the answer.
 	if status, body := x.do("POST", "/v2/pools/a/heartbeat", "", api.Heartbeat{Workers: []api.Worker{w}}); status != 200 ||
 		!strings.Contains(string(body), `"refused":[{"worker_id":"w1"`) || !strings.Contains(string(body), "query") {
 		t.Errorf("heartbeat with a worker uri with a query: %d %s", status, body)

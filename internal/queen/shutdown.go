@@ -12,7 +12,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
-// Cascading shutdown (lifecycle-clarification.md): SIGTERM to the queen, or
+// Cascading shutdown (docs/ownership.md): SIGTERM to the queen, or
 // POST /api/admin/shutdown, or the end of the queen's own lifeline (its
 // keeper is gone) → every hive the queen started stops its workers and
 // exits (Fleet.StopAll, the queen still serving so their last events

@@ -1,6 +1,6 @@
 package queen
 
-// The soak of issue 12: under a steady load of completions through the
+// The soak: under a steady load of completions through the
 // queen, workers, a hive and the queen are SIGKILLed at random and
 // restarted; afterwards the live lifecycle rows are exactly the worker
 // processes that run, nothing is orphaned, no message between the daemons

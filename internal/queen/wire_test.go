@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// Regression (issue 12, "lifecycleId sits beside pool_id"): the admin
+// Regression ("lifecycleId sits beside pool_id"): the admin
 // worker answers say lifecycle_id, like every other key; a stop sent with
 // the seed's lifecycleId is still taken, and the body is still strict.
 func TestAdminWorkerLifecycleIDIsSnakeCase(t *testing.T) {

@@ -57,7 +57,7 @@ func BenchmarkHeartbeat(b *testing.B) {
 	}
 }
 
-// BenchmarkQuery2000 runs the POOLREG-1904x queries over 2,000 pools.
+// BenchmarkQuery2000 runs the registry queries over 2,000 pools.
 func BenchmarkQuery2000(b *testing.B) {
 	r := benchRegistry(b, 2000)
 	for _, q := range []struct {

@@ -6,7 +6,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 )
 
-// Filter selects pools (POOLREG-19040..19043); zero fields select all.
+// Filter selects pools; zero fields select all.
 type Filter struct {
 	Statuses     []Status // any of these (19041: healthy)
 	Model        string   // has a live worker of this model (19042)

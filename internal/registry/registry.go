@@ -1,4 +1,4 @@
-// Package registry is the queen's pool registry (POOLREG-19xxx): the hives
+// Package registry is the queen's pool registry: the hives
 // that registered, what they last reported (devices, workers), and whether
 // each is alive.
 //

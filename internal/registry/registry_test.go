@@ -566,7 +566,7 @@ func TestUpdateWorkerIsBounded(t *testing.T) {
 	}
 }
 
-// A drained pool can be taken back (issue 12: drain could not be undone,
+// A drained pool can be taken back (drain could not be undone,
 // and `pools rm` killed the pool's workers); undraining one that is not
 // drained changes nothing, and an offline pool cannot be.
 func TestUndrain(t *testing.T) {

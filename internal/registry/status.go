@@ -19,7 +19,7 @@ const (
 // Statuses lists every status.
 var Statuses = []Status{Healthy, Unhealthy, Draining, Offline}
 
-// transitions is POOLREG-19051 widened to what a lease needs: a drained
+// transitions is the contract's table widened to what a lease needs: a drained
 // pool that misses heartbeats is unhealthy and comes back draining, a
 // deregistered pool comes back when its hive registers again, and an
 // operator may undrain a draining pool (healthy again).

@@ -85,7 +85,7 @@ type Placer interface {
 	Place(pools []registry.Pool, req PlaceRequest) (Decision, error)
 }
 
-// MostFreeMemory is the placement of issue 5: among the healthy pools
+// MostFreeMemory is the default placement: among the healthy pools
 // whose hive has the model, the one with a device where the model fits
 // and that has the most free memory; ties go to the smaller pool id, then
 // the smaller device id. The model fits a device whose free memory is at

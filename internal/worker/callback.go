@@ -1,17 +1,15 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -68,35 +66,16 @@ func (e refusedError) Unwrap() error { return e.err }
 
 // postReady makes one callback attempt.
 func (w *Worker) postReady(ctx context.Context, client *http.Client, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.cfg.CallbackURL, bytes.NewReader(body))
-	if err != nil {
-		return refusedError{err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if w.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+w.cfg.Token)
-	}
-	res, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer res.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+	err := rpc.Do(ctx, client, rpc.Call{Method: http.MethodPost, URL: w.cfg.CallbackURL, Token: w.cfg.Token,
+		In: json.RawMessage(body), MaxAnswer: 4096})
+	var se *rpc.StatusError
 	switch {
-	case res.StatusCode >= 200 && res.StatusCode < 300:
+	case err == nil:
 		return nil
-	case res.StatusCode >= 400 && res.StatusCode < 500:
-		return refusedError{fmt.Errorf("answered %s: %s", res.Status, answerMessage(msg))}
-	default:
-		return fmt.Errorf("answered %s: %s", res.Status, answerMessage(msg))
+	case errors.As(err, &se) && se.Status >= 400 && se.Status < 500:
+		return refusedError{fmt.Errorf("answered %d %s: %s: %s", se.Status, http.StatusText(se.Status), se.Code, se.Message)}
+	case errors.As(err, &se):
+		return fmt.Errorf("answered %d %s: %s: %s", se.Status, http.StatusText(se.Status), se.Code, se.Message)
 	}
-}
-
-// answerMessage is the error message of an {"error":{…}} body, or the body.
-func answerMessage(body []byte) string {
-	var e api.Error
-	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
-		return e.Error.Code + ": " + e.Error.Message
-	}
-	return api.Printable(strings.TrimSpace(string(body)), api.MaxRemoteMessage)
+	return err
 }
