@@ -69,7 +69,7 @@ func fakeQueen(t *testing.T) string {
 	return srv.URL
 }
 
-// Regression (issue 11): names and reasons from daemons reached the CLI's
+// Regression: names and reasons from daemons reached the CLI's
 // tables and messages with their escape bytes intact. Every one now shows
 // as visible escapes.
 func TestDaemonTextIsEscapedInTablesAndMessages(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/secret"
 )
 
-// Regression (issue 11): `apiary queen --help` printed $APIARY_DATABASE_URL,
+// Regression: `apiary queen --help` printed $APIARY_DATABASE_URL,
 // password included, as the default of --database-url. No command's help
 // shows a secret of the environment, nor a password in a URL default
 // ($APIARY_QUEEN).

@@ -9,7 +9,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 )
 
-// Regression (issue 12): an unknown command exited 1 while every other
+// Regression: an unknown command exited 1 while every other
 // usage error exits 2.
 func TestUnknownCommandExits2(t *testing.T) {
 	for _, tc := range []struct {
@@ -33,7 +33,7 @@ func TestUnknownCommandExits2(t *testing.T) {
 	}
 }
 
-// Regression (issue 12): persistent `apiary infer --model /other/dir/small.gguf`
+// Regression: persistent `apiary infer --model /other/dir/small.gguf`
 // silently served the pools' own, different, small. A path is refused
 // with a usage error that names the ref and ephemeral mode.
 func TestPersistentInferRefusesAModelPath(t *testing.T) {
@@ -51,7 +51,7 @@ func TestPersistentInferRefusesAModelPath(t *testing.T) {
 	}
 }
 
-// Regression (issue 12, "a CPU shows as GPU 0"): a row on the CPU of a
+// Regression ("a CPU shows as GPU 0"): a row on the CPU of a
 // CPU-only pool shows its device as cpu; a GPU row as gpu N.
 func TestWorkersLsShowsTheCPUAsCPU(t *testing.T) {
 	q := "--queen=" + startTestQueen(t) // pool p1: device 0 is the CPU
