@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,8 +25,7 @@ type hiveFlags struct {
 	stopGrace, shutdownAck                 time.Duration
 	idleTimeout, heartbeatInterval         time.Duration
 	logRetention                           time.Duration
-	logJSON                                bool
-	logLevel                               string
+	log                                    logFlags
 	owner, lifeline, workerPath            string
 	leaseTimeout                           time.Duration
 }
@@ -90,8 +88,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	_ = fl.MarkHidden("worker-path")
 	fl.DurationVar(&f.leaseTimeout, "lease-timeout", 0, "shut down when the queen answered no heartbeat for this long (with --owner queen|keeper; 0: never)")
 	addTLSFlags(fl, &f.tls)
-	fl.BoolVar(&f.logJSON, "log-json", false, "write logs as JSON")
-	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.log.add(fl)
 	return cmd
 }
 
@@ -109,14 +106,9 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 	if !ok || err1 != nil || err2 != nil {
 		return hive.Config{}, usagef("--worker-ports %q: want FROM-TO, e.g. 8001-8999", f.ports)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return hive.Config{}, usagef("--log-level %q: want debug, info, warn or error", f.logLevel)
-	}
-	opts := &slog.HandlerOptions{Level: level}
-	var handler slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), opts)
-	if f.logJSON {
-		handler = slog.NewJSONHandler(cmd.ErrOrStderr(), opts)
+	logger, err := f.log.logger(cmd.ErrOrStderr())
+	if err != nil {
+		return hive.Config{}, err
 	}
 	for name, d := range map[string]time.Duration{
 		"--callback-timeout": f.callbackTimeout, "--health-interval": f.healthInterval, "--stop-grace": f.stopGrace,
@@ -156,6 +148,6 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		ClusterToken: os.Getenv("APIARY_CLUSTER_TOKEN"),
 		TLS:          f.tls,
 		Owner:        f.owner, LeaseTimeout: f.leaseTimeout, WorkerPath: f.workerPath,
-		Logger: slog.New(handler),
+		Logger: logger,
 	}, nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -28,8 +27,7 @@ type queenFlags struct {
 	hiveTimeout                           time.Duration
 	auditRetention, rowsRetention         time.Duration
 	maxBody                               int64
-	logJSON                               bool
-	logLevel                              string
+	log                                   logFlags
 	owner, lifeline, sshConfig            string
 	localHive                             bool
 	hiveArgs                              []string
@@ -98,20 +96,14 @@ address only.`,
 	f.routing.add(fl)
 	addTLSFlags(fl, &f.tls)
 	fl.StringArrayVar(&f.corsOrigins, "cors-origin", nil, "browser origin allowed to call the OpenAI endpoints, e.g. https://chat.example.com (repeatable; * for any); default none")
-	fl.BoolVar(&f.logJSON, "log-json", false, "write logs as JSON")
-	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.log.add(fl)
 	return cmd
 }
 
 func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return queen.Config{}, usagef("--log-level %q: want debug, info, warn or error", f.logLevel)
-	}
-	opts := &slog.HandlerOptions{Level: level}
-	var handler slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), opts)
-	if f.logJSON {
-		handler = slog.NewJSONHandler(cmd.ErrOrStderr(), opts)
+	logger, err := f.log.logger(cmd.ErrOrStderr())
+	if err != nil {
+		return queen.Config{}, err
 	}
 	for name, d := range map[string]time.Duration{
 		"--heartbeat-timeout": f.heartbeatTimeout, "--offline-retention": f.offlineRetention,
@@ -154,7 +146,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		Tokens: queen.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
 		Ownership: queen.OwnershipConfig{Owner: f.owner, LocalHive: f.localHive, HiveArgs: f.hiveArgs,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout},
-		Logger: slog.New(handler),
+		Logger: logger,
 	}, nil
 }
 

@@ -36,8 +36,7 @@ type workerFlags struct {
 	threads       int
 	queue         int
 	shutdownGrace time.Duration
-	logJSON       bool
-	logLevel      string
+	log           logFlags
 }
 
 func newWorkerCmd() *cobra.Command {
@@ -74,8 +73,7 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.IntVar(&f.queue, "queue", 0, "requests that may wait for a slot; 0: 4 per slot, -1: none")
 	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "time in-flight generations get to finish on shutdown")
 	addTLSFlags(fl, &f.tls)
-	fl.BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
-	fl.StringVar(&f.logLevel, "log-level", "info", "least important log level: debug, info, warn or error")
+	f.log.add(fl)
 	return cmd
 }
 
@@ -96,16 +94,10 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	if f.shutdownGrace <= 0 {
 		return usagef("worker: --shutdown-grace must be positive, got %s", f.shutdownGrace)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return usagef("worker: --log-level %q: use debug, info, warn or error", f.logLevel)
+	logger, err := f.log.logger(stderr)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
-	opts := &slog.HandlerOptions{Level: level}
-	var handler slog.Handler = slog.NewTextHandler(stderr, opts)
-	if f.logJSON {
-		handler = slog.NewJSONHandler(stderr, opts)
-	}
-	logger := slog.New(handler)
 
 	// llama.cpp runs in the build made for this CPU: the portable binary
 	// becomes the x86-64-v3 one here when it can (same pid and arguments).

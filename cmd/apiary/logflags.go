@@ -1,0 +1,34 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+
+	"github.com/spf13/pflag"
+)
+
+// logFlags are the daemons' --log-json and --log-level, and the one
+// logger they make.
+type logFlags struct {
+	json  bool
+	level string
+}
+
+func (f *logFlags) add(fl *pflag.FlagSet) {
+	fl.BoolVar(&f.json, "log-json", false, "write logs as JSON lines instead of text")
+	fl.StringVar(&f.level, "log-level", "info", "least important log level: debug, info, warn or error")
+}
+
+// logger writes to w at the level asked, as text or JSON; a level that is
+// not one is a usage error.
+func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", f.level)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if f.json {
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewTextHandler(w, opts)), nil
+}
