@@ -33,7 +33,7 @@ const llamaSwapEnv = "APIARY_LLAMA_SWAP"
 // worker is the queen's, already running), and llama-swap checks the
 // worker's /health (which needs no token) before it relays. It returns
 // llama-swap's base URL once llama-swap answers.
-func startLlamaSwap(b *testing.B, bin, workerURI string) string {
+func startLlamaSwap(b *testing.B, bin, workerURI string) (string, int) {
 	b.Helper()
 	dir := b.TempDir()
 	// concurrencyLimit: llama-swap's default, 10 requests at once a model,
@@ -84,7 +84,7 @@ models:
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return base
+				return base, cmd.Process.Pid
 			}
 		}
 		if time.Now().After(deadline) {
@@ -104,6 +104,28 @@ func freeAddr(b *testing.B) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// cpuTime is the time pid's threads have run on a CPU
+// (/proc/<pid>/task/*/schedstat), to the nanosecond.
+func cpuTime(b *testing.B, pid int) time.Duration {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(tasks) == 0 {
+		b.Fatalf("cpu time of pid %d: %v (no task)", pid, err)
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		data, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread ended
+		}
+		var ns int64
+		if _, err := fmt.Sscan(string(data), &ns); err != nil {
+			b.Fatalf("%s: %q: %v", t, data, err)
+		}
+		sum += time.Duration(ns)
+	}
+	return sum
 }
 
 // spread is the median of per-round figures and their range and
@@ -132,7 +154,8 @@ func (s spread) String() string {
 // proxy in a round is its p50 minus the direct p50 of the same round.
 // Reported per concurrency: the median over rounds of each, with the
 // interquartile range and the range, so that the machine's drift during
-// the run falls on all three sides alike.
+// the run falls on all three sides alike; and the CPU time each proxy
+// process ran during its own waves, per stream relayed.
 func BenchmarkRelayVsLlamaSwap(b *testing.B) {
 	bin := os.Getenv(llamaSwapEnv)
 	if bin == "" {
@@ -154,14 +177,16 @@ func BenchmarkRelayVsLlamaSwap(b *testing.B) {
 		b.Fatalf("rows %+v %v", rows, err)
 	}
 	direct, token := rows[0].URI, testbin.WorkerToken(b, *rows[0].PID)
-	swap := startLlamaSwap(b, bin, direct)
+	swap, swapPID := startLlamaSwap(b, bin, direct)
 
 	// llama-swap passes the client's Authorization header on to the
 	// worker: the client sends the worker's own token, as straight to it.
+	// pid: the proxy, whose CPU time the side's streams cost; 0: none.
 	type side struct {
 		name, base, token string
+		pid               int
 	}
-	sides := []side{{"direct", direct, token}, {"queen", qURL, ""}, {"llama-swap", swap, token}}
+	sides := []side{{"direct", direct, token, 0}, {"queen", qURL, "", q.cmd.Process.Pid}, {"llama-swap", swap, token, swapPID}}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 	defer hc.CloseIdleConnections()
 	const body = `{"model":"tiny","prompt":"Once upon a time","max_tokens":64,"temperature":0,"ignore_eos":true,"stream":true}`
@@ -179,13 +204,21 @@ func BenchmarkRelayVsLlamaSwap(b *testing.B) {
 			ttft := make([][]time.Duration, len(sides)) // per side, per round: p50
 			itl := make([][]time.Duration, len(sides))
 			added := make([][]time.Duration, len(sides))
+			cpu := make([]time.Duration, len(sides)) // the proxy's, during its side's waves
 			for r := range c.rounds {
 				p50 := make([]time.Duration, len(sides))
 				for k := range sides {
 					i := (r + k) % len(sides)
 					var s sample
+					var before time.Duration
+					if sides[i].pid != 0 {
+						before = cpuTime(b, sides[i].pid)
+					}
 					for range c.waves {
 						roundAs(ctx, b, hc, sides[i].base, sides[i].token, body, c.streams, &s)
+					}
+					if sides[i].pid != 0 {
+						cpu[i] += cpuTime(b, sides[i].pid) - before
 					}
 					p50[i] = pct(s.ttft, .5)
 					ttft[i] = append(ttft[i], p50[i])
@@ -199,9 +232,11 @@ func BenchmarkRelayVsLlamaSwap(b *testing.B) {
 				c.streams, c.rounds, c.streams*c.waves, spreadOf(ttft[0]).med.Round(time.Microsecond), spreadOf(itl[0]).med.Round(time.Microsecond))
 			for i := 1; i < len(sides); i++ {
 				a := spreadOf(added[i])
-				line += fmt.Sprintf("\n    %-10s TTFT p50 %v, added %v; ITL p50 %v", sides[i].name,
-					spreadOf(ttft[i]).med.Round(time.Microsecond), a, spreadOf(itl[i]).med.Round(time.Microsecond))
+				perStream := cpu[i] / time.Duration(c.rounds*c.waves*c.streams)
+				line += fmt.Sprintf("\n    %-10s TTFT p50 %v, added %v; ITL p50 %v; CPU %v a stream", sides[i].name,
+					spreadOf(ttft[i]).med.Round(time.Microsecond), a, spreadOf(itl[i]).med.Round(time.Microsecond), perStream.Round(time.Microsecond))
 				b.ReportMetric(float64(a.med.Microseconds()), fmt.Sprintf("%s-added-ttft-p50-µs/%d", sides[i].name, c.streams))
+				b.ReportMetric(float64(perStream.Microseconds()), fmt.Sprintf("%s-cpu-µs-per-stream/%d", sides[i].name, c.streams))
 			}
 			report = append(report, line)
 		}
