@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -183,6 +184,20 @@ var (
 	sseEnd   = []byte("\n\n")
 )
 
+// streamBufs are a relayed stream's read buffer and event, kept between
+// streams: a fresh 16 KiB reader a stream was most of the bytes a
+// streamed request allocated in the queen.
+type streamBufs struct {
+	br *bufio.Reader
+	ev []byte
+}
+
+var streamBufPool = sync.Pool{New: func() any { return &streamBufs{br: bufio.NewReaderSize(nil, 16<<10)} }}
+
+// maxPooledEvent bounds the event buffer a stream hands back to the pool
+// (a worker's rare huge event is not kept for every later stream).
+const maxPooledEvent = 64 << 10
+
 // relayStream relays a worker's event stream: each event is written to
 // the client as soon as its blank line arrives, bytes as they came, and
 // flushed unless the next complete event has already arrived with it
@@ -199,8 +214,18 @@ func (q *Queen) relayStream(ctx context.Context, w http.ResponseWriter, resp *ht
 	ttft := m.ttft.WithLabelValues(rr.model)
 	itl := m.interToken.WithLabelValues(rr.model)
 	rc := http.NewResponseController(w)
-	br := bufio.NewReaderSize(resp.Body, 16<<10)
-	var ev []byte
+	bufs := streamBufPool.Get().(*streamBufs)
+	br := bufs.br
+	br.Reset(resp.Body)
+	ev := bufs.ev[:0]
+	defer func() {
+		br.Reset(nil)
+		bufs.ev = nil
+		if cap(ev) <= maxPooledEvent {
+			bufs.ev = ev[:0]
+		}
+		streamBufPool.Put(bufs)
+	}()
 	var last time.Time
 	started, ended := false, false
 	for {
