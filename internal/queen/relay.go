@@ -106,7 +106,9 @@ func (q *Queen) attempt(ctx context.Context, w http.ResponseWriter, l lease, rr 
 	if rr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
-	resp, err := q.routing.up.Do(req)
+	// Straight to the transport: the client would only add its redirect
+	// handling (it follows none) and a copy of the headers for it.
+	resp, err := q.routing.up.Transport.RoundTrip(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return outcome{err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
