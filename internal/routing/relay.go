@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -108,7 +109,9 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 	if rr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
-	resp, err := s.up.Do(req)
+	// Straight to the transport: the client would only add its redirect
+	// handling (it follows none) and a copy of the headers for it.
+	resp, err := s.up.Transport.RoundTrip(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return outcome{err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
@@ -186,6 +189,20 @@ var (
 	sseEnd   = []byte("\n\n")
 )
 
+// streamBufs are a relayed stream's read buffer and event, kept between
+// streams: a fresh 16 KiB reader a stream was most of the bytes a
+// streamed request allocated in the queen.
+type streamBufs struct {
+	br *bufio.Reader
+	ev []byte
+}
+
+var streamBufPool = sync.Pool{New: func() any { return &streamBufs{br: bufio.NewReaderSize(nil, 16<<10)} }}
+
+// maxPooledEvent bounds the event buffer a stream hands back to the pool
+// (a worker's rare huge event is not kept for every later stream).
+const maxPooledEvent = 64 << 10
+
 // relayStream relays a worker's event stream: each event is written to
 // the client as soon as its blank line arrives, bytes as they came, and
 // flushed unless the next complete event has already arrived with it
@@ -202,8 +219,18 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 	ttft := m.ttft.WithLabelValues(rr.model)
 	itl := m.interToken.WithLabelValues(rr.model)
 	rc := http.NewResponseController(w)
-	br := bufio.NewReaderSize(resp.Body, 16<<10)
-	var ev []byte
+	bufs := streamBufPool.Get().(*streamBufs)
+	br := bufs.br
+	br.Reset(resp.Body)
+	ev := bufs.ev[:0]
+	defer func() {
+		br.Reset(nil)
+		bufs.ev = nil
+		if cap(ev) <= maxPooledEvent {
+			bufs.ev = ev[:0]
+		}
+		streamBufPool.Put(bufs)
+	}()
 	var last time.Time
 	started, ended := false, false
 	for {
