@@ -80,6 +80,9 @@ func RemoteError(status int, body []byte) ErrorDetail {
 // reaches a terminal, a log or the audit log can then neither rewrite the
 // screen nor hide what it says.
 func Printable(s string, max int) string {
+	if len(s) <= max && clean(s) {
+		return s // most text is: no copy
+	}
 	var b strings.Builder
 	for i, r := range s {
 		if b.Len()+utf8.RuneLen(r) > max {
@@ -92,6 +95,16 @@ func Printable(s string, max int) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// clean reports whether Printable keeps every rune of s as it is.
+func clean(s string) bool {
+	for i, r := range s {
+		if !unicode.IsPrint(r) && r != ' ' || r == utf8.RuneError && isInvalidAt(s, i) || isBidi(r) {
+			return false
+		}
+	}
+	return true
 }
 
 func isInvalidAt(s string, i int) bool {

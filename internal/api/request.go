@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/apiary-llm/apiary/internal/openai"
 )
@@ -24,7 +24,10 @@ func Bearer(r *http.Request) string {
 // leaves dst as it is when allowEmpty. A body over the server's limit
 // returns the *http.MaxBytesError for the caller's mapper (413).
 func Decode(r *http.Request, dst any, allowEmpty bool) error {
-	b, err := io.ReadAll(r.Body)
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	defer putBodyBuffer(buf)
+	_, err := buf.ReadFrom(r.Body)
+	b := buf.Bytes() // dst never holds on to it: the decoder copies what it keeps
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -47,6 +50,22 @@ func Decode(r *http.Request, dst any, allowEmpty bool) error {
 		return BadRequest("invalid JSON body: more than one value")
 	}
 	return nil
+}
+
+// bodyBuffers are Decode's buffers, reused: a heartbeat a second from
+// each of thousands of hives would otherwise grow a new one each.
+var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBody bounds the buffers kept in bodyBuffers: one large body
+// must not stay in memory after its request.
+const maxPooledBody = 64 << 10
+
+func putBodyBuffer(b *bytes.Buffer) {
+	if b.Cap() > maxPooledBody {
+		return
+	}
+	b.Reset()
+	bodyBuffers.Put(b)
 }
 
 // StatusRecorder wraps a ResponseWriter and remembers the status written

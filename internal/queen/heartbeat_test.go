@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/apiary-llm/apiary/internal/api"
 )
 
@@ -45,5 +47,33 @@ func TestHeartbeatRefusesABadEntryAlone(t *testing.T) {
 	}
 	if p := x.pool("a"); len(p.Workers) != 1 || p.Workers[0].WorkerID != good.Worker.WorkerID {
 		t.Errorf("pool workers %+v", p.Workers)
+	}
+}
+
+// TestSplitWorkers: the good entries are kept in order (splitWorkers
+// filters in place), each bad one is refused alone, and a token is kept
+// only for a kept worker; a token for a worker the heartbeat does not
+// list is refused, one for a refused worker is dropped with it.
+func TestSplitWorkers(t *testing.T) {
+	good := func(id string) api.Worker { return api.Worker{WorkerID: id, ModelRef: "tiny", Status: "ready"} }
+	bad := api.Worker{WorkerID: "w-bad", Status: "no-such-state"}
+	ws := []api.Worker{good("w1"), bad, good("w2"), good("w3")}
+	tokens := map[string]string{"w2": "token-2", "w-bad": "token-bad", "w-ghost": "token-ghost"}
+	kept, keptTokens, refused := splitWorkers(ws, tokens)
+	if diff := cmp.Diff([]api.Worker{good("w1"), good("w2"), good("w3")}, kept); diff != "" {
+		t.Errorf("kept (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]string{"w2": "token-2"}, keptTokens); diff != "" {
+		t.Errorf("tokens kept (-want +got):\n%s", diff)
+	}
+	var ids []string
+	for _, r := range refused {
+		ids = append(ids, r.WorkerID)
+	}
+	if diff := cmp.Diff([]string{"w-bad", "w-ghost"}, ids); diff != "" {
+		t.Errorf("refused (-want +got):\n%s", diff)
+	}
+	if kept, keptTokens, refused := splitWorkers([]api.Worker{good("w1")}, nil); len(kept) != 1 || keptTokens != nil || refused != nil {
+		t.Errorf("a clean heartbeat without tokens: kept %v, tokens %v, refused %v", kept, keptTokens, refused)
 	}
 }

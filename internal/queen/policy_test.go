@@ -1,10 +1,12 @@
 package queen
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
@@ -68,10 +70,64 @@ func TestReconcile(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := reconcile(tc.in)
-			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(rowSync{}, lostRow{}, unknownWorker{}, reconcilePlan{})); diff != "" {
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(rowSync{}, lostRow{}, unknownWorker{}, reconcilePlan{}), cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("plan (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestReconcileManyRows: a pool with more rows than rowFinder scans finds
+// them through its maps, by lifecycle id and by worker id alike.
+func TestReconcileManyRows(t *testing.T) {
+	var in reconcileInput
+	for i := range 3 * rowFinderScan {
+		id, wid := fmt.Sprintf("wk-%02d", i), fmt.Sprintf("w%02d", i)
+		gpu := 0
+		in.Rows = append(in.Rows, store.Row{ID: id, PoolID: "p", WorkerID: wid, ModelRef: "tiny", Status: rowRunning, GPUDevice: &gpu})
+		w := api.Worker{WorkerID: wid, ModelRef: "tiny", Status: "ready"}
+		if i%2 == 0 {
+			w.LifecycleID = id
+		}
+		if i == 7 {
+			w.PID = 42 // new: the row takes it
+		}
+		if i != 9 {
+			in.Workers = append(in.Workers, w)
+		}
+	}
+	got := reconcile(in)
+	if len(got.Seen) != len(in.Rows)-1 || len(got.Unknown) != 0 || len(got.Lost) != 0 {
+		t.Fatalf("seen %d of %d rows, unknown %v, lost %v", len(got.Seen), len(in.Rows), got.Unknown, got.Lost)
+	}
+	if len(got.Sync) != 1 || got.Sync[0].ID != "wk-07" {
+		t.Errorf("%d rows to sync, want wk-07 alone", len(got.Sync))
+	}
+	if diff := cmp.Diff(map[string]int{"wk-09": 1}, got.Misses); diff != "" {
+		t.Errorf("misses (-want +got):\n%s", diff)
+	}
+}
+
+// TestFillFromWorkerLeavesTheCopiedRow: reconcile fills a shallow copy of
+// a row in memory to see whether it changes; the row itself must not.
+func TestFillFromWorkerLeavesTheCopiedRow(t *testing.T) {
+	pid, gpu, at := 7, 0, time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	row := store.Row{ID: "wk-1", WorkerID: "w1", PID: &pid, GPUDevice: &gpu, StartedAt: &at, URI: "http://127.0.0.1:1"}
+	w := api.Worker{WorkerID: "w1", PID: 7, GPUDevice: 0, StartedAt: at, URI: "http://127.0.0.1:1"}
+	next := row
+	if fillFromWorker(&next, w) {
+		t.Errorf("a worker that matches its row changed it: %+v", next)
+	}
+	code := 3
+	w.PID, w.GPUDevice, w.ExitCode, w.URI = 8, 1, &code, "http://127.0.0.1:2"
+	if !fillFromWorker(&next, w) {
+		t.Error("a worker with a new pid, device, exit code and uri did not change its row")
+	}
+	if *row.PID != 7 || *row.GPUDevice != 0 || row.ExitCode != nil || row.URI != "http://127.0.0.1:1" {
+		t.Errorf("the copied row changed: pid %d, gpu %d, exit %v, uri %s", *row.PID, *row.GPUDevice, row.ExitCode, row.URI)
+	}
+	if *next.PID != 8 || *next.GPUDevice != 1 || *next.ExitCode != 3 || next.URI != "http://127.0.0.1:2" {
+		t.Errorf("the filled row: pid %d, gpu %d, exit %v, uri %s", *next.PID, *next.GPUDevice, next.ExitCode, next.URI)
 	}
 }
 

@@ -16,7 +16,9 @@ import (
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
-// checkGPUs and checkWorker validate what a hive reports.
+// checkGPUs and checkWorker validate what a hive reports. They run on
+// every heartbeat: the names in their errors are formatted only when
+// there is an error.
 func checkGPUs(gpus []api.GPU) error {
 	if len(gpus) > maxGPUs {
 		return api.BadRequest("%d gpus: at most %d", len(gpus), maxGPUs)
@@ -29,15 +31,15 @@ func checkGPUs(gpus []api.GPU) error {
 		if g.FreeBytes > g.TotalBytes && g.TotalBytes > 0 {
 			return api.BadRequest("gpu %d reports more free memory (%d) than total (%d)", g.ID, g.FreeBytes, g.TotalBytes)
 		}
-		if err := checkText(fmt.Sprintf("gpu %d kind", g.ID), g.Kind); err != nil {
-			return err
+		if hasControl(g.Kind) {
+			return checkText(fmt.Sprintf("gpu %d kind", g.ID), g.Kind)
 		}
-		if err := checkText(fmt.Sprintf("gpu %d uuid", g.ID), g.UUID); err != nil {
-			return err
+		if hasControl(g.UUID) {
+			return checkText(fmt.Sprintf("gpu %d uuid", g.ID), g.UUID)
 		}
 		for _, id := range g.Workers {
-			if err := checkID(fmt.Sprintf("gpu %d worker", g.ID), id); err != nil {
-				return err
+			if checkID("gpu worker", id) != nil {
+				return checkID(fmt.Sprintf("gpu %d worker", g.ID), id)
 			}
 		}
 	}
@@ -48,11 +50,13 @@ func checkGPUs(gpus []api.GPU) error {
 // escape sequences are made of) in a name a hive reports: the queen shows
 // it again, and `apiary pools` prints it on a terminal.
 func checkText(what, s string) error {
-	if strings.IndexFunc(s, unicode.IsControl) >= 0 {
+	if hasControl(s) {
 		return api.BadRequest("%s %q contains a control character", what, s)
 	}
 	return nil
 }
+
+func hasControl(s string) bool { return strings.IndexFunc(s, unicode.IsControl) >= 0 }
 
 func checkWorker(w api.Worker) error {
 	if err := checkID("worker_id", w.WorkerID); err != nil {
@@ -188,11 +192,17 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 // worker the heartbeat does not list is dropped and named.
 func splitWorkers(ws []api.Worker, tokens map[string]string) ([]api.Worker, map[string]string, []api.RefusedWorker) {
 	var refused []api.RefusedWorker
-	kept := make([]api.Worker, 0, len(ws))
-	keptTokens := make(map[string]string, len(tokens))
-	listed := make(map[string]bool, len(ws))
+	var keptTokens map[string]string
+	var listed map[string]bool
+	if len(tokens) > 0 { // most heartbeats carry none
+		keptTokens = make(map[string]string, len(tokens))
+		listed = make(map[string]bool, len(ws))
+		for _, w := range ws {
+			listed[w.WorkerID] = true
+		}
+	}
+	kept := ws[:0] // in place: entry n is read before the n-th kept one is written
 	for _, w := range ws {
-		listed[w.WorkerID] = true
 		err := checkWorker(w)
 		if err == nil && tokens[w.WorkerID] != "" {
 			err = checkWorkerToken(tokens[w.WorkerID])

@@ -472,9 +472,12 @@ func (q *Queen) reconcile(ctx context.Context, poolID string, beat registry.Beat
 	b := q.rows
 	b.mu.Lock()
 	rows := b.poolRowsLocked(poolID)
-	misses := make(map[string]int, len(rows))
+	var misses map[string]int // most beats miss nothing
 	for _, r := range rows {
 		if n, ok := b.misses[r.ID]; ok {
+			if misses == nil {
+				misses = make(map[string]int, len(rows))
+			}
 			misses[r.ID] = n
 		}
 	}

@@ -2,7 +2,6 @@ package queen
 
 import (
 	"fmt"
-	"reflect"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -71,25 +70,16 @@ type reconcilePlan struct {
 //   - A worker whose entry the queen refused loses its row at once and is
 //     stopped (when its id can be named).
 func reconcile(in reconcileInput) reconcilePlan {
-	plan := reconcilePlan{Misses: map[string]int{}}
-	byID := make(map[string]store.Row, len(in.Rows))
-	byWorker := make(map[string]string, len(in.Rows))
-	for _, r := range in.Rows {
-		byID[r.ID] = r
-		if r.WorkerID != "" {
-			byWorker[r.WorkerID] = r.ID
-		}
-	}
-	seen := map[string]bool{}
+	var plan reconcilePlan
+	find := newRowFinder(in.Rows)
+	seen := make([]bool, len(in.Rows))
 	for _, w := range in.Workers {
 		state := lifecycle.State(w.Status)
-		id := ""
-		if _, ok := byID[w.LifecycleID]; ok && w.LifecycleID != "" {
-			id = w.LifecycleID
-		} else if rid, ok := byWorker[w.WorkerID]; ok && w.WorkerID != "" {
-			id = rid
+		i, ok := find.lifecycle(w.LifecycleID)
+		if !ok {
+			i, ok = find.worker(w.WorkerID)
 		}
-		if id == "" {
+		if !ok {
 			if state.Terminal() {
 				continue // ended, nothing to stop
 			}
@@ -100,9 +90,9 @@ func reconcile(in reconcileInput) reconcilePlan {
 			plan.Unknown = append(plan.Unknown, unknownWorker{Worker: w, Why: why})
 			continue
 		}
-		seen[id] = true
-		plan.Seen = append(plan.Seen, id)
-		row := byID[id]
+		row := in.Rows[i]
+		seen[i] = true
+		plan.Seen = append(plan.Seen, row.ID)
 		to := row.Status
 		if state.Valid() {
 			to = state.Status()
@@ -112,14 +102,15 @@ func reconcile(in reconcileInput) reconcilePlan {
 		if row.Status == rowDraining && to == rowRunning {
 			to = rowDraining
 		}
-		next := row
-		copyPtrs(&next)
-		fillFromWorker(&next, w)
-		if to != row.Status || !reflect.DeepEqual(row, next) {
-			plan.Sync = append(plan.Sync, rowSync{ID: id, Worker: w, To: to})
+		next := row // fillFromWorker replaces pointers, never writes through them
+		if changed := fillFromWorker(&next, w); to != row.Status || changed {
+			plan.Sync = append(plan.Sync, rowSync{ID: row.ID, Worker: w, To: to})
 		}
 	}
-	refused := make(map[string]string, len(in.Refused))
+	var refused map[string]string
+	if len(in.Refused) > 0 {
+		refused = make(map[string]string, len(in.Refused))
+	}
 	for _, x := range in.Refused {
 		refused[x.WorkerID] = x.Reason
 		if checkID("worker_id", x.WorkerID) == nil {
@@ -128,8 +119,8 @@ func reconcile(in reconcileInput) reconcilePlan {
 				Why: "the queen refused the hive's report of it: " + x.Reason})
 		}
 	}
-	for _, r := range in.Rows {
-		if seen[r.ID] {
+	for i, r := range in.Rows {
+		if seen[i] {
 			continue
 		}
 		if why, ok := refused[r.WorkerID]; ok && r.WorkerID != "" {
@@ -145,8 +136,71 @@ func reconcile(in reconcileInput) reconcilePlan {
 		case in.Misses[r.ID]+1 >= lostAfterMisses:
 			plan.Lost = append(plan.Lost, lostRow{ID: r.ID, Reason: fmt.Sprintf("lost: missing from %d heartbeats in a row", in.Misses[r.ID]+1)})
 		default:
+			if plan.Misses == nil {
+				plan.Misses = map[string]int{}
+			}
 			plan.Misses[r.ID] = in.Misses[r.ID] + 1
 		}
 	}
 	return plan
+}
+
+// rowFinder finds a pool's rows by lifecycle id or worker id: a scan of
+// the few rows a pool usually has, maps when it has many.
+type rowFinder struct {
+	rows           []store.Row
+	byID, byWorker map[string]int // nil when scanning
+}
+
+// rowFinderScan is how many rows are scanned rather than indexed.
+const rowFinderScan = 16
+
+func newRowFinder(rows []store.Row) rowFinder {
+	f := rowFinder{rows: rows}
+	if len(rows) <= rowFinderScan {
+		return f
+	}
+	f.byID, f.byWorker = make(map[string]int, len(rows)), make(map[string]int, len(rows))
+	for i, r := range rows {
+		f.byID[r.ID] = i
+		if r.WorkerID != "" {
+			f.byWorker[r.WorkerID] = i
+		}
+	}
+	return f
+}
+
+// lifecycle returns the index of the row id ("" finds none).
+func (f rowFinder) lifecycle(id string) (int, bool) {
+	if id == "" {
+		return 0, false
+	}
+	if f.byID != nil {
+		i, ok := f.byID[id]
+		return i, ok
+	}
+	for i := range f.rows {
+		if f.rows[i].ID == id {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// worker returns the index of the row of hive worker id ("" finds none);
+// the last one when several name it, as the map would.
+func (f rowFinder) worker(id string) (int, bool) {
+	if id == "" {
+		return 0, false
+	}
+	if f.byWorker != nil {
+		i, ok := f.byWorker[id]
+		return i, ok
+	}
+	for i := len(f.rows) - 1; i >= 0; i-- {
+		if f.rows[i].WorkerID == id {
+			return i, true
+		}
+	}
+	return 0, false
 }

@@ -76,14 +76,16 @@ func BenchmarkRelayTTFTInProcess(b *testing.B) {
 }
 
 // BenchmarkRouteManyPools: what a request costs the queen before it
-// reaches a worker (model check, candidates, lease) with 1 or 2,000
-// healthy pools registered, one of them serving the model.
+// reaches a worker (model check, candidates, lease) with 1, 2,000 or
+// 10,000 healthy pools registered, one of them serving the model.
+//
+//	go test -run '^$' -bench RouteManyPools -benchmem ./internal/queen/
 func BenchmarkRouteManyPools(b *testing.B) {
-	for _, pools := range []int{1, 2000} {
+	for _, pools := range []int{1, 2000, 10000} {
 		b.Run(fmt.Sprintf("pools=%d", pools), func(b *testing.B) {
 			rb := newRelayBench(b, 1)
 			for i := 1; i < pools; i++ {
-				rb.x.registerAt(fmt.Sprintf("p%04d", i), fmt.Sprintf("http://hive-%04d", i))
+				rb.x.registerAt(fmt.Sprintf("p%05d", i), fmt.Sprintf("http://hive-%05d", i))
 			}
 			q := rb.x.q
 			ctx := context.Background()

@@ -342,41 +342,46 @@ func copyPtrs(r *store.Row) {
 // micro is t as the store keeps it, so that memory and store agree.
 func micro(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
 
-// fillFromWorker copies what the hive knows of a worker into its row.
-func fillFromWorker(r *store.Row, w api.Worker) {
-	if w.WorkerID != "" {
-		r.WorkerID = w.WorkerID
+// fillFromWorker copies what the hive knows of a worker into its row and
+// reports whether that changed it. It replaces r's pointer fields, never
+// writes through them, so a shallow copy of a row can be filled and
+// compared without touching the row it was copied from.
+func fillFromWorker(r *store.Row, w api.Worker) bool {
+	changed := false
+	if w.WorkerID != "" && r.WorkerID != w.WorkerID {
+		r.WorkerID, changed = w.WorkerID, true
 	}
 	if w.WorkerID != "" && (r.GPUDevice == nil || *r.GPUDevice != w.GPUDevice) {
 		g := w.GPUDevice
-		r.GPUDevice = &g
+		r.GPUDevice, changed = &g, true
 	}
-	if w.VRAMBytes != 0 {
-		r.VRAMBytes = w.VRAMBytes
+	if w.VRAMBytes != 0 && r.VRAMBytes != w.VRAMBytes {
+		r.VRAMBytes, changed = w.VRAMBytes, true
 	}
-	if w.URI != "" {
-		r.URI = w.URI
+	if w.URI != "" && r.URI != w.URI {
+		r.URI, changed = w.URI, true
 	}
 	if w.PID != 0 && (r.PID == nil || *r.PID != w.PID) {
 		p := w.PID
-		r.PID = &p
+		r.PID, changed = &p, true
 	}
 	if r.StartedAt == nil && !w.StartedAt.IsZero() {
 		t := micro(w.StartedAt)
-		r.StartedAt = &t
+		r.StartedAt, changed = &t, true
 	}
 	if r.ReadyAt == nil && w.ReadyAt != nil {
 		t := micro(*w.ReadyAt)
-		r.ReadyAt = &t
+		r.ReadyAt, changed = &t, true
 	}
 	if r.StoppedAt == nil && w.StoppedAt != nil {
 		t := micro(*w.StoppedAt)
-		r.StoppedAt = &t
+		r.StoppedAt, changed = &t, true
 	}
 	if w.ExitCode != nil && (r.ExitCode == nil || *r.ExitCode != *w.ExitCode) {
 		e := *w.ExitCode
-		r.ExitCode = &e
+		r.ExitCode, changed = &e, true
 	}
+	return changed
 }
 
 // poolRows returns copies of the live rows of pool.
