@@ -58,7 +58,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 			}
 			h, err := hive.New(cfg)
 			if err != nil {
-				return usagef("%v", err)
+				return configError(err, hiveFields)
 			}
 			return h.Run(cmd.Context()) // context.Canceled is a clean exit (exitCode)
 		},
@@ -110,13 +110,8 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 	if err != nil {
 		return hive.Config{}, err
 	}
-	for name, d := range map[string]time.Duration{
-		"--callback-timeout": f.callbackTimeout, "--health-interval": f.healthInterval, "--stop-grace": f.stopGrace,
-		"--shutdown-ack": f.shutdownAck, "--heartbeat-interval": f.heartbeatInterval,
-	} {
-		if d <= 0 {
-			return hive.Config{}, usagef("%s must be positive, got %s", name, d)
-		}
+	if err := notZero(cmd.Flags(), "callback-timeout", "health-interval", "stop-grace", "shutdown-ack", "heartbeat-interval"); err != nil {
+		return hive.Config{}, err
 	}
 	idle, logRetention := f.idleTimeout, f.logRetention
 	if idle == 0 {

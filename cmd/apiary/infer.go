@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/keeper"
 )
 
@@ -74,7 +75,7 @@ func runInfer(cmd *cobra.Command, cfg keeper.InferConfig, debug bool) error {
 	}
 	k, err := keeper.NewInfer(cfg)
 	if err != nil {
-		return usagef("infer: %v", stripUsage(err))
+		return usagef("infer: %v", stripUsage(config.Rename(err, inferFields)))
 	}
 
 	sigc := make(chan os.Signal, 1)

@@ -68,7 +68,7 @@ address only.`,
 			cfg.Ownership.Lifeline = lf
 			q, err := queen.New(cfg)
 			if err != nil {
-				return usagef("%v", err)
+				return configError(err, queenFields)
 			}
 			return q.Run(cmd.Context()) // context.Canceled is a clean exit (exitCode)
 		},
@@ -105,19 +105,9 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	if err != nil {
 		return queen.Config{}, err
 	}
-	for name, d := range map[string]time.Duration{
-		"--heartbeat-timeout": f.heartbeatTimeout, "--offline-retention": f.offlineRetention,
-		"--flush-interval": f.flushInterval, "--hive-timeout": f.hiveTimeout,
-	} {
-		if d <= 0 {
-			return queen.Config{}, usagef("%s must be positive, got %s", name, d)
-		}
-	}
-	if f.unhealthyGrace < 0 {
-		return queen.Config{}, usagef("--unhealthy-grace must not be negative, got %s", f.unhealthyGrace)
-	}
-	if f.maxBody < 1 {
-		return queen.Config{}, usagef("--max-body-bytes must be positive, got %d", f.maxBody)
+	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes",
+		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "scale-up-after", "max-workers", "worker-slots", "models-refresh"); err != nil {
+		return queen.Config{}, err
 	}
 	for name, d := range map[string]*time.Duration{"--audit-retention": &f.auditRetention, "--rows-retention": &f.rowsRetention} {
 		switch {
@@ -134,10 +124,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	if err != nil {
 		return queen.Config{}, usagef("--data-dir %q: %v", f.dataDir, err)
 	}
-	routing, err := f.routing.config()
-	if err != nil {
-		return queen.Config{}, err
-	}
+	routing := f.routing.config()
 	return queen.Config{
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL,
 		HeartbeatTimeout: f.heartbeatTimeout, UnhealthyGrace: f.unhealthyGrace, OfflineRetention: f.offlineRetention,

@@ -27,30 +27,10 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 	fl.DurationVar(&r.modelsRefresh, "models-refresh", routing.DefaultModelsRefresh, "how often the hives' model lists are read again")
 }
 
-func (r *routingFlags) config() (routing.Config, error) {
-	// Zero means "default" to the library but is a mistake on the command
-	// line.
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"--affinity-ttl", r.affinityTTL}, {"--queue-timeout", r.queueTimeout}, {"--scale-up-after", r.scaleUpAfter}, {"--models-refresh", r.modelsRefresh}} {
-		if d.v <= 0 {
-			return routing.Config{}, usagef("%s must be positive, got %s", d.name, d.v)
-		}
-	}
-	for _, n := range []struct {
-		name string
-		v    int
-	}{{"--queue-size", r.queueSize}, {"--max-workers", r.maxWorkers}, {"--worker-slots", r.slots}} {
-		if n.v < 1 {
-			return routing.Config{}, usagef("%s must be at least 1, got %d", n.name, n.v)
-		}
-	}
-	c := routing.Config{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout,
+// config is the routing settings as the flags give them; the queen
+// checks them (routing.Config.Validate).
+func (r *routingFlags) config() routing.Config {
+	return routing.Config{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout,
 		ScaleUpAfter: r.scaleUpAfter, MaxWorkers: r.maxWorkers, ModelMaxWorkers: r.modelMaxWorkers,
 		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh}
-	if err := c.Validate(); err != nil {
-		return c, usagef("%v", err)
-	}
-	return c, nil
 }

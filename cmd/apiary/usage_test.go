@@ -84,3 +84,35 @@ func TestWorkersLsShowsTheCPUAsCPU(t *testing.T) {
 		}
 	}
 }
+
+// A config the library refuses is reported by flag, every problem at
+// once, as a usage error (exit 2): the libraries name fields, and
+// cmd/apiary's tables map them.
+func TestConfigProblemsNameTheFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"queen", "--queue-size", "-3", "--hive-timeout", "-1s", "--audit-retention", "5s"},
+			[]string{"--queue-size must be at least 1, got -3", "--hive-timeout must be positive, got -1s", "--audit-retention 5s is shorter than"}},
+		{[]string{"hive", "--lease-timeout", "1s", "--worker-ports", "9-3", "--queen", "http://127.0.0.1:1"},
+			[]string{"--worker-ports 9-3 is not a range", "--lease-timeout 1s must be longer than --heartbeat-interval 10s"}},
+		{[]string{"infer", "--model", "", "--prompt", "", "--max-tokens", "-1"},
+			[]string{"--model is required", "--prompt is required", "--max-tokens must not be negative, got -1"}},
+	} {
+		code, _, out := apiary(t, tc.args...)
+		if code != 2 {
+			t.Errorf("apiary %v exited %d, want 2: %s", tc.args, code, out)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("apiary %v: output lacks %q:\n%s", tc.args, w, out)
+			}
+		}
+		for _, field := range []string{"QueueSize", "HiveTimeout", "LeaseTimeout", "PortMin", "MaxTokens"} {
+			if strings.Contains(out, field) {
+				t.Errorf("apiary %v names the field %s, not its flag:\n%s", tc.args, field, out)
+			}
+		}
+	}
+}

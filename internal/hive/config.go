@@ -1,16 +1,16 @@
 package hive
 
 import (
-	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -158,69 +158,70 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports every problem with c (after defaults) at once.
+// Validate reports every problem with c (after defaults) at once, by
+// field (config.FieldError).
 func (c Config) Validate() error {
-	var errs []error
+	var p config.Problems
 	host, _, err := net.SplitHostPort(c.Addr)
 	if err != nil {
-		errs = append(errs, fmt.Errorf("--addr %q: %w", c.Addr, err))
+		p.Add("Addr", "%q: %v", c.Addr, err)
 	} else if c.ClusterToken == "" && !isLoopback(host) {
-		errs = append(errs, fmt.Errorf("--addr %q is not a loopback address; set APIARY_CLUSTER_TOKEN to serve on it", c.Addr))
+		p.Add("Addr", "%q is not a loopback address; set APIARY_CLUSTER_TOKEN to serve on it", c.Addr)
 	}
 	if c.Advertise != "" {
-		if _, err := transport.CheckBaseURL("--advertise", c.Advertise); err != nil {
-			errs = append(errs, err)
+		if _, err := transport.CheckBaseURL("", c.Advertise); err != nil {
+			p.Add("Advertise", "%s", strings.TrimSpace(err.Error()))
 		}
 	}
 	if c.QueenURL != "" {
-		if _, err := transport.CheckBaseURL("--queen", c.QueenURL); err != nil {
-			errs = append(errs, err)
+		if _, err := transport.CheckBaseURL("", c.QueenURL); err != nil {
+			p.Add("QueenURL", "%s", strings.TrimSpace(err.Error()))
 		}
 	}
 	if err := c.TLS.Validate(); err != nil {
-		errs = append(errs, err)
+		p.Add("TLS", "%v", err)
 	}
 	if c.PortMin < 1 || c.PortMax > 65535 || c.PortMin > c.PortMax {
-		errs = append(errs, fmt.Errorf("worker port range %d-%d is not within 1-65535", c.PortMin, c.PortMax))
+		p.Add("PortMin", "%d-%d is not a range within 1-65535", c.PortMin, c.PortMax)
 	}
-	for name, d := range map[string]time.Duration{
-		"--callback-timeout": c.CallbackTimeout, "--health-interval": c.HealthInterval,
-		"--stop-grace": c.StopGrace, "--shutdown-ack": c.ShutdownAck, "--heartbeat-interval": c.HeartbeatInterval,
-	} {
-		if d <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"CallbackTimeout", c.CallbackTimeout}, {"HealthInterval", c.HealthInterval}, {"StopGrace", c.StopGrace},
+		{"ShutdownAck", c.ShutdownAck}, {"HeartbeatInterval", c.HeartbeatInterval}} {
+		if d.v <= 0 {
+			p.Add(d.field, "must be positive, got %s", d.v)
 		}
 	}
 	if c.HealthFailures < 1 {
-		errs = append(errs, fmt.Errorf("health failures must be at least 1, got %d", c.HealthFailures))
+		p.Add("HealthFailures", "must be at least 1, got %d", c.HealthFailures)
 	}
-	if c.WorkerSlots < 0 {
-		errs = append(errs, fmt.Errorf("--worker-slots must not be negative, got %d", c.WorkerSlots))
-	}
-	if c.WorkerThreads < 0 {
-		errs = append(errs, fmt.Errorf("--worker-threads must not be negative, got %d", c.WorkerThreads))
-	}
-	if c.CtxSize < 0 {
-		errs = append(errs, fmt.Errorf("--worker-ctx-size must not be negative, got %d", c.CtxSize))
+	for _, n := range []struct {
+		field string
+		v     int
+	}{{"WorkerSlots", c.WorkerSlots}, {"WorkerThreads", c.WorkerThreads}, {"CtxSize", c.CtxSize}} {
+		if n.v < 0 {
+			p.Add(n.field, "must not be negative, got %d", n.v)
+		}
 	}
 	if c.MaxBodyBytes < 1 {
-		errs = append(errs, errors.New("body limit must be positive"))
+		p.Add("MaxBodyBytes", "must be positive, got %d", c.MaxBodyBytes)
 	}
 	if !validOwner(c.Owner) {
-		errs = append(errs, fmt.Errorf("--owner %q: want %s, %s or %s", c.Owner, OwnerOperator, OwnerQueen, OwnerKeeper))
+		p.Add("Owner", "%q: want %s, %s or %s", c.Owner, OwnerOperator, OwnerQueen, OwnerKeeper)
 	}
 	switch {
 	case c.LeaseTimeout < 0:
-		errs = append(errs, fmt.Errorf("--lease-timeout must not be negative, got %s", c.LeaseTimeout))
+		p.Add("LeaseTimeout", "must not be negative, got %s", c.LeaseTimeout)
 	case c.LeaseTimeout > 0 && c.QueenURL == "":
-		errs = append(errs, errors.New("--lease-timeout needs --queen: the lease is on the queen"))
+		p.Add("LeaseTimeout", "needs {QueenURL}: the lease is on the queen")
 	case c.LeaseTimeout > 0 && c.LeaseTimeout <= c.HeartbeatInterval:
-		errs = append(errs, fmt.Errorf("--lease-timeout %s must be longer than --heartbeat-interval %s", c.LeaseTimeout, c.HeartbeatInterval))
+		p.Add("LeaseTimeout", "%s must be longer than {HeartbeatInterval} %s", c.LeaseTimeout, c.HeartbeatInterval)
 	}
 	if c.Owner == OwnerOperator && (c.Lifeline != nil || c.LeaseTimeout > 0) {
-		errs = append(errs, errors.New("an operator's hive has no lifeline or lease: they belong to hives a queen or keeper started (--owner)"))
+		p.Add("Owner", "%s: an operator's hive has no lifeline or lease: they belong to hives a queen or keeper started", c.Owner)
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 func isLoopback(host string) bool { return transport.IsLoopback(host) }

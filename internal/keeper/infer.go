@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/termtext"
@@ -114,29 +115,39 @@ func (c InferConfig) withDefaults() InferConfig {
 	return c
 }
 
-// Validate reports every problem with c at once; each wraps ErrUsage.
+// Validate reports every problem with c at once, by field
+// (config.FieldError); the error is ErrUsage.
 func (c InferConfig) Validate() error {
-	var errs []error
+	var p config.Problems
 	if strings.TrimSpace(c.Model) == "" {
-		errs = append(errs, fmt.Errorf("%w: --model is required: a model ref (tiny) or a path to a .gguf file", ErrUsage))
+		p.Add("Model", "is required: a model ref (tiny) or a path to a .gguf file")
 	}
 	if c.Prompt == "" {
-		errs = append(errs, fmt.Errorf("%w: --prompt is required", ErrUsage))
+		p.Add("Prompt", "is required")
 	}
 	if c.MaxTokens < 0 {
-		errs = append(errs, fmt.Errorf("%w: --max-tokens must not be negative, got %d", ErrUsage, c.MaxTokens))
+		p.Add("MaxTokens", "must not be negative, got %d", c.MaxTokens)
 	}
 	if c.WorkerThreads < 0 {
-		errs = append(errs, fmt.Errorf("%w: --worker-threads must not be negative, got %d", ErrUsage, c.WorkerThreads))
+		p.Add("WorkerThreads", "must not be negative, got %d", c.WorkerThreads)
 	}
 	if c.Node != "" && !validRef(c.Node) {
-		errs = append(errs, fmt.Errorf("%w: --node %q is not a node name", ErrUsage, c.Node))
+		p.Add("Node", "%q is not a node name", c.Node)
 	}
-	if _, err := transport.CheckBaseURL("--queen", c.QueenURL); err != nil {
-		errs = append(errs, fmt.Errorf("%w: %w", ErrUsage, err))
+	if _, err := transport.CheckBaseURL("", c.QueenURL); err != nil {
+		p.Add("QueenURL", "%s", strings.TrimSpace(err.Error()))
 	}
-	return errors.Join(errs...)
+	if err := p.Err(); err != nil {
+		return usage{err}
+	}
+	return nil
 }
+
+// usage marks an error as ErrUsage without changing its message.
+type usage struct{ error }
+
+func (u usage) Unwrap() error        { return u.error }
+func (u usage) Is(target error) bool { return target == ErrUsage }
 
 // Infer answers one prompt. Create it with NewInfer, run it with Run.
 type Infer struct {

@@ -1,14 +1,13 @@
 package queen
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
 	"os"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/routing"
@@ -150,9 +149,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports every problem with c (after defaults) at once.
+// Validate reports every problem with c (after defaults) at once, by
+// field (config.FieldError).
 func (c Config) Validate() error {
-	var errs []error
+	var p config.Problems
 	host, _, err := net.SplitHostPort(c.Addr)
 	var missing []string
 	for env, v := range map[string]string{APITokenEnv: c.Tokens.API, AdminTokenEnv: c.Tokens.Admin, ClusterTokenEnv: c.Tokens.Cluster} {
@@ -162,59 +162,59 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case err != nil:
-		errs = append(errs, fmt.Errorf("--addr %q: %w", c.Addr, err))
+		p.Add("Addr", "%q: %v", c.Addr, err)
 	case len(missing) == 3 && !isLoopback(host):
-		errs = append(errs, fmt.Errorf("--addr %q is not a loopback address: set %v to serve on it (without tokens the queen binds loopback only)", c.Addr, sortedStrings(missing)))
+		p.Add("Addr", "%q is not a loopback address: set %v to serve on it (without tokens the queen binds loopback only)", c.Addr, sortedStrings(missing))
 	case len(missing) > 0 && len(missing) < 3:
 		// A role whose token is missing would be open to anyone who
 		// reaches the ones that are guarded.
-		errs = append(errs, fmt.Errorf("some tokens are set but %v is not: set all three tokens, or none (then the queen serves loopback only)", sortedStrings(missing)))
+		p.Add("Tokens", "are set but %v is not: set all three tokens, or none (then the queen serves loopback only)", sortedStrings(missing))
 	}
 	for env, v := range map[string]string{APITokenEnv: c.Tokens.API, AdminTokenEnv: c.Tokens.Admin, ClusterTokenEnv: c.Tokens.Cluster} {
 		if v != "" && len(v) < minTokenLen {
-			errs = append(errs, fmt.Errorf("%s is %d bytes; a token needs at least %d (e.g. openssl rand -hex 32)", env, len(v), minTokenLen))
+			p.Add("Tokens", "%s is %d bytes; a token needs at least %d (e.g. openssl rand -hex 32)", env, len(v), minTokenLen)
 		}
 	}
 	if err := c.TLS.Validate(); err != nil {
-		errs = append(errs, err)
+		p.Add("TLS", "%v", err)
 	}
 	if err := transport.CheckOrigins(c.CORSOrigins); err != nil {
-		errs = append(errs, err)
+		p.Add("CORSOrigins", "%v", err)
 	}
 	if c.Advertise != "" {
 		if u, err := url.Parse(c.Advertise); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			errs = append(errs, fmt.Errorf("--advertise %q is not an http(s) URL", c.Advertise))
+			p.Add("Advertise", "%q is not an http(s) URL", c.Advertise)
 		}
 	}
 	if c.DatabaseURL != "" && !store.IsPostgresURL(c.DatabaseURL) {
-		errs = append(errs, errors.New("--database-url must be a postgres:// or postgresql:// URL"))
+		p.Add("DatabaseURL", "must be a postgres:// or postgresql:// URL")
 	}
-	for name, d := range map[string]time.Duration{
-		"--heartbeat-timeout": c.HeartbeatTimeout, "--unhealthy-grace": c.UnhealthyGrace,
-		"--offline-retention": c.OfflineRetention, "--flush-interval": c.FlushInterval, "--hive-timeout": c.HiveTimeout,
-	} {
-		if d <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"HeartbeatTimeout", c.HeartbeatTimeout}, {"UnhealthyGrace", c.UnhealthyGrace}, {"OfflineRetention", c.OfflineRetention},
+		{"FlushInterval", c.FlushInterval}, {"HiveTimeout", c.HiveTimeout}} {
+		if d.v <= 0 {
+			p.Add(d.field, "must be positive, got %s", d.v)
 		}
 	}
-	for name, d := range map[string]time.Duration{"--audit-retention": c.AuditRetention, "--rows-retention": c.RowsRetention} {
-		if d > 0 && d < minRetention {
-			errs = append(errs, fmt.Errorf("%s %s is shorter than %s: give at least %s, or 0 to keep forever", name, d, minRetention, minRetention))
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"AuditRetention", c.AuditRetention}, {"RowsRetention", c.RowsRetention}} {
+		if d.v > 0 && d.v < minRetention {
+			p.Add(d.field, "%s is shorter than %s: give at least %s, or 0 to keep forever", d.v, minRetention, minRetention)
 		}
 	}
 	if c.MaxBodyBytes < 1 {
-		errs = append(errs, errors.New("body limit must be positive"))
+		p.Add("MaxBodyBytes", "must be positive, got %d", c.MaxBodyBytes)
 	}
-	if err := c.Ownership.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Routing.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	p.Nest("Ownership", c.Ownership.Validate())
+	p.Nest("Routing", c.Routing.Validate())
 	if c.Ownership.LocalHive && c.DataDir == "" {
-		errs = append(errs, errors.New("the local hive keeps its data in --data-dir; give one"))
+		p.Add("DataDir", "is where the local hive keeps its data; give one")
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 func isLoopback(host string) bool { return transport.IsLoopback(host) }

@@ -1,12 +1,11 @@
 package queen
 
 import (
-	"errors"
-	"fmt"
 	"io"
 	"strings"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 )
@@ -87,24 +86,27 @@ func (c OwnershipConfig) withDefaults() OwnershipConfig {
 	return c
 }
 
-// Validate reports every problem with c (after defaults).
+// Validate reports every problem with c (after defaults), by field.
 func (c OwnershipConfig) Validate() error {
-	var errs []error
+	var p config.Problems
 	if c.Owner != QueenOwnerOperator && c.Owner != QueenOwnerKeeper {
-		errs = append(errs, fmt.Errorf("--owner %q: want %s or %s", c.Owner, QueenOwnerOperator, QueenOwnerKeeper))
+		p.Add("Owner", "%q: want %s or %s", c.Owner, QueenOwnerOperator, QueenOwnerKeeper)
 	}
 	for _, a := range c.HiveArgs {
 		if !strings.HasPrefix(a, "--") || strings.ContainsAny(a, "\x00\r\n") {
-			errs = append(errs, fmt.Errorf("--hive-arg %q: want one --flag or --flag=value", a))
+			p.Add("HiveArgs", "%q: want one --flag or --flag=value", a)
 		}
 	}
-	for name, d := range map[string]time.Duration{"--hive-stop-timeout": c.HiveStopTimeout, "restart pause": c.RestartMin, "probe timeout": c.ProbeTimeout} {
-		if d <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"HiveStopTimeout", c.HiveStopTimeout}, {"RestartMin", c.RestartMin}, {"ProbeTimeout", c.ProbeTimeout}} {
+		if d.v <= 0 {
+			p.Add(d.field, "must be positive, got %s", d.v)
 		}
 	}
 	if c.RestartMax < c.RestartMin {
-		errs = append(errs, errors.New("the longest restart pause is shorter than the shortest"))
+		p.Add("RestartMax", "%s is shorter than {RestartMin} %s", c.RestartMax, c.RestartMin)
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }

@@ -6,8 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/config"
+	"github.com/apiary-llm/apiary/internal/routing"
 )
 
 // Regression ("lifecycleId sits beside pool_id"): the admin
@@ -63,5 +68,24 @@ func TestQueenLogLinesHaveOneComponent(t *testing.T) {
 		if n := strings.Count(buf.String(), `"component":`); n != 1 || !strings.Contains(buf.String(), `"component":"`+name+`"`) {
 			t.Errorf("%s logs %d component keys: %s", name, n, buf.String())
 		}
+	}
+}
+
+// The queen's Config reports every problem by field, nested configs
+// dotted; it never names a command-line flag (cmd/apiary maps fields to
+// flags).
+func TestConfigProblemsNameFields(t *testing.T) {
+	_, err := New(Config{Addr: "127.0.0.1:0", DataDir: t.TempDir(), HiveTimeout: -time.Second,
+		Routing: routing.Config{QueueSize: -1}, Ownership: OwnershipConfig{Owner: "nobody"}})
+	var fields []string
+	for _, fe := range config.Fields(err) {
+		fields = append(fields, fe.Field)
+	}
+	slices.Sort(fields)
+	if want := []string{"HiveTimeout", "Ownership.Owner", "Routing.QueueSize"}; !slices.Equal(fields, want) {
+		t.Errorf("fields %v, want %v (error: %v)", fields, want, err)
+	}
+	if err != nil && strings.Contains(err.Error(), "--") {
+		t.Errorf("the library names a flag: %v", err)
 	}
 }

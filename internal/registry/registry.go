@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/store"
@@ -89,21 +90,22 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports what is wrong with c (after defaults).
+// Validate reports what is wrong with c (after defaults), by field.
 func (c Config) Validate() error {
-	var errs []error
+	var p config.Problems
 	if c.Store == nil {
-		errs = append(errs, errors.New("registry: no store"))
+		p.Add("Store", "is required")
 	}
-	for name, d := range map[string]time.Duration{
-		"--heartbeat-timeout": c.HeartbeatTimeout, "--unhealthy-grace": c.UnhealthyGrace,
-		"--offline-retention": c.OfflineRetention, "flush interval": c.FlushInterval,
-	} {
-		if d <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"HeartbeatTimeout", c.HeartbeatTimeout}, {"UnhealthyGrace", c.UnhealthyGrace}, {"OfflineRetention", c.OfflineRetention},
+		{"FlushInterval", c.FlushInterval}} {
+		if d.v <= 0 {
+			p.Add(d.field, "must be positive, got %s", d.v)
 		}
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 // Pool is a snapshot of one pool. Its slices are never changed after the

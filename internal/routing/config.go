@@ -3,12 +3,11 @@ package routing
 import (
 	"log/slog"
 
-	"errors"
-	"fmt"
 	"sort"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -119,27 +118,28 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports every problem with c (after defaults).
+// Validate reports every problem with c (after defaults), by field.
 func (c Config) Validate() error {
-	var errs []error
+	var p config.Problems
 	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"--affinity-ttl", c.AffinityTTL}, {"--queue-timeout", c.QueueTimeout}, {"--scale-up-after", c.ScaleUpAfter}, {"--models-refresh", c.ModelsRefresh}} {
+		field string
+		v     time.Duration
+	}{{"AffinityTTL", c.AffinityTTL}, {"QueueTimeout", c.QueueTimeout}, {"ScaleUpAfter", c.ScaleUpAfter}, {"ModelsRefresh", c.ModelsRefresh}} {
 		if d.v <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %s", d.name, d.v))
+			p.Add(d.field, "must be positive, got %s", d.v)
 		}
 	}
-	if c.QueueSize < 1 {
-		errs = append(errs, fmt.Errorf("--queue-size must be at least 1, got %d", c.QueueSize))
+	for _, n := range []struct {
+		field string
+		v     int
+	}{{"QueueSize", c.QueueSize}, {"MaxWorkers", c.MaxWorkers}, {"WorkerSlots", c.WorkerSlots}} {
+		if n.v < 1 {
+			p.Add(n.field, "must be at least 1, got %d", n.v)
+		}
 	}
-	if c.MaxWorkers < 1 {
-		errs = append(errs, fmt.Errorf("--max-workers must be at least 1, got %d", c.MaxWorkers))
+	if c.MaxBodyBytes < 1 {
+		p.Add("MaxBodyBytes", "must be positive, got %d", c.MaxBodyBytes)
 	}
-	if c.WorkerSlots < 1 {
-		errs = append(errs, fmt.Errorf("--worker-slots must be at least 1, got %d", c.WorkerSlots))
-	}
-
 	models := make([]string, 0, len(c.ModelMaxWorkers))
 	for m := range c.ModelMaxWorkers {
 		models = append(models, m)
@@ -147,13 +147,13 @@ func (c Config) Validate() error {
 	sort.Strings(models)
 	for _, m := range models {
 		if err := api.CheckModel(m); err != nil {
-			errs = append(errs, fmt.Errorf("--model-max-workers: %w", err))
+			p.Add("ModelMaxWorkers", "%v", err)
 		}
 		if n := c.ModelMaxWorkers[m]; n < 0 {
-			errs = append(errs, fmt.Errorf("--model-max-workers %s=%d must not be negative (0: only operators start its workers)", m, n))
+			p.Add("ModelMaxWorkers", "%s=%d must not be negative (0: only operators start its workers)", m, n)
 		}
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 // maxWorkers is model's bound on live workers.

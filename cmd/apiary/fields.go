@@ -1,0 +1,52 @@
+package main
+
+import (
+	"github.com/spf13/pflag"
+
+	"github.com/apiary-llm/apiary/internal/config"
+)
+
+// The flag of each config field, per command: the libraries' Validate
+// names fields (config.FieldError), and these tables are the one place
+// that turns them into the flags a person typed.
+var (
+	queenFields = map[string]string{
+		"Addr": "--addr", "Advertise": "--advertise", "DataDir": "--data-dir", "DatabaseURL": "--database-url",
+		"HeartbeatTimeout": "--heartbeat-timeout", "UnhealthyGrace": "--unhealthy-grace", "OfflineRetention": "--offline-retention",
+		"FlushInterval": "--flush-interval", "HiveTimeout": "--hive-timeout", "AuditRetention": "--audit-retention",
+		"RowsRetention": "--rows-retention", "MaxBodyBytes": "--max-body-bytes", "TLS": "--tls-cert/--tls-key",
+		"CORSOrigins": "--cors-origin", "Tokens": "the tokens (APIARY_API_TOKEN, APIARY_ADMIN_TOKEN, APIARY_CLUSTER_TOKEN)",
+		"Ownership.Owner": "--owner", "Ownership.HiveArgs": "--hive-arg", "Ownership.HiveStopTimeout": "--hive-stop-timeout",
+		"Routing.AffinityTTL": "--affinity-ttl", "Routing.QueueSize": "--queue-size", "Routing.QueueTimeout": "--queue-timeout",
+		"Routing.ScaleUpAfter": "--scale-up-after", "Routing.MaxWorkers": "--max-workers", "Routing.ModelMaxWorkers": "--model-max-workers",
+		"Routing.WorkerSlots": "--worker-slots", "Routing.ModelsRefresh": "--models-refresh", "Routing.MaxBodyBytes": "--max-body-bytes",
+	}
+	inferFields = map[string]string{
+		"Model": "--model", "Prompt": "--prompt", "MaxTokens": "--max-tokens", "WorkerThreads": "--worker-threads",
+		"Node": "--node", "QueenURL": "--queen",
+	}
+	hiveFields = map[string]string{
+		"Addr": "--addr", "Advertise": "--advertise", "QueenURL": "--queen", "TLS": "--tls-cert/--tls-key",
+		"PortMin": "--worker-ports", "CallbackTimeout": "--callback-timeout", "HealthInterval": "--health-interval",
+		"StopGrace": "--stop-grace", "ShutdownAck": "--shutdown-ack", "HeartbeatInterval": "--heartbeat-interval",
+		"WorkerSlots": "--worker-slots", "WorkerThreads": "--worker-threads", "CtxSize": "--worker-ctx-size",
+		"Owner": "--owner", "LeaseTimeout": "--lease-timeout",
+	}
+)
+
+// configError is a library's refusal of a config built from flags: a
+// usage error that names the flags.
+func configError(err error, fields map[string]string) error {
+	return usagef("%v", config.Rename(err, fields))
+}
+
+// notZero refuses a 0 typed for a flag whose 0 the library would take as
+// "the default": every other value is the library's to check.
+func notZero(fl *pflag.FlagSet, names ...string) error {
+	for _, n := range names {
+		if f := fl.Lookup(n); f != nil && f.Changed && (f.Value.String() == "0" || f.Value.String() == "0s") {
+			return usagef("--%s must be positive, got %s", n, f.Value.String())
+		}
+	}
+	return nil
+}
