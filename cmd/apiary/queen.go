@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/queen"
 	"github.com/apiary-llm/apiary/internal/registry"
@@ -131,8 +132,8 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout,
 		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention,
 		Tokens: queen.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
-		Ownership: queen.OwnershipConfig{Owner: f.owner, LocalHive: f.localHive, HiveArgs: f.hiveArgs,
-			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout},
+		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: f.localHive, HiveArgs: f.hiveArgs,
+			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout}},
 		Logger: logger,
 	}, nil
 }

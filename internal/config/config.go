@@ -47,12 +47,12 @@ func (p *Problems) Add(field, format string, a ...any) {
 }
 
 // Nest records the problems of a nested config's Validate: each field is
-// prefixed with prefix and a dot. Errors that are not FieldErrors are kept
-// as they are.
+// prefixed with prefix and a dot ("": an embedded config, whose fields
+// keep their names). Errors that are not FieldErrors are kept as they are.
 func (p *Problems) Nest(prefix string, err error) {
 	for _, e := range flatten(err) {
 		var fe *FieldError
-		if errors.As(e, &fe) {
+		if errors.As(e, &fe) && prefix != "" {
 			n := *fe
 			n.Field = prefix + "." + fe.Field
 			n.Problem = fieldRef.ReplaceAllString(fe.Problem, "{"+prefix+".$1}")

@@ -10,10 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/registry"
@@ -58,26 +60,80 @@ type Queen interface {
 	Audit(ctx context.Context, e store.AuditEntry)
 }
 
-// Config is how the fleet runs hives.
-type Config struct {
-	// LocalHive starts a hive on this machine (pool LocalPoolID), with
-	// its data in DataDir/local-hive.
+// Hives is how the queen runs the hives it owns: the operator's settings
+// (queen.OwnershipConfig embeds them).
+type Hives struct {
+	// LocalHive starts a hive on this machine as the queen's child (pool
+	// LocalPoolID), with its data in DataDir/local-hive.
 	LocalHive bool
-	DataDir   string
-	// HiveArgs are added to the command line of every hive started.
+	// HiveArgs are added to the command line of every hive the queen
+	// starts (e.g. --worker-threads=1, --models-dir=DIR); they come after
+	// the queen's own flags, so they override them.
 	HiveArgs []string
 	// Binary is the apiary run locally and copied to nodes; default this
 	// executable.
 	Binary string
-	// SSH runs the system ssh client.
+	// SSH runs the system ssh client (ConfigFile is --ssh-config).
 	SSH sshnode.Client
-	// HiveStopTimeout bounds the wait for one hive's cascade on stop.
+	// HiveStopTimeout bounds the wait for one hive's cascade when the
+	// queen stops it; then its process (or SSH session) is killed.
 	HiveStopTimeout time.Duration
-	// RestartMin and RestartMax bound the pause before a hive is started
-	// again after it ended or could not start.
+	// RestartMin and RestartMax bound the pause before a hive of the
+	// queen's is started again after it ended or could not start.
 	RestartMin, RestartMax time.Duration
 	// ProbeTimeout bounds each SSH probe and copy.
 	ProbeTimeout time.Duration
+}
+
+// Defaults of Hives.
+const (
+	DefaultHiveStopTimeout = 60 * time.Second
+	DefaultRestartMin      = time.Second
+	DefaultRestartMax      = 30 * time.Second
+	DefaultProbeTimeout    = 2 * time.Minute
+)
+
+// WithDefaults fills h's zero fields.
+func (h Hives) WithDefaults() Hives {
+	set := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	set(&h.HiveStopTimeout, DefaultHiveStopTimeout)
+	set(&h.RestartMin, DefaultRestartMin)
+	set(&h.RestartMax, DefaultRestartMax)
+	set(&h.ProbeTimeout, DefaultProbeTimeout)
+	return h
+}
+
+// Validate reports every problem with h (after defaults), by field.
+func (h Hives) Validate() error {
+	var p config.Problems
+	for _, a := range h.HiveArgs {
+		if !strings.HasPrefix(a, "--") || strings.ContainsAny(a, "\x00\r\n") {
+			p.Add("HiveArgs", "%q: want one --flag or --flag=value", a)
+		}
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"HiveStopTimeout", h.HiveStopTimeout}, {"RestartMin", h.RestartMin}, {"ProbeTimeout", h.ProbeTimeout}} {
+		if d.v <= 0 {
+			p.Add(d.field, "must be positive, got %s", d.v)
+		}
+	}
+	if h.RestartMax < h.RestartMin {
+		p.Add("RestartMax", "%s is shorter than {RestartMin} %s", h.RestartMax, h.RestartMin)
+	}
+	return p.Err()
+}
+
+// Config is how the fleet runs hives: the operator's settings and the
+// queen's own.
+type Config struct {
+	Hives
+	DataDir string // the local hive's data is in DataDir/local-hive
 	// HeartbeatTimeout is the queen's: a hive's lease on the queen, and
 	// how long a node cut off is waited for.
 	HeartbeatTimeout time.Duration

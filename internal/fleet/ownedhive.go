@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -232,45 +231,31 @@ func (h *ownedHive) stopSession(s *session) string {
 // hiveOutput relays a started hive's log lines (JSON) into the queen's log
 // with the node's name, and keeps the last few for error messages.
 type hiveOutput struct {
+	*procs.Lines
 	log *slog.Logger
 
 	mu   sync.Mutex
-	buf  []byte   // guarded by mu; an unfinished line
 	last []string // guarded by mu
 }
 
 const hiveOutputTail = 5
 
-func newHiveOutput(log *slog.Logger) *hiveOutput { return &hiveOutput{log: log} }
-
-func (o *hiveOutput) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.buf = append(o.buf, p...)
-	for {
-		i := bytes.IndexByte(o.buf, '\n')
-		if i < 0 {
-			break
-		}
-		line := string(bytes.TrimRight(o.buf[:i], "\r"))
-		o.buf = o.buf[i+1:]
-		o.lineLocked(line)
-	}
-	if len(o.buf) > 64<<10 {
-		o.lineLocked(string(o.buf))
-		o.buf = o.buf[:0]
-	}
-	return len(p), nil
+func newHiveOutput(log *slog.Logger) *hiveOutput {
+	o := &hiveOutput{log: log}
+	o.Lines = procs.NewLines(o.line)
+	return o
 }
 
-func (o *hiveOutput) lineLocked(line string) {
+func (o *hiveOutput) line(line string) {
 	if strings.TrimSpace(line) == "" {
 		return
 	}
+	o.mu.Lock()
 	o.last = append(o.last, line)
 	if len(o.last) > hiveOutputTail {
 		o.last = o.last[1:]
 	}
+	o.mu.Unlock()
 	var m map[string]any
 	if json.Unmarshal([]byte(line), &m) != nil {
 		o.log.Info("hive: " + line)

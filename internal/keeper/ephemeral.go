@@ -1,7 +1,6 @@
 package keeper
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -233,55 +232,46 @@ func resolveModel(model, modelsDir, linkDir string) (ref, dir string, err error)
 // queenOutput reads the ephemeral queen's JSON log: it learns the address
 // the queen serves on, and keeps the last lines for error messages.
 type queenOutput struct {
+	*procs.Lines
 	serving chan string // receives the address once
 
 	mu   sync.Mutex
-	buf  []byte   // guarded by mu
 	last []string // guarded by mu
 	sent bool     // guarded by mu
 }
 
-func newQueenOutput() *queenOutput { return &queenOutput{serving: make(chan string, 1)} }
+func newQueenOutput() *queenOutput {
+	o := &queenOutput{serving: make(chan string, 1)}
+	o.Lines = procs.NewLines(o.line)
+	return o
+}
 
-func (o *queenOutput) Write(p []byte) (int, error) {
+func (o *queenOutput) line(line string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.buf = append(o.buf, p...)
-	for {
-		i := bytes.IndexByte(o.buf, '\n')
-		if i < 0 {
-			break
+	var rec struct {
+		Msg   string `json:"msg"`
+		Addr  string `json:"addr"`
+		Level string `json:"level"`
+		Err   string `json:"err"`
+	}
+	if json.Unmarshal([]byte(line), &rec) == nil {
+		if rec.Msg == "queen serving" && !o.sent {
+			o.sent = true
+			o.serving <- rec.Addr
 		}
-		line := string(o.buf[:i])
-		o.buf = o.buf[i+1:]
-		var rec struct {
-			Msg   string `json:"msg"`
-			Addr  string `json:"addr"`
-			Level string `json:"level"`
-			Err   string `json:"err"`
+		if rec.Level != "WARN" && rec.Level != "ERROR" {
+			return
 		}
-		if json.Unmarshal([]byte(line), &rec) == nil {
-			if rec.Msg == "queen serving" && !o.sent {
-				o.sent = true
-				o.serving <- rec.Addr
-			}
-			if rec.Level != "WARN" && rec.Level != "ERROR" {
-				continue
-			}
-			line = rec.Msg
-			if rec.Err != "" {
-				line += ": " + rec.Err
-			}
-		}
-		o.last = append(o.last, strings.TrimSpace(line))
-		if len(o.last) > 3 {
-			o.last = o.last[1:]
+		line = rec.Msg
+		if rec.Err != "" {
+			line += ": " + rec.Err
 		}
 	}
-	if len(o.buf) > 1<<20 {
-		o.buf = o.buf[:0]
+	o.last = append(o.last, strings.TrimSpace(line))
+	if len(o.last) > 3 {
+		o.last = o.last[1:]
 	}
-	return len(p), nil
 }
 
 func (o *queenOutput) tail() string {

@@ -2,12 +2,9 @@ package queen
 
 import (
 	"io"
-	"strings"
-	"time"
 
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/fleet"
-	"github.com/apiary-llm/apiary/internal/sshnode"
 )
 
 // Ownership (docs/ownership.md, "Who owns what"): a daemon stops only what
@@ -34,34 +31,12 @@ type OwnershipConfig struct {
 	// Lifeline, when set, is the parent's pipe: its end shuts the queen
 	// down with everything it owns.
 	Lifeline io.ReadCloser
-	// LocalHive starts a hive on this machine as the queen's child (pool
-	// LocalPoolID), with its data in DataDir/local-hive.
-	LocalHive bool
-	// HiveArgs are added to the command line of every hive the queen
-	// starts (e.g. --worker-threads=1, --models-dir=DIR); they come after
-	// the queen's own flags, so they override them.
-	HiveArgs []string
-	// Binary is the apiary the queen runs locally and copies to nodes;
-	// default this executable.
-	Binary string
-	// SSH runs the system ssh client (ConfigFile is --ssh-config).
-	SSH sshnode.Client
-	// HiveStopTimeout bounds the wait for one hive's cascade when the
-	// queen stops it; then its process (or SSH session) is killed.
-	HiveStopTimeout time.Duration
-	// RestartMin and RestartMax bound the pause before the queen starts a
-	// hive of its own again after it ended or could not start.
-	RestartMin, RestartMax time.Duration
-	// ProbeTimeout bounds each SSH probe and copy.
-	ProbeTimeout time.Duration
+	fleet.Hives
 }
 
 // Defaults of the ownership settings.
 const (
-	DefaultHiveStopTimeout = 60 * time.Second
-	DefaultRestartMin      = time.Second
-	DefaultRestartMax      = 30 * time.Second
-	DefaultProbeTimeout    = 2 * time.Minute
+	DefaultHiveStopTimeout = fleet.DefaultHiveStopTimeout
 	DefaultHivePort        = fleet.DefaultHivePort
 	// LocalPoolID is the pool id (and node name) of the queen's local hive.
 	LocalPoolID = fleet.LocalPoolID
@@ -71,18 +46,7 @@ func (c OwnershipConfig) withDefaults() OwnershipConfig {
 	if c.Owner == "" {
 		c.Owner = QueenOwnerOperator
 	}
-	if c.HiveStopTimeout == 0 {
-		c.HiveStopTimeout = DefaultHiveStopTimeout
-	}
-	if c.RestartMin == 0 {
-		c.RestartMin = DefaultRestartMin
-	}
-	if c.RestartMax == 0 {
-		c.RestartMax = DefaultRestartMax
-	}
-	if c.ProbeTimeout == 0 {
-		c.ProbeTimeout = DefaultProbeTimeout
-	}
+	c.Hives = c.Hives.WithDefaults()
 	return c
 }
 
@@ -92,21 +56,6 @@ func (c OwnershipConfig) Validate() error {
 	if c.Owner != QueenOwnerOperator && c.Owner != QueenOwnerKeeper {
 		p.Add("Owner", "%q: want %s or %s", c.Owner, QueenOwnerOperator, QueenOwnerKeeper)
 	}
-	for _, a := range c.HiveArgs {
-		if !strings.HasPrefix(a, "--") || strings.ContainsAny(a, "\x00\r\n") {
-			p.Add("HiveArgs", "%q: want one --flag or --flag=value", a)
-		}
-	}
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-	}{{"HiveStopTimeout", c.HiveStopTimeout}, {"RestartMin", c.RestartMin}, {"ProbeTimeout", c.ProbeTimeout}} {
-		if d.v <= 0 {
-			p.Add(d.field, "must be positive, got %s", d.v)
-		}
-	}
-	if c.RestartMax < c.RestartMin {
-		p.Add("RestartMax", "%s is shorter than {RestartMin} %s", c.RestartMax, c.RestartMin)
-	}
+	p.Nest("", c.Hives.Validate())
 	return p.Err()
 }

@@ -24,10 +24,8 @@ import (
 // queen's shutdown: it cascades the owned hives and waits for them.
 func (q *Queen) startOwned(cancel context.CancelFunc) (stop func()) {
 	own := q.cfg.Ownership
-	q.fleet = fleet.New(fleet.Config{LocalHive: own.LocalHive, DataDir: q.cfg.DataDir, HiveArgs: own.HiveArgs, Binary: own.Binary,
-		SSH: own.SSH, HiveStopTimeout: own.HiveStopTimeout, RestartMin: own.RestartMin, RestartMax: own.RestartMax,
-		ProbeTimeout: own.ProbeTimeout, HeartbeatTimeout: q.cfg.HeartbeatTimeout, TLS: q.cfg.TLS, ClusterToken: q.cfg.Tokens.Cluster,
-		Logger: q.log}, controlPlane{q})
+	q.fleet = fleet.New(fleet.Config{Hives: own.Hives, DataDir: q.cfg.DataDir, HeartbeatTimeout: q.cfg.HeartbeatTimeout,
+		TLS: q.cfg.TLS, ClusterToken: q.cfg.Tokens.Cluster, Logger: q.log}, controlPlane{q})
 	var nodes []store.Node
 	ctx, done := context.WithTimeout(context.Background(), 30*time.Second)
 	err := q.st.View(ctx, func(tx *store.Tx) (err error) { nodes, err = tx.Nodes(); return err })
