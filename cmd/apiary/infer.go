@@ -14,6 +14,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/secret"
 )
 
 func newInferCmd() *cobra.Command {
@@ -64,7 +65,7 @@ Tokens come from APIARY_API_TOKEN and APIARY_ADMIN_TOKEN.`,
 // whether SIGINT (exit 130) or SIGTERM (exit 143) ended it.
 func runInfer(cmd *cobra.Command, cfg keeper.InferConfig, debug bool) error {
 	cfg.Stdout, cfg.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
-	cfg.Tokens = keeper.Tokens{API: os.Getenv("APIARY_API_TOKEN"), Admin: os.Getenv("APIARY_ADMIN_TOKEN"), Cluster: os.Getenv("APIARY_CLUSTER_TOKEN")}
+	cfg.Tokens = secret.TokensFromEnv()
 	if f, ok := cfg.Stderr.(*os.File); ok {
 		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
 			cfg.Terminal = true

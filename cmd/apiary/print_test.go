@@ -15,6 +15,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/queen"
+	"github.com/apiary-llm/apiary/internal/secret"
 )
 
 // hostile is what a hive (or anything that answers as a queen) may put in
@@ -124,7 +125,7 @@ func TestHiveReasonReachesCLIPrintable(t *testing.T) {
 	}))
 	t.Cleanup(hive.Close)
 	qn, err := queen.New(queen.Config{Addr: "127.0.0.1:0", DataDir: t.TempDir(),
-		Tokens: queen.Tokens{API: "api-token-0123456789", Admin: admin, Cluster: cluster},
+		Tokens: secret.Tokens{API: "api-token-0123456789", Admin: admin, Cluster: cluster},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

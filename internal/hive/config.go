@@ -165,7 +165,7 @@ func (c Config) Validate() error {
 	host, _, err := net.SplitHostPort(c.Addr)
 	if err != nil {
 		p.Add("Addr", "%q: %v", c.Addr, err)
-	} else if c.ClusterToken == "" && !isLoopback(host) {
+	} else if c.ClusterToken == "" && !transport.IsLoopback(host) {
 		p.Add("Addr", "%q is not a loopback address; set APIARY_CLUSTER_TOKEN to serve on it", c.Addr)
 	}
 	if c.Advertise != "" {
@@ -223,8 +223,6 @@ func (c Config) Validate() error {
 	}
 	return p.Err()
 }
-
-func isLoopback(host string) bool { return transport.IsLoopback(host) }
 
 func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
 

@@ -102,6 +102,8 @@ func (w *worker) ready(c readyCmd) error {
 // the hive gave it. The hive keeps its own uri of the worker either way
 // (its host and scheme), so the report cannot send the queen elsewhere.
 func (w *worker) checkURI(raw string) error {
+	// Only its port counts (the host may be left out: the hive keeps its
+	// own); the rest must still be a plain http(s) URL.
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return fmt.Errorf("%w: uri %q is not an http(s) URL of host and port", ErrImplausibleReady, api.Printable(raw, 200))

@@ -20,6 +20,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/termtext"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
@@ -34,19 +35,14 @@ const (
 	ModeEphemeral = "ephemeral"
 )
 
-// Tokens are the bearer tokens the keeper sends (from the environment).
-type Tokens struct {
-	API, Admin, Cluster string
-}
-
 // InferConfig is one `apiary infer`.
 type InferConfig struct {
 	QueenURL  string
 	Model     string // a model ref, or (ephemeral mode) a path to a .gguf file
 	Prompt    string
-	MaxTokens int    // 0: the worker's default
-	Node      string // pin the request to this node's pool
-	Tokens    Tokens
+	MaxTokens int           // 0: the worker's default
+	Node      string        // pin the request to this node's pool
+	Tokens    secret.Tokens // the bearer tokens it sends
 
 	Stdout io.Writer // the answer, token by token
 	Stderr io.Writer // progress and diagnostics

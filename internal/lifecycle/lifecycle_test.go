@@ -149,3 +149,28 @@ func TestHistoryIsBounded(t *testing.T) {
 		t.Errorf("last entry %v with a %d-byte reason", last.At, len(last.Reason))
 	}
 }
+
+func TestStatusTransitionTable(t *testing.T) {
+	all := []Status{StatusStarting, StatusRunning, StatusDraining, StatusStopped, StatusFailed}
+	allowed := map[[2]Status]bool{
+		{StatusStarting, StatusRunning}: true, {StatusStarting, StatusDraining}: true, {StatusStarting, StatusFailed}: true,
+		{StatusRunning, StatusDraining}: true, {StatusRunning, StatusFailed}: true,
+		{StatusDraining, StatusStopped}: true, {StatusDraining, StatusFailed}: true,
+	}
+	for _, from := range all {
+		if !from.Valid() {
+			t.Errorf("%s is not valid", from)
+		}
+		if from.Terminal() != (from == StatusStopped || from == StatusFailed) {
+			t.Errorf("%s terminal: %v", from, from.Terminal())
+		}
+		for _, to := range all {
+			if got := from.CanTransition(to); got != allowed[[2]Status{from, to}] {
+				t.Errorf("%s → %s: %v", from, to, got)
+			}
+		}
+	}
+	if Status("RUNNNING").Valid() {
+		t.Error("a made-up status is valid")
+	}
+}

@@ -11,6 +11,7 @@ package lifecycle
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // State is a worker's live state as the hive and the worker report it.
@@ -106,6 +107,30 @@ const (
 	StatusStopped  Status = "STOPPED"
 	StatusFailed   Status = "FAILED"
 )
+
+// statusTransitions is the table of row statuses, the queen's view of a
+// worker: STARTING → RUNNING, RUNNING → DRAINING → STOPPED, a start may be
+// stopped before it is ready, and any live row may fail. STOPPED and
+// FAILED are terminal.
+var statusTransitions = map[Status][]Status{
+	StatusStarting: {StatusRunning, StatusDraining, StatusFailed},
+	StatusRunning:  {StatusDraining, StatusFailed},
+	StatusDraining: {StatusStopped, StatusFailed},
+	StatusStopped:  nil,
+	StatusFailed:   nil,
+}
+
+// CanTransition reports whether a row may go from s to to.
+func (s Status) CanTransition(to Status) bool { return slices.Contains(statusTransitions[s], to) }
+
+// Valid reports whether s is one of the row statuses.
+func (s Status) Valid() bool {
+	_, ok := statusTransitions[s]
+	return ok
+}
+
+// Terminal reports whether a row in s has ended (STOPPED or FAILED).
+func (s Status) Terminal() bool { return s == StatusStopped || s == StatusFailed }
 
 // Status maps a live state onto the queen's row status: ready, busy and
 // degraded are all RUNNING.

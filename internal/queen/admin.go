@@ -25,7 +25,7 @@ func (q *Queen) getWorkers(w http.ResponseWriter, r *http.Request, _ caller) err
 	if s := qs["status"]; s != "" {
 		for _, name := range strings.Split(s, ",") {
 			st := lifecycle.Status(strings.ToUpper(strings.TrimSpace(name)))
-			if _, ok := rowTransitions[st]; !ok {
+			if !st.Valid() {
 				return api.BadRequest("status %q is not a lifecycle status (STARTING, RUNNING, DRAINING, STOPPED, FAILED)", name)
 			}
 			f.Statuses = append(f.Statuses, st)
@@ -162,7 +162,7 @@ func (q *Queen) getAudit(w http.ResponseWriter, r *http.Request, _ caller) error
 // rowWire is a row as the admin API shows it. A live row's last heartbeat
 // comes from memory (the store gets it every flush interval).
 func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
-	if !rowTerminal(r.Status) {
+	if !r.Status.Terminal() {
 		q.rows.mu.Lock()
 		if live, ok := q.rows.active[r.ID]; ok && live.LastHeartbeatAt != nil {
 			t := *live.LastHeartbeatAt

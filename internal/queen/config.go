@@ -3,45 +3,31 @@ package queen
 import (
 	"log/slog"
 	"net"
-	"net/url"
-	"os"
+	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/routing"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
-// Tokens authenticate the three kinds of callers. An empty token leaves its
-// endpoints open, which Validate allows on a loopback address only.
-type Tokens struct {
-	API     string // APIARY_API_TOKEN: inference (/v1/…)
-	Admin   string // APIARY_ADMIN_TOKEN: /api/admin/…, pool drain and removal
-	Cluster string // APIARY_CLUSTER_TOKEN: hives (/v2/pools/…, /v2/internal/…)
-}
+// Tokens authenticate the three kinds of callers (secret.Tokens).
+type Tokens = secret.Tokens
 
 // The environment variables the tokens come from.
 const (
-	APITokenEnv     = "APIARY_API_TOKEN"
-	AdminTokenEnv   = "APIARY_ADMIN_TOKEN"
-	ClusterTokenEnv = "APIARY_CLUSTER_TOKEN"
+	APITokenEnv     = secret.APITokenEnv
+	AdminTokenEnv   = secret.AdminTokenEnv
+	ClusterTokenEnv = secret.ClusterTokenEnv
 )
 
 // minTokenLen is the shortest token accepted: 16 bytes resist guessing
 // over the network.
 const minTokenLen = 16
-
-// open reports whether the queen runs without tokens: every endpoint
-// admits anyone who reaches it, so it listens on loopback only.
-func (t Tokens) open() bool { return t.API == "" && t.Admin == "" && t.Cluster == "" }
-
-// TokensFromEnv reads the three tokens from the environment.
-func TokensFromEnv() Tokens {
-	return Tokens{API: os.Getenv(APITokenEnv), Admin: os.Getenv(AdminTokenEnv), Cluster: os.Getenv(ClusterTokenEnv)}
-}
 
 // Config is everything a queen needs. Zero values take the contract's
 // defaults; Validate says what is wrong with the rest.
@@ -163,7 +149,7 @@ func (c Config) Validate() error {
 	switch {
 	case err != nil:
 		p.Add("Addr", "%q: %v", c.Addr, err)
-	case len(missing) == 3 && !isLoopback(host):
+	case len(missing) == 3 && !transport.IsLoopback(host):
 		p.Add("Addr", "%q is not a loopback address: set %v to serve on it (without tokens the queen binds loopback only)", c.Addr, sortedStrings(missing))
 	case len(missing) > 0 && len(missing) < 3:
 		// A role whose token is missing would be open to anyone who
@@ -182,8 +168,8 @@ func (c Config) Validate() error {
 		p.Add("CORSOrigins", "%v", err)
 	}
 	if c.Advertise != "" {
-		if u, err := url.Parse(c.Advertise); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			p.Add("Advertise", "%q is not an http(s) URL", c.Advertise)
+		if _, err := transport.CheckBaseURL("", c.Advertise); err != nil {
+			p.Add("Advertise", "%s", strings.TrimSpace(err.Error()))
 		}
 	}
 	if c.DatabaseURL != "" && !store.IsPostgresURL(c.DatabaseURL) {
@@ -216,5 +202,3 @@ func (c Config) Validate() error {
 	}
 	return p.Err()
 }
-
-func isLoopback(host string) bool { return transport.IsLoopback(host) }

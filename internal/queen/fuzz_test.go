@@ -255,7 +255,7 @@ func (fq *fuzzQueen) prepare(t *testing.T) string {
 			Version: "fuzz", GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 4 << 30}}}, http.StatusOK, nil)
 	}
 	if fq.lid != "" {
-		if r, err := fq.q.rows.get(t.Context(), fq.lid); err == nil && !rowTerminal(r.Status) {
+		if r, err := fq.q.rows.get(t.Context(), fq.lid); err == nil && !r.Status.Terminal() {
 			return fq.lid
 		}
 	}

@@ -130,19 +130,3 @@ func TestFillFromWorkerLeavesTheCopiedRow(t *testing.T) {
 		t.Errorf("the filled row: pid %d, gpu %d, exit %v, uri %s", *next.PID, *next.GPUDevice, next.ExitCode, next.URI)
 	}
 }
-
-func TestRowTransitionTable(t *testing.T) {
-	all := []lifecycle.Status{rowStarting, rowRunning, rowDraining, rowStopped, rowFailed}
-	allowed := map[[2]lifecycle.Status]bool{
-		{rowStarting, rowRunning}: true, {rowStarting, rowDraining}: true, {rowStarting, rowFailed}: true,
-		{rowRunning, rowDraining}: true, {rowRunning, rowFailed}: true,
-		{rowDraining, rowStopped}: true, {rowDraining, rowFailed}: true,
-	}
-	for _, from := range all {
-		for _, to := range all {
-			if got := canRowTransition(from, to); got != allowed[[2]lifecycle.Status{from, to}] {
-				t.Errorf("%s → %s: %v", from, to, got)
-			}
-		}
-	}
-}

@@ -420,7 +420,7 @@ func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, a
 	if err != nil {
 		return store.Row{}, err
 	}
-	if rowTerminal(row.Status) {
+	if row.Status.Terminal() {
 		return row, fmt.Errorf("%w: %s is %s (%s)", ErrRowEnded, id, row.Status, row.Reason)
 	}
 	if row.WorkerID == "" {

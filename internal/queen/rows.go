@@ -33,24 +33,6 @@ const (
 	OwnerOperator = "operator" // started through the admin API
 )
 
-// rowTransitions is the table of lifecycle row statuses, the queen's view
-// of the worker table: STARTING → RUNNING, RUNNING → DRAINING → STOPPED, a
-// start may be stopped before it is ready, and any live row may fail.
-// STOPPED and FAILED are terminal.
-var rowTransitions = map[lifecycle.Status][]lifecycle.Status{
-	rowStarting: {rowRunning, rowDraining, rowFailed},
-	rowRunning:  {rowDraining, rowFailed},
-	rowDraining: {rowStopped, rowFailed},
-	rowStopped:  nil,
-	rowFailed:   nil,
-}
-
-func canRowTransition(from, to lifecycle.Status) bool {
-	return slices.Contains(rowTransitions[from], to)
-}
-
-func rowTerminal(s lifecycle.Status) bool { return s == rowStopped || s == rowFailed }
-
 // newLifecycleID returns a fresh wk-… id.
 func newLifecycleID() string {
 	var b [8]byte
@@ -133,7 +115,7 @@ func (b *rowBook) indexLocked(r store.Row) {
 	if old, ok := b.active[r.ID]; ok && old.WorkerID != "" {
 		delete(b.byWorker, workerKey{old.PoolID, old.WorkerID})
 	}
-	if rowTerminal(r.Status) {
+	if r.Status.Terminal() {
 		delete(b.active, r.ID)
 		delete(b.misses, r.ID)
 		delete(b.beats, r.ID)
@@ -234,7 +216,7 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 	if to == "" || (c.fromHive && cur.Status == rowDraining && to == rowRunning) {
 		to = cur.Status
 	}
-	if rowTerminal(cur.Status) {
+	if cur.Status.Terminal() {
 		if c.always {
 			// The operator's action is on record even though the row
 			// ended before it landed.
@@ -260,12 +242,12 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 		c.set(&next)
 	}
 	if to != cur.Status {
-		if !canRowTransition(cur.Status, to) {
+		if !cur.Status.CanTransition(to) {
 			b.refused(cur, to, c)
 			return cur, false, fmt.Errorf("%w: %s %s → %s is not in the table", ErrRefused, id, cur.Status, to)
 		}
 		next.Status, next.Reason = to, c.reason
-		if rowTerminal(to) && next.StoppedAt == nil {
+		if to.Terminal() && next.StoppedAt == nil {
 			now := micro(time.Now())
 			next.StoppedAt = &now
 		}

@@ -74,7 +74,7 @@ func (q *Queen) getWorkerLogs(w http.ResponseWriter, r *http.Request, _ caller) 
 		return err
 	}
 	if row.WorkerID == "" {
-		if rowTerminal(row.Status) {
+		if row.Status.Terminal() {
 			return &api.RequestError{Status: http.StatusNotFound, Code: "log_not_found",
 				Err: fmt.Errorf("worker %s never started on its hive (%s: %s): it has no log", id, row.Status, row.Reason)}
 		}
@@ -102,7 +102,7 @@ func (q *Queen) getWorkerLogs(w http.ResponseWriter, r *http.Request, _ caller) 
 	switch {
 	case hiveCode(err, "worker_not_found"):
 		what := fmt.Sprintf("worker %s (hive worker %s on pool %s) is %s", id, row.WorkerID, row.PoolID, row.Status)
-		if rowTerminal(row.Status) {
+		if row.Status.Terminal() {
 			what = fmt.Sprintf("worker %s (hive worker %s on pool %s) ended (%s)", id, row.WorkerID, row.PoolID, row.Status)
 		}
 		return &api.RequestError{Status: http.StatusNotFound, Code: "log_not_found",

@@ -5,6 +5,7 @@ package secret
 
 import (
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 )
@@ -176,3 +177,21 @@ func passwords(u string) []string {
 	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return slices.Compact(out)
 }
+
+// Tokens are the three bearer tokens of a cluster, one per kind of
+// caller: the daemons check them, the keeper sends them. An empty token
+// leaves its endpoints open, which the daemons allow on loopback only.
+type Tokens struct {
+	API     string // APIARY_API_TOKEN: inference (/v1/…)
+	Admin   string // APIARY_ADMIN_TOKEN: /api/admin/…, pool drain and removal
+	Cluster string // APIARY_CLUSTER_TOKEN: hives (/v2/pools/…, /v2/internal/…)
+}
+
+// TokensFromEnv reads the three tokens from the environment.
+func TokensFromEnv() Tokens {
+	return Tokens{API: os.Getenv(APITokenEnv), Admin: os.Getenv(AdminTokenEnv), Cluster: os.Getenv(ClusterTokenEnv)}
+}
+
+// None reports whether no token is set: every endpoint admits anyone who
+// reaches it.
+func (t Tokens) None() bool { return t.API == "" && t.Admin == "" && t.Cluster == "" }

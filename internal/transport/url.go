@@ -14,11 +14,25 @@ import (
 )
 
 // CheckBaseURL checks s as the base URL of an apiary daemon or worker that
-// something will call: http or https, a host and a port (explicit or the
-// scheme's), no user info, query or fragment, and no path beyond "/". A
-// '?' or '#' in a registered endpoint would otherwise turn the path
-// appended to it into a query. what names the field in the error.
+// something will call: CheckURL, and no path beyond "/". A '?' or '#' in
+// a registered endpoint would otherwise turn the path appended to it into
+// a query. what names the field in the error.
 func CheckBaseURL(what, s string) (*url.URL, error) {
+	u, err := CheckURL(what, s)
+	if err != nil {
+		return nil, err
+	}
+	if u.Path != "" && u.Path != "/" {
+		return nil, fmt.Errorf("%s %q must not have a path", what, printable(s))
+	}
+	u.Path = ""
+	return u, nil
+}
+
+// CheckURL checks s as a URL that something will call: http or https, a
+// host and a port (explicit or the scheme's), no user info, query or
+// fragment; a path is allowed. what names the field in the error.
+func CheckURL(what, s string) (*url.URL, error) {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil:
@@ -33,8 +47,6 @@ func CheckBaseURL(what, s string) (*url.URL, error) {
 		return nil, fmt.Errorf("%s %q must not have a query", what, printable(s))
 	case u.Fragment != "" || strings.Contains(s, "#"):
 		return nil, fmt.Errorf("%s %q must not have a fragment", what, printable(s))
-	case u.Path != "" && u.Path != "/":
-		return nil, fmt.Errorf("%s %q must not have a path", what, printable(s))
 	}
 	host, port := u.Hostname(), u.Port()
 	if host == "" || strings.ContainsAny(host, " %") {
@@ -48,7 +60,6 @@ func CheckBaseURL(what, s string) (*url.URL, error) {
 	if ip := net.ParseIP(host); ip == nil && !validHostname(host) {
 		return nil, fmt.Errorf("%s %q: %q is neither an IP address nor a host name", what, printable(s), printable(host))
 	}
-	u.Path = ""
 	return u, nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
@@ -97,9 +96,8 @@ func (c *Config) Validate() error {
 		c.ModelRef = strings.TrimSuffix(filepath.Base(c.ModelPath), ".gguf")
 	}
 	if c.CallbackURL != "" {
-		u, err := url.Parse(c.CallbackURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			return fmt.Errorf("%w: callback URL %q is not an http(s) URL without user info, query or fragment", ErrInvalidConfig, c.CallbackURL)
+		if _, err := transport.CheckURL("callback URL", c.CallbackURL); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		if c.WorkerID == "" {
 			return fmt.Errorf("%w: a worker id is required with a callback URL", ErrInvalidConfig)
@@ -115,7 +113,7 @@ func (c *Config) Validate() error {
 	if err != nil {
 		return fmt.Errorf("%w: listen address %q: %w", ErrInvalidConfig, c.Addr, err)
 	}
-	if c.Token == "" && !isLoopback(host) {
+	if c.Token == "" && !transport.IsLoopback(host) {
 		return fmt.Errorf("%w: without %s the worker binds loopback only; %q is not a loopback address", ErrInvalidConfig, TokenEnv, host)
 	}
 	if err := c.TLS.Validate(); err != nil {
@@ -158,9 +156,6 @@ func setDefault[T int | int64 | time.Duration](v *T, def T) {
 		*v = def
 	}
 }
-
-// isLoopback reports whether host is "localhost" or a loopback IP.
-func isLoopback(host string) bool { return transport.IsLoopback(host) }
 
 // ErrInvalidConfig wraps every Validate error.
 var ErrInvalidConfig = errors.New("worker: invalid configuration")
