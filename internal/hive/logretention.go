@@ -11,30 +11,74 @@ import (
 // pruneEvery is how often the hive removes old worker logs.
 const pruneEvery = time.Hour
 
-// pruneLogs removes the log files in dir last written before cutoff,
-// except those of the workers in live: a hive that runs for months keeps
-// a month of them (--log-retention), not every log of every worker it
-// ever ran. It returns how many it removed.
+// pruneLogs removes the log files in dir of the workers whose log was
+// last written before cutoff, except those of the workers in live: a hive
+// that runs for months keeps a month of them (--log-retention), not every
+// log of every worker it ever ran. A worker's files (<id>.log and the
+// rotated <id>.log.N) go together, judged by the newest of them. It
+// returns how many files it removed.
 func pruneLogs(dir string, cutoff time.Time, live map[string]bool) (int, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, err
 	}
-	removed := 0
+	type files struct {
+		names  []string // rotated ones first
+		newest time.Time
+	}
+	byID := map[string]*files{}
 	for _, e := range entries {
-		id, ok := strings.CutSuffix(e.Name(), ".log")
+		id, rotated, ok := logFileID(e.Name())
 		if !ok || !e.Type().IsRegular() || live[id] {
 			continue
 		}
 		info, err := e.Info()
-		if err != nil || !info.ModTime().Before(cutoff) {
+		if err != nil {
 			continue
 		}
-		if os.Remove(filepath.Join(dir, e.Name())) == nil {
-			removed++
+		g := byID[id]
+		if g == nil {
+			g = &files{}
+			byID[id] = g
+		}
+		if rotated {
+			g.names = append([]string{e.Name()}, g.names...)
+		} else {
+			g.names = append(g.names, e.Name())
+		}
+		if info.ModTime().After(g.newest) {
+			g.newest = info.ModTime()
+		}
+	}
+	removed := 0
+	for _, g := range byID {
+		if !g.newest.Before(cutoff) {
+			continue
+		}
+		for _, name := range g.names {
+			if os.Remove(filepath.Join(dir, name)) == nil {
+				removed++
+			}
 		}
 	}
 	return removed, nil
+}
+
+// logFileID is the worker id of a log file's name, <id>.log or a rotated
+// <id>.log.N, and whether it is a rotated one.
+func logFileID(name string) (id string, rotated, ok bool) {
+	if id, ok := strings.CutSuffix(name, ".log"); ok {
+		return id, false, id != ""
+	}
+	i := strings.LastIndex(name, ".log.")
+	if i <= 0 {
+		return "", false, false
+	}
+	n := name[i+len(".log."):]
+	if n == "" || strings.Trim(n, "0123456789") != "" {
+		return "", false, false
+	}
+	return name[:i], true, true
 }
 
 // pruneLogsLoop prunes the worker logs at once and then every pruneEvery
