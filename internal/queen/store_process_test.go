@@ -149,7 +149,7 @@ func TestRetentionConfig(t *testing.T) {
 		if tc.ok && cfg.AuditRetention != tc.wantAudit {
 			t.Errorf("audit retention %s after defaults = %s, want %s", tc.audit, cfg.AuditRetention, tc.wantAudit)
 		}
-		if err != nil && !strings.Contains(err.Error(), "-retention") {
+		if err != nil && !strings.Contains(err.Error(), "Retention ") {
 			t.Errorf("error does not name the field: %v", err)
 		}
 	}
