@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/apiary-llm/apiary/internal/hive"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -53,7 +54,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 				return err
 			}
 			cfg.Lifeline = lf
-			if tok := env["APIARY_CLUSTER_TOKEN"]; tok != "" {
+			if tok := env[secret.ClusterTokenEnv]; tok != "" {
 				cfg.ClusterToken = tok
 			}
 			h, err := hive.New(cfg)
@@ -140,7 +141,7 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle, LogRetention: logRetention,
 		HeartbeatInterval: f.heartbeatInterval,
 		QueenURL:          f.queen, PoolID: f.poolID, NodeID: f.nodeID,
-		ClusterToken: os.Getenv("APIARY_CLUSTER_TOKEN"),
+		ClusterToken: os.Getenv(secret.ClusterTokenEnv),
 		TLS:          f.tls,
 		Owner:        f.owner, LeaseTimeout: f.leaseTimeout, WorkerPath: f.workerPath,
 		Logger: logger,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -43,7 +44,7 @@ func (a *adminFlags) register(cmd *cobra.Command) {
 
 // client is the admin client with the tokens of the environment.
 func (a *adminFlags) client() *keeper.Client {
-	return keeper.NewClient(a.queen, os.Getenv("APIARY_ADMIN_TOKEN"), os.Getenv("APIARY_CLUSTER_TOKEN"))
+	return keeper.NewClient(a.queen, os.Getenv(secret.AdminTokenEnv), os.Getenv(secret.ClusterTokenEnv))
 }
 
 // groupCmd is a command that only holds subcommands.

@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/engine"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // TokenEnv is the environment variable the worker's token comes from. It is
 // never a flag: command lines are visible to every user of the machine.
-const TokenEnv = "APIARY_WORKER_TOKEN"
+const TokenEnv = secret.WorkerTokenEnv
 
 // Defaults applied by Config.Validate to zero fields.
 const (
