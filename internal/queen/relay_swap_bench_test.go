@@ -20,9 +20,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/apiary-llm/apiary/internal/keeper"
-	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
 // llamaSwapEnv names the llama-swap binary the benchmark runs.
@@ -165,18 +162,8 @@ func BenchmarkRelayVsLlamaSwap(b *testing.B) {
 	if _, err := exec.LookPath(bin); err != nil {
 		b.Fatalf("%s=%s: %v", llamaSwapEnv, bin, err)
 	}
-	qURL, admin, q := benchCluster(b, []string{"--worker-slots", "64", "--queue-size", "512"}, "--worker-slots", "64")
+	qURL, qPID, direct, token := relayCluster(b)
 	ctx := context.Background()
-	resp, err := admin.StartWorker(ctx, "tiny", "node-1", nil, "relay benchmark")
-	if err != nil {
-		b.Fatal(err)
-	}
-	q.logs.wait(b, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
-	rows, err := admin.Workers(ctx, keeper.WorkerFilter{})
-	if err != nil || len(rows) != 1 || rows[0].URI == "" || rows[0].PID == nil {
-		b.Fatalf("rows %+v %v", rows, err)
-	}
-	direct, token := rows[0].URI, testbin.WorkerToken(b, *rows[0].PID)
 	swap, swapPID := startLlamaSwap(b, bin, direct)
 
 	// llama-swap passes the client's Authorization header on to the
@@ -186,7 +173,7 @@ func BenchmarkRelayVsLlamaSwap(b *testing.B) {
 		name, base, token string
 		pid               int
 	}
-	sides := []side{{"direct", direct, token, 0}, {"queen", qURL, "", q.cmd.Process.Pid}, {"llama-swap", swap, token, swapPID}}
+	sides := []side{{"direct", direct, token, 0}, {"queen", qURL, "", qPID}, {"llama-swap", swap, token, swapPID}}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 	defer hc.CloseIdleConnections()
 	const body = `{"model":"tiny","prompt":"Once upon a time","max_tokens":64,"temperature":0,"ignore_eos":true,"stream":true}`

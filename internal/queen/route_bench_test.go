@@ -170,13 +170,9 @@ func roundAs(ctx context.Context, b *testing.B, hc *http.Client, base, token, bo
 	wg.Wait()
 }
 
-// BenchmarkRelayOverhead: one worker with 64 slots; at 1, 16 and 64
-// concurrent streams of 64 tokens, rounds alternate between the worker
-// directly and the queen (direct first, then queen first, …) so that
-// drift of the machine falls on both sides alike. Reported: p50 and p99
-// of TTFT and inter-token latency on each side, and the queen's added
-// p50 and p99 (queen minus direct).
-func BenchmarkRelayOverhead(b *testing.B) {
+// relayCluster is a queen, a hive and one running worker with 64 slots
+// (tiny model): the queen's URL and pid, the worker's URL and its token.
+func relayCluster(b *testing.B) (qURL string, qPID int, direct, token string) {
 	qURL, admin, q := benchCluster(b, []string{"--worker-slots", "64", "--queue-size", "512"}, "--worker-slots", "64")
 	ctx := context.Background()
 	resp, err := admin.StartWorker(ctx, "tiny", "node-1", nil, "relay benchmark")
@@ -188,7 +184,18 @@ func BenchmarkRelayOverhead(b *testing.B) {
 	if err != nil || len(rows) != 1 || rows[0].URI == "" || rows[0].PID == nil {
 		b.Fatalf("rows %+v %v", rows, err)
 	}
-	direct, token := rows[0].URI, testbin.WorkerToken(b, *rows[0].PID)
+	return qURL, q.cmd.Process.Pid, rows[0].URI, testbin.WorkerToken(b, *rows[0].PID)
+}
+
+// BenchmarkRelayOverhead: one worker with 64 slots; at 1, 16 and 64
+// concurrent streams of 64 tokens, rounds alternate between the worker
+// directly and the queen (direct first, then queen first, …) so that
+// drift of the machine falls on both sides alike. Reported: p50 and p99
+// of TTFT and inter-token latency on each side, and the queen's added
+// p50 and p99 (queen minus direct).
+func BenchmarkRelayOverhead(b *testing.B) {
+	qURL, _, direct, token := relayCluster(b)
+	ctx := context.Background()
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 	defer hc.CloseIdleConnections()
 	const body = `{"model":"tiny","prompt":"Once upon a time","max_tokens":64,"temperature":0,"ignore_eos":true,"stream":true}`
