@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"time"
 
 	"github.com/apiary-llm/apiary/internal/store"
 )
@@ -62,14 +61,8 @@ func (s sqlStore) RemovePool(ctx context.Context, id string, audit store.AuditEn
 
 func (s sqlStore) SaveBeats(ctx context.Context, beats []store.Pool, audit []store.AuditEntry) error {
 	return s.s.Update(ctx, func(tx *store.Tx) error {
-		for _, b := range beats {
-			at := time.Time{}
-			if b.LastHeartbeatAt != nil {
-				at = *b.LastHeartbeatAt
-			}
-			if err := tx.TouchPool(b.ID, at, b.GPUs, b.Workers); err != nil && !isNotFound(err) {
-				return err
-			}
+		if err := tx.TouchPools(beats); err != nil {
+			return err
 		}
 		for _, e := range audit {
 			if _, err := tx.Append(e); err != nil {

@@ -2,7 +2,9 @@ package registry
 
 import (
 	"slices"
+	"strings"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 )
 
@@ -49,12 +51,28 @@ func (p *Pool) MaxFreeBytes() uint64 {
 	return m
 }
 
-// Query returns the pools f selects, by id.
+// Query returns the pools f selects, by id. A query for a model's pools
+// reads only the pools that have a live worker of it.
 func (r *Registry) Query(f Filter) []Pool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	// Counted first: a narrow filter (the pools serving a model) must not
-	// cost room for every pool, nor a wide one a growing slice.
+	if f.Model != "" {
+		set := r.byModel[f.Model]
+		es := make([]*entry, 0, len(set))
+		for e := range set {
+			if f.match(&e.Pool) {
+				es = append(es, e)
+			}
+		}
+		slices.SortFunc(es, func(a, b *entry) int { return strings.Compare(a.ID, b.ID) })
+		out := make([]Pool, len(es))
+		for i, e := range es {
+			out[i] = e.Pool
+		}
+		return out
+	}
+	// Counted first: a narrow filter must not cost room for every pool,
+	// nor a wide one a growing slice.
 	n := 0
 	for _, e := range r.order {
 		if f.match(&e.Pool) {
@@ -68,6 +86,57 @@ func (r *Registry) Query(f Filter) []Pool {
 		}
 	}
 	return out
+}
+
+// liveModels is the models of ws's live workers, each once.
+func liveModels(ws []api.Worker) []string {
+	var out []string
+	for _, w := range ws {
+		if w.ModelRef != "" && !lifecycle.State(w.Status).Terminal() && !slices.Contains(out, w.ModelRef) {
+			out = append(out, w.ModelRef)
+		}
+	}
+	return out
+}
+
+// sameModels reports whether models (distinct) is liveModels(ws), in any
+// order, without building it: the few workers of a pool are compared
+// directly, many through a set.
+func sameModels(models []string, ws []api.Worker) bool {
+	if len(ws) > 64 {
+		got := liveModels(ws)
+		if len(got) != len(models) {
+			return false
+		}
+		want := make(map[string]bool, len(models))
+		for _, m := range models {
+			want[m] = true
+		}
+		for _, m := range got {
+			if !want[m] {
+				return false
+			}
+		}
+		return true
+	}
+	seen := 0 // how many of models have a live worker
+	for i, m := range models {
+		for _, w := range ws {
+			if w.ModelRef == m && !lifecycle.State(w.Status).Terminal() {
+				seen++
+				break
+			}
+		}
+		if seen != i+1 {
+			return false
+		}
+	}
+	for _, w := range ws {
+		if w.ModelRef != "" && !lifecycle.State(w.Status).Terminal() && !slices.Contains(models, w.ModelRef) {
+			return false
+		}
+	}
+	return seen == len(models)
 }
 
 // Get returns the pool id.

@@ -133,6 +133,7 @@ type entry struct {
 	awaitInventory bool      // the next heartbeat is the first since (re)registration or queen start
 	beatDirty      bool      // heartbeat data not in the store yet
 	statusDirty    bool      // a status write failed; Flush retries it
+	models         []string  // the models of its live workers: its keys in Registry.byModel
 }
 
 // Registry is the set of pools. Create it with New, fill it with Load, keep
@@ -147,10 +148,15 @@ type Registry struct {
 	// released during those writes, so that queries (routing, on every
 	// request) and heartbeats never wait for a slow or stalled store. Lock
 	// order: wmu, then mu.
-	wmu          sync.Mutex
-	mu           sync.RWMutex
-	pools        map[string]*entry  // guarded by mu
-	order        []*entry           // guarded by mu; the pools by id, for queries
+	wmu   sync.Mutex
+	mu    sync.RWMutex
+	pools map[string]*entry // guarded by mu
+	order []*entry          // guarded by mu; the pools by id, for queries
+	// byModel is the pools with a live worker of each model (guarded by
+	// mu): a query for a model's pools, which routing runs on every
+	// request, reads those instead of every pool. Bounded by the pools
+	// times the models of each.
+	byModel      map[string]map[*entry]struct{}
 	pendingAudit []store.AuditEntry // guarded by mu; entries whose write failed
 	closed       bool               // guarded by mu
 
@@ -163,7 +169,8 @@ func New(cfg Config) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Registry{cfg: cfg, log: cfg.Logger.With("component", "registry"), pools: map[string]*entry{}}, nil
+	return &Registry{cfg: cfg, log: cfg.Logger.With("component", "registry"), pools: map[string]*entry{},
+		byModel: map[string]map[*entry]struct{}{}}, nil
 }
 
 // Load reads the pools of the store. Every pool that was not offline gets a
@@ -195,11 +202,12 @@ func (r *Registry) Load(ctx context.Context) error {
 	return nil
 }
 
-// addLocked adds a new pool to the map and the id order.
+// addLocked adds a new pool to the map, the id order and the model index.
 func (r *Registry) addLocked(e *entry) {
 	r.pools[e.ID] = e
 	i, _ := slices.BinarySearchFunc(r.order, e.ID, func(x *entry, id string) int { return strings.Compare(x.ID, id) })
 	r.order = slices.Insert(r.order, i, e)
+	r.indexLocked(e)
 }
 
 // removeLocked forgets a pool.
@@ -207,6 +215,37 @@ func (r *Registry) removeLocked(e *entry) {
 	delete(r.pools, e.ID)
 	if i, ok := slices.BinarySearchFunc(r.order, e.ID, func(x *entry, id string) int { return strings.Compare(x.ID, id) }); ok {
 		r.order = slices.Delete(r.order, i, i+1)
+	}
+	r.setModelsLocked(e, nil)
+}
+
+// indexLocked brings byModel in line with e's workers; every change of
+// e.Workers is followed by it. A heartbeat that reports the models it
+// reported before (nearly all of them) changes nothing and allocates
+// nothing.
+func (r *Registry) indexLocked(e *entry) {
+	if !sameModels(e.models, e.Workers) {
+		r.setModelsLocked(e, liveModels(e.Workers))
+	}
+}
+
+func (r *Registry) setModelsLocked(e *entry, models []string) {
+	for _, m := range e.models {
+		if set := r.byModel[m]; set != nil {
+			delete(set, e)
+			if len(set) == 0 {
+				delete(r.byModel, m)
+			}
+		}
+	}
+	e.models = models
+	for _, m := range models {
+		set := r.byModel[m]
+		if set == nil {
+			set = map[*entry]struct{}{}
+			r.byModel[m] = set
+		}
+		set[e] = struct{}{}
 	}
 }
 
@@ -275,6 +314,7 @@ func (r *Registry) changeLocked(ctx context.Context, e *entry, next Pool, c chan
 		keepNewer(&next, pre, e.Pool)
 	}
 	e.Pool = next
+	r.indexLocked(e)
 	if err != nil {
 		e.statusDirty = true
 		r.pendingAudit = append(r.pendingAudit, audit)
@@ -386,6 +426,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 		}
 	} else {
 		e.LastHeartbeatAt, e.GPUs, e.Workers = now, hb.GPUs, hb.Workers
+		r.indexLocked(e)
 		e.beatDirty = true
 	}
 	e.lostPending = false
@@ -580,6 +621,7 @@ func (r *Registry) UpdateWorker(poolID string, w api.Worker) {
 		workers = append(workers, w) // beyond the bound, the next heartbeat tells
 	}
 	e.Workers = workers // a new slice: snapshots handed out keep theirs
+	r.indexLocked(e)
 	e.beatDirty = true
 }
 

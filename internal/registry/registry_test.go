@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -664,5 +665,98 @@ func TestStalledStoreBlocksNoQueryOrHeartbeat(t *testing.T) {
 	}
 	if p, _ := h.r.Get("b"); len(p.Workers) != 1 {
 		t.Errorf("pool b's worker from the event: %+v", p.Workers)
+	}
+}
+
+// TestQueryByModelFollowsEveryChange: a query for a model's pools reads
+// the model index; after any mix of registrations, heartbeats, worker
+// events, drains, deregistrations and a reload, it answers what a scan of
+// every pool answers.
+func TestQueryByModelFollowsEveryChange(t *testing.T) {
+	st := newFakeStore()
+	h := newHarness(t, st)
+	rng := rand.New(rand.NewPCG(1, 2))
+	models := []string{"m0", "m1", "m2", "m3"}
+	statuses := []string{"starting", "ready", "busy", "draining", "stopped", "failed"}
+	worker := func() api.Worker {
+		return api.Worker{WorkerID: fmt.Sprintf("w%d", rng.IntN(6)), ModelRef: models[rng.IntN(len(models))], Status: statuses[rng.IntN(len(statuses))]}
+	}
+	check := func(step int) {
+		t.Helper()
+		all := h.r.Query(Filter{})
+		for _, m := range append(models, "m-none") {
+			for _, f := range []Filter{{Model: m}, {Model: m, Statuses: []Status{Healthy}}} {
+				var want []string
+				for _, p := range all {
+					if f.Match(p) {
+						want = append(want, p.ID)
+					}
+				}
+				var got []string
+				for _, p := range h.r.Query(f) {
+					got = append(got, p.ID)
+				}
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Fatalf("step %d, filter %+v (-scan +index):\n%s", step, f, diff)
+				}
+			}
+		}
+	}
+	for step := range 2000 {
+		id := fmt.Sprintf("p%d", rng.IntN(12))
+		switch op := rng.IntN(10); {
+		case op < 2:
+			_, _ = h.r.Register(h.ctx, api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:1"}, "test")
+		case op < 6:
+			ws := make([]api.Worker, rng.IntN(5))
+			for i := range ws {
+				ws[i] = worker()
+			}
+			_, _ = h.r.Heartbeat(h.ctx, id, api.Heartbeat{Workers: ws})
+		case op < 8:
+			h.r.UpdateWorker(id, worker())
+		case op < 9:
+			_, _ = h.r.Drain(h.ctx, id, "test", "test")
+		default:
+			_, _ = h.r.Deregister(h.ctx, id, "test", "test")
+		}
+		check(step)
+	}
+	if err := h.r.Flush(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	reloaded := newHarness(t, st)
+	if err := reloaded.r.Load(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	h = reloaded
+	check(-1)
+}
+
+func TestSameModels(t *testing.T) {
+	w := func(model, status string) api.Worker { return api.Worker{ModelRef: model, Status: status} }
+	many := make([]api.Worker, 100)
+	for i := range many {
+		many[i] = w(fmt.Sprintf("m%d", i%3), "ready")
+	}
+	for _, tc := range []struct {
+		models []string
+		ws     []api.Worker
+		want   bool
+	}{
+		{nil, nil, true},
+		{nil, []api.Worker{w("a", "stopped"), w("", "ready")}, true},
+		{[]string{"a"}, []api.Worker{w("a", "ready"), w("a", "busy")}, true},
+		{[]string{"a"}, []api.Worker{w("a", "failed")}, false},
+		{[]string{"a"}, []api.Worker{w("a", "ready"), w("b", "starting")}, false},
+		{[]string{"a", "b"}, []api.Worker{w("b", "ready"), w("a", "ready")}, true},
+		{[]string{"a", "b"}, []api.Worker{w("a", "ready"), w("a", "ready")}, false},
+		{[]string{"m0", "m1", "m2"}, many, true},
+		{[]string{"m0", "m1"}, many, false},
+		{[]string{"m0", "m1", "m2", "m3"}, many, false},
+	} {
+		if got := sameModels(tc.models, tc.ws); got != tc.want {
+			t.Errorf("sameModels(%v, %d workers) = %v, want %v", tc.models, len(tc.ws), got, tc.want)
+		}
 	}
 }

@@ -55,17 +55,27 @@ func (t *Tx) PutPool(p Pool) error {
 	return nil
 }
 
-// TouchPool records what a heartbeat brought (time, GPUs, workers) without
-// touching the pool's registration or status; ErrNotFound when there is no
-// such pool.
-func (t *Tx) TouchPool(id string, lastHeartbeat time.Time, gpus, workers json.RawMessage) error {
-	res, err := t.exec("UPDATE pools SET last_heartbeat_at = ?, gpus = ?, workers = ? WHERE id = ?",
-		micros(lastHeartbeat), jsonOr(gpus, "[]"), jsonOr(workers, "[]"), id)
-	if err != nil {
-		return fmt.Errorf("store: touch pool %s: %w", id, err)
+// TouchPools records what the heartbeats of pools brought (their last
+// heartbeat, GPUs and workers) without touching their registration or
+// status, skipping the pools that no longer exist. The statement is
+// prepared once for all of them.
+func (t *Tx) TouchPools(beats []Pool) error {
+	if len(beats) == 0 {
+		return nil
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("%w: pool %s", ErrNotFound, id)
+	stmt, err := t.prepare("UPDATE pools SET last_heartbeat_at = ?, gpus = ?, workers = ? WHERE id = ?")
+	if err != nil {
+		return fmt.Errorf("store: touch pools: %w", err)
+	}
+	defer stmt.Close()
+	for _, b := range beats {
+		at := time.Time{}
+		if b.LastHeartbeatAt != nil {
+			at = *b.LastHeartbeatAt
+		}
+		if _, err := stmt.ExecContext(t.ctx, micros(at), jsonOr(b.GPUs, "[]"), jsonOr(b.Workers, "[]"), b.ID); err != nil {
+			return fmt.Errorf("store: touch pool %s: %w", b.ID, err)
+		}
 	}
 	return nil
 }

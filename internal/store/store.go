@@ -424,6 +424,12 @@ func (t *Tx) exec(query string, args ...any) (sql.Result, error) {
 	return t.tx.ExecContext(t.ctx, t.s.q(query), args...)
 }
 
+// prepare prepares query on the transaction, for a statement run for
+// each item of a batch: parsed once rather than once an item.
+func (t *Tx) prepare(query string) (*sql.Stmt, error) {
+	return t.tx.PrepareContext(t.ctx, t.s.q(query))
+}
+
 func (t *Tx) query(query string, args ...any) (*sql.Rows, error) {
 	return t.tx.QueryContext(t.ctx, t.s.q(query), args...)
 }

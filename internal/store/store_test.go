@@ -99,6 +99,21 @@ func TestPoolsRoundTrip(t *testing.T) {
 		if diff := cmp.Diff([]store.Pool{p}, got); diff != "" {
 			t.Errorf("pools (-want +got):\n%s", diff)
 		}
+		// A heartbeat flush sets the last beat, devices and workers, and
+		// leaves the rest; a pool gone meanwhile is skipped.
+		beat := p
+		beat.LastHeartbeatAt, beat.GPUs, beat.Workers = ptr(at(9)), json.RawMessage(`[{"id":1}]`), json.RawMessage(`[{"worker_id":"w1"}]`)
+		beat.Status, beat.Endpoint = "ignored", "http://ignored:1"
+		if err := s.Update(ctx, func(tx *store.Tx) error { return tx.TouchPools([]store.Pool{{ID: "gone"}, beat}) }); err != nil {
+			t.Fatal(err)
+		}
+		p.LastHeartbeatAt, p.GPUs, p.Workers = beat.LastHeartbeatAt, beat.GPUs, beat.Workers
+		if err := s.View(ctx, func(tx *store.Tx) (err error) { got, err = tx.Pools(); return }); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([]store.Pool{p}, got); diff != "" {
+			t.Errorf("pools after TouchPools (-want +got):\n%s", diff)
+		}
 		err := s.Update(ctx, func(tx *store.Tx) error { return tx.DeletePool("node-a") })
 		if err != nil {
 			t.Fatal(err)

@@ -76,9 +76,18 @@ func (t *Tx) UpdateRow(r Row) error {
 }
 
 // TouchRows sets last_heartbeat_at of the given rows.
+// The statement is prepared once for all of them.
 func (t *Tx) TouchRows(beats map[string]time.Time) error {
+	if len(beats) == 0 {
+		return nil
+	}
+	stmt, err := t.prepare("UPDATE workers SET last_heartbeat_at = ? WHERE id = ?")
+	if err != nil {
+		return fmt.Errorf("store: touch worker rows: %w", err)
+	}
+	defer stmt.Close()
 	for id, at := range beats {
-		if _, err := t.exec("UPDATE workers SET last_heartbeat_at = ? WHERE id = ?", micros(at), id); err != nil {
+		if _, err := stmt.ExecContext(t.ctx, micros(at), id); err != nil {
 			return fmt.Errorf("store: touch worker row %s: %w", id, err)
 		}
 	}
