@@ -167,7 +167,7 @@ func (r *router) strikeLocked(c Candidate, ev strikeEvent, cause error, now time
 	case stepRecovered:
 		e.auditRecovered = true
 	case stepStop:
-		e.stop = fmt.Sprintf("stopped by the queen: %d relay failures in a row (3 × --strike-limit %d); last: %s",
+		e.stop = fmt.Sprintf("stopped by the queen: %d failures in a row (3 × --strike-limit %d); last: %s",
 			next.Count, r.cfg.StrikeLimit, e.errs[len(e.errs)-1])
 	}
 	return step
@@ -312,6 +312,7 @@ func (s *Service) strikeRound(ctx context.Context) time.Duration {
 			r.mu.Lock()
 			r.removeStrikesLocked(w.id)
 			r.mu.Unlock()
+			s.log.Debug("strikes forgotten: the row is no longer RUNNING", "lifecycle_id", w.id)
 			continue
 		}
 		kept++

@@ -139,7 +139,7 @@ func TestRouterStrikes(t *testing.T) {
 			tr.mu.Unlock()
 		}
 		if e := tr.strikes["wk-a"]; step != stepStop || e.state.Count != 6 ||
-			e.stop != "stopped by the queen: 6 relay failures in a row (3 × --strike-limit 2); last: worker answered 500" {
+			e.stop != "stopped by the queen: 6 failures in a row (3 × --strike-limit 2); last: worker answered 500" {
 			t.Errorf("at 3 × limit: step %d, %+v", step, e)
 		}
 		work, _ := tr.takeStrikeWork(time.Now())
