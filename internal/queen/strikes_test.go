@@ -177,7 +177,9 @@ func TestStrikesDegradeThenStopAWorkerThatFails(t *testing.T) {
 }
 
 // A request a worker serves clears its strikes; a client error it
-// rightly answers (400) or its "not now" (503) is no strike.
+// rightly answers (400) or its "not now" (503) is no strike. A degraded
+// worker that its health check readmits and that then serves a request
+// has recovered (audited).
 func TestStrikesClearedBySuccessNotCountedForClientErrors(t *testing.T) {
 	flaky := newSteeredWorker(t, "500")
 	good := newFakeWorker(t, tokens(1))
@@ -218,6 +220,28 @@ func TestStrikesClearedBySuccessNotCountedForClientErrors(t *testing.T) {
 		t.Errorf("strikes metric %q, want 1", got)
 	}
 	if got := x.audit(flakyID); strings.Join(got, " ") != "worker.start worker.spawned worker.running" {
+		t.Errorf("audit %v", got)
+	}
+
+	// Degraded, readmitted by its health check, then a request it serves:
+	// recovered (audited), its strikes cleared.
+	flaky.set("500")
+	for range 2 {
+		if code, by := x.complete(t); code != http.StatusOK || by != goodID {
+			t.Fatalf("500: answered %d by %s", code, by)
+		}
+	}
+	x.logs.wait(t, 0, "worker degraded by the queen", map[string]string{"lifecycle_id": flakyID})
+	flaky.set("ok")
+	x.logs.wait(t, 0, "degraded worker readmitted: its health check answered", map[string]string{"lifecycle_id": flakyID})
+	if code, by := x.complete(t); code != http.StatusOK || by != flakyID {
+		t.Fatalf("after the readmission: answered %d by %s", code, by)
+	}
+	x.logs.wait(t, 0, "degraded worker recovered", map[string]string{"lifecycle_id": flakyID})
+	if s := x.row(flakyID).Strikes; s != nil {
+		t.Errorf("after the recovery: %+v, want none", s)
+	}
+	if got := x.audit(flakyID); strings.Join(got, " ") != "worker.start worker.spawned worker.running worker.degraded worker.recovered" {
 		t.Errorf("audit %v", got)
 	}
 }

@@ -74,8 +74,8 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 		w.Header().Set(api.WorkerHeader, l.cand.LifecycleID)
 		o := s.attempt(ctx, w, l, rr)
 		broken := o.verdict == verdictBroken
-		if step := rt.router.settle(l, o.verdict, o.err); step != stepNone {
-			s.wakeStrikes()
+		if step := rt.router.settle(l, o.verdict, o.err); step != stepNone || o.verdict == verdictFailed || broken {
+			s.wakeStrikes() // the step's effects; the watcher also sweeps the entry once its row ends
 		}
 		if broken {
 			s.suspect(l, o.err)
