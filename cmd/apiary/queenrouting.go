@@ -13,6 +13,7 @@ type routingFlags struct {
 	affinityTTL, queueTimeout    time.Duration
 	scaleUpAfter, modelsRefresh  time.Duration
 	queueSize, maxWorkers, slots int
+	strikeLimit                  int
 	modelMaxWorkers              map[string]int
 }
 
@@ -25,6 +26,7 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 	fl.StringToIntVar(&r.modelMaxWorkers, "model-max-workers", nil, "max workers per model, e.g. tiny=2,big=1 (0: never placed on demand)")
 	fl.IntVar(&r.slots, "worker-slots", routing.DefaultWorkerSlots, "requests sent to one worker at once: the workers' --slots (hives set it with --worker-slots)")
 	fl.DurationVar(&r.modelsRefresh, "models-refresh", routing.DefaultModelsRefresh, "how often the hives' model lists are read again")
+	fl.IntVar(&r.strikeLimit, "strike-limit", routing.DefaultStrikeLimit, "requests in a row a worker may fail (connection refused or broken, 5xx other than 503) before it gets no new requests; at 3 times as many the queen stops it")
 }
 
 // config is the routing settings as the flags give them; the queen
@@ -32,5 +34,5 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 func (r *routingFlags) config() routing.Config {
 	return routing.Config{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout,
 		ScaleUpAfter: r.scaleUpAfter, MaxWorkers: r.maxWorkers, ModelMaxWorkers: r.modelMaxWorkers,
-		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh}
+		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh, StrikeLimit: r.strikeLimit}
 }

@@ -75,10 +75,12 @@ func TestWorkersLsShowsTheCPUAsCPU(t *testing.T) {
 		{ID: "wk-1", GPUDevice: &zero, DeviceKind: api.DeviceCUDA},
 		{ID: "wk-2", GPUDevice: &zero},
 		{ID: "wk-3"},
+		{ID: "wk-4", Status: "RUNNING", Strikes: &api.WorkerStrikes{Failures: 3, Limit: 3, Degraded: true}},
+		{ID: "wk-5", Status: "RUNNING", Strikes: &api.WorkerStrikes{Failures: 4, Limit: 3}},
 	}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`wk-1 .*\s+gpu 0\s`, `wk-2 .*\s+0\s`, `wk-3 .*\s+-\s`} {
+	for _, want := range []string{`wk-1 .*\s+gpu 0\s`, `wk-2 .*\s+0\s`, `wk-3 .*\s+-\s`, `wk-4\s+RUNNING \(degraded\)\s`, `wk-5\s+RUNNING\s`} {
 		if !regexp.MustCompile(want).MatchString(b.String()) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
@@ -93,8 +95,9 @@ func TestConfigProblemsNameTheFlags(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"queen", "--queue-size", "-3", "--hive-timeout", "-1s", "--audit-retention", "5s"},
-			[]string{"--queue-size must be at least 1, got -3", "--hive-timeout must be positive, got -1s", "--audit-retention 5s is shorter than"}},
+		{[]string{"queen", "--queue-size", "-3", "--hive-timeout", "-1s", "--audit-retention", "5s", "--strike-limit", "-1"},
+			[]string{"--queue-size must be at least 1, got -3", "--hive-timeout must be positive, got -1s", "--audit-retention 5s is shorter than",
+				"--strike-limit must be at least 1, got -1"}},
 		{[]string{"hive", "--lease-timeout", "1s", "--worker-ports", "9-3", "--queen", "http://127.0.0.1:1"},
 			[]string{"--worker-ports 9-3 is not a range", "--lease-timeout 1s must be longer than --heartbeat-interval 10s"}},
 		{[]string{"infer", "--model", "", "--prompt", "", "--max-tokens", "-1"},

@@ -213,7 +213,8 @@ Control characters show as escapes such as \x1b.`,
 	return cmd
 }
 
-// printRows writes the table of `apiary workers ls`.
+// printRows writes the table of `apiary workers ls`; a worker the
+// queen's routing degraded (its strikes) shows as "RUNNING (degraded)".
 func printRows(w io.Writer, rows []api.LifecycleRow, now time.Time) error {
 	t := newTable(w, "ID", "STATUS", "MODEL", "POOL", "DEVICE", "VRAM", "AGE", "OWNER", "REASON")
 	for _, r := range rows {
@@ -222,7 +223,11 @@ func printRows(w io.Writer, rows []api.LifecycleRow, now time.Time) error {
 		if r.VRAMBytes > 0 {
 			vram = api.FormatBytes(r.VRAMBytes)
 		}
-		t.row(r.ID, r.Status, r.ModelRef, r.PoolID, gpu, vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
+		status := r.Status
+		if r.Strikes != nil && r.Strikes.Degraded {
+			status += " (degraded)"
+		}
+		t.row(r.ID, status, r.ModelRef, r.PoolID, gpu, vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
 	}
 	return t.flush()
 }

@@ -61,6 +61,19 @@ type LifecycleRow struct {
 	PID             *int       `json:"pid"`
 	ExitCode        *int       `json:"exit_code"`
 	Owner           string     `json:"owner"` // queen or operator
+	// Strikes is how the queen's routing sees a RUNNING worker that
+	// failed requests lately; absent when it has no failures in a row.
+	Strikes *WorkerStrikes `json:"strikes,omitempty"`
+}
+
+// WorkerStrikes are a worker's relay failures in a row at the queen.
+type WorkerStrikes struct {
+	Failures int `json:"failures"` // requests failed in a row (and failed health checks while degraded)
+	Limit    int `json:"limit"`    // the queen's --strike-limit: degraded at Limit, stopped at 3 × Limit
+	// Degraded: the queen sends it no new requests until its health
+	// check answers or a request in flight succeeds.
+	Degraded  bool   `json:"degraded"`
+	LastError string `json:"last_error,omitempty"`
 }
 
 // LifecycleRowList is the answer of GET /api/admin/workers, newest first.

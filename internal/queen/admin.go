@@ -170,10 +170,16 @@ func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
 		}
 		q.rows.mu.Unlock()
 	}
-	return api.LifecycleRow{ID: r.ID, PoolID: r.PoolID, WorkerID: r.WorkerID, ModelRef: r.ModelRef, GPUDevice: r.GPUDevice,
+	w := api.LifecycleRow{ID: r.ID, PoolID: r.PoolID, WorkerID: r.WorkerID, ModelRef: r.ModelRef, GPUDevice: r.GPUDevice,
 		DeviceKind: q.deviceKind(r.PoolID, r.GPUDevice), Status: string(r.Status), Reason: r.Reason, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, ReadyAt: r.ReadyAt,
 		StoppedAt: r.StoppedAt, LastHeartbeatAt: r.LastHeartbeatAt, VRAMBytes: r.VRAMBytes, URI: r.URI, PID: r.PID,
 		ExitCode: r.ExitCode, Owner: r.Owner}
+	if r.Status == rowRunning && q.routing != nil {
+		if s, ok := q.routing.Strikes(r.ID); ok {
+			w.Strikes = &s
+		}
+	}
+	return w
 }
 
 // deviceKind is the kind of device dev of pool poolID (api.DeviceCPU or

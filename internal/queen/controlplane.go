@@ -125,6 +125,18 @@ func (c controlPlane) WorkerLost(ctx context.Context, lifecycleID, reason string
 	return nil
 }
 
+// StopWorker stops a worker whose strikes reached 3 × the strike limit:
+// the admin stop path (its hive drains it, the row goes DRAINING with a
+// worker.stop audit entry), with the queen as the actor. A row that ended
+// meanwhile is left as it is.
+func (c controlPlane) StopWorker(ctx context.Context, lifecycleID, reason string) error {
+	_, err := c.q.StopWorker(ctx, lifecycleID, true, reason, registry.ActorQueen)
+	if errors.Is(err, ErrRowEnded) {
+		return nil
+	}
+	return err
+}
+
 // Audit appends e; a failure is logged and counted.
 func (c controlPlane) Audit(ctx context.Context, e store.AuditEntry) {
 	err := c.q.st.Update(ctx, func(tx *store.Tx) error {

@@ -22,6 +22,7 @@ const (
 	DefaultModelsRefresh = 30 * time.Second
 	DefaultMaxBodyBytes  = 1 << 20
 	DefaultHiveTimeout   = 30 * time.Second
+	DefaultStrikeLimit   = 3
 	// catalogTimeout bounds one read of a hive's model list.
 	catalogTimeout = 5 * time.Second
 	// maxAttempts bounds the workers one request is tried on (retries
@@ -63,6 +64,12 @@ type Config struct {
 	// (--models-refresh); a request for a model no list has re-reads them
 	// at once.
 	ModelsRefresh time.Duration
+	// StrikeLimit is how many requests in a row a worker may fail (a
+	// refused or broken connection, a 5xx other than 503) before the
+	// queen degrades it: no new requests until its health check answers
+	// or a request succeeds; at 3 × StrikeLimit the queen stops it
+	// (--strike-limit; default 3).
+	StrikeLimit int
 
 	// What routing is wired to; set by the queen.
 
@@ -102,6 +109,9 @@ func (c Config) WithDefaults() Config {
 	if c.WorkerSlots == 0 {
 		c.WorkerSlots = DefaultWorkerSlots
 	}
+	if c.StrikeLimit == 0 {
+		c.StrikeLimit = DefaultStrikeLimit
+	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -132,7 +142,7 @@ func (c Config) Validate() error {
 	for _, n := range []struct {
 		field string
 		v     int
-	}{{"QueueSize", c.QueueSize}, {"MaxWorkers", c.MaxWorkers}, {"WorkerSlots", c.WorkerSlots}} {
+	}{{"QueueSize", c.QueueSize}, {"MaxWorkers", c.MaxWorkers}, {"WorkerSlots", c.WorkerSlots}, {"StrikeLimit", c.StrikeLimit}} {
 		if n.v < 1 {
 			p.Add(n.field, "must be at least 1, got %d", n.v)
 		}

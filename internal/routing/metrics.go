@@ -18,6 +18,9 @@ type routeMetrics struct {
 	affinity     *prometheus.CounterVec   // result
 	retries      *prometheus.CounterVec   // model, reason
 	broken       *prometheus.CounterVec   // model
+	strikes      *prometheus.CounterVec   // lifecycle_id; a series goes when its row is no longer RUNNING
+	degraded     prometheus.Gauge
+	strikeStops  prometheus.Counter
 	rounds       prometheus.Counter
 	sessionsDesc *prometheus.Desc
 	sessions     func() int
@@ -59,13 +62,20 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 		broken: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "apiary_queen_streams_broken_total", Help: "Streams whose worker stopped answering after the first byte (ended with an error event)."},
 			[]string{"model"}),
+		strikes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_worker_strikes_total", Help: "Requests a RUNNING worker failed (refused or broken connection, 5xx other than 503), and failed health checks while degraded, by lifecycle id; the series goes when the row is no longer RUNNING."},
+			[]string{"lifecycle_id"}),
+		degraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "apiary_queen_workers_degraded", Help: "Workers the queen keeps out of routing after --strike-limit failures in a row."}),
+		strikeStops: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "apiary_queen_strike_stops_total", Help: "Stops the queen asked for of workers that failed 3 × --strike-limit requests in a row."}),
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "apiary_queen_controller_rounds_total", Help: "Times the demand controller weighed waiting requests (it does nothing while none wait)."}),
 		sessionsDesc: prometheus.NewDesc("apiary_queen_affinity_sessions", "Sessions pinned to a worker.", nil, nil),
 		sessions:     sessions,
 	}
 	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.affinity,
-		m.retries, m.broken, m.rounds, sessionGauge{m})
+		m.retries, m.broken, m.strikes, m.degraded, m.strikeStops, m.rounds, sessionGauge{m})
 	return m
 }
 

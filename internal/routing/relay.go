@@ -32,10 +32,11 @@ type relayReq struct {
 type outcome struct {
 	// retry: nothing reached the client; another worker may be tried.
 	retry bool
-	// broken: the worker failed the connection (refused, reset, or a
-	// stream that ended without its end); it gets no requests for a while
-	// and is checked.
-	broken bool
+	// verdict is what the attempt says of the worker, for its strikes:
+	// verdictBroken (it failed the connection: refused, reset, or a
+	// stream that ended without its end) also keeps it out of routing for
+	// a while and has it checked.
+	verdict verdict
 	// started: the answer to the client began.
 	started bool
 	err     error
@@ -72,8 +73,11 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 		}
 		w.Header().Set(api.WorkerHeader, l.cand.LifecycleID)
 		o := s.attempt(ctx, w, l, rr)
-		rt.router.release(l, o.broken)
-		if o.broken {
+		broken := o.verdict == verdictBroken
+		if step := rt.router.settle(l, o.verdict, o.err); step != stepNone || o.verdict == verdictFailed || broken {
+			s.wakeStrikes() // the step's effects; the watcher also sweeps the entry once its row ends
+		}
+		if broken {
 			s.suspect(l, o.err)
 		}
 		if !o.retry {
@@ -82,7 +86,7 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 		exclude[l.cand.Key] = true
 		last = o.err
 		reason := "worker_error"
-		if o.broken {
+		if broken {
 			reason = "connection"
 		}
 		rt.m.retries.WithLabelValues(rr.model, reason).Inc()
@@ -116,13 +120,19 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 		if ctx.Err() != nil {
 			return outcome{err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
 		}
-		return outcome{retry: true, broken: true, err: fmt.Errorf("worker %s: %w", l.cand.LifecycleID, err)}
+		return outcome{retry: true, verdict: verdictBroken, err: fmt.Errorf("worker %s: %w", l.cand.LifecycleID, err)}
 	}
 	defer resp.Body.Close()
 	switch {
 	case resp.StatusCode >= 500:
+		// A 503 is the worker's honest "not now" (loading, draining, its
+		// queue full): tried elsewhere, but not a strike.
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return outcome{retry: true, err: workerAnswer(resp.StatusCode, data)}
+		v := verdictFailed
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			v = verdictNone
+		}
+		return outcome{retry: true, verdict: v, err: workerAnswer(resp.StatusCode, data)}
 	case resp.StatusCode != http.StatusOK:
 		// The client's fault (400, 404 …): the worker's error is the
 		// answer, when it is one. Anything else (a redirect, a page, a
@@ -130,7 +140,7 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		oe, ok := clientError(resp.StatusCode, data)
 		if !ok {
-			return outcome{retry: true, err: fmt.Errorf("worker %s answered %s without an OpenAI error", l.cand.LifecycleID, resp.Status)}
+			return outcome{retry: true, verdict: verdictFailed, err: fmt.Errorf("worker %s answered %s without an OpenAI error", l.cand.LifecycleID, resp.Status)}
 		}
 		openai.WriteError(w, oe)
 		return outcome{started: true}
@@ -139,7 +149,7 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 	case strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json"):
 		return s.copyAnswer(w, resp)
 	default:
-		return outcome{retry: true, err: fmt.Errorf("worker %s answered 200 with Content-Type %q, not an OpenAI answer",
+		return outcome{retry: true, verdict: verdictFailed, err: fmt.Errorf("worker %s answered 200 with Content-Type %q, not an OpenAI answer",
 			l.cand.LifecycleID, api.Printable(resp.Header.Get("Content-Type"), 100))}
 	}
 }
@@ -178,7 +188,7 @@ func (s *Service) copyAnswer(w http.ResponseWriter, resp *http.Response) outcome
 	if _, err := io.Copy(w, resp.Body); err != nil {
 		return outcome{started: true, err: fmt.Errorf("%w: copying the answer: %w", errClientGone, err)}
 	}
-	return outcome{started: true}
+	return outcome{started: true, verdict: verdictServed}
 }
 
 // SSE lines the relay looks for.
@@ -232,7 +242,7 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 		streamBufPool.Put(bufs)
 	}()
 	var last time.Time
-	started, ended := false, false
+	started, ended, done := false, false, false
 	for {
 		line, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -241,12 +251,14 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 		}
 		if err != nil {
 			switch {
+			case done:
+				return outcome{started: started, verdict: verdictServed}
 			case ended:
-				return outcome{started: started}
+				return outcome{started: started} // the worker's own error event
 			case ctx.Err() != nil:
 				return outcome{started: started, err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
 			case !started:
-				return outcome{retry: true, broken: true, err: fmt.Errorf("worker %s: the stream ended before its first event: %w", l.cand.LifecycleID, noEOF(err))}
+				return outcome{retry: true, verdict: verdictBroken, err: fmt.Errorf("worker %s: the stream ended before its first event: %w", l.cand.LifecycleID, noEOF(err))}
 			}
 			m.broken.WithLabelValues(rr.model).Inc()
 			cause := fmt.Errorf("worker %s stopped answering mid-stream: %w", l.cand.LifecycleID, noEOF(err))
@@ -255,7 +267,7 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 			if _, err := fmt.Fprintf(w, "data: %s\n\n", final); err == nil {
 				_ = rc.Flush()
 			}
-			return outcome{started: true, broken: true, err: cause}
+			return outcome{started: true, verdict: verdictBroken, err: cause}
 		}
 		ev = append(ev, line...)
 		if len(bytes.TrimRight(line, "\r\n")) > 0 {
@@ -283,7 +295,9 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 		}
 		now := time.Now()
 		switch {
-		case bytes.HasPrefix(ev, sseDone), bytes.HasPrefix(ev, sseError):
+		case bytes.HasPrefix(ev, sseDone):
+			ended, done = true, true
+		case bytes.HasPrefix(ev, sseError):
 			ended = true
 		case bytes.HasPrefix(ev, sseData):
 			if last.IsZero() {

@@ -167,7 +167,8 @@ const brokenFor = time.Minute
 
 // router owns the queen's side of request routing: how many requests each
 // worker has from the queen, the per-model queues of requests waiting for
-// a worker, and the workers that broke a connection. One mutex guards it;
+// a worker, the workers that broke a connection, and each worker's
+// strikes (strikes.go). One mutex guards it;
 // every decision is pick's. It never starts workers: a waiting request
 // only signals demand, and the controller decides.
 type router struct {
@@ -181,13 +182,18 @@ type router struct {
 	mu       sync.Mutex
 	inflight map[WorkerKey]int       // guarded by mu
 	broken   map[WorkerKey]time.Time // guarded by mu; until when
-	queues   map[target][]*waiter    // guarded by mu; FIFO by target
-	closed   bool                    // guarded by mu
+	// strikes holds the workers that failed a request, by lifecycle id;
+	// bounded by the RUNNING rows: the strike watcher removes an entry
+	// once its row is not RUNNING.
+	strikes  map[string]*striker  // guarded by mu
+	degraded int                  // guarded by mu; entries of strikes that are degraded
+	queues   map[target][]*waiter // guarded by mu; FIFO by target
+	closed   bool                 // guarded by mu
 }
 
 func newRouter(cfg Config, log *slog.Logger, source func(target) []Candidate, aff *affinity, m *routeMetrics, demand func()) *router {
 	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
-		inflight: map[WorkerKey]int{}, broken: map[WorkerKey]time.Time{}, queues: map[target][]*waiter{}}
+		inflight: map[WorkerKey]int{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}}
 }
 
 // acquire returns a lease on a worker of req.model: at once when one has a
@@ -342,14 +348,18 @@ func (r *router) removeLocked(w *waiter) bool {
 	return false
 }
 
-// usableLocked drops the workers that broke a connection lately.
+// usableLocked drops the workers that broke a connection lately and the
+// degraded ones.
 func (r *router) usableLocked(cands []Candidate, now time.Time) []Candidate {
-	if len(r.broken) == 0 {
+	if len(r.broken) == 0 && r.degraded == 0 {
 		return cands
 	}
 	out := cands[:0:0]
 	for _, c := range cands {
 		if until, ok := r.broken[c.Key]; ok && now.Before(until) {
+			continue
+		}
+		if e := r.strikes[c.LifecycleID]; e != nil && e.state.Degraded {
 			continue
 		}
 		out = append(out, c)
@@ -358,12 +368,24 @@ func (r *router) usableLocked(cands []Candidate, now time.Time) []Candidate {
 }
 
 // release hands a lease's slot back and gives it to a waiter; broken
-// marks the worker as one that failed the request's connection. The slot
-// may go to a request for the model on any pool, or to one pinned to the
-// worker's pool; the workers are looked up only when one waits (the slot
-// is freed and the queues read in one critical section, so a request
-// that queues meanwhile dispatches itself).
+// marks the worker as one that failed the request's connection.
 func (r *router) release(l lease, broken bool) {
+	v := verdictNone
+	if broken {
+		v = verdictBroken
+	}
+	r.settle(l, v, nil)
+}
+
+// settle hands a lease's slot back with what the attempt said of its
+// worker (v; cause for a failure), counts it in the worker's strikes and
+// returns the strike step. A worker that broke the connection gets no
+// requests for brokenFor. The slot may go to a request for the model on
+// any pool, or to one pinned to the worker's pool; the workers are looked
+// up only when one waits (the slot is freed and the queues read in one
+// critical section, so a request that queues meanwhile dispatches
+// itself).
+func (r *router) settle(l lease, v verdict, cause error) strikeStep {
 	targets := [2]target{{l.model, ""}, {l.model, l.cand.Key.Pool}}
 	now := time.Now()
 	r.mu.Lock()
@@ -372,7 +394,19 @@ func (r *router) release(l lease, broken bool) {
 	} else {
 		delete(r.inflight, l.cand.Key)
 	}
-	if broken {
+	step := stepNone
+	switch v {
+	case verdictServed:
+		if len(r.strikes) > 0 {
+			step = r.strikeLocked(l.cand, strikeServed, nil, now)
+		}
+	case verdictFailed, verdictBroken:
+		if cause == nil {
+			cause = errors.New("the connection broke")
+		}
+		step = r.strikeLocked(l.cand, strikeFailed, cause, now)
+	}
+	if v == verdictBroken {
 		for k, until := range r.broken {
 			if !now.Before(until) {
 				delete(r.broken, k)
@@ -393,6 +427,7 @@ func (r *router) release(l lease, broken bool) {
 		r.dispatchLocked(t, r.usableLocked(cands, now), now)
 		r.mu.Unlock()
 	}
+	return step
 }
 
 // poke tells the router that workers changed (a hive event or heartbeat):

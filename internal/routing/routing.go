@@ -25,8 +25,9 @@ import (
 )
 
 // ControlPlane is what routing needs of the queen: the pools, the
-// workers that serve, counts of live rows, and the two changes routing
-// makes (start a worker it placed, fail the row of a worker it lost).
+// workers that serve, counts of live rows, and the changes routing makes
+// (start a worker it placed, fail the row of a worker it lost, stop a
+// worker that keeps failing).
 // Its methods are safe for concurrent use and hold no lock while they
 // return.
 type ControlPlane interface {
@@ -52,6 +53,11 @@ type ControlPlane interface {
 	// WorkerLost fails the RUNNING row of a worker that broke a request
 	// and does not answer its health check.
 	WorkerLost(ctx context.Context, lifecycleID, reason string) error
+	// StopWorker stops a worker that keeps failing requests (its strikes
+	// reached 3 × StrikeLimit), as an operator's stop does, with the
+	// queen as the actor: its row goes DRAINING, then STOPPED or FAILED.
+	// A row that ended meanwhile is no error.
+	StopWorker(ctx context.Context, lifecycleID, reason string) error
 	// Audit appends an entry to the audit log; a failure is the control
 	// plane's to log and count.
 	Audit(ctx context.Context, e store.AuditEntry)
@@ -95,6 +101,8 @@ type Service struct {
 	m        *routeMetrics
 	up       *http.Client // to workers
 	suspects chan suspect
+	// strikeWake wakes the strike watcher (buffered 1).
+	strikeWake chan struct{}
 }
 
 // New checks cfg (after defaults) and builds the routing over cp.
@@ -111,13 +119,14 @@ func New(cfg Config, cp ControlPlane) (*Service, error) {
 
 func newService(cfg Config, cp ControlPlane) *Service {
 	s := &Service{
-		cfg:      cfg,
-		cp:       cp,
-		log:      cfg.Logger.With("component", "router"),
-		aff:      newAffinity(cfg.AffinityTTL, maxSessions),
-		catalog:  newCatalog(cfg.Models, min(cfg.HiveTimeout, catalogTimeout), cfg.Logger.With("component", "catalog")),
-		suspects: make(chan suspect, 64),
-		up:       transport.NewClient(upstreamTransport(), 0),
+		cfg:        cfg,
+		cp:         cp,
+		log:        cfg.Logger.With("component", "router"),
+		aff:        newAffinity(cfg.AffinityTTL, maxSessions),
+		catalog:    newCatalog(cfg.Models, min(cfg.HiveTimeout, catalogTimeout), cfg.Logger.With("component", "catalog")),
+		suspects:   make(chan suspect, 64),
+		strikeWake: make(chan struct{}, 1),
+		up:         transport.NewClient(upstreamTransport(), 0),
 	}
 	s.m = newRouteMetrics(cfg.Metrics, s.aff.size)
 	s.ctl = newController(s)
@@ -138,7 +147,7 @@ func upstreamTransport() *http.Transport {
 
 // Run runs the background work of routing until ctx ends: the affinity
 // sweep, the catalog refresh, the controller, the checks of workers that
-// broke a connection.
+// broke a connection, the strike watcher.
 func (s *Service) Run(ctx context.Context) {
 	var g errgroup.Group
 	g.Go(func() error { s.aff.run(ctx); return nil })
@@ -148,6 +157,7 @@ func (s *Service) Run(ctx context.Context) {
 	})
 	g.Go(func() error { s.ctl.run(ctx); return nil })
 	g.Go(func() error { s.checkSuspects(ctx); return nil })
+	g.Go(func() error { s.watchStrikes(ctx); return nil })
 	_ = g.Wait()
 	s.up.CloseIdleConnections()
 }
