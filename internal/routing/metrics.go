@@ -19,6 +19,7 @@ type routeMetrics struct {
 	retries      *prometheus.CounterVec   // model, reason
 	broken       *prometheus.CounterVec   // model
 	rounds       prometheus.Counter
+	crashLoop    *prometheus.GaugeVec // model; models with min_workers only
 	sessionsDesc *prometheus.Desc
 	sessions     func() int
 }
@@ -61,11 +62,14 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 			[]string{"model"}),
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "apiary_queen_controller_rounds_total", Help: "Times the demand controller weighed waiting requests (it does nothing while none wait)."}),
+		crashLoop: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "apiary_queen_model_crashloop", Help: "1 while a model with min_workers is in a crash loop (replaced only at the slow pace), 0 after."},
+			[]string{"model"}),
 		sessionsDesc: prometheus.NewDesc("apiary_queen_affinity_sessions", "Sessions pinned to a worker.", nil, nil),
 		sessions:     sessions,
 	}
 	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.affinity,
-		m.retries, m.broken, m.rounds, sessionGauge{m})
+		m.retries, m.broken, m.rounds, m.crashLoop, sessionGauge{m})
 	return m
 }
 

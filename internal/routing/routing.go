@@ -16,6 +16,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 
@@ -55,6 +56,12 @@ type ControlPlane interface {
 	// Audit appends an entry to the audit log; a failure is the control
 	// plane's to log and count.
 	Audit(ctx context.Context, e store.AuditEntry)
+	// Replicas returns the models' replica settings (apiary models
+	// scale), by model; the map is the caller's.
+	Replicas() map[string]Replica
+	// LogTail returns the last n lines of the log of a row's worker, as
+	// its hive keeps it.
+	LogTail(ctx context.Context, lifecycleID string, n int) ([]string, error)
 }
 
 // Count is the live rows of a target.
@@ -95,6 +102,9 @@ type Service struct {
 	m        *routeMetrics
 	up       *http.Client // to workers
 	suspects chan suspect
+
+	loopsMu sync.Mutex
+	loops   map[string]CrashLoop // guarded by loopsMu; the models in a crash loop, as the controller last published them
 }
 
 // New checks cfg (after defaults) and builds the routing over cp.
