@@ -15,7 +15,7 @@ func TestDecideReplicas(t *testing.T) {
 		want replicaDecision
 	}{
 		{name: "none live: place one with no request",
-			in: replicaNeed{Model: "m", Min: 1},
+			in:   replicaNeed{Model: "m", Min: 1},
 			want: replicaDecision{Place: []placeOrder{{Model: "m", Kind: "replica", Reason: "replicas: 0 of min_workers 1 of m live"}}}},
 		{name: "enough live", in: replicaNeed{Model: "m", Min: 2, Live: 2}},
 		{name: "more live than min (demand placed them)", in: replicaNeed{Model: "m", Min: 1, Live: 3}},
