@@ -218,6 +218,7 @@ func (c *controller) run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	c.signal() // a first round: the replicas of the settings loaded at start
 	for {
 		select {
 		case <-ctx.Done():
@@ -346,10 +347,8 @@ func (c *controller) weighDemand(now time.Time, stats []queueStat, replicas map[
 		if rs := reps[s.target.model]; rs != nil && rs.loop != nil {
 			// A model in a crash loop is not placed faster on demand.
 			m.RetryAt = later(m.RetryAt, rs.retry)
-			if m.LastFailure == "" {
-				m.LastFailure = fmt.Sprintf("model %s is in a crash loop: %d failures within %s, the last: %s",
-					s.target.model, rs.loop.Failures, c.s.cfg.CrashLoopWindow, rs.loop.LastFailure)
-			}
+			m.LastFailure = fmt.Sprintf("model %s is in a crash loop (%d failures within %s; replaced every %s); the last: %s",
+				s.target.model, rs.loop.Failures, c.s.cfg.CrashLoopWindow, c.s.cfg.CrashLoopBackoff, rs.loop.LastFailure)
 		}
 		if m.Live == 0 && m.Routable == 0 && m.MaxWorkers > 0 {
 			// Nothing serves or starts: can a worker be placed at all?

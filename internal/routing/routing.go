@@ -170,8 +170,12 @@ func (s *Service) Poke() {
 }
 
 // Registered tells routing that a hive (re)registered: its model list is
-// read again.
-func (s *Service) Registered(poolID, endpoint string) { s.catalog.registered(poolID, endpoint) }
+// read again, and the controller looks at the replicas (the pool may take
+// one).
+func (s *Service) Registered(poolID, endpoint string) {
+	s.catalog.registered(poolID, endpoint)
+	s.ctl.signal()
+}
 
 // Close refuses new inference and answers the waiting requests.
 func (s *Service) Close() { s.router.close() }
