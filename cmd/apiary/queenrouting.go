@@ -14,6 +14,9 @@ type routingFlags struct {
 	scaleUpAfter, modelsRefresh  time.Duration
 	queueSize, maxWorkers, slots int
 	modelMaxWorkers              map[string]int
+	crashLoopFailures            int
+	crashLoopWindow              time.Duration
+	crashLoopBackoff, stable     time.Duration
 }
 
 func (r *routingFlags) add(fl *pflag.FlagSet) {
@@ -25,6 +28,10 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 	fl.StringToIntVar(&r.modelMaxWorkers, "model-max-workers", nil, "max workers per model, e.g. tiny=2,big=1 (0: never placed on demand)")
 	fl.IntVar(&r.slots, "worker-slots", routing.DefaultWorkerSlots, "requests sent to one worker at once: the workers' --slots (hives set it with --worker-slots)")
 	fl.DurationVar(&r.modelsRefresh, "models-refresh", routing.DefaultModelsRefresh, "how often the hives' model lists are read again")
+	fl.IntVar(&r.crashLoopFailures, "crashloop-failures", routing.DefaultCrashLoopFailures, "failures of a model with min workers within --crashloop-window that make a crash loop")
+	fl.DurationVar(&r.crashLoopWindow, "crashloop-window", routing.DefaultCrashLoopWindow, "window of --crashloop-failures")
+	fl.DurationVar(&r.crashLoopBackoff, "crashloop-backoff", routing.DefaultCrashLoopBackoff, "a model in a crash loop is replaced at most this often")
+	fl.DurationVar(&r.stable, "stable-after", routing.DefaultStableAfter, "a worker serving this long ends its model's replacement backoff and crash loop")
 }
 
 // config is the routing settings as the flags give them; the queen
@@ -32,5 +39,6 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 func (r *routingFlags) config() routing.Config {
 	return routing.Config{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout,
 		ScaleUpAfter: r.scaleUpAfter, MaxWorkers: r.maxWorkers, ModelMaxWorkers: r.modelMaxWorkers,
-		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh}
+		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh, CrashLoopFailures: r.crashLoopFailures, CrashLoopWindow: r.crashLoopWindow,
+		CrashLoopBackoff: r.crashLoopBackoff, StableAfter: r.stable}
 }
