@@ -237,3 +237,30 @@ func TestReplicasSettingsSurviveRestart(t *testing.T) {
 		x2.nextStart(mh)
 	})
 }
+
+// A hive that refuses every start of the model (preflight): each
+// placement that gives no worker is a failure; the third is a crash loop.
+func TestReplicasRefusedStartsMakeACrashLoop(t *testing.T) {
+	x, mh := routeQueen(t, map[string][]api.Model{"http://hive-a": {tinyModel}}, func(c *Config) {
+		c.Routing = routing.Config{QueueTimeout: longQueue, MaxWorkers: 1, CrashLoopFailures: 3, CrashLoopWindow: time.Minute, CrashLoopBackoff: time.Hour}
+	})
+	x.registerAt("a", "http://hive-a")
+	x.logs.wait(t, 0, "hive model list read", map[string]string{"pool_id": "a"})
+	mh.set(&HiveError{Status: http.StatusBadRequest, Code: "invalid_model", Message: "hive: model is not a readable GGUF"}, nil)
+	x.scale("tiny", api.ModelScaleRequest{MinWorkers: intp(1), Reason: "refused starts"}, http.StatusOK)
+	rec, _ := x.logs.wait(t, 0, "model in a crash loop: it is replaced only at the slow pace until a worker serves", map[string]string{"model_ref": "tiny"})
+	if !strings.Contains(rec.Attrs["last_failure"], "invalid_model hive: model is not a readable GGUF") {
+		t.Errorf("crash loop's last failure: %q", rec.Attrs["last_failure"])
+	}
+	var entries api.AuditList
+	x.ok("GET", "/api/admin/audit?target=model:tiny&action=worker.crashloop", nil, http.StatusOK, &entries)
+	if len(entries.Entries) != 1 {
+		t.Errorf("%d worker.crashloop entries, want 1", len(entries.Entries))
+	}
+	mh.fakeHive.mu.Lock()
+	n := len(mh.fakeHive.starts)
+	mh.fakeHive.mu.Unlock()
+	if n != 3 {
+		t.Errorf("%d starts asked of the hive, want 3 (then the slow pace, an hour)", n)
+	}
+}
