@@ -140,3 +140,46 @@ func TestQueenRefusesNonLoopbackWithoutTokens(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }
+
+func TestModelsScaleCommand(t *testing.T) {
+	url := startTestQueen(t)
+	q := "--queen=" + url
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		stdout []string
+		stderr []string
+	}{
+		{[]string{"models", "scale", q}, 0, []string{"MODEL", "MIN", "STATE"}, nil},
+		{[]string{"models", "scale", "tiny", "--reason", "x", q}, 2, nil, []string{"--min is required"}},
+		{[]string{"models", "scale", "tiny", "--min", "1", q}, 2, nil, []string{"--reason is required"}},
+		{[]string{"models", "scale", "tiny", "--min", "2", "--max", "1", "--reason", "x", q}, 2, nil, []string{"--max 1 is below --min 2"}},
+		{[]string{"models", "scale", "--min", "1", "--reason", "x", q}, 2, nil, []string{"need a MODEL"}},
+		{[]string{"models", "scale", "tiny", "--min", "1001", "--reason", "x", q}, 1, nil, []string{"min_workers 1001 must be from 0 to 1000"}},
+		{[]string{"models", "scale", "bad/model", "--min", "1", "--reason", "x", q}, 1, nil, []string{"not a model ref"}},
+		{[]string{"models", "scale", "tiny", "--min", "0", "--max", "2", "--reason", "at most two", q}, 0, []string{"tiny", "0", "2", "at most two"}, nil},
+		{[]string{"models", "scale", q}, 0, []string{"tiny", "at most two", "ok"}, nil},
+		{[]string{"audit", "--limit", "1", q}, 0, []string{"model.scale", "model:tiny", "at most two"}, nil},
+	} {
+		code, out, errOut := apiary(t, tc.args...)
+		if code != tc.code {
+			t.Errorf("apiary %v: exit %d, want %d\nstdout: %s\nstderr: %s", tc.args, code, tc.code, out, errOut)
+			continue
+		}
+		for _, s := range tc.stdout {
+			if !strings.Contains(out, s) {
+				t.Errorf("apiary %v: stdout lacks %q:\n%s", tc.args, s, out)
+			}
+		}
+		for _, s := range tc.stderr {
+			if !strings.Contains(errOut, s) {
+				t.Errorf("apiary %v: stderr lacks %q:\n%s", tc.args, s, errOut)
+			}
+		}
+	}
+	_, out, _ := apiary(t, "models", "scale", "--json", q)
+	var list api.ModelSettingList
+	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list.Models) != 1 || list.Models[0].MaxWorkers == nil || *list.Models[0].MaxWorkers != 2 {
+		t.Errorf("models scale --json: %v %s", err, out)
+	}
+}

@@ -20,7 +20,9 @@ var (
 		"Routing.AffinityTTL": "--affinity-ttl", "Routing.QueueSize": "--queue-size", "Routing.QueueTimeout": "--queue-timeout",
 		"Routing.ScaleUpAfter": "--scale-up-after", "Routing.MaxWorkers": "--max-workers", "Routing.ModelMaxWorkers": "--model-max-workers",
 		"Routing.WorkerSlots": "--worker-slots", "Routing.ModelsRefresh": "--models-refresh", "Routing.MaxBodyBytes": "--max-body-bytes",
-		"Routing.StrikeLimit": "--strike-limit",
+		"Routing.StrikeLimit":       "--strike-limit",
+		"Routing.CrashLoopFailures": "--crashloop-failures", "Routing.CrashLoopWindow": "--crashloop-window",
+		"Routing.CrashLoopBackoff": "--crashloop-backoff", "Routing.StableAfter": "--stable-after",
 	}
 	inferFields = map[string]string{
 		"Model": "--model", "Prompt": "--prompt", "MaxTokens": "--max-tokens", "WorkerThreads": "--worker-threads",

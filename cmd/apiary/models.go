@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,19 +22,20 @@ import (
 func newModelsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "models",
-		Short: "List, pull and generate models",
+		Short: "List, pull and generate models; keep workers of a model warm",
 		Long: `List, pull and generate GGUF models. A model's ref is its file name in the
 models directory without ".gguf" (DIR/tiny.gguf is "tiny"). The models
-directory defaults to $XDG_DATA_HOME/apiary/models (~/.local/share/apiary/models).`,
+directory defaults to $XDG_DATA_HOME/apiary/models (~/.local/share/apiary/models).
+scale sets, through the queen, how many workers of a model stay live.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usagef("unknown command %q for %q (want ls, pull or testmodel)", args[0], cmd.CommandPath())
+				return usagef("unknown command %q for %q (want ls, pull, testmodel or scale)", args[0], cmd.CommandPath())
 			}
-			return usagef("%s: missing command (ls, pull or testmodel)", cmd.CommandPath())
+			return usagef("%s: missing command (ls, pull, testmodel or scale)", cmd.CommandPath())
 		},
 	}
-	cmd.AddCommand(newModelsLsCmd(), newModelsPullCmd(), newModelsTestmodelCmd())
+	cmd.AddCommand(newModelsLsCmd(), newModelsPullCmd(), newModelsTestmodelCmd(), newModelsScaleCmd())
 	return cmd
 }
 
@@ -204,6 +207,90 @@ the same file.`,
 	fl.IntVar(&opts.Vocab, "vocab", testmodel.VocabSize, fmt.Sprintf("tokens, %d (bytes and printable characters) to %d (and pairs of them)", testmodel.VocabSize, testmodel.MaxVocab))
 	fl.BoolVar(&force, "force", false, "replace an existing file")
 	return cmd
+}
+
+func newModelsScaleCmd() *cobra.Command {
+	a := &adminFlags{}
+	var minW, maxW int
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "scale [MODEL --min N [--max M] --reason TEXT]",
+		Short: "Keep at least N workers of a model live; without MODEL, list the settings",
+		Long: `Set how many workers of MODEL the queen keeps live: at least --min, placed as
+demand places them (kind replica) with no request waiting, and replaced when
+one fails or is lost; at most --max (default: the queen's --max-workers or
+--model-max-workers). The setting is stored and survives queen restarts;
+--min 0 keeps none warm. A model whose workers keep failing is in a crash
+loop: it is then replaced only at a slow pace (the queen's
+--crashloop-backoff) until one of its workers serves. Without MODEL, lists
+every setting with its live workers and crash loop. Uses $APIARY_ADMIN_TOKEN.`,
+		Args: usageArgs(cobra.MaximumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			fl := cmd.Flags()
+			if len(args) == 0 {
+				if fl.Changed("min") || fl.Changed("max") || fl.Changed("reason") {
+					return usagef("models scale: --min, --max and --reason need a MODEL")
+				}
+				settings, err := a.client().ModelSettings(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if a.asJSON {
+					return printJSON(cmd.OutOrStdout(), api.ModelSettingList{Models: settings})
+				}
+				return printModelSettings(cmd.OutOrStdout(), settings, time.Now())
+			}
+			if !fl.Changed("min") {
+				return usagef("models scale: --min is required")
+			}
+			if strings.TrimSpace(reason) == "" {
+				return usagef("models scale: --reason is required (it goes to the audit log)")
+			}
+			if minW < 0 {
+				return usagef("models scale: --min must not be negative, got %d", minW)
+			}
+			var m *int
+			if fl.Changed("max") {
+				if maxW < minW {
+					return usagef("models scale: --max %d is below --min %d", maxW, minW)
+				}
+				m = &maxW
+			}
+			set, err := a.client().ScaleModel(cmd.Context(), args[0], minW, m, reason)
+			if err != nil {
+				return err
+			}
+			if a.asJSON {
+				return printJSON(cmd.OutOrStdout(), set)
+			}
+			return printModelSettings(cmd.OutOrStdout(), []api.ModelSetting{set}, time.Now())
+		},
+	}
+	cmd.Flags().IntVar(&minW, "min", 0, "workers of the model kept live at least (required with MODEL)")
+	cmd.Flags().IntVar(&maxW, "max", 0, "workers of the model at most (default: the queen's --max-workers)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required with MODEL)")
+	a.register(cmd)
+	return cmd
+}
+
+// printModelSettings writes the table of `apiary models scale`.
+func printModelSettings(w io.Writer, settings []api.ModelSetting, now time.Time) error {
+	t := newTable(w, "MODEL", "MIN", "MAX", "STARTING", "RUNNING", "STATE", "REASON")
+	for _, s := range settings {
+		maxW := "-"
+		if s.MaxWorkers != nil {
+			maxW = strconv.Itoa(*s.MaxWorkers)
+		}
+		state := "ok"
+		if l := s.CrashLoop; l != nil {
+			state = fmt.Sprintf("crash loop for %s (%d failures; next try in %s): %s", age(now, l.Since), l.Failures,
+				max(l.NextTry.Sub(now), 0).Round(time.Second), oneLine(l.LastFailure, 80))
+		} else if s.Starting+s.Running < s.MinWorkers {
+			state = "below min"
+		}
+		t.row(s.Model, strconv.Itoa(s.MinWorkers), maxW, strconv.Itoa(s.Starting), strconv.Itoa(s.Running), state, oneLine(s.Reason, 60))
+	}
+	return t.flush()
 }
 
 // modelsDir returns dir, or the default models directory when it is empty.

@@ -107,7 +107,8 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		return queen.Config{}, err
 	}
 	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes",
-		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "scale-up-after", "max-workers", "worker-slots", "models-refresh", "strike-limit"); err != nil {
+		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
+		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after"); err != nil {
 		return queen.Config{}, err
 	}
 	for name, d := range map[string]*time.Duration{"--audit-retention": &f.auditRetention, "--rows-retention": &f.rowsRetention} {

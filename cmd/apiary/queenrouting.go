@@ -15,6 +15,9 @@ type routingFlags struct {
 	queueSize, maxWorkers, slots int
 	strikeLimit                  int
 	modelMaxWorkers              map[string]int
+	crashLoopFailures            int
+	crashLoopWindow              time.Duration
+	crashLoopBackoff, stable     time.Duration
 }
 
 func (r *routingFlags) add(fl *pflag.FlagSet) {
@@ -27,6 +30,10 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 	fl.IntVar(&r.slots, "worker-slots", routing.DefaultWorkerSlots, "requests sent to one worker at once: the workers' --slots (hives set it with --worker-slots)")
 	fl.DurationVar(&r.modelsRefresh, "models-refresh", routing.DefaultModelsRefresh, "how often the hives' model lists are read again")
 	fl.IntVar(&r.strikeLimit, "strike-limit", routing.DefaultStrikeLimit, "requests in a row a worker may fail (connection refused or broken, 5xx other than 503) before it gets no new requests; at 3 times as many the queen stops it")
+	fl.IntVar(&r.crashLoopFailures, "crashloop-failures", routing.DefaultCrashLoopFailures, "failures of a model with min workers within --crashloop-window that make a crash loop")
+	fl.DurationVar(&r.crashLoopWindow, "crashloop-window", routing.DefaultCrashLoopWindow, "window of --crashloop-failures")
+	fl.DurationVar(&r.crashLoopBackoff, "crashloop-backoff", routing.DefaultCrashLoopBackoff, "a model in a crash loop is replaced at most this often")
+	fl.DurationVar(&r.stable, "stable-after", routing.DefaultStableAfter, "a worker serving this long ends its model's replacement backoff and crash loop")
 }
 
 // config is the routing settings as the flags give them; the queen
@@ -34,5 +41,6 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 func (r *routingFlags) config() routing.Config {
 	return routing.Config{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout,
 		ScaleUpAfter: r.scaleUpAfter, MaxWorkers: r.maxWorkers, ModelMaxWorkers: r.modelMaxWorkers,
-		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh, StrikeLimit: r.strikeLimit}
+		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh, StrikeLimit: r.strikeLimit, CrashLoopFailures: r.crashLoopFailures,
+		CrashLoopWindow: r.crashLoopWindow, CrashLoopBackoff: r.crashLoopBackoff, StableAfter: r.stable}
 }

@@ -95,9 +95,9 @@ func TestConfigProblemsNameTheFlags(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"queen", "--queue-size", "-3", "--hive-timeout", "-1s", "--audit-retention", "5s", "--strike-limit", "-1"},
+		{[]string{"queen", "--queue-size", "-3", "--hive-timeout", "-1s", "--audit-retention", "5s", "--strike-limit", "-1", "--crashloop-window", "-1m"},
 			[]string{"--queue-size must be at least 1, got -3", "--hive-timeout must be positive, got -1s", "--audit-retention 5s is shorter than",
-				"--strike-limit must be at least 1, got -1"}},
+				"--strike-limit must be at least 1, got -1", "--crashloop-window must be positive, got -1m0s"}},
 		{[]string{"hive", "--lease-timeout", "1s", "--worker-ports", "9-3", "--queen", "http://127.0.0.1:1"},
 			[]string{"--worker-ports 9-3 is not a range", "--lease-timeout 1s must be longer than --heartbeat-interval 10s"}},
 		{[]string{"infer", "--model", "", "--prompt", "", "--max-tokens", "-1"},

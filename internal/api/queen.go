@@ -187,3 +187,46 @@ type EventAck struct {
 	Applied bool   `json:"applied"`
 	Message string `json:"message,omitempty"`
 }
+
+// MaxReplicas bounds a model's min_workers and max_workers.
+const MaxReplicas = 1000
+
+// ModelScaleRequest is the body of PUT /api/admin/models/{name}:
+// {"min_workers", "max_workers"?, "reason"}. Without max_workers the
+// queen's own bound (--max-workers, --model-max-workers) applies.
+type ModelScaleRequest struct {
+	MinWorkers *int   `json:"min_workers"`
+	MaxWorkers *int   `json:"max_workers,omitempty"`
+	Reason     string `json:"reason"`
+}
+
+// ModelSetting is a model's setting (apiary models scale) with what the
+// queen sees of it now: the answer of PUT /api/admin/models/{name} and an
+// entry of GET /api/admin/models.
+type ModelSetting struct {
+	Model      string    `json:"model"`
+	MinWorkers int       `json:"min_workers"`
+	MaxWorkers *int      `json:"max_workers"` // null: the queen's bound
+	Reason     string    `json:"reason"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	// Starting and Running count the model's live rows on healthy pools.
+	Starting int `json:"starting"`
+	Running  int `json:"running"`
+	// CrashLoop is set while the model is in a crash loop.
+	CrashLoop *CrashLoop `json:"crash_loop,omitempty"`
+}
+
+// CrashLoop is a model whose workers keep failing: it is replaced only at
+// a slow pace until one of its workers serves.
+type CrashLoop struct {
+	Since       time.Time `json:"since"`
+	Failures    int       `json:"failures"` // within the queen's window
+	LastFailure string    `json:"last_failure"`
+	LastExit    *int      `json:"last_exit_code,omitempty"`
+	NextTry     time.Time `json:"next_try"`
+}
+
+// ModelSettingList is the answer of GET /api/admin/models, by model.
+type ModelSettingList struct {
+	Models []ModelSetting `json:"models"`
+}

@@ -222,3 +222,19 @@ func (c *Client) Health(ctx context.Context) (api.Health, error) {
 	err := c.do(ctx, http.MethodGet, "/health", nil, nil, &out, "")
 	return out, err
 }
+
+// ScaleModel sets model's min workers (and max, when not nil): the queen
+// keeps at least min of it live.
+func (c *Client) ScaleModel(ctx context.Context, model string, minWorkers int, maxWorkers *int, reason string) (api.ModelSetting, error) {
+	var out api.ModelSetting
+	err := c.do(ctx, http.MethodPut, "/api/admin/models/"+url.PathEscape(model), nil,
+		api.ModelScaleRequest{MinWorkers: &minWorkers, MaxWorkers: maxWorkers, Reason: reason}, &out, c.adminToken)
+	return out, err
+}
+
+// ModelSettings lists the models' settings, by model.
+func (c *Client) ModelSettings(ctx context.Context) ([]api.ModelSetting, error) {
+	var out api.ModelSettingList
+	err := c.do(ctx, http.MethodGet, "/api/admin/models", nil, nil, &out, c.adminToken)
+	return out.Models, err
+}

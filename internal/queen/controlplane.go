@@ -149,6 +149,15 @@ func (c controlPlane) Audit(ctx context.Context, e store.AuditEntry) {
 	}
 }
 
+// Replicas returns the models' settings (apiary models scale).
+func (c controlPlane) Replicas() map[string]routing.Replica { return c.q.settings.replicas() }
+
+// LogTail returns the last n lines of a row's worker's log, from its
+// hive.
+func (c controlPlane) LogTail(ctx context.Context, lifecycleID string, n int) ([]string, error) {
+	return c.q.logTail(ctx, lifecycleID, n)
+}
+
 // runningRow returns the id of the RUNNING row of a hive's worker.
 func (b *rowBook) runningRow(pool, lifecycleID, workerID string) (string, bool) {
 	b.mu.Lock()

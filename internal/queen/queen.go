@@ -54,7 +54,9 @@ type Queen struct {
 	st   *store.Store
 	reg  *registry.Registry
 	rows *rowBook
-	addr net.Addr
+	// settings are the models' settings (apiary models scale).
+	settings *modelSettings
+	addr     net.Addr
 
 	tasks chan func(context.Context)
 	fleet *fleet.Fleet // the hives this queen started; set by Run before serving
@@ -155,6 +157,9 @@ func (q *Queen) run(ctx context.Context) error {
 	}
 	q.reg = reg
 	if err := q.rows.load(ctx); err != nil {
+		return err
+	}
+	if q.settings, err = loadModelSettings(ctx, st); err != nil {
 		return err
 	}
 	if err := reg.Load(ctx); err != nil {

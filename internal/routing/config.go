@@ -23,6 +23,14 @@ const (
 	DefaultMaxBodyBytes  = 1 << 20
 	DefaultHiveTimeout   = 30 * time.Second
 	DefaultStrikeLimit   = 3
+	// Replicas (models with min_workers): a crash loop is
+	// DefaultCrashLoopFailures failures within DefaultCrashLoopWindow;
+	// it is replaced every DefaultCrashLoopBackoff until a worker serves
+	// for DefaultStableAfter.
+	DefaultCrashLoopFailures = 5
+	DefaultCrashLoopWindow   = 10 * time.Minute
+	DefaultCrashLoopBackoff  = 5 * time.Minute
+	DefaultStableAfter       = time.Minute
 	// catalogTimeout bounds one read of a hive's model list.
 	catalogTimeout = 5 * time.Second
 	// maxAttempts bounds the workers one request is tried on (retries
@@ -70,6 +78,18 @@ type Config struct {
 	// or a request succeeds; at 3 × StrikeLimit the queen stops it
 	// (--strike-limit; default 3).
 	StrikeLimit int
+	// CrashLoopFailures, CrashLoopWindow: a model with min_workers whose
+	// workers fail (or whose placements give no worker) CrashLoopFailures
+	// times within CrashLoopWindow is in a crash loop (audited once,
+	// worker.crashloop); it is then replaced only every CrashLoopBackoff,
+	// until one of its workers serves for StableAfter, which also ends its
+	// replacement backoff (1s, 2s … 30s). Defaults 5, 10m, 5m, 1m
+	// (--crashloop-failures, --crashloop-window, --crashloop-backoff,
+	// --stable-after).
+	CrashLoopFailures int
+	CrashLoopWindow   time.Duration
+	CrashLoopBackoff  time.Duration
+	StableAfter       time.Duration
 
 	// What routing is wired to; set by the queen.
 
@@ -100,6 +120,12 @@ func (c Config) WithDefaults() Config {
 	set(&c.QueueTimeout, DefaultQueueTimeout)
 	set(&c.ScaleUpAfter, DefaultScaleUpAfter)
 	set(&c.ModelsRefresh, DefaultModelsRefresh)
+	set(&c.CrashLoopWindow, DefaultCrashLoopWindow)
+	set(&c.CrashLoopBackoff, DefaultCrashLoopBackoff)
+	set(&c.StableAfter, DefaultStableAfter)
+	if c.CrashLoopFailures == 0 {
+		c.CrashLoopFailures = DefaultCrashLoopFailures
+	}
 	if c.QueueSize == 0 {
 		c.QueueSize = DefaultQueueSize
 	}
@@ -134,7 +160,8 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		field string
 		v     time.Duration
-	}{{"AffinityTTL", c.AffinityTTL}, {"QueueTimeout", c.QueueTimeout}, {"ScaleUpAfter", c.ScaleUpAfter}, {"ModelsRefresh", c.ModelsRefresh}} {
+	}{{"AffinityTTL", c.AffinityTTL}, {"QueueTimeout", c.QueueTimeout}, {"ScaleUpAfter", c.ScaleUpAfter}, {"ModelsRefresh", c.ModelsRefresh},
+		{"CrashLoopWindow", c.CrashLoopWindow}, {"CrashLoopBackoff", c.CrashLoopBackoff}, {"StableAfter", c.StableAfter}} {
 		if d.v <= 0 {
 			p.Add(d.field, "must be positive, got %s", d.v)
 		}
@@ -142,7 +169,8 @@ func (c Config) Validate() error {
 	for _, n := range []struct {
 		field string
 		v     int
-	}{{"QueueSize", c.QueueSize}, {"MaxWorkers", c.MaxWorkers}, {"WorkerSlots", c.WorkerSlots}, {"StrikeLimit", c.StrikeLimit}} {
+	}{{"QueueSize", c.QueueSize}, {"MaxWorkers", c.MaxWorkers}, {"WorkerSlots", c.WorkerSlots}, {"StrikeLimit", c.StrikeLimit},
+		{"CrashLoopFailures", c.CrashLoopFailures}} {
 		if n.v < 1 {
 			p.Add(n.field, "must be at least 1, got %d", n.v)
 		}
@@ -166,10 +194,20 @@ func (c Config) Validate() error {
 	return p.Err()
 }
 
-// maxWorkers is model's bound on live workers.
-func (c Config) maxWorkers(model string) int {
-	if n, ok := c.ModelMaxWorkers[model]; ok {
-		return n
+// maxWorkers is model's bound on live workers: its replica setting's max
+// (r, when it has one), else the queen's; never below its min workers.
+func (c Config) maxWorkers(model string, r Replica) int {
+	n := c.MaxWorkers
+	if m, ok := c.ModelMaxWorkers[model]; ok {
+		n = m
 	}
-	return c.MaxWorkers
+	if r.Max != nil {
+		n = *r.Max
+	}
+	return max(n, r.Min)
+}
+
+// crashLoop is the crash loop policy of c.
+func (c Config) crashLoop() crashLoopPolicy {
+	return crashLoopPolicy{Failures: c.CrashLoopFailures, Window: c.CrashLoopWindow, Backoff: c.CrashLoopBackoff}
 }

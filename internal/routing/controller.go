@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -187,21 +189,36 @@ func (c *controller) signal() {
 
 // run decides whenever demand changes, a placement ends, or a deadline of
 // the policy passes, until ctx ends; then it waits for its placements.
+// Each round it first keeps the models with min_workers at their
+// replicas (decideReplicas), then weighs the requests waiting
+// (decideScale): a replica being placed is a worker starting for them.
 func (c *controller) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	results := make(chan placeResult)
 	targets := map[target]*placing{}
+	reps := map[string]*replicaState{} // models with min_workers
 	state := func(t target) *placing {
 		if targets[t] == nil {
 			targets[t] = &placing{}
 		}
 		return targets[t]
 	}
+	launch := func(o placeOrder) {
+		state(o.target()).pending++
+		wg.Go(func() {
+			res := c.place(ctx, o)
+			select {
+			case results <- res:
+			case <-ctx.Done():
+			}
+		})
+	}
 	rt := c.s
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	c.signal() // a first round: the replicas of the settings loaded at start
 	for {
 		select {
 		case <-ctx.Done():
@@ -211,13 +228,22 @@ func (c *controller) run(ctx context.Context) {
 		case res := <-results:
 			st := state(res.target)
 			st.pending--
+			rs := reps[res.target.model]
 			if res.err == nil {
 				st.fails, st.failRetry, st.lastFailure = 0, time.Time{}, ""
 				st.placed = append(st.placed, res.row.ID)
+				if rs != nil {
+					rs.watch = append(rs.watch, res.row.ID)
+				}
 				break
 			}
 			st.failed(time.Now(), res.err.Error())
+			if rs != nil {
+				c.replicaFailed(ctx, &wg, res.target.model, rs, failure{At: time.Now(), Reason: "the placement gave no worker: " + res.err.Error()})
+			}
 		}
+		replicas := rt.cp.Replicas()
+		recheck := c.followReplicas(ctx, &wg, replicas, reps, time.Now())
 		// Rows placed on demand that ended before they served: their
 		// waiting requests learn why (the decision below refuses them).
 		for t, st := range targets {
@@ -237,85 +263,127 @@ func (c *controller) run(ctx context.Context) {
 				delete(targets, t)
 			}
 		}
-		// Nothing waits (the common case: every heartbeat wakes the
-		// controller): nothing to decide, and no pool to look at.
-		stats := rt.router.queueStats()
-		if len(stats) == 0 {
-			continue
-		}
-		rt.m.rounds.Inc()
-		// Workers on pools that are not healthy (drained, silent) take no
-		// requests: they do not count against the model's max workers.
 		pending := map[string]int{} // by model, every target
 		for t, st := range targets {
 			pending[t.model] += st.pending
 		}
-		var demand []modelDemand
-		var pools []registry.Pool // read once, when a target needs them
+		var pools []registry.Pool // read once, when a model needs them
 		var models map[string]map[string]api.Model
-		for _, s := range stats {
-			st := state(s.target)
-			n := c.s.counts(s.target, true)
-			all := n
-			if s.target.pool != "" {
-				all = c.s.counts(target{model: s.target.model}, true)
+		// noPlace says why no pool can take a worker of t now, and audits
+		// it once per reason (again after noPlaceAuditEvery), not once
+		// per round or request.
+		noPlace := func(st *placing, t target) string {
+			if pools == nil {
+				pools, models = c.s.cp.Pools(registry.Filter{}), rt.catalog.snapshot()
 			}
-			m := modelDemand{Model: s.target.model, Pool: s.target.pool, Queued: s.queued, OldestWait: now.Sub(s.oldest),
-				Live: n.Live() + st.pending, Starting: n.Starting + st.pending, Routable: len(rt.router.source(s.target)),
-				ModelLive: all.Live() + pending[s.target.model], MaxWorkers: c.s.cfg.maxWorkers(s.target.model),
-				RetryAt: later(st.coldRetry, st.failRetry), LastFailure: st.lastFailure}
-			if s.target.pool == "" {
-				m.Live = m.ModelLive
+			req := PlaceRequest{Model: t.model, Pool: t.pool, Models: models}
+			err := unplaceable(c.s.cfg.Placer, pools, req)
+			if err == nil {
+				return ""
 			}
-			if m.Live == 0 && m.Routable == 0 && m.MaxWorkers > 0 {
-				// Nothing serves or starts: can a worker be placed at all?
-				if pools == nil {
-					pools, models = c.s.cp.Pools(registry.Filter{}), rt.catalog.snapshot()
-				}
-				req := PlaceRequest{Model: m.Model, Pool: m.Pool, Models: models}
-				if err := unplaceable(c.s.cfg.Placer, pools, req); err != nil {
-					m.NoPlace = err.Error()
-					if m.NoPlace != st.noPlace {
-						// Audited once per reason (again after
-						// noPlaceAuditEvery), not once per request.
-						st.noPlace, st.noPlaceAt = m.NoPlace, now
-						wg.Go(func() { c.s.placeFailed(ctx, req, err) })
-					}
-				}
+			if why := err.Error(); why != st.noPlace {
+				st.noPlace, st.noPlaceAt = why, now
+				wg.Go(func() { c.s.placeFailed(ctx, req, err) })
 			}
-			demand = append(demand, m)
+			return err.Error()
 		}
-		sort.Slice(demand, func(i, j int) bool {
-			a, b := demand[i], demand[j]
-			return a.Model < b.Model || (a.Model == b.Model && a.Pool < b.Pool)
-		})
-		dec := decideScale(now, demand, c.s.cfg.ScaleUpAfter)
-		for _, r := range dec.Refuse {
-			if n := rt.router.fail(target{r.Model, r.Pool}, &capacityError{why: r.Why, retryAfter: r.RetryAfter}); n > 0 {
-				c.log.Warn("no worker can serve the waiting requests; refused", "model_ref", r.Model, "pool_id", r.Pool, "refused", n, "why", r.Why)
+
+		// Replicas: no request needs to wait for them.
+		var needs []replicaNeed
+		for _, model := range slices.Sorted(maps.Keys(reps)) {
+			rs, t := reps[model], target{model: model}
+			st := state(t)
+			n := c.s.counts(t, true)
+			need := replicaNeed{Model: model, Min: replicas[model].Min, Live: n.Live() + pending[model], Starting: n.Starting + pending[model],
+				RetryAt: later(rs.retry, st.failRetry), CrashLoop: rs.loop != nil}
+			if need.Live < need.Min && need.Starting == 0 && !now.Before(need.RetryAt) {
+				need.NoPlace = noPlace(st, t)
 			}
+			needs = append(needs, need)
 		}
-		for _, o := range dec.Place {
-			st := state(o.target())
-			st.pending++
-			if o.Kind == "cold_start" {
-				// A worker that dies while loading brings the target back
-				// here: each cold start in a row waits longer.
-				st.coldTries++
-				st.coldRetry = now.Add(placeBackoff(st.coldTries))
-			}
-			wg.Go(func() {
-				res := c.place(ctx, o)
-				select {
-				case results <- res:
-				case <-ctx.Done():
-				}
-			})
+		rdec := decideReplicas(now, needs)
+		for _, o := range rdec.Place {
+			pending[o.Model]++
+			launch(o)
 		}
-		if dec.Recheck > 0 {
-			timer.Reset(dec.Recheck)
+		recheck = minPositive(recheck, rdec.Recheck)
+		c.s.setCrashLoops(reps)
+
+		// Nothing waits (the common case: every heartbeat wakes the
+		// controller): no demand to weigh.
+		if stats := rt.router.queueStats(); len(stats) > 0 {
+			recheck = minPositive(recheck, c.weighDemand(now, stats, replicas, reps, pending, state, noPlace, launch))
+		}
+		if recheck > 0 {
+			timer.Reset(recheck)
 		}
 	}
+}
+
+// weighDemand is one round of the scale policy over the targets with
+// requests waiting: it refuses those no worker will serve and places
+// workers for the others; it returns when to decide again.
+func (c *controller) weighDemand(now time.Time, stats []queueStat, replicas map[string]Replica, reps map[string]*replicaState,
+	pending map[string]int, state func(target) *placing, noPlace func(*placing, target) string, launch func(placeOrder)) time.Duration {
+	rt := c.s
+	rt.m.rounds.Inc()
+	// Workers on pools that are not healthy (drained, silent) take no
+	// requests: they do not count against the model's max workers.
+	var demand []modelDemand
+	for _, s := range stats {
+		st := state(s.target)
+		n := c.s.counts(s.target, true)
+		all := n
+		if s.target.pool != "" {
+			all = c.s.counts(target{model: s.target.model}, true)
+		}
+		m := modelDemand{Model: s.target.model, Pool: s.target.pool, Queued: s.queued, OldestWait: now.Sub(s.oldest),
+			Live: n.Live() + st.pending, Starting: n.Starting + st.pending, Routable: len(rt.router.source(s.target)),
+			ModelLive: all.Live() + pending[s.target.model], MaxWorkers: c.s.cfg.maxWorkers(s.target.model, replicas[s.target.model]),
+			RetryAt: later(st.coldRetry, st.failRetry), LastFailure: st.lastFailure}
+		if s.target.pool == "" {
+			m.Live = m.ModelLive
+		}
+		if rs := reps[s.target.model]; rs != nil && rs.loop != nil {
+			// A model in a crash loop is not placed faster on demand.
+			m.RetryAt = later(m.RetryAt, rs.retry)
+			m.LastFailure = fmt.Sprintf("model %s is in a crash loop (%d failures within %s; replaced every %s); the last: %s",
+				s.target.model, rs.loop.Failures, c.s.cfg.CrashLoopWindow, c.s.cfg.CrashLoopBackoff, rs.loop.LastFailure)
+		}
+		if m.Live == 0 && m.Routable == 0 && m.MaxWorkers > 0 {
+			// Nothing serves or starts: can a worker be placed at all?
+			m.NoPlace = noPlace(st, s.target)
+		}
+		demand = append(demand, m)
+	}
+	sort.Slice(demand, func(i, j int) bool {
+		a, b := demand[i], demand[j]
+		return a.Model < b.Model || (a.Model == b.Model && a.Pool < b.Pool)
+	})
+	dec := decideScale(now, demand, c.s.cfg.ScaleUpAfter)
+	for _, r := range dec.Refuse {
+		if n := rt.router.fail(target{r.Model, r.Pool}, &capacityError{why: r.Why, retryAfter: r.RetryAfter}); n > 0 {
+			c.log.Warn("no worker can serve the waiting requests; refused", "model_ref", r.Model, "pool_id", r.Pool, "refused", n, "why", r.Why)
+		}
+	}
+	for _, o := range dec.Place {
+		st := state(o.target())
+		if o.Kind == "cold_start" {
+			// A worker that dies while loading brings the target back
+			// here: each cold start in a row waits longer.
+			st.coldTries++
+			st.coldRetry = now.Add(placeBackoff(st.coldTries))
+		}
+		launch(o)
+	}
+	return dec.Recheck
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if a <= 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // placing is what the controller remembers of one target.

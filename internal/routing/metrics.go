@@ -22,6 +22,7 @@ type routeMetrics struct {
 	degraded     prometheus.Gauge
 	strikeStops  prometheus.Counter
 	rounds       prometheus.Counter
+	crashLoop    *prometheus.GaugeVec // model; models with min_workers only
 	sessionsDesc *prometheus.Desc
 	sessions     func() int
 }
@@ -71,11 +72,14 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 			Name: "apiary_queen_strike_stops_total", Help: "Stops the queen asked for of workers that failed 3 × --strike-limit requests in a row."}),
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "apiary_queen_controller_rounds_total", Help: "Times the demand controller weighed waiting requests (it does nothing while none wait)."}),
+		crashLoop: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "apiary_queen_model_crashloop", Help: "1 while a model with min_workers is in a crash loop (replaced only at the slow pace), 0 after."},
+			[]string{"model"}),
 		sessionsDesc: prometheus.NewDesc("apiary_queen_affinity_sessions", "Sessions pinned to a worker.", nil, nil),
 		sessions:     sessions,
 	}
 	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.affinity,
-		m.retries, m.broken, m.strikes, m.degraded, m.strikeStops, m.rounds, sessionGauge{m})
+		m.retries, m.broken, m.strikes, m.degraded, m.strikeStops, m.rounds, m.crashLoop, sessionGauge{m})
 	return m
 }
 

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 
@@ -61,6 +62,12 @@ type ControlPlane interface {
 	// Audit appends an entry to the audit log; a failure is the control
 	// plane's to log and count.
 	Audit(ctx context.Context, e store.AuditEntry)
+	// Replicas returns the models' replica settings (apiary models
+	// scale), by model; the map is the caller's.
+	Replicas() map[string]Replica
+	// LogTail returns the last n lines of the log of a row's worker, as
+	// its hive keeps it.
+	LogTail(ctx context.Context, lifecycleID string, n int) ([]string, error)
 }
 
 // Count is the live rows of a target.
@@ -103,6 +110,9 @@ type Service struct {
 	suspects chan suspect
 	// strikeWake wakes the strike watcher (buffered 1).
 	strikeWake chan struct{}
+
+	loopsMu sync.Mutex
+	loops   map[string]CrashLoop // guarded by loopsMu; the models in a crash loop, as the controller last published them
 }
 
 // New checks cfg (after defaults) and builds the routing over cp.
@@ -170,8 +180,12 @@ func (s *Service) Poke() {
 }
 
 // Registered tells routing that a hive (re)registered: its model list is
-// read again.
-func (s *Service) Registered(poolID, endpoint string) { s.catalog.registered(poolID, endpoint) }
+// read again, and the controller looks at the replicas (the pool may take
+// one).
+func (s *Service) Registered(poolID, endpoint string) {
+	s.catalog.registered(poolID, endpoint)
+	s.ctl.signal()
+}
 
 // Close refuses new inference and answers the waiting requests.
 func (s *Service) Close() { s.router.close() }

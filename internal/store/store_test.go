@@ -400,3 +400,43 @@ func TestOpenRefusesAnotherURLScheme(t *testing.T) {
 		t.Fatal("mysql URL accepted")
 	}
 }
+
+// A model's setting is written, replaced (max back to none), and read
+// again after the store is reopened.
+func TestModelSettingsRoundTripAndSurviveReopen(t *testing.T) {
+	eachBackend(t, func(t *testing.T, cfg store.Config) {
+		s := open(t, cfg)
+		ctx := t.Context()
+		put := func(ms store.ModelSetting) {
+			t.Helper()
+			if err := s.Update(ctx, func(tx *store.Tx) error { return tx.PutModelSetting(ms) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		read := func(s *store.Store) []store.ModelSetting {
+			t.Helper()
+			var got []store.ModelSetting
+			if err := s.View(ctx, func(tx *store.Tx) (err error) { got, err = tx.ModelSettings(); return }); err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+		if got := read(s); len(got) != 0 {
+			t.Fatalf("settings of a fresh store: %+v", got)
+		}
+		tiny := store.ModelSetting{ModelRef: "tiny", MinWorkers: 1, MaxWorkers: ptr(3), Reason: "keep one warm", UpdatedAt: at(1)}
+		big := store.ModelSetting{ModelRef: "big", MinWorkers: 2, Reason: "two", UpdatedAt: at(2)}
+		put(tiny)
+		put(big)
+		tiny = store.ModelSetting{ModelRef: "tiny", MinWorkers: 0, Reason: "scale down", UpdatedAt: at(3)}
+		put(tiny)
+		want := []store.ModelSetting{big, tiny}
+		if diff := cmp.Diff(want, read(s)); diff != "" {
+			t.Errorf("settings (-want +got):\n%s", diff)
+		}
+		s.Close()
+		if diff := cmp.Diff(want, read(open(t, cfg))); diff != "" {
+			t.Errorf("settings after reopen (-want +got):\n%s", diff)
+		}
+	})
+}
