@@ -35,6 +35,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/routing"
 	"github.com/apiary-llm/apiary/internal/store"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // taskWorkers run background hive calls (stops of unknown workers).
@@ -63,6 +64,10 @@ type Queen struct {
 	routing *routing.Service
 	// tokens are the workers' own tokens, from their hives, for routing.
 	tokens *workerTokens
+	// handRun is what the queen knows of the workers run by hand that
+	// claimed rows (claims.go); claimClient calls them.
+	handRun     *handRun
+	claimClient *http.Client
 
 	// followers ends the log streams of `apiary workers logs --follow`
 	// when the server shuts down (they would hold it up); set by Run
@@ -85,14 +90,16 @@ func New(cfg Config) (*Queen, error) {
 		return nil, err
 	}
 	return &Queen{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "queen"),
-		hives:   cfg.Hives,
-		metrics: newMetrics(),
-		tasks:   make(chan func(context.Context), taskQueue),
-		tokens:  newWorkerTokens(),
-		ready:   make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:         cfg,
+		log:         cfg.Logger.With("component", "queen"),
+		hives:       cfg.Hives,
+		metrics:     newMetrics(),
+		tasks:       make(chan func(context.Context), taskQueue),
+		tokens:      newWorkerTokens(),
+		handRun:     newHandRun(),
+		claimClient: transport.NewClient(nil, 0),
+		ready:       make(chan struct{}),
+		done:        make(chan struct{}),
 	}, nil
 }
 
@@ -193,6 +200,7 @@ func (q *Queen) run(ctx context.Context) error {
 	})
 	g.Go(func() error { return reg.Run(bg) })
 	g.Go(func() error { q.flushRows(bg); return nil })
+	g.Go(func() error { q.superviseHandRun(bg); return nil })
 	for range taskWorkers {
 		g.Go(func() error { q.runTasks(bg); return nil })
 	}
@@ -422,6 +430,9 @@ func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, a
 	}
 	if row.Status.Terminal() {
 		return row, fmt.Errorf("%w: %s is %s (%s)", ErrRowEnded, id, row.Status, row.Reason)
+	}
+	if row.PoolID == HandRunPool {
+		return q.stopHandRun(ctx, row, reason, actor)
 	}
 	if row.WorkerID == "" {
 		return row, fmt.Errorf("%w: %s; retry in a moment", ErrNotStarted, id)
