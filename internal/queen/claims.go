@@ -194,6 +194,7 @@ func (q *Queen) postClaim(w http.ResponseWriter, r *http.Request, c caller) erro
 		id = row.ID
 	}
 	now := micro(time.Now())
+	placed := false
 	row, _, err := q.rows.apply(ctx, id, rowChange{to: rowRunning, reason: "claimed by a worker run by hand at " + uri,
 		actor: c.actor, action: "worker.claimed", meta: map[string]any{"uri": uri, "model_ref": cl.ModelRef},
 		check: func(cur store.Row) error {
@@ -210,6 +211,10 @@ func (q *Queen) postClaim(w http.ResponseWriter, r *http.Request, c caller) erro
 			return nil
 		},
 		set: func(r *store.Row) {
+			// Known before the row is RUNNING: from then on the worker
+			// may be routed to or stopped.
+			q.handRun.put(id, uri, cl.WorkerToken)
+			placed = true
 			r.WorkerID, r.URI, r.VRAMBytes = id, uri, cl.VRAMBytes
 			if cl.PID > 0 {
 				p := cl.PID
@@ -220,9 +225,11 @@ func (q *Queen) postClaim(w http.ResponseWriter, r *http.Request, c caller) erro
 			}
 		}})
 	if err != nil {
+		if placed { // the row was not written: it still waits
+			q.handRun.forget(id)
+		}
 		return err
 	}
-	q.handRun.put(id, uri, cl.WorkerToken)
 	q.routing.Poke()
 	q.log.Info("worker run by hand claimed its row", "lifecycle_id", id, "model_ref", cl.ModelRef, "uri", uri)
 	api.WriteJSON(w, http.StatusOK, api.AdminWorkerResponse{LifecycleID: id, Worker: q.rowWire(row)})

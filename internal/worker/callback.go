@@ -21,7 +21,7 @@ func (w *Worker) reportReady(ctx context.Context) error {
 	w.mu.Lock()
 	cb := api.ReadyCallback{WorkerID: w.cfg.WorkerID, VRAMBytes: w.info.MemoryBytes, URI: w.uri()}
 	w.mu.Unlock()
-	attempt, err := w.deliver(ctx, w.cfg.CallbackURL, w.cfg.Token, cb, nil)
+	attempt, err := w.deliver(ctx, w.cfg.CallbackURL, w.cfg.Token, cb, nil, false)
 	var re refusedError
 	switch {
 	case err == nil:
@@ -49,7 +49,10 @@ func (w *Worker) uri() string {
 // (when not nil). Connection errors and 5xx answers are retried
 // CallbackAttempts times, pausing CallbackBackoff, then twice as long, …
 // A 4xx answer is final: a refusedError. It returns the attempts made.
-func (w *Worker) deliver(ctx context.Context, url, token string, in, out any) (int, error) {
+// When ctx ends no attempt is made; with finish, the attempt under way
+// still gets its answer (bounded by CallbackTimeout), so that a change
+// the other side made is not lost.
+func (w *Worker) deliver(ctx context.Context, url, token string, in, out any, finish bool) (int, error) {
 	body, err := json.Marshal(in)
 	if err != nil {
 		return 0, fmt.Errorf("encode: %w", err)
@@ -57,8 +60,12 @@ func (w *Worker) deliver(ctx context.Context, url, token string, in, out any) (i
 	client := transport.NewClient(nil, w.cfg.CallbackTimeout)
 	defer client.CloseIdleConnections()
 	pause := w.cfg.CallbackBackoff
+	actx := ctx
+	if finish {
+		actx = context.WithoutCancel(ctx)
+	}
 	for attempt := 1; ; attempt++ {
-		err := post(ctx, client, url, token, body, out)
+		err := post(actx, client, url, token, body, out)
 		if err == nil {
 			return attempt, nil
 		}

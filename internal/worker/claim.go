@@ -34,7 +34,9 @@ func (w *Worker) claim(ctx context.Context) (string, error) {
 	w.mu.Unlock()
 	url := w.queenURL("/v2/workers/claim")
 	var resp api.AdminWorkerResponse
-	attempt, err := w.deliver(ctx, url, w.cfg.ClusterToken, cl, &resp)
+	// A shutdown during the claim lets the attempt under way finish: a
+	// row the queen adopted must learn that its worker stops.
+	attempt, err := w.deliver(ctx, url, w.cfg.ClusterToken, cl, &resp, true)
 	var re refusedError
 	switch {
 	case err == nil:
