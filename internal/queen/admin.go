@@ -126,7 +126,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		api.WriteJSON(w, http.StatusCreated, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
 	case api.ActionStop:
 		if req.Model != "" || req.PoolID != "" || req.GPU != nil || req.Placement != "" {
-			return api.BadRequest("model, pool_id, gpu and placement belong to actions start and create")
+			return api.BadRequest("model, pool_id, gpu and placement belong to action start or create")
 		}
 		if err := checkLifecycleID(req.LifecycleID); err != nil {
 			return err
@@ -137,7 +137,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		}
 		api.WriteJSON(w, http.StatusAccepted, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
 	default:
-		return api.BadRequest("action %q: want create, start or stop", req.Action)
+		return api.BadRequest("action %q: want start or stop (or create)", req.Action)
 	}
 	return nil
 }

@@ -236,6 +236,7 @@ func (q *Queen) run(ctx context.Context) error {
 	// queued); the registry and the rows flush heartbeat data once more.
 	bgCancel()
 	gerr := g.Wait()
+	q.claimClient.CloseIdleConnections()
 	if err := errors.Join(serr, gerr); err != nil {
 		return err
 	}
@@ -251,13 +252,14 @@ func (q *Queen) run(ctx context.Context) error {
 // First of all, inference stops: new requests and those waiting for a
 // worker are answered 503 (streams in flight go on). Then, in order:
 //  0. stop every hive this queen started (each stops its workers, then
-//     exits) and wait for them, still serving; hives an operator started
-//     are left running,
+//     exits) and wait for them, still serving; hives an operator started,
+//     and workers run by hand (claims.go), are left running,
 //  1. stop accepting HTTP requests and finish those in flight (log
 //     followers end at once),
 //  2. stop the task workers (queued hive calls are dropped; the next
-//     heartbeat of each hive would bring them back) and routing's
-//     controller, model list reads and affinity sweep,
+//     heartbeat of each hive would bring them back), the health checks
+//     of workers run by hand, and routing's controller, model list
+//     reads and affinity sweep,
 //  3. stop the registry's lease timers (no status changes after this),
 //  4. flush the heartbeat data of pools and rows to the store,
 //  5. close the store, which releases the owner lock.
