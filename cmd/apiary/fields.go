@@ -13,7 +13,8 @@ var (
 	queenFields = map[string]string{
 		"Addr": "--addr", "Advertise": "--advertise", "DataDir": "--data-dir", "DatabaseURL": "--database-url",
 		"HeartbeatTimeout": "--heartbeat-timeout", "UnhealthyGrace": "--unhealthy-grace", "OfflineRetention": "--offline-retention",
-		"FlushInterval": "--flush-interval", "HiveTimeout": "--hive-timeout", "AuditRetention": "--audit-retention",
+		"FlushInterval": "--flush-interval", "HiveTimeout": "--hive-timeout",
+		"ClaimTimeout": "--claim-timeout", "ClaimHealthInterval": "--claim-health-interval", "AuditRetention": "--audit-retention",
 		"RowsRetention": "--rows-retention", "MaxBodyBytes": "--max-body-bytes", "TLS": "--tls-cert/--tls-key",
 		"CORSOrigins": "--cors-origin", "Tokens": "the tokens (APIARY_API_TOKEN, APIARY_ADMIN_TOKEN, APIARY_CLUSTER_TOKEN)",
 		"Ownership.Owner": "--owner", "Ownership.HiveArgs": "--hive-arg", "Ownership.HiveStopTimeout": "--hive-stop-timeout",

@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,6 +27,7 @@ type queenFlags struct {
 	heartbeatTimeout, unhealthyGrace      time.Duration
 	offlineRetention, flushInterval       time.Duration
 	hiveTimeout                           time.Duration
+	claimTimeout, claimHealthInterval     time.Duration
 	auditRetention, rowsRetention         time.Duration
 	maxBody                               int64
 	log                                   logFlags
@@ -84,6 +86,8 @@ address only.`,
 	fl.DurationVar(&f.offlineRetention, "offline-retention", registry.DefaultOfflineRetention, "offline (deregistered) pools are removed after this")
 	fl.DurationVar(&f.flushInterval, "flush-interval", registry.DefaultFlushInterval, "heartbeat times reach the database this often")
 	fl.DurationVar(&f.hiveTimeout, "hive-timeout", queen.DefaultHiveTimeout, "time budget of one call to a hive")
+	fl.DurationVar(&f.claimTimeout, "claim-timeout", queen.DefaultClaimTimeout, "a row created for a worker run by hand (placement operator) that no worker claims this long is FAILED (unclaimed)")
+	fl.DurationVar(&f.claimHealthInterval, "claim-health-interval", queen.DefaultClaimHealthInterval, "how often the queen checks the health of workers run by hand; "+strconv.Itoa(queen.ClaimHealthFailures)+" failed checks in a row fail their row")
 	fl.DurationVar(&f.auditRetention, "audit-retention", queen.DefaultRetention, "audit entries older than this are pruned (at start, then hourly); 0 keeps them forever")
 	fl.DurationVar(&f.rowsRetention, "rows-retention", queen.DefaultRetention, "stopped and failed worker rows that ended longer ago than this are pruned; live rows never are; 0 keeps them forever")
 	fl.Int64Var(&f.maxBody, "max-body-bytes", queen.DefaultMaxBodyBytes, "request body limit; larger bodies get 413")
@@ -106,7 +110,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	if err != nil {
 		return queen.Config{}, err
 	}
-	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes",
+	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes", "claim-timeout", "claim-health-interval",
 		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
 		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after"); err != nil {
 		return queen.Config{}, err
@@ -130,7 +134,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	return queen.Config{
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL,
 		HeartbeatTimeout: f.heartbeatTimeout, UnhealthyGrace: f.unhealthyGrace, OfflineRetention: f.offlineRetention,
-		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout,
+		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout, ClaimTimeout: f.claimTimeout, ClaimHealthInterval: f.claimHealthInterval,
 		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention,
 		Tokens: secret.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
 		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: f.localHive, HiveArgs: f.hiveArgs,

@@ -14,6 +14,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/llamacpp"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 	"github.com/apiary-llm/apiary/internal/worker"
 	"github.com/spf13/cobra"
@@ -30,6 +31,8 @@ type workerFlags struct {
 	port          int
 	listenFD      int
 	callbackURL   string
+	queenURL      string
+	advertise     string
 	lifecycleID   string
 	ctxSize       int
 	slots         int
@@ -48,8 +51,11 @@ func newWorkerCmd() *cobra.Command {
 /v1/chat/completions, /v1/models), with /health and /v1/admin/shutdown.
 
 A hive starts workers with --callback-url: the worker reports ready there once
-it listens and the model is loaded. Without --callback-url it serves
-standalone. The worker's token comes from $` + worker.TokenEnv + `, never from
+it listens and the model is loaded. A worker run by hand joins a queen with
+--queen URL: once the model is loaded it claims the row --lifecycle-id (one
+created with placement operator) or, without it, a row of its own, and the
+queen routes to it; the cluster token comes from $` + secret.ClusterTokenEnv + `. With
+neither it serves standalone. The worker's token comes from $` + worker.TokenEnv + `, never from
 the command line; without one the worker binds a loopback address only.
 SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`,
 		Args: cobra.NoArgs,
@@ -66,7 +72,9 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.IntVar(&f.port, "port", 0, "port to listen on; 0 picks a free one (logged, and reported in the ready callback)")
 	fl.IntVar(&f.listenFD, "listen-fd", 0, "serve on this inherited listening socket (a hive binds the port and passes it) instead of binding --host and --port")
 	fl.StringVar(&f.callbackURL, "callback-url", "", "URL to POST the ready callback to; none: serve standalone")
-	fl.StringVar(&f.lifecycleID, "lifecycle-id", "", "the queen's lifecycle id of this worker, for logs")
+	fl.StringVar(&f.queenURL, "queen", "", "URL of the queen to claim a row at once the model is loaded (a worker run by hand); not with --callback-url")
+	fl.StringVar(&f.lifecycleID, "lifecycle-id", "", "the queen's lifecycle id of this worker: with --queen, the row to claim (default: the queen creates one)")
+	fl.StringVar(&f.advertise, "advertise", "", "URL the queen or hive reaches this worker at (default http://HOST:PORT)")
 	fl.IntVar(&f.ctxSize, "ctx-size", 0, "total context in tokens, shared by the slots; 0: the model's, at most 4096 per slot")
 	fl.IntVar(&f.slots, "slots", worker.DefaultSlots, "generations run in parallel")
 	fl.IntVar(&f.threads, "threads", 0, "CPU threads; 0: one per CPU")
@@ -128,6 +136,9 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		Addr:          addr,
 		Listener:      ln,
 		CallbackURL:   f.callbackURL,
+		QueenURL:      f.queenURL,
+		ClusterToken:  os.Getenv(secret.ClusterTokenEnv),
+		Advertise:     f.advertise,
 		LifecycleID:   f.lifecycleID,
 		Token:         os.Getenv(worker.TokenEnv),
 		TLS:           f.tls,

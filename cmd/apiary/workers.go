@@ -79,7 +79,7 @@ func newWorkersCmd() *cobra.Command {
 		`List, start and stop workers through the queen's lifecycle rows, and read
 their logs. Every start and stop needs --reason: it goes to the audit log.
 Uses $APIARY_ADMIN_TOKEN.`,
-		newWorkersLsCmd(a), newWorkersStartCmd(a), newWorkersStopCmd(a), newWorkersLogsCmd(a))
+		newWorkersLsCmd(a), newWorkersStartCmd(a), newWorkersCreateCmd(a), newWorkersStopCmd(a), newWorkersLogsCmd(a))
 	a.register(cmd)
 	return cmd
 }
@@ -148,6 +148,52 @@ with the most free memory. Prints the lifecycle id.`,
 	cmd.Flags().StringVar(&model, "model", "", "model ref: the GGUF file name in the hive's models dir without .gguf (required)")
 	cmd.Flags().StringVar(&pool, "pool", "", "pool to start on (default: the queen picks)")
 	cmd.Flags().IntVar(&gpu, "gpu", 0, "device to start on (default: the hive picks)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	return cmd
+}
+
+func newWorkersCreateCmd(a *adminFlags) *cobra.Command {
+	var model, pool, placement, reason string
+	cmd := &cobra.Command{
+		Use:   "create --model REF --placement auto|operator [--pool ID] --reason TEXT",
+		Short: "Create a worker's lifecycle row",
+		Long: `Create a STARTING lifecycle row for a worker of model REF. With --placement auto
+the queen places the worker (on --pool, or the healthy pool with the most free
+memory) and asks the pool's hive to start it, as workers start does. With
+--placement operator the row waits for a worker you run by hand to claim it:
+
+  APIARY_CLUSTER_TOKEN=… apiary worker --model PATH --queen URL --lifecycle-id ID
+
+(anywhere that reaches the queen); a row no worker claims within the queen's
+--claim-timeout is FAILED (unclaimed). Prints the lifecycle id.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case model == "":
+				return usagef("workers create: --model is required")
+			case placement != api.PlacementAuto && placement != api.PlacementOperator:
+				return usagef("workers create: --placement must be %s or %s, got %q", api.PlacementAuto, api.PlacementOperator, placement)
+			case placement == api.PlacementOperator && pool != "":
+				return usagef("workers create: --pool belongs to --placement %s: a worker run by hand claims its row wherever it runs", api.PlacementAuto)
+			case strings.TrimSpace(reason) == "":
+				return usagef("workers create: --reason is required (it goes to the audit log)")
+			}
+			resp, err := a.client().CreateWorker(cmd.Context(), model, placement, pool, reason)
+			if err != nil {
+				return err
+			}
+			if a.asJSON {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			if err := printLine(cmd.OutOrStdout(), "%s", resp.LifecycleID); err != nil {
+				return err
+			}
+			return printLine(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID, resp.Worker.ModelRef)
+		},
+	}
+	cmd.Flags().StringVar(&model, "model", "", "model ref: a GGUF file name without .gguf (required)")
+	cmd.Flags().StringVar(&placement, "placement", api.PlacementAuto, "auto: the queen places and starts the worker; operator: the row waits for a worker run by hand")
+	cmd.Flags().StringVar(&pool, "pool", "", "with --placement auto: pool to start on (default: the queen picks)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
 	return cmd
 }

@@ -83,12 +83,24 @@ type LifecycleRowList struct {
 
 // Admin worker actions.
 const (
-	ActionStart = "start"
-	ActionStop  = "stop"
+	ActionStart  = "start"
+	ActionStop   = "stop"
+	ActionCreate = "create"
+)
+
+// Placements of a created row: who brings its worker up.
+const (
+	// PlacementAuto: the queen places the worker on a pool and asks its
+	// hive to start it (as action start does).
+	PlacementAuto = "auto"
+	// PlacementOperator: the row waits for a worker started by hand
+	// (`apiary worker --queen URL --lifecycle-id ID`) to claim it.
+	PlacementOperator = "operator"
 )
 
 // AdminWorkerRequest is the body of POST /api/admin/workers:
-// {"action":"start","model","pool_id"?,"gpu"?,"reason"} or
+// {"action":"start","model","pool_id"?,"gpu"?,"reason"},
+// {"action":"create","model","placement":"auto"|"operator","pool_id"?,"gpu"?,"reason"} or
 // {"action":"stop","lifecycle_id","drain","reason"}. The seed's
 // "lifecycleId" is still taken in place of "lifecycle_id" (UnmarshalJSON).
 type AdminWorkerRequest struct {
@@ -96,6 +108,7 @@ type AdminWorkerRequest struct {
 	Model       string `json:"model,omitempty"`
 	PoolID      string `json:"pool_id,omitempty"`
 	GPU         *int   `json:"gpu,omitempty"`
+	Placement   string `json:"placement,omitempty"` // action create: PlacementAuto (default) or PlacementOperator
 	LifecycleID string `json:"lifecycle_id,omitempty"`
 	Drain       bool   `json:"drain,omitempty"`
 	Reason      string `json:"reason"`
@@ -229,4 +242,26 @@ type CrashLoop struct {
 // ModelSettingList is the answer of GET /api/admin/models, by model.
 type ModelSettingList struct {
 	Models []ModelSetting `json:"models"`
+}
+
+// WorkerClaim is the body of POST /v2/workers/claim: a worker run by hand
+// (`apiary worker --queen URL`) that serves model_ref at uri claims the
+// STARTING row lifecycle_id, or, without one, asks for a row of its own.
+// worker_token is the worker's own bearer token ("" for a worker without
+// one): the queen relays requests with it and never stores it.
+type WorkerClaim struct {
+	LifecycleID string `json:"lifecycle_id,omitempty"`
+	ModelRef    string `json:"model_ref"`
+	URI         string `json:"uri"`
+	WorkerToken string `json:"worker_token,omitempty"`
+	VRAMBytes   uint64 `json:"vram_bytes"`
+	PID         int    `json:"pid,omitempty"`
+}
+
+// WorkerReport is the body of POST /v2/workers/{id}/report: a worker run
+// by hand says it is draining or has stopped (status DRAINING or
+// STOPPED).
+type WorkerReport struct {
+	Status string `json:"status"`
+	Reason string `json:"reason"`
 }

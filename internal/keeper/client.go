@@ -83,6 +83,17 @@ func (c *Client) StartWorker(ctx context.Context, model, poolID string, gpu *int
 	return out, err
 }
 
+// CreateWorker writes a row for a worker of model: placement
+// api.PlacementAuto (the queen places and starts it, on poolID when not
+// "") or api.PlacementOperator (the row waits for a worker run by hand to
+// claim it).
+func (c *Client) CreateWorker(ctx context.Context, model, placement, poolID, reason string) (api.AdminWorkerResponse, error) {
+	var out api.AdminWorkerResponse
+	err := c.do(ctx, http.MethodPost, "/api/admin/workers", nil, api.AdminWorkerRequest{
+		Action: api.ActionCreate, Model: model, Placement: placement, PoolID: poolID, Reason: reason}, &out, c.adminToken)
+	return out, err
+}
+
 // StopWorker asks to stop the worker of a lifecycle row.
 func (c *Client) StopWorker(ctx context.Context, lifecycleID string, drain bool, reason string) (api.AdminWorkerResponse, error) {
 	var out api.AdminWorkerResponse

@@ -81,9 +81,31 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		return err
 	}
 	switch req.Action {
-	case api.ActionStart:
+	case api.ActionStart, api.ActionCreate:
 		if req.LifecycleID != "" || req.Drain {
 			return api.BadRequest("lifecycle_id and drain belong to action stop")
+		}
+		switch {
+		case req.Action == api.ActionStart && req.Placement != "":
+			return api.BadRequest("placement belongs to action create")
+		case req.Placement == api.PlacementOperator:
+			// The row waits for a worker run by hand to claim it: no
+			// pool, no device.
+			if req.PoolID != "" || req.GPU != nil {
+				return api.BadRequest("pool_id and gpu belong to placement %s: a row of placement %s is claimed by a worker run by hand wherever it runs",
+					api.PlacementAuto, api.PlacementOperator)
+			}
+			if err := checkModel(req.Model); err != nil {
+				return err
+			}
+			row, err := q.createOperatorRow(r.Context(), req.Model, reason, c.actor)
+			if err != nil {
+				return err
+			}
+			api.WriteJSON(w, http.StatusCreated, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
+			return nil
+		case req.Placement != "" && req.Placement != api.PlacementAuto:
+			return api.BadRequest("placement %q: want %s or %s", req.Placement, api.PlacementAuto, api.PlacementOperator)
 		}
 		if err := checkModel(req.Model); err != nil {
 			return err
@@ -103,8 +125,8 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		}
 		api.WriteJSON(w, http.StatusCreated, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
 	case api.ActionStop:
-		if req.Model != "" || req.PoolID != "" || req.GPU != nil {
-			return api.BadRequest("model, pool_id and gpu belong to action start")
+		if req.Model != "" || req.PoolID != "" || req.GPU != nil || req.Placement != "" {
+			return api.BadRequest("model, pool_id, gpu and placement belong to action start or create")
 		}
 		if err := checkLifecycleID(req.LifecycleID); err != nil {
 			return err
@@ -115,7 +137,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		}
 		api.WriteJSON(w, http.StatusAccepted, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
 	default:
-		return api.BadRequest("action %q: want start or stop", req.Action)
+		return api.BadRequest("action %q: want start or stop (or create)", req.Action)
 	}
 	return nil
 }

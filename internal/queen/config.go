@@ -43,6 +43,16 @@ type Config struct {
 	FlushInterval    time.Duration // heartbeat times reach the store this often
 	HiveTimeout      time.Duration // budget of one call to a hive
 
+	// ClaimTimeout: a row created for a worker run by hand (placement
+	// operator) that no worker claimed this long after it was created is
+	// FAILED with reason "unclaimed"; default DefaultClaimTimeout.
+	ClaimTimeout time.Duration
+	// ClaimHealthInterval is how often the queen checks GET /health of
+	// every worker run by hand that claimed a row; ClaimHealthFailures
+	// checks in a row that fail make its row FAILED (lost); default
+	// DefaultClaimHealthInterval.
+	ClaimHealthInterval time.Duration
+
 	// AuditRetention: audit entries older than this are pruned, at start
 	// and hourly; default DefaultRetention; negative keeps them forever.
 	AuditRetention time.Duration
@@ -76,8 +86,17 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultAddr         = "127.0.0.1:8080"
-	DefaultHiveTimeout  = 30 * time.Second
+	DefaultAddr        = "127.0.0.1:8080"
+	DefaultHiveTimeout = 30 * time.Second
+	// DefaultClaimTimeout is how long a row of placement operator waits
+	// for its worker's claim.
+	DefaultClaimTimeout = 10 * time.Minute
+	// DefaultClaimHealthInterval is how often the workers run by hand are
+	// checked.
+	DefaultClaimHealthInterval = 5 * time.Second
+	// ClaimHealthFailures is how many health checks in a row a worker run
+	// by hand may fail before its row is FAILED.
+	ClaimHealthFailures = 2
 	DefaultMaxBodyBytes = 1 << 20
 	// DefaultRetention keeps a month of audit entries and ended rows.
 	DefaultRetention = 30 * 24 * time.Hour
@@ -114,6 +133,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.ClaimTimeout == 0 {
+		c.ClaimTimeout = DefaultClaimTimeout
+	}
+	if c.ClaimHealthInterval == 0 {
+		c.ClaimHealthInterval = DefaultClaimHealthInterval
 	}
 	if c.AuditRetention == 0 {
 		c.AuditRetention = DefaultRetention
@@ -179,7 +204,8 @@ func (c Config) Validate() error {
 		field string
 		v     time.Duration
 	}{{"HeartbeatTimeout", c.HeartbeatTimeout}, {"UnhealthyGrace", c.UnhealthyGrace}, {"OfflineRetention", c.OfflineRetention},
-		{"FlushInterval", c.FlushInterval}, {"HiveTimeout", c.HiveTimeout}} {
+		{"FlushInterval", c.FlushInterval}, {"HiveTimeout", c.HiveTimeout}, {"ClaimTimeout", c.ClaimTimeout},
+		{"ClaimHealthInterval", c.ClaimHealthInterval}} {
 		if d.v <= 0 {
 			p.Add(d.field, "must be positive, got %s", d.v)
 		}

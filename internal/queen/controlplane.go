@@ -45,7 +45,9 @@ func (c controlPlane) Row(ctx context.Context, id string) (store.Row, error) {
 // that take requests now. A worker qualifies when its pool is healthy
 // (not draining, unhealthy or offline), its hive reports it ready or busy
 // (not starting, degraded or draining) with a URI, and its lifecycle row
-// is RUNNING (a worker without a live row is being stopped).
+// is RUNNING (a worker without a live row is being stopped). Workers run
+// by hand (pool HandRunPool) qualify with a RUNNING row whose claim this
+// queen took.
 func (c controlPlane) Candidates(model, pool string) []routing.Candidate {
 	q := c.q
 	var pools []registry.Pool
@@ -72,6 +74,9 @@ func (c controlPlane) Candidates(model, pool string) []routing.Candidate {
 				Reported: w.InFlight, Token: q.tokens.get(p.ID, w.WorkerID)})
 		}
 	}
+	if pool == "" || pool == HandRunPool {
+		out = append(out, q.handRunCandidates(model)...)
+	}
 	return out
 }
 
@@ -83,11 +88,15 @@ func (c controlPlane) Running(pool, lifecycleID, workerID string) bool {
 
 // Count counts the live rows of model (on pool, when it names one); with
 // healthyOnly, only those on healthy pools: workers on drained or silent
-// pools take no requests.
+// pools take no requests. The rows of workers run by hand count as on a
+// healthy pool: a row waiting for its claim is a worker starting.
 func (c controlPlane) Count(model, pool string, healthyOnly bool) routing.Count {
 	var keep func(string) bool
 	if healthyOnly {
 		keep = func(id string) bool {
+			if id == HandRunPool {
+				return true
+			}
 			p, ok := c.q.reg.Get(id)
 			return ok && p.Status == registry.Healthy
 		}

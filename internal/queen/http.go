@@ -45,6 +45,8 @@ func (q *Queen) routes() http.Handler {
 	mux.Handle("POST /v2/pools/register", cluster(q.postRegister))
 	mux.Handle("POST /v2/pools/{id}/heartbeat", cluster(q.postHeartbeat))
 	mux.Handle("POST /v2/internal/workers/events", cluster(q.postEvent))
+	mux.Handle("POST /v2/workers/claim", cluster(q.postClaim))
+	mux.Handle("POST /v2/workers/{id}/report", cluster(q.postWorkerReport))
 	mux.Handle("POST /v2/pools/{id}/offline", cluster(q.postOffline))
 	mux.Handle("GET /v2/pools", either(q.getPools))
 	mux.Handle("GET /v2/pools/{id}", either(q.getPool))

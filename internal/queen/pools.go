@@ -121,6 +121,9 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 	if err := checkID("pool_id", reg.PoolID); err != nil {
 		return err
 	}
+	if reg.PoolID == HandRunPool {
+		return api.BadRequest("pool_id %q is reserved for the workers run by hand; give the hive another --pool-id", HandRunPool)
+	}
 	if reg.NodeID != "" {
 		if err := checkID("node_id", reg.NodeID); err != nil {
 			return err

@@ -35,6 +35,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/routing"
 	"github.com/apiary-llm/apiary/internal/store"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // taskWorkers run background hive calls (stops of unknown workers).
@@ -65,6 +66,10 @@ type Queen struct {
 	routing *routing.Service
 	// tokens are the workers' own tokens, from their hives, for routing.
 	tokens *workerTokens
+	// handRun is what the queen knows of the workers run by hand that
+	// claimed rows (claims.go); claimClient calls them.
+	handRun     *handRun
+	claimClient *http.Client
 
 	// followers ends the log streams of `apiary workers logs --follow`
 	// when the server shuts down (they would hold it up); set by Run
@@ -87,14 +92,16 @@ func New(cfg Config) (*Queen, error) {
 		return nil, err
 	}
 	return &Queen{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "queen"),
-		hives:   cfg.Hives,
-		metrics: newMetrics(),
-		tasks:   make(chan func(context.Context), taskQueue),
-		tokens:  newWorkerTokens(),
-		ready:   make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:         cfg,
+		log:         cfg.Logger.With("component", "queen"),
+		hives:       cfg.Hives,
+		metrics:     newMetrics(),
+		tasks:       make(chan func(context.Context), taskQueue),
+		tokens:      newWorkerTokens(),
+		handRun:     newHandRun(),
+		claimClient: transport.NewClient(nil, 0),
+		ready:       make(chan struct{}),
+		done:        make(chan struct{}),
 	}, nil
 }
 
@@ -198,6 +205,7 @@ func (q *Queen) run(ctx context.Context) error {
 	})
 	g.Go(func() error { return reg.Run(bg) })
 	g.Go(func() error { q.flushRows(bg); return nil })
+	g.Go(func() error { q.superviseHandRun(bg); return nil })
 	for range taskWorkers {
 		g.Go(func() error { q.runTasks(bg); return nil })
 	}
@@ -233,6 +241,7 @@ func (q *Queen) run(ctx context.Context) error {
 	// queued); the registry and the rows flush heartbeat data once more.
 	bgCancel()
 	gerr := g.Wait()
+	q.claimClient.CloseIdleConnections()
 	if err := errors.Join(serr, gerr); err != nil {
 		return err
 	}
@@ -248,13 +257,14 @@ func (q *Queen) run(ctx context.Context) error {
 // First of all, inference stops: new requests and those waiting for a
 // worker are answered 503 (streams in flight go on). Then, in order:
 //  0. stop every hive this queen started (each stops its workers, then
-//     exits) and wait for them, still serving; hives an operator started
-//     are left running,
+//     exits) and wait for them, still serving; hives an operator started,
+//     and workers run by hand (claims.go), are left running,
 //  1. stop accepting HTTP requests and finish those in flight (log
 //     followers end at once),
 //  2. stop the task workers (queued hive calls are dropped; the next
-//     heartbeat of each hive would bring them back) and routing's
-//     controller, model list reads and affinity sweep,
+//     heartbeat of each hive would bring them back), the health checks
+//     of workers run by hand, and routing's controller, model list
+//     reads and affinity sweep,
 //  3. stop the registry's lease timers (no status changes after this),
 //  4. flush the heartbeat data of pools and rows to the store,
 //  5. close the store, which releases the owner lock.
@@ -427,6 +437,9 @@ func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, a
 	}
 	if row.Status.Terminal() {
 		return row, fmt.Errorf("%w: %s is %s (%s)", ErrRowEnded, id, row.Status, row.Reason)
+	}
+	if row.PoolID == HandRunPool {
+		return q.stopHandRun(ctx, row, reason, actor)
 	}
 	if row.WorkerID == "" {
 		return row, fmt.Errorf("%w: %s; retry in a moment", ErrNotStarted, id)

@@ -57,6 +57,10 @@ type rowChange struct {
 	// operator's action is on record even when a hive event got there
 	// first).
 	always bool
+	// check, when set, may refuse the change after the row is read and
+	// before anything is written (a claim must find its row as it
+	// expects); its error is returned as it is.
+	check func(cur store.Row) error
 }
 
 type workerKey struct{ pool, worker string }
@@ -209,6 +213,11 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 			return cur, false, fmt.Errorf("%w: %s", ErrRowNotFound, id)
 		}
 		if err != nil {
+			return cur, false, err
+		}
+	}
+	if c.check != nil {
+		if err := c.check(cur); err != nil {
 			return cur, false, err
 		}
 	}

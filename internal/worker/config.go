@@ -50,8 +50,22 @@ type Config struct {
 	// CallbackURL, when set, receives the ready callback once the model is
 	// loaded; without it the worker serves standalone.
 	CallbackURL string
-	// LifecycleID is the queen's lifecycle row id; it only appears in logs.
+	// QueenURL, when set, makes this a worker run by hand: once the model
+	// is loaded it claims a row at the queen (POST /v2/workers/claim,
+	// with ClusterToken) instead of a hive's ready callback, and reports
+	// its drain and stop there. Not with CallbackURL.
+	QueenURL string
+	// ClusterToken authenticates the calls to QueenURL (the queen's
+	// APIARY_CLUSTER_TOKEN); "" for a queen without tokens.
+	ClusterToken string
+	// LifecycleID is the queen's lifecycle row id. With QueenURL it is the
+	// row this worker claims (one created with placement operator);
+	// without it the queen creates a row for the worker. Otherwise it
+	// only appears in logs.
 	LifecycleID string
+	// Advertise is the URL others reach the worker at, sent in the ready
+	// callback or the claim; default the scheme and listening address.
+	Advertise string
 	// CPUBuild is the build of apiary this worker runs as (portable,
 	// x86-64-v3; see internal/cpuvariant) and CPUBuildReason why; they
 	// only appear in logs.
@@ -103,6 +117,22 @@ func (c *Config) Validate() error {
 		if c.WorkerID == "" {
 			return fmt.Errorf("%w: a worker id is required with a callback URL", ErrInvalidConfig)
 		}
+	}
+	if c.QueenURL != "" {
+		if c.CallbackURL != "" {
+			return fmt.Errorf("%w: a worker reports to its hive (callback URL) or claims a row at the queen (queen URL), not both", ErrInvalidConfig)
+		}
+		if _, err := transport.CheckBaseURL("queen URL", c.QueenURL); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	if c.Advertise != "" {
+		if _, err := transport.CheckBaseURL("advertised URL", c.Advertise); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	if c.WorkerID == "" && c.QueenURL != "" {
+		c.WorkerID = "hand-run"
 	}
 	if c.WorkerID == "" {
 		c.WorkerID = "standalone"

@@ -42,6 +42,10 @@ func TestConfigValidateRejects(t *testing.T) {
 		{"public address without token", Config{ModelPath: "m.gguf", Addr: "0.0.0.0:8001"}, "loopback"},
 		{"callback without worker id", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", CallbackURL: "http://h/cb"}, "worker id"},
 		{"callback not a URL", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", WorkerID: "w", CallbackURL: "hive:9200"}, "callback URL"},
+		{"queen and callback", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", WorkerID: "w", CallbackURL: "http://h/cb", QueenURL: "http://q:8080"}, "not both"},
+		{"queen not a URL", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", QueenURL: "q:8080"}, "queen URL"},
+		{"queen URL with a path", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", QueenURL: "http://q:8080/x?y"}, "queen URL"},
+		{"advertise not a URL", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", Advertise: "host:1"}, "advertised URL"},
 		{"negative slots", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", Slots: -1}, "slots"},
 		{"negative grace", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", ShutdownGrace: -time.Second}, "negative"},
 	}

@@ -138,9 +138,12 @@ func (w *Worker) RequestShutdown() { w.requestQuit() }
 //  2. listen (status loading: inference answers 503 model_loading);
 //  3. load the model (status ready);
 //  4. with a CallbackURL, report ready; a refusal or no answer stops the
-//     worker with ErrCallbackRefused or ErrCallbackFailed;
+//     worker with ErrCallbackRefused or ErrCallbackFailed. With a
+//     QueenURL, claim a row at the queen instead (ErrClaimRefused,
+//     ErrClaimFailed);
 //  5. serve until ctx ends or RequestShutdown;
-//  6. drain (see drain) and return nil.
+//  6. drain (see drain) and return nil; with a claimed row, the queen is
+//     told DRAINING before and STOPPED after.
 //
 // A shutdown requested while the model loads is clean too (nil).
 func (w *Worker) Run(ctx context.Context) error {
@@ -186,21 +189,32 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 
-	if w.cfg.CallbackURL != "" {
-		if err := w.reportReady(runCtx); err != nil && runCtx.Err() == nil {
-			w.setStatus(StatusFailed, err.Error())
-			srv.stop(w.log)
-			w.closeEngine(eng)
-			return err
-		}
+	var report error
+	var rowID string // the queen's row this worker claimed (QueenURL)
+	switch {
+	case w.cfg.CallbackURL != "":
+		report = w.reportReady(runCtx)
+	case w.cfg.QueenURL != "":
+		rowID, report = w.claim(runCtx)
+	}
+	if report != nil && runCtx.Err() == nil {
+		w.setStatus(StatusFailed, report.Error())
+		srv.stop(w.log)
+		w.closeEngine(eng)
+		return report
 	}
 
+	why := "shutdown requested"
 	select {
 	case <-runCtx.Done():
 	case <-srv.done: // the listener failed under us: nothing can reach the worker
 		w.log.Error("http server stopped", "err", srv.err)
+		why = "the worker's HTTP server stopped"
 	}
-	return w.drain(srv, eng)
+	w.report(rowID, "DRAINING", why)
+	err = w.drain(srv, eng)
+	w.report(rowID, "STOPPED", "the worker drained and stopped: "+why)
+	return err
 }
 
 // checkModelFile makes sure path is a GGUF file before anything is loaded,

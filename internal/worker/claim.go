@@ -1,0 +1,75 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/transport"
+)
+
+// Sentinel errors of a worker run by hand (Config.QueenURL).
+var (
+	// ErrClaimRefused means the queen answered the claim with a 4xx: no
+	// such row, a row of another model, a row that no longer waits, or a
+	// worker the queen could not check.
+	ErrClaimRefused = errors.New("worker: claim refused by the queen")
+	// ErrClaimFailed means the claim never got an answer it could accept
+	// within the allowed attempts.
+	ErrClaimFailed = errors.New("worker: claim failed")
+)
+
+// claim tells the queen that this worker serves (POST
+// /v2/workers/claim with the cluster token, tried as the ready callback
+// is): it takes the row LifecycleID, or, without one, a row the queen
+// creates for it. It returns the row's lifecycle id.
+func (w *Worker) claim(ctx context.Context) (string, error) {
+	w.mu.Lock()
+	cl := api.WorkerClaim{LifecycleID: w.cfg.LifecycleID, ModelRef: w.cfg.ModelRef, URI: w.uri(), WorkerToken: w.cfg.Token,
+		VRAMBytes: w.info.MemoryBytes, PID: os.Getpid()}
+	w.mu.Unlock()
+	url := w.queenURL("/v2/workers/claim")
+	var resp api.AdminWorkerResponse
+	// A shutdown during the claim lets the attempt under way finish: a
+	// row the queen adopted must learn that its worker stops.
+	attempt, err := w.deliver(ctx, url, w.cfg.ClusterToken, cl, &resp, true)
+	var re refusedError
+	switch {
+	case err == nil:
+		w.log.Info("row claimed at the queen", "queen_url", w.cfg.QueenURL, "lifecycle_id", resp.LifecycleID, "uri", cl.URI,
+			"vram_bytes", cl.VRAMBytes, "attempt", attempt)
+		return resp.LifecycleID, nil
+	case ctx.Err() != nil:
+		return "", ctx.Err()
+	case errors.As(err, &re):
+		return "", fmt.Errorf("%w: %w", ErrClaimRefused, err)
+	}
+	return "", fmt.Errorf("%w: %s did not accept it after %d attempts: %w", ErrClaimFailed, url, attempt, err)
+}
+
+// report tells the queen that the row id is DRAINING or STOPPED, once: a
+// queen that does not answer finds out by its health checks.
+func (w *Worker) report(id, status, reason string) {
+	if id == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.CallbackTimeout)
+	defer cancel()
+	client := transport.NewClient(nil, w.cfg.CallbackTimeout)
+	defer client.CloseIdleConnections()
+	body, err := json.Marshal(api.WorkerReport{Status: status, Reason: reason})
+	if err == nil {
+		err = post(ctx, client, w.queenURL("/v2/workers/"+id+"/report"), w.cfg.ClusterToken, body, nil)
+	}
+	if err != nil {
+		w.log.Warn("cannot report to the queen", "queen_url", w.cfg.QueenURL, "status", status, "err", err)
+		return
+	}
+	w.log.Info("reported to the queen", "status", status)
+}
+
+func (w *Worker) queenURL(path string) string { return strings.TrimSuffix(w.cfg.QueenURL, "/") + path }
