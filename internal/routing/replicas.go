@@ -236,6 +236,7 @@ func (c *controller) replicaFailed(ctx context.Context, wg *sync.WaitGroup, mode
 		return
 	}
 	loop, recent := *rs.loop, slices.Clone(rs.recent)
+	c.s.markCrashLoop(model, loop) // published before it is logged: what reads the log finds it
 	c.log.Error("model in a crash loop: it is replaced only at the slow pace until a worker serves", "model_ref", model,
 		"failures", len(recent), "window", pol.Window, "retry_every", pol.Backoff, "last_failure", f.Reason)
 	wg.Go(func() { c.auditCrashLoop(context.WithoutCancel(ctx), model, loop, recent, pol) })
@@ -276,6 +277,20 @@ func (c *controller) auditCrashLoop(ctx context.Context, model string, loop Cras
 		Reason: fmt.Sprintf("%s failed %d times within %s: crash loop; replaced every %s until a worker serves for %s; the last: %s",
 			model, len(recent), pol.Window, pol.Backoff, c.s.cfg.StableAfter, loop.LastFailure),
 		Metadata: meta})
+}
+
+// markCrashLoop publishes one model's crash loop at once, before the
+// controller's round ends with setCrashLoops.
+func (s *Service) markCrashLoop(model string, loop CrashLoop) {
+	s.loopsMu.Lock()
+	loops := maps.Clone(s.loops)
+	if loops == nil {
+		loops = map[string]CrashLoop{}
+	}
+	loops[model] = loop
+	s.loops = loops
+	s.loopsMu.Unlock()
+	s.m.crashLoop.WithLabelValues(model).Set(1)
 }
 
 // setCrashLoops publishes the models in a crash loop (CrashLoops, the
