@@ -27,7 +27,7 @@ var (
 	}
 	inferFields = map[string]string{
 		"Model": "--model", "Prompt": "--prompt", "MaxTokens": "--max-tokens", "WorkerThreads": "--worker-threads",
-		"Node": "--node", "QueenURL": "--queen",
+		"Node": "--node", "QueenURL": "--queen", "SSH": "--ssh", "SSHConfig": "--ssh-config", "InstallDir": "--install-dir",
 	}
 	hiveFields = map[string]string{
 		"Addr": "--addr", "Advertise": "--advertise", "QueenURL": "--queen", "TLS": "--tls-cert/--tls-key",

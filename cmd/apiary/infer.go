@@ -21,7 +21,7 @@ func newInferCmd() *cobra.Command {
 	cfg := keeper.InferConfig{}
 	var debug bool
 	cmd := &cobra.Command{
-		Use:   "infer --model REF --prompt TEXT [--max-tokens N] [--node NAME] [--queen URL]",
+		Use:   "infer --model REF --prompt TEXT [--max-tokens N] [--node NAME [--ssh USER@HOST[:PORT] [--ssh-config FILE] [--install-dir DIR]]] [--queen URL]",
 		Short: "Answer a prompt (starting a throwaway queen and hive when none runs)",
 		Long: `Answer one prompt, token by token on stdout; progress goes to stderr.
 
@@ -39,7 +39,13 @@ started. --model is then a model ref from the models dir
 Ctrl+C or SIGTERM at any moment stops what this command started (never a
 queen it found running) and exits 130 or 143.
 
---node NAME pins the request to that node's pool (persistent mode).
+--node NAME pins the request to that node's pool. In persistent mode the
+queen must know the node (apiary nodes add). In ephemeral mode give the
+node's --ssh USER@HOST[:PORT] too: apiary starts a queen on the address of
+this machine that the node sees, the queen starts a hive on the node over SSH
+(copying apiary to --install-dir when it is missing or another build), the
+prompt runs there, and the queen's stop takes the node's hive and worker
+down with it. --model is then a ref of the node's models dir.
 Tokens come from APIARY_API_TOKEN and APIARY_ADMIN_TOKEN.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -51,6 +57,9 @@ Tokens come from APIARY_API_TOKEN and APIARY_ADMIN_TOKEN.`,
 	fl.StringVar(&cfg.Prompt, "prompt", "", "the prompt (required)")
 	fl.IntVar(&cfg.MaxTokens, "max-tokens", 0, "longest answer in tokens (0: the worker's default)")
 	fl.StringVar(&cfg.Node, "node", "", "serve the prompt on this node's pool only")
+	fl.StringVar(&cfg.SSH, "ssh", "", "ephemeral mode with --node: USER@HOST[:PORT] of the node's sshd")
+	fl.StringVar(&cfg.SSHConfig, "ssh-config", "", "ephemeral mode with --node: ssh client configuration file (ssh -F; default ~/.ssh/config)")
+	fl.StringVar(&cfg.InstallDir, "install-dir", "", "ephemeral mode with --node: where apiary lives on the node (default ~/.local/bin)")
 	fl.StringVar(&cfg.QueenURL, "queen", defaultQueenURL(), "queen URL (default $APIARY_QUEEN or http://127.0.0.1:8080)")
 	fl.StringVar(&cfg.ModelsDir, "models-dir", keeper.DefaultModelsDir(), "ephemeral mode: where a model ref is looked up")
 	fl.IntVar(&cfg.WorkerThreads, "worker-threads", 0, "ephemeral mode: CPU threads of the local worker (0: one per CPU)")

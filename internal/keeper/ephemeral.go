@@ -2,10 +2,12 @@ package keeper
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,14 +16,20 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/secret"
+	"github.com/apiary-llm/apiary/internal/sshnode"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // ephemeral is the queen a keeper starts when none answers (rule 1: the
 // keeper owns it, so it stops it). The queen runs with --local-hive: it
 // starts the hive on this machine as its own child, so the cascade follows
-// ownership: keeper → queen → hive → workers. Every link has a lifeline
+// ownership: keeper → queen → hive → workers. With a node (--node --ssh)
+// it runs without one, on the address of this machine the node reaches,
+// and the keeper adds the node: the queen starts the node's hive over SSH,
+// the session its lifeline. Every link has a lifeline
 // (stdin) and SIGTERM as its death signal, so a keeper killed with SIGKILL
 // still takes the tree down, gracefully.
 type ephemeral struct {
@@ -34,9 +42,10 @@ type ephemeral struct {
 	url     string
 }
 
-// start resolves the model, starts the queen and waits until the local
-// pool serves. It returns the model ref to ask for. Whatever it started
-// is stopped by teardown, also when start fails.
+// start resolves the model, starts the queen and waits until the pool
+// that serves the prompt (the local hive's, or the node's) is healthy. It
+// returns the model ref to ask for. Whatever it started is stopped by
+// teardown, also when start fails.
 func (e *ephemeral) start(ctx context.Context) (string, error) {
 	cfg := e.k.cfg
 	dir, err := os.MkdirTemp(cfg.TempDir, "apiary-infer-")
@@ -44,24 +53,41 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("keeper: throwaway data dir: %w", err)
 	}
 	e.dir = dir
-	ref, modelsDir, err := resolveModel(cfg.Model, cfg.ModelsDir, filepath.Join(dir, "models"))
-	if err != nil {
-		return "", err
-	}
 	bin := cfg.Binary
 	if bin == "" {
 		if bin, err = os.Executable(); err != nil {
 			return "", fmt.Errorf("keeper: find own executable: %w", err)
 		}
 	}
+	timeout := time.NewTimer(cfg.StartTimeout)
+	defer timeout.Stop()
 	args := []string{"queen",
-		"--addr", "127.0.0.1:0",
 		"--data-dir", filepath.Join(dir, "queen"),
 		"--owner", "keeper",
 		"--lifeline", "stdin",
-		"--local-hive",
-		"--hive-arg=--models-dir=" + modelsDir,
 		"--log-json",
+	}
+	var ref, pool string
+	var node *nodeStart
+	if cfg.Node == "" {
+		var modelsDir string
+		if ref, modelsDir, err = resolveModel(cfg.Model, cfg.ModelsDir, filepath.Join(dir, "models")); err != nil {
+			return "", err
+		}
+		pool = "local"
+		args = append(args, "--addr", "127.0.0.1:0", "--local-hive", "--hive-arg=--models-dir="+modelsDir)
+	} else {
+		if ref, err = nodeRef(cfg.Model, cfg.Node); err != nil {
+			return "", err
+		}
+		if node, err = e.probeNode(ctx, timeout.C); err != nil {
+			return "", err
+		}
+		pool = cfg.Node
+		args = append(args, "--addr", net.JoinHostPort(node.listen, "0"))
+		if cfg.SSHConfig != "" {
+			args = append(args, "--ssh-config", cfg.SSHConfig)
+		}
 	}
 	if cfg.WorkerThreads > 0 {
 		args = append(args, "--hive-arg=--worker-threads="+strconv.Itoa(cfg.WorkerThreads))
@@ -80,10 +106,12 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("keeper: start a queen: %w", err)
 	}
 	e.k.log.Debug("ephemeral queen started", "pid", e.proc.PID(), "data_dir", dir)
-	fmt.Fprintf(cfg.Stderr, "no queen at %s: starting one with a local hive for this prompt…\n", cfg.QueenURL)
+	if node == nil {
+		fmt.Fprintf(cfg.Stderr, "no queen at %s: starting one with a local hive for this prompt…\n", cfg.QueenURL)
+	} else {
+		fmt.Fprintf(cfg.Stderr, "no queen at %s: starting one that starts a hive on node %s (%s) over SSH for this prompt…\n", cfg.QueenURL, cfg.Node, cfg.SSH)
+	}
 
-	timeout := time.NewTimer(cfg.StartTimeout)
-	defer timeout.Stop()
 	select {
 	case addr := <-e.out.serving:
 		e.url = "http://" + addr
@@ -94,10 +122,116 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 	case <-timeout.C:
 		return "", fmt.Errorf("keeper: the queen it started did not serve within %s: %s", cfg.StartTimeout, e.out.tail())
 	}
-	if err := e.awaitLocalPool(ctx, timeout.C); err != nil {
+	if node != nil {
+		if err := e.addNode(ctx, timeout.C); err != nil {
+			return "", err
+		}
+	}
+	if err := e.awaitPool(ctx, pool, timeout.C); err != nil {
 		return "", err
 	}
 	return ref, nil
+}
+
+// nodeRef is the ref to ask a node's hive for: a path is refused, as the
+// hive there serves models by ref from its own models dir.
+func nodeRef(model, node string) (string, error) {
+	if looksLikePath(model) {
+		ref := strings.TrimSuffix(filepath.Base(model), ".gguf")
+		return "", fmt.Errorf("%w: --model %s is a path, but the prompt runs on node %s: its hive serves models by ref from its models dir "+
+			"and cannot load a file of this machine. Use the ref (--model %s: %s.gguf in the node's models dir, see apiary models pull there)",
+			ErrUsage, model, node, ref, ref)
+	}
+	if !validRef(model) {
+		return "", fmt.Errorf("%w: --model %q is not a model ref", ErrUsage, model)
+	}
+	return model, nil
+}
+
+// nodeStart is what the keeper learnt about the node before it starts a
+// queen for it.
+type nodeStart struct {
+	listen string // the address of this machine the node reaches
+}
+
+// probeNode connects to the node over SSH once, before any queen runs: a
+// node ssh cannot reach is a clear error with nothing to stop; and the
+// connection says which address of this machine the node sees, where the
+// queen must listen for the node's hive to reach it.
+func (e *ephemeral) probeNode(ctx context.Context, deadline <-chan time.Time) (*nodeStart, error) {
+	cfg := e.k.cfg
+	target, err := sshnode.ParseTarget(cfg.SSH)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --ssh: %w", ErrUsage, err)
+	}
+	dir := cfg.InstallDir
+	if dir == "" {
+		dir = sshnode.DefaultInstallDir
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-deadline:
+			cancel()
+		case <-pctx.Done():
+		}
+	}()
+	probe, err := sshnode.Client{ConfigFile: cfg.SSHConfig}.Probe(pctx, target, dir)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, fmt.Errorf("keeper: node %s: %w", cfg.Node, err)
+	}
+	if probe.ClientAddr == "" {
+		return nil, fmt.Errorf("keeper: node %s (%s) did not say which address it sees this machine at ($SSH_CONNECTION is empty there); "+
+			"start a queen on an address it reaches and add the node to it (apiary queen --addr, apiary nodes add)", cfg.Node, cfg.SSH)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(probe.ClientAddr, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("keeper: node %s sees this machine at %s, which is no address of this machine (a ProxyJump or NAT in between?): "+
+			"start a queen on an address the node reaches and add the node to it (apiary queen --addr --advertise, apiary nodes add): %w", cfg.Node, probe.ClientAddr, err)
+	}
+	ln.Close()
+	// The queen listens beyond loopback: it needs all three tokens. The
+	// keeper makes up those it has none of; it is the only client.
+	for _, tok := range []*string{&e.k.cfg.Tokens.API, &e.k.cfg.Tokens.Admin, &e.k.cfg.Tokens.Cluster} {
+		if *tok == "" && !transport.IsLoopback(probe.ClientAddr) {
+			*tok = rand.Text()
+		}
+	}
+	e.k.log.Debug("node probed", "node", cfg.Node, "node_addr", probe.NodeAddr, "listen", probe.ClientAddr)
+	return &nodeStart{listen: probe.ClientAddr}, nil
+}
+
+// addNode has the queen add the node and start its hive there (POST
+// /api/admin/nodes, as `apiary nodes add`).
+func (e *ephemeral) addNode(ctx context.Context, deadline <-chan time.Time) error {
+	cfg := e.k.cfg
+	c := NewClient(e.url, cfg.Tokens.Admin, cfg.Tokens.Cluster)
+	c.SetTimeout(cfg.StartTimeout)
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-deadline:
+			cancel()
+		case <-e.proc.Done():
+			cancel()
+		case <-actx.Done():
+		}
+	}()
+	port := 0 // any free port: a hive of another queen may hold the default
+	_, err := c.AddNode(actx, api.AddNodeRequest{Name: cfg.Node, SSH: cfg.SSH, InstallDir: cfg.InstallDir, HivePort: &port,
+		Reason: "apiary infer --node (ephemeral)"})
+	if err != nil {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return fmt.Errorf("keeper: start a hive on node %s over SSH: %w", cfg.Node, err)
+	}
+	return nil
 }
 
 // queenEnviron is the environment of the queen it starts: the keeper's,
@@ -115,8 +249,9 @@ func (e *ephemeral) queenEnviron() []string {
 	return env
 }
 
-// awaitLocalPool waits until the queen's local hive has registered.
-func (e *ephemeral) awaitLocalPool(ctx context.Context, deadline <-chan time.Time) error {
+// awaitPool waits until the hive of pool id (the queen's local hive, or
+// the node's) has registered and is healthy.
+func (e *ephemeral) awaitPool(ctx context.Context, id string, deadline <-chan time.Time) error {
 	c := NewClient(e.url, e.k.cfg.Tokens.Admin, e.k.cfg.Tokens.Cluster)
 	c.SetTimeout(5 * time.Second)
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -124,7 +259,7 @@ func (e *ephemeral) awaitLocalPool(ctx context.Context, deadline <-chan time.Tim
 	for {
 		pools, err := c.Pools(ctx, PoolFilter{Status: "healthy"})
 		for _, p := range pools {
-			if p.PoolID == "local" {
+			if p.PoolID == id {
 				return nil
 			}
 		}
@@ -140,12 +275,12 @@ func (e *ephemeral) awaitLocalPool(ctx context.Context, deadline <-chan time.Tim
 			msg := e.out.tail()
 			if nodes, err := c.Nodes(context.WithoutCancel(ctx)); err == nil {
 				for _, n := range nodes {
-					if n.Local && n.Hive.Message != "" {
+					if n.PoolID == id && n.Hive.Message != "" {
 						msg = n.Hive.Message
 					}
 				}
 			}
-			return fmt.Errorf("keeper: the local hive did not register within %s: %s", e.k.cfg.StartTimeout, msg)
+			return fmt.Errorf("keeper: the hive of pool %s did not register within %s: %s", id, e.k.cfg.StartTimeout, msg)
 		case <-tick.C:
 		}
 	}

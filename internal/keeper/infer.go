@@ -21,6 +21,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/secret"
+	"github.com/apiary-llm/apiary/internal/sshnode"
 	"github.com/apiary-llm/apiary/internal/termtext"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
@@ -40,9 +41,14 @@ type InferConfig struct {
 	QueenURL  string
 	Model     string // a model ref, or (ephemeral mode) a path to a .gguf file
 	Prompt    string
-	MaxTokens int           // 0: the worker's default
-	Node      string        // pin the request to this node's pool
-	Tokens    secret.Tokens // the bearer tokens it sends
+	MaxTokens int    // 0: the worker's default
+	Node      string // pin the request to this node's pool
+	// Ephemeral mode with Node: the queen it starts starts a hive on the
+	// node over SSH (as `apiary nodes add` does).
+	SSH        string        // USER@HOST[:PORT] of the node's sshd
+	SSHConfig  string        // ssh client configuration (ssh -F); default the user's
+	InstallDir string        // where apiary lives on the node; default ~/.local/bin
+	Tokens     secret.Tokens // the bearer tokens it sends
 
 	Stdout io.Writer // the answer, token by token
 	Stderr io.Writer // progress and diagnostics
@@ -130,6 +136,23 @@ func (c InferConfig) Validate() error {
 	if c.Node != "" && !validRef(c.Node) {
 		p.Add("Node", "%q is not a node name", c.Node)
 	}
+	if c.Node == "" {
+		for field, v := range map[string]string{"SSH": c.SSH, "SSHConfig": c.SSHConfig, "InstallDir": c.InstallDir} {
+			if v != "" {
+				p.Add(field, "is for a node: give --node NAME with it")
+			}
+		}
+	}
+	if c.SSH != "" {
+		if _, err := sshnode.ParseTarget(c.SSH); err != nil {
+			p.Add("SSH", "%v", err)
+		}
+	}
+	if c.InstallDir != "" {
+		if err := sshnode.CheckInstallDir(c.InstallDir); err != nil {
+			p.Add("InstallDir", "%v", err)
+		}
+	}
 	if _, err := transport.CheckBaseURL("", c.QueenURL); err != nil {
 		p.Add("QueenURL", "%s", strings.TrimSpace(err.Error()))
 	}
@@ -179,9 +202,9 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 	url := k.cfg.QueenURL
 	var ref string
 	if mode == ModeEphemeral {
-		if k.cfg.Node != "" {
-			return fmt.Errorf("%w: --node %s needs a running queen that knows that node; none answers at %s (start one: apiary queen, apiary nodes add)",
-				ErrUsage, k.cfg.Node, k.cfg.QueenURL)
+		if k.cfg.Node != "" && k.cfg.SSH == "" {
+			return fmt.Errorf("%w: --node %s: no queen answers at %s; give the node's --ssh USER@HOST[:PORT] to start a hive there for this prompt, "+
+				"or start a queen that knows the node (apiary queen, apiary nodes add)", ErrUsage, k.cfg.Node, k.cfg.QueenURL)
 		}
 		eph := &ephemeral{k: k}
 		defer func() {
@@ -193,6 +216,9 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 			return err
 		}
 		url = eph.url
+	} else if k.cfg.SSH != "" {
+		return fmt.Errorf("%w: --ssh starts a hive on the node when no queen answers, but a queen answers at %s: drop --ssh (add the node to that queen with apiary nodes add)",
+			ErrUsage, k.cfg.QueenURL)
 	} else if ref, err = persistentRef(k.cfg.Model); err != nil {
 		return err
 	}

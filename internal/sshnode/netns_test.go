@@ -604,3 +604,84 @@ func TestSSHNode_TLS_QueenHiveWorkerKeeper_ThrowawayCA(t *testing.T) {
 	}
 	testbin.AwaitGone(t, nodeMarker(1)+"bin/", 30*time.Second)
 }
+
+// nodeLeftovers lists what still runs of apiary on node i (ssh clients to
+// it included: their command lines name its install dir).
+func nodeLeftovers(i int) []string {
+	var cmds []string
+	for _, m := range []string{nodeMarker(i) + "bin/", nodeMarker(i) + "data/"} {
+		for _, pid := range testbin.Matching(m) {
+			cmds = append(cmds, testbin.Cmdline(pid))
+		}
+	}
+	return cmds
+}
+
+// Ephemeral `apiary infer --node NAME --ssh USER@HOST`: no queen answers,
+// so the keeper starts one (on the address the node sees, with tokens it
+// makes up) that starts the node's hive over SSH; the answer comes from a
+// worker on the node, and afterwards nothing of it runs on either side and
+// its throwaway data dir is gone. A node ssh cannot reach is a clear
+// error with nothing left behind, and --node without --ssh says to give it.
+func TestSSHNode_EphemeralInferNode_HiveOverSSH_NothingLeftBehind(t *testing.T) {
+	state := nodes(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := "http://" + ln.Addr().String() // nothing answers there: ephemeral mode
+	ln.Close()
+	tmp := t.TempDir()
+	env := []string{"TMPDIR=" + tmp, "APIARY_API_TOKEN=", "APIARY_ADMIN_TOKEN=", "APIARY_CLUSTER_TOKEN="}
+	infer := func(ssh string, extra ...string) *testbin.Proc {
+		t.Helper()
+		args := []string{"infer", "--queen", free, "--model", "tiny", "--prompt", "hello", "--max-tokens", "8", "--node", "n1",
+			"--worker-threads", "1", "--queen-arg=--ssh-timeout=2s", "--queen-arg=--hive-arg=--stop-grace=2s", "--queen-arg=--hive-arg=--shutdown-ack=1s"}
+		if ssh != "" {
+			args = append(args, "--ssh", ssh, "--ssh-config", filepath.Join(state, "ssh_config"), "--install-dir", filepath.Join(nodeDir(1), "bin"))
+		}
+		k := testbin.Start(t, "keeper", env, append(args, extra...)...)
+		k.Wait(t)
+		return k
+	}
+	nothingLeft := func(what string) {
+		t.Helper()
+		if left := nodeLeftovers(1); len(left) > 0 {
+			t.Errorf("%s: node 1 still runs %v", what, left)
+		}
+		if left := testbin.Matching(tmp); len(left) > 0 {
+			t.Errorf("%s: the keeper's queen still runs: %v", what, left)
+		}
+		if ents, err := os.ReadDir(tmp); err != nil || len(ents) != 0 {
+			t.Errorf("%s: left in the temp dir: %v %v", what, ents, err)
+		}
+	}
+
+	k := infer("root@" + nodeAddr(1))
+	if code := k.Wait(t); code != 0 || k.Stdout() == "" {
+		t.Fatalf("ephemeral infer --node n1: exit %d, answer %q; stderr:\n%s", code, k.Stdout(), k.Lines.String())
+	}
+	if !strings.Contains(k.Lines.String(), "starts a hive on node n1 (root@"+nodeAddr(1)+") over SSH") {
+		t.Errorf("stderr does not say a hive is started on the node:\n%s", k.Lines.String())
+	}
+	// The keeper returned only after its queen, and the queen only after
+	// the node's hive and worker exited.
+	nothingLeft("after the answer")
+	// The queen had no pool but the node's, where apiary was copied.
+	if _, err := os.Stat(filepath.Join(nodeDir(1), "bin", "apiary")); err != nil {
+		t.Errorf("apiary not installed on the node: %v", err)
+	}
+
+	// sshd refuses: the keeper says so before it starts any queen.
+	k = infer("root@" + nodeAddr(1) + ":2222")
+	if code := k.Wait(t); code != 1 || !strings.Contains(k.Lines.String(), "keeper: node n1: ") || !strings.Contains(k.Lines.String(), "sshd runs there") {
+		t.Errorf("infer --ssh to a closed port: exit %d; stderr:\n%s", code, k.Lines.String())
+	}
+	nothingLeft("after a refused ssh")
+
+	k = infer("")
+	if code := k.Wait(t); code != 2 || !strings.Contains(k.Lines.String(), "--ssh USER@HOST") {
+		t.Errorf("infer --node without --ssh and no queen: exit %d; stderr:\n%s", code, k.Lines.String())
+	}
+	nothingLeft("after --node without --ssh")
+}

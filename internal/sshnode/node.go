@@ -76,6 +76,10 @@ type Probe struct {
 	// NodeAddr is the node's address on the connection ssh made (from
 	// $SSH_CONNECTION): the address this machine reaches it at.
 	NodeAddr string
+	// ClientAddr is this machine's address on that connection, as the
+	// node sees it (from $SSH_CONNECTION): where a process here that the
+	// node must reach can listen (without a ProxyJump or NAT in between).
+	ClientAddr string
 	// Version and SHA256 of the apiary installed at InstallDir; empty when
 	// there is none.
 	Version, SHA256 string
@@ -168,6 +172,9 @@ func parseProbe(out []byte) Probe {
 			// "client_ip client_port server_ip server_port"
 			if f := strings.Fields(v); len(f) == 4 && net.ParseIP(f[2]) != nil {
 				p.NodeAddr = f[2]
+				if net.ParseIP(f[0]) != nil {
+					p.ClientAddr = f[0]
+				}
 			}
 		case "version":
 			p.Version = v

@@ -120,7 +120,7 @@ func TestClassify(t *testing.T) {
 
 func TestParseProbe(t *testing.T) {
 	p := parseProbe([]byte("os=Linux\narch=x86_64\ninstall_dir=/home/u/.local/bin\nssh_connection=10.1.0.1 51234 10.1.0.2 22\nversion=0.1.0\nsha256=abc\n"))
-	want := Probe{OS: "linux", Arch: "amd64", InstallDir: "/home/u/.local/bin", NodeAddr: "10.1.0.2", Version: "0.1.0", SHA256: "abc"}
+	want := Probe{OS: "linux", Arch: "amd64", InstallDir: "/home/u/.local/bin", NodeAddr: "10.1.0.2", ClientAddr: "10.1.0.1", Version: "0.1.0", SHA256: "abc"}
 	if diff := cmp.Diff(want, p); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
