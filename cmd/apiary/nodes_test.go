@@ -30,7 +30,11 @@ func TestNodesAndInferCommands(t *testing.T) {
 		{[]string{"infer", "--model", "tiny", q}, 2, nil, []string{"--prompt is required"}},
 		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--max-tokens", "-1", q}, 2, nil, []string{"--max-tokens must not be negative"}},
 		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--queen", "ftp://x"}, 2, nil, []string{"--queen", "scheme must be http or https"}},
-		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--node", "n1", "--queen", "http://127.0.0.1:1"}, 2, nil, []string{"--node n1 needs a running queen"}},
+		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--node", "n1", "--queen", "http://127.0.0.1:1"}, 2, nil, []string{"--node n1: no queen answers", "give the node's --ssh USER@HOST[:PORT]"}},
+		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--ssh", "root@h", "--install-dir", "/opt/a", q}, 2, nil, []string{"--ssh is for a node: give --node NAME", "--install-dir is for a node"}},
+		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--node", "n1", "--ssh", "root@-oProxyCommand=x", q}, 2, nil, []string{"--ssh", "invalid ssh target"}},
+		{[]string{"infer", "--model", "tiny", "--prompt", "x", "--node", "n1", "--ssh", "root@h", q}, 2, nil, []string{"a queen answers at", "drop --ssh"}},
+		{[]string{"infer", "--model", "/m/tiny.gguf", "--prompt", "x", "--node", "n1", "--ssh", "root@h", "--queen", "http://127.0.0.1:1"}, 2, nil, []string{"is a path, but the prompt runs on node n1", "--model tiny"}},
 	} {
 		code, out, errOut := apiary(t, tc.args...)
 		if code != tc.code {
