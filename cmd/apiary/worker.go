@@ -39,6 +39,7 @@ type workerFlags struct {
 	threads       int
 	queue         int
 	shutdownGrace time.Duration
+	claimInterval time.Duration
 	log           logFlags
 }
 
@@ -74,6 +75,7 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.StringVar(&f.callbackURL, "callback-url", "", "URL to POST the ready callback to; none: serve standalone")
 	fl.StringVar(&f.queenURL, "queen", "", "URL of the queen to claim a row at once the model is loaded (a worker run by hand); not with --callback-url")
 	fl.StringVar(&f.lifecycleID, "lifecycle-id", "", "the queen's lifecycle id of this worker: with --queen, the row to claim (default: the queen creates one)")
+	fl.DurationVar(&f.claimInterval, "claim-interval", worker.DefaultClaimInterval, "with --queen, how often the claimed row is claimed again, so that a restarted queen routes to this worker again")
 	fl.StringVar(&f.advertise, "advertise", "", "URL the queen or hive reaches this worker at (default http://HOST:PORT)")
 	fl.IntVar(&f.ctxSize, "ctx-size", 0, "total context in tokens, shared by the slots; 0: the model's, at most 4096 per slot")
 	fl.IntVar(&f.slots, "slots", worker.DefaultSlots, "generations run in parallel")
@@ -101,6 +103,9 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	}
 	if f.shutdownGrace <= 0 {
 		return usagef("worker: --shutdown-grace must be positive, got %s", f.shutdownGrace)
+	}
+	if f.claimInterval <= 0 {
+		return usagef("worker: --claim-interval must be positive, got %s", f.claimInterval)
 	}
 	logger, err := f.log.logger(stderr)
 	if err != nil {
@@ -140,6 +145,7 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		ClusterToken:  os.Getenv(secret.ClusterTokenEnv),
 		Advertise:     f.advertise,
 		LifecycleID:   f.lifecycleID,
+		ClaimInterval: f.claimInterval,
 		Token:         os.Getenv(worker.TokenEnv),
 		TLS:           f.tls,
 		Slots:         f.slots,

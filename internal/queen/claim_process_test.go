@@ -329,7 +329,12 @@ func TestProcessClaimRefusals(t *testing.T) {
 		{"invalid id", claimClusterToken, with(func(c *api.WorkerClaim) { c.LifecycleID = "wk-1" }), http.StatusBadRequest, "invalid_request"},
 		{"unknown id", claimClusterToken, with(func(c *api.WorkerClaim) { c.LifecycleID = "wk-0000000000000000" }), http.StatusNotFound, "worker_not_found"},
 		{"row of another model", claimClusterToken, with(func(c *api.WorkerClaim) { c.LifecycleID = other.LifecycleID }), http.StatusConflict, "claim_refused"},
-		{"row not STARTING", claimClusterToken, ok, http.StatusConflict, "claim_refused"},
+		{"row not STARTING", claimClusterToken, with(func(c *api.WorkerClaim) { c.URI = "http://127.0.0.1:1" }), http.StatusConflict, "claim_refused"},
+		{"claim again with a token the worker refuses", claimClusterToken, with(func(c *api.WorkerClaim) { c.WorkerToken = "wrong-0123456789abcdef" }),
+			http.StatusUnprocessableEntity, "claim_unverified"},
+		{"claim again for another model", claimClusterToken, with(func(c *api.WorkerClaim) { c.ModelRef = "other" }), http.StatusConflict, "claim_refused"},
+		{"claim again without the cluster token", claimAdminToken, ok, http.StatusUnauthorized, "unauthorized"},
+		{"claim again", claimClusterToken, ok, http.StatusOK, ""},
 		{"worker serves another model", claimClusterToken, with(func(c *api.WorkerClaim) { c.LifecycleID, c.ModelRef = other.LifecycleID, "other" }),
 			http.StatusUnprocessableEntity, "claim_unverified"},
 		{"wrong worker token", claimClusterToken, with(func(c *api.WorkerClaim) { c.LifecycleID, c.WorkerToken = "", "wrong-0123456789abcdef" }),
@@ -347,6 +352,12 @@ func TestProcessClaimRefusals(t *testing.T) {
 	}
 	if r := q.row(t, other.LifecycleID); r.Status != "STARTING" {
 		t.Errorf("the row of another model after refused claims: %+v", r)
+	}
+	if r := q.row(t, good.LifecycleID); r.Status != "RUNNING" || r.URI != uri {
+		t.Errorf("the claimed row after claims again: %+v", r)
+	}
+	if n := auditCount(t, q, good.LifecycleID, "worker.claimed"); n != 1 {
+		t.Errorf("%d worker.claimed audit entries for the row claimed again, want 1", n)
 	}
 
 	post := func(path, token string, body any) (int, string) {
@@ -403,5 +414,128 @@ func TestProcessClaimRefusals(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"tiny RUNNING", "other STARTING"}, statuses); diff != "" {
 		t.Errorf("rows of pool manual (-want +got):\n%s", diff)
+	}
+}
+
+// auditCount counts the audit entries of action on target.
+func auditCount(t *testing.T, q *handRunQueen, target, action string) int {
+	t.Helper()
+	entries, err := q.admin.Audit(t.Context(), "", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if e.Target == target && e.Action == action {
+			n++
+		}
+	}
+	return n
+}
+
+// models returns the ids GET /v1/models lists through the queen.
+func (q *handRunQueen) models(t *testing.T) []string {
+	t.Helper()
+	page, err := q.oai.Models.List(t.Context())
+	if err != nil {
+		t.Fatalf("GET /v1/models: %v", err)
+	}
+	var ids []string
+	for _, m := range page.Data {
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
+
+// A restarted queen has lost the token of a worker run by hand (it keeps
+// it in memory only); the worker claims its row again every
+// --claim-interval, so the new queen routes to it again within an
+// interval, without a change of the row or a new audit entry, and
+// `workers stop` reaches it. GET /v1/models lists the model of the worker
+// run by hand, which no pool lists, on both queens.
+func TestProcessHandRunWorkerClaimsAgainAfterQueenRestart(t *testing.T) {
+	const interval = 300 * time.Millisecond
+	dir := t.TempDir()
+	q := startHandRunQueen(t, dir)
+	w := startHandRunWorker(t, "worker", "--queen", q.url, "--claim-interval", interval.String())
+	rec, _ := w.logs.wait(t, 0, "row claimed at the queen", nil)
+	id := rec.Attrs["lifecycle_id"]
+	if diff := cmp.Diff([]string{"tiny"}, q.models(t)); diff != "" {
+		t.Errorf("GET /v1/models with a worker run by hand (-want +got):\n%s", diff)
+	}
+	if got := q.complete(t); got != id {
+		t.Errorf("completion served by %q, want %s", got, id)
+	}
+	if err := q.stop(t, syscall.SIGTERM); err != nil {
+		t.Fatalf("queen exit: %v", err)
+	}
+
+	q2 := startHandRunQueen(t, dir, "--addr", strings.TrimPrefix(q.url, "http://"))
+	served, _ := q2.logs.wait(t, 0, "queen serving", nil)
+	again, _ := q2.logs.wait(t, 0, "worker run by hand claimed its row again", map[string]string{"lifecycle_id": id, "token_known": "false"})
+	took := logTime(t, again).Sub(logTime(t, served))
+	t.Logf("the restarted queen learned the worker's token %s after it served (claim interval %s)", took.Round(time.Millisecond), interval)
+	if limit := interval + 2*time.Second; took > limit {
+		t.Errorf("the worker claimed its row again %s after the queen restarted, want within %s", took, limit)
+	}
+	if got := q2.complete(t); got != id {
+		t.Errorf("completion through the restarted queen served by %q, want %s", got, id)
+	}
+	if diff := cmp.Diff([]string{"tiny"}, q2.models(t)); diff != "" {
+		t.Errorf("GET /v1/models of the restarted queen (-want +got):\n%s", diff)
+	}
+	if row := q2.row(t, id); row.Status != "RUNNING" {
+		t.Errorf("row after claims again: %+v", row)
+	}
+	if n := auditCount(t, q2, id, "worker.claimed"); n != 1 {
+		t.Errorf("%d worker.claimed audit entries, want 1 (claims again write none)", n)
+	}
+
+	stopped, err := q2.admin.StopWorker(t.Context(), id, true, "stop through the restarted queen")
+	if err != nil {
+		t.Fatalf("workers stop through the restarted queen: %v", err)
+	}
+	if st := stopped.Worker.Status; st != "DRAINING" && st != "STOPPED" {
+		t.Errorf("row after the stop: %+v", stopped.Worker)
+	}
+	select {
+	case <-w.done:
+	case <-time.After(waitLimit):
+		t.Fatal("the worker did not exit after the restarted queen's stop")
+	}
+	if err := w.Err(); err != nil {
+		t.Errorf("worker exit: %v", err)
+	}
+	q2.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": id, "to": "STOPPED"})
+	if err := q2.stop(t, syscall.SIGTERM); err != nil {
+		t.Errorf("queen exit: %v", err)
+	}
+}
+
+// A worker run by hand whose row ended at the queen (here stopped while
+// the queen could not reach the worker: the row is FAILED by its health
+// checks) learns it from the answer to its next claim (409) and shuts
+// down with an error instead of serving on unrouted.
+func TestProcessHandRunWorkerStopsWhenItsRowEnded(t *testing.T) {
+	q := startHandRunQueen(t, t.TempDir(), "--claim-health-interval", "100ms")
+	w := startHandRunWorker(t, "worker", "--queen", q.url, "--claim-interval", "200ms")
+	rec, _ := w.logs.wait(t, 0, "row claimed at the queen", nil)
+	id := rec.Attrs["lifecycle_id"]
+	// The worker stops answering (SIGSTOP) until its row is FAILED, then
+	// goes on.
+	w.Signal(syscall.SIGSTOP)
+	q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": id, "to": "FAILED"})
+	w.Signal(syscall.SIGCONT)
+	select {
+	case <-w.done:
+	case <-time.After(waitLimit):
+		t.Fatal("a worker whose row ended did not exit")
+	}
+	if w.Err() == nil {
+		t.Error("a worker whose row ended exited 0")
+	}
+	w.logs.wait(t, 0, "row lost at the queen; shutting down", map[string]string{"lifecycle_id": id})
+	if row := q.row(t, id); row.Status != "FAILED" {
+		t.Errorf("row after the worker shut down: %+v", row)
 	}
 }

@@ -45,8 +45,9 @@ const claimCheckTimeout = 5 * time.Second
 // handRun keeps what the queen needs of each worker run by hand that
 // claimed a live row: where it is and its token, to relay to it, and its
 // health checks. Memory only: the token is never stored (a restarted
-// queen checks the health of the RUNNING rows it finds, by their uri, but
-// does not route to them). Bounded by the live hand-run rows (maxHandRun):
+// queen checks the health of the RUNNING rows it finds, by their uri, and
+// routes to them again once their workers claim them again: see
+// refreshClaim). Bounded by the live hand-run rows (maxHandRun):
 // an entry goes when its row ends.
 type handRun struct {
 	mu    sync.Mutex
@@ -177,7 +178,14 @@ func (q *Queen) postClaim(w http.ResponseWriter, r *http.Request, c caller) erro
 	if cl.LifecycleID != "" {
 		// A claim for an unknown row, a row of another model, or one
 		// that no longer waits is refused before the worker is called.
-		if _, err := q.rows.get(r.Context(), cl.LifecycleID); err != nil {
+		cur, err := q.rows.get(r.Context(), cl.LifecycleID)
+		if err != nil {
+			return err
+		}
+		if isRefresh(cur, cl.ModelRef, uri) {
+			return q.refreshClaim(w, r, cur, uri, cl)
+		}
+		if err := claimable(cur, cl.ModelRef); err != nil {
 			return err
 		}
 	}
@@ -197,19 +205,7 @@ func (q *Queen) postClaim(w http.ResponseWriter, r *http.Request, c caller) erro
 	placed := false
 	row, _, err := q.rows.apply(ctx, id, rowChange{to: rowRunning, reason: "claimed by a worker run by hand at " + uri,
 		actor: c.actor, action: "worker.claimed", meta: map[string]any{"uri": uri, "model_ref": cl.ModelRef},
-		check: func(cur store.Row) error {
-			switch {
-			case cur.PoolID != HandRunPool:
-				return fmt.Errorf("%w: row %s is on pool %s, placed by the queen: a worker run by hand claims only a row created with placement %s",
-					ErrClaimRefused, id, cur.PoolID, api.PlacementOperator)
-			case cur.ModelRef != cl.ModelRef:
-				return fmt.Errorf("%w: row %s is for model %q, the worker serves %q", ErrClaimRefused, id, cur.ModelRef, cl.ModelRef)
-			case cur.Status != rowStarting:
-				return fmt.Errorf("%w: row %s is %s (%s), not STARTING: only a row waiting for its worker can be claimed",
-					ErrClaimRefused, id, cur.Status, cur.Reason)
-			}
-			return nil
-		},
+		check: func(cur store.Row) error { return claimable(cur, cl.ModelRef) },
 		set: func(r *store.Row) {
 			// Known before the row is RUNNING: from then on the worker
 			// may be routed to or stopped.
@@ -233,6 +229,53 @@ func (q *Queen) postClaim(w http.ResponseWriter, r *http.Request, c caller) erro
 	q.routing.Poke()
 	q.log.Info("worker run by hand claimed its row", "lifecycle_id", id, "model_ref", cl.ModelRef, "uri", uri)
 	api.WriteJSON(w, http.StatusOK, api.AdminWorkerResponse{LifecycleID: id, Worker: q.rowWire(row)})
+	return nil
+}
+
+// claimable refuses a first claim of row cur by a worker of model: only
+// a STARTING row of pool HandRunPool and of that model waits for one.
+func claimable(cur store.Row, model string) error {
+	switch {
+	case cur.PoolID != HandRunPool:
+		return fmt.Errorf("%w: row %s is on pool %s, placed by the queen: a worker run by hand claims only a row created with placement %s",
+			ErrClaimRefused, cur.ID, cur.PoolID, api.PlacementOperator)
+	case cur.ModelRef != model:
+		return fmt.Errorf("%w: row %s is for model %q, the worker serves %q", ErrClaimRefused, cur.ID, cur.ModelRef, model)
+	case cur.Status != rowStarting:
+		return fmt.Errorf("%w: row %s is %s (%s), not STARTING: only a row waiting for its worker can be claimed",
+			ErrClaimRefused, cur.ID, cur.Status, cur.Reason)
+	}
+	return nil
+}
+
+// isRefresh reports whether a claim of row cur by a worker of model at
+// uri is the claim again of the worker that holds it: the row is a
+// RUNNING row of a worker run by hand, of that model, at that uri.
+func isRefresh(cur store.Row, model, uri string) bool {
+	return cur.PoolID == HandRunPool && cur.Status == rowRunning && cur.ModelRef == model && cur.URI == uri
+}
+
+// refreshClaim answers the claim again of a worker that holds its row
+// (isRefresh). A worker run by hand sends its claim again every claim
+// interval, so that a queen that lost its token (it keeps it in memory
+// only: a restarted queen) learns it again and routes to the worker. The
+// row does not change and no audit entry is written. A token the queen
+// already holds for that uri is the answer at once; a new one is
+// verified first (verifyClaim) as for a first claim: only the worker
+// that answers at the row's uri and takes the token can set it.
+func (q *Queen) refreshClaim(w http.ResponseWriter, r *http.Request, row store.Row, uri string, cl api.WorkerClaim) error {
+	if hw, ok := q.handRun.get(row.ID); !ok || hw.uri != uri || hw.token != cl.WorkerToken {
+		if err := q.verifyClaim(r.Context(), uri, cl); err != nil {
+			return err
+		}
+		// The row may have ended during the check: an entry of a row no
+		// longer live is never a candidate (handRunCandidates reads the
+		// rows) and goes at the next health round (handRun.keep).
+		q.handRun.put(row.ID, uri, cl.WorkerToken)
+		q.routing.Poke()
+		q.log.Info("worker run by hand claimed its row again", "lifecycle_id", row.ID, "model_ref", cl.ModelRef, "uri", uri, "token_known", ok)
+	}
+	api.WriteJSON(w, http.StatusOK, api.AdminWorkerResponse{LifecycleID: row.ID, Worker: q.rowWire(row)})
 	return nil
 }
 
@@ -323,7 +366,7 @@ func (q *Queen) stopHandRun(ctx context.Context, row store.Row, reason, actor st
 	}
 	hw, ok := q.handRun.get(row.ID)
 	if !ok {
-		return row, fmt.Errorf("%w: the queen does not know the token of %s's worker (it claimed the row before the queen restarted); stop it where it runs",
+		return row, fmt.Errorf("%w: the queen does not know the token of %s's worker (it claimed the row before the queen restarted and has not claimed it again since: a worker does within its claim interval); try again, or stop it where it runs",
 			ErrWorkerUnreachable, row.ID)
 	}
 	sctx, scancel := context.WithTimeout(ctx, q.cfg.HiveTimeout)

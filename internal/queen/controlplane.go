@@ -167,6 +167,25 @@ func (c controlPlane) LogTail(ctx context.Context, lifecycleID string, n int) ([
 	return c.q.logTail(ctx, lifecycleID, n)
 }
 
+// LiveModels returns the models that have a STARTING or RUNNING row.
+func (c controlPlane) LiveModels() []string { return c.q.rows.liveModels() }
+
+// liveModels returns the models of the STARTING and RUNNING rows, each
+// once.
+func (b *rowBook) liveModels() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, r := range b.active {
+		if (r.Status == rowStarting || r.Status == rowRunning) && !seen[r.ModelRef] {
+			seen[r.ModelRef] = true
+			out = append(out, r.ModelRef)
+		}
+	}
+	return out
+}
+
 // runningRow returns the id of the RUNNING row of a hive's worker.
 func (b *rowBook) runningRow(pool, lifecycleID, workerID string) (string, bool) {
 	b.mu.Lock()

@@ -135,7 +135,8 @@ func (s *Service) servable() []registry.Pool {
 
 func (s *Service) getModels(w http.ResponseWriter, r *http.Request, _ *call) error {
 	pools := s.servable()
-	if id := r.Header.Get(api.PoolHeader); id != "" {
+	id := r.Header.Get(api.PoolHeader)
+	if id != "" {
 		// What one pool can serve (its hive's list and its workers).
 		if _, err := s.knownPool(id); err != nil {
 			return err
@@ -158,6 +159,13 @@ func (s *Service) getModels(w http.ResponseWriter, r *http.Request, _ *call) err
 			if wk.ModelRef != "" {
 				add(wk.ModelRef, 0)
 			}
+		}
+	}
+	if id == "" {
+		// The models of live rows no pool lists: workers run by hand
+		// (a request for them is routed, see knownModel).
+		for _, ref := range s.cp.LiveModels() {
+			add(ref, 0)
 		}
 	}
 	list := openai.ModelList{Object: openai.ObjectList, Data: make([]openai.Model, 0, len(seen))}

@@ -45,6 +45,10 @@ type ControlPlane interface {
 	// Count counts the live rows of model (on pool, when it is not "");
 	// with healthyOnly, only those on healthy pools.
 	Count(model, pool string, healthyOnly bool) Count
+	// LiveModels returns the models that have a live (STARTING or
+	// RUNNING) row, each once: the models of workers run by hand, which
+	// no pool lists, among them.
+	LiveModels() []string
 	// Row reads one lifecycle row.
 	Row(ctx context.Context, lifecycleID string) (store.Row, error)
 	// StartWorker writes the row of a worker placed on demand and asks

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -49,6 +52,52 @@ func (w *Worker) claim(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("%w: %w", ErrClaimRefused, err)
 	}
 	return "", fmt.Errorf("%w: %s did not accept it after %d attempts: %w", ErrClaimFailed, url, attempt, err)
+}
+
+// reclaim sends the claim of row id again every ClaimInterval until ctx
+// ends: the queen takes it as a refresh (the row does not change) and so
+// learns the worker's token again after a restart, when it had lost it.
+// One try each time: a queen that does not answer is asked again at the
+// next interval. A queen that answers that the row is not this worker's
+// any more (404 worker_not_found: no such row; 409 claim_refused: the row
+// ended, the queen found the worker lost) stops the worker: reclaim asks
+// for the shutdown and returns ErrClaimRefused. Other refusals (the queen
+// could not check the worker this time) are logged and tried again.
+func (w *Worker) reclaim(ctx context.Context, id string) error {
+	w.mu.Lock()
+	cl := api.WorkerClaim{LifecycleID: id, ModelRef: w.cfg.ModelRef, URI: w.uri(), WorkerToken: w.cfg.Token,
+		VRAMBytes: w.info.MemoryBytes, PID: os.Getpid()}
+	w.mu.Unlock()
+	url := w.queenURL("/v2/workers/claim")
+	client := transport.NewClient(nil, w.cfg.CallbackTimeout)
+	defer client.CloseIdleConnections()
+	t := time.NewTicker(w.cfg.ClaimInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, w.cfg.CallbackTimeout)
+		err := rpc.Do(cctx, client, rpc.Call{Method: http.MethodPost, URL: url, Token: w.cfg.ClusterToken, In: cl, MaxAnswer: 64 << 10})
+		cancel()
+		var se *rpc.StatusError
+		switch {
+		case err == nil:
+			w.log.Debug("row claimed again at the queen", "lifecycle_id", id)
+			continue
+		case ctx.Err() != nil:
+			return nil
+		case errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusConflict):
+			err = fmt.Errorf("%w: the queen no longer has row %s for this worker: %d %s: %s", ErrClaimRefused, id, se.Status, se.Code, se.Message)
+			w.log.Error("row lost at the queen; shutting down", "queen_url", w.cfg.QueenURL, "lifecycle_id", id, "err", err)
+			w.requestQuit()
+			return err
+		}
+		w.log.Warn("cannot claim the row again at the queen; trying at the next interval", "queen_url", w.cfg.QueenURL,
+			"lifecycle_id", id, "retry_in_ms", w.cfg.ClaimInterval.Milliseconds(), "err", err)
+	}
 }
 
 // report tells the queen that the row id is DRAINING or STOPPED, once: a

@@ -28,6 +28,7 @@ const (
 	DefaultCallbackBackoff  = 200 * time.Millisecond // doubled after each try: 5 tries span ~3 s
 	DefaultCallbackTimeout  = 5 * time.Second
 	DefaultRetryAfter       = time.Second
+	DefaultClaimInterval    = 10 * time.Second
 )
 
 // Config configures a Worker. Validate fills defaults and checks it.
@@ -55,6 +56,11 @@ type Config struct {
 	// with ClusterToken) instead of a hive's ready callback, and reports
 	// its drain and stop there. Not with CallbackURL.
 	QueenURL string
+	// ClaimInterval is how often a worker run by hand (QueenURL) sends
+	// its claim again once its row is claimed, so that a restarted queen,
+	// which keeps workers' tokens in memory only, learns its token again
+	// and routes to it (default 10s).
+	ClaimInterval time.Duration
 	// ClusterToken authenticates the calls to QueenURL (the queen's
 	// APIARY_CLUSTER_TOKEN); "" for a queen without tokens.
 	ClusterToken string
@@ -168,7 +174,9 @@ func (c *Config) Validate() error {
 	setDefault(&c.CallbackBackoff, DefaultCallbackBackoff)
 	setDefault(&c.CallbackTimeout, DefaultCallbackTimeout)
 	setDefault(&c.RetryAfter, DefaultRetryAfter)
-	if c.MaxBodyBytes < 0 || c.ShutdownGrace < 0 || c.CallbackAttempts < 0 || c.CallbackBackoff < 0 || c.CallbackTimeout < 0 || c.RetryAfter < 0 {
+	setDefault(&c.ClaimInterval, DefaultClaimInterval)
+	if c.MaxBodyBytes < 0 || c.ShutdownGrace < 0 || c.CallbackAttempts < 0 || c.CallbackBackoff < 0 || c.CallbackTimeout < 0 || c.RetryAfter < 0 ||
+		c.ClaimInterval < 0 {
 		return fmt.Errorf("%w: sizes, durations and attempts must not be negative", ErrInvalidConfig)
 	}
 	if c.Engine.CtxSize < 0 || c.Engine.Threads < 0 {

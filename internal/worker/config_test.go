@@ -19,7 +19,7 @@ func TestConfigDefaults(t *testing.T) {
 		WorkerID: "standalone", ModelPath: "/models/tiny-q4.gguf", ModelRef: "tiny-q4", Addr: "127.0.0.1:8001",
 		Slots: 2, QueueSize: 8, MaxBodyBytes: DefaultMaxBodyBytes, ShutdownGrace: 30 * time.Second,
 		CallbackAttempts: 5, CallbackBackoff: 200 * time.Millisecond, CallbackTimeout: 5 * time.Second,
-		RetryAfter: time.Second,
+		RetryAfter: time.Second, ClaimInterval: 10 * time.Second,
 	}
 	want.Engine.ModelPath, want.Engine.Slots = want.ModelPath, 2
 	if diff := cmp.Diff(want, cfg, cmpopts.IgnoreFields(Config{}, "Logger")); diff != "" {
@@ -48,6 +48,7 @@ func TestConfigValidateRejects(t *testing.T) {
 		{"advertise not a URL", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", Advertise: "host:1"}, "advertised URL"},
 		{"negative slots", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", Slots: -1}, "slots"},
 		{"negative grace", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", ShutdownGrace: -time.Second}, "negative"},
+		{"negative claim interval", Config{ModelPath: "m.gguf", Addr: "127.0.0.1:1", ClaimInterval: -time.Second}, "negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

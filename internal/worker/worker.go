@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -141,7 +142,9 @@ func (w *Worker) RequestShutdown() { w.requestQuit() }
 //     worker with ErrCallbackRefused or ErrCallbackFailed. With a
 //     QueenURL, claim a row at the queen instead (ErrClaimRefused,
 //     ErrClaimFailed);
-//  5. serve until ctx ends or RequestShutdown;
+//  5. serve until ctx ends or RequestShutdown; with a claimed row, send
+//     the claim again every ClaimInterval (see reclaim): a queen that
+//     no longer has the row stops the worker (ErrClaimRefused);
 //  6. drain (see drain) and return nil; with a claimed row, the queen is
 //     told DRAINING before and STOPPED after.
 //
@@ -204,6 +207,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		return report
 	}
 
+	var lost error // the queen no longer has the claimed row (reclaim)
+	var reclaims sync.WaitGroup
+	if rowID != "" {
+		reclaims.Go(func() { lost = w.reclaim(runCtx, rowID) })
+	}
 	why := "shutdown requested"
 	select {
 	case <-runCtx.Done():
@@ -211,10 +219,15 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.log.Error("http server stopped", "err", srv.err)
 		why = "the worker's HTTP server stopped"
 	}
+	cancel()
+	reclaims.Wait()
+	if lost != nil {
+		why = lost.Error()
+	}
 	w.report(rowID, "DRAINING", why)
 	err = w.drain(srv, eng)
 	w.report(rowID, "STOPPED", "the worker drained and stopped: "+why)
-	return err
+	return cmp.Or(err, lost)
 }
 
 // checkModelFile makes sure path is a GGUF file before anything is loaded,
