@@ -206,11 +206,13 @@ func (c *controller) followReplicas(ctx context.Context, wg *sync.WaitGroup, rep
 			continue
 		}
 		if loop := rs.stable(); loop != nil {
-			c.log.Info("crash loop ended: a worker of the model served", "model_ref", model, "stable_after", c.s.cfg.StableAfter, "since", loop.Since)
+			c.s.endCrashLoop(model) // published before it is logged
 			wg.Go(func() {
 				c.s.cp.Audit(context.WithoutCancel(ctx), store.AuditEntry{Actor: registry.ActorQueen, Action: "worker.crashloop_ended",
 					Target: "model:" + model, Reason: fmt.Sprintf("a worker of %s served for %s", model, c.s.cfg.StableAfter),
 					Metadata: map[string]any{"model_ref": model, "since": loop.Since}})
+				// Logged once it is on record: what reads the log finds it.
+				c.log.Info("crash loop ended: a worker of the model served", "model_ref", model, "stable_after", c.s.cfg.StableAfter, "since", loop.Since)
 			})
 		}
 	}
@@ -291,6 +293,18 @@ func (s *Service) markCrashLoop(model string, loop CrashLoop) {
 	s.loops = loops
 	s.loopsMu.Unlock()
 	s.m.crashLoop.WithLabelValues(model).Set(1)
+}
+
+// endCrashLoop publishes the end of one model's crash loop at once.
+func (s *Service) endCrashLoop(model string) {
+	s.loopsMu.Lock()
+	if _, ok := s.loops[model]; ok {
+		loops := maps.Clone(s.loops)
+		delete(loops, model)
+		s.loops = loops
+	}
+	s.loopsMu.Unlock()
+	s.m.crashLoop.WithLabelValues(model).Set(0)
 }
 
 // setCrashLoops publishes the models in a crash loop (CrashLoops, the
