@@ -136,13 +136,7 @@ with the most free memory. Prints the lifecycle id.`,
 			if err != nil {
 				return err
 			}
-			if a.asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			if err := printLine(cmd.OutOrStdout(), "%s", resp.LifecycleID); err != nil {
-				return err
-			}
-			return printLine(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID, resp.Worker.ModelRef)
+			return a.printStarted(cmd, resp)
 		},
 	}
 	cmd.Flags().StringVar(&model, "model", "", "model ref: the GGUF file name in the hive's models dir without .gguf (required)")
@@ -182,13 +176,7 @@ memory) and asks the pool's hive to start it, as workers start does. With
 			if err != nil {
 				return err
 			}
-			if a.asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			if err := printLine(cmd.OutOrStdout(), "%s", resp.LifecycleID); err != nil {
-				return err
-			}
-			return printLine(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID, resp.Worker.ModelRef)
+			return a.printStarted(cmd, resp)
 		},
 	}
 	cmd.Flags().StringVar(&model, "model", "", "model ref: a GGUF file name without .gguf (required)")
@@ -318,4 +306,16 @@ func oneLine(s string, n int) string {
 		return string(r[:n-1]) + "…"
 	}
 	return orDash(s)
+}
+
+// printStarted prints the row a start or a create made: its lifecycle id
+// on stdout (for scripts), what it is on stderr; or the answer as JSON.
+func (a *adminFlags) printStarted(cmd *cobra.Command, resp api.AdminWorkerResponse) error {
+	if a.asJSON {
+		return printJSON(cmd.OutOrStdout(), resp)
+	}
+	if err := printLine(cmd.OutOrStdout(), "%s", resp.LifecycleID); err != nil {
+		return err
+	}
+	return printLine(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID, resp.Worker.ModelRef)
 }
