@@ -114,3 +114,12 @@ func Rename(err error, names map[string]string) error {
 	}
 	return errors.New(strings.Join(lines, "\n"))
 }
+
+// Default sets *v to def when it is the zero value: the one step of every
+// Config's withDefaults.
+func Default[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}

@@ -33,3 +33,13 @@ func TestProblemsNamesFieldsAndRenameMapsThem(t *testing.T) {
 		t.Error("no problem is no error")
 	}
 }
+
+func TestDefaultFillsOnlyZeroValues(t *testing.T) {
+	n, s, d := 0, "set", -1
+	Default(&n, 5)
+	Default(&s, "default")
+	Default(&d, 7)
+	if n != 5 || s != "set" || d != -1 {
+		t.Errorf("Default: %d %q %d, want 5 \"set\" -1 (a negative value is the caller's to refuse, not to replace)", n, s, d)
+	}
+}

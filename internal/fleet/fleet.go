@@ -95,15 +95,10 @@ const (
 
 // WithDefaults fills h's zero fields.
 func (h Hives) WithDefaults() Hives {
-	set := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	set(&h.HiveStopTimeout, DefaultHiveStopTimeout)
-	set(&h.RestartMin, DefaultRestartMin)
-	set(&h.RestartMax, DefaultRestartMax)
-	set(&h.ProbeTimeout, DefaultProbeTimeout)
+	config.Default(&h.HiveStopTimeout, DefaultHiveStopTimeout)
+	config.Default(&h.RestartMin, DefaultRestartMin)
+	config.Default(&h.RestartMax, DefaultRestartMax)
+	config.Default(&h.ProbeTimeout, DefaultProbeTimeout)
 	return h
 }
 

@@ -107,54 +107,33 @@ func DefaultDataDir() string { return datadir.Default() }
 // withDefaults returns c with every zero field set to its default. The
 // timing fields keep an explicit value; IdleTimeout < 0 disables it.
 func (c Config) withDefaults() Config {
-	set := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	if c.Addr == "" {
-		c.Addr = DefaultAddr
-	}
-	if c.DataDir == "" {
-		c.DataDir = DefaultDataDir()
-	}
-	if c.ModelsDir == "" {
-		c.ModelsDir = filepath.Join(c.DataDir, "models")
-	}
+	config.Default(&c.Addr, DefaultAddr)
+	config.Default(&c.DataDir, DefaultDataDir())
+	config.Default(&c.ModelsDir, filepath.Join(c.DataDir, "models"))
 	if c.WorkerArgs == nil {
 		c.WorkerArgs = []string{"worker"}
 	}
 	if c.PortMin == 0 && c.PortMax == 0 {
 		c.PortMin, c.PortMax = DefaultPortMin, DefaultPortMax
 	}
-	set(&c.CallbackTimeout, DefaultCallbackTimeout)
-	set(&c.HealthInterval, DefaultHealthInterval)
-	set(&c.StopGrace, DefaultStopGrace)
-	set(&c.ShutdownAck, DefaultShutdownAck)
-	set(&c.IdleTimeout, DefaultIdleTimeout)
-	set(&c.LogRetention, DefaultLogRetention)
-	set(&c.HeartbeatInterval, DefaultHeartbeatInterval)
-	if c.HealthFailures == 0 {
-		c.HealthFailures = DefaultHealthFailures
-	}
+	config.Default(&c.CallbackTimeout, DefaultCallbackTimeout)
+	config.Default(&c.HealthInterval, DefaultHealthInterval)
+	config.Default(&c.StopGrace, DefaultStopGrace)
+	config.Default(&c.ShutdownAck, DefaultShutdownAck)
+	config.Default(&c.IdleTimeout, DefaultIdleTimeout)
+	config.Default(&c.LogRetention, DefaultLogRetention)
+	config.Default(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	config.Default(&c.HealthFailures, DefaultHealthFailures)
 	if c.NodeID == "" {
 		c.NodeID, _ = os.Hostname()
 		if c.NodeID == "" {
 			c.NodeID = "localhost"
 		}
 	}
-	if c.PoolID == "" {
-		c.PoolID = c.NodeID
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.Owner == "" {
-		c.Owner = OwnerOperator
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.PoolID, c.NodeID)
+	config.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	config.Default(&c.Owner, OwnerOperator)
+	config.Default(&c.Logger, slog.Default())
 	return c
 }
 

@@ -92,27 +92,13 @@ var refPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`)
 func validRef(s string) bool { return len(s) <= 200 && refPattern.MatchString(s) }
 
 func (c InferConfig) withDefaults() InferConfig {
-	if c.Stdout == nil {
-		c.Stdout = io.Discard
-	}
-	if c.Stderr == nil {
-		c.Stderr = io.Discard
-	}
-	if c.ModelsDir == "" {
-		c.ModelsDir = DefaultModelsDir()
-	}
-	if c.DetectTimeout == 0 {
-		c.DetectTimeout = DefaultDetectTimeout
-	}
-	if c.StartTimeout == 0 {
-		c.StartTimeout = DefaultStartTimeout
-	}
-	if c.StopTimeout == 0 {
-		c.StopTimeout = DefaultStopTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	config.Default(&c.Stdout, io.Discard)
+	config.Default(&c.Stderr, io.Discard)
+	config.Default(&c.ModelsDir, DefaultModelsDir())
+	config.Default(&c.DetectTimeout, DefaultDetectTimeout)
+	config.Default(&c.StartTimeout, DefaultStartTimeout)
+	config.Default(&c.StopTimeout, DefaultStopTimeout)
+	config.Default(&c.Logger, slog.New(slog.DiscardHandler))
 	c.QueenURL = strings.TrimSuffix(c.QueenURL, "/")
 	return c
 }

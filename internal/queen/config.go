@@ -110,51 +110,25 @@ const (
 func DefaultDataDir() string { return datadir.Default() }
 
 func (c Config) withDefaults() Config {
-	if c.Addr == "" {
-		c.Addr = DefaultAddr
-	}
+	config.Default(&c.Addr, DefaultAddr)
 	if c.DataDir == "" && c.DatabaseURL == "" {
 		c.DataDir = DefaultDataDir()
 	}
-	if c.HeartbeatTimeout == 0 {
-		c.HeartbeatTimeout = registry.DefaultHeartbeatTimeout
-	}
-	if c.UnhealthyGrace == 0 {
-		c.UnhealthyGrace = c.HeartbeatTimeout
-	}
-	if c.OfflineRetention == 0 {
-		c.OfflineRetention = registry.DefaultOfflineRetention
-	}
-	if c.FlushInterval == 0 {
-		c.FlushInterval = registry.DefaultFlushInterval
-	}
-	if c.HiveTimeout == 0 {
-		c.HiveTimeout = DefaultHiveTimeout
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.ClaimTimeout == 0 {
-		c.ClaimTimeout = DefaultClaimTimeout
-	}
-	if c.ClaimHealthInterval == 0 {
-		c.ClaimHealthInterval = DefaultClaimHealthInterval
-	}
-	if c.AuditRetention == 0 {
-		c.AuditRetention = DefaultRetention
-	}
-	if c.RowsRetention == 0 {
-		c.RowsRetention = DefaultRetention
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.HeartbeatTimeout, registry.DefaultHeartbeatTimeout)
+	config.Default(&c.UnhealthyGrace, c.HeartbeatTimeout)
+	config.Default(&c.OfflineRetention, registry.DefaultOfflineRetention)
+	config.Default(&c.FlushInterval, registry.DefaultFlushInterval)
+	config.Default(&c.HiveTimeout, DefaultHiveTimeout)
+	config.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	config.Default(&c.ClaimTimeout, DefaultClaimTimeout)
+	config.Default(&c.ClaimHealthInterval, DefaultClaimHealthInterval)
+	config.Default(&c.AuditRetention, DefaultRetention)
+	config.Default(&c.RowsRetention, DefaultRetention)
+	config.Default(&c.Logger, slog.Default())
 	if c.Hives == nil {
 		c.Hives = NewHTTPHiveClient(c.Tokens.Cluster, c.HiveTimeout)
 	}
-	if c.Placer == nil {
-		c.Placer = routing.MostFreeMemory{}
-	}
+	config.Default[routing.Placer](&c.Placer, routing.MostFreeMemory{})
 	c.Ownership = c.Ownership.withDefaults()
 	c.Routing = c.Routing.WithDefaults()
 	return c

@@ -43,9 +43,7 @@ const (
 )
 
 func (c OwnershipConfig) withDefaults() OwnershipConfig {
-	if c.Owner == "" {
-		c.Owner = QueenOwnerOperator
-	}
+	config.Default(&c.Owner, QueenOwnerOperator)
 	c.Hives = c.Hives.WithDefaults()
 	return c
 }

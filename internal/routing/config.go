@@ -111,46 +111,25 @@ type Config struct {
 
 // WithDefaults fills the zero fields with the defaults above.
 func (c Config) WithDefaults() Config {
-	set := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	set(&c.AffinityTTL, DefaultAffinityTTL)
-	set(&c.QueueTimeout, DefaultQueueTimeout)
-	set(&c.ScaleUpAfter, DefaultScaleUpAfter)
-	set(&c.ModelsRefresh, DefaultModelsRefresh)
-	set(&c.CrashLoopWindow, DefaultCrashLoopWindow)
-	set(&c.CrashLoopBackoff, DefaultCrashLoopBackoff)
-	set(&c.StableAfter, DefaultStableAfter)
-	if c.CrashLoopFailures == 0 {
-		c.CrashLoopFailures = DefaultCrashLoopFailures
-	}
-	if c.QueueSize == 0 {
-		c.QueueSize = DefaultQueueSize
-	}
-	if c.MaxWorkers == 0 {
-		c.MaxWorkers = DefaultMaxWorkers
-	}
-	if c.WorkerSlots == 0 {
-		c.WorkerSlots = DefaultWorkerSlots
-	}
-	if c.StrikeLimit == 0 {
-		c.StrikeLimit = DefaultStrikeLimit
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	set(&c.HiveTimeout, DefaultHiveTimeout)
-	if c.Placer == nil {
-		c.Placer = MostFreeMemory{}
-	}
+	config.Default(&c.AffinityTTL, DefaultAffinityTTL)
+	config.Default(&c.QueueTimeout, DefaultQueueTimeout)
+	config.Default(&c.ScaleUpAfter, DefaultScaleUpAfter)
+	config.Default(&c.ModelsRefresh, DefaultModelsRefresh)
+	config.Default(&c.CrashLoopWindow, DefaultCrashLoopWindow)
+	config.Default(&c.CrashLoopBackoff, DefaultCrashLoopBackoff)
+	config.Default(&c.StableAfter, DefaultStableAfter)
+	config.Default(&c.CrashLoopFailures, DefaultCrashLoopFailures)
+	config.Default(&c.QueueSize, DefaultQueueSize)
+	config.Default(&c.MaxWorkers, DefaultMaxWorkers)
+	config.Default(&c.WorkerSlots, DefaultWorkerSlots)
+	config.Default(&c.StrikeLimit, DefaultStrikeLimit)
+	config.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	config.Default(&c.HiveTimeout, DefaultHiveTimeout)
+	config.Default[Placer](&c.Placer, MostFreeMemory{})
 	if c.Metrics == nil {
 		c.Metrics = prometheus.NewRegistry()
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.Logger, slog.Default())
 	return c
 }
 

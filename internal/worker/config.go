@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -113,9 +114,7 @@ func (c *Config) Validate() error {
 	if c.ModelPath == "" {
 		return fmt.Errorf("%w: the model path is required", ErrInvalidConfig)
 	}
-	if c.ModelRef == "" {
-		c.ModelRef = strings.TrimSuffix(filepath.Base(c.ModelPath), ".gguf")
-	}
+	config.Default(&c.ModelRef, strings.TrimSuffix(filepath.Base(c.ModelPath), ".gguf"))
 	if c.CallbackURL != "" {
 		if _, err := transport.CheckURL("callback URL", c.CallbackURL); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -140,9 +139,7 @@ func (c *Config) Validate() error {
 	if c.WorkerID == "" && c.QueenURL != "" {
 		c.WorkerID = "hand-run"
 	}
-	if c.WorkerID == "" {
-		c.WorkerID = "standalone"
-	}
+	config.Default(&c.WorkerID, "standalone")
 	if c.Addr == "" {
 		return fmt.Errorf("%w: the listen address is required", ErrInvalidConfig)
 	}
@@ -156,9 +153,7 @@ func (c *Config) Validate() error {
 	if err := c.TLS.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if c.Slots == 0 {
-		c.Slots = DefaultSlots
-	}
+	config.Default(&c.Slots, DefaultSlots)
 	if c.Slots < 0 {
 		return fmt.Errorf("%w: slots must be at least 1, got %d", ErrInvalidConfig, c.Slots)
 	}
@@ -168,13 +163,13 @@ func (c *Config) Validate() error {
 	case c.QueueSize < 0:
 		c.QueueSize = 0
 	}
-	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
-	setDefault(&c.ShutdownGrace, DefaultShutdownGrace)
-	setDefault(&c.CallbackAttempts, DefaultCallbackAttempts)
-	setDefault(&c.CallbackBackoff, DefaultCallbackBackoff)
-	setDefault(&c.CallbackTimeout, DefaultCallbackTimeout)
-	setDefault(&c.RetryAfter, DefaultRetryAfter)
-	setDefault(&c.ClaimInterval, DefaultClaimInterval)
+	config.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	config.Default(&c.ShutdownGrace, DefaultShutdownGrace)
+	config.Default(&c.CallbackAttempts, DefaultCallbackAttempts)
+	config.Default(&c.CallbackBackoff, DefaultCallbackBackoff)
+	config.Default(&c.CallbackTimeout, DefaultCallbackTimeout)
+	config.Default(&c.RetryAfter, DefaultRetryAfter)
+	config.Default(&c.ClaimInterval, DefaultClaimInterval)
 	if c.MaxBodyBytes < 0 || c.ShutdownGrace < 0 || c.CallbackAttempts < 0 || c.CallbackBackoff < 0 || c.CallbackTimeout < 0 || c.RetryAfter < 0 ||
 		c.ClaimInterval < 0 {
 		return fmt.Errorf("%w: sizes, durations and attempts must not be negative", ErrInvalidConfig)
@@ -184,16 +179,8 @@ func (c *Config) Validate() error {
 	}
 	c.Engine.ModelPath = c.ModelPath
 	c.Engine.Slots = c.Slots
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	config.Default(&c.Logger, slog.New(slog.DiscardHandler))
 	return nil
-}
-
-func setDefault[T int | int64 | time.Duration](v *T, def T) {
-	if *v == 0 {
-		*v = def
-	}
 }
 
 // ErrInvalidConfig wraps every Validate error.
