@@ -15,6 +15,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/rpc"
 )
 
 // relayReq is a checked OpenAI request on its way to a worker.
@@ -386,19 +387,9 @@ func (s *Service) checkSuspects(ctx context.Context) {
 	}
 }
 
+// probeHealth asks a worker's GET /health (it needs no token): nil when it
+// answers 200 with its health.
 func probeHealth(ctx context.Context, hc *http.Client, uri string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(uri, "/")+"/health", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
 	var h api.WorkerHealth
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&h); err != nil || resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET /health answered %d", resp.StatusCode)
-	}
-	return nil
+	return rpc.Do(ctx, hc, rpc.Call{URL: strings.TrimSuffix(uri, "/") + "/health", Out: &h, MaxAnswer: 64 << 10})
 }
