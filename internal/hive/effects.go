@@ -80,9 +80,7 @@ func newHTTPWorkerClient() *httpWorkerClient {
 }
 
 func (c *httpWorkerClient) Health(ctx context.Context, uri string) (api.WorkerHealth, error) {
-	var h api.WorkerHealth
-	err := rpc.Do(ctx, c.c, rpc.Call{URL: uri + "/health", Out: &h, MaxAnswer: 1 << 20})
-	return h, err
+	return rpc.WorkerHealth(ctx, c.c, uri)
 }
 
 func (c *httpWorkerClient) Shutdown(ctx context.Context, uri, token string) error {

@@ -286,8 +286,8 @@ func (q *Queen) refreshClaim(w http.ResponseWriter, r *http.Request, row store.R
 func (q *Queen) verifyClaim(ctx context.Context, uri string, cl api.WorkerClaim) error {
 	ctx, cancel := context.WithTimeout(ctx, claimCheckTimeout)
 	defer cancel()
-	var h api.WorkerHealth
-	if err := rpc.Do(ctx, q.claimClient, rpc.Call{URL: uri + "/health", Out: &h, MaxAnswer: 64 << 10}); err != nil {
+	h, err := rpc.WorkerHealth(ctx, q.claimClient, uri)
+	if err != nil {
 		return fmt.Errorf("%w: the queen cannot check the worker at %s: %v", ErrClaimUnverified, uri, err)
 	}
 	if st := lifecycle.State(h.Status); st != lifecycle.Ready && st != lifecycle.Busy {
@@ -433,8 +433,7 @@ func (q *Queen) checkHandRun(ctx context.Context, now time.Time) {
 		case r.Status == rowRunning || r.Status == rowDraining:
 			g.Go(func() error {
 				hctx, cancel := context.WithTimeout(ctx, min(q.cfg.ClaimHealthInterval, claimCheckTimeout))
-				var h api.WorkerHealth
-				err := rpc.Do(hctx, q.claimClient, rpc.Call{URL: r.URI + "/health", Out: &h, MaxAnswer: 64 << 10})
+				h, err := rpc.WorkerHealth(hctx, q.claimClient, r.URI)
 				cancel()
 				if ctx.Err() != nil {
 					return nil

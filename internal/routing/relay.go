@@ -387,9 +387,8 @@ func (s *Service) checkSuspects(ctx context.Context) {
 	}
 }
 
-// probeHealth asks a worker's GET /health (it needs no token): nil when it
-// answers 200 with its health.
+// probeHealth asks a worker's GET /health: nil when it answers 200.
 func probeHealth(ctx context.Context, hc *http.Client, uri string) error {
-	var h api.WorkerHealth
-	return rpc.Do(ctx, hc, rpc.Call{URL: strings.TrimSuffix(uri, "/") + "/health", Out: &h, MaxAnswer: 64 << 10})
+	_, err := rpc.WorkerHealth(ctx, hc, uri)
+	return err
 }

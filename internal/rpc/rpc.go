@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/apiary-llm/apiary/internal/api"
 )
@@ -111,4 +112,15 @@ func Do(ctx context.Context, hc *http.Client, c Call) error {
 		}
 	}
 	return nil
+}
+
+// maxHealth bounds a worker's health answer.
+const maxHealth = 64 << 10
+
+// WorkerHealth asks a worker's GET /health (it needs no token): its health
+// when it answers 2xx, else the error Do gives.
+func WorkerHealth(ctx context.Context, hc *http.Client, uri string) (api.WorkerHealth, error) {
+	var h api.WorkerHealth
+	err := Do(ctx, hc, Call{URL: strings.TrimSuffix(uri, "/") + "/health", Out: &h, MaxAnswer: maxHealth})
+	return h, err
 }
