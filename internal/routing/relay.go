@@ -175,7 +175,7 @@ func clientError(status int, data []byte) (*openai.Error, bool) {
 // workerAnswer turns a worker's error body into an upstreamError.
 func workerAnswer(status int, data []byte) error {
 	d := api.RemoteError(status, data)
-	return &upstreamError{status: status, code: d.Code, message: d.Message}
+	return newUpstreamError(status, d.Code, d.Message)
 }
 
 // copyAnswer passes a worker's whole answer on.

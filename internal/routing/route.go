@@ -93,39 +93,29 @@ type upstreamError struct {
 	status  int
 	code    string
 	message string
+	// answer is how the client is answered (openai.Coded): a busy worker
+	// (503) is the client's 503 with the worker's code, anything else a
+	// bad gateway.
+	answer openai.CodedError
+}
+
+func newUpstreamError(status int, code, message string) *upstreamError {
+	e := &upstreamError{status: status, code: code, message: message,
+		answer: openai.CodedError{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer}}
+	if status == http.StatusServiceUnavailable {
+		e.answer = openai.CodedError{Status: status, Code: code, Retry: time.Second}
+	}
+	return e
 }
 
 func (e *upstreamError) Error() string {
 	return fmt.Sprintf("worker answered %d %s: %s", e.status, e.code, e.message)
 }
 
-func (e *upstreamError) HTTPStatus() int {
-	if e.status == http.StatusServiceUnavailable {
-		return e.status
-	}
-	return http.StatusBadGateway
-}
-
-func (e *upstreamError) ErrorCode() string {
-	if e.status == http.StatusServiceUnavailable {
-		return e.code
-	}
-	return "worker_failed"
-}
-
-func (e *upstreamError) RetryAfter() time.Duration {
-	if e.status == http.StatusServiceUnavailable {
-		return time.Second
-	}
-	return 0
-}
-
-func (e *upstreamError) ErrorType() string {
-	if e.status == http.StatusServiceUnavailable {
-		return ""
-	}
-	return openai.TypeServer
-}
+func (e *upstreamError) HTTPStatus() int           { return e.answer.Status }
+func (e *upstreamError) ErrorCode() string         { return e.answer.Code }
+func (e *upstreamError) RetryAfter() time.Duration { return e.answer.Retry }
+func (e *upstreamError) ErrorType() string         { return e.answer.Type }
 
 // servable returns the pools that count for /v1/models and for "does
 // this model exist": every pool that is not offline.
