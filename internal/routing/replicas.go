@@ -239,9 +239,12 @@ func (c *controller) replicaFailed(ctx context.Context, wg *sync.WaitGroup, mode
 	}
 	loop, recent := *rs.loop, slices.Clone(rs.recent)
 	c.s.markCrashLoop(model, loop) // published before it is logged: what reads the log finds it
-	c.log.Error("model in a crash loop: it is replaced only at the slow pace until a worker serves", "model_ref", model,
-		"failures", len(recent), "window", pol.Window, "retry_every", pol.Backoff, "last_failure", f.Reason)
-	wg.Go(func() { c.auditCrashLoop(context.WithoutCancel(ctx), model, loop, recent, pol) })
+	wg.Go(func() {
+		c.auditCrashLoop(context.WithoutCancel(ctx), model, loop, recent, pol)
+		// Logged once it is on record, as the end of a crash loop is.
+		c.log.Error("model in a crash loop: it is replaced only at the slow pace until a worker serves", "model_ref", model,
+			"failures", len(recent), "window", pol.Window, "retry_every", pol.Backoff, "last_failure", f.Reason)
+	})
 }
 
 // auditCrashLoop writes the one audit entry of a crash loop.
