@@ -40,6 +40,30 @@ type StartWorkerRequest struct {
 	ModelRef    string `json:"model_ref"`
 	GPUDevice   *int   `json:"gpu_device,omitempty"`
 	LifecycleID string `json:"lifecycle_id,omitempty"`
+	WorkerOptions
+}
+
+// WorkerOptions are how one worker starts, from the queen's model config;
+// a zero field takes the hive's own (--ctx-size, --worker-slots,
+// --worker-threads, --idle-timeout).
+type WorkerOptions struct {
+	CtxSize       int   `json:"ctx_size,omitempty"`
+	Slots         int   `json:"slots,omitempty"`
+	Threads       int   `json:"threads,omitempty"`
+	IdleTimeoutMS int64 `json:"idle_timeout_ms,omitempty"`
+}
+
+// Check reports the first option out of range (what names the field).
+func (o WorkerOptions) Check() error {
+	for _, n := range []struct {
+		field string
+		v     int64
+	}{{"ctx_size", int64(o.CtxSize)}, {"slots", int64(o.Slots)}, {"threads", int64(o.Threads)}, {"idle_timeout_ms", o.IdleTimeoutMS}} {
+		if n.v < 0 {
+			return BadRequest("%s must not be negative, got %d", n.field, n.v)
+		}
+	}
+	return nil
 }
 
 // StartWorkerResponse is the 202 answer to a start.

@@ -82,6 +82,8 @@ func fakeWorkerMain(spec string, args []string) int {
 	cbURL := fs.String("callback-url", "", "")
 	_ = fs.String("lifecycle-id", "", "")
 	_ = fs.Int("ctx-size", 0, "")
+	_ = fs.Int("slots", 0, "")
+	_ = fs.Int("threads", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -113,6 +115,7 @@ func fakeWorkerMain(spec string, args []string) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "fake worker %s listening on %s (%s)\n", *id, ln.Addr(), spec)
+	fmt.Fprintf(os.Stderr, "fake worker args: %s\n", strings.Join(args, " "))
 	_, crashes := fw.behave["grandchild"]
 	if _, holds := fw.behave["holder"]; holds || crashes {
 		lf, _ := ln.(*net.TCPListener).File()

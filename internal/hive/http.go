@@ -110,6 +110,9 @@ func (h *Hive) postStart(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
+	if err := req.WorkerOptions.Check(); err != nil {
+		return err
+	}
 	snap, err := h.startWorker(r.Context(), req)
 	if err != nil {
 		return err

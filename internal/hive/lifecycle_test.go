@@ -353,3 +353,38 @@ func tinyEstimate(t *testing.T) uint64 {
 	}
 	return info.MemoryBytes
 }
+
+// TestStartOptionsOverrideTheHives: a start's options (the queen's model
+// config) reach the worker's command line in place of the hive's own,
+// and its idle timeout replaces the hive's; a negative option is 400.
+func TestStartOptionsOverrideTheHives(t *testing.T) {
+	th := startHive(t, func(c *Config) {
+		c.IdleTimeout = time.Hour
+		c.CtxSize, c.WorkerSlots, c.WorkerThreads = 256, 1, 1
+	})
+	var res api.StartWorkerResponse
+	req := api.StartWorkerRequest{ModelRef: "tiny", WorkerOptions: api.WorkerOptions{CtxSize: 512, Slots: 3, Threads: 2, IdleTimeoutMS: 300}}
+	if code := th.do("POST", "/v2/workers/start", req, &res); code != http.StatusAccepted {
+		t.Fatalf("start: %d", code)
+	}
+	ready := th.rec.wait(t, res.WorkerID, lifecycle.Ready)
+	ev := th.rec.wait(t, res.WorkerID, lifecycle.Draining)
+	if !strings.Contains(ev.Reason, "idle for 300ms") || ev.At.Sub(ready.At) < 300*time.Millisecond {
+		t.Errorf("draining %s after ready: %q", ev.At.Sub(ready.At), ev.Reason)
+	}
+	_, log := th.getLogs(res.WorkerID, "")
+	if !strings.Contains(log, "--threads 2 --slots 3 --ctx-size 512") {
+		t.Errorf("worker log:\n%s", log)
+	}
+	// Without options, the hive's own.
+	id := th.start()
+	th.rec.wait(t, id, lifecycle.Ready)
+	if _, log := th.getLogs(id, ""); !strings.Contains(log, "--threads 1 --slots 1 --ctx-size 256") {
+		t.Errorf("worker log without options:\n%s", log)
+	}
+	var e api.Error
+	if code := th.do("POST", "/v2/workers/start", api.StartWorkerRequest{ModelRef: "tiny", WorkerOptions: api.WorkerOptions{Slots: -1}}, &e); code != http.StatusBadRequest ||
+		!strings.Contains(e.Error.Message, "slots must not be negative") {
+		t.Errorf("negative slots: %d %+v", code, e)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/procs"
@@ -85,7 +86,8 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if err != nil {
 		return snap, err
 	}
-	info, err := h.models.Inspect(path, h.cfg.CtxSize)
+	opts := h.workerOptions(req.WorkerOptions)
+	info, err := h.models.Inspect(path, opts.CtxSize)
 	if err != nil {
 		return snap, err
 	}
@@ -108,7 +110,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	id := "worker-" + newUUID()
 	w := &worker{
 		h: h, id: id, lifecycle: req.LifecycleID, modelRef: strings.TrimSuffix(req.ModelRef, ".gguf"),
-		device: dev, estimate: info.MemoryBytes, token: randomHex(32),
+		device: dev, estimate: info.MemoryBytes, token: randomHex(32), idleTimeout: opts.idleTimeout,
 		cmds: make(chan any), done: make(chan struct{}),
 	}
 	w.log = h.log.With("worker_id", id, "model_ref", w.modelRef, deviceAttr(dev))
@@ -131,14 +133,14 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if req.LifecycleID != "" {
 		args = append(args, "--lifecycle-id", req.LifecycleID)
 	}
-	if h.cfg.WorkerThreads > 0 {
-		args = append(args, "--threads", strconv.Itoa(h.cfg.WorkerThreads))
+	if opts.Threads > 0 {
+		args = append(args, "--threads", strconv.Itoa(opts.Threads))
 	}
-	if h.cfg.WorkerSlots > 0 {
-		args = append(args, "--slots", strconv.Itoa(h.cfg.WorkerSlots))
+	if opts.Slots > 0 {
+		args = append(args, "--slots", strconv.Itoa(opts.Slots))
 	}
-	if h.cfg.CtxSize > 0 {
-		args = append(args, "--ctx-size", strconv.Itoa(h.cfg.CtxSize))
+	if opts.CtxSize > 0 {
+		args = append(args, "--ctx-size", strconv.Itoa(opts.CtxSize))
 	}
 	if h.cfg.TLS.Enabled() {
 		// A TLS hive's workers serve TLS with the node's certificate.
@@ -184,6 +186,24 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		Reason: w.reason, At: w.spawnedAt, Worker: snap.Brief()})
 	h.owners.Go(w.run)
 	return snap, nil
+}
+
+// startOptions are one worker's options: the start's own, else the
+// hive's.
+type startOptions struct {
+	CtxSize, Slots, Threads int
+	idleTimeout             time.Duration // negative: never idle-stopped
+}
+
+func (h *Hive) workerOptions(o api.WorkerOptions) startOptions {
+	config.Default(&o.CtxSize, h.cfg.CtxSize)
+	config.Default(&o.Slots, h.cfg.WorkerSlots)
+	config.Default(&o.Threads, h.cfg.WorkerThreads)
+	out := startOptions{CtxSize: o.CtxSize, Slots: o.Slots, Threads: o.Threads, idleTimeout: h.cfg.IdleTimeout}
+	if o.IdleTimeoutMS > 0 {
+		out.idleTimeout = time.Duration(o.IdleTimeoutMS) * time.Millisecond
+	}
+	return out
 }
 
 // callbackURL is where workers post their ready callback.

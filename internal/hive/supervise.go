@@ -193,8 +193,8 @@ func (s *supervisor) onProbe(r probeResult) {
 	if r.err != nil {
 		return
 	}
-	if idle, _ := idleFor(w.m.State(), w.inFlight, lastActivity(w.readyAt, w.lastReq), r.at, cfg.IdleTimeout); idle && r.idle {
-		s.beginStop(stopCmd{reason: fmt.Sprintf("idle for %s", cfg.IdleTimeout)})
+	if idle, _ := idleFor(w.m.State(), w.inFlight, lastActivity(w.readyAt, w.lastReq), r.at, w.idleTimeout); idle && r.idle {
+		s.beginStop(stopCmd{reason: fmt.Sprintf("idle for %s", w.idleTimeout)})
 		w.h.metrics.idleStops.Inc()
 		return
 	}
@@ -272,7 +272,7 @@ func (s *supervisor) postShutdown() {
 // armIdle arms the idle timer for when a ready worker could be idle.
 func (s *supervisor) armIdle() {
 	w := s.w
-	idle, wait := idleFor(w.m.State(), w.inFlight, lastActivity(w.readyAt, w.lastReq), time.Now(), s.cfg.IdleTimeout)
+	idle, wait := idleFor(w.m.State(), w.inFlight, lastActivity(w.readyAt, w.lastReq), time.Now(), w.idleTimeout)
 	if wait < 0 {
 		return
 	}

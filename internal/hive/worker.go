@@ -30,13 +30,17 @@ type worker struct {
 	port      int
 	// listener is the worker's socket, bound by admit and handed to the
 	// process at spawn (--listen-fd); the hive closes its copy then.
-	listener  *net.TCPListener
-	uri       string // where the worker will listen
-	token     string
-	estimate  uint64
-	spawnedAt time.Time
-	proc      Process
-	out       *workerLog
+	listener *net.TCPListener
+	uri      string // where the worker will listen
+	token    string
+	estimate uint64
+	// idleTimeout stops the worker once it served nothing this long
+	// (the start's idle_timeout_ms, else the hive's IdleTimeout);
+	// negative: never.
+	idleTimeout time.Duration
+	spawnedAt   time.Time
+	proc        Process
+	out         *workerLog
 
 	cmds chan any      // readyCmd, stopCmd
 	done chan struct{} // closed when run has returned and the worker is gone
