@@ -169,6 +169,9 @@ type Model struct {
 	Object  string `json:"object"` // "model"
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// AliasOf, on the queen's list, is the configured model this id is an
+	// alias of (apiary's own field).
+	AliasOf string `json:"alias_of,omitempty"`
 }
 
 // ModelList is the GET /v1/models body.

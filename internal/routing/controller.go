@@ -276,7 +276,7 @@ func (c *controller) run(ctx context.Context) {
 			if pools == nil {
 				pools, models = c.s.cp.Pools(registry.Filter{}), rt.catalog.snapshot()
 			}
-			req := PlaceRequest{Model: t.model, Pool: t.pool, Models: models}
+			req := PlaceRequest{Model: t.model, Pool: t.pool, Models: models, Pools: c.s.allowedPools(t.model)}
 			err := unplaceable(c.s.cfg.Placer, pools, req)
 			if err == nil {
 				return ""
@@ -477,14 +477,18 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 }
 
 // Place places a worker of req.Model: the catalog is brought up to date
-// for it, then the Placer decides (req.Models is filled in here). A
+// for it, then the Placer decides (req.Models is filled in here, and
+// req.Pools from the model's config when it has none). A
 // placement that finds no pool is audited with every pool's reason. The
 // queen places an operator's start without a pool with it.
 func (s *Service) Place(ctx context.Context, req PlaceRequest) (Decision, error) {
+	if req.Pools == nil {
+		req.Pools = s.allowedPools(req.Model)
+	}
 	pools := s.cp.Pools(registry.Filter{})
 	var healthy []registry.Pool
 	for _, p := range pools {
-		if p.Status == registry.Healthy && (req.Pool == "" || p.ID == req.Pool) {
+		if p.Status == registry.Healthy && (req.Pool == "" || p.ID == req.Pool) && (req.Pools == nil || slices.Contains(req.Pools, p.ID)) {
 			healthy = append(healthy, p)
 		}
 	}

@@ -15,6 +15,9 @@ type PlaceRequest struct {
 	Model string
 	Pool  string // the pool the worker must run on ("": any)
 	GPU   *int   // a device the worker must run on
+	// Pools are the only pools the model may run on (its pools in the
+	// queen's model config); nil: any.
+	Pools []string
 	// Models holds the model list of every pool whose hive answered, by
 	// pool id (the catalog).
 	Models map[string]map[string]api.Model
@@ -116,6 +119,10 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			reject("the request is pinned to pool %s", req.Pool)
 			continue
 		}
+		if req.Pools != nil && !slices.Contains(req.Pools, p.ID) {
+			reject("model %s may run only on pools %s (its pools in the queen's config)", req.Model, strings.Join(req.Pools, ", "))
+			continue
+		}
 		if p.Status != registry.Healthy {
 			reject("pool is %s", p.Status)
 			continue
@@ -194,7 +201,8 @@ func unplaceable(placer Placer, pools []registry.Pool, req PlaceRequest) error {
 	}
 	for _, p := range pools {
 		_, excluded := req.Exclude[p.ID]
-		if p.Status == registry.Healthy && (req.Pool == "" || p.ID == req.Pool) && !excluded && req.Models[p.ID] == nil {
+		allowed := req.Pools == nil || slices.Contains(req.Pools, p.ID)
+		if p.Status == registry.Healthy && (req.Pool == "" || p.ID == req.Pool) && allowed && !excluded && req.Models[p.ID] == nil {
 			return nil
 		}
 	}

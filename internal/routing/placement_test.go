@@ -146,3 +146,36 @@ func TestPlacementErrorIsBounded(t *testing.T) {
 		t.Errorf("error %q", msg)
 	}
 }
+
+// TestPlacementKeepsToTheModelsPools: a model whose config names pools is
+// placed only there, the others rejected with that reason.
+func TestPlacementKeepsToTheModelsPools(t *testing.T) {
+	gpu := api.GPU{ID: 0, FreeBytes: 10 << 30}
+	tiny := map[string]api.Model{"tiny": {Ref: "tiny", SizeBytes: 1 << 20}}
+	pools := []registry.Pool{
+		{ID: "a", Status: registry.Healthy, GPUs: []api.GPU{gpu}},
+		{ID: "b", Status: registry.Healthy, GPUs: []api.GPU{{ID: 0, FreeBytes: 1 << 30}}},
+	}
+	models := map[string]map[string]api.Model{"a": tiny, "b": tiny}
+	d, err := MostFreeMemory{}.Place(pools, PlaceRequest{Model: "tiny", Models: models, Pools: []string{"b"}})
+	if err != nil || d.Pool.ID != "b" {
+		t.Fatalf("Place = %+v, %v; want pool b", d, err)
+	}
+	want := []Rejection{{"a", "model tiny may run only on pools b (its pools in the queen's config)"}}
+	if diff := cmp.Diff(want, d.Rejected); diff != "" {
+		t.Errorf("rejected (-want +got):\n%s", diff)
+	}
+	_, err = MostFreeMemory{}.Place(pools, PlaceRequest{Model: "tiny", Models: models, Pools: []string{"c"}})
+	if !errors.Is(err, ErrNoPool) || !strings.Contains(err.Error(), "b: model tiny may run only on pools c") {
+		t.Errorf("no allowed pool: %v", err)
+	}
+	// unplaceable does not wait for the model list of a pool it may not use.
+	err = unplaceable(MostFreeMemory{}, pools, PlaceRequest{Model: "tiny", Models: map[string]map[string]api.Model{"a": tiny}, Pools: []string{"a"}})
+	if err != nil {
+		t.Errorf("unplaceable with a pool that fits: %v", err)
+	}
+	err = unplaceable(MostFreeMemory{}, pools, PlaceRequest{Model: "tiny", Models: map[string]map[string]api.Model{"a": tiny}, Pools: []string{"x"}})
+	if err == nil {
+		t.Error("unplaceable: nil for a model no pool may run")
+	}
+}

@@ -137,8 +137,14 @@ func (s *Service) getModels(w http.ResponseWriter, r *http.Request, _ *call) err
 	cat := s.catalog.snapshot()
 	seen := map[string]openai.Model{}
 	add := func(ref string, created int64) {
-		if m, ok := seen[ref]; !ok || (created > 0 && (m.Created == 0 || created < m.Created)) {
+		if m, ok := seen[ref]; !ok || (m.AliasOf == "" && created > 0 && (m.Created == 0 || created < m.Created)) {
 			seen[ref] = openai.Model{ID: ref, Object: openai.ObjectModel, Created: created, OwnedBy: "apiary"}
+		}
+	}
+	if id == "" {
+		// The config's names and aliases.
+		for _, m := range s.configuredModels() {
+			seen[m.ID] = m
 		}
 	}
 	for _, p := range pools {
@@ -177,6 +183,13 @@ func (s *Service) getModels(w http.ResponseWriter, r *http.Request, _ *call) err
 
 func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("id")
+	for _, m := range s.configuredModels() {
+		if m.ID == id {
+			c.model = s.resolve(id).ref
+			openai.WriteJSON(w, http.StatusOK, m)
+			return nil
+		}
+	}
 	if err := s.knownModel(r.Context(), id, ""); err != nil {
 		return err
 	}
@@ -259,6 +272,14 @@ func (s *Service) serveInference(w http.ResponseWriter, r *http.Request, c *call
 			return err
 		}
 	}
+	// A configured name or alias goes to its model's file, with the
+	// model's sampling defaults; routing, affinity and placement see the
+	// file.
+	res := s.resolve(model)
+	if body, err = rewriteBody(body, model, res); err != nil {
+		return err
+	}
+	model = res.ref
 	if err := s.knownModel(r.Context(), model, pool); err != nil {
 		return err
 	}

@@ -178,6 +178,9 @@ type router struct {
 	aff    *affinity
 	m      *routeMetrics
 	demand func() // wakes the controller
+	// slots is how many requests one worker of a model takes at once
+	// (nil: cfg.WorkerSlots).
+	slots func(model string) int
 
 	mu       sync.Mutex
 	inflight map[WorkerKey]int       // guarded by mu
@@ -284,7 +287,11 @@ func (r *router) tryLocked(req routeReq, cands []Candidate, since, now time.Time
 			pin = &k
 		}
 	}
-	res := pick(cands, r.inflight, r.cfg.WorkerSlots, pin, req.exclude)
+	slots := r.cfg.WorkerSlots
+	if r.slots != nil {
+		slots = r.slots(req.model)
+	}
+	res := pick(cands, r.inflight, slots, pin, req.exclude)
 	if res.index < 0 {
 		return lease{}, false
 	}

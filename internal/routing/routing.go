@@ -17,9 +17,11 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/apiary-llm/apiary/internal/modelconfig"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -115,6 +117,9 @@ type Service struct {
 	// strikeWake wakes the strike watcher (buffered 1).
 	strikeWake chan struct{}
 
+	// models is the queen's model config (SetModels); nil: none.
+	models atomic.Pointer[modelconfig.File]
+
 	loopsMu sync.Mutex
 	loops   map[string]CrashLoop // guarded by loopsMu; the models in a crash loop, as the controller last published them
 }
@@ -145,6 +150,7 @@ func newService(cfg Config, cp ControlPlane) *Service {
 	s.m = newRouteMetrics(cfg.Metrics, s.aff.size)
 	s.ctl = newController(s)
 	s.router = newRouter(cfg, s.log, s.candidates, s.aff, s.m, s.ctl.signal)
+	s.router.slots = s.slotsOf
 	return s
 }
 
@@ -208,6 +214,7 @@ func (s *Service) counts(t target, healthyOnly bool) Count {
 // gives it back, without sending anything: what every request costs
 // before it reaches a worker. Benchmarks measure routing with it.
 func (s *Service) Route(ctx context.Context, model, pool string) error {
+	model = s.resolve(model).ref
 	if err := s.knownModel(ctx, model, pool); err != nil {
 		return err
 	}
