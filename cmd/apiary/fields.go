@@ -15,7 +15,7 @@ var (
 		"HeartbeatTimeout": "--heartbeat-timeout", "UnhealthyGrace": "--unhealthy-grace", "OfflineRetention": "--offline-retention",
 		"FlushInterval": "--flush-interval", "HiveTimeout": "--hive-timeout",
 		"ClaimTimeout": "--claim-timeout", "ClaimHealthInterval": "--claim-health-interval", "AuditRetention": "--audit-retention",
-		"RowsRetention": "--rows-retention", "MaxBodyBytes": "--max-body-bytes", "TLS": "--tls-cert/--tls-key",
+		"RowsRetention": "--rows-retention", "ModelsFile": "--config", "ModelsPoll": "--config-poll", "MaxBodyBytes": "--max-body-bytes", "TLS": "--tls-cert/--tls-key",
 		"CORSOrigins": "--cors-origin", "Tokens": "the tokens (APIARY_API_TOKEN, APIARY_ADMIN_TOKEN, APIARY_CLUSTER_TOKEN)",
 		"Ownership.Owner": "--owner", "Ownership.HiveArgs": "--hive-arg", "Ownership.HiveStopTimeout": "--hive-stop-timeout",
 		"Routing.AffinityTTL": "--affinity-ttl", "Routing.QueueSize": "--queue-size", "Routing.QueueTimeout": "--queue-timeout",

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -36,6 +40,8 @@ type queenFlags struct {
 	hiveArgs                              []string
 	hiveStopTimeout, sshTimeout           time.Duration
 	routing                               routingFlags
+	modelsFile                            string
+	modelsPoll                            time.Duration
 }
 
 // databaseURLEnv gives --database-url's default, so that a password need
@@ -73,7 +79,10 @@ address only.`,
 			if err != nil {
 				return configError(err, queenFields)
 			}
-			return q.Run(cmd.Context()) // context.Canceled is a clean exit (exitCode)
+			if cfg.ModelsFile == "" {
+				return q.Run(cmd.Context()) // context.Canceled is a clean exit (exitCode)
+			}
+			return runReloading(cmd.Context(), q)
 		},
 	}
 	fl := cmd.Flags()
@@ -98,6 +107,8 @@ address only.`,
 	fl.BoolVar(&f.localHive, "local-hive", false, "start a hive on this machine as the queen's child (pool \"local\")")
 	fl.StringArrayVar(&f.hiveArgs, "hive-arg", nil, "extra flag for every hive the queen starts, e.g. --hive-arg=--worker-threads=1 (repeatable)")
 	fl.DurationVar(&f.hiveStopTimeout, "hive-stop-timeout", queen.DefaultHiveStopTimeout, "how long a hive the queen started may take to stop its workers and exit; then it is killed")
+	fl.StringVar(&f.modelsFile, "config", "", "the cluster's models (YAML: names, aliases, files, worker options, replicas, pools, sampling defaults); read again on SIGHUP and when it changes")
+	fl.DurationVar(&f.modelsPoll, "config-poll", queen.DefaultModelsPoll, "how often the --config file is looked at for changes")
 	f.routing.add(fl)
 	addTLSFlags(fl, &f.tls)
 	fl.StringArrayVar(&f.corsOrigins, "cors-origin", nil, "browser origin allowed to call the OpenAI endpoints, e.g. https://chat.example.com (repeatable; * for any); default none")
@@ -112,7 +123,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	}
 	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes", "claim-timeout", "claim-health-interval",
 		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
-		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after"); err != nil {
+		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after", "config-poll"); err != nil {
 		return queen.Config{}, err
 	}
 	for name, d := range map[string]*time.Duration{"--audit-retention": &f.auditRetention, "--rows-retention": &f.rowsRetention} {
@@ -135,12 +146,35 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL,
 		HeartbeatTimeout: f.heartbeatTimeout, UnhealthyGrace: f.unhealthyGrace, OfflineRetention: f.offlineRetention,
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout, ClaimTimeout: f.claimTimeout, ClaimHealthInterval: f.claimHealthInterval,
-		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention,
+		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention, ModelsFile: f.modelsFile, ModelsPoll: f.modelsPoll,
 		Tokens: secret.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
 		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: f.localHive, HiveArgs: f.hiveArgs,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout}},
 		Logger: logger,
 	}, nil
+}
+
+// runReloading runs q, reloading its model config on each SIGHUP (a
+// reload logs and audits itself, good or bad).
+func runReloading(ctx context.Context, q *queen.Queen) error {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Go(func() {
+		for {
+			select {
+			case <-hup:
+				_ = q.Reload(ctx)
+			case <-ctx.Done():
+				return
+			}
+		}
+	})
+	return q.Run(ctx)
 }
 
 // envDefault says where a secret flag's default comes from, and whether

@@ -227,6 +227,9 @@ type ModelSetting struct {
 	Running  int `json:"running"`
 	// CrashLoop is set while the model is in a crash loop.
 	CrashLoop *CrashLoop `json:"crash_loop,omitempty"`
+	// From is "config" for a setting of the queen's model config (which
+	// PUT cannot change), empty for one set with PUT.
+	From string `json:"from,omitempty"`
 }
 
 // CrashLoop is a model whose workers keep failing: it is replaced only at

@@ -61,6 +61,14 @@ type Config struct {
 	// never are; default DefaultRetention; negative keeps them forever.
 	RowsRetention time.Duration
 
+	// ModelsFile is the model config (YAML, see internal/modelconfig):
+	// the cluster's models, their names and aliases, how their workers
+	// start, their replicas and pools. New refuses a bad one; it is read
+	// again on Reload (SIGHUP) and when it changes, looked at every
+	// ModelsPoll (default DefaultModelsPoll). "": none.
+	ModelsFile string
+	ModelsPoll time.Duration
+
 	Tokens       Tokens
 	MaxBodyBytes int64 // request body limit
 
@@ -98,6 +106,8 @@ const (
 	// by hand may fail before its row is FAILED.
 	ClaimHealthFailures = 2
 	DefaultMaxBodyBytes = 1 << 20
+	// DefaultModelsPoll is how often the model config file is looked at.
+	DefaultModelsPoll = 2 * time.Second
 	// DefaultRetention keeps a month of audit entries and ended rows.
 	DefaultRetention = 30 * 24 * time.Hour
 	// KeepForever as a retention prunes nothing.
@@ -120,6 +130,7 @@ func (c Config) withDefaults() Config {
 	config.Default(&c.FlushInterval, registry.DefaultFlushInterval)
 	config.Default(&c.HiveTimeout, DefaultHiveTimeout)
 	config.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	config.Default(&c.ModelsPoll, DefaultModelsPoll)
 	config.Default(&c.ClaimTimeout, DefaultClaimTimeout)
 	config.Default(&c.ClaimHealthInterval, DefaultClaimHealthInterval)
 	config.Default(&c.AuditRetention, DefaultRetention)
@@ -179,7 +190,7 @@ func (c Config) Validate() error {
 		v     time.Duration
 	}{{"HeartbeatTimeout", c.HeartbeatTimeout}, {"UnhealthyGrace", c.UnhealthyGrace}, {"OfflineRetention", c.OfflineRetention},
 		{"FlushInterval", c.FlushInterval}, {"HiveTimeout", c.HiveTimeout}, {"ClaimTimeout", c.ClaimTimeout},
-		{"ClaimHealthInterval", c.ClaimHealthInterval}} {
+		{"ClaimHealthInterval", c.ClaimHealthInterval}, {"ModelsPoll", c.ModelsPoll}} {
 		if d.v <= 0 {
 			p.Add(d.field, "must be positive, got %s", d.v)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 
 	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
@@ -158,8 +159,14 @@ func (c controlPlane) Audit(ctx context.Context, e store.AuditEntry) {
 	}
 }
 
-// Replicas returns the models' settings (apiary models scale).
-func (c controlPlane) Replicas() map[string]routing.Replica { return c.q.settings.replicas() }
+// Replicas returns the models' settings: apiary models scale, and over
+// them those of the model config (the file wins for the models it
+// gives min_workers or max_workers).
+func (c controlPlane) Replicas() map[string]routing.Replica {
+	out := c.q.settings.replicas()
+	maps.Copy(out, c.q.models.replicas())
+	return out
+}
 
 // LogTail returns the last n lines of a row's worker's log, from its
 // hive.

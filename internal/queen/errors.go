@@ -25,6 +25,7 @@ var (
 	ErrClaimRefused      = openai.Sentinel(http.StatusConflict, "claim_refused", "queen: claim refused")
 	ErrClaimUnverified   = openai.Sentinel(http.StatusUnprocessableEntity, "claim_unverified", "queen: the claiming worker could not be verified")
 	ErrWorkerUnreachable = openai.Sentinel(http.StatusBadGateway, "worker_unreachable", "queen: worker unreachable")
+	ErrModelConfigured   = openai.Sentinel(http.StatusConflict, "model_configured", "queen: the model's replicas are set in the model config")
 	ErrShuttingDown      = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "queen: shutting down")
 	errMethodNotAllowed  = openai.Sentinel(http.StatusMethodNotAllowed, "method_not_allowed", "queen: method not allowed")
 )

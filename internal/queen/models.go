@@ -100,8 +100,17 @@ func (s *modelSettings) replicas() map[string]routing.Replica {
 // acts on it at once.
 func (q *Queen) putModel(w http.ResponseWriter, r *http.Request, c caller) error {
 	model := r.PathValue("name")
+	if _, m, ok := q.models.file().Resolve(model); ok {
+		model = m.File // a configured name or alias scales its model's file
+	}
 	if err := checkModel(model); err != nil {
 		return err
+	}
+	if name, _, ok := q.models.file().ByFile(model); ok {
+		if _, set := q.models.replicas()[model]; set {
+			return fmt.Errorf("%w: models.%s in %s sets min_workers or max_workers of %s; change them there (the file is read again when it changes, or on SIGHUP)",
+				ErrModelConfigured, name, q.models.path, model)
+		}
 	}
 	var req api.ModelScaleRequest
 	if err := api.Decode(r, &req, false); err != nil {
@@ -137,9 +146,23 @@ func (q *Queen) getModels(w http.ResponseWriter, r *http.Request, _ caller) erro
 	}
 	loops := q.routing.CrashLoops()
 	out := api.ModelSettingList{Models: []api.ModelSetting{}}
+	configured := q.models.replicas()
 	for _, ms := range q.settings.list() {
-		out.Models = append(out.Models, q.modelWire(ms, loops))
+		if _, ok := configured[ms.ModelRef]; !ok {
+			out.Models = append(out.Models, q.modelWire(ms, loops))
+		}
 	}
+	// The model config's, which replace those of PUT for their models.
+	f := q.models.file()
+	for ref, r := range configured {
+		name, _, _ := f.ByFile(ref)
+		ms := store.ModelSetting{ModelRef: ref, MinWorkers: r.Min, MaxWorkers: r.Max,
+			Reason: fmt.Sprintf("models.%s in the model config %s", name, q.models.path)}
+		w := q.modelWire(ms, loops)
+		w.From = "config"
+		out.Models = append(out.Models, w)
+	}
+	slices.SortFunc(out.Models, func(a, b api.ModelSetting) int { return strings.Compare(a.Model, b.Model) })
 	api.WriteJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -57,7 +57,9 @@ type Queen struct {
 	rows *rowBook
 	// settings are the models' settings (apiary models scale).
 	settings *modelSettings
-	addr     net.Addr
+	// models is the model config (Config.ModelsFile); set by New.
+	models *modelConfig
+	addr   net.Addr
 
 	tasks chan func(context.Context)
 	fleet *fleet.Fleet // the hives this queen started; set by Run before serving
@@ -91,7 +93,12 @@ func New(cfg Config) (*Queen, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	models, err := loadModelConfig(cfg.ModelsFile)
+	if err != nil {
+		return nil, err
+	}
 	return &Queen{
+		models:      models,
 		cfg:         cfg,
 		log:         cfg.Logger.With("component", "queen"),
 		hives:       cfg.Hives,
@@ -186,6 +193,7 @@ func (q *Queen) run(ctx context.Context) error {
 	if q.routing, err = routing.New(q.routingConfig(), controlPlane{q}); err != nil {
 		return err
 	}
+	q.routing.SetModels(q.models.file())
 	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, // idle keep-alive connections are closed: they cost a socket each
 		ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
 	followers, endFollowers := context.WithCancel(context.Background())
@@ -210,6 +218,9 @@ func (q *Queen) run(ctx context.Context) error {
 		g.Go(func() error { q.runTasks(bg); return nil })
 	}
 	g.Go(func() error { q.routing.Run(bg); return nil })
+	if q.models.path != "" {
+		g.Go(func() error { q.watchModels(bg, q.cfg.ModelsPoll); return nil })
+	}
 	g.Go(func() error {
 		// Another queen may take the database once the lock is gone:
 		// step down (stop routing and serving, Run returns the cause).
@@ -394,7 +405,8 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 	if err := q.rows.create(ctx, row, req.Actor, meta); err != nil {
 		return store.Row{}, err
 	}
-	resp, err := q.hives.StartWorker(ctx, pool.Endpoint, api.StartWorkerRequest{ModelRef: req.Model, GPUDevice: req.GPU, LifecycleID: row.ID})
+	resp, err := q.hives.StartWorker(ctx, pool.Endpoint, api.StartWorkerRequest{ModelRef: req.Model, GPUDevice: req.GPU, LifecycleID: row.ID,
+		WorkerOptions: q.models.workerOptions(req.Model)})
 	// The row's fate no longer depends on the caller waiting for it.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
