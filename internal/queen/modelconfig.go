@@ -193,15 +193,16 @@ func (q *Queen) reloadModels(ctx context.Context, force bool, trigger string) er
 		}
 		return nil
 	case err != nil:
-		q.log.Error("model config refused; the one in force stays", "path", q.models.path, "trigger", trigger, "err", err)
+		// The audit entry first: the log line says it is on record.
 		controlPlane{q}.Audit(ctx, store.AuditEntry{Actor: registry.ActorQueen, Action: "config.reload_failed", Target: "config:" + q.models.path,
 			Reason: err.Error(), Metadata: map[string]any{"trigger": trigger}})
+		q.log.Error("model config refused; the one in force stays", "path", q.models.path, "trigger", trigger, "err", err)
 		return fmt.Errorf("queen: the model config %s is not valid; the one in force stays:\n%w", q.models.path, err)
 	}
 	q.routing.SetModels(next)
-	q.log.Info("model config reloaded", "path", q.models.path, "trigger", trigger, "changes", changes)
 	controlPlane{q}.Audit(ctx, store.AuditEntry{Actor: registry.ActorQueen, Action: "config.reloaded", Target: "config:" + q.models.path,
 		Reason: fmt.Sprintf("%d models changed", len(changes)), Metadata: map[string]any{"trigger": trigger, "changes": changes, "models": next.Names()}})
+	q.log.Info("model config reloaded", "path", q.models.path, "trigger", trigger, "changes", changes)
 	return nil
 }
 
