@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -117,5 +119,28 @@ func TestConfigProblemsNameTheFlags(t *testing.T) {
 				t.Errorf("apiary %v names the field %s, not its flag:\n%s", tc.args, field, out)
 			}
 		}
+	}
+}
+
+// TestQueenRefusesABadModelConfig: `apiary queen --config FILE` with a bad
+// file exits 2 before it opens anything, naming every problem by its path
+// in the file; --config-poll 0 is refused like any other zero.
+func TestQueenRefusesABadModelConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "models.yaml")
+	if err := os.WriteFile(path, []byte("models:\n  a:\n    ctx_size: 0\n    aliases: [b]\n  b:\n    aliases: [b]\n    source: ftp://x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, out := apiary(t, "queen", "--data-dir", t.TempDir(), "--config", path)
+	if code != 2 {
+		t.Errorf("exit %d, want 2: %s", code, out)
+	}
+	for _, w := range []string{path, "models.a.ctx_size must be from 1", `models.a.aliases[0] is "b", which is the name of models.b`,
+		`models.b.aliases[0] is "b", the model's own name`, `models.b.source "ftp://x" is not a source`} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+	if code, _, out := apiary(t, "queen", "--data-dir", t.TempDir(), "--config", path, "--config-poll", "0s"); code != 2 || !strings.Contains(out, "--config-poll must be positive") {
+		t.Errorf("--config-poll 0s: exit %d: %s", code, out)
 	}
 }

@@ -228,19 +228,19 @@ func (f *File) Validate() error {
 				p.Add(key, "%s", why)
 				continue
 			}
+			_, isName := f.Models[a]
 			switch other, dup := aliases[a]; {
+			case a == name:
+				p.Add(key, "is %q, the model's own name", a)
 			case dup && other == name:
 				p.Add(key, "is %q again", a)
 			case dup:
 				p.Add(key, "is %q, which is already an alias of models.%s", a, other)
-			case a == name:
-				p.Add(key, "is %q, the model's own name", a)
+			case isName:
+				p.Add(key, "is %q, which is the name of models.%s", a, a)
 			default:
-				if _, ok := f.Models[a]; ok {
-					p.Add(key, "is %q, which is the name of models.%s", a, a)
-				}
+				aliases[a] = name
 			}
-			aliases[a] = name
 		}
 	}
 	// A name that is another model's file would name two things.
