@@ -53,3 +53,27 @@ models:
 		}
 	}
 }
+
+// TestSlotsOfAConfiguredModel: the router sends one worker of a
+// configured model up to the model's slots, others up to WorkerSlots,
+// and a new config applies at once.
+func TestSlotsOfAConfiguredModel(t *testing.T) {
+	s := &Service{cfg: Config{WorkerSlots: 1}}
+	if n := s.slotsOf("tiny"); n != 1 {
+		t.Errorf("no config: %d slots", n)
+	}
+	f, err := modelconfig.Parse([]byte("models:\n  small: {file: tiny, slots: 4, pools: [a]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.models.Store(f)
+	if n, m := s.slotsOf("tiny"), s.slotsOf("other"); n != 4 || m != 1 {
+		t.Errorf("slots of tiny %d (want 4), of other %d (want 1)", n, m)
+	}
+	if p := s.allowedPools("tiny"); len(p) != 1 || p[0] != "a" {
+		t.Errorf("allowed pools of tiny: %v", p)
+	}
+	if p := s.allowedPools("small"); p != nil {
+		t.Errorf("allowed pools by name, not file: %v", p)
+	}
+}
