@@ -193,6 +193,12 @@ type Heartbeat struct {
 	// the queen needs them to send requests to the workers. They travel
 	// only from hive to queen, never in a listing.
 	WorkerTokens map[string]string `json:"worker_tokens,omitempty"`
+	// Unchanged says that the devices, workers and tokens are those of
+	// the hive's last heartbeat that the queen took whole; such a beat
+	// carries nothing else. It only renews the lease: a queen that does
+	// not hold that heartbeat (it restarted, or the pool registered again
+	// or went unhealthy since) answers FullWanted and renews nothing.
+	Unchanged bool `json:"unchanged,omitempty"`
 }
 
 // HeartbeatAnswer is the queen's 200 to a heartbeat: the pool's status,
@@ -202,6 +208,9 @@ type HeartbeatAnswer struct {
 	PoolID  string          `json:"pool_id"`
 	Status  string          `json:"status"`
 	Refused []RefusedWorker `json:"refused,omitempty"`
+	// FullWanted answers an unchanged beat that the queen could not take:
+	// the hive sends its full heartbeat at once.
+	FullWanted bool `json:"full_wanted,omitempty"`
 }
 
 // RefusedWorker is one worker entry of a heartbeat the queen refused.

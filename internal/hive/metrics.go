@@ -23,6 +23,7 @@ type metrics struct {
 	healthKills      prometheus.Counter
 	idleStops        prometheus.Counter
 	queenEventsDrop  prometheus.Counter
+	heartbeats       *prometheus.CounterVec // full, unchanged
 }
 
 func newMetrics(h *Hive) *metrics {
@@ -57,6 +58,9 @@ func newMetrics(h *Hive) *metrics {
 		queenEventsDrop: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "apiary_hive_queen_events_dropped_total", Help: "Worker events not delivered to the queen because the queue was full.",
 		}),
+		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_hive_heartbeats_total", Help: "Heartbeats the queen took, by kind: full (the inventory) or unchanged (the lease only).",
+		}, []string{"kind"}),
 	}
 	for _, s := range lifecycle.States {
 		if !s.Terminal() {
@@ -65,8 +69,10 @@ func newMetrics(h *Hive) *metrics {
 	}
 	m.stops.WithLabelValues("graceful")
 	m.stops.WithLabelValues("forced")
+	m.heartbeats.WithLabelValues("full")
+	m.heartbeats.WithLabelValues("unchanged")
 	m.reg.MustRegister(m.workers, m.spawns, m.readyLatency, m.crashes, m.stops,
-		m.callbackTimeouts, m.healthKills, m.idleStops, m.queenEventsDrop,
+		m.callbackTimeouts, m.healthKills, m.idleStops, m.queenEventsDrop, m.heartbeats,
 		&deviceCollector{h: h}, collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

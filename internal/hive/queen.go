@@ -28,6 +28,11 @@ type queenClient struct {
 	hc     *http.Client
 	log    *slog.Logger
 	events chan api.WorkerEvent
+	// last is the last full heartbeat the queen took whole (the
+	// heartbeat loop's alone); noUnchanged is set when the queen refused
+	// an unchanged beat (one older than this hive): full beats only.
+	last        lastBeat
+	noUnchanged bool
 }
 
 // eventQueue bounds the events waiting for an unreachable queen; beyond it
@@ -97,7 +102,7 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 		var err error
 		if !registered {
 			if err = q.register(ctx); err == nil {
-				registered = true
+				registered, q.last = true, lastBeat{} // the queen holds no heartbeat of this registration
 				q.log.Info("registered with queen")
 			}
 		}
@@ -140,14 +145,33 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var ans api.HeartbeatAnswer
 	workers, tokens := q.h.reg.heartbeat()
-	err = q.postFor(ctx, "/v2/pools/"+url.PathEscape(q.h.cfg.PoolID)+"/heartbeat", api.Heartbeat{
-		GPUs: gpus, Workers: workers, WorkerTokens: tokens,
-	}, &ans)
-	if err != nil {
+	hb := api.Heartbeat{GPUs: gpus, Workers: workers, WorkerTokens: tokens}
+	path := "/v2/pools/" + url.PathEscape(q.h.cfg.PoolID) + "/heartbeat"
+	now := time.Now()
+	if !q.noUnchanged && q.last.unchanged(hb, now) {
+		var ans api.HeartbeatAnswer
+		err := q.postFor(ctx, path, api.Heartbeat{Unchanged: true}, &ans)
+		var qa *queenAnswer
+		switch {
+		case err == nil && !ans.FullWanted:
+			q.h.metrics.heartbeats.WithLabelValues("unchanged").Inc()
+			return nil
+		case errors.As(err, &qa) && qa.status == http.StatusBadRequest:
+			q.noUnchanged = true
+			q.log.Warn("queen refuses unchanged heartbeats (an older queen?); sending full ones", "err", err)
+		case err != nil:
+			return err
+		}
+		// Asked for the full heartbeat: it goes at once.
+	}
+	var ans api.HeartbeatAnswer
+	q.last = lastBeat{}
+	if err := q.postFor(ctx, path, hb, &ans); err != nil {
 		return err
 	}
+	q.last = lastBeat{hb: hb, at: now, ok: len(ans.Refused) == 0}
+	q.h.metrics.heartbeats.WithLabelValues("full").Inc()
 	for _, r := range ans.Refused {
 		// The queen fails the row of such a worker and stops it; say why
 		// here too, where the hive's operator looks.

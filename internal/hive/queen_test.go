@@ -30,7 +30,10 @@ type fakeQueen struct {
 	// eventTries counts the events so answered.
 	eventStatus int
 	eventTries  int
-	change      chan struct{}
+	// wantFull answers unchanged beats with full_wanted; refuseUnchanged
+	// answers them 400, as a queen that does not know them does.
+	wantFull, refuseUnchanged bool
+	change                    chan struct{}
 }
 
 func newFakeQueen(t testing.TB, token string) *fakeQueen {
@@ -78,7 +81,15 @@ func (q *fakeQueen) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		var hb api.Heartbeat
-		if dec(&hb) {
+		switch {
+		case !dec(&hb):
+		case hb.Unchanged && q.refuseUnchanged:
+			http.Error(w, `{"error":{"code":"invalid_request","message":"json: unknown field \"unchanged\""}}`, http.StatusBadRequest)
+		case hb.Unchanged && q.wantFull:
+			q.heartbeats = append(q.heartbeats, hb)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"pool_id":"` + id + `","status":"healthy","full_wanted":true}`))
+		default:
 			q.heartbeats = append(q.heartbeats, hb)
 		}
 	case r.URL.Path == "/v2/internal/workers/events" && q.eventStatus != 0:
@@ -287,6 +298,90 @@ func TestRefusedEventsAreDroppedNotRetried(t *testing.T) {
 	q.set(func() {
 		if len(q.registers) != 1 {
 			t.Errorf("%d registrations, want 1", len(q.registers))
+		}
+	})
+}
+
+// After a full heartbeat the queen took, the hive sends unchanged beats
+// until something the queen acts on changes; a queen that asks for the
+// full heartbeat gets it at once, and one that refuses unchanged beats
+// gets full ones from then on.
+func TestQueenUnchangedBeats(t *testing.T) {
+	q := newFakeQueen(t, "tok")
+	th := startHive(t, withQueen(q), func(c *Config) { c.HeartbeatInterval = 5 * time.Millisecond })
+	kinds := func(from int) (full, unchanged int) {
+		for _, hb := range q.heartbeats[from:] {
+			if hb.Unchanged {
+				unchanged++
+			} else {
+				full++
+			}
+		}
+		return
+	}
+	q.until(t, "unchanged beats after the first full one", func() bool {
+		full, unchanged := kinds(0)
+		return full >= 1 && unchanged >= 3
+	})
+	q.set(func() {
+		if q.heartbeats[0].Unchanged || len(q.heartbeats[0].GPUs) != 1 {
+			t.Errorf("first heartbeat %+v, want the full inventory", q.heartbeats[0])
+		}
+		for _, hb := range q.heartbeats {
+			if hb.Unchanged && (len(hb.GPUs) > 0 || len(hb.Workers) > 0 || len(hb.WorkerTokens) > 0) {
+				t.Errorf("an unchanged beat carries %+v", hb)
+			}
+		}
+	})
+
+	// A worker starts: the next beats carry it whole, then go quiet again.
+	var mark int
+	q.set(func() { mark = len(q.heartbeats) })
+	id := th.startAuthed("tok")
+	th.rec.wait(t, id, lifecycle.Ready)
+	q.until(t, "a full heartbeat with the ready worker, then unchanged ones", func() bool {
+		seen := -1
+		for i, hb := range q.heartbeats[mark:] {
+			if !hb.Unchanged && len(hb.Workers) == 1 && hb.Workers[0].Status == "ready" && hb.WorkerTokens[id] != "" {
+				seen = i
+			}
+		}
+		if seen < 0 {
+			return false
+		}
+		_, unchanged := kinds(mark + seen)
+		return unchanged >= 2
+	})
+
+	// The queen asks for the full heartbeat: each unchanged beat is
+	// followed at once by the full one.
+	q.set(func() { q.wantFull, mark = true, len(q.heartbeats) })
+	q.until(t, "full heartbeats after each refused unchanged beat", func() bool {
+		hbs := q.heartbeats[mark:]
+		n := 0
+		for i := 0; i+1 < len(hbs); i++ {
+			if hbs[i].Unchanged && !hbs[i+1].Unchanged && len(hbs[i+1].Workers) == 1 {
+				n++
+			}
+		}
+		return n >= 2
+	})
+
+	// A queen that refuses unchanged beats: full ones only, from then on.
+	q.set(func() { q.wantFull, q.refuseUnchanged = false, true })
+	q.until(t, "full heartbeats only", func() bool {
+		hbs := q.heartbeats
+		last := len(hbs) - 1
+		for last >= 0 && !hbs[last].Unchanged {
+			last--
+		}
+		return len(hbs)-1-last >= 5
+	})
+	q.set(func() { q.refuseUnchanged, mark = false, len(q.heartbeats) })
+	q.until(t, "more full heartbeats", func() bool { return len(q.heartbeats) >= mark+5 })
+	q.set(func() {
+		if _, unchanged := kinds(mark); unchanged > 0 {
+			t.Errorf("%d unchanged beats after the queen refused them", unchanged)
 		}
 	})
 }

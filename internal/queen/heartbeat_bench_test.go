@@ -23,8 +23,16 @@ import (
 //
 //	go test -run '^$' -bench HeartbeatHandler -benchmem -cpuprofile cpu.out ./internal/queen/
 func BenchmarkHeartbeatHandler(b *testing.B) {
-	for _, pools := range []int{2000, 10000} {
-		b.Run(fmt.Sprintf("pools=%d", pools), func(b *testing.B) {
+	for _, c := range []struct {
+		pools     int
+		unchanged bool
+	}{{2000, false}, {10000, false}, {10000, true}} {
+		pools := c.pools
+		name := fmt.Sprintf("pools=%d", pools)
+		if c.unchanged {
+			name += "/beat=unchanged"
+		}
+		b.Run(name, func(b *testing.B) {
 			x := startQueen(b, sqliteDir(b), "", func(c *Config) {
 				c.HeartbeatTimeout = 5 * time.Minute // no pool times out while the others register
 				c.FlushInterval = registry.DefaultFlushInterval
@@ -57,6 +65,12 @@ func BenchmarkHeartbeatHandler(b *testing.B) {
 			}
 			for i := range pools { // the first beat adopts the row
 				serve(i)
+			}
+			if c.unchanged {
+				unchanged, _ := json.Marshal(api.Heartbeat{Unchanged: true})
+				for i := range bodies {
+					bodies[i] = unchanged
+				}
 			}
 			i := 0
 			for b.Loop() {

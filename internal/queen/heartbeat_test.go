@@ -77,3 +77,80 @@ func TestSplitWorkers(t *testing.T) {
 		t.Errorf("a clean heartbeat without tokens: kept %v, tokens %v, refused %v", kept, keptTokens, refused)
 	}
 }
+
+// An unchanged beat renews the lease of a pool whose last full heartbeat
+// the queen holds, and sees its workers' rows again; a queen that holds
+// none (the pool registered again, or came back from unhealthy) answers
+// full_wanted and renews nothing; one that carries anything is refused.
+func TestHeartbeatUnchanged(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	unchanged := func(pool string) api.HeartbeatAnswer {
+		t.Helper()
+		var ans api.HeartbeatAnswer
+		x.ok("POST", "/v2/pools/"+pool+"/heartbeat", api.Heartbeat{Unchanged: true}, http.StatusOK, &ans)
+		return ans
+	}
+	x.register("a")
+	if ans := unchanged("a"); !ans.FullWanted || ans.Status != "healthy" {
+		t.Errorf("an unchanged beat before any full one: %+v, want full_wanted", ans)
+	}
+	id := x.start("tiny", "a").LifecycleID
+	w := worker("w-1", id, "ready")
+	x.beat("a", w)
+	before := x.pool("a")
+	if r := x.row(id); r.Status != "RUNNING" {
+		t.Fatalf("row after the full heartbeat: %+v", r)
+	}
+	if ans := unchanged("a"); ans.FullWanted || ans.Status != "healthy" {
+		t.Errorf("an unchanged beat after a full one: %+v", ans)
+	}
+	after := x.pool("a")
+	if !after.LastHeartbeatAt.After(*before.LastHeartbeatAt) || len(after.Workers) != 1 || after.Workers[0].WorkerID != "w-1" ||
+		len(after.GPUs) != 1 || after.GPUs[0].FreeBytes != 4<<30 {
+		t.Errorf("pool after the unchanged beat %+v, before %+v", after, before)
+	}
+	if r := x.row(id); r.Status != "RUNNING" || r.LastHeartbeatAt == nil || r.LastHeartbeatAt.Before(*before.LastHeartbeatAt) {
+		t.Errorf("row after the unchanged beat: %+v", r)
+	}
+	code, body := x.do("POST", "/v2/pools/a/heartbeat", "", api.Heartbeat{Unchanged: true, Workers: []api.Worker{w}})
+	if code != http.StatusBadRequest || !strings.Contains(string(body), "unchanged heartbeat carries no") {
+		t.Errorf("an unchanged beat with workers: %d %s", code, body)
+	}
+
+	// Registered again: the inventory comes first.
+	x.register("a")
+	if ans := unchanged("a"); !ans.FullWanted {
+		t.Errorf("an unchanged beat after registering again: %+v", ans)
+	}
+	x.beat("a", w)
+	if ans := unchanged("a"); ans.FullWanted {
+		t.Errorf("an unchanged beat after the inventory: %+v", ans)
+	}
+
+	if got := metricLine(x, "apiary_queen_heartbeats_unchanged_total"); got != "4" {
+		t.Errorf("unchanged beats counted %q, want 4", got)
+	}
+
+	// Silent past the timeout: unhealthy; an unchanged beat does not bring
+	// it back, the full one does.
+	y := startQueen(t, sqliteDir(t), "", func(c *Config) {
+		c.HeartbeatTimeout, c.UnhealthyGrace = 100*time.Millisecond, time.Minute
+	})
+	y.register("b")
+	unhealthy := map[string]string{"pool_id": "b", "to": "unhealthy"}
+	_, next := y.logs.wait(t, 0, "pool status changed", unhealthy)
+	y.beat("b") // back, with a full heartbeat the queen holds; silent again after it
+	y.logs.wait(t, next, "pool status changed", unhealthy)
+	var ans api.HeartbeatAnswer
+	y.ok("POST", "/v2/pools/b/heartbeat", api.Heartbeat{Unchanged: true}, http.StatusOK, &ans)
+	if !ans.FullWanted || ans.Status != "unhealthy" {
+		t.Errorf("an unchanged beat of an unhealthy pool: %+v", ans)
+	}
+	if p := y.pool("b"); p.Status != "unhealthy" {
+		t.Errorf("pool after an unchanged beat while unhealthy: %s", p.Status)
+	}
+	y.beat("b")
+	if p := y.pool("b"); p.Status != "healthy" {
+		t.Errorf("pool after the full heartbeat: %s", p.Status)
+	}
+}

@@ -37,9 +37,16 @@ import (
 const loadWindow = 10 * time.Second
 
 // BenchmarkHeartbeatLoad runs the load at 2,000 and 10,000 pools.
+//
+// beat=full sends every heartbeat whole (hives whose state changes every
+// second); beat=unchanged sends the full one first and then unchanged
+// beats, as a hive does while nothing the queen acts on changes.
 func BenchmarkHeartbeatLoad(b *testing.B) {
 	for _, pools := range []int{2000, 10000} {
-		b.Run(fmt.Sprintf("pools=%d", pools), func(b *testing.B) { benchHeartbeats(b, pools) })
+		for _, unchanged := range []bool{false, true} {
+			kind := map[bool]string{false: "full", true: "unchanged"}[unchanged]
+			b.Run(fmt.Sprintf("pools=%d/beat=%s", pools, kind), func(b *testing.B) { benchHeartbeats(b, pools, unchanged) })
+		}
 	}
 }
 
@@ -61,7 +68,7 @@ func raiseFileLimit(b *testing.B, n int) {
 	}
 }
 
-func benchHeartbeats(b *testing.B, loadPools int) {
+func benchHeartbeats(b *testing.B, loadPools int, unchanged bool) {
 	raiseFileLimit(b, loadPools)
 	// A fake hive accepts every start, so that each pool gets a row.
 	var seq struct {
@@ -143,11 +150,14 @@ func benchHeartbeats(b *testing.B, loadPools int) {
 	}
 	hives := make([]*hiveConn, loadPools)
 	for i := range hives {
-		hives[i] = newHiveConn(b, u.Host, poolName(i), marshal(api.Heartbeat{GPUs: gpus, Workers: []api.Worker{workers[i]}}))
+		hives[i] = newHiveConn(u.Host, poolName(i), marshal(api.Heartbeat{GPUs: gpus, Workers: []api.Worker{workers[i]}}),
+			marshal(api.Heartbeat{Unchanged: true}))
 	}
 	defer func() {
 		for _, h := range hives {
-			h.conn.Close()
+			if h.conn != nil {
+				h.conn.Close()
+			}
 		}
 	}()
 
@@ -158,7 +168,10 @@ func benchHeartbeats(b *testing.B, loadPools int) {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			_, err := h.beat()
+			err := h.dial()
+			if err == nil {
+				_, err = h.beat(false)
+			}
 			warm <- err
 		})
 	}
@@ -175,7 +188,7 @@ func benchHeartbeats(b *testing.B, loadPools int) {
 	b.ResetTimer()
 	for range b.N {
 		q0, h0, w0 := procCPU(b, q.cmd.Process.Pid), procCPU(b, os.Getpid()), time.Now()
-		lat, qlat := runLoad(b, hives, qURL, hc)
+		lat, qlat := runLoad(b, hives, qURL, hc, unchanged)
 		queenCPU += procCPU(b, q.cmd.Process.Pid) - q0
 		hivesCPU += procCPU(b, os.Getpid()) - h0
 		wall += time.Since(w0)
@@ -215,43 +228,64 @@ func poolName(i int) string { return fmt.Sprintf("pool-%05d", i) }
 // the answer with net/http: a fraction of what a full HTTP client costs
 // this process, which shares the CPUs with the queen.
 type hiveConn struct {
-	conn net.Conn
-	br   *bufio.Reader
-	req  []byte
+	host            string
+	conn            net.Conn
+	br              *bufio.Reader
+	full, unchanged []byte // the two requests
+	answer          []byte
 }
 
-func newHiveConn(b *testing.B, host, pool string, body []byte) *hiveConn {
-	conn, err := net.Dial("tcp", host)
-	if err != nil {
-		b.Fatal(err)
+func newHiveConn(host, pool string, full, unchanged []byte) *hiveConn {
+	req := func(body []byte) []byte {
+		head := fmt.Sprintf("POST /v2/pools/%s/heartbeat HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
+			pool, host, len(body))
+		return append([]byte(head), body...)
 	}
-	head := fmt.Sprintf("POST /v2/pools/%s/heartbeat HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
-		pool, host, len(body))
-	return &hiveConn{conn: conn, br: bufio.NewReaderSize(conn, 1024), req: append([]byte(head), body...)}
+	return &hiveConn{host: host, full: req(full), unchanged: req(unchanged), answer: make([]byte, 0, 256)}
 }
 
-// beat sends one heartbeat and waits for its answer.
-func (h *hiveConn) beat() (time.Duration, error) {
+// dial opens the connection, just before the first beat: the queen
+// closes a connection that sends no request within its header timeout.
+func (h *hiveConn) dial() error {
+	conn, err := net.Dial("tcp", h.host)
+	if err != nil {
+		return err
+	}
+	h.conn, h.br = conn, bufio.NewReaderSize(conn, 1024)
+	return nil
+}
+
+// beat sends one heartbeat, full or unchanged, and waits for its answer;
+// an unchanged beat the queen does not take is an error.
+func (h *hiveConn) beat(unchanged bool) (time.Duration, error) {
 	start := time.Now()
-	if _, err := h.conn.Write(h.req); err != nil {
+	req := h.full
+	if unchanged {
+		req = h.unchanged
+	}
+	if _, err := h.conn.Write(req); err != nil {
 		return 0, err
 	}
 	resp, err := http.ReadResponse(h.br, nil)
 	if err != nil {
 		return 0, err
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
+	buf := bytes.NewBuffer(h.answer[:0])
+	_, _ = buf.ReadFrom(resp.Body)
 	resp.Body.Close()
 	took := time.Since(start)
 	if resp.StatusCode != http.StatusOK {
 		return took, fmt.Errorf("heartbeat: %s", resp.Status)
+	}
+	if bytes.Contains(buf.Bytes(), []byte(`"full_wanted"`)) {
+		return took, fmt.Errorf("heartbeat: the queen wants the full one: %s", buf.Bytes())
 	}
 	return took, nil
 }
 
 // runLoad beats every pool once a second (each at its own phase) for
 // loadWindow, and queries the registry 4 times a second meanwhile.
-func runLoad(b *testing.B, hives []*hiveConn, qURL string, hc *http.Client) ([]time.Duration, []time.Duration) {
+func runLoad(b *testing.B, hives []*hiveConn, qURL string, hc *http.Client, unchanged bool) ([]time.Duration, []time.Duration) {
 	pools := len(hives)
 	ctx, cancel := context.WithTimeout(context.Background(), loadWindow)
 	defer cancel()
@@ -272,7 +306,7 @@ func runLoad(b *testing.B, hives []*hiveConn, qURL string, hc *http.Client) ([]t
 			tick := time.NewTicker(time.Second)
 			defer tick.Stop()
 			for {
-				took, err := h.beat()
+				took, err := h.beat(unchanged)
 				mu.Lock()
 				if err != nil {
 					failures++

@@ -17,6 +17,7 @@ import (
 type metrics struct {
 	reg                 *prometheus.Registry
 	heartbeats          prometheus.Counter
+	unchangedBeats      prometheus.Counter
 	heartbeatSeconds    prometheus.Histogram
 	registrations       prometheus.Counter
 	events              prometheus.Counter
@@ -36,6 +37,8 @@ func newMetrics() *metrics {
 		reg: prometheus.NewRegistry(),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "apiary_queen_heartbeats_received_total", Help: "Pool heartbeats received."}),
+		unchangedBeats: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "apiary_queen_heartbeats_unchanged_total", Help: "Pool heartbeats that said nothing changed since the pool's last full one (counted in heartbeats_received too)."}),
 		heartbeatSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "apiary_queen_heartbeat_duration_seconds", Help: "Time to handle one pool heartbeat, body read to answer.",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}}),
@@ -56,7 +59,7 @@ func newMetrics() *metrics {
 		poolsDesc: prometheus.NewDesc("apiary_queen_pools", "Pools by status.", []string{"status"}, nil),
 		rowsDesc:  prometheus.NewDesc("apiary_queen_worker_rows", "Lifecycle rows by status.", []string{"status"}, nil),
 	}
-	m.reg.MustRegister(m.heartbeats, m.heartbeatSeconds, m.registrations, m.events, m.rowTransitions, m.rowRefused,
+	m.reg.MustRegister(m.heartbeats, m.unchangedBeats, m.heartbeatSeconds, m.registrations, m.events, m.rowTransitions, m.rowRefused,
 		m.unknownStopped, m.requests, m.storeErrors, gauges{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

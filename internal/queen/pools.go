@@ -163,6 +163,9 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	if err := api.Decode(r, &hb, false); err != nil {
 		return err
 	}
+	if hb.Unchanged {
+		return q.unchangedBeat(w, r, id, hb)
+	}
 	if err := checkGPUs(hb.GPUs); err != nil {
 		return err
 	}
@@ -187,6 +190,26 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	q.routing.Poke()
 	p, _ := q.reg.Get(id)
 	api.WriteJSON(w, http.StatusOK, api.HeartbeatAnswer{PoolID: id, Status: string(p.Status), Refused: refused})
+	return nil
+}
+
+// unchangedBeat takes a heartbeat that says nothing changed since the
+// pool's last full one: the lease is renewed and the rows of the workers
+// that heartbeat listed are seen again. A queen that holds no full
+// heartbeat of the pool asks for one.
+func (q *Queen) unchangedBeat(w http.ResponseWriter, r *http.Request, id string, hb api.Heartbeat) error {
+	if len(hb.GPUs) > 0 || len(hb.Workers) > 0 || len(hb.WorkerTokens) > 0 {
+		return api.BadRequest("an unchanged heartbeat carries no gpus, workers or worker_tokens")
+	}
+	q.metrics.unchangedBeats.Inc()
+	beat, err := q.reg.Heartbeat(r.Context(), id, hb)
+	if err != nil {
+		return err
+	}
+	if !beat.FullWanted {
+		q.reconcile(r.Context(), id, beat, beat.Workers, nil)
+	}
+	api.WriteJSON(w, http.StatusOK, api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), FullWanted: beat.FullWanted})
 	return nil
 }
 

@@ -131,6 +131,7 @@ type entry struct {
 	deadline       time.Time // the timer's job is due at deadline
 	lostPending    bool      // unhealthy and OnLost not called yet
 	awaitInventory bool      // the next heartbeat is the first since (re)registration or queen start
+	current        bool      // GPUs and Workers are the last full heartbeat's: an unchanged beat may renew them
 	beatDirty      bool      // heartbeat data not in the store yet
 	statusDirty    bool      // a status write failed; Flush retries it
 	models         []string  // the models of its live workers: its keys in Registry.byModel
@@ -377,7 +378,7 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 		return Pool{}, err
 	}
 	e = r.pools[reg.PoolID]
-	e.awaitInventory, e.lostPending, e.beatDirty = true, false, false
+	e.awaitInventory, e.lostPending, e.beatDirty, e.current = true, false, false, false
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
 	return e.Pool, nil
 }
@@ -390,14 +391,23 @@ type Beat struct {
 	// hive runs, and rows it lacks are gone.
 	FullInventory bool
 	RegisteredAt  time.Time
+	// Workers are the pool's workers after the heartbeat: for an
+	// unchanged beat, those of the last full one.
+	Workers []api.Worker
+	// FullWanted answers an unchanged beat the registry could not take
+	// (it holds no full heartbeat of the pool since it registered, came
+	// back or the queen started): nothing was renewed.
+	FullWanted bool
 }
 
 // Heartbeat renews the pool's lease and records its devices and workers.
 // An unhealthy pool comes back. ErrNotFound and ErrOffline tell the hive to
-// register again.
+// register again. An unchanged beat renews the devices and workers of the
+// pool's last full heartbeat, or answers FullWanted (and renews nothing)
+// when the registry holds none since the pool registered or came back.
 func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (Beat, error) {
 	r.mu.Lock()
-	if e := r.pools[id]; e != nil && e.Status == Unhealthy {
+	if e := r.pools[id]; e != nil && e.Status == Unhealthy && !hb.Unchanged {
 		// It comes back: a change that writes the store.
 		r.mu.Unlock()
 		defer r.lockWrite()()
@@ -413,8 +423,13 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 		return Beat{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	case e.Status == Offline:
 		return Beat{}, fmt.Errorf("%w: %s", ErrOffline, id)
+	case hb.Unchanged && !e.current:
+		return Beat{Status: e.Status, FullWanted: true}, nil
 	}
 	now := time.Now()
+	if hb.Unchanged {
+		hb.GPUs, hb.Workers = e.GPUs, e.Workers
+	}
 	if e.Status == Unhealthy {
 		next := e.Pool
 		next.Status = live(e.Drained)
@@ -429,9 +444,9 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 		r.indexLocked(e)
 		e.beatDirty = true
 	}
-	e.lostPending = false
+	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
-	b := Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt}
+	b := Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers}
 	e.awaitInventory = false
 	return b, nil
 }
@@ -544,7 +559,7 @@ func (r *Registry) fire(e *entry) {
 		next.Status = Unhealthy
 		_ = r.changeLocked(ctx, e, next, change{actor: ActorQueen, action: "pool.unhealthy",
 			reason: fmt.Sprintf("no heartbeat for %s (timeout %s)", silent, r.cfg.HeartbeatTimeout)}, true)
-		e.lostPending = true
+		e.lostPending, e.current = true, false // it comes back with a full heartbeat
 		r.armLocked(e, r.cfg.UnhealthyGrace)
 	case Unhealthy:
 		if e.lostPending {
