@@ -98,12 +98,23 @@ func newModelsPullCmd() *cobra.Command {
 	var dir, name string
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "pull URL",
-		Short: "Download a GGUF model into the models directory",
-		Long: `Download a GGUF model over HTTP(S) into the models directory as REF.gguf, REF
-being --name or the URL's file name without ".gguf". The download is checked
-with the GGUF reader before it takes its place; a failed or interrupted pull
-leaves nothing behind.`,
+		Use:   "pull REF",
+		Short: "Download a GGUF model from Hugging Face or a URL into the models directory",
+		Long: `Download a GGUF model into the models directory. REF is
+  hf://ORG/REPO:QUANT      the repository's GGUF whose file name holds QUANT (any case)
+  hf://ORG/REPO/FILE.gguf  that file of the repository
+  hf.co/ORG/REPO:QUANT     the same, as Ollama writes it
+  https://HOST/PATH.gguf   any URL
+A split model (NAME-00001-of-00003.gguf …) is fetched whole. The model is
+saved as REF.gguf, REF being --name or the file name without ".gguf" (a
+split model's parts as NAME-0000i-of-0000N.gguf; its ref is the first's).
+
+Each file is written to FILE.gguf.partial: a broken connection is resumed
+where it stopped, and so is a pull run again after a failure or Ctrl-C.
+The sha256 the Hub publishes is checked, the GGUF header read, and the free
+disk space checked first; only then does the file take its name. The Hub is
+$HF_ENDPOINT (default https://huggingface.co); $HF_TOKEN is sent for gated
+and private repositories.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir, err := modelsDir(dir)
@@ -113,59 +124,125 @@ leaves nothing behind.`,
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return fmt.Errorf("models directory: %w", err)
 			}
+			hub := modelstore.HubFromEnv()
+			src, err := modelstore.ResolveSource(cmd.Context(), nil, hub, args[0])
+			if err != nil {
+				return pullError(cmd, err, name)
+			}
 			label := name
 			if label == "" {
-				if label, err = modelstore.RefFromURL(args[0]); err != nil {
-					label = args[0]
-				}
+				label = src.Name
 			}
-			p := &progress{w: cmd.ErrOrStderr(), label: label}
+			p := newProgress(cmd.ErrOrStderr(), label)
 			m, err := modelstore.Pull(cmd.Context(), dir, args[0], modelstore.PullOptions{
-				Ref: name, Overwrite: force, Progress: p.report,
+				Ref: name, Overwrite: force, Hub: hub, Source: &src, Progress: p.report,
 			})
-			switch {
-			case errors.Is(err, modelstore.ErrBadRef) && name != "":
-				return usagef("--name: %v", err)
-			case errors.Is(err, modelstore.ErrBadRef):
-				return usagef("%v; pass --name", err)
-			case errors.Is(err, modelstore.ErrBadURL):
-				return usagef("%v", err)
-			case errors.Is(err, modelstore.ErrExists):
-				return fmt.Errorf("%w; pass --force to replace it", err)
-			case cmd.Context().Err() != nil:
-				return &exitError{code: 130, err: errors.New("pull interrupted; nothing was saved")}
-			case err != nil:
-				return err
+			if err != nil {
+				return pullError(cmd, err, name)
 			}
+			p.done()
 			return printLine(cmd.OutOrStdout(), "pulled %s: %s", m.Ref, describeModel(m.Path, m.Info, m.Size))
 		},
 	}
 	cmd.Flags().StringVar(&dir, "models-dir", "", "models directory (default $XDG_DATA_HOME/apiary/models)")
-	cmd.Flags().StringVar(&name, "name", "", "ref of the model (default: the URL's file name without .gguf)")
+	cmd.Flags().StringVar(&name, "name", "", "ref of the model (default: the file name without .gguf)")
 	cmd.Flags().BoolVar(&force, "force", false, "replace a model of the same ref")
 	return cmd
 }
 
-// progress prints download progress as plain lines: every 10% when the
-// total is known, every 64 MiB otherwise.
+// pullError maps a pull's error to the CLI's: usage errors, hints, and
+// 130 for an interrupted pull.
+func pullError(cmd *cobra.Command, err error, name string) error {
+	switch {
+	case errors.Is(err, modelstore.ErrBadRef) && name != "":
+		return usagef("--name: %v", err)
+	case errors.Is(err, modelstore.ErrBadRef):
+		return usagef("%v; pass --name", err)
+	case errors.Is(err, modelstore.ErrBadURL):
+		return usagef("%v", err)
+	case errors.Is(err, modelstore.ErrExists):
+		return fmt.Errorf("%w; pass --force to replace it", err)
+	case cmd.Context().Err() != nil:
+		return &exitError{code: 130, err: errors.New("pull interrupted; run it again to resume")}
+	}
+	return err
+}
+
+// progress prints a pull's progress: bytes, rate and time left. On a
+// terminal one line is rewritten (\r) at most every 200ms; elsewhere a
+// plain line is printed every 10 seconds. done prints the last line.
 type progress struct {
 	w     io.Writer
 	label string
-	next  int64 // bytes at which the next line is due
+	tty   bool
+	now   func() time.Time
+
+	start, last time.Time
+	base        int64 // bytes resumed, not counted in the rate
+	cur         modelstore.Progress
 }
 
-func (p *progress) report(written, total int64) {
-	if written < p.next {
-		return
+func newProgress(w io.Writer, label string) *progress {
+	return &progress{w: w, label: label, tty: isTerminal(w), now: time.Now}
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	if total > 0 {
-		pct := written * 100 / total
-		fmt.Fprintf(p.w, "pull %s: %3d%% (%s of %s)\n", p.label, pct, api.FormatBytes(uint64(written)), api.FormatBytes(uint64(total)))
-		p.next = (pct/10 + 1) * 10 * total / 100
-		return
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func (p *progress) report(pr modelstore.Progress) {
+	now := p.now()
+	if p.start.IsZero() {
+		p.start, p.base, p.last = now, pr.Resumed, now
+		if pr.Resumed > 0 {
+			fmt.Fprintf(p.w, "pull %s: resuming after %s\n", p.label, api.FormatBytes(uint64(pr.Resumed)))
+		}
 	}
-	fmt.Fprintf(p.w, "pull %s: %s\n", p.label, api.FormatBytes(uint64(written)))
-	p.next = written + 64<<20
+	p.cur = pr
+	every := 10 * time.Second
+	if p.tty {
+		every = 200 * time.Millisecond
+	}
+	if now.Sub(p.last) >= every {
+		p.last = now
+		p.print(now, false)
+	}
+}
+
+// done prints the final line, once something was reported.
+func (p *progress) done() {
+	if !p.start.IsZero() {
+		p.print(p.now(), true)
+	}
+}
+
+func (p *progress) print(now time.Time, final bool) {
+	pr := p.cur
+	line := fmt.Sprintf("pull %s: %s", p.label, api.FormatBytes(uint64(pr.Written)))
+	if pr.Total > 0 {
+		line += fmt.Sprintf(" of %s (%d%%)", api.FormatBytes(uint64(pr.Total)), pr.Written*100/pr.Total)
+	}
+	if el := now.Sub(p.start); el > 0 && pr.Written > p.base {
+		rate := float64(pr.Written-p.base) / el.Seconds()
+		line += fmt.Sprintf(", %s/s", api.FormatBytes(uint64(rate)))
+		if pr.Total > 0 && !final {
+			line += fmt.Sprintf(", %s left", time.Duration(float64(pr.Total-pr.Written)/rate*float64(time.Second)).Round(time.Second))
+		}
+	}
+	switch {
+	case p.tty && final:
+		fmt.Fprintf(p.w, "\r%s\033[K\n", line)
+	case p.tty:
+		fmt.Fprintf(p.w, "\r%s\033[K", line)
+	default:
+		fmt.Fprintln(p.w, line)
+	}
 }
 
 func newModelsTestmodelCmd() *cobra.Command {
