@@ -41,14 +41,36 @@ scale sets, through the queen, how many workers of a model stay live.`,
 
 func newModelsLsCmd() *cobra.Command {
 	var dir string
-	var asJSON bool
+	var asJSON, all bool
+	pf := &poolFlags{}
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List the models of the models directory",
 		Long: `List the *.gguf files of the models directory with what their headers say.
-A file that cannot be read is listed with the reason.`,
+A file that cannot be read (not a GGUF, truncated, a split model that lacks a
+part) is listed with the reason; a download under way (*.partial) is not
+listed. With --all, list instead the models of every pool as the queen
+reads them from their hives (which leave out the files they cannot read);
+uses $APIARY_ADMIN_TOKEN.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if all {
+				if cmd.Flags().Changed("models-dir") {
+					return usagef("models ls: --models-dir does not go with --all")
+				}
+				c, err := pf.client()
+				if err != nil {
+					return err
+				}
+				pools, err := c.PoolModels(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), api.PoolModelsList{Pools: pools})
+				}
+				return printPoolModels(cmd.OutOrStdout(), pools)
+			}
 			dir, err := modelsDir(dir)
 			if err != nil {
 				return err
@@ -74,6 +96,8 @@ A file that cannot be read is listed with the reason.`,
 	}
 	cmd.Flags().StringVar(&dir, "models-dir", "", "models directory (default $XDG_DATA_HOME/apiary/models)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.Flags().BoolVar(&all, "all", false, "list the models of every pool, through the queen")
+	pf.register(cmd)
 	return cmd
 }
 
@@ -95,10 +119,11 @@ func printModels(w io.Writer, models []modelstore.Model) error {
 }
 
 func newModelsPullCmd() *cobra.Command {
-	var dir, name string
-	var force bool
+	var dir, name, pool, reason string
+	var force, detach, status bool
+	pf := &poolFlags{}
 	cmd := &cobra.Command{
-		Use:   "pull REF",
+		Use:   "pull REF | pull --pool POOL --status",
 		Short: "Download a GGUF model from Hugging Face or a URL into the models directory",
 		Long: `Download a GGUF model into the models directory. REF is
   hf://ORG/REPO:QUANT      the repository's GGUF whose file name holds QUANT (any case)
@@ -114,9 +139,47 @@ where it stopped, and so is a pull run again after a failure or Ctrl-C.
 The sha256 the Hub publishes is checked, the GGUF header read, and the free
 disk space checked first; only then does the file take its name. The Hub is
 $HF_ENDPOINT (default https://huggingface.co); $HF_TOKEN is sent for gated
-and private repositories.`,
-		Args: usageArgs(cobra.ExactArgs(1)),
+and private repositories.
+
+With --pool, the queen asks that pool's hive to pull REF into its own models
+directory (with the hive's HF_ENDPOINT and HF_TOKEN), and this command
+follows the pull until it ends (--detach: returns at once); the queen's
+audit log records model.pull_started, model.pulled or model.pull_failed.
+--pool POOL --status lists the pulls that hive remembers. Uses
+$APIARY_ADMIN_TOKEN.`,
+		Args: usageArgs(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			fl := cmd.Flags()
+			if pool == "" && (fl.Changed("reason") || detach || status) {
+				return usagef("models pull: --reason, --detach and --status go with --pool")
+			}
+			if pool != "" {
+				if fl.Changed("models-dir") {
+					return usagef("models pull: %v", errPoolFlags)
+				}
+				c, err := pf.client()
+				if err != nil {
+					return err
+				}
+				if status {
+					if len(args) > 0 {
+						return usagef("models pull --status takes no REF")
+					}
+					pulls, err := c.ModelPulls(cmd.Context(), pool)
+					if err != nil {
+						return err
+					}
+					return printPulls(cmd.OutOrStdout(), pulls)
+				}
+				if len(args) == 0 {
+					return usagef("models pull: missing REF")
+				}
+				return pullOnPool(cmd.Context(), c, pool, api.PullModelRequest{Ref: args[0], Name: name, Force: force, Reason: reason},
+					detach, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
+			if len(args) == 0 {
+				return usagef("models pull: missing REF")
+			}
 			dir, err := modelsDir(dir)
 			if err != nil {
 				return err
@@ -147,6 +210,11 @@ and private repositories.`,
 	cmd.Flags().StringVar(&dir, "models-dir", "", "models directory (default $XDG_DATA_HOME/apiary/models)")
 	cmd.Flags().StringVar(&name, "name", "", "ref of the model (default: the file name without .gguf)")
 	cmd.Flags().BoolVar(&force, "force", false, "replace a model of the same ref")
+	cmd.Flags().StringVar(&pool, "pool", "", "have this pool's hive pull the model, through the queen")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the queen's audit log (with --pool)")
+	cmd.Flags().BoolVar(&detach, "detach", false, "with --pool: return once the pull started")
+	cmd.Flags().BoolVar(&status, "status", false, "with --pool: list the pulls of the pool's hive")
+	pf.register(cmd)
 	return cmd
 }
 
