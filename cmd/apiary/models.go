@@ -88,7 +88,7 @@ uses $APIARY_ADMIN_TOKEN.`,
 				return enc.Encode(models)
 			}
 			if len(models) == 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "no models in %s (add one with `apiary models pull URL` or `apiary models testmodel %s`)\n",
+				fmt.Fprintf(cmd.ErrOrStderr(), "no models in %s (add one with `apiary models pull hf://ORG/REPO:QUANT` or `apiary models testmodel %s`)\n",
 					dir, modelPathHint(dir))
 			}
 			return printModels(cmd.OutOrStdout(), models)

@@ -237,8 +237,49 @@ func (d *download) attempt(ctx context.Context, client *http.Client, buf []byte)
 		}
 		body = br
 	}
+	if done, err := d.copy(ctx, body, u); err != nil {
+		return done, err
+	}
+	if d.size >= 0 && d.off != d.size {
+		return false, fmt.Errorf("%w: GET %s: got %d of %d bytes", ErrDownload, u, d.off, d.size)
+	}
+	d.size = d.off
+	return true, nil
+}
+
+// copyBuffers is how many buffers of copyBuffer bytes a download uses:
+// while one is hashed, the next ones are read and written.
+const copyBuffers = 4
+
+// writeback is how many written bytes the kernel is asked to start
+// writing to disk at a time, so that the fsync at the end has little left.
+const writeback = 32 << 20
+
+// copy writes body to the partial file. The sha256 is computed by a
+// second goroutine from the same buffers, so hashing overlaps the network
+// and the disk; copy returns once it has hashed every written byte.
+func (d *download) copy(ctx context.Context, body io.Reader, u string) (done bool, err error) {
+	free := make(chan []byte, copyBuffers)
+	for range copyBuffers {
+		free <- make([]byte, copyBuffer)
+	}
+	full := make(chan []byte, copyBuffers)
+	hashed := make(chan struct{})
+	go func() {
+		defer close(hashed)
+		for b := range full {
+			d.h.Write(b)
+			free <- b[:cap(b)]
+		}
+	}()
+	defer func() {
+		close(full)
+		<-hashed
+	}()
+	synced := d.off
 	for {
-		n, rerr := body.Read(buf)
+		buf := <-free
+		n, rerr := fill(body, buf)
 		if n > 0 {
 			if d.size >= 0 && d.off+int64(n) > d.size {
 				return true, fmt.Errorf("%w: GET %s: the server sent more than the file's %d bytes", ErrDownload, u, d.size)
@@ -246,22 +287,37 @@ func (d *download) attempt(ctx context.Context, client *http.Client, buf []byte)
 			if _, err := d.f.Write(buf[:n]); err != nil {
 				return true, fmt.Errorf("modelstore: writing %s: %w", d.partial, err)
 			}
-			d.h.Write(buf[:n])
+			full <- buf[:n]
 			d.off += int64(n)
+			if d.off-synced >= writeback {
+				// Start the write-back of what is written; errors show at the fsync.
+				_ = unix.SyncFileRange(int(d.f.Fd()), synced, d.off-synced, unix.SYNC_FILE_RANGE_WRITE)
+				synced = d.off
+			}
 			d.report(d.off, d.size)
 		}
 		if rerr == io.EOF {
-			break
+			return false, nil
 		}
 		if rerr != nil {
 			return ctx.Err() != nil, fmt.Errorf("%w: GET %s: after %d bytes: %w", ErrDownload, u, d.off, rerr)
 		}
 	}
-	if d.size >= 0 && d.off != d.size {
-		return false, fmt.Errorf("%w: GET %s: got %d of %d bytes", ErrDownload, u, d.off, d.size)
+}
+
+// fill reads into buf until it is full or r fails; unlike io.ReadFull it
+// returns r's error as it is (io.EOF for the body's end, whatever ended it
+// early otherwise).
+func fill(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
 	}
-	d.size = d.off
-	return true, nil
+	return n, nil
 }
 
 // checkSpace refuses a download of a size first known from the server's

@@ -35,7 +35,7 @@ type Hub struct {
 
 	mu     sync.Mutex
 	token  string            // guarded by mu; when set, the repository is gated: this token is needed
-	sha    map[string]string // guarded by mu; published sha256 by path, when not the content's
+	sha    map[string]string // guarded by mu; published sha256 by path
 	noLFS  map[string]bool   // guarded by mu; paths listed without lfs info
 	cuts   map[string][]int  // guarded by mu; by path: connections to cut after this many bytes, in order
 	ranges []string          // guarded by mu; Range headers the CDN saw
@@ -45,6 +45,10 @@ type Hub struct {
 // and points HF_ENDPOINT at it (HF_TOKEN is emptied).
 func New(t testing.TB, repo string, files map[string][]byte) *Hub {
 	h := &Hub{repo: repo, files: files, sha: map[string]string{}, noLFS: map[string]bool{}, cuts: map[string][]int{}}
+	for p, b := range files { // the Hub publishes each file's sha256: computed once
+		sum := sha256.Sum256(b)
+		h.sha[p] = hex.EncodeToString(sum[:])
+	}
 	h.CDN = httptest.NewServer(http.HandlerFunc(h.serveBlob))
 	t.Cleanup(h.CDN.Close)
 	// The Hub's two routes overlap as ServeMux patterns: split by hand.
@@ -77,11 +81,7 @@ func New(t testing.TB, repo string, files map[string][]byte) *Hub {
 func (h *Hub) digest(p string) string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if s, ok := h.sha[p]; ok {
-		return s
-	}
-	sum := sha256.Sum256(h.files[p])
-	return hex.EncodeToString(sum[:])
+	return h.sha[p]
 }
 
 // refuse answers as the Hub does for a missing or gated repository.
@@ -129,13 +129,7 @@ func (h *Hub) serveTree(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(out)
 }
 
-func (h *Hub) digestLocked(p string) string {
-	if s, ok := h.sha[p]; ok {
-		return s
-	}
-	sum := sha256.Sum256(h.files[p])
-	return hex.EncodeToString(sum[:])
-}
+func (h *Hub) digestLocked(p string) string { return h.sha[p] }
 
 func (h *Hub) serveResolve(w http.ResponseWriter, r *http.Request) {
 	if h.refuse(w, r) {
