@@ -41,14 +41,36 @@ scale sets, through the queen, how many workers of a model stay live.`,
 
 func newModelsLsCmd() *cobra.Command {
 	var dir string
-	var asJSON bool
+	var asJSON, all bool
+	pf := &poolFlags{}
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List the models of the models directory",
 		Long: `List the *.gguf files of the models directory with what their headers say.
-A file that cannot be read is listed with the reason.`,
+A file that cannot be read (not a GGUF, truncated, a split model that lacks a
+part) is listed with the reason; a download under way (*.partial) is not
+listed. With --all, list instead the models of every pool as the queen
+reads them from their hives (which leave out the files they cannot read);
+uses $APIARY_ADMIN_TOKEN.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if all {
+				if cmd.Flags().Changed("models-dir") {
+					return usagef("models ls: --models-dir does not go with --all")
+				}
+				c, err := pf.client()
+				if err != nil {
+					return err
+				}
+				pools, err := c.PoolModels(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), api.PoolModelsList{Pools: pools})
+				}
+				return printPoolModels(cmd.OutOrStdout(), pools)
+			}
 			dir, err := modelsDir(dir)
 			if err != nil {
 				return err
@@ -66,7 +88,7 @@ A file that cannot be read is listed with the reason.`,
 				return enc.Encode(models)
 			}
 			if len(models) == 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "no models in %s (add one with `apiary models pull URL` or `apiary models testmodel %s`)\n",
+				fmt.Fprintf(cmd.ErrOrStderr(), "no models in %s (add one with `apiary models pull hf://ORG/REPO:QUANT` or `apiary models testmodel %s`)\n",
 					dir, modelPathHint(dir))
 			}
 			return printModels(cmd.OutOrStdout(), models)
@@ -74,6 +96,8 @@ A file that cannot be read is listed with the reason.`,
 	}
 	cmd.Flags().StringVar(&dir, "models-dir", "", "models directory (default $XDG_DATA_HOME/apiary/models)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.Flags().BoolVar(&all, "all", false, "list the models of every pool, through the queen")
+	pf.register(cmd)
 	return cmd
 }
 
@@ -95,17 +119,67 @@ func printModels(w io.Writer, models []modelstore.Model) error {
 }
 
 func newModelsPullCmd() *cobra.Command {
-	var dir, name string
-	var force bool
+	var dir, name, pool, reason string
+	var force, detach, status bool
+	pf := &poolFlags{}
 	cmd := &cobra.Command{
-		Use:   "pull URL",
-		Short: "Download a GGUF model into the models directory",
-		Long: `Download a GGUF model over HTTP(S) into the models directory as REF.gguf, REF
-being --name or the URL's file name without ".gguf". The download is checked
-with the GGUF reader before it takes its place; a failed or interrupted pull
-leaves nothing behind.`,
-		Args: usageArgs(cobra.ExactArgs(1)),
+		Use:   "pull REF | pull --pool POOL --status",
+		Short: "Download a GGUF model from Hugging Face or a URL into the models directory",
+		Long: `Download a GGUF model into the models directory. REF is
+  hf://ORG/REPO:QUANT      the repository's GGUF whose file name holds QUANT (any case)
+  hf://ORG/REPO/FILE.gguf  that file of the repository
+  hf.co/ORG/REPO:QUANT     the same, as Ollama writes it
+  https://HOST/PATH.gguf   any URL
+A split model (NAME-00001-of-00003.gguf …) is fetched whole. The model is
+saved as REF.gguf, REF being --name or the file name without ".gguf" (a
+split model's parts as NAME-0000i-of-0000N.gguf; its ref is the first's).
+
+Each file is written to FILE.gguf.partial: a broken connection is resumed
+where it stopped, and so is a pull run again after a failure or Ctrl-C.
+The sha256 the Hub publishes is checked, the GGUF header read, and the free
+disk space checked first; only then does the file take its name. The Hub is
+$HF_ENDPOINT (default https://huggingface.co); $HF_TOKEN is sent for gated
+and private repositories.
+
+With --pool, the queen asks that pool's hive to pull REF into its own models
+directory (with the hive's HF_ENDPOINT and HF_TOKEN), and this command
+follows the pull until it ends (--detach: returns at once); the queen's
+audit log records model.pull_started, model.pulled or model.pull_failed.
+--pool POOL --status lists the pulls that hive remembers. Uses
+$APIARY_ADMIN_TOKEN.`,
+		Args: usageArgs(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			fl := cmd.Flags()
+			if pool == "" && (fl.Changed("reason") || detach || status) {
+				return usagef("models pull: --reason, --detach and --status go with --pool")
+			}
+			if pool != "" {
+				if fl.Changed("models-dir") {
+					return usagef("models pull: %v", errPoolFlags)
+				}
+				c, err := pf.client()
+				if err != nil {
+					return err
+				}
+				if status {
+					if len(args) > 0 {
+						return usagef("models pull --status takes no REF")
+					}
+					pulls, err := c.ModelPulls(cmd.Context(), pool)
+					if err != nil {
+						return err
+					}
+					return printPulls(cmd.OutOrStdout(), pulls)
+				}
+				if len(args) == 0 {
+					return usagef("models pull: missing REF")
+				}
+				return pullOnPool(cmd.Context(), c, pool, api.PullModelRequest{Ref: args[0], Name: name, Force: force, Reason: reason},
+					detach, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
+			if len(args) == 0 {
+				return usagef("models pull: missing REF")
+			}
 			dir, err := modelsDir(dir)
 			if err != nil {
 				return err
@@ -113,59 +187,130 @@ leaves nothing behind.`,
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return fmt.Errorf("models directory: %w", err)
 			}
+			hub := modelstore.HubFromEnv()
+			src, err := modelstore.ResolveSource(cmd.Context(), nil, hub, args[0])
+			if err != nil {
+				return pullError(cmd, err, name)
+			}
 			label := name
 			if label == "" {
-				if label, err = modelstore.RefFromURL(args[0]); err != nil {
-					label = args[0]
-				}
+				label = src.Name
 			}
-			p := &progress{w: cmd.ErrOrStderr(), label: label}
+			p := newProgress(cmd.ErrOrStderr(), label)
 			m, err := modelstore.Pull(cmd.Context(), dir, args[0], modelstore.PullOptions{
-				Ref: name, Overwrite: force, Progress: p.report,
+				Ref: name, Overwrite: force, Hub: hub, Source: &src, Progress: p.report,
 			})
-			switch {
-			case errors.Is(err, modelstore.ErrBadRef) && name != "":
-				return usagef("--name: %v", err)
-			case errors.Is(err, modelstore.ErrBadRef):
-				return usagef("%v; pass --name", err)
-			case errors.Is(err, modelstore.ErrBadURL):
-				return usagef("%v", err)
-			case errors.Is(err, modelstore.ErrExists):
-				return fmt.Errorf("%w; pass --force to replace it", err)
-			case cmd.Context().Err() != nil:
-				return &exitError{code: 130, err: errors.New("pull interrupted; nothing was saved")}
-			case err != nil:
-				return err
+			if err != nil {
+				return pullError(cmd, err, name)
 			}
+			p.done()
 			return printLine(cmd.OutOrStdout(), "pulled %s: %s", m.Ref, describeModel(m.Path, m.Info, m.Size))
 		},
 	}
 	cmd.Flags().StringVar(&dir, "models-dir", "", "models directory (default $XDG_DATA_HOME/apiary/models)")
-	cmd.Flags().StringVar(&name, "name", "", "ref of the model (default: the URL's file name without .gguf)")
+	cmd.Flags().StringVar(&name, "name", "", "ref of the model (default: the file name without .gguf)")
 	cmd.Flags().BoolVar(&force, "force", false, "replace a model of the same ref")
+	cmd.Flags().StringVar(&pool, "pool", "", "have this pool's hive pull the model, through the queen")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the queen's audit log (with --pool)")
+	cmd.Flags().BoolVar(&detach, "detach", false, "with --pool: return once the pull started")
+	cmd.Flags().BoolVar(&status, "status", false, "with --pool: list the pulls of the pool's hive")
+	pf.register(cmd)
 	return cmd
 }
 
-// progress prints download progress as plain lines: every 10% when the
-// total is known, every 64 MiB otherwise.
+// pullError maps a pull's error to the CLI's: usage errors, hints, and
+// 130 for an interrupted pull.
+func pullError(cmd *cobra.Command, err error, name string) error {
+	switch {
+	case errors.Is(err, modelstore.ErrBadRef) && name != "":
+		return usagef("--name: %v", err)
+	case errors.Is(err, modelstore.ErrBadRef):
+		return usagef("%v; pass --name", err)
+	case errors.Is(err, modelstore.ErrBadURL):
+		return usagef("%v", err)
+	case errors.Is(err, modelstore.ErrExists):
+		return fmt.Errorf("%w; pass --force to replace it", err)
+	case cmd.Context().Err() != nil:
+		return &exitError{code: 130, err: errors.New("pull interrupted; run it again to resume")}
+	}
+	return err
+}
+
+// progress prints a pull's progress: bytes, rate and time left. On a
+// terminal one line is rewritten (\r) at most every 200ms; elsewhere a
+// plain line is printed every 10 seconds. done prints the last line.
 type progress struct {
 	w     io.Writer
 	label string
-	next  int64 // bytes at which the next line is due
+	tty   bool
+	now   func() time.Time
+
+	start, last time.Time
+	base        int64 // bytes resumed, not counted in the rate
+	cur         modelstore.Progress
 }
 
-func (p *progress) report(written, total int64) {
-	if written < p.next {
-		return
+func newProgress(w io.Writer, label string) *progress {
+	return &progress{w: w, label: label, tty: isTerminal(w), now: time.Now}
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	if total > 0 {
-		pct := written * 100 / total
-		fmt.Fprintf(p.w, "pull %s: %3d%% (%s of %s)\n", p.label, pct, api.FormatBytes(uint64(written)), api.FormatBytes(uint64(total)))
-		p.next = (pct/10 + 1) * 10 * total / 100
-		return
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func (p *progress) report(pr modelstore.Progress) {
+	now := p.now()
+	if p.start.IsZero() {
+		p.start, p.base, p.last = now, pr.Resumed, now
+		if pr.Resumed > 0 {
+			fmt.Fprintf(p.w, "pull %s: resuming after %s\n", p.label, api.FormatBytes(uint64(pr.Resumed)))
+		}
 	}
-	fmt.Fprintf(p.w, "pull %s: %s\n", p.label, api.FormatBytes(uint64(written)))
-	p.next = written + 64<<20
+	p.cur = pr
+	every := 10 * time.Second
+	if p.tty {
+		every = 200 * time.Millisecond
+	}
+	if now.Sub(p.last) >= every {
+		p.last = now
+		p.print(now, false)
+	}
+}
+
+// done prints the final line, once something was reported.
+func (p *progress) done() {
+	if !p.start.IsZero() {
+		p.print(p.now(), true)
+	}
+}
+
+func (p *progress) print(now time.Time, final bool) {
+	pr := p.cur
+	line := fmt.Sprintf("pull %s: %s", p.label, api.FormatBytes(uint64(pr.Written)))
+	if pr.Total > 0 {
+		line += fmt.Sprintf(" of %s (%d%%)", api.FormatBytes(uint64(pr.Total)), pr.Written*100/pr.Total)
+	}
+	if el := now.Sub(p.start); el > 0 && pr.Written > p.base {
+		rate := float64(pr.Written-p.base) / el.Seconds()
+		line += fmt.Sprintf(", %s/s", api.FormatBytes(uint64(rate)))
+		if pr.Total > 0 && !final {
+			line += fmt.Sprintf(", %s left", time.Duration(float64(pr.Total-pr.Written)/rate*float64(time.Second)).Round(time.Second))
+		}
+	}
+	switch {
+	case p.tty && final:
+		fmt.Fprintf(p.w, "\r%s\033[K\n", line)
+	case p.tty:
+		fmt.Fprintf(p.w, "\r%s\033[K", line)
+	default:
+		fmt.Fprintln(p.w, line)
+	}
 }
 
 func newModelsTestmodelCmd() *cobra.Command {

@@ -243,3 +243,58 @@ type WorkerHealth struct {
 	InFlight      int        `json:"in_flight"`
 	LastRequestAt *time.Time `json:"last_request_at"`
 }
+
+// PullModelRequest is the body of the hive's POST /v2/models/pull and of
+// the queen's POST /api/admin/pools/{id}/models/pull.
+type PullModelRequest struct {
+	// Ref is what to pull: hf://ORG/REPO:QUANT, hf://ORG/REPO/FILE.gguf,
+	// hf.co/ORG/REPO:QUANT, or an http(s) URL of a GGUF file.
+	Ref string `json:"ref"`
+	// Name is the model's ref; default the file name without ".gguf".
+	Name string `json:"name,omitempty"`
+	// Force replaces a model of the same name.
+	Force bool `json:"force,omitempty"`
+	// Reason goes to the queen's audit log (the queen's endpoint only).
+	Reason string `json:"reason,omitempty"`
+}
+
+// The states of a ModelPull.
+const (
+	PullRunning = "pulling"
+	PullDone    = "pulled"
+	PullFailed  = "failed"
+)
+
+// ModelPull is one pull of a model on a hive, as GET /v2/models/pulls
+// shows it.
+type ModelPull struct {
+	ID     string `json:"id"`
+	PoolID string `json:"pool_id,omitempty"`
+	Ref    string `json:"ref"`
+	// Model is the ref the model has once pulled.
+	Model        string     `json:"model"`
+	State        string     `json:"state"` // PullRunning, PullDone or PullFailed
+	WrittenBytes int64      `json:"written_bytes"`
+	ResumedBytes int64      `json:"resumed_bytes,omitempty"` // of WrittenBytes, kept from an earlier attempt
+	TotalBytes   int64      `json:"total_bytes"`             // -1 while unknown
+	Error        string     `json:"error,omitempty"`
+	StartedAt    time.Time  `json:"started_at"`
+	EndedAt      *time.Time `json:"ended_at,omitempty"`
+}
+
+// ModelPullList is the answer of GET /v2/models/pulls.
+type ModelPullList struct {
+	Pulls []ModelPull `json:"pulls"`
+}
+
+// PoolModels is one pool's models, as the queen last read them from its
+// hive.
+type PoolModels struct {
+	PoolID string  `json:"pool_id"`
+	Models []Model `json:"models"`
+}
+
+// PoolModelsList is the answer of the queen's GET /api/admin/pools/models.
+type PoolModelsList struct {
+	Pools []PoolModels `json:"pools"`
+}

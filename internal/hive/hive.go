@@ -40,6 +40,7 @@ type Hive struct {
 	reg      *registry
 	data     *dataDir
 	queen    *queenClient // nil when standalone
+	pulls    *pulls       // model pulls (POST /v2/models/pull)
 	// onEvent, when set before Run (tests), sees every worker event
 	// synchronously, in order, from the worker's owner.
 	onEvent func(api.WorkerEvent)
@@ -101,6 +102,7 @@ func New(cfg Config) (*Hive, error) {
 		h.devices = gpu.Detect(h.log)
 	}
 	h.metrics = newMetrics(h)
+	h.pulls = newPulls(h)
 	if cfg.LeaseTimeout > 0 {
 		h.lease = make(chan struct{}, 1)
 	}
@@ -207,6 +209,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	start := time.Now()
 	h.cascade()
 	h.log.Info("all workers stopped", "took", time.Since(start).Round(time.Millisecond).String())
+	h.pulls.close() // a pull under way stops; its partial files stay, for the next pull to resume
 
 	stopQueen() // the queen client flushes pending events before it returns
 	stopOwnerLoops()
@@ -232,6 +235,7 @@ func (h *Hive) cascade() {
 func (h *Hive) release() {
 	h.closeOnce.Do(func() {
 		h.owners.Wait()
+		h.pulls.close()
 		if h.launcher != nil {
 			_ = h.launcher.Close()
 		}

@@ -37,6 +37,9 @@ func (h *Hive) routes() http.Handler {
 	mux.Handle("POST /v2/internal/workers/ready", open(h.postReady))
 	mux.Handle("GET /v2/gpus", auth(h.getGPUs))
 	mux.Handle("GET /v2/models", auth(h.getModels))
+	mux.Handle("POST /v2/models/pull", auth(h.postPull))
+	mux.Handle("GET /v2/models/pulls", auth(h.listPulls))
+	mux.Handle("GET /v2/models/pulls/{id}", auth(h.getPull))
 	mux.Handle("POST /v2/shutdown", auth(h.postShutdown))
 	mux.Handle("/", open(func(http.ResponseWriter, *http.Request) error {
 		return &api.RequestError{Status: http.StatusNotFound, Code: "not_found", Err: errors.New("no such endpoint")}
@@ -188,8 +191,10 @@ func (h *Hive) postShutdown(w http.ResponseWriter, _ *http.Request) error {
 	return nil
 }
 
-// listModels lists the models dir through the shared model store, so the
-// hive serves exactly what `apiary models ls` shows.
+// listModels lists the models dir through the shared model store: what
+// `apiary models ls` shows, less the files the GGUF reader rejects (a
+// truncated file, a split model that lacks a part): the queen never
+// places a worker on those.
 func listModels(dir string) ([]api.Model, error) {
 	models, err := modelstore.List(dir)
 	if err != nil {
@@ -197,6 +202,9 @@ func listModels(dir string) ([]api.Model, error) {
 	}
 	out := make([]api.Model, 0, len(models))
 	for _, m := range models {
+		if m.Info == nil {
+			continue
+		}
 		am := api.Model{Ref: m.Ref, SizeBytes: m.Size, ModifiedAt: m.ModTime.UTC()}
 		if m.Info != nil {
 			am.Architecture = m.Info.Architecture

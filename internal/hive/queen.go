@@ -297,3 +297,31 @@ func (q *queenClient) postFor(ctx context.Context, path string, body, out any) e
 	}
 	return err
 }
+
+// pullReports bounds the attempts to tell the queen how a pull ended.
+const pullReports = 5
+
+// reportPull tells the queen how a model pull ended (POST
+// /v2/internal/models/pulls), for its audit log and model catalog; an
+// unreachable queen is tried again a few times, a second apart.
+func (q *queenClient) reportPull(ctx context.Context, pull api.ModelPull) {
+	var err error
+	for attempt := range pullReports {
+		if attempt > 0 {
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		if err = q.post(ctx, "/v2/internal/models/pulls", pull); err == nil {
+			return
+		}
+		if _, refused := errors.AsType[*queenAnswer](err); refused {
+			break
+		}
+	}
+	q.log.Warn("cannot tell the queen how a model pull ended", "pull_id", pull.ID, "err", err)
+}

@@ -249,3 +249,25 @@ func (c *Client) ModelSettings(ctx context.Context) ([]api.ModelSetting, error) 
 	err := c.do(ctx, http.MethodGet, "/api/admin/models", nil, nil, &out, c.adminToken)
 	return out.Models, err
 }
+
+// PullModel asks the queen to have pool poolID's hive pull a model in the
+// background (POST /api/admin/pools/{id}/models/pull).
+func (c *Client) PullModel(ctx context.Context, poolID string, req api.PullModelRequest) (api.ModelPull, error) {
+	var out api.ModelPull
+	err := c.do(ctx, http.MethodPost, "/api/admin/pools/"+url.PathEscape(poolID)+"/models/pull", nil, req, &out, c.adminToken)
+	return out, err
+}
+
+// ModelPulls lists the pulls pool poolID's hive remembers.
+func (c *Client) ModelPulls(ctx context.Context, poolID string) ([]api.ModelPull, error) {
+	var out api.ModelPullList
+	err := c.do(ctx, http.MethodGet, "/api/admin/pools/"+url.PathEscape(poolID)+"/models/pulls", nil, nil, &out, c.adminToken)
+	return out.Pulls, err
+}
+
+// PoolModels lists every answering pool's models.
+func (c *Client) PoolModels(ctx context.Context) ([]api.PoolModels, error) {
+	var out api.PoolModelsList
+	err := c.do(ctx, http.MethodGet, "/api/admin/pools/models", nil, nil, &out, c.adminToken)
+	return out.Pools, err
+}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -104,9 +105,12 @@ type Model struct {
 }
 
 // List returns the models of dir sorted by ref: every *.gguf file (or
-// symbolic link to one) whose name is a valid ref. A file the GGUF reader
-// rejects is listed with its Error, not left out. A directory that does not
-// exist holds no models.
+// symbolic link to one) whose name is a valid ref, a split model
+// (NAME-00001-of-0000N.gguf …) once, by its first part, with the size of
+// all. A file the GGUF reader rejects (truncated: shorter than its
+// header's tensor data) or a split model that lacks a part is listed with
+// its Error, not left out. Partial downloads (*.partial) are not models. A
+// directory that does not exist holds no models.
 func List(dir string) ([]Model, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -131,10 +135,15 @@ func List(dir string) ([]Model, error) {
 		if st.IsDir() {
 			continue
 		}
+		if sm := splitName.FindStringSubmatch(e.Name()); sm != nil && sm[2] != "00001" {
+			continue // a later part of a split model: listed with its first
+		}
 		m.Size, m.ModTime = st.Size(), st.ModTime()
 		f, err := gguf.Open(m.Path)
 		if err != nil {
 			m.Error = describe(err)
+		} else if err := checkParts(dir, e.Name(), &m.Size); err != nil {
+			m.Error = err.Error()
 		} else {
 			info := f.Info()
 			m.Info = &info
@@ -143,6 +152,32 @@ func List(dir string) ([]Model, error) {
 	}
 	slices.SortFunc(models, func(a, b Model) int { return strings.Compare(a.Ref, b.Ref) })
 	return models, nil
+}
+
+// checkParts checks the later parts of a split model whose first part is
+// first: each must be there and readable by the GGUF reader; their sizes
+// are added to size. A file that is not a split model's part passes.
+func checkParts(dir, first string, size *int64) error {
+	sm := splitName.FindStringSubmatch(first)
+	if sm == nil {
+		return nil
+	}
+	n, _ := strconv.Atoi(sm[3])
+	for i := 2; i <= n; i++ {
+		name := fmt.Sprintf("%s-%05d-of-%s%s", sm[1], i, sm[3], Ext)
+		p := filepath.Join(dir, name)
+		if _, err := gguf.Open(p); errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("split model: part %d of %d (%s) is missing", i, n, name)
+		} else if err != nil {
+			return fmt.Errorf("split model: part %d of %d: %s", i, n, describe(err))
+		}
+		st, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		*size += st.Size()
+	}
+	return nil
 }
 
 // describe returns what is wrong with a file, without its path when the

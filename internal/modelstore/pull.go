@@ -10,15 +10,17 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/apiary-llm/apiary/internal/gguf"
 )
 
 // Sentinel errors of Pull.
 var (
-	// ErrBadURL means the URL cannot be pulled from: it does not parse, or
-	// its scheme is not http or https.
+	// ErrBadURL means the ref cannot be pulled from: it does not parse, or
+	// it is neither an http(s) URL nor an hf:// ref.
 	ErrBadURL = errors.New("modelstore: bad model URL")
 	// ErrDownload means the server did not send the model: an HTTP error
 	// status, or a connection that failed or broke off.
@@ -27,15 +29,55 @@ var (
 
 // PullOptions tune Pull.
 type PullOptions struct {
-	// Ref names the model; by default the URL's file name without ".gguf".
+	// Ref names the model; by default the file name without ".gguf" (for
+	// a split model without its part suffix: its parts are saved as
+	// REF-00001-of-0000N.gguf …, and the model's ref is the first part's
+	// name).
 	Ref string
 	// Overwrite replaces a model of the same ref; without it that is ErrExists.
 	Overwrite bool
-	// Client makes the request; http.DefaultClient when nil.
+	// Client makes the requests; http.DefaultClient when nil.
 	Client *http.Client
-	// Progress, when set, is called after each chunk is written with the
-	// bytes written so far and the total (-1 when the server does not say).
-	Progress func(written, total int64)
+	// Hub is where hf:// refs are looked up; HubFromEnv() when zero.
+	Hub Hub
+	// Source is what to fetch, when the caller resolved it already
+	// (ResolveSource); nil: Pull resolves the ref.
+	Source *Source
+	// Progress, when set, is called after each chunk is written.
+	Progress func(Progress)
+	// Retries is how many attempts in a row that write nothing a file's
+	// download makes before it gives up; default 5.
+	Retries int
+	// RetryDelay is the back-off after the first failed attempt, doubled
+	// after each (at most 32 times); default 1s.
+	RetryDelay time.Duration
+	// FreeSpace returns the bytes free for dir; FreeSpace (statfs) when nil.
+	FreeSpace func(dir string) (uint64, error)
+}
+
+func (o *PullOptions) retries() int {
+	if o.Retries <= 0 {
+		return 5
+	}
+	return o.Retries
+}
+
+func (o *PullOptions) retryDelay() time.Duration {
+	if o.RetryDelay <= 0 {
+		return time.Second
+	}
+	return o.RetryDelay
+}
+
+// Progress is how far a pull is.
+type Progress struct {
+	// File is the file being downloaded (its URL).
+	File string
+	// Written is the bytes of the model on disk, Resumed of them there
+	// before this pull started (resumed from partial files).
+	Written, Resumed int64
+	// Total is the model's size, -1 while unknown.
+	Total int64
 }
 
 // RefFromURL derives a model ref from a download URL: the last path element
@@ -54,78 +96,142 @@ func RefFromURL(rawURL string) (string, error) {
 	return ref, nil
 }
 
-// Pull downloads the GGUF model at rawURL (http or https) into dir as
-// <ref>.gguf. The download goes to a temporary file in dir and is moved into
-// place only once complete and accepted by the GGUF reader (see WriteFile),
-// so an interrupted or foreign download leaves nothing behind. A body that
-// does not start with the GGUF magic stops the download at once. It returns
-// the placed model.
-func Pull(ctx context.Context, dir, rawURL string, opts PullOptions) (Model, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return Model{}, fmt.Errorf("%w: %w", ErrBadURL, err)
+// Pull downloads the GGUF model that ref names (an http(s) URL, or
+// hf://ORG/REPO:QUANT, hf://ORG/REPO/FILE.gguf: see ResolveSource) into
+// dir, and returns the placed model.
+//
+// Each file goes to FILE.gguf.partial beside its final name, which a
+// broken connection (retried with a back-off) and a later pull resume
+// with a Range request. Its sha256 is computed while it is written (from
+// the partial file, read once, on resume) and must be the one the Hub
+// publishes; a mismatch deletes the partial file. The download must fit
+// in the free disk space, checked before it starts. Complete files are
+// checked with the GGUF reader and only then renamed to their names, a
+// split model's first part last: dir never holds a partial file under a
+// model's name. A body that does not start with the GGUF magic stops the
+// download at once. On an error the partial files are kept only when a
+// later pull can resume them (a broken connection, a canceled pull).
+func Pull(ctx context.Context, dir, ref string, opts PullOptions) (Model, error) {
+	src := opts.Source
+	if opts.Hub == (Hub{}) {
+		opts.Hub = HubFromEnv()
 	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return Model{}, fmt.Errorf("%w %s: only http and https URLs can be pulled", ErrBadURL, rawURL)
+	if src == nil {
+		s, err := ResolveSource(ctx, opts.Client, opts.Hub, ref)
+		if err != nil {
+			return Model{}, err
+		}
+		src = &s
 	}
-	ref := opts.Ref
-	if ref == "" {
-		if ref, err = RefFromURL(rawURL); err != nil {
+	if len(src.Files) == 0 {
+		return Model{}, fmt.Errorf("%w: %s: no file to fetch", ErrNoModel, ref)
+	}
+	name := opts.Ref
+	if name == "" {
+		name = src.Name
+	}
+	if err := CheckRef(name); err != nil {
+		return Model{}, err
+	}
+	modelRef := src.ModelRef(name)
+	if err := CheckRef(modelRef); err != nil {
+		return Model{}, err
+	}
+	var dsts []string
+	for _, n := range src.fileNames(name) {
+		dsts = append(dsts, filepath.Join(dir, n))
+	}
+	if !opts.Overwrite {
+		for _, p := range dsts {
+			if _, err := os.Lstat(p); err == nil {
+				return Model{}, fmt.Errorf("%w: %s", ErrExists, p)
+			}
+		}
+	}
+	total := src.Size()
+	if total >= 0 {
+		need := total
+		for _, p := range dsts {
+			if st, err := os.Stat(p + PartialExt); err == nil {
+				need -= st.Size()
+			}
+		}
+		if err := checkSpace(&opts, dir, need); err != nil {
 			return Model{}, err
 		}
 	}
-	dst, err := Path(dir, ref)
-	if err != nil {
-		return Model{}, err
+	token := ""
+	if IsHubRef(src.Ref) {
+		token = opts.Hub.Token
 	}
-	client := opts.Client
-	if client == nil {
-		client = http.DefaultClient
-	}
-
-	download := func(w io.Writer) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrDownload, err)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrDownload, err)
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%w: GET %s: %s", ErrDownload, rawURL, resp.Status)
-		}
-		body := bufio.NewReader(resp.Body)
-		if err := checkMagic(body, rawURL, resp.Header.Get("Content-Type")); err != nil {
-			return err
-		}
-		cw := &countingWriter{w: w, total: resp.ContentLength, progress: opts.Progress}
-		if _, err := body.WriteTo(cw); err != nil {
-			if cw.err != nil {
-				return fmt.Errorf("modelstore: writing %s: %w", dst, cw.err)
+	downloads := make([]*download, len(src.Files))
+	var done, resumed int64 // bytes of the files before the current one; bytes on disk at their start
+	keep := false
+	defer func() {
+		for _, d := range downloads {
+			if d != nil {
+				d.close(!keep || d.off == 0)
 			}
-			return fmt.Errorf("%w: GET %s: after %d bytes: %w", ErrDownload, rawURL, cw.n, err)
 		}
-		if resp.ContentLength >= 0 && cw.n != resp.ContentLength {
-			return fmt.Errorf("%w: GET %s: got %d of %d bytes", ErrDownload, rawURL, cw.n, resp.ContentLength)
+	}()
+	for i, f := range src.Files {
+		d := &download{file: f, partial: dsts[i] + PartialExt, opts: &opts, dir: dir, token: token}
+		downloads[i] = d
+		if err := d.open(); err != nil {
+			keep = errors.Is(err, ErrBusy) // the partial file is another pull's
+			if keep {
+				downloads[i] = nil
+			}
+			return Model{}, err
 		}
-		return nil
+		resumed += d.off
+		d.report = func(written, size int64) {
+			if opts.Progress == nil {
+				return
+			}
+			t := total
+			if t < 0 && len(src.Files) == 1 {
+				t = size // a plain URL's, once the server said
+			}
+			opts.Progress(Progress{File: f.URL, Written: done + written, Resumed: resumed, Total: t})
+		}
+		if err := d.run(ctx); err != nil {
+			keep = ctx.Err() != nil || errors.Is(err, ErrDownload)
+			return Model{}, err
+		}
+		if err := d.verify(); err != nil {
+			downloads[i] = nil // deleted
+			return Model{}, err
+		}
+		done += d.off
 	}
-	f, err := WriteFile(dst, opts.Overwrite, download)
-	if err != nil {
-		if e, ok := errors.AsType[*gguf.Error](err); ok {
-			// The reader names the temporary file; name what was pulled.
-			e.Name = rawURL
+	var size int64
+	for i, d := range downloads {
+		if err := d.f.Sync(); err != nil {
+			keep = true
+			return Model{}, fmt.Errorf("modelstore: writing %s: %w", d.partial, err)
 		}
-		return Model{}, err
+		if err := checkPart(d.partial, i == 0, src.Files[i].URL); err != nil {
+			return Model{}, err
+		}
+		size += d.off
 	}
-	st, err := os.Stat(dst)
+	// The first part last: the model is listed once all its parts are.
+	for i := len(downloads) - 1; i >= 0; i-- {
+		if err := place(downloads[i].partial, dsts[i], opts.Overwrite); err != nil {
+			return Model{}, err
+		}
+	}
+	st, err := os.Stat(dsts[0])
 	if err != nil {
 		return Model{}, fmt.Errorf("modelstore: %w", err)
 	}
+	f, err := Check(dsts[0])
+	if err != nil {
+		return Model{}, err
+	}
 	info := f.Info()
-	return Model{Ref: ref, Path: dst, Size: st.Size(), ModTime: st.ModTime(), Info: &info}, nil
+	return Model{Ref: modelRef, Path: dsts[0], Size: size, ModTime: st.ModTime(), Info: &info}, nil
 }
 
 // checkMagic fails fast when the body is not a GGUF file, e.g. an HTML
@@ -143,26 +249,4 @@ func checkMagic(body *bufio.Reader, rawURL, contentType string) error {
 		msg += fmt.Sprintf("; the server sent %s", contentType)
 	}
 	return &gguf.Error{Name: rawURL, Msg: msg, Err: gguf.ErrNotGGUF}
-}
-
-// countingWriter counts the bytes written, reports progress and remembers
-// a write error (to tell disk errors from network ones).
-type countingWriter struct {
-	w        io.Writer
-	n, total int64
-	progress func(written, total int64)
-	err      error
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	if err != nil {
-		c.err = err
-		return n, err
-	}
-	if c.progress != nil {
-		c.progress(c.n, c.total)
-	}
-	return n, nil
 }

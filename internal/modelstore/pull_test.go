@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/apiary-llm/apiary/internal/gguf"
 	"github.com/apiary-llm/apiary/internal/modelstore"
@@ -55,11 +56,11 @@ func TestPull(t *testing.T) {
 
 	var calls []int64
 	m, err := modelstore.Pull(t.Context(), dir, srv.URL+"/models/tiny.gguf?download=true", modelstore.PullOptions{
-		Progress: func(written, total int64) {
-			if total != int64(len(tiny)) {
-				t.Errorf("progress total %d, want %d", total, len(tiny))
+		Progress: func(p modelstore.Progress) {
+			if p.Written > 0 && p.Total != int64(len(tiny)) {
+				t.Errorf("progress total %d, want %d", p.Total, len(tiny))
 			}
-			calls = append(calls, written)
+			calls = append(calls, p.Written)
 		},
 	})
 	if err != nil {
@@ -88,7 +89,7 @@ func TestPull(t *testing.T) {
 	// Another name; the total is unknown without a Content-Length.
 	var total int64
 	m, err = modelstore.Pull(t.Context(), dir, srv.URL+"/chunked/tiny.gguf", modelstore.PullOptions{
-		Ref: "tiny-copy", Progress: func(_, tot int64) { total = tot },
+		Ref: "tiny-copy", Progress: func(p modelstore.Progress) { total = p.Total },
 	})
 	if err != nil || m.Ref != "tiny-copy" || total != -1 {
 		t.Errorf("Pull as tiny-copy = %+v, %v (total %d); want tiny-copy and total -1", m, err, total)
@@ -114,14 +115,14 @@ func TestPullErrors(t *testing.T) {
 			"GET " + srv.URL + "/missing.gguf: 404 Not Found"},
 		{"html", t.Context(), srv.URL + "/login.gguf", modelstore.PullOptions{}, gguf.ErrNotGGUF,
 			srv.URL + `/login.gguf: not a GGUF file (magic "<!DO"); the server sent text/html; charset=utf-8`},
-		{"connection cut", t.Context(), srv.URL + "/cut.gguf", modelstore.PullOptions{}, modelstore.ErrDownload,
+		{"connection cut", t.Context(), srv.URL + "/cut.gguf", modelstore.PullOptions{RetryDelay: time.Millisecond}, modelstore.ErrDownload,
 			"GET " + srv.URL + "/cut.gguf: after "},
 		{"truncated model", t.Context(), srv.URL + "/half.gguf", modelstore.PullOptions{}, gguf.ErrTruncated,
 			srv.URL + "/half.gguf: truncated in the data of tensor"},
 		{"old version", t.Context(), srv.URL + "/v1.gguf", modelstore.PullOptions{}, gguf.ErrVersion,
 			srv.URL + "/v1.gguf: GGUF version 1 is not supported"},
 		{"scheme", t.Context(), "ftp://example.com/x.gguf", modelstore.PullOptions{}, modelstore.ErrBadURL,
-			"only http and https URLs can be pulled"},
+			"only http and https URLs and hf://ORG/REPO:QUANT refs can be pulled"},
 		{"no name in URL", t.Context(), srv.URL + "/", modelstore.PullOptions{}, modelstore.ErrBadRef,
 			"cannot name the model after the URL's file name"},
 		{"bad name", t.Context(), srv.URL + "/models/tiny.gguf", modelstore.PullOptions{Ref: "../up"}, modelstore.ErrBadRef,
@@ -135,8 +136,12 @@ func TestPullErrors(t *testing.T) {
 			if !errors.Is(err, tt.err) || !strings.Contains(err.Error(), tt.msg) {
 				t.Errorf("Pull = %v, want %v saying %q", err, tt.err, tt.msg)
 			}
-			if entries := dirEntries(t, dir); len(entries) != 0 {
-				t.Errorf("the models dir holds %v after a failed pull, want nothing", entries)
+			var want []string
+			if tt.name == "connection cut" {
+				want = []string{"cut.gguf.partial"} // kept for the next pull to resume
+			}
+			if diff := cmp.Diff(want, dirEntries(t, dir)); diff != "" {
+				t.Errorf("the models dir after a failed pull (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -53,6 +53,10 @@ func (q *Queen) routes() http.Handler {
 	mux.Handle("POST /v2/pools/{id}/drain", admin(q.postDrain))
 	mux.Handle("POST /v2/pools/{id}/undrain", admin(q.postUndrain))
 	mux.Handle("DELETE /v2/pools/{id}", admin(q.deletePool))
+	mux.Handle("POST /v2/internal/models/pulls", cluster(q.postPullReport))
+	mux.Handle("GET /api/admin/pools/models", admin(q.getPoolModels))
+	mux.Handle("POST /api/admin/pools/{id}/models/pull", admin(q.postPoolPull))
+	mux.Handle("GET /api/admin/pools/{id}/models/pulls", admin(q.getPoolPulls))
 
 	mux.Handle("GET /api/admin/workers", admin(q.getWorkers))
 	mux.Handle("GET /api/admin/workers/{id}", admin(q.getWorker))

@@ -66,6 +66,20 @@ func (c *catalog) registered(poolID, endpoint string) {
 	}
 }
 
+// stale marks a pool's list as due for a read (its last one is kept
+// meanwhile) and asks run to read it now.
+func (c *catalog) stale(poolID string) {
+	c.mu.Lock()
+	if pm := c.pools[poolID]; pm != nil {
+		pm.readAt, pm.triedAt = time.Time{}, time.Time{}
+	}
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
 // snapshot returns the models of every pool whose list is known.
 func (c *catalog) snapshot() map[string]map[string]api.Model {
 	c.mu.Lock()
@@ -247,7 +261,8 @@ func (c *catalog) store(r read, list []api.Model, err error) {
 }
 
 // run re-reads the lists of the pools (every pool not offline) each
-// interval, and at once when a pool registers, until ctx ends.
+// interval, and at once when a pool registers or its list is stale, until
+// ctx ends.
 func (c *catalog) run(ctx context.Context, pools func() []registry.Pool, interval time.Duration) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -259,7 +274,7 @@ func (c *catalog) run(ctx context.Context, pools func() []registry.Pool, interva
 			c.refresh(ctx, pools())
 			t.Reset(interval)
 		case <-c.wake:
-			c.collect(ctx, answering(pools()), true, func(pm *poolModels) bool { return pm.models == nil })
+			c.collect(ctx, answering(pools()), true, func(pm *poolModels) bool { return pm.models == nil || pm.readAt.IsZero() })
 		}
 	}
 }

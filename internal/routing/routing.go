@@ -16,11 +16,15 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/modelconfig"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
@@ -195,6 +199,33 @@ func (s *Service) Poke() {
 func (s *Service) Registered(poolID, endpoint string) {
 	s.catalog.registered(poolID, endpoint)
 	s.ctl.signal()
+}
+
+// ModelsChanged tells routing that a pool's hive has new models (a pull
+// ended): its list is read again now, keeping the last one until then.
+func (s *Service) ModelsChanged(poolID string) {
+	s.catalog.stale(poolID)
+	s.ctl.signal()
+}
+
+// PoolModels returns the models of every pool whose hive answers (healthy
+// or draining), by pool id, reading the lists that are older than
+// catalogRetry first.
+func (s *Service) PoolModels(ctx context.Context) []api.PoolModels {
+	pools := answering(s.cp.Pools(registry.Filter{}))
+	s.catalog.collect(context.WithoutCancel(ctx), pools, false, func(pm *poolModels) bool { return time.Since(pm.readAt) >= catalogRetry })
+	snap := s.catalog.snapshot()
+	out := make([]api.PoolModels, 0, len(pools))
+	for _, p := range pools {
+		pm := api.PoolModels{PoolID: p.ID, Models: []api.Model{}}
+		for _, m := range snap[p.ID] {
+			pm.Models = append(pm.Models, m)
+		}
+		slices.SortFunc(pm.Models, func(a, b api.Model) int { return strings.Compare(a.Ref, b.Ref) })
+		out = append(out, pm)
+	}
+	slices.SortFunc(out, func(a, b api.PoolModels) int { return strings.Compare(a.PoolID, b.PoolID) })
+	return out
 }
 
 // Close refuses new inference and answers the waiting requests.

@@ -1,0 +1,98 @@
+package queen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testhub"
+	"github.com/apiary-llm/apiary/internal/testmodel"
+)
+
+// `apiary models pull --pool` with a real queen and hive, from a stand-in
+// for the Hub (HF_ENDPOINT): the hive pulls, the CLI follows the pull to
+// its end, the model is in the pool's list (`models ls --all`), the queen
+// audited the start and the end, and a request for the model is served
+// by a worker on that pool. An unknown quantization is refused at once
+// with the repository's list.
+func TestModelsPullOnAPool(t *testing.T) {
+	var q4, q8 bytes.Buffer
+	if err := testmodel.Write(&q4, testmodel.Options{Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.Write(&q8, testmodel.Options{Seed: 8}); err != nil {
+		t.Fatal(err)
+	}
+	hub := testhub.New(t, "org/tiny-GGUF", map[string][]byte{"tiny-Q4_K_M.gguf": q4.Bytes(), "tiny-Q8_0.gguf": q8.Bytes()})
+	c := startCluster(t, nil)
+
+	pull := func(args ...string) (int, string, string) {
+		p := testbin.Start(t, "apiary models pull", nil, append([]string{"models", "pull", "--queen", c.url}, args...)...)
+		code := p.Wait(t)
+		return code, p.Stdout(), p.Lines.String()
+	}
+	code, out, errOut := pull("--pool", "node-1", "--reason", "for the test", "hf://org/tiny-GGUF:q4_k_m")
+	if code != 0 || !strings.Contains(out, "pulled tiny-Q4_K_M on pool node-1") {
+		t.Fatalf("models pull --pool: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if n := hub.Served.Load(); n != int64(q4.Len()) {
+		t.Errorf("the Hub served %d bytes, want %d", n, q4.Len())
+	}
+
+	ls := testbin.Start(t, "apiary models ls --all", nil, "models", "ls", "--all", "--json", "--queen", c.url)
+	if code := ls.Wait(t); code != 0 {
+		t.Fatalf("models ls --all: exit %d: %s", code, ls.Lines.String())
+	}
+	var list api.PoolModelsList
+	if err := json.Unmarshal([]byte(ls.Stdout()), &list); err != nil {
+		t.Fatalf("models ls --all --json: %v\n%s", err, ls.Stdout())
+	}
+	var refs []string
+	for _, p := range list.Pools {
+		for _, m := range p.Models {
+			refs = append(refs, p.PoolID+"/"+m.Ref)
+		}
+	}
+	if strings.Join(refs, " ") != "node-1/tiny node-1/tiny-Q4_K_M" {
+		t.Errorf("models ls --all: %v, want node-1/tiny and node-1/tiny-Q4_K_M", refs)
+	}
+
+	// The hive reports the end to the queen after the CLI saw it.
+	var actions []string
+	for deadline := time.Now().Add(waitLimit); ; {
+		entries, err := c.admin.Audit(t.Context(), "", 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		actions = actions[:0]
+		for _, e := range entries {
+			if e.Target == "model:tiny-Q4_K_M" {
+				actions = append(actions, e.Action+" by "+e.Actor)
+			}
+		}
+		if len(actions) == 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if strings.Join(actions, ", ") != "model.pulled by pool:node-1, model.pull_started by admin" &&
+		strings.Join(actions, ", ") != "model.pull_started by admin, model.pulled by pool:node-1" {
+		t.Errorf("audit of model:tiny-Q4_K_M: %v, want model.pull_started by admin and model.pulled by pool:node-1", actions)
+	}
+
+	params := completion(2)
+	params.Model = "tiny-Q4_K_M"
+	if s := c.stream(context.Background(), params, nil); s.err != nil || s.tokens != 2 {
+		t.Errorf("a request for the pulled model: %+v", s)
+	}
+
+	code, _, errOut = pull("--pool", "node-1", "hf://org/tiny-GGUF:Q5_K_S")
+	if code == 0 || !strings.Contains(errOut, "no GGUF file of quantization Q5_K_S; available: Q4_K_M (tiny-Q4_K_M.gguf), Q8_0 (tiny-Q8_0.gguf)") {
+		t.Errorf("pull of an unknown quantization: exit %d\n%s", code, errOut)
+	}
+}
