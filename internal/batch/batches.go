@@ -117,7 +117,7 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		_, err := tx.Append(store.AuditEntry{Actor: Actor, Action: "batch.created", Target: b.ID,
-			Reason: fmt.Sprintf("%d requests to %s", len(reqs), b.Endpoint),
+			Reason:   fmt.Sprintf("%d requests to %s", len(reqs), b.Endpoint),
 			Metadata: map[string]any{"input_file_id": file.ID, "endpoint": b.Endpoint, "requests": len(reqs), "models": models}})
 		return err
 	})

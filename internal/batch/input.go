@@ -45,7 +45,7 @@ func checkEndpoint(param, url string) error {
 	case EndpointEmbeddings:
 		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeUnsupported, Param: param,
 			Message: "/v1/embeddings is not supported yet: apiary's workers do not serve embeddings; use /v1/chat/completions or /v1/completions",
-			Err: openai.ErrUnsupported}
+			Err:     openai.ErrUnsupported}
 	}
 	return openai.Invalid(param, "%q is not an endpoint a batch can run: use /v1/chat/completions or /v1/completions", url)
 }
@@ -106,9 +106,9 @@ func ParseInput(r io.Reader) ([]Request, error) {
 
 func parseLine(line int, text []byte) (Request, error) {
 	var raw struct {
-		CustomID *string        `json:"custom_id"`
-		Method   *string        `json:"method"`
-		URL      *string        `json:"url"`
+		CustomID *string         `json:"custom_id"`
+		Method   *string         `json:"method"`
+		URL      *string         `json:"url"`
 		Body     json.RawMessage `json:"body"`
 	}
 	if err := json.Unmarshal(text, &raw); err != nil {

@@ -26,7 +26,9 @@ type AttemptError struct {
 	Err         error
 }
 
-func (e *AttemptError) Error() string { return fmt.Sprintf("worker %s failed: %v", e.LifecycleID, e.Err) }
+func (e *AttemptError) Error() string {
+	return fmt.Sprintf("worker %s failed: %v", e.LifecycleID, e.Err)
+}
 func (e *AttemptError) Unwrap() error { return e.Err }
 
 // Serve sends one request of a batch job (body as the batch's file has
