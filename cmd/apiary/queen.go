@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/apiary-llm/apiary/internal/batch"
 	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/queen"
@@ -36,6 +37,9 @@ type queenFlags struct {
 	hiveArgs                              []string
 	hiveStopTimeout, sshTimeout           time.Duration
 	routing                               routingFlags
+	batchMaxFile                          int64
+	batchRetention                        time.Duration
+	batchAttempts, batchConcurrency       int
 }
 
 // databaseURLEnv gives --database-url's default, so that a password need
@@ -99,6 +103,10 @@ address only.`,
 	fl.StringArrayVar(&f.hiveArgs, "hive-arg", nil, "extra flag for every hive the queen starts, e.g. --hive-arg=--worker-threads=1 (repeatable)")
 	fl.DurationVar(&f.hiveStopTimeout, "hive-stop-timeout", queen.DefaultHiveStopTimeout, "how long a hive the queen started may take to stop its workers and exit; then it is killed")
 	f.routing.add(fl)
+	fl.Int64Var(&f.batchMaxFile, "batch-max-file-bytes", batch.DefaultMaxFileBytes, "largest batch input file (POST /v1/files); larger ones get 413")
+	fl.DurationVar(&f.batchRetention, "batch-file-retention", batch.DefaultFileRetention, "batch files (input, output, error) expire this long after they were made, and ended batches are removed this long after they were created; 0 keeps them forever")
+	fl.IntVar(&f.batchAttempts, "batch-max-attempts", batch.DefaultMaxAttempts, "workers a batch request is tried on before it fails with the last one's reason")
+	fl.IntVar(&f.batchConcurrency, "batch-concurrency", batch.DefaultConcurrency, "batch requests under way at once (waiting for a free slot or running)")
 	addTLSFlags(fl, &f.tls)
 	fl.StringArrayVar(&f.corsOrigins, "cors-origin", nil, "browser origin allowed to call the OpenAI endpoints, e.g. https://chat.example.com (repeatable; * for any); default none")
 	f.log.add(fl)
@@ -112,10 +120,12 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	}
 	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes", "claim-timeout", "claim-health-interval",
 		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
-		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after"); err != nil {
+		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after",
+		"batch-max-file-bytes", "batch-max-attempts", "batch-concurrency"); err != nil {
 		return queen.Config{}, err
 	}
-	for name, d := range map[string]*time.Duration{"--audit-retention": &f.auditRetention, "--rows-retention": &f.rowsRetention} {
+	for name, d := range map[string]*time.Duration{"--audit-retention": &f.auditRetention, "--rows-retention": &f.rowsRetention,
+		"--batch-file-retention": &f.batchRetention} {
 		switch {
 		case *d < 0:
 			return queen.Config{}, usagef("%s must not be negative (0 keeps forever), got %s", name, *d)
@@ -137,6 +147,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout, ClaimTimeout: f.claimTimeout, ClaimHealthInterval: f.claimHealthInterval,
 		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention,
 		Tokens: secret.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
+		Batch: batch.Config{MaxFileBytes: f.batchMaxFile, FileRetention: f.batchRetention, MaxAttempts: f.batchAttempts, Concurrency: f.batchConcurrency},
 		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: f.localHive, HiveArgs: f.hiveArgs,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout}},
 		Logger: logger,
