@@ -75,4 +75,3 @@ func TestParseInputRefusesTooManyRequests(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
-

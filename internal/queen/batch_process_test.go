@@ -1,0 +1,241 @@
+package queen
+
+// The OpenAI Batch API end to end: the real apiary binary as queen and
+// hive, real workers on the generated test model, the official OpenAI Go
+// client as the user.
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	oai "github.com/openai/openai-go"
+)
+
+// batchFile is a JSONL batch input of n chat requests of maxTokens each,
+// custom_ids req-0 … req-(n-1).
+func batchFile(n, maxTokens int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, `{"custom_id":"req-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"tiny","messages":[{"role":"user","content":"Tell me about %d"}],"max_tokens":%d,"temperature":0,"ignore_eos":true}}`+"\n", i, i, maxTokens)
+	}
+	return b.String()
+}
+
+// resultLine is a line of an output or error file as a client reads it.
+type resultLine struct {
+	ID       string `json:"id"`
+	CustomID string `json:"custom_id"`
+	Response *struct {
+		StatusCode int             `json:"status_code"`
+		Body       json.RawMessage `json:"body"`
+	} `json:"response"`
+	Error *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// upload sends a batch input file with the official client.
+func upload(t *testing.T, c oai.Client, content string) (*oai.FileObject, error) {
+	t.Helper()
+	return c.Files.New(t.Context(), oai.FileNewParams{File: oai.File(strings.NewReader(content), "batch.jsonl", "application/jsonl"),
+		Purpose: oai.FilePurposeBatch})
+}
+
+// results downloads a file and parses its lines; "" gives none.
+func results(t *testing.T, c oai.Client, fileID string) []resultLine {
+	t.Helper()
+	if fileID == "" {
+		return nil
+	}
+	resp, err := c.Files.Content(t.Context(), fileID)
+	if err != nil {
+		t.Fatalf("download %s: %v", fileID, err)
+	}
+	defer resp.Body.Close()
+	var out []resultLine
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l resultLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("file %s: line %q: %v", fileID, sc.Text(), err)
+		}
+		out = append(out, l)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// onceEach checks that the lines name every custom_id of n requests
+// exactly once.
+func onceEach(t *testing.T, n int, lines ...[]resultLine) {
+	t.Helper()
+	seen := map[string]int{}
+	for _, ls := range lines {
+		for _, l := range ls {
+			seen[l.CustomID]++
+		}
+	}
+	for i := range n {
+		if id := fmt.Sprintf("req-%d", i); seen[id] != 1 {
+			t.Errorf("custom_id %s has %d result lines, want 1", id, seen[id])
+		}
+		delete(seen, fmt.Sprintf("req-%d", i))
+	}
+	if len(seen) > 0 {
+		t.Errorf("result lines of custom_ids not in the input: %v", seen)
+	}
+}
+
+// waitBatch waits for the queen's log of the batch's end and returns the
+// batch as the client reads it then.
+func (c *cluster) waitBatch(t *testing.T, id string) *oai.Batch {
+	t.Helper()
+	c.queen.logs.wait(t, 0, "batch ended", map[string]string{"batch_id": id})
+	b, err := c.client.Batches.Get(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A batch of 100 chat requests, uploaded, created, polled and downloaded
+// with the official client, completes with one result line a request,
+// each custom_id once; the files and batches are listed; a malformed
+// line is refused at upload with its line number; embeddings are refused
+// with a 400 that says why.
+func TestProcessBatchCompletes(t *testing.T) {
+	c := startCluster(t, []string{"--max-workers", "2"})
+	ctx := t.Context()
+	const n = 100
+	f, err := upload(t, c.client, batchFile(n, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Purpose != "batch" || f.Bytes == 0 || !strings.HasPrefix(f.ID, "file-") {
+		t.Fatalf("uploaded file: %+v", f)
+	}
+	b, err := c.client.Batches.New(ctx, oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Status != oai.BatchStatusInProgress || b.RequestCounts.Total != n {
+		t.Fatalf("new batch: status %s, counts %+v", b.Status, b.RequestCounts)
+	}
+	b = c.waitBatch(t, b.ID)
+	if b.Status != oai.BatchStatusCompleted || b.RequestCounts.Completed != n || b.RequestCounts.Failed != 0 || b.OutputFileID == "" ||
+		b.ErrorFileID != "" || b.CompletedAt == 0 || b.FinalizingAt == 0 {
+		t.Fatalf("ended batch: status %s, counts %+v, output %q, errors %q", b.Status, b.RequestCounts, b.OutputFileID, b.ErrorFileID)
+	}
+	out := results(t, c.client, b.OutputFileID)
+	onceEach(t, n, out)
+	for _, l := range out {
+		var body oai.ChatCompletion
+		if l.Response == nil || l.Response.StatusCode != http.StatusOK || json.Unmarshal(l.Response.Body, &body) != nil ||
+			len(body.Choices) != 1 || body.Usage.CompletionTokens != 2 {
+			t.Fatalf("result line of %s: %+v", l.CustomID, l)
+		}
+	}
+
+	page, err := c.client.Batches.List(ctx, oai.BatchListParams{})
+	if err != nil || len(page.Data) != 1 || page.Data[0].ID != b.ID {
+		t.Fatalf("batches list: %+v, %v", page, err)
+	}
+	files, err := c.client.Files.List(ctx, oai.FileListParams{})
+	if err != nil || len(files.Data) != 2 {
+		t.Fatalf("files list: %+v, %v", files, err)
+	}
+	got, err := c.client.Files.Get(ctx, b.OutputFileID)
+	if err != nil || got.Purpose != "batch_output" {
+		t.Fatalf("output file: %+v, %v", got, err)
+	}
+	audit, err := c.admin.Audit(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	for _, e := range audit {
+		if e.Target == b.ID {
+			actions = append(actions, e.Action)
+		}
+	}
+	if strings.Join(actions, ",") != "batch.completed,batch.created" {
+		t.Errorf("audit of the batch, newest first: %v", actions)
+	}
+
+	// A malformed line is refused at upload, naming its line.
+	bad := batchFile(2, 2) + `{"custom_id":"req-2","method":"POST","url":"/v1/chat/completions","body":{"model":"tiny"}}` + "\n"
+	_, err = upload(t, c.client, bad)
+	var apiErr *oai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || !strings.Contains(apiErr.Message, "line 3: body.messages") {
+		t.Fatalf("malformed upload: %v", err)
+	}
+	// Embeddings: refused with why.
+	_, err = c.client.Batches.New(ctx, oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1Embeddings,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || !strings.Contains(apiErr.Message, "do not serve embeddings") {
+		t.Fatalf("embeddings batch: %v", err)
+	}
+	// A deleted file is gone.
+	if d, err := c.client.Files.Delete(ctx, f.ID); err != nil || !d.Deleted {
+		t.Fatalf("delete: %+v, %v", d, err)
+	}
+	if _, err := c.client.Files.Get(ctx, f.ID); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+		t.Fatalf("deleted file: %v", err)
+	}
+}
+
+// A batch cancelled mid-way ends cancelled: the requests that ran are in
+// the output file, the others in the error file as batch_cancelled, each
+// custom_id once.
+func TestProcessBatchCancel(t *testing.T) {
+	c := startCluster(t, []string{"--log-level", "debug"})
+	ctx := t.Context()
+	const n = 100
+	f, err := upload(t, c.client, batchFile(n, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.client.Batches.New(ctx, oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.queen.logs.wait(t, 0, "job attempt ended", map[string]string{"batch_id": b.ID, "state": "succeeded"})
+	cb, err := c.client.Batches.Cancel(ctx, b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cb.Status != oai.BatchStatusCancelling && cb.Status != oai.BatchStatusCancelled {
+		t.Fatalf("cancelled batch: %s", cb.Status)
+	}
+	b = c.waitBatch(t, b.ID)
+	if b.Status != oai.BatchStatusCancelled || b.CancelledAt == 0 || b.RequestCounts.Completed == 0 || b.RequestCounts.Failed == 0 ||
+		b.RequestCounts.Completed+b.RequestCounts.Failed != n {
+		t.Fatalf("ended batch: status %s, counts %+v", b.Status, b.RequestCounts)
+	}
+	out, errs := results(t, c.client, b.OutputFileID), results(t, c.client, b.ErrorFileID)
+	onceEach(t, n, out, errs)
+	for _, l := range errs {
+		if l.Error == nil || l.Error.Code != "batch_cancelled" {
+			t.Fatalf("error line: %+v", l)
+		}
+	}
+	if len(out) != int(b.RequestCounts.Completed) {
+		t.Errorf("%d output lines, %d completed", len(out), b.RequestCounts.Completed)
+	}
+	// A second cancel answers the batch as it is; cancelling an ended
+	// batch of another kind is a conflict.
+	if again, err := c.client.Batches.Cancel(ctx, b.ID); err != nil || again.Status != oai.BatchStatusCancelled {
+		t.Fatalf("second cancel: %+v, %v", again, err)
+	}
+}
