@@ -11,9 +11,12 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	oai "github.com/openai/openai-go"
+	"github.com/openai/openai-go/option"
 )
 
 // batchFile is a JSONL batch input of n chat requests of maxTokens each,
@@ -238,4 +241,112 @@ func TestProcessBatchCancel(t *testing.T) {
 	if again, err := c.client.Batches.Cancel(ctx, b.ID); err != nil || again.Status != oai.BatchStatusCancelled {
 		t.Fatalf("second cancel: %+v, %v", again, err)
 	}
+}
+
+// newBatch uploads a batch input of n requests and creates its batch.
+func newBatch(t *testing.T, client oai.Client, n, maxTokens int) string {
+	t.Helper()
+	f, err := upload(t, client, batchFile(n, maxTokens))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.ID
+}
+
+// completedOnce checks that an ended batch of n requests completed every
+// one, each custom_id once in its output file.
+func completedOnce(t *testing.T, client oai.Client, b *oai.Batch, n int) {
+	t.Helper()
+	if b.Status != oai.BatchStatusCompleted || b.RequestCounts.Completed != int64(n) || b.RequestCounts.Failed != 0 {
+		t.Fatalf("ended batch: status %s, counts %+v, errors %+v", b.Status, b.RequestCounts, b.Errors)
+	}
+	out := results(t, client, b.OutputFileID)
+	onceEach(t, n, out)
+	for _, l := range out {
+		if l.Response == nil || l.Response.StatusCode != http.StatusOK {
+			t.Fatalf("result line: %+v", l)
+		}
+	}
+}
+
+// kill -9 of the worker during a batch: the request it was serving is
+// tried again on the worker the controller places next, and every
+// request ends exactly once, succeeded.
+func TestProcessBatchWorkerKilled(t *testing.T) {
+	c := startCluster(t, []string{"--log-level", "debug"})
+	const n = 30
+	id := newBatch(t, c.client, n, 32)
+	c.queen.logs.wait(t, 0, "job attempt ended", map[string]string{"batch_id": id, "state": "succeeded"})
+	rows := c.rows()
+	if len(rows) != 1 || rows[0].PID == nil {
+		t.Fatalf("rows %+v", rows)
+	}
+	if err := syscall.Kill(*rows[0].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	b := c.waitBatch(t, id)
+	completedOnce(t, c.client, b, n)
+	// The attempt the kill broke went back to the queue, and the batch
+	// was finished on a new worker.
+	rec, _ := c.queen.logs.wait(t, 0, "job attempt ended", map[string]string{"batch_id": id, "state": "queued", "lifecycle_id": rows[0].ID})
+	t.Logf("the attempt on the killed worker: %v", rec.Attrs["err"])
+	if rows := c.rows(); len(rows) != 2 {
+		t.Errorf("rows after the kill: %+v", rows)
+	}
+}
+
+// kill -9 of the queen during a batch, then a new queen on the same
+// database: the jobs that were running are queued again and every
+// request ends exactly once in the output file.
+func TestProcessBatchQueenKilled(t *testing.T) {
+	eachBackend(t, func(t *testing.T, be backend) {
+		dir, url := be.new(t)
+		if dir == "" {
+			dir = t.TempDir() // the files
+		}
+		q1, qURL := startQueenProc(t, dir, url, "--data-dir", dir, "--log-level", "debug")
+		hive := startHiveProc(t, qURL, "node-1", 300*time.Millisecond)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("hive logs:\n%s", hive.logs.String())
+			}
+			if err := hive.stop(t, syscall.SIGTERM); err != nil {
+				t.Errorf("hive exit: %v", err)
+			}
+		})
+		q1.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
+		client := oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+		const n = 40
+		id := newBatch(t, client, n, 16)
+		q1.logs.wait(t, 0, "job attempt ended", map[string]string{"batch_id": id, "state": "succeeded"})
+		if err := q1.stop(t, syscall.SIGKILL); err == nil {
+			t.Fatal("the queen exited 0 on SIGKILL")
+		}
+
+		q2, qURL2 := startQueenProc(t, dir, url, "--data-dir", dir, "--addr", strings.TrimPrefix(qURL, "http://"), "--log-level", "debug")
+		if qURL2 != qURL {
+			t.Fatalf("queen came back on %s, want %s", qURL2, qURL)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("first queen's logs:\n%s", q1.logs.String())
+				t.Logf("second queen's logs:\n%s", q2.logs.String())
+			}
+			if err := q2.stop(t, syscall.SIGTERM); err != nil {
+				t.Errorf("queen exit: %v", err)
+			}
+		})
+		q2.logs.wait(t, 0, "batch ended", map[string]string{"batch_id": id})
+		b, err := client.Batches.Get(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		completedOnce(t, client, b, n)
+		t.Logf("running jobs queued again after the restart: %v", q2.logs.Has("jobs that were running when the queen stopped are queued again", nil))
+	})
 }
