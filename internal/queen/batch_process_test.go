@@ -10,6 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +20,8 @@ import (
 
 	oai "github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
+
+	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
 // batchFile is a JSONL batch input of n chat requests of maxTokens each,
@@ -349,4 +354,62 @@ func TestProcessBatchQueenKilled(t *testing.T) {
 		completedOnce(t, client, b, n)
 		t.Logf("running jobs queued again after the restart: %v", q2.logs.Has("jobs that were running when the queen stopped are queued again", nil))
 	})
+}
+
+// apiary runs the apiary binary to its end and returns its stdout.
+func runApiary(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(testbin.Path(t), args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("apiary %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out), nil
+}
+
+// apiary jobs: submit (with --model overriding body.model), ls, show,
+// results; every request's line once, custom_ids intact.
+func TestProcessJobsCLI(t *testing.T) {
+	c := startCluster(t, nil)
+	const n = 10
+	file := filepath.Join(t.TempDir(), "in.jsonl")
+	if err := os.WriteFile(file, []byte(strings.ReplaceAll(batchFile(n, 2), `"model":"tiny"`, `"model":"not-served"`)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runApiary(t, "jobs", "submit", file, "--endpoint", "/v1/chat/completions", "--model", "tiny", "--queen", c.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	if !strings.HasPrefix(id, "batch_") {
+		t.Fatalf("submit printed %q", out)
+	}
+	c.waitBatch(t, id)
+	if out, err = runApiary(t, "jobs", "show", id, "--queen", c.url); err != nil || !strings.Contains(out, "status:    completed") ||
+		!strings.Contains(out, "progress:  100% (10 of 10 ended: 10 completed, 0 failed") {
+		t.Fatalf("show: %q, %v", out, err)
+	}
+	if out, err = runApiary(t, "jobs", "ls", "--queen", c.url); err != nil || !strings.Contains(out, id+"  completed") {
+		t.Fatalf("ls: %q, %v", out, err)
+	}
+	if out, err = runApiary(t, "jobs", "results", id, "--queen", c.url); err != nil {
+		t.Fatal(err)
+	}
+	var lines []resultLine
+	for l := range strings.Lines(out) {
+		var r resultLine
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("results line %q: %v", l, err)
+		}
+		if r.Response == nil || r.Response.StatusCode != http.StatusOK {
+			t.Fatalf("results line %q", l)
+		}
+		lines = append(lines, r)
+	}
+	onceEach(t, n, lines)
+	if _, err := runApiary(t, "jobs", "cancel", id, "--queen", c.url); err == nil || !strings.Contains(err.Error(), "only a batch in progress can be cancelled") {
+		t.Fatalf("cancel of an ended batch: %v", err)
+	}
 }
