@@ -51,7 +51,7 @@ func (s *Service) finalize(ctx context.Context, id string) error {
 		return err
 	}
 	end := endOf(from, b.ExpiredAt != nil)
-	return s.st.Update(ctx, func(tx *store.Tx) error {
+	err = s.st.Update(ctx, func(tx *store.Tx) error {
 		now := time.Now()
 		for _, f := range []*store.BatchFile{out, errs} {
 			if f == nil {
@@ -84,11 +84,14 @@ func (s *Service) finalize(ctx context.Context, id string) error {
 			Reason: fmt.Sprintf("%d requests: %d succeeded, %d failed, %d cancelled", c.Total, c.Completed, c.Failed-c.Cancelled, c.Cancelled),
 			Metadata: map[string]any{"total": c.Total, "succeeded": c.Completed, "failed": c.Failed - c.Cancelled, "cancelled": c.Cancelled,
 				"output_file_id": b.OutputFileID, "error_file_id": b.ErrorFileID}})
-		if err == nil {
-			s.log.Info("batch ended", "batch_id", id, "status", string(end), "succeeded", c.Completed, "failed", c.Failed)
-		}
 		return err
 	})
+	if err == nil {
+		// Logged once committed: a client that reads the batch after this
+		// line sees it ended.
+		s.log.Info("batch ended", "batch_id", id, "status", string(end), "succeeded", c.Completed, "failed", c.Failed)
+	}
+	return err
 }
 
 // writeResults writes a settled batch's files: the succeeded jobs' lines
