@@ -49,7 +49,7 @@ type resultLine struct {
 }
 
 // upload sends a batch input file with the official client.
-func upload(t *testing.T, c oai.Client, content string) (*oai.FileObject, error) {
+func upload(t testing.TB, c oai.Client, content string) (*oai.FileObject, error) {
 	t.Helper()
 	return c.Files.New(t.Context(), oai.FileNewParams{File: oai.File(strings.NewReader(content), "batch.jsonl", "application/jsonl"),
 		Purpose: oai.FilePurposeBatch})
@@ -249,7 +249,7 @@ func TestProcessBatchCancel(t *testing.T) {
 }
 
 // newBatch uploads a batch input of n requests and creates its batch.
-func newBatch(t *testing.T, client oai.Client, n, maxTokens int) string {
+func newBatch(t testing.TB, client oai.Client, n, maxTokens int) string {
 	t.Helper()
 	f, err := upload(t, client, batchFile(n, maxTokens))
 	if err != nil {
