@@ -16,6 +16,13 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The npm openai client's test (internal/queen) runs node; the test itself
+# installs the pinned openai package with npm into ~/.cache/apiary/npm.
+# Checked as commands: a node from elsewhere (e.g. NodeSource's nodejs,
+# which brings its own npm) serves as well, and Debian's npm would
+# conflict with it.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 sudo=""

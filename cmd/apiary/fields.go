@@ -24,6 +24,8 @@ var (
 		"Routing.StrikeLimit":       "--strike-limit",
 		"Routing.CrashLoopFailures": "--crashloop-failures", "Routing.CrashLoopWindow": "--crashloop-window",
 		"Routing.CrashLoopBackoff": "--crashloop-backoff", "Routing.StableAfter": "--stable-after",
+		"Batch.MaxFileBytes": "--batch-max-file-bytes", "Batch.FileRetention": "--batch-file-retention",
+		"Batch.MaxAttempts": "--batch-max-attempts", "Batch.Concurrency": "--batch-concurrency",
 	}
 	inferFields = map[string]string{
 		"Model": "--model", "Prompt": "--prompt", "MaxTokens": "--max-tokens", "WorkerThreads": "--worker-threads",

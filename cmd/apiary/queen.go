@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/apiary-llm/apiary/internal/batch"
 	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/queen"
@@ -42,6 +43,9 @@ type queenFlags struct {
 	routing                               routingFlags
 	modelsFile                            string
 	modelsPoll                            time.Duration
+	batchMaxFile                          int64
+	batchRetention                        time.Duration
+	batchAttempts, batchConcurrency       int
 }
 
 // databaseURLEnv gives --database-url's default, so that a password need
@@ -110,6 +114,10 @@ address only.`,
 	fl.StringVar(&f.modelsFile, "config", "", "the cluster's models (YAML: names, aliases, files, worker options, replicas, pools, sampling defaults); read again on SIGHUP and when it changes")
 	fl.DurationVar(&f.modelsPoll, "config-poll", queen.DefaultModelsPoll, "how often the --config file is looked at for changes")
 	f.routing.add(fl)
+	fl.Int64Var(&f.batchMaxFile, "batch-max-file-bytes", batch.DefaultMaxFileBytes, "largest batch input file (POST /v1/files); larger ones get 413")
+	fl.DurationVar(&f.batchRetention, "batch-file-retention", batch.DefaultFileRetention, "batch files (input, output, error) expire this long after they were made, and ended batches are removed this long after they were created; 0 keeps them forever")
+	fl.IntVar(&f.batchAttempts, "batch-max-attempts", batch.DefaultMaxAttempts, "workers a batch request is tried on before it fails with the last one's reason")
+	fl.IntVar(&f.batchConcurrency, "batch-concurrency", batch.DefaultConcurrency, "batch requests under way at once (waiting for a free slot or running)")
 	addTLSFlags(fl, &f.tls)
 	fl.StringArrayVar(&f.corsOrigins, "cors-origin", nil, "browser origin allowed to call the OpenAI endpoints, e.g. https://chat.example.com (repeatable; * for any); default none")
 	f.log.add(fl)
@@ -123,10 +131,12 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	}
 	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes", "claim-timeout", "claim-health-interval",
 		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
-		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after", "config-poll"); err != nil {
+		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after", "config-poll",
+		"batch-max-file-bytes", "batch-max-attempts", "batch-concurrency"); err != nil {
 		return queen.Config{}, err
 	}
-	for name, d := range map[string]*time.Duration{"--audit-retention": &f.auditRetention, "--rows-retention": &f.rowsRetention} {
+	for name, d := range map[string]*time.Duration{"--audit-retention": &f.auditRetention, "--rows-retention": &f.rowsRetention,
+		"--batch-file-retention": &f.batchRetention} {
 		switch {
 		case *d < 0:
 			return queen.Config{}, usagef("%s must not be negative (0 keeps forever), got %s", name, *d)
@@ -148,6 +158,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout, ClaimTimeout: f.claimTimeout, ClaimHealthInterval: f.claimHealthInterval,
 		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention, ModelsFile: f.modelsFile, ModelsPoll: f.modelsPoll,
 		Tokens: secret.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
+		Batch: batch.Config{MaxFileBytes: f.batchMaxFile, FileRetention: f.batchRetention, MaxAttempts: f.batchAttempts, Concurrency: f.batchConcurrency},
 		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: f.localHive, HiveArgs: f.hiveArgs,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout}},
 		Logger: logger,

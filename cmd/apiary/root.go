@@ -44,6 +44,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newPoolsCmd(),
 		newNodesCmd(),
 		newAuditCmd(),
+		newJobsCmd(),
 		newModelsCmd(),
 		newVersionCmd(),
 	)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/batch"
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/registry"
@@ -89,7 +90,11 @@ type Config struct {
 	// Routing is how inference is routed and workers are placed on
 	// demand; see routeconfig.go.
 	Routing routing.Config
-	Logger  *slog.Logger
+	// Batch is the OpenAI Batch API's settings (file size and retention,
+	// attempts, concurrency); its files live in DataDir/files (see
+	// batch.Config).
+	Batch  batch.Config
+	Logger *slog.Logger
 }
 
 // Defaults.
@@ -142,6 +147,7 @@ func (c Config) withDefaults() Config {
 	config.Default[routing.Placer](&c.Placer, routing.MostFreeMemory{})
 	c.Ownership = c.Ownership.withDefaults()
 	c.Routing = c.Routing.WithDefaults()
+	c.Batch = c.Batch.WithDefaults()
 	return c
 }
 
@@ -208,6 +214,7 @@ func (c Config) Validate() error {
 	}
 	p.Nest("Ownership", c.Ownership.Validate())
 	p.Nest("Routing", c.Routing.Validate())
+	p.Nest("Batch", c.Batch.Validate())
 	if c.Ownership.LocalHive && c.DataDir == "" {
 		p.Add("DataDir", "is where the local hive keeps its data; give one")
 	}

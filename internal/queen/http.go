@@ -70,6 +70,7 @@ func (q *Queen) routes() http.Handler {
 	mux.Handle("DELETE /api/admin/nodes/{name}", admin(q.deleteNode))
 	mux.Handle("POST /api/admin/shutdown", admin(q.postShutdown))
 	q.routing.Routes(mux)
+	q.batch.Routes(mux)
 	return q.contractErrors(mux)
 }
 

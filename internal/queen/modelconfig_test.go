@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	oai "github.com/openai/openai-go"
+	"github.com/openai/openai-go/option"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
@@ -134,6 +136,25 @@ func TestModelConfigInProcess(t *testing.T) {
 	want := map[string]any{"model": "tiny", "prompt": "hi", "temperature": 0.0, "max_tokens": 7.0}
 	if d := cmp.Diff(want, cw.last()); d != "" {
 		t.Errorf("body the worker got (-want +got):\n%s", d)
+	}
+	// A batch request naming the alias goes the same way.
+	client := oai.NewClient(option.WithBaseURL(x.url+"/v1/"), option.WithAPIKey("none"))
+	f, err := upload(t, client, `{"custom_id":"a","method":"POST","url":"/v1/completions","body":{"model":"gpt-4o-mini","prompt":"batch"}}`+"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1Completions,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.logs.wait(t, 0, "batch ended", map[string]string{"batch_id": b.ID})
+	if b, err = client.Batches.Get(t.Context(), b.ID); err != nil || b.RequestCounts.Completed != 1 {
+		t.Fatalf("the batch naming the alias: %+v %v", b, err)
+	}
+	want = map[string]any{"model": "tiny", "prompt": "batch", "max_tokens": 7.0, "temperature": 0.5}
+	if d := cmp.Diff(want, cw.last()); d != "" {
+		t.Errorf("body the worker got from the batch (-want +got):\n%s", d)
 	}
 	if d := cmp.Diff(map[string]string{"small": "", "gpt-4o-mini": "small", "tiny": ""}, x.modelIDs()); d != "" {
 		t.Errorf("/v1/models (-want +got):\n%s", d)

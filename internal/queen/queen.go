@@ -16,6 +16,7 @@
 package queen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +31,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/batch"
 	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/registry"
@@ -66,6 +68,9 @@ type Queen struct {
 	// routing is the inference half (internal/routing); set by Run
 	// before serving.
 	routing *routing.Service
+	// batch is the OpenAI Batch API and its dispatcher; set by Run
+	// before serving.
+	batch *batch.Service
 	// tokens are the workers' own tokens, from their hives, for routing.
 	tokens *workerTokens
 	// handRun is what the queen knows of the workers run by hand that
@@ -194,6 +199,12 @@ func (q *Queen) run(ctx context.Context) error {
 		return err
 	}
 	q.routing.SetModels(q.models.file())
+	bcfg := q.cfg.Batch
+	bcfg.Store, bcfg.Router, bcfg.Logger = st, q.routing, q.cfg.Logger
+	bcfg.Dir = filepath.Join(cmp.Or(q.cfg.DataDir, DefaultDataDir()), "files")
+	if q.batch, err = batch.New(bcfg); err != nil {
+		return err
+	}
 	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, // idle keep-alive connections are closed: they cost a socket each
 		ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
 	followers, endFollowers := context.WithCancel(context.Background())
@@ -221,6 +232,12 @@ func (q *Queen) run(ctx context.Context) error {
 	if q.models.path != "" {
 		g.Go(func() error { q.watchModels(bg, q.cfg.ModelsPoll); return nil })
 	}
+	g.Go(func() error {
+		if err := q.batch.Run(bg); err != nil {
+			q.log.Error("the batch dispatcher stopped", "err", err)
+		}
+		return nil
+	})
 	g.Go(func() error {
 		// Another queen may take the database once the lock is gone:
 		// step down (stop routing and serving, Run returns the cause).

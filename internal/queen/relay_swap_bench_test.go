@@ -103,28 +103,6 @@ func freeAddr(b *testing.B) string {
 	return ln.Addr().String()
 }
 
-// cpuTime is the time pid's threads have run on a CPU
-// (/proc/<pid>/task/*/schedstat), to the nanosecond.
-func cpuTime(b *testing.B, pid int) time.Duration {
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-	if err != nil || len(tasks) == 0 {
-		b.Fatalf("cpu time of pid %d: %v (no task)", pid, err)
-	}
-	var sum time.Duration
-	for _, t := range tasks {
-		data, err := os.ReadFile(t)
-		if err != nil {
-			continue // the thread ended
-		}
-		var ns int64
-		if _, err := fmt.Sscan(string(data), &ns); err != nil {
-			b.Fatalf("%s: %q: %v", t, data, err)
-		}
-		sum += time.Duration(ns)
-	}
-	return sum
-}
-
 // spread is the median of per-round figures and their range and
 // interquartile range.
 type spread struct{ med, min, max, q1, q3 time.Duration }

@@ -145,6 +145,11 @@ type routeReq struct {
 	session string
 	exclude map[WorkerKey]bool // workers this request already failed on
 	retry   bool               // a retry goes to the front of the queue
+	// batch: a request of a batch job. It takes only a slot no
+	// interactive request waits for (its queue is served after theirs),
+	// does not count against QueueSize and has no queue timeout: its
+	// context bounds the wait.
+	batch bool
 }
 
 func (r routeReq) target() target { return target{r.model, r.pool} }
@@ -191,12 +196,16 @@ type router struct {
 	strikes  map[string]*striker  // guarded by mu
 	degraded int                  // guarded by mu; entries of strikes that are degraded
 	queues   map[target][]*waiter // guarded by mu; FIFO by target
-	closed   bool                 // guarded by mu
+	// batches holds the waiting requests of batch jobs, FIFO by target,
+	// served only when the target's queue (interactive) is empty; bounded
+	// by the batch dispatcher's concurrency.
+	batches map[target][]*waiter // guarded by mu
+	closed  bool                 // guarded by mu
 }
 
 func newRouter(cfg Config, log *slog.Logger, source func(target) []Candidate, aff *affinity, m *routeMetrics, demand func()) *router {
 	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
-		inflight: map[WorkerKey]int{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}}
+		inflight: map[WorkerKey]int{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}, batches: map[target][]*waiter{}}
 }
 
 // acquire returns a lease on a worker of req.model: at once when one has a
@@ -213,17 +222,18 @@ func (r *router) acquire(ctx context.Context, req routeReq) (lease, error) {
 		return lease{}, fmt.Errorf("%w: the queen is stopping", ErrShuttingDown)
 	}
 	cands = r.usableLocked(cands, now)
-	if len(r.queues[t]) == 0 {
+	if len(r.queues[t]) == 0 && (!req.batch || len(r.batches[t]) == 0) {
 		if l, ok := r.tryLocked(req, cands, now, now); ok {
 			r.mu.Unlock()
 			return l, nil
 		}
 	}
 	w := &waiter{req: req, since: now, ch: make(chan grant, 1)}
-	if q := r.queues[t]; req.retry {
-		r.queues[t] = append([]*waiter{w}, q...)
+	queues := r.queuesOf(req.batch)
+	if q := queues[t]; req.retry {
+		queues[t] = append([]*waiter{w}, q...)
 	} else {
-		r.queues[t] = append(q, w)
+		queues[t] = append(q, w)
 	}
 	// Waiters ahead may be pinned to a full worker, or the workers may
 	// have changed since they were last looked at: dispatch the queue,
@@ -235,8 +245,8 @@ func (r *router) acquire(ctx context.Context, req routeReq) (lease, error) {
 		return g.l, g.err
 	default:
 	}
-	queued := len(r.queues[t])
-	if queued > r.cfg.QueueSize {
+	queued := len(queues[t])
+	if !req.batch && queued > r.cfg.QueueSize {
 		r.removeLocked(w)
 		r.mu.Unlock()
 		r.m.rejected.WithLabelValues(req.model, "queue_full").Inc()
@@ -246,13 +256,17 @@ func (r *router) acquire(ctx context.Context, req routeReq) (lease, error) {
 	r.log.Debug("request queued", "model_ref", req.model, "pool_id", req.pool, "queued", queued)
 	r.demand()
 
-	timer := time.NewTimer(r.cfg.QueueTimeout)
-	defer timer.Stop()
+	var expired <-chan time.Time
+	if !req.batch {
+		timer := time.NewTimer(r.cfg.QueueTimeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
 	var cause error
 	select {
 	case g := <-w.ch:
 		return g.l, g.err
-	case <-timer.C:
+	case <-expired:
 		cause = fmt.Errorf("%w: waited %s for a worker of %s", ErrQueueTimeout, r.cfg.QueueTimeout, t)
 	case <-ctx.Done():
 		cause = context.Cause(ctx)
@@ -303,10 +317,27 @@ func (r *router) tryLocked(req routeReq, cands []Candidate, since, now time.Time
 	return lease{model: req.model, cand: c, pinned: res.pinned, waited: now.Sub(since)}, true
 }
 
+// queuesOf is the queues of batch requests, or of interactive ones.
+func (r *router) queuesOf(batch bool) map[target][]*waiter {
+	if batch {
+		return r.batches
+	}
+	return r.queues
+}
+
 // dispatchLocked gives free slots to the target's waiters, oldest first
-// (a waiter pinned to a full worker lets the ones behind it pass).
+// (a waiter pinned to a full worker lets the ones behind it pass); the
+// batch requests get a slot only when no interactive request is left
+// waiting for the target.
 func (r *router) dispatchLocked(t target, cands []Candidate, now time.Time) {
-	q := r.queues[t]
+	r.dispatchQueueLocked(t, false, cands, now)
+	if len(r.queues[t]) == 0 {
+		r.dispatchQueueLocked(t, true, cands, now)
+	}
+}
+
+func (r *router) dispatchQueueLocked(t target, batch bool, cands []Candidate, now time.Time) {
+	q := r.queuesOf(batch)[t]
 	if len(q) == 0 {
 		return
 	}
@@ -322,21 +353,24 @@ func (r *router) dispatchLocked(t target, cands []Candidate, now time.Time) {
 		kept = append(kept, w)
 	}
 	clear(q[len(kept):])
-	r.setQueueLocked(t, kept)
+	r.setQueueLocked(t, batch, kept)
 }
 
-// setQueueLocked sets t's queue; the depth metric is per model, all its
-// targets together.
-func (r *router) setQueueLocked(t target, q []*waiter) {
+// setQueueLocked sets t's queue (of batch requests, or interactive); the
+// depth metric is per model, all its targets and both kinds together.
+func (r *router) setQueueLocked(t target, batch bool, q []*waiter) {
+	queues := r.queuesOf(batch)
 	if len(q) == 0 {
-		delete(r.queues, t)
+		delete(queues, t)
 	} else {
-		r.queues[t] = q
+		queues[t] = q
 	}
 	depth := 0
-	for o, q := range r.queues {
-		if o.model == t.model {
-			depth += len(q)
+	for _, queues := range [2]map[target][]*waiter{r.queues, r.batches} {
+		for o, q := range queues {
+			if o.model == t.model {
+				depth += len(q)
+			}
 		}
 	}
 	r.m.queueDepth.WithLabelValues(t.model).Set(float64(depth))
@@ -345,14 +379,19 @@ func (r *router) setQueueLocked(t target, q []*waiter) {
 // removeLocked takes w out of its queue; false when it was granted.
 func (r *router) removeLocked(w *waiter) bool {
 	t := w.req.target()
-	q := r.queues[t]
+	q := r.queuesOf(w.req.batch)[t]
 	for i, x := range q {
 		if x == w {
-			r.setQueueLocked(t, append(q[:i:i], q[i+1:]...))
+			r.setQueueLocked(t, w.req.batch, append(q[:i:i], q[i+1:]...))
 			return true
 		}
 	}
 	return false
+}
+
+// waitingLocked reports whether a request (of either kind) waits for t.
+func (r *router) waitingLocked(t target) bool {
+	return len(r.queues[t]) > 0 || len(r.batches[t]) > 0
 }
 
 // usableLocked drops the workers that broke a connection lately and the
@@ -422,7 +461,7 @@ func (r *router) settle(l lease, v verdict, cause error) strikeStep {
 		r.broken[l.cand.Key] = now.Add(brokenFor)
 		r.aff.forget(l.cand.Key)
 	}
-	waiting := [2]bool{len(r.queues[targets[0]]) > 0, len(r.queues[targets[1]]) > 0}
+	waiting := [2]bool{r.waitingLocked(targets[0]), r.waitingLocked(targets[1])}
 	r.mu.Unlock()
 	for i, t := range targets {
 		if !waiting[i] {
@@ -441,9 +480,14 @@ func (r *router) settle(l lease, v verdict, cause error) strikeStep {
 // waiting requests may now have a worker.
 func (r *router) poke() {
 	r.mu.Lock()
-	targets := make([]target, 0, len(r.queues))
+	targets := make([]target, 0, len(r.queues)+len(r.batches))
 	for t := range r.queues {
 		targets = append(targets, t)
+	}
+	for t := range r.batches {
+		if len(r.queues[t]) == 0 {
+			targets = append(targets, t)
+		}
 	}
 	r.mu.Unlock()
 	for _, t := range targets {
@@ -455,7 +499,8 @@ func (r *router) poke() {
 	}
 }
 
-// queueStat is one target's queue, for the controller.
+// queueStat is one target's queue, for the controller: its interactive
+// and batch requests together (both are demand).
 type queueStat struct {
 	target target
 	queued int
@@ -465,9 +510,20 @@ type queueStat struct {
 func (r *router) queueStats() []queueStat {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]queueStat, 0, len(r.queues))
-	for t, q := range r.queues {
-		out = append(out, queueStat{target: t, queued: len(q), oldest: q[0].since})
+	stats := make(map[target]queueStat, len(r.queues)+len(r.batches))
+	for _, queues := range [2]map[target][]*waiter{r.queues, r.batches} {
+		for t, q := range queues {
+			st, ok := stats[t]
+			if !ok || q[0].since.Before(st.oldest) {
+				st.oldest = q[0].since
+			}
+			st.target, st.queued = t, st.queued+len(q)
+			stats[t] = st
+		}
+	}
+	out := make([]queueStat, 0, len(stats))
+	for _, st := range stats {
+		out = append(out, st)
 	}
 	return out
 }
@@ -477,15 +533,19 @@ func (r *router) queueStats() []queueStat {
 func (r *router) fail(t target, err error) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	q := r.queues[t]
-	for _, w := range q {
-		w.ch <- grant{err: err}
+	n := 0
+	for _, batch := range [2]bool{false, true} {
+		q := r.queuesOf(batch)[t]
+		for _, w := range q {
+			w.ch <- grant{err: err}
+		}
+		r.setQueueLocked(t, batch, nil)
+		n += len(q)
 	}
-	r.setQueueLocked(t, nil)
-	if len(q) > 0 {
-		r.m.rejected.WithLabelValues(t.model, "no_capacity").Add(float64(len(q)))
+	if n > 0 {
+		r.m.rejected.WithLabelValues(t.model, "no_capacity").Add(float64(n))
 	}
-	return len(q)
+	return n
 }
 
 // close refuses new requests and answers every waiter ErrShuttingDown.
@@ -493,11 +553,13 @@ func (r *router) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.closed = true
-	for t, q := range r.queues {
-		for _, w := range q {
-			w.ch <- grant{err: fmt.Errorf("%w: the queen is stopping", ErrShuttingDown)}
+	for _, batch := range [2]bool{false, true} {
+		for t, q := range r.queuesOf(batch) {
+			for _, w := range q {
+				w.ch <- grant{err: fmt.Errorf("%w: the queen is stopping", ErrShuttingDown)}
+			}
+			r.setQueueLocked(t, batch, nil)
 		}
-		r.setQueueLocked(t, nil)
 	}
 }
 

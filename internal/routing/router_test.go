@@ -474,3 +474,64 @@ func TestRouterPoolPinning(t *testing.T) {
 		}
 	})
 }
+
+// Batch requests take only the slots no interactive request waits for:
+// a freed slot goes to the interactive waiter even when a batch request
+// waited longer; a batch waiter is served once no interactive one is
+// left; batch waiters count as demand but not against QueueSize, and
+// wait past QueueTimeout.
+func TestRouterBatchGoesLast(t *testing.T) {
+	a := Candidate{Key: WorkerKey{"p", "a"}, URI: "http://a"}
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(Config{QueueSize: 1, QueueTimeout: 10 * time.Second}, a)
+		ctx := t.Context()
+		// A batch request takes the free slot at once.
+		l1, err := tr.acquire(ctx, routeReq{model: "m", batch: true})
+		if err != nil || l1.cand.Key != a.Key {
+			t.Fatalf("batch acquire: %+v %v", l1, err)
+		}
+		// a is full: two batch requests wait (past QueueSize), then an
+		// interactive one.
+		b1 := tr.acquireAsync(ctx, routeReq{model: "m", batch: true})
+		synctest.Wait()
+		b2 := tr.acquireAsync(ctx, routeReq{model: "m", batch: true})
+		synctest.Wait()
+		i1 := tr.acquireAsync(ctx, routeReq{model: "m"})
+		synctest.Wait()
+		if stats := tr.queueStats(); len(stats) != 1 || stats[0].queued != 3 {
+			t.Fatalf("queue %+v: want the 3 waiters as demand", stats)
+		}
+		// The slot comes back: the interactive request gets it.
+		tr.release(l1, false)
+		g := <-i1
+		if g.err != nil {
+			t.Fatalf("interactive waiter: %v", g.err)
+		}
+		select {
+		case g := <-b1:
+			t.Fatalf("a batch waiter was served before the interactive one ended: %+v", g)
+		default:
+		}
+		// Past the queue timeout the batch requests still wait; the slot
+		// goes to the oldest of them when no interactive request waits.
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		tr.release(g.l, false)
+		gb1 := <-b1
+		if gb1.err != nil || gb1.l.cand.Key != a.Key {
+			t.Fatalf("first batch waiter: %+v", gb1)
+		}
+		// A new interactive request passes the batch request still waiting.
+		i2 := tr.acquireAsync(ctx, routeReq{model: "m"})
+		synctest.Wait()
+		tr.release(gb1.l, false)
+		gi2 := <-i2
+		if gi2.err != nil {
+			t.Fatalf("second interactive waiter: %v", gi2.err)
+		}
+		tr.release(gi2.l, false)
+		if g := <-b2; g.err != nil {
+			t.Fatalf("second batch waiter: %v", g.err)
+		}
+	})
+}

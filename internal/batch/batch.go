@@ -1,0 +1,153 @@
+// Package batch is the OpenAI Batch API of the queen: files of requests
+// (/v1/files), batches over them (/v1/batches), and the dispatcher that
+// runs their requests, each a job, through the queen's routing.
+//
+// A batch's requests are rows in the queen's store (batch_jobs), one a
+// request: queued, running on a worker, then succeeded, failed or
+// cancelled with its one result line. The dispatcher takes queued jobs
+// (a compare-and-set in the store: a job runs once at a time) and sends
+// each through routing.Service.Serve: the same routing as an interactive
+// request, at lower priority (a batch request only takes a slot no
+// interactive request waits for). Waiting jobs are demand, so the
+// controller may place workers for them within the model's limits; jobs
+// never start workers. A job whose worker fails is tried again, up to
+// MaxAttempts; after a queen restart the jobs that were running are
+// queued again. When no job of a batch is queued or running, its output
+// and error files are written from the job rows, each job's line once.
+package batch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/config"
+	"github.com/apiary-llm/apiary/internal/routing"
+	"github.com/apiary-llm/apiary/internal/store"
+)
+
+// Defaults.
+const (
+	// DefaultMaxFileBytes bounds an uploaded file.
+	DefaultMaxFileBytes = 100 << 20
+	// DefaultFileRetention is how long files (input, output, error) and
+	// ended batches are kept.
+	DefaultFileRetention = 30 * 24 * time.Hour
+	// DefaultMaxAttempts is how many workers a job is tried on.
+	DefaultMaxAttempts = 3
+	// DefaultConcurrency bounds the jobs under way (waiting for a slot or
+	// running) at once.
+	DefaultConcurrency = 64
+	// CompletionWindow is the one completion window, as OpenAI has it.
+	CompletionWindow = "24h"
+	completionWindow = 24 * time.Hour
+	// sweepEvery is how often expired files and ended batches are removed.
+	sweepEvery = time.Hour
+	// resync is how often the dispatcher looks for work when nothing
+	// wakes it (a model without capacity, a batch past its window).
+	resync = time.Second
+)
+
+// Router is the routing the dispatcher feeds and whose authentication
+// the endpoints share; routing.Service implements it.
+type Router interface {
+	Serve(ctx context.Context, path string, body []byte) (routing.Answer, error)
+	Handle(mux *http.ServeMux, pattern, endpoint string, fn func(w http.ResponseWriter, r *http.Request) error)
+}
+
+// Config is what the batch service needs. Zero fields take the defaults.
+type Config struct {
+	Store  *store.Store
+	Router Router
+	// Dir holds the files' bytes (the queen's <data-dir>/files).
+	Dir string
+	// MaxFileBytes bounds an uploaded file; a larger one is refused with
+	// 413; default DefaultMaxFileBytes.
+	MaxFileBytes int64
+	// FileRetention: files expire this long after they were made (their
+	// expires_at), and ended batches with their jobs are removed this long
+	// after they were created; default DefaultFileRetention; negative
+	// keeps them forever.
+	FileRetention time.Duration
+	// MaxAttempts is how many workers a job is tried on before it fails
+	// with the last one's reason; default DefaultMaxAttempts.
+	MaxAttempts int
+	// Concurrency bounds the jobs under way at once; default
+	// DefaultConcurrency.
+	Concurrency int
+	Logger      *slog.Logger
+}
+
+// WithDefaults fills the zero fields.
+func (c Config) WithDefaults() Config {
+	config.Default(&c.MaxFileBytes, DefaultMaxFileBytes)
+	config.Default(&c.FileRetention, DefaultFileRetention)
+	config.Default(&c.MaxAttempts, DefaultMaxAttempts)
+	config.Default(&c.Concurrency, DefaultConcurrency)
+	config.Default(&c.Logger, slog.Default())
+	return c
+}
+
+// Validate reports every problem with c (after defaults), by field.
+func (c Config) Validate() error {
+	var p config.Problems
+	if c.MaxFileBytes < 1 {
+		p.Add("MaxFileBytes", "must be positive, got %d", c.MaxFileBytes)
+	}
+	if c.FileRetention > 0 && c.FileRetention < time.Minute {
+		p.Add("FileRetention", "%s is shorter than a minute: give at least 1m, or a negative value to keep forever", c.FileRetention)
+	}
+	if c.MaxAttempts < 1 {
+		p.Add("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
+	}
+	if c.Concurrency < 1 {
+		p.Add("Concurrency", "must be at least 1, got %d", c.Concurrency)
+	}
+	return p.Err()
+}
+
+// Service is the Batch API of one queen. Create it with New, serve its
+// Routes, and run its dispatcher with Run.
+type Service struct {
+	cfg  Config
+	st   *store.Store
+	log  *slog.Logger
+	wake chan struct{} // buffered 1: work may be waiting
+	done chan jobDone  // the dispatcher's jobs report here
+}
+
+// New checks cfg and builds the service.
+func New(cfg Config) (*Service, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Store == nil || cfg.Router == nil || cfg.Dir == "" {
+		return nil, fmt.Errorf("batch: Config.Store, Router and Dir are required")
+	}
+	return &Service{cfg: cfg, st: cfg.Store, log: cfg.Logger.With("component", "batch"),
+		wake: make(chan struct{}, 1), done: make(chan jobDone)}, nil
+}
+
+// signal wakes the dispatcher; it never blocks.
+func (s *Service) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// newID is prefix, then the time in microseconds (ids sort by creation)
+// and 8 random bytes, in hex.
+func newID(prefix string, now time.Time) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s%013x%s", prefix, now.UnixMicro(), hex.EncodeToString(b[:]))
+}
+
+// Actor is the audit actor of what a client of the API asks.
+const Actor = "api"

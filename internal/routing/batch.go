@@ -1,0 +1,129 @@
+package routing
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/apiary-llm/apiary/internal/openai"
+)
+
+// Answer is a worker's answer to one request of a batch job: an OpenAI
+// answer (200) or the worker's OpenAI error (4xx), as it sent it.
+type Answer struct {
+	Status      int
+	Body        []byte
+	LifecycleID string // the worker that answered
+}
+
+// AttemptError is an attempt of a batch request that a worker failed
+// before it answered (its connection broke, it answered 5xx): another
+// attempt may do better.
+type AttemptError struct {
+	LifecycleID string
+	Err         error
+}
+
+func (e *AttemptError) Error() string {
+	return fmt.Sprintf("worker %s failed: %v", e.LifecycleID, e.Err)
+}
+func (e *AttemptError) Unwrap() error { return e.Err }
+
+// Serve sends one request of a batch job (body as the batch's file has
+// it, to path /v1/completions or /v1/chat/completions) through the same
+// routing as an interactive request (the same checks, leases, relay,
+// strikes), at lower priority: it waits in its target's batch queue,
+// which the router serves only when no interactive request waits, so it
+// only ever takes a slot nothing else wants. While it waits it is
+// demand: the controller may place workers for it, within the model's
+// max workers, as for any waiting request. It never starts a worker
+// itself and tries one worker: a worker that fails is an
+// *AttemptError, and the caller decides whether to try again.
+//
+// It fails with the routing errors of an interactive request
+// (ErrModelNotFound, the controller's ErrNoCapacity, ErrShuttingDown)
+// and with ctx's error.
+func (s *Service) Serve(ctx context.Context, path string, body []byte) (Answer, error) {
+	var model string
+	var err error
+	switch path {
+	case "/v1/completions":
+		var req openai.CompletionRequest
+		req, err = openai.DecodeCompletionRequest(body, openai.Limits{})
+		model = req.Model
+	case "/v1/chat/completions":
+		var req openai.ChatCompletionRequest
+		req, err = openai.DecodeChatCompletionRequest(body, openai.Limits{})
+		model = req.Model
+	default:
+		return Answer{}, openai.Invalid("url", "%s is not an endpoint workers serve (/v1/chat/completions, /v1/completions)", path)
+	}
+	if err != nil {
+		return Answer{}, err
+	}
+	// A configured name or alias, as for an interactive request.
+	res := s.resolve(model)
+	if body, err = rewriteBody(body, model, res); err != nil {
+		return Answer{}, err
+	}
+	model = res.ref
+	if err := s.knownModel(ctx, model, ""); err != nil {
+		return Answer{}, err
+	}
+	l, err := s.router.acquire(ctx, routeReq{model: model, batch: true})
+	if err != nil {
+		return Answer{}, err
+	}
+	rec := &recorder{h: http.Header{}}
+	o := s.attempt(ctx, rec, l, relayReq{model: model, path: path, body: body})
+	broken := o.verdict == verdictBroken
+	if step := s.router.settle(l, o.verdict, o.err); step != stepNone || o.verdict == verdictFailed || broken {
+		s.wakeStrikes()
+	}
+	if broken {
+		s.suspect(l, o.err)
+	}
+	switch {
+	case o.retry:
+		return Answer{}, &AttemptError{LifecycleID: l.cand.LifecycleID, Err: o.err}
+	case o.err != nil && !o.started:
+		return Answer{}, o.err
+	case o.err != nil:
+		// The answer began and broke (errClientGone: ctx ended while it
+		// was copied): nothing whole came.
+		if ctx.Err() != nil {
+			return Answer{}, context.Cause(ctx)
+		}
+		return Answer{}, &AttemptError{LifecycleID: l.cand.LifecycleID, Err: o.err}
+	case rec.status == 0:
+		return Answer{}, &AttemptError{LifecycleID: l.cand.LifecycleID, Err: errors.New("the worker sent no answer")}
+	}
+	return Answer{Status: rec.status, Body: rec.body.Bytes(), LifecycleID: l.cand.LifecycleID}, nil
+}
+
+// recorder keeps the answer the relay writes for a batch request.
+type recorder struct {
+	h      http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.h }
+func (r *recorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+func (r *recorder) Write(b []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	return r.body.Write(b)
+}
+
+// Handle serves fn at pattern as an OpenAI endpoint of the queen: the
+// same bearer token (APIARY_API_TOKEN), CORS and error mapping as
+// /v1/chat/completions; endpoint labels its metrics.
+func (s *Service) Handle(mux *http.ServeMux, pattern, endpoint string, fn func(w http.ResponseWriter, r *http.Request) error) {
+	mux.Handle(pattern, s.inference(endpoint, func(w http.ResponseWriter, r *http.Request, _ *call) error { return fn(w, r) }))
+}
