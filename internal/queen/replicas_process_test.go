@@ -129,7 +129,11 @@ func TestProcessReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, next = q.logs.wait(t, 0, "model in a crash loop: it is replaced only at the slow pace until a worker serves", map[string]string{"model_ref": "broken"})
-	loopAt := logTime(t, rec)
+	// The crash loop's own start: the line is logged once it is audited.
+	loopAt, err := time.Parse(time.RFC3339Nano, rec.Attrs["since"])
+	if err != nil {
+		t.Fatalf("crash loop line without its start: %v", rec)
+	}
 	t.Logf("crash loop: %s", rec.Attrs["last_failure"])
 	// One slow retry, which fails too.
 	rec, next = q.logs.wait(t, next, "worker placed on demand", map[string]string{"model_ref": "broken"})

@@ -243,7 +243,7 @@ func (c *controller) replicaFailed(ctx context.Context, wg *sync.WaitGroup, mode
 		c.auditCrashLoop(context.WithoutCancel(ctx), model, loop, recent, pol)
 		// Logged once it is on record, as the end of a crash loop is.
 		c.log.Error("model in a crash loop: it is replaced only at the slow pace until a worker serves", "model_ref", model,
-			"failures", len(recent), "window", pol.Window, "retry_every", pol.Backoff, "last_failure", f.Reason)
+			"failures", len(recent), "window", pol.Window, "retry_every", pol.Backoff, "last_failure", f.Reason, "since", loop.Since)
 	})
 }
 
