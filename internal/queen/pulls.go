@@ -2,8 +2,8 @@ package queen
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
