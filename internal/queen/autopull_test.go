@@ -2,6 +2,7 @@ package queen
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -33,7 +34,10 @@ func (h *pullHive) PullModel(_ context.Context, endpoint string, req api.PullMod
 	return api.ModelPull{ID: "pull-" + string(rune('0'+n)), Ref: req.Ref, Model: req.Name, State: api.PullRunning, TotalBytes: -1}, nil
 }
 
-func (h *pullHive) ModelPulls(context.Context, string) ([]api.ModelPull, error) { return nil, nil }
+// ModelPulls answers the first pull as half written.
+func (h *pullHive) ModelPulls(context.Context, string) ([]api.ModelPull, error) {
+	return []api.ModelPull{{ID: "pull-1", Ref: "hf://org/big-GGUF:Q4_K_M", Model: "big", State: api.PullRunning, WrittenBytes: 50, TotalBytes: 100}}, nil
+}
 
 func (h *pullHive) count() int {
 	h.mu.Lock()
@@ -115,12 +119,24 @@ func TestConfiguredModelPulledOnThePlacementsPool(t *testing.T) {
 	if len(pulls) != 1 || pulls[0].PoolID != "b" || pulls[0].Model != "big" || pulls[0].Actor != "queen" {
 		t.Errorf("pulls followed: %+v", pulls)
 	}
+	var pl api.PoolList
+	x.ok("GET", "/v2/pools", nil, http.StatusOK, &pl)
+	for _, p := range pl.Pools {
+		var got []string
+		for _, mp := range p.Pulls {
+			got = append(got, fmt.Sprintf("%s %s %d/%d", mp.Model, mp.State, mp.WrittenBytes, mp.TotalBytes))
+		}
+		if want := map[string]string{"a": "", "b": "big pulling 50/100"}[p.PoolID]; strings.Join(got, ",") != want {
+			t.Errorf("pool %s lists pulls %v, want %q", p.PoolID, got, want)
+		}
+	}
 
 	ph.mu.Lock()
 	ph.models["http://hive-b"] = []api.Model{tinyModel, {Ref: "big", SizeBytes: 2 << 20}}
 	ph.mu.Unlock()
 	x.ok("POST", "/v2/internal/models/pulls", api.ModelPull{ID: "pull-1", PoolID: "b", Ref: req.Ref, Model: "big", State: api.PullDone}, http.StatusNoContent, nil)
 	start := <-ph.started
+	x.logs.wait(t, 0, "worker placed on demand", map[string]string{"lifecycle_id": start.LifecycleID})
 	row := x.row(start.LifecycleID)
 	if row.PoolID != "b" || start.ModelRef != "big" {
 		t.Fatalf("placed %s on %s, want big on b", start.ModelRef, row.PoolID)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/rpc"
@@ -211,4 +213,52 @@ func (c controlPlane) PullModel(ctx context.Context, poolID string, req api.Pull
 		return api.ModelPull{PoolID: poolID, Ref: req.Ref, Model: req.Name, State: api.PullDone}, nil
 	}
 	return st, err
+}
+
+// maxPullReads bounds the hives asked at once for their pulls' progress.
+const maxPullReads = 8
+
+// addPulls adds to each of pools the pulls running there that the queen
+// follows, with their progress read from the hive now (a hive that does
+// not answer keeps the last known); only the pools with a pull are asked.
+func (q *Queen) addPulls(ctx context.Context, pools []api.Pool) {
+	running := q.routing.Pulls()
+	if len(running) == 0 {
+		return
+	}
+	ask := map[string]string{} // endpoint by pool id
+	for _, p := range pools {
+		for _, r := range running {
+			if r.PoolID == p.PoolID {
+				ask[p.PoolID] = p.Endpoint
+			}
+		}
+	}
+	var g errgroup.Group
+	g.SetLimit(maxPullReads)
+	for id, endpoint := range ask {
+		g.Go(func() error {
+			rctx, cancel := context.WithTimeout(ctx, q.cfg.HiveTimeout)
+			defer cancel()
+			list, err := q.hivePulls().ModelPulls(rctx, endpoint)
+			if err != nil {
+				q.log.Debug("cannot read a hive's pulls; showing the last known", "pool_id", id, "err", err)
+				return nil
+			}
+			for _, mp := range list {
+				mp.PoolID = id
+				q.routing.PullProgress(mp)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	running = q.routing.Pulls()
+	for i := range pools {
+		for _, r := range running {
+			if r.PoolID == pools[i].PoolID {
+				pools[i].Pulls = append(pools[i].Pulls, r.ModelPull)
+			}
+		}
+	}
 }
