@@ -57,6 +57,9 @@ registers when the queen comes back. --queen "" disables the queen.`,
 			if tok := env[secret.ClusterTokenEnv]; tok != "" {
 				cfg.ClusterToken = tok
 			}
+			if tok := env[secret.HFTokenEnv]; tok != "" {
+				cfg.HFToken = tok
+			}
 			h, err := hive.New(cfg)
 			if err != nil {
 				return configError(err, hiveFields)

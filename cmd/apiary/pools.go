@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -99,7 +100,7 @@ func newPoolActionCmd(a *adminFlags, use, short string,
 
 // printPools writes the table of `apiary pools ls`.
 func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
-	t := newTable(w, "POOL", "STATUS", "ENDPOINT", "VERSION", "DEVICES", "MOST FREE", "WORKERS", "LAST BEAT")
+	t := newTable(w, "POOL", "STATUS", "ENDPOINT", "VERSION", "DEVICES", "MOST FREE", "WORKERS", "LAST BEAT", "PULLING")
 	for _, p := range pools {
 		var free uint64
 		for _, g := range p.GPUs {
@@ -110,7 +111,25 @@ func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
 			beat = age(now, *p.LastHeartbeatAt) + " ago"
 		}
 		t.row(p.PoolID, p.Status, p.Endpoint, orDash(p.Version),
-			strconv.Itoa(len(p.GPUs)), api.FormatBytes(free), strconv.Itoa(len(p.Workers)), beat)
+			strconv.Itoa(len(p.GPUs)), api.FormatBytes(free), strconv.Itoa(len(p.Workers)), beat, pulling(p.Pulls))
 	}
 	return t.flush()
+}
+
+// pulling is a pool's running pulls for a table: "MODEL 42%" each (the
+// bytes written while the size is not known yet), or "-".
+func pulling(pulls []api.ModelPull) string {
+	if len(pulls) == 0 {
+		return "-"
+	}
+	parts := make([]string, 0, len(pulls))
+	for _, p := range pulls {
+		switch {
+		case p.TotalBytes > 0:
+			parts = append(parts, fmt.Sprintf("%s %d%%", p.Model, p.WrittenBytes*100/p.TotalBytes))
+		default:
+			parts = append(parts, fmt.Sprintf("%s %s", p.Model, api.FormatBytes(uint64(max(p.WrittenBytes, 0)))))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

@@ -24,6 +24,10 @@ type Pool struct {
 	LastHeartbeatAt *time.Time `json:"last_heartbeat_at,omitempty"`
 	GPUs            []GPU      `json:"gpus"`
 	Workers         []Worker   `json:"workers"`
+	// Pulls are the model pulls running on the pool that the queen
+	// started (an operator's, or its own for a configured model), with
+	// their progress as the hive last said.
+	Pulls []ModelPull `json:"pulls,omitempty"`
 }
 
 // PoolList is the answer of GET /v2/pools.

@@ -366,12 +366,18 @@ func (f *Fleet) hiveArgs(spec Spec, addr string) []string {
 	return append(args, f.cfg.HiveArgs...)
 }
 
-// lifelineEnv is the preamble a started hive gets on its lifeline.
+// lifelineEnv is the preamble a started hive gets on its lifeline: the
+// cluster token, and the queen's HF_TOKEN for the hive's pulls (no
+// environment of the queen's children holds it).
 func (f *Fleet) lifelineEnv() []string {
+	var env []string
 	if tok := f.cfg.ClusterToken; tok != "" {
-		return []string{"APIARY_CLUSTER_TOKEN=" + tok}
+		env = append(env, secret.ClusterTokenEnv+"="+tok)
 	}
-	return nil
+	if tok := os.Getenv(secret.HFTokenEnv); tok != "" {
+		env = append(env, secret.HFTokenEnv+"="+tok)
+	}
+	return env
 }
 
 // childEnviron is the environment of the processes the fleet starts: the

@@ -63,6 +63,9 @@ type Config struct {
 	PoolID       string // default: NodeID
 	NodeID       string // default: host name
 	ClusterToken string // bearer for the queen and for the hive's own API
+	// HFToken is the Hugging Face token of the hive's pulls, handed on
+	// its lifeline by the queen that started it; default $HF_TOKEN.
+	HFToken string
 
 	MaxBodyBytes int64 // request body limit, default 1 MiB
 

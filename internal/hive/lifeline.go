@@ -36,7 +36,7 @@ func (h *Hive) Owner() string { return h.cfg.Owner }
 // LifelineEnv lists the variables a parent may hand a hive in the
 // preamble of its lifeline (procs.ReadPreamble) instead of on its command
 // line, where every user of the machine could read them.
-var LifelineEnv = []string{secret.ClusterTokenEnv}
+var LifelineEnv = []string{secret.ClusterTokenEnv, secret.HFTokenEnv}
 
 // watchLifeline reads the lifeline until it ends. An end the hive did not
 // cause (EOF, a read error before closeLifeline) means the parent is gone:

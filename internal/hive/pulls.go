@@ -61,6 +61,9 @@ func (p *pulls) close() {
 // ref it is ErrPullConflict.
 func (p *pulls) start(ctx context.Context, req api.PullModelRequest) (st api.ModelPull, started bool, err error) {
 	hub := modelstore.HubFromEnv()
+	if tok := p.h.cfg.HFToken; tok != "" {
+		hub.Token = tok
+	}
 	src, err := modelstore.ResolveSource(ctx, nil, hub, req.Ref)
 	if err != nil {
 		return api.ModelPull{}, false, pullError(err)

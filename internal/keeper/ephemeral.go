@@ -236,12 +236,14 @@ func (e *ephemeral) addNode(ctx context.Context, deadline <-chan time.Time) erro
 
 // queenEnviron is the environment of the queen it starts: the keeper's,
 // without any secret but the tokens the keeper itself sends (so that the
-// queen expects those); a database URL of the environment is not the
-// throwaway queen's.
+// queen expects those) and HF_TOKEN (the queen hands it to its local hive
+// for pulls); a database URL of the environment is not the throwaway
+// queen's.
 func (e *ephemeral) queenEnviron() []string {
 	env := secret.Scrub(os.Environ())
 	for name, tok := range map[string]string{secret.APITokenEnv: e.k.cfg.Tokens.API,
-		secret.AdminTokenEnv: e.k.cfg.Tokens.Admin, secret.ClusterTokenEnv: e.k.cfg.Tokens.Cluster} {
+		secret.AdminTokenEnv: e.k.cfg.Tokens.Admin, secret.ClusterTokenEnv: e.k.cfg.Tokens.Cluster,
+		secret.HFTokenEnv: os.Getenv(secret.HFTokenEnv)} {
 		if tok != "" {
 			env = append(env, name+"="+tok)
 		}

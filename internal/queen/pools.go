@@ -147,7 +147,9 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 	}
 	q.metrics.registrations.Inc()
 	q.routing.Registered(p.ID, p.Endpoint)
-	api.WriteJSON(w, http.StatusOK, poolWire(p))
+	out := []api.Pool{poolWire(p)}
+	q.addPulls(r.Context(), out)
+	api.WriteJSON(w, http.StatusOK, out[0])
 	return nil
 }
 
@@ -356,6 +358,7 @@ func (q *Queen) getPools(w http.ResponseWriter, r *http.Request, _ caller) error
 	for _, p := range pools {
 		out.Pools = append(out.Pools, poolWire(p))
 	}
+	q.addPulls(r.Context(), out.Pools)
 	api.WriteJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -2,10 +2,13 @@ package queen
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/registry"
@@ -77,6 +80,7 @@ func (q *Queen) PullModel(ctx context.Context, poolID string, req api.PullModelR
 	if err != nil {
 		return api.ModelPull{}, fmt.Errorf("pull on pool %s: %w", poolID, err)
 	}
+	q.routing.PullStarted(poolID, st, actor, reason)
 	controlPlane{q}.Audit(ctx, store.AuditEntry{TS: micro(time.Now()), Actor: actor, Action: "model.pull_started",
 		Target: "model:" + st.Model, Reason: reason, Metadata: pullMeta(poolID, st)})
 	q.log.Info("model pull started", "pool_id", poolID, "ref", req.Ref, "model_ref", st.Model, "pull_id", st.ID, "actor", actor)
@@ -156,7 +160,9 @@ func (q *Queen) getPoolModels(w http.ResponseWriter, r *http.Request, _ caller) 
 
 // postPullReport serves POST /v2/internal/models/pulls: a hive says how
 // a pull ended. It is audited (model.pulled or model.pull_failed, actor
-// the pool) and the pool's model list is read again.
+// the pool), the pool's model list is read again, and routing learns the
+// end (the controller places a worker of a model it pulled, or refuses
+// the requests that waited for a pull that failed).
 func (q *Queen) postPullReport(w http.ResponseWriter, r *http.Request, _ caller) error {
 	var st api.ModelPull
 	if err := api.Decode(r, &st, false); err != nil {
@@ -190,9 +196,69 @@ func (q *Queen) postPullReport(w http.ResponseWriter, r *http.Request, _ caller)
 	controlPlane{q}.Audit(r.Context(), store.AuditEntry{TS: micro(time.Now()), Actor: "pool:" + st.PoolID, Action: action,
 		Target: "model:" + st.Model, Reason: reason, Metadata: meta})
 	q.log.Info("model pull ended", "pool_id", st.PoolID, "model_ref", st.Model, "state", st.State, "ref", st.Ref, "err", reason)
-	if st.State == api.PullDone {
-		q.routing.ModelsChanged(pool.ID)
-	}
+	st.PoolID = pool.ID
+	q.routing.PullEnded(r.Context(), st)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// PullModel implements routing.ControlPlane: the controller's pull of a
+// configured model that no pool has, as the queen's (audited
+// model.pull_started with actor queen). A model the hive already has (409
+// model_exists: the catalog was behind) is answered as pulled.
+func (c controlPlane) PullModel(ctx context.Context, poolID string, req api.PullModelRequest) (api.ModelPull, error) {
+	st, err := c.q.PullModel(ctx, poolID, req, registry.ActorQueen)
+	var he *HiveError
+	if errors.As(err, &he) && he.Code == "model_exists" {
+		return api.ModelPull{PoolID: poolID, Ref: req.Ref, Model: req.Name, State: api.PullDone}, nil
+	}
+	return st, err
+}
+
+// maxPullReads bounds the hives asked at once for their pulls' progress.
+const maxPullReads = 8
+
+// addPulls adds to each of pools the pulls running there that the queen
+// follows, with their progress read from the hive now (a hive that does
+// not answer keeps the last known); only the pools with a pull are asked.
+func (q *Queen) addPulls(ctx context.Context, pools []api.Pool) {
+	running := q.routing.Pulls()
+	if len(running) == 0 {
+		return
+	}
+	ask := map[string]string{} // endpoint by pool id
+	for _, p := range pools {
+		for _, r := range running {
+			if r.PoolID == p.PoolID {
+				ask[p.PoolID] = p.Endpoint
+			}
+		}
+	}
+	var g errgroup.Group
+	g.SetLimit(maxPullReads)
+	for id, endpoint := range ask {
+		g.Go(func() error {
+			rctx, cancel := context.WithTimeout(ctx, q.cfg.HiveTimeout)
+			defer cancel()
+			list, err := q.hivePulls().ModelPulls(rctx, endpoint)
+			if err != nil {
+				q.log.Debug("cannot read a hive's pulls; showing the last known", "pool_id", id, "err", err)
+				return nil
+			}
+			for _, mp := range list {
+				mp.PoolID = id
+				q.routing.PullProgress(mp)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	running = q.routing.Pulls()
+	for i := range pools {
+		for _, r := range running {
+			if r.PoolID == pools[i].PoolID {
+				pools[i].Pulls = append(pools[i].Pulls, r.ModelPull)
+			}
+		}
+	}
 }

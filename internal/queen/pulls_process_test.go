@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,5 +97,50 @@ func TestModelsPullOnAPool(t *testing.T) {
 	code, _, errOut = pull("--pool", "node-1", "hf://org/tiny-GGUF:Q5_K_S")
 	if code == 0 || !strings.Contains(errOut, "no GGUF file of quantization Q5_K_S; available: Q4_K_M (tiny-Q4_K_M.gguf), Q8_0 (tiny-Q8_0.gguf)") {
 		t.Errorf("pull of an unknown quantization: exit %d\n%s", code, errOut)
+	}
+}
+
+// A configured model with a source that no pool has is pulled on demand:
+// a request for it by its alias waits while the queen asks the hive to
+// pull it from the (stand-in) Hub, then is served by a worker of the
+// pulled file; the audit shows the pull started by the queen with the
+// request as its reason, and its end.
+func TestConfiguredModelPulledOnDemand(t *testing.T) {
+	var q4 bytes.Buffer
+	if err := testmodel.Write(&q4, testmodel.Options{Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	hub := testhub.New(t, "org/tiny-GGUF", map[string][]byte{"tiny-Q4_K_M.gguf": q4.Bytes()})
+	cfg := filepath.Join(t.TempDir(), "models.yaml")
+	if err := os.WriteFile(cfg, []byte("models:\n  small:\n    source: hf://org/tiny-GGUF:Q4_K_M\n    file: small-q4\n    aliases: [gpt-small]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, []string{"--config", cfg})
+
+	params := completion(2)
+	params.Model = "gpt-small"
+	if s := c.stream(context.Background(), params, nil); s.err != nil || s.tokens != 2 {
+		t.Fatalf("a request for the configured model no pool had: %+v", s)
+	}
+	if n := hub.Served.Load(); n != int64(q4.Len()) {
+		t.Errorf("the Hub served %d bytes, want %d", n, q4.Len())
+	}
+	entries, err := c.admin.Audit(t.Context(), "", 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	for _, e := range entries {
+		if e.Target != "model:small-q4" {
+			continue
+		}
+		actions = append(actions, e.Action+" by "+e.Actor)
+		if e.Action == "model.pull_started" && !strings.Contains(e.Reason, "requests for small-q4 waiting") {
+			t.Errorf("model.pull_started reason %q does not name the requests that needed it", e.Reason)
+		}
+	}
+	slices.Sort(actions)
+	if want := "model.pull_started by queen, model.pulled by pool:node-1"; strings.Join(actions, ", ") != want {
+		t.Errorf("audit of model:small-q4: %v, want %s", actions, want)
 	}
 }

@@ -8,18 +8,29 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testhub"
+	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
 // Regression: no secret of the queen's environment reaches the
 // processes it starts. A real queen with every secret set starts its local
-// hive (which still gets the cluster token, on its lifeline, and
-// registers with it) and the hive a worker: neither environment holds a
-// secret of the queen's; the worker has only its own worker token.
+// hive (which still gets the cluster token and HF_TOKEN, on its lifeline,
+// registers with the one and pulls a gated model with the other) and the
+// hive a worker: neither environment holds a secret of the queen's; the
+// worker has only its own worker token.
 func TestChildrenInheritNoSecretOfTheQueen(t *testing.T) {
-	const admin, cluster = "admin-s3cret-0123456789", "cluster-s3cret-0123456789"
+	const admin, cluster, hfToken = "admin-s3cret-0123456789", "cluster-s3cret-0123456789", "hf-s3cret-0123456789"
+	var gguf bytes.Buffer
+	if err := testmodel.Write(&gguf, testmodel.Options{Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	hub := testhub.New(t, "org/gated-GGUF", map[string][]byte{"gated-Q4_K_M.gguf": gguf.Bytes()})
+	hub.Gate(hfToken)
 	for k, v := range map[string]string{
+		"HF_TOKEN":             hfToken,
 		"APIARY_API_TOKEN":     "api-s3cret-0123456789",
 		"APIARY_ADMIN_TOKEN":   admin,
 		"APIARY_CLUSTER_TOKEN": cluster,
@@ -38,6 +49,9 @@ func TestChildrenInheritNoSecretOfTheQueen(t *testing.T) {
 		t.Fatal(err)
 	}
 	q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
+	if _, err := keeper.NewClient(url, admin, cluster).PullModel(t.Context(), LocalPoolID, api.PullModelRequest{Ref: "hf://org/gated-GGUF:Q4_K_M"}); err != nil {
+		t.Errorf("the local hive cannot pull from a gated repository with the queen's HF_TOKEN: %v", err)
+	}
 	for _, who := range []struct{ name, word string }{{"hive", " hive --"}, {"worker", " worker --worker-id"}} {
 		pid := testbin.AwaitProcess(t, dir, who.word)
 		data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")

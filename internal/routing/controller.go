@@ -37,8 +37,12 @@ type modelDemand struct {
 	// when one can or may.
 	NoPlace string
 	// LastFailure is why the target's last placement gave no worker (no
-	// pool, every hive refused, or the placed worker failed to start).
+	// pool, every hive refused, or the placed worker failed to start), or
+	// why the pull of its model failed.
 	LastFailure string
+	// Pulling: no pool has the model's file, and a pull of it runs on a
+	// pool the target may use; its requests wait for it.
+	Pulling bool
 }
 
 // placeOrder asks for one more worker of Model (on Pool, when it names
@@ -125,6 +129,7 @@ func decideScale(now time.Time, demand []modelDemand, scaleUpAfter time.Duration
 		case m.Live == 0 && m.MaxWorkers == 0:
 			refuse(fmt.Sprintf("model %s is not placed on demand (its max workers is 0) and no worker of it runs%s; an operator must start one", m.Model, where), 0)
 		case m.Starting > 0:
+		case idle && m.Pulling:
 		case idle && m.NoPlace != "":
 			refuse(m.NoPlace, 0)
 		case idle && now.Before(m.RetryAt) && m.LastFailure != "":
@@ -244,6 +249,19 @@ func (c *controller) run(ctx context.Context) {
 		}
 		replicas := rt.cp.Replicas()
 		recheck := c.followReplicas(ctx, &wg, replicas, reps, time.Now())
+		// Pulls that failed: the requests that waited for them are
+		// refused with why, as after a placement that gave no worker.
+		for _, f := range rt.pulls.takeFailed() {
+			c.log.Warn("a pull of a model that requests waited for failed", "model_ref", f.model, "pool_id", f.pool, "why", f.why)
+			for _, s := range rt.router.queueStats() {
+				if s.target.model == f.model && (s.target.pool == "" || s.target.pool == f.pool) {
+					state(s.target).failed(time.Now(), f.why)
+				}
+			}
+			if rs := reps[f.model]; rs != nil {
+				state(target{model: f.model}).failed(time.Now(), f.why)
+			}
+		}
 		// Rows placed on demand that ended before they served: their
 		// waiting requests learn why (the decision below refuses them).
 		for t, st := range targets {
@@ -271,21 +289,48 @@ func (c *controller) run(ctx context.Context) {
 		var models map[string]map[string]api.Model
 		// noPlace says why no pool can take a worker of t now, and audits
 		// it once per reason (again after noPlaceAuditEvery), not once
-		// per round or request.
-		noPlace := func(st *placing, t target) string {
+		// per round or request. For a configured model with a source
+		// that no pool has, it starts a pull of it instead (planPull),
+		// need saying what needs the worker, and reports pulling: the
+		// target waits for the pull.
+		noPlace := func(st *placing, t target, need string) (why string, pulling bool) {
 			if pools == nil {
 				pools, models = c.s.cp.Pools(registry.Filter{}), rt.catalog.snapshot()
 			}
 			req := PlaceRequest{Model: t.model, Pool: t.pool, Models: models, Pools: c.s.allowedPools(t.model)}
 			err := unplaceable(c.s.cfg.Placer, pools, req)
 			if err == nil {
-				return ""
+				return "", false
+			}
+			if src := c.s.pullSource(t.model); src != "" {
+				running, backoff := rt.pulls.forModel(t.model, now)
+				pd := planPull(c.s.cfg.Placer, pools, req, running, backoff)
+				switch {
+				case pd.Wait:
+					return "", true
+				case pd.Err != nil:
+					// No pool would take it even with its file: the reasons
+					// name the pulls that failed lately.
+					err = pd.Err
+				case now.Before(st.failRetry) && st.lastFailure != "":
+					// The last pull or placement failed: its requests are
+					// refused with why (LastFailure) until the backoff
+					// passes.
+					return "", false
+				default:
+					reason := fmt.Sprintf("%s; no pool has model %s: pulling it on pool %s from %s", need, t.model, pd.Pool.ID, src)
+					if rt.pulls.reserve(pd.Pool.ID, t.model, registry.ActorQueen, reason, src, now) {
+						pool := pd.Pool.ID
+						wg.Go(func() { c.s.startPull(ctx, pool, t.model, src, reason) })
+					}
+					return "", true
+				}
 			}
 			if why := err.Error(); why != st.noPlace {
 				st.noPlace, st.noPlaceAt = why, now
 				wg.Go(func() { c.s.placeFailed(ctx, req, err) })
 			}
-			return err.Error()
+			return err.Error(), false
 		}
 
 		// Replicas: no request needs to wait for them.
@@ -297,7 +342,7 @@ func (c *controller) run(ctx context.Context) {
 			need := replicaNeed{Model: model, Min: replicas[model].Min, Live: n.Live() + pending[model], Starting: n.Starting + pending[model],
 				RetryAt: later(rs.retry, st.failRetry), CrashLoop: rs.loop != nil}
 			if need.Live < need.Min && need.Starting == 0 && !now.Before(need.RetryAt) {
-				need.NoPlace = noPlace(st, t)
+				need.NoPlace, need.Pulling = noPlace(st, t, fmt.Sprintf("replicas: %d of min_workers %d of %s live", need.Live, need.Min, model))
 			}
 			needs = append(needs, need)
 		}
@@ -324,7 +369,7 @@ func (c *controller) run(ctx context.Context) {
 // requests waiting: it refuses those no worker will serve and places
 // workers for the others; it returns when to decide again.
 func (c *controller) weighDemand(now time.Time, stats []queueStat, replicas map[string]Replica, reps map[string]*replicaState,
-	pending map[string]int, state func(target) *placing, noPlace func(*placing, target) string, launch func(placeOrder)) time.Duration {
+	pending map[string]int, state func(target) *placing, noPlace func(*placing, target, string) (string, bool), launch func(placeOrder)) time.Duration {
 	rt := c.s
 	rt.m.rounds.Inc()
 	// Workers on pools that are not healthy (drained, silent) take no
@@ -352,7 +397,7 @@ func (c *controller) weighDemand(now time.Time, stats []queueStat, replicas map[
 		}
 		if m.Live == 0 && m.Routable == 0 && m.MaxWorkers > 0 {
 			// Nothing serves or starts: can a worker be placed at all?
-			m.NoPlace = noPlace(st, s.target)
+			m.NoPlace, m.Pulling = noPlace(st, s.target, fmt.Sprintf("demand: %d requests for %s waiting", s.queued, s.target))
 		}
 		demand = append(demand, m)
 	}

@@ -45,6 +45,9 @@ type replicaNeed struct {
 	// one can or may.
 	NoPlace   string
 	CrashLoop bool
+	// Pulling: no pool has the model's file and a pull of it runs; the
+	// replica waits for it.
+	Pulling bool
 }
 
 // replicaDecision is what decideReplicas decided.
@@ -67,7 +70,7 @@ func decideReplicas(now time.Time, needs []replicaNeed) replicaDecision {
 		switch {
 		case n.Live >= n.Min:
 		case n.Starting > 0:
-		case n.NoPlace != "":
+		case n.NoPlace != "", n.Pulling:
 		case now.Before(n.RetryAt):
 			if after := n.RetryAt.Sub(now); d.Recheck == 0 || after < d.Recheck {
 				d.Recheck = after

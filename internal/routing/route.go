@@ -203,7 +203,8 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) erro
 }
 
 // knownModel reports ErrModelNotFound unless a pool (pool, when it is
-// not "") has model or a worker of it lives there. A model no list has
+// not "") has model, a worker of it lives there, or it is a configured
+// model with a source (the controller pulls it). A model no list has
 // makes the hives' lists be read again (at most once a second each)
 // before the answer is no.
 func (s *Service) knownModel(ctx context.Context, model, pool string) error {
@@ -226,6 +227,9 @@ func (s *Service) knownModel(ctx context.Context, model, pool string) error {
 	}
 	if s.catalog.ensure(ctx, answering(pools), model) {
 		return nil
+	}
+	if s.pullSource(model) != "" {
+		return nil // the controller pulls it on a pool
 	}
 	return fmt.Errorf("%w: %s model %q; see GET /v1/models", ErrModelNotFound, where, model)
 }

@@ -78,6 +78,11 @@ type ControlPlane interface {
 	// LogTail returns the last n lines of the log of a row's worker, as
 	// its hive keeps it.
 	LogTail(ctx context.Context, lifecycleID string, n int) ([]string, error)
+	// PullModel asks a pool's hive to pull a model in the background, as
+	// the queen's actor (audited model.pull_started). Its end comes
+	// through Service.PullEnded. A model the hive already has is answered
+	// as a pull in state pulled.
+	PullModel(ctx context.Context, poolID string, req api.PullModelRequest) (api.ModelPull, error)
 }
 
 // Count is the live rows of a target.
@@ -114,6 +119,7 @@ type Service struct {
 	router   *router
 	aff      *affinity
 	catalog  *catalog
+	pulls    *pulls
 	ctl      *controller
 	m        *routeMetrics
 	up       *http.Client // to workers
@@ -147,6 +153,7 @@ func newService(cfg Config, cp ControlPlane) *Service {
 		log:        cfg.Logger.With("component", "router"),
 		aff:        newAffinity(cfg.AffinityTTL, maxSessions),
 		catalog:    newCatalog(cfg.Models, min(cfg.HiveTimeout, catalogTimeout), cfg.Logger.With("component", "catalog")),
+		pulls:      newPulls(),
 		suspects:   make(chan suspect, 64),
 		strikeWake: make(chan struct{}, 1),
 		up:         transport.NewClient(upstreamTransport(), 0),
@@ -198,6 +205,7 @@ func (s *Service) Poke() {
 // one).
 func (s *Service) Registered(poolID, endpoint string) {
 	s.catalog.registered(poolID, endpoint)
+	s.pulls.forgetPool(poolID)
 	s.ctl.signal()
 }
 

@@ -20,12 +20,16 @@ const (
 	WorkerTokenEnv  = "APIARY_WORKER_TOKEN"
 	DatabaseURLEnv  = "APIARY_DATABASE_URL"
 	PGPasswordEnv   = "PGPASSWORD"
+	// HFTokenEnv is the Hugging Face token a hive pulls gated or private
+	// models with. No worker gets it; a hive the queen starts gets the
+	// queen's on its lifeline.
+	HFTokenEnv = "HF_TOKEN"
 )
 
 // EnvNames lists every environment variable that holds a secret; Scrub
 // removes them all. A new secret variable is added here, and only here.
 func EnvNames() []string {
-	return []string{APITokenEnv, AdminTokenEnv, ClusterTokenEnv, WorkerTokenEnv, DatabaseURLEnv, PGPasswordEnv}
+	return []string{APITokenEnv, AdminTokenEnv, ClusterTokenEnv, WorkerTokenEnv, DatabaseURLEnv, PGPasswordEnv, HFTokenEnv}
 }
 
 // Scrub returns env ("KEY=value" entries, as os.Environ gives them)
