@@ -8,6 +8,7 @@ package queen
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -83,7 +84,7 @@ func BenchmarkBatchDispatch(b *testing.B) {
 		next = nx
 		batchTook += time.Since(start)
 		batchCPU += cpuTime(b, pid) - cpu0
-		if rec.Attrs["status"] != "completed" {
+		if rec.Attrs["status"] != "completed" || rec.Attrs["succeeded"] != fmt.Sprint(n) {
 			b.Fatalf("batch ended: %v", rec.Attrs)
 		}
 		cpu0, start = cpuTime(b, pid), time.Now()
