@@ -118,6 +118,7 @@ type Service struct {
 	log  *slog.Logger
 	wake chan struct{} // buffered 1: work may be waiting
 	done chan jobDone  // the dispatcher's jobs report here
+	ends chan *jobEnd  // the jobs' ends, to the writer
 }
 
 // New checks cfg and builds the service.
@@ -130,7 +131,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("batch: Config.Store, Router and Dir are required")
 	}
 	return &Service{cfg: cfg, st: cfg.Store, log: cfg.Logger.With("component", "batch"),
-		wake: make(chan struct{}, 1), done: make(chan jobDone)}, nil
+		wake: make(chan struct{}, 1), done: make(chan jobDone), ends: make(chan *jobEnd)}, nil
 }
 
 // signal wakes the dispatcher; it never blocks.

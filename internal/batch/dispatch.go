@@ -61,9 +61,23 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}
 	finishAll(s.settledBatches(ctx))
+	// The writer of the jobs' ends; it stops once every job is done
+	// (deferred after wg.Wait, so it runs before it).
+	stopWriter := make(chan struct{})
+	wg.Go(func() { s.writeEnds(stopWriter) })
+	defer close(stopWriter)
 	paused := map[string]time.Time{} // by model: no job taken before
 	endpoints := map[string]string{} // by batch
+	perBatch := map[string]int{}     // jobs under way, by batch
 	running := 0
+	// drained: the last fill found fewer queued jobs than it asked for;
+	// none is taken again until a job may have been queued (a wake, a job
+	// back in the queue, the resync tick).
+	drained := false
+	// Jobs are taken in groups of at least group (one transaction for
+	// them all) while others are under way: the router's batch queue
+	// holds enough for the slots meanwhile.
+	group := max(1, s.cfg.Concurrency/8)
 	tick := time.NewTicker(resync)
 	defer tick.Stop()
 	lastSweep := time.Time{}
@@ -77,26 +91,43 @@ func (s *Service) Run(ctx context.Context) error {
 			running--
 			continue
 		}
-		now := time.Now()
-		maps.DeleteFunc(paused, func(_ string, until time.Time) bool { return !now.Before(until) })
-		running += s.fill(ctx, &wg, s.cfg.Concurrency-running, slices.Collect(maps.Keys(paused)), endpoints)
+		if free := s.cfg.Concurrency - running; !drained && free > 0 && (free >= group || running == 0) {
+			now := time.Now()
+			maps.DeleteFunc(paused, func(_ string, until time.Time) bool { return !now.Before(until) })
+			taken := s.fill(ctx, &wg, free, slices.Collect(maps.Keys(paused)), endpoints)
+			for _, j := range taken {
+				perBatch[j.BatchID]++
+			}
+			running += len(taken)
+			drained = len(taken) < free
+		}
 		select {
 		case <-ctx.Done():
 		case <-s.wake:
+			drained = false
 		case id := <-finished:
 			delete(finishing, id)
 			delete(endpoints, id)
 		case d := <-s.done:
 			running--
+			b := d.job.BatchID
+			if perBatch[b]--; perBatch[b] <= 0 {
+				delete(perBatch, b)
+			}
 			if d.pause > 0 {
 				paused[d.job.ModelRef] = time.Now().Add(d.pause)
 			}
-			if d.job.State != string(JobQueued) && ctx.Err() == nil {
-				if settled, err := s.settled(ctx, d.job.BatchID); err == nil && settled {
-					finishAll([]string{d.job.BatchID})
+			if d.job.State == string(JobQueued) {
+				drained = false
+			} else if perBatch[b] == 0 && ctx.Err() == nil {
+				// The batch's last job under way ended: it may be settled
+				// (the store says whether any is still queued).
+				if settled, err := s.settled(ctx, b); err == nil && settled {
+					finishAll([]string{b})
 				}
 			}
 		case <-tick.C:
+			drained = false
 			finishAll(s.expire(ctx))
 			if time.Since(lastSweep) >= sweepEvery {
 				lastSweep = time.Now()
@@ -117,17 +148,12 @@ func (s *Service) requeue(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// fill takes up to free queued jobs (none of a paused model) and starts
-// them; it returns how many it started.
-func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused []string, endpoints map[string]string) int {
-	if free <= 0 {
-		return 0
-	}
+// fill takes up to free queued jobs (none of a paused model) in one
+// transaction and starts them; it returns the jobs it started.
+func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused []string, endpoints map[string]string) []store.BatchJob {
 	var taken []store.BatchJob
-	now := time.Now()
 	err := s.st.Update(ctx, func(tx *store.Tx) error {
-		taken = taken[:0]
-		jobs, err := tx.BatchJobsIn(string(JobQueued), free, paused...)
+		jobs, err := tx.ClaimBatchJobs(string(JobQueued), string(JobRunning), free, time.Now(), paused...)
 		if err != nil {
 			return err
 		}
@@ -139,20 +165,15 @@ func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused
 				}
 				endpoints[j.BatchID] = b.Endpoint
 			}
-			j.Attempts++
-			j.State, j.UpdatedAt = string(JobRunning), now
-			if err := tx.UpdateBatchJob(j, string(JobQueued)); err != nil {
-				return err
-			}
-			taken = append(taken, j)
 		}
+		taken = jobs
 		return nil
 	})
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Error("cannot take queued jobs; will retry", "err", err)
 		}
-		return 0
+		return nil
 	}
 	for _, j := range taken {
 		endpoint := endpoints[j.BatchID]
@@ -161,7 +182,96 @@ func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused
 			s.done <- d // the loop receives until every job it started is done
 		})
 	}
-	return len(taken)
+	return taken
+}
+
+// jobEnd is a job's attempt, ended, on its way to the store.
+type jobEnd struct {
+	// next is the job as it ends; the writer sets the state it was
+	// written with before it sends on written.
+	next    store.BatchJob
+	written chan error // buffered 1: nil once committed
+}
+
+// maxEndGroup bounds the jobs' ends written in one transaction.
+const maxEndGroup = 256
+
+// writeEnds writes the jobs' ends until stop is closed: each transaction
+// takes every end that arrived while the one before was written (group
+// commit: no end waits longer than one transaction, and none is reported
+// written before its transaction committed).
+func (s *Service) writeEnds(stop <-chan struct{}) {
+	var group []*jobEnd
+	for {
+		select {
+		case <-stop:
+			return
+		case e := <-s.ends:
+			group = append(group[:0], e)
+		}
+	more:
+		for len(group) < maxEndGroup {
+			select {
+			case e := <-s.ends:
+				group = append(group, e)
+			default:
+				break more
+			}
+		}
+		errs := s.writeGroup(group)
+		for i, e := range group {
+			e.written <- errs[i]
+		}
+		clear(group)
+	}
+}
+
+// writeGroup writes the ends of group in one transaction and returns
+// each one's error.
+func (s *Service) writeGroup(group []*jobEnd) []error {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	jobs := make([]store.BatchJob, len(group))
+	var errs []error
+	err := s.st.Update(ctx, func(tx *store.Tx) error {
+		batches := map[string]store.Batch{}
+		for i, e := range group {
+			next := e.next
+			if next.State == string(JobQueued) {
+				// A job goes back to the queue only while its batch runs:
+				// a batch cancelled or expired meanwhile has no queue.
+				b, ok := batches[next.BatchID]
+				if !ok {
+					var err error
+					if b, err = tx.Batch(next.BatchID); err != nil {
+						return err
+					}
+					batches[next.BatchID] = b
+				}
+				switch {
+				case Status(b.Status) == StatusCancelling:
+					next.State = string(JobCancelled)
+				case b.ExpiredAt != nil:
+					next.State = string(JobFailed)
+				}
+			}
+			jobs[i] = next
+		}
+		var err error
+		errs, err = tx.UpdateBatchJobs(jobs, string(JobRunning))
+		return err
+	})
+	if err != nil {
+		errs = make([]error, len(group))
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	for i := range group {
+		group[i].next = jobs[i]
+	}
+	return errs
 }
 
 // runJob sends a job's request and writes how it ended.
@@ -169,37 +279,21 @@ func (s *Service) runJob(ctx context.Context, j store.BatchJob, endpoint string)
 	ans, err := s.cfg.Router.Serve(ctx, endpoint, []byte(j.Body))
 	next, pause := decide(j, ans, err, ctx.Err() != nil, s.cfg.MaxAttempts)
 	next.UpdatedAt = time.Now()
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	defer cancel()
-	werr := s.st.Update(wctx, func(tx *store.Tx) error {
-		if next.State == string(JobQueued) {
-			// A job goes back to the queue only while its batch runs: a
-			// batch cancelled or expired meanwhile has no queue.
-			b, err := tx.Batch(j.BatchID)
-			if err != nil {
-				return err
-			}
-			switch {
-			case Status(b.Status) == StatusCancelling:
-				next.State = string(JobCancelled)
-			case b.ExpiredAt != nil:
-				next.State = string(JobFailed)
-			}
-		}
-		return tx.UpdateBatchJob(next, string(JobRunning))
-	})
-	if werr != nil {
+	e := &jobEnd{next: next, written: make(chan error, 1)}
+	s.ends <- e // the writer runs until every job is done
+	if werr := <-e.written; werr != nil {
 		// The job stays running in the store: the next start of the
 		// queen queues it again.
 		s.log.Error("cannot write the end of a job", "batch_id", j.BatchID, "line", j.Line, "err", werr)
 		return jobDone{job: j}
 	}
+	next = e.next
 	lvl := s.log.Debug
-	if next.State == string(JobFailed) || (next.State == string(JobQueued) && pause == 0 && err != nil && ctx.Err() == nil) {
+	if next.State == string(JobFailed) || (next.State == string(JobQueued) && pause == 0 && err != nil && ctx.Err() == nil && !errors.Is(err, routing.ErrPreempted)) {
 		lvl = s.log.Warn
 	}
 	lvl("job attempt ended", "batch_id", j.BatchID, "line", j.Line, "custom_id", j.CustomID, "state", next.State,
-		"attempts", next.Attempts, "lifecycle_id", next.LifecycleID, "err", err)
+		"attempts", next.Attempts, "lifecycle_id", next.LifecycleID, "preempted", errors.Is(err, routing.ErrPreempted), "err", err)
 	return jobDone{job: next, pause: pause}
 }
 
@@ -209,8 +303,9 @@ func (s *Service) runJob(ctx context.Context, j store.BatchJob, endpoint string)
 // answered (routing.AttemptError) queues it again while it has attempts
 // left, else fails it; a request the routing refused as the client's
 // fault (4xx: unknown model, invalid body) fails it; anything else (no
-// capacity now, the queue full, the queen stopping) is no attempt: the
-// job is queued again, and pause says how long its model waits.
+// capacity now, the queue full, the queen stopping, an interactive
+// request that took its slot) is no attempt: the job is queued again,
+// and pause says how long its model waits.
 func decide(j store.BatchJob, ans routing.Answer, err error, stopping bool, maxAttempts int) (store.BatchJob, time.Duration) {
 	next := j
 	var ae *routing.AttemptError
@@ -223,7 +318,8 @@ func decide(j store.BatchJob, ans routing.Answer, err error, stopping bool, maxA
 		}
 		next.Result = resultLine(j, &ResultResponse{StatusCode: ans.Status, RequestID: requestID(j), Body: jsonBody(ans.Body)}, nil)
 		return next, 0
-	case stopping:
+	case stopping, errors.Is(err, routing.ErrPreempted):
+		// Not the worker's fault: queued again, the attempt not counted.
 		next.State, next.Attempts = string(JobQueued), max(j.Attempts-1, 0)
 		return next, 0
 	case errors.As(err, &ae):

@@ -77,11 +77,12 @@ func pollBatch(b *testing.B, client oai.Client, id string, until func(batchCount
 // BenchmarkBatchInteractiveTTFT: time to first token of streamed
 // interactive requests (8 tokens, one at a time) with the worker idle
 // and while a batch keeps every slot busy (its requests waiting for each
-// freed slot), rounds alternating idle and busy. A batch request is not
-// preempted: an interactive request waits for the first slot a batch
-// request frees, on average half of a batch request's length divided by
-// the slots, so this runs batches of short (8-token) and long (64-token)
-// requests. Reported: TTFT p50 and p99 of each side, the token time
+// freed slot), rounds alternating idle and busy. An interactive request
+// that finds every slot held by batch requests takes the youngest one's
+// slot (that request is cancelled and queued again): it waits for the
+// worker to see the batch request go, not for one to end; batches of
+// short (8-token) and long (64-token) requests show whether the wait
+// still grows with the batch requests' length. Reported: TTFT p50 and p99 of each side, the token time
 // (inter-token latency p50) of each side, and the added p50 in token
 // times of the busy worker.
 func BenchmarkBatchInteractiveTTFT(b *testing.B) {

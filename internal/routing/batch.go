@@ -42,9 +42,14 @@ func (e *AttemptError) Unwrap() error { return e.Err }
 // itself and tries one worker: a worker that fails is an
 // *AttemptError, and the caller decides whether to try again.
 //
+// An interactive request that finds every slot of its model taken may
+// take the slot of the youngest batch request: that request is cancelled
+// and Serve fails with ErrPreempted (no fault of the worker's; the caller
+// queues it again).
+//
 // It fails with the routing errors of an interactive request
-// (ErrModelNotFound, the controller's ErrNoCapacity, ErrShuttingDown)
-// and with ctx's error.
+// (ErrModelNotFound, the controller's ErrNoCapacity, ErrShuttingDown),
+// with ErrPreempted, and with ctx's error.
 func (s *Service) Serve(ctx context.Context, path string, body []byte) (Answer, error) {
 	var model string
 	var err error
@@ -72,12 +77,16 @@ func (s *Service) Serve(ctx context.Context, path string, body []byte) (Answer, 
 	if err := s.knownModel(ctx, model, ""); err != nil {
 		return Answer{}, err
 	}
-	l, err := s.router.acquire(ctx, routeReq{model: model, batch: true})
+	// The router cancels pctx (ErrPreempted) when an interactive request
+	// takes the slot.
+	pctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	l, err := s.router.acquire(pctx, routeReq{model: model, batch: true, preempt: cancel})
 	if err != nil {
 		return Answer{}, err
 	}
 	rec := &recorder{h: http.Header{}}
-	o := s.attempt(ctx, rec, l, relayReq{model: model, path: path, body: body})
+	o := s.attempt(pctx, rec, l, relayReq{model: model, path: path, body: body})
 	broken := o.verdict == verdictBroken
 	if step := s.router.settle(l, o.verdict, o.err); step != stepNone || o.verdict == verdictFailed || broken {
 		s.wakeStrikes()
@@ -86,6 +95,9 @@ func (s *Service) Serve(ctx context.Context, path string, body []byte) (Answer, 
 		s.suspect(l, o.err)
 	}
 	switch {
+	case o.err != nil && ctx.Err() == nil && errors.Is(context.Cause(pctx), ErrPreempted):
+		// An answer that came whole before the cancel is kept (o.err nil).
+		return Answer{}, fmt.Errorf("%w: its slot on %s went to it", ErrPreempted, l.cand.LifecycleID)
 	case o.retry:
 		return Answer{}, &AttemptError{LifecycleID: l.cand.LifecycleID, Err: o.err}
 	case o.err != nil && !o.started:

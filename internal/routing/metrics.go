@@ -18,6 +18,7 @@ type routeMetrics struct {
 	affinity     *prometheus.CounterVec   // result
 	retries      *prometheus.CounterVec   // model, reason
 	broken       *prometheus.CounterVec   // model
+	preempted    *prometheus.CounterVec   // model
 	strikes      *prometheus.CounterVec   // lifecycle_id; a series goes when its row is no longer RUNNING
 	degraded     prometheus.Gauge
 	strikeStops  prometheus.Counter
@@ -63,6 +64,9 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 		broken: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "apiary_queen_streams_broken_total", Help: "Streams whose worker stopped answering after the first byte (ended with an error event)."},
 			[]string{"model"}),
+		preempted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_batch_preemptions_total", Help: "Batch requests whose slot an interactive request took (the request was cancelled; its job is queued again, no attempt counted)."},
+			[]string{"model"}),
 		strikes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "apiary_queen_worker_strikes_total", Help: "Requests a RUNNING worker failed (refused or broken connection, 5xx other than 503), and failed health checks while degraded, by lifecycle id; the series goes when the row is no longer RUNNING."},
 			[]string{"lifecycle_id"}),
@@ -79,7 +83,7 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 		sessions:     sessions,
 	}
 	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.affinity,
-		m.retries, m.broken, m.strikes, m.degraded, m.strikeStops, m.rounds, m.crashLoop, sessionGauge{m})
+		m.retries, m.broken, m.preempted, m.strikes, m.degraded, m.strikeStops, m.rounds, m.crashLoop, sessionGauge{m})
 	return m
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,9 @@ var (
 	ErrUpstream      = &openai.CodedError{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer, Message: "worker failed"}
 	ErrShuttingDown  = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "shutting down")
 	ErrNoPool        = openai.Sentinel(http.StatusServiceUnavailable, "no_pool_available", "no healthy pool")
+	// ErrPreempted ends a batch request whose slot an interactive request
+	// took: it was cancelled, through no fault of its worker.
+	ErrPreempted = errors.New("routing: preempted by an interactive request")
 )
 
 // codedError is a sentinel that names the request field at fault.
@@ -136,6 +140,18 @@ type lease struct {
 	cand   Candidate
 	pinned bool          // served by the session's pinned worker
 	waited time.Duration // in the queue
+	hold   *batchHold    // a batch request's lease; nil for an interactive one
+}
+
+// batchHold is a slot a batch request holds, which an interactive request
+// may take (preemptLocked).
+type batchHold struct {
+	key    WorkerKey
+	since  time.Time               // granted; the youngest has generated least
+	cancel context.CancelCauseFunc // ends the batch request's upstream request
+	// preempted: its slot went to an interactive request; settle does
+	// not hand it back again. Guarded by router.mu.
+	preempted bool
 }
 
 // routeReq is what acquire needs of a request.
@@ -150,6 +166,10 @@ type routeReq struct {
 	// does not count against QueueSize and has no queue timeout: its
 	// context bounds the wait.
 	batch bool
+	// preempt cancels a batch request's context: an interactive request
+	// that finds every slot taken may take the slot of the youngest batch
+	// request (nil: never preempted).
+	preempt context.CancelCauseFunc
 }
 
 func (r routeReq) target() target { return target{r.model, r.pool} }
@@ -200,12 +220,16 @@ type router struct {
 	// served only when the target's queue (interactive) is empty; bounded
 	// by the batch dispatcher's concurrency.
 	batches map[target][]*waiter // guarded by mu
-	closed  bool                 // guarded by mu
+	// holds are the slots batch requests hold, by worker, oldest first;
+	// bounded by the batch dispatcher's concurrency.
+	holds  map[WorkerKey][]*batchHold // guarded by mu
+	closed bool                       // guarded by mu
 }
 
 func newRouter(cfg Config, log *slog.Logger, source func(target) []Candidate, aff *affinity, m *routeMetrics, demand func()) *router {
 	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
-		inflight: map[WorkerKey]int{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}, batches: map[target][]*waiter{}}
+		inflight: map[WorkerKey]int{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}, batches: map[target][]*waiter{},
+		holds: map[WorkerKey][]*batchHold{}}
 }
 
 // acquire returns a lease on a worker of req.model: at once when one has a
@@ -239,6 +263,9 @@ func (r *router) acquire(ctx context.Context, req routeReq) (lease, error) {
 	// have changed since they were last looked at: dispatch the queue,
 	// this request included.
 	r.dispatchLocked(t, cands, now)
+	if !req.batch {
+		r.preemptLocked(t, cands, now)
+	}
 	select {
 	case g := <-w.ch:
 		r.mu.Unlock()
@@ -314,7 +341,87 @@ func (r *router) tryLocked(req routeReq, cands []Candidate, since, now time.Time
 	if req.session != "" {
 		r.aff.set(req.model, req.session, c.Key, now)
 	}
-	return lease{model: req.model, cand: c, pinned: res.pinned, waited: now.Sub(since)}, true
+	l := lease{model: req.model, cand: c, pinned: res.pinned, waited: now.Sub(since)}
+	if req.batch && req.preempt != nil {
+		l.hold = &batchHold{key: c.Key, since: now, cancel: req.preempt}
+		r.holds[c.Key] = append(r.holds[c.Key], l.hold)
+	}
+	return l, true
+}
+
+// preemptLocked gives slots held by batch requests to the interactive
+// requests waiting for t that no free slot served: for each, in queue
+// order, the youngest batch request on a worker it may use (one it has
+// not failed on; its session's worker when it is pinned to a live one)
+// is cancelled (ErrPreempted) and its slot handed to the queue at once.
+// The worker frees the slot when it sees the request go, within a token;
+// the interactive request waits in the worker's own queue meanwhile.
+// Only batch requests are preempted.
+func (r *router) preemptLocked(t target, cands []Candidate, now time.Time) {
+	if len(r.holds) == 0 {
+		return
+	}
+	for _, w := range slices.Clone(r.queues[t]) {
+		if !slices.Contains(r.queues[t], w) {
+			continue // served meanwhile
+		}
+		h := r.youngestHoldLocked(w.req, cands, now)
+		if h == nil {
+			continue
+		}
+		h.preempted = true
+		h.cancel(ErrPreempted)
+		r.dropHoldLocked(h)
+		r.freeLocked(h.key)
+		r.m.preempted.WithLabelValues(t.model).Inc()
+		r.log.Debug("batch request preempted", "model_ref", t.model, "pool_id", h.key.Pool, "worker_id", h.key.Worker)
+		r.dispatchQueueLocked(t, false, cands, now)
+	}
+}
+
+// youngestHoldLocked is the batch request granted last on a worker of
+// cands that req may use, or nil.
+func (r *router) youngestHoldLocked(req routeReq, cands []Candidate, now time.Time) *batchHold {
+	var pin *WorkerKey
+	if req.session != "" {
+		if k, ok := r.aff.get(req.model, req.session, now); ok && !req.exclude[k] && slices.ContainsFunc(cands, func(c Candidate) bool { return c.Key == k }) {
+			pin = &k
+		}
+	}
+	var best *batchHold
+	for _, c := range cands {
+		if req.exclude[c.Key] || (pin != nil && c.Key != *pin) {
+			continue
+		}
+		if hs := r.holds[c.Key]; len(hs) > 0 {
+			if h := hs[len(hs)-1]; best == nil || h.since.After(best.since) {
+				best = h
+			}
+		}
+	}
+	return best
+}
+
+// dropHoldLocked takes h out of its worker's holds.
+func (r *router) dropHoldLocked(h *batchHold) {
+	hs := r.holds[h.key]
+	if i := slices.Index(hs, h); i >= 0 {
+		hs = slices.Delete(hs, i, i+1)
+	}
+	if len(hs) == 0 {
+		delete(r.holds, h.key)
+	} else {
+		r.holds[h.key] = hs
+	}
+}
+
+// freeLocked hands one of k's slots back.
+func (r *router) freeLocked(k WorkerKey) {
+	if n := r.inflight[k] - 1; n > 0 {
+		r.inflight[k] = n
+	} else {
+		delete(r.inflight, k)
+	}
 }
 
 // queuesOf is the queues of batch requests, or of interactive ones.
@@ -435,10 +542,12 @@ func (r *router) settle(l lease, v verdict, cause error) strikeStep {
 	targets := [2]target{{l.model, ""}, {l.model, l.cand.Key.Pool}}
 	now := time.Now()
 	r.mu.Lock()
-	if n := r.inflight[l.cand.Key] - 1; n > 0 {
-		r.inflight[l.cand.Key] = n
-	} else {
-		delete(r.inflight, l.cand.Key)
+	switch h := l.hold; {
+	case h == nil:
+		r.freeLocked(l.cand.Key)
+	case !h.preempted: // a preempted one's slot was handed on already
+		r.dropHoldLocked(h)
+		r.freeLocked(l.cand.Key)
 	}
 	step := stepNone
 	switch v {

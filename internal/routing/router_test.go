@@ -535,3 +535,73 @@ func TestRouterBatchGoesLast(t *testing.T) {
 		}
 	})
 }
+
+// An interactive request that finds every slot held takes the slot of
+// the youngest batch request at once (that request's context is
+// cancelled with ErrPreempted); the preempted lease's release hands back
+// nothing more; an interactive request never preempts another.
+func TestRouterPreemptsYoungestBatch(t *testing.T) {
+	a, b := Candidate{Key: WorkerKey{"p", "a"}, URI: "http://a"}, Candidate{Key: WorkerKey{"p", "b"}, URI: "http://b"}
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(Config{QueueSize: 4, QueueTimeout: 10 * time.Second}, a, b)
+		ctx := t.Context()
+		batch := func() (lease, context.Context) {
+			bctx, cancel := context.WithCancelCause(ctx)
+			t.Cleanup(func() { cancel(nil) })
+			l, err := tr.acquire(bctx, routeReq{model: "m", batch: true, preempt: cancel})
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Second) // the next one is younger
+			return l, bctx
+		}
+		older, olderCtx := batch()
+		younger, youngerCtx := batch()
+		if older.cand.Key != a.Key || younger.cand.Key != b.Key {
+			t.Fatalf("batch leases on %s and %s", older.cand.Key, younger.cand.Key)
+		}
+
+		i1, err := tr.acquire(ctx, routeReq{model: "m"})
+		if err != nil || i1.cand.Key != b.Key {
+			t.Fatalf("interactive: %+v %v, want b's slot at once", i1, err)
+		}
+		if context.Cause(youngerCtx) != ErrPreempted || olderCtx.Err() != nil {
+			t.Fatalf("younger: %v, older: %v; want only the younger preempted", context.Cause(youngerCtx), olderCtx.Err())
+		}
+		tr.settle(younger, verdictNone, nil) // its Serve ends
+		if got := tr.inFlight(); got[b.Key] != 1 {
+			t.Fatalf("in flight on b after the preempted lease's release: %d, want 1 (the interactive request)", got[b.Key])
+		}
+		if n := tr.counter("apiary_queen_batch_preemptions_total", "m"); n != 1 {
+			t.Fatalf("preemptions %v, want 1", n)
+		}
+
+		i2, err := tr.acquire(ctx, routeReq{model: "m"})
+		if err != nil || i2.cand.Key != a.Key || context.Cause(olderCtx) != ErrPreempted {
+			t.Fatalf("second interactive: %+v %v (older batch: %v)", i2, err, context.Cause(olderCtx))
+		}
+		// Every slot is interactive now: the next one waits.
+		i3 := tr.acquireAsync(ctx, routeReq{model: "m"})
+		synctest.Wait()
+		tr.settle(older, verdictNone, nil)
+		synctest.Wait()
+		select {
+		case g := <-i3:
+			t.Fatalf("an interactive request got a slot held by another: %+v", g)
+		default:
+		}
+		if n := tr.counter("apiary_queen_batch_preemptions_total", "m"); n != 2 {
+			t.Fatalf("preemptions %v, want 2", n)
+		}
+		tr.release(i1, false)
+		g := <-i3
+		if g.err != nil || g.l.cand.Key != b.Key {
+			t.Fatalf("third interactive: %+v", g)
+		}
+		tr.release(i2, false)
+		tr.release(g.l, false)
+		if got := tr.inFlight(); len(got) != 0 {
+			t.Fatalf("in flight at the end: %v", got)
+		}
+	})
+}

@@ -1,10 +1,13 @@
 package store
 
 import (
+	"cmp"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -338,6 +341,65 @@ func (t *Tx) BatchJobsIn(state string, limit int, skip ...string) ([]BatchJob, e
 		}
 	}
 	return t.batchJobs(q+" ORDER BY batch_id, line LIMIT ?", append(args, limit)...)
+}
+
+// ClaimBatchJobs moves at most limit jobs in state from to state to, an
+// attempt counted, in one statement (a compare-and-set: a job is claimed
+// once), and returns them as they are now, oldest batch first, then by
+// line; the models skip names are left out.
+func (t *Tx) ClaimBatchJobs(from, to string, limit int, now time.Time, skip ...string) ([]BatchJob, error) {
+	sub, args := "SELECT batch_id, line FROM batch_jobs WHERE state = ?", []any{to, micros(now), from}
+	if len(skip) > 0 {
+		sub += " AND model_ref NOT IN (?" + repeat(", ?", len(skip)-1) + ")"
+		for _, s := range skip {
+			args = append(args, s)
+		}
+	}
+	rows, err := t.query(`UPDATE batch_jobs SET state = ?, attempts = attempts + 1, updated_at = ?
+		WHERE (batch_id, line) IN (`+sub+` ORDER BY batch_id, line LIMIT ?) RETURNING `+batchJobCols, append(args, limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("store: claim jobs: %w", err)
+	}
+	defer rows.Close()
+	var out []BatchJob
+	for rows.Next() {
+		j, err := scanBatchJob(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: claim jobs: %w", err)
+		}
+		out = append(out, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: claim jobs: %w", err)
+	}
+	slices.SortFunc(out, func(a, b BatchJob) int {
+		return cmp.Or(strings.Compare(a.BatchID, b.BatchID), cmp.Compare(a.Line, b.Line))
+	})
+	return out, nil
+}
+
+// UpdateBatchJobs is UpdateBatchJob for each of jobs with one statement
+// prepared once: errs[i] is jobs[i]'s ErrNotFound when it was no longer
+// in state from (the others are written all the same); err is a failure
+// of the database, after which nothing may be committed.
+func (t *Tx) UpdateBatchJobs(jobs []BatchJob, from string) (errs []error, err error) {
+	st, err := t.prepare(`UPDATE batch_jobs SET state = ?, attempts = ?, lifecycle_id = ?, result = ?, updated_at = ?
+		WHERE batch_id = ? AND line = ? AND state = ?`)
+	if err != nil {
+		return nil, fmt.Errorf("store: update jobs: %w", err)
+	}
+	defer st.Close()
+	errs = make([]error, len(jobs))
+	for i, j := range jobs {
+		res, err := st.ExecContext(t.ctx, j.State, j.Attempts, j.LifecycleID, j.Result, micros(j.UpdatedAt), j.BatchID, j.Line, from)
+		if err != nil {
+			return nil, fmt.Errorf("store: update job %s/%d: %w", j.BatchID, j.Line, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			errs[i] = fmt.Errorf("%w: job %s/%d in state %s", ErrNotFound, j.BatchID, j.Line, from)
+		}
+	}
+	return errs, nil
 }
 
 // RequeueBatchJobs moves every running job back to queued, its attempt
