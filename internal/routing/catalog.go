@@ -172,6 +172,13 @@ func (c *catalog) ensure(ctx context.Context, pools []registry.Pool, model strin
 	// The read does not end with the request that started it: others
 	// may be waiting for it. It is bounded by c.timeout.
 	c.collect(context.WithoutCancel(ctx), pools, false, func(pm *poolModels) bool { _, ok := pm.models[model]; return !ok })
+	if _, ok := c.lookup(pools, model); ok {
+		return true
+	}
+	// A pool that registered again during that read has a new entry
+	// whose list is unknown (the read's answer went to the old one):
+	// its list is read, or its read under way waited for.
+	c.collect(context.WithoutCancel(ctx), pools, false, func(pm *poolModels) bool { return pm.models == nil })
 	_, ok := c.lookup(pools, model)
 	return ok
 }

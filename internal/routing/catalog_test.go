@@ -68,6 +68,42 @@ func TestCatalogEnsure(t *testing.T) {
 	})
 }
 
+// gatedHive answers its first read only once gate is closed.
+type gatedHive struct {
+	listHive
+	first   sync.Once
+	started chan struct{}
+	gate    chan struct{}
+}
+
+func (h *gatedHive) Models(ctx context.Context, endpoint string) ([]api.Model, error) {
+	h.first.Do(func() {
+		close(h.started)
+		<-h.gate
+	})
+	return h.listHive.Models(ctx, endpoint)
+}
+
+// A pool that registers while a request's read of its list is under way
+// gets a new, unread entry; the request reads it and finds the model
+// rather than answering that no pool has it.
+func TestCatalogEnsureAcrossARegistration(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &gatedHive{listHive: listHive{models: map[string][]api.Model{"http://a": {{Ref: "tiny"}}}},
+			started: make(chan struct{}), gate: make(chan struct{})}
+		c := newCatalog(src, time.Second, slog.New(slog.DiscardHandler))
+		pools := []registry.Pool{{ID: "a", Endpoint: "http://a", Status: registry.Healthy}}
+		found := make(chan bool)
+		go func() { found <- c.ensure(t.Context(), pools, "tiny") }()
+		<-src.started
+		c.registered("a", "http://a")
+		close(src.gate)
+		if !<-found {
+			t.Error("the model was not found after its pool registered during the read")
+		}
+	})
+}
+
 // Routing's sub-loggers (router, catalog, controller) each write one
 // component key, their own, also when the queen's logger carries one.
 func TestLogLinesHaveOneComponent(t *testing.T) {
