@@ -78,6 +78,8 @@ func (f *fakeEngine) ChatPrompt(msgs []engine.Message) (string, error) {
 	return b.String(), nil
 }
 
+func (f *fakeEngine) Check(engine.Request) error { return nil }
+
 func (f *fakeEngine) Generate(ctx context.Context, req engine.Request, emit engine.Emit) (res engine.Result, err error) {
 	if f.started != nil {
 		f.started <- req

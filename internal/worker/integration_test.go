@@ -166,12 +166,12 @@ func TestBinaryWithOpenAIClient(t *testing.T) {
 
 	t.Run("unsupported features are 400 naming the field", func(t *testing.T) {
 		params := greedy
-		params.N = oai.Int(2)
+		params.BestOf = oai.Int(2)
 		_, err := client.Completions.New(ctx, params)
 		var apiErr *oai.Error
-		if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "n" || apiErr.Code != "unsupported_parameter" ||
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "best_of" || apiErr.Code != "unsupported_parameter" ||
 			apiErr.Type != "invalid_request_error" {
-			t.Errorf("n=2: %v, want a 400 unsupported_parameter on n", err)
+			t.Errorf("best_of=2: %v, want a 400 unsupported_parameter on best_of", err)
 		}
 		_, err = client.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: "tiny",
 			Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("x")}, MaxTokens: oai.Int(-3)})
