@@ -232,7 +232,7 @@ type ChatCompletion struct {
 
 // ChatChoice is one choice of a ChatCompletion.
 type ChatChoice struct {
-	Index        int         `json:"index"`
+	Index        int           `json:"index"`
 	Message      ChatMessage   `json:"message"`
 	Logprobs     *ChatLogprobs `json:"logprobs"` // null unless asked for
 	FinishReason string        `json:"finish_reason"`
@@ -252,7 +252,7 @@ type ChatCompletionChunk struct {
 
 // ChatChunkChoice is one choice of a chunk.
 type ChatChunkChoice struct {
-	Index        int       `json:"index"`
+	Index        int           `json:"index"`
 	Delta        ChatDelta     `json:"delta"`
 	Logprobs     *ChatLogprobs `json:"logprobs"` // null unless asked for
 	FinishReason *string       `json:"finish_reason"`
