@@ -70,8 +70,10 @@ func (f completionFormat) whole(choices []choice, u *openai.Usage) any {
 	return f.chunk(out, u)
 }
 
-// logprobsOf is the legacy logprobs of toks, whose text begins offset
-// bytes into the choice's text; nil unless asked for.
+// logprobsOf is the legacy logprobs of toks, whose bytes begin offset
+// bytes into the choice's; nil unless asked for. text_offset counts the
+// tokens' raw bytes, which is the text's offset unless bytes that are not
+// UTF-8 were replaced by U+FFFD.
 func (f completionFormat) logprobsOf(toks []engine.Token, offset int) *openai.CompletionLogprobs {
 	if !f.logprobs {
 		return nil

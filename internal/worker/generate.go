@@ -169,7 +169,7 @@ type format interface {
 	// first is the event that opens choice i's stream, or nil.
 	first(i int) any
 	// delta is the event carrying choice i's next text and the tokens it
-	// came from; offset is the length of the choice's text before it.
+	// came from; offset counts the bytes of the choice's tokens before them.
 	delta(i int, text string, toks []engine.Token, offset int) any
 	// last is the event carrying choice i's finish reason.
 	last(i int, finish string) any
@@ -245,7 +245,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			if err == nil {
 				res, err = run(i, func(s string, toks []engine.Token) error {
 					ev := f.delta(i, s, toks, offset)
-					offset += len(s)
+					for _, t := range toks {
+						offset += len(t.Piece)
+					}
 					return send(ev)
 				})
 			}
