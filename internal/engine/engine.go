@@ -139,6 +139,9 @@ type Engine interface {
 	// Generate runs one sequence to completion, cancellation (ctx) or an Emit
 	// error. Callers must not run more than Slots at once.
 	Generate(ctx context.Context, req Request, emit Emit) (Result, error)
+	// Embed returns the pooled, L2-normalised embedding of a tokenized
+	// input (ErrPromptTooLong past one slot's context).
+	Embed(ctx context.Context, input []int) ([]float32, error)
 	// Close frees the model. Generations in flight end with ErrClosed.
 	Close() error
 }

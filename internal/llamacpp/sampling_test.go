@@ -150,3 +150,36 @@ func TestLogprobsAreTheModelsDistribution(t *testing.T) {
 		t.Errorf("logprobs filled without being asked: %+v", toks[0])
 	}
 }
+
+func TestEmbeddingsAreDeterministicNormalisedAndDistinct(t *testing.T) {
+	e := load(t, 1)
+	a, err := e.Embed(t.Context(), prompt(t, e, "The bees"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.Embed(t.Context(), prompt(t, e, "The bees"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := e.Embed(t.Context(), prompt(t, e, "A queen"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var norm float64
+	for _, x := range a {
+		norm += float64(x) * float64(x)
+	}
+	if len(a) != 64 || math.Abs(norm-1) > 1e-4 {
+		t.Errorf("embedding of %d dimensions with norm² %v; want 64 and 1", len(a), norm)
+	}
+	if !cmp.Equal(a, again) {
+		t.Error("the same input gave two embeddings")
+	}
+	if cmp.Equal(a, other) {
+		t.Error("two inputs gave the same embedding")
+	}
+	// Generation still works beside the embeddings context.
+	if _, res := collect(t, e, engine.Request{Prompt: prompt(t, e, "q"), MaxTokens: 3, IgnoreEOS: true}); res.CompletionTokens != 3 {
+		t.Errorf("generation after embeddings: %+v", res)
+	}
+}

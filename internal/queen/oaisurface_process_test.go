@@ -84,3 +84,23 @@ func TestProcessStructuredOutputsLogprobsAndChoices(t *testing.T) {
 		t.Errorf("tools: %v, want a 400 naming tools", err)
 	}
 }
+
+// POST /v1/embeddings is routed like chat: a worker of the model starts
+// and answers.
+func TestProcessEmbeddingsThroughTheQueen(t *testing.T) {
+	c := startCluster(t, nil)
+	res, err := c.client.Embeddings.New(t.Context(), oai.EmbeddingNewParams{Model: "tiny",
+		Input: oai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: []string{"The bees", "A queen"}}})
+	if err != nil {
+		t.Fatalf("embeddings through the queen: %v", err)
+	}
+	if len(res.Data) != 2 || len(res.Data[0].Embedding) == 0 || res.Data[1].Index != 1 {
+		t.Fatalf("answer %+v", res)
+	}
+	_, err = c.client.Embeddings.New(t.Context(), oai.EmbeddingNewParams{Model: "tiny", Dimensions: oai.Int(4),
+		Input: oai.EmbeddingNewParamsInputUnion{OfString: oai.String("x")}})
+	var apiErr *oai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "dimensions" {
+		t.Errorf("dimensions: %v, want a 400 naming dimensions", err)
+	}
+}

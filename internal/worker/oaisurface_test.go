@@ -5,6 +5,8 @@ package worker
 // seeds, penalties and biases.
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -430,4 +432,62 @@ func mapValues(m map[string]float64) []float64 {
 		out = append(out, v)
 	}
 	return out
+}
+
+func TestBinaryEmbeddings(t *testing.T) {
+	_, url := startWorkerBinary(t, nil)
+	checkEmbeddings(t, newOpenAIClient(url))
+}
+
+// checkEmbeddings: deterministic, unit norm, distinct for distinct
+// inputs, base64 the same vectors; dimensions refused.
+func checkEmbeddings(t *testing.T, client oai.Client) {
+	ctx := t.Context()
+	params := oai.EmbeddingNewParams{Model: "tiny", Input: oai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: []string{"The bees", "A queen", "The bees"}}}
+	res, err := client.Embeddings.New(ctx, params)
+	if err != nil {
+		t.Fatalf("embeddings: %v", err)
+	}
+	if len(res.Data) != 3 || res.Usage.PromptTokens == 0 || res.Model != "tiny" {
+		t.Fatalf("embeddings answer %+v", res)
+	}
+	for i, d := range res.Data {
+		var norm float64
+		for _, x := range d.Embedding {
+			norm += x * x
+		}
+		if d.Index != int64(i) || len(d.Embedding) == 0 || math.Abs(norm-1) > 1e-4 {
+			t.Errorf("embedding %d: index %d, %d dimensions, norm² %v", i, d.Index, len(d.Embedding), norm)
+		}
+	}
+	if !slices.Equal(res.Data[0].Embedding, res.Data[2].Embedding) {
+		t.Error("the same input gave two embeddings")
+	}
+	if slices.Equal(res.Data[0].Embedding, res.Data[1].Embedding) {
+		t.Error("two inputs gave the same embedding")
+	}
+	// The Go client reads only float answers; base64 is read here.
+	var b64 struct {
+		Data []struct {
+			Embedding string `json:"embedding"`
+		} `json:"data"`
+	}
+	if err := client.Post(ctx, "embeddings", map[string]any{"model": "tiny", "input": "A queen", "encoding_format": "base64"}, &b64); err != nil {
+		t.Fatalf("base64 embeddings: %v", err)
+	}
+	raw, err := base64.StdEncoding.DecodeString(b64.Data[0].Embedding)
+	if err != nil || len(raw) != 4*len(res.Data[1].Embedding) {
+		t.Fatalf("base64 embedding of %d bytes (%v), want %d", len(raw), err, 4*len(res.Data[1].Embedding))
+	}
+	for k, want := range res.Data[1].Embedding {
+		if got := math.Float32frombits(binary.LittleEndian.Uint32(raw[4*k:])); got != float32(want) {
+			t.Fatalf("base64 dimension %d is %v, float %v", k, got, want)
+		}
+	}
+	params.Dimensions = oai.Int(8)
+	_, err = client.Embeddings.New(ctx, params)
+	var apiErr *oai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "dimensions" {
+		t.Errorf("dimensions: %v, want a 400 on dimensions", err)
+	}
 }
