@@ -17,6 +17,11 @@ var (
 	// (for example, because a stop sequence matched). Generate then returns
 	// normally with FinishStop.
 	ErrStop = errors.New("engine: stop requested")
+	// ErrGrammar means a request's grammar or JSON schema could not be
+	// turned into a sampler; the error's text says why.
+	ErrGrammar = errors.New("engine: invalid grammar")
+	// ErrTokenID means a request named a token id the model does not have.
+	ErrTokenID = errors.New("engine: no such token id")
 	// ErrClosed means the engine was closed.
 	ErrClosed = errors.New("engine: closed")
 )
@@ -63,6 +68,21 @@ type Request struct {
 	// and for having come at all.
 	FrequencyPenalty float32
 	PresencePenalty  float32
+	// RepeatPenalty (llama.cpp's; 0 or 1: off) divides the positive logits
+	// of the last 64 tokens' ids and multiplies their negative ones.
+	RepeatPenalty float32
+	// LogitBias is added to the logits of the token ids it names.
+	LogitBias map[int]float32
+	// Grammar is a GBNF grammar (root rule "root") every sampled token must
+	// keep the output within; "" for none.
+	Grammar string
+	// JSONSchema, when set, is turned into the grammar (Grammar is then
+	// ignored): the output is JSON that the schema accepts.
+	JSONSchema []byte
+	// Logprobs fills Token.Logprob; TopLogprobs > 0 fills Token.Top with
+	// that many most likely tokens.
+	Logprobs    bool
+	TopLogprobs int
 }
 
 // Token is one sampled token. Piece holds the raw bytes of its text, which
@@ -70,6 +90,19 @@ type Request struct {
 type Token struct {
 	ID    int
 	Piece []byte
+	// Logprob is the token's log probability, and Top the most likely
+	// tokens at its place, best first, when the request asked for them:
+	// the log-softmax of the model's logits, before penalties, biases,
+	// grammar and temperature.
+	Logprob float32
+	Top     []TokenLogprob
+}
+
+// TokenLogprob is one candidate token and its log probability.
+type TokenLogprob struct {
+	ID      int
+	Piece   []byte
+	Logprob float32
 }
 
 // Finish reasons, as OpenAI names them.
@@ -99,9 +132,16 @@ type Engine interface {
 	// ChatPrompt renders messages with the model's chat template (or the
 	// documented fallback) and returns the prompt text.
 	ChatPrompt(msgs []Message) (string, error)
+	// Check reports whether req can run: an error wrapping ErrGrammar
+	// for a grammar or JSON schema the engine cannot enforce, ErrTokenID
+	// for a bias on a token the model does not have.
+	Check(req Request) error
 	// Generate runs one sequence to completion, cancellation (ctx) or an Emit
 	// error. Callers must not run more than Slots at once.
 	Generate(ctx context.Context, req Request, emit Emit) (Result, error)
+	// Embed returns the pooled, L2-normalised embedding of a tokenized
+	// input (ErrPromptTooLong past one slot's context).
+	Embed(ctx context.Context, input []int) ([]float32, error)
 	// Close frees the model. Generations in flight end with ErrClosed.
 	Close() error
 }

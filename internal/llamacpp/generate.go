@@ -20,7 +20,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -74,6 +76,17 @@ func (s *sequence) poke() {
 	}
 }
 
+// Check builds the sampler req asks for and frees it: an error is the one
+// Generate would return for it.
+func (e *Engine) Check(req engine.Request) error {
+	s, err := e.newSampler(req)
+	if err != nil {
+		return err
+	}
+	C.llama_sampler_free(s)
+	return nil
+}
+
 // Generate runs one sequence. Tokens reach emit on the caller's goroutine as
 // soon as the decode loop samples them; the loop never waits for emit.
 func (e *Engine) Generate(ctx context.Context, req engine.Request, emit engine.Emit) (engine.Result, error) {
@@ -86,12 +99,18 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit engine.E
 	if req.MaxTokens <= 0 {
 		return engine.Result{}, errors.New("llamacpp: max tokens must be positive")
 	}
-	s := &sequence{ctx: ctx, req: req, notify: make(chan struct{}, 1)}
+	sampler, err := e.newSampler(req)
+	if err != nil {
+		return engine.Result{}, err
+	}
+	s := &sequence{ctx: ctx, req: req, sampler: sampler, notify: make(chan struct{}, 1)}
 	select {
 	case e.submit <- s:
 	case <-ctx.Done():
+		C.llama_sampler_free(sampler)
 		return engine.Result{}, ctx.Err()
 	case <-e.quit:
+		C.llama_sampler_free(sampler)
 		return engine.Result{}, engine.ErrClosed
 	}
 	var (
@@ -168,7 +187,6 @@ func (e *Engine) run() {
 		for i, a := range active {
 			if a == nil {
 				s.seq = i
-				s.sampler = e.newSampler(s.req)
 				active[i] = s
 				return
 			}
@@ -272,7 +290,11 @@ func (e *Engine) run() {
 				continue
 			}
 			s.last = id
-			s.deliver(engine.Token{ID: int(id), Piece: e.piece(id, pieceBuf)})
+			tok := engine.Token{ID: int(id), Piece: e.piece(id, pieceBuf)}
+			if s.req.Logprobs || s.req.TopLogprobs > 0 {
+				e.logprobs(&tok, s.outIdx, s.req.TopLogprobs, pieceBuf)
+			}
+			s.deliver(tok)
 			switch {
 			case s.generated >= s.req.MaxTokens:
 				release(s, engine.Result{FinishReason: engine.FinishLength}, nil)
@@ -288,23 +310,60 @@ func (e *Engine) run() {
 const penaltyLastN = 64
 
 // newSampler builds the sampling chain llama.cpp's server uses for these
-// settings: [EOG ban] → [penalties] → top-k → top-p → min-p → temperature
-// → draw; greedy when the temperature is 0 (after the penalties).
-func (e *Engine) newSampler(req engine.Request) *C.struct_llama_sampler {
+// settings: [logit biases, EOG ban] → [grammar] → [penalties] → top-k →
+// top-p → min-p → temperature → draw; greedy when the temperature is 0
+// (after the biases, grammar and penalties). A grammar or schema that
+// llama.cpp cannot read yields an error wrapping engine.ErrGrammar.
+func (e *Engine) newSampler(req engine.Request) (*C.struct_llama_sampler, error) {
+	grammar := req.Grammar
+	if len(req.JSONSchema) > 0 {
+		g, err := SchemaGrammar(req.JSONSchema)
+		if err != nil {
+			return nil, err
+		}
+		grammar = g
+	}
+	var bias []C.llama_logit_bias
+	for id, b := range req.LogitBias {
+		if id < 0 || id >= e.info.Vocab {
+			return nil, fmt.Errorf("%w: %d is not a token id of this model (0..%d)", engine.ErrTokenID, id, e.info.Vocab-1)
+		}
+		bias = append(bias, C.llama_logit_bias{token: C.llama_token(id), bias: C.float(b)})
+	}
+	if req.IgnoreEOS {
+		bias = append(bias, e.eog...)
+	}
 	params := C.llama_sampler_chain_default_params()
 	params.no_perf = true
 	chain := C.llama_sampler_chain_init(params)
-	if req.IgnoreEOS && len(e.eog) > 0 {
-		C.llama_sampler_chain_add(chain, C.llama_sampler_init_logit_bias(
-			C.int32_t(e.info.Vocab), C.int32_t(len(e.eog)), (*C.llama_logit_bias)(unsafe.Pointer(&e.eog[0]))))
+	if len(bias) > 0 {
+		cb := (*C.llama_logit_bias)(C.malloc(C.size_t(len(bias)) * C.size_t(unsafe.Sizeof(C.llama_logit_bias{}))))
+		copy(unsafe.Slice(cb, len(bias)), bias)
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_logit_bias(C.int32_t(e.info.Vocab), C.int32_t(len(bias)), cb))
+		C.free(unsafe.Pointer(cb))
 	}
-	if req.FrequencyPenalty != 0 || req.PresencePenalty != 0 {
-		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(penaltyLastN, 1,
+	if grammar != "" {
+		cg, root := C.CString(grammar), C.CString("root")
+		g := C.llama_sampler_init_grammar(e.vocab, cg, root)
+		C.free(unsafe.Pointer(cg))
+		C.free(unsafe.Pointer(root))
+		if g == nil {
+			C.llama_sampler_free(chain)
+			return nil, fmt.Errorf("%w: llama.cpp could not parse the grammar (a GBNF grammar with a rule named root)", engine.ErrGrammar)
+		}
+		C.llama_sampler_chain_add(chain, g)
+	}
+	repeat := req.RepeatPenalty
+	if repeat <= 0 {
+		repeat = 1
+	}
+	if req.FrequencyPenalty != 0 || req.PresencePenalty != 0 || repeat != 1 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(penaltyLastN, C.float(repeat),
 			C.float(req.FrequencyPenalty), C.float(req.PresencePenalty)))
 	}
 	if req.Temperature <= 0 {
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
-		return chain
+		return chain, nil
 	}
 	if req.TopK > 0 {
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(C.int32_t(req.TopK)))
@@ -317,5 +376,56 @@ func (e *Engine) newSampler(req engine.Request) *C.struct_llama_sampler {
 	}
 	C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(C.float(req.Temperature)))
 	C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(C.uint32_t(req.Seed)))
-	return chain
+	return chain, nil
+}
+
+// logprobs fills tok's log probability and its top alternatives from the
+// logits of batch index idx: the log-softmax of the model's raw logits,
+// before any sampler changes them.
+func (e *Engine) logprobs(tok *engine.Token, idx, top int, pieceBuf []byte) {
+	logits := unsafe.Slice((*float32)(unsafe.Pointer(C.llama_get_logits_ith(e.lctx, C.int32_t(idx)))), e.info.Vocab)
+	lse := logSumExp(logits)
+	tok.Logprob = logits[tok.ID] - lse
+	if top <= 0 {
+		return
+	}
+	best := topIndices(logits, top)
+	tok.Top = make([]engine.TokenLogprob, len(best))
+	for i, id := range best {
+		tok.Top[i] = engine.TokenLogprob{ID: id, Piece: e.piece(C.llama_token(id), pieceBuf), Logprob: logits[id] - lse}
+	}
+}
+
+// logSumExp is log(Σ exp(x)), computed stably.
+func logSumExp(xs []float32) float32 {
+	m := float32(math.Inf(-1))
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	var sum float64
+	for _, x := range xs {
+		sum += math.Exp(float64(x - m))
+	}
+	return m + float32(math.Log(sum))
+}
+
+// topIndices returns the indices of the n largest values, largest first
+// (ties: lower index first).
+func topIndices(xs []float32, n int) []int {
+	n = min(n, len(xs))
+	best := make([]int, 0, n+1)
+	for i, x := range xs {
+		if len(best) == n && x <= xs[best[n-1]] {
+			continue
+		}
+		j := len(best)
+		for j > 0 && x > xs[best[j-1]] {
+			j--
+		}
+		best = slices.Insert(best, j, i)
+		if len(best) > n {
+			best = best[:n]
+		}
+	}
+	return best
 }

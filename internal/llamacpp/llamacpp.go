@@ -88,6 +88,12 @@ type Engine struct {
 	tmpl      *C.char              // the model's chat template, nil when it has none
 	pool      *C.struct_ggml_threadpool
 
+	threads int
+
+	embMu  sync.Mutex              // serialises embeddings; guards the fields below
+	emb    *C.struct_llama_context // guarded by embMu; the embeddings context, made on first use
+	embOff bool                    // guarded by embMu; set once the engine is freed
+
 	submit    chan *sequence
 	quit      chan struct{}
 	done      chan struct{}
@@ -194,6 +200,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 		lctx:      lctx,
 		slots:     opts.Slots,
 		batchSize: opts.BatchSize,
+		threads:   opts.Threads,
 		nCtxSeq:   int(C.llama_n_ctx_seq(lctx)),
 		submit:    make(chan *sequence),
 		quit:      make(chan struct{}),
@@ -398,6 +405,13 @@ func (e *Engine) Close() error {
 }
 
 func (e *Engine) free() {
+	e.embMu.Lock()
+	if e.emb != nil {
+		C.llama_free(e.emb)
+		e.emb = nil
+	}
+	e.embOff = true
+	e.embMu.Unlock()
 	if e.lctx != nil {
 		C.llama_free(e.lctx)
 		e.lctx = nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -63,8 +64,21 @@ func DecodeCompletionRequest(body []byte, lim Limits) (CompletionRequest, error)
 	if err := checkCompletionOnly(o); err != nil {
 		return req, err
 	}
-	req.Sampling, err = decodeSampling(o, lim, false)
-	return req, err
+	if req.Sampling, err = decodeSampling(o, lim, false); err != nil {
+		return req, err
+	}
+	// Legacy logprobs: an integer, how many most likely tokens to list.
+	lp, err := o.integer("logprobs")
+	if err != nil {
+		return req, err
+	}
+	if lp != nil {
+		if *lp < 0 || *lp > MaxTopLogprobs {
+			return req, Invalid("logprobs", "logprobs must be between 0 and %d, got %d", MaxTopLogprobs, *lp)
+		}
+		req.Logprobs, req.TopLogprobs = true, int(*lp)
+	}
+	return req, nil
 }
 
 // DecodeChatCompletionRequest decodes and validates a POST
@@ -84,8 +98,24 @@ func DecodeChatCompletionRequest(body []byte, lim Limits) (ChatCompletionRequest
 	if err := checkChatOnly(o); err != nil {
 		return req, err
 	}
-	req.Sampling, err = decodeSampling(o, lim, true)
-	return req, err
+	if req.Sampling, err = decodeSampling(o, lim, true); err != nil {
+		return req, err
+	}
+	if req.Logprobs, err = o.boolean("logprobs"); err != nil {
+		return req, err
+	}
+	tl, err := o.integer("top_logprobs")
+	switch {
+	case err != nil:
+		return req, err
+	case tl != nil && (*tl < 0 || *tl > MaxTopLogprobs):
+		return req, Invalid("top_logprobs", "top_logprobs must be between 0 and %d, got %d", MaxTopLogprobs, *tl)
+	case tl != nil && *tl > 0 && !req.Logprobs:
+		return req, Invalid("top_logprobs", "top_logprobs needs logprobs: true")
+	case tl != nil:
+		req.TopLogprobs = int(*tl)
+	}
+	return req, nil
 }
 
 // decodePrompt accepts a string or an array holding one string.
@@ -258,6 +288,12 @@ func decodeSampling(o object, lim Limits, chat bool) (Sampling, error) {
 	if err := inRange("min_p", s.MinP, 0, 1, false); err != nil {
 		return s, err
 	}
+	if s.RepeatPenalty, err = o.number("repeat_penalty"); err != nil {
+		return s, err
+	}
+	if err := inRange("repeat_penalty", s.RepeatPenalty, 0, 10, true); err != nil {
+		return s, err
+	}
 	for _, name := range []string{"presence_penalty", "frequency_penalty"} {
 		v, err := o.number(name)
 		if err != nil {
@@ -310,21 +346,61 @@ func decodeSampling(o object, lim Limits, chat bool) (Sampling, error) {
 	switch {
 	case err != nil:
 		return s, err
-	case n != nil && *n > 1:
-		return s, Unsupported("n", "n > 1 is not supported; send one request per choice")
-	case n != nil && *n < 1:
-		return s, Invalid("n", "n must be 1, got %d", *n)
+	case n != nil && (*n < 1 || *n > MaxChoices):
+		return s, Invalid("n", "n must be between 1 and %d, got %d", MaxChoices, *n)
+	case n != nil:
+		s.N = int(*n)
 	}
-	if r, ok := o.raw("logit_bias"); ok {
-		lb, _, err := o.member("logit_bias")
+	if s.LogitBias, err = decodeLogitBias(o); err != nil {
+		return s, err
+	}
+	if s.ResponseFormat, err = decodeResponseFormat(o); err != nil {
+		return s, err
+	}
+	if s.Grammar, _, err = o.text("grammar"); err != nil {
+		return s, err
+	}
+	if s.Grammar != "" && s.ResponseFormat.Schema() != nil {
+		return s, Invalid("grammar", "grammar and a JSON response_format both constrain the output; send one")
+	}
+	return s, nil
+}
+
+// MaxLogitBias bounds the entries of logit_bias.
+const MaxLogitBias = 1024
+
+// decodeLogitBias reads {"token id": bias}, each bias -100..100.
+func decodeLogitBias(o object) (map[int]float64, error) {
+	r, ok := o.raw("logit_bias")
+	if !ok {
+		return nil, nil
+	}
+	lb, _, err := o.member("logit_bias")
+	if err != nil {
+		return nil, typeError("logit_bias", "an object mapping token ids to biases", r)
+	}
+	if len(lb.members) == 0 {
+		return nil, nil
+	}
+	if len(lb.members) > MaxLogitBias {
+		return nil, Invalid("logit_bias", "logit_bias may name at most %d tokens, got %d", MaxLogitBias, len(lb.members))
+	}
+	out := make(map[int]float64, len(lb.members))
+	for key := range lb.members {
+		id, err := strconv.ParseInt(key, 10, 32)
+		if err != nil || id < 0 {
+			return nil, Invalid(lb.param(key), "logit_bias keys must be token ids (non-negative integers), got %q", key)
+		}
+		v, err := lb.number(key)
 		if err != nil {
-			return s, typeError("logit_bias", "an object", r)
+			return nil, err
 		}
-		if len(lb.members) > 0 {
-			return s, Unsupported("logit_bias", "logit_bias is not supported")
+		if err := inRange(lb.param(key), v, -100, 100, false); err != nil {
+			return nil, err
 		}
+		out[int(id)] = *v
 	}
-	return s, checkResponseFormat(o)
+	return out, nil
 }
 
 // decodeMaxTokens reads max_completion_tokens (chat only) or max_tokens.
@@ -380,20 +456,55 @@ func decodeStop(o object) ([]string, error) {
 	return stops, nil
 }
 
-// checkResponseFormat allows only {"type":"text"}.
-func checkResponseFormat(o object) error {
+// decodeResponseFormat reads response_format: text, json_object, or
+// json_schema with a schema in the supported subset (see CheckSchema).
+func decodeResponseFormat(o object) (*ResponseFormat, error) {
 	rf, ok, err := o.member("response_format")
 	if err != nil || !ok {
-		return err
+		return nil, err
 	}
-	typ, _, err := rf.text("type")
-	if err != nil {
-		return err
+	typ, ok, err := rf.text("type")
+	switch {
+	case err != nil:
+		return nil, err
+	case !ok:
+		return nil, missing("response_format.type", `one of "text", "json_object", "json_schema"`)
 	}
-	if typ != "" && typ != "text" {
-		return Unsupported("response_format.type", "response_format %q is not supported; only \"text\"", typ)
+	switch typ {
+	case FormatText:
+		return nil, nil
+	case FormatJSONObject:
+		return &ResponseFormat{Type: typ}, nil
+	case FormatJSONSchema:
+	default:
+		return nil, Invalid("response_format.type", `response_format.type must be "text", "json_object" or "json_schema", got %q`, typ)
 	}
-	return nil
+	js, ok, err := rf.member("json_schema")
+	switch {
+	case err != nil:
+		return nil, err
+	case !ok:
+		return nil, missing("response_format.json_schema", "the {name, schema, strict} of the JSON the output must be")
+	}
+	f := &ResponseFormat{Type: typ, JSONSchema: &JSONSchema{}}
+	if f.JSONSchema.Name, ok, err = js.text("name"); err != nil {
+		return nil, err
+	} else if !ok || f.JSONSchema.Name == "" {
+		return nil, missing(js.param("name"), "a name for the schema")
+	}
+	if f.JSONSchema.Description, _, err = js.text("description"); err != nil {
+		return nil, err
+	}
+	if f.JSONSchema.Strict, err = js.boolean("strict"); err != nil {
+		return nil, err
+	}
+	if raw, ok := js.raw("schema"); ok {
+		if err := CheckSchema(js.param("schema"), raw, f.JSONSchema.Strict); err != nil {
+			return nil, err
+		}
+		f.JSONSchema.Schema = raw
+	}
+	return f, nil
 }
 
 // checkCompletionOnly rejects the unsupported features of /v1/completions.
@@ -404,12 +515,6 @@ func checkCompletionOnly(o object) error {
 		return Unsupported("best_of", "best_of > 1 is not supported")
 	} else if v != nil && *v < 1 {
 		return Invalid("best_of", "best_of must be 1, got %d", *v)
-	}
-	if r, ok := o.raw("logprobs"); ok {
-		if _, err := o.integer("logprobs"); err != nil {
-			return typeError("logprobs", "an integer or null", r)
-		}
-		return Unsupported("logprobs", "logprobs are not supported; leave logprobs null")
 	}
 	if echo, err := o.boolean("echo"); err != nil {
 		return err
@@ -444,16 +549,6 @@ func checkChatOnly(o object) error {
 		if json.Unmarshal(r, &s) != nil || (s != "none" && s != "auto") {
 			return Unsupported(name, "%s other than \"none\" or \"auto\" is not supported", name)
 		}
-	}
-	if lp, err := o.boolean("logprobs"); err != nil {
-		return err
-	} else if lp {
-		return Unsupported("logprobs", "logprobs are not supported")
-	}
-	if tl, err := o.integer("top_logprobs"); err != nil {
-		return err
-	} else if tl != nil && *tl > 0 {
-		return Unsupported("top_logprobs", "top_logprobs are not supported")
 	}
 	if _, ok := o.raw("audio"); ok {
 		return Unsupported("audio", "audio output is not supported")

@@ -34,8 +34,26 @@ func TestDecodeCompletionRequestAccepts(t *testing.T) {
 			want: CompletionRequest{Model: "tiny", Prompt: "Once", Sampling: Sampling{
 				MaxTokens: ptr(16), Temperature: ptr(0.0), TopP: ptr(0.5), TopK: ptr(40), MinP: ptr(0.05),
 				Seed: ptr(int64(42)), Stop: []string{"\n", "END"}, IgnoreEOS: true, Stream: true,
-				StreamOptions: &StreamOptions{IncludeUsage: true}, PresencePenalty: ptr(0.5), FrequencyPenalty: ptr(-1.0),
+				StreamOptions: &StreamOptions{IncludeUsage: true}, PresencePenalty: ptr(0.5), FrequencyPenalty: ptr(-1.0), N: 1,
 			}},
+		},
+		{
+			name: "choices, logprobs, biases, grammar",
+			body: `{"prompt":"a","n":3,"logprobs":5,"logit_bias":{"7":-100,"12":2.5},"repeat_penalty":1.1,"grammar":"root ::= \"x\""}`,
+			want: CompletionRequest{Prompt: "a", Sampling: Sampling{N: 3, Logprobs: true, TopLogprobs: 5,
+				LogitBias: map[int]float64{7: -100, 12: 2.5}, RepeatPenalty: ptr(1.1), Grammar: `root ::= "x"`}},
+		},
+		{
+			name: "logprobs zero",
+			body: `{"prompt":"a","logprobs":0}`,
+			want: CompletionRequest{Prompt: "a", Sampling: Sampling{Logprobs: true}},
+		},
+		{
+			name: "json_schema",
+			body: `{"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,
+				"schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}}}}`,
+			want: CompletionRequest{Prompt: "a", Sampling: Sampling{ResponseFormat: &ResponseFormat{Type: FormatJSONSchema,
+				JSONSchema: &JSONSchema{Name: "p", Strict: true, Schema: json.RawMessage(`{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}`)}}}},
 		},
 		{
 			name: "unknown fields are ignored",
@@ -181,16 +199,26 @@ func TestDecodeCompletionRequestRejects(t *testing.T) {
 		{"stream string", `{"prompt":"a","stream":"true"}`, bad(CodeInvalidType, "stream")},
 		{"stream_options not object", `{"prompt":"a","stream_options":true}`, bad(CodeInvalidType, "stream_options")},
 		{"include_usage string", `{"prompt":"a","stream":true,"stream_options":{"include_usage":"yes"}}`, bad(CodeInvalidType, "stream_options.include_usage")},
-		{"n two", `{"prompt":"a","n":2}`, bad(CodeUnsupported, "n")},
+		{"n too many", `{"prompt":"a","n":17}`, bad(CodeInvalidValue, "n")},
 		{"n zero", `{"prompt":"a","n":0}`, bad(CodeInvalidValue, "n")},
 		{"best_of two", `{"prompt":"a","best_of":2}`, bad(CodeUnsupported, "best_of")},
-		{"logprobs", `{"prompt":"a","logprobs":2}`, bad(CodeUnsupported, "logprobs")},
+		{"logprobs too many", `{"prompt":"a","logprobs":21}`, bad(CodeInvalidValue, "logprobs")},
 		{"logprobs wrong type", `{"prompt":"a","logprobs":"x"}`, bad(CodeInvalidType, "logprobs")},
 		{"echo", `{"prompt":"a","echo":true}`, bad(CodeUnsupported, "echo")},
 		{"suffix", `{"prompt":"a","suffix":"end"}`, bad(CodeUnsupported, "suffix")},
-		{"logit_bias", `{"prompt":"a","logit_bias":{"50256":-100}}`, bad(CodeUnsupported, "logit_bias")},
+		{"logit_bias out of range", `{"prompt":"a","logit_bias":{"50256":-101}}`, bad(CodeInvalidValue, "logit_bias.50256")},
+		{"logit_bias key not a token", `{"prompt":"a","logit_bias":{"x":1}}`, bad(CodeInvalidValue, "logit_bias.x")},
+		{"logit_bias value string", `{"prompt":"a","logit_bias":{"5":"1"}}`, bad(CodeInvalidType, "logit_bias.5")},
+		{"repeat_penalty zero", `{"prompt":"a","repeat_penalty":0}`, bad(CodeInvalidValue, "repeat_penalty")},
+		{"grammar with json", `{"prompt":"a","grammar":"root ::= \"x\"","response_format":{"type":"json_object"}}`, bad(CodeInvalidValue, "grammar")},
+		{"grammar number", `{"prompt":"a","grammar":1}`, bad(CodeInvalidType, "grammar")},
 		{"logit_bias wrong type", `{"prompt":"a","logit_bias":[1]}`, bad(CodeInvalidType, "logit_bias")},
-		{"response_format json", `{"prompt":"a","response_format":{"type":"json_object"}}`, bad(CodeUnsupported, "response_format.type")},
+		{"response_format unknown", `{"prompt":"a","response_format":{"type":"yaml"}}`, bad(CodeInvalidValue, "response_format.type")},
+		{"response_format no type", `{"prompt":"a","response_format":{}}`, bad(CodeMissingParameter, "response_format.type")},
+		{"json_schema missing", `{"prompt":"a","response_format":{"type":"json_schema"}}`, bad(CodeMissingParameter, "response_format.json_schema")},
+		{"json_schema no name", `{"prompt":"a","response_format":{"type":"json_schema","json_schema":{"schema":{}}}}`, bad(CodeMissingParameter, "response_format.json_schema.name")},
+		{"json_schema pattern", `{"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"a+"}}}}`,
+			bad(CodeUnsupported, "response_format.json_schema.schema.pattern")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -286,13 +314,14 @@ func TestDecodeChatCompletionRequestRejects(t *testing.T) {
 		{"functions", `{"messages":[` + user + `],"functions":[{"name":"f"}]}`, bad(CodeUnsupported, "functions")},
 		{"tools wrong type", `{"messages":[` + user + `],"tools":{}}`, bad(CodeInvalidType, "tools")},
 		{"tool_choice required", `{"messages":[` + user + `],"tool_choice":"required"}`, bad(CodeUnsupported, "tool_choice")},
-		{"logprobs", `{"messages":[` + user + `],"logprobs":true}`, bad(CodeUnsupported, "logprobs")},
-		{"top_logprobs", `{"messages":[` + user + `],"top_logprobs":3}`, bad(CodeUnsupported, "top_logprobs")},
+		{"logprobs string", `{"messages":[` + user + `],"logprobs":"yes"}`, bad(CodeInvalidType, "logprobs")},
+		{"top_logprobs without logprobs", `{"messages":[` + user + `],"top_logprobs":3}`, bad(CodeInvalidValue, "top_logprobs")},
+		{"top_logprobs too many", `{"messages":[` + user + `],"logprobs":true,"top_logprobs":21}`, bad(CodeInvalidValue, "top_logprobs")},
 		{"audio", `{"messages":[` + user + `],"audio":{"voice":"x"}}`, bad(CodeUnsupported, "audio")},
 		{"modalities audio", `{"messages":[` + user + `],"modalities":["text","audio"]}`, bad(CodeUnsupported, "modalities[1]")},
 		{"max_completion_tokens negative", `{"messages":[` + user + `],"max_completion_tokens":-1}`, bad(CodeInvalidValue, "max_completion_tokens")},
 		{"max_tokens huge", `{"messages":[` + user + `],"max_tokens":1000000}`, bad(CodeInvalidValue, "max_tokens")},
-		{"n two", `{"messages":[` + user + `],"n":2}`, bad(CodeUnsupported, "n")},
+		{"n too many", `{"messages":[` + user + `],"n":100}`, bad(CodeInvalidValue, "n")},
 		{"temperature type", `{"messages":[` + user + `],"temperature":[]}`, bad(CodeInvalidType, "temperature")},
 	}
 	for _, tt := range tests {
@@ -312,9 +341,9 @@ func TestDefaultMaxTokensLimit(t *testing.T) {
 }
 
 func TestErrorsUnwrapToSentinels(t *testing.T) {
-	_, err := DecodeCompletionRequest([]byte(`{"prompt":"a","n":3}`), testLimits)
+	_, err := DecodeCompletionRequest([]byte(`{"prompt":"a","best_of":3}`), testLimits)
 	if !errors.Is(err, ErrUnsupported) {
-		t.Errorf("n=3: %v is not ErrUnsupported", err)
+		t.Errorf("best_of=3: %v is not ErrUnsupported", err)
 	}
 	_, err = DecodeCompletionRequest([]byte(`{"prompt":"a","temperature":9}`), testLimits)
 	if !errors.Is(err, ErrInvalidRequest) {

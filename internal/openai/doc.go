@@ -14,23 +14,25 @@
 //   - a wrong JSON type (code invalid_type), e.g. "temperature": "hot";
 //   - a value out of range (invalid_value): max_tokens and
 //     max_completion_tokens 1..Limits.MaxTokens, temperature 0..2, top_p
-//     (0,1], min_p 0..1, top_k ≥ 0, presence/frequency_penalty -2..2, n and
-//     best_of ≥ 1, stop up to MaxStop non-empty strings;
+//     (0,1], min_p 0..1, top_k ≥ 0, presence/frequency_penalty -2..2,
+//     repeat_penalty (0,10], logit_bias -100..100 on token ids, n
+//     1..MaxChoices, best_of ≥ 1, top_logprobs and completions' logprobs
+//     0..MaxTopLogprobs (top_logprobs needs logprobs), stop up to MaxStop
+//     non-empty strings, grammar together with a JSON response_format;
 //   - a missing prompt or messages (missing_required_parameter);
-//   - a feature that is not supported (unsupported_parameter): n > 1,
-//     best_of > 1, logprobs (non-null on completions, true on chat),
-//     top_logprobs > 0, echo, a non-empty suffix, token-array or multiple
-//     prompts, tools, functions, tool_choice other than "none"/"auto",
-//     tool_calls in messages, tool/function roles, non-text content parts
-//     (image_url, input_audio, file), response_format other than "text",
-//     a non-empty logit_bias, audio output and non-text modalities.
+//   - a feature that is not supported (unsupported_parameter): best_of > 1,
+//     echo, a non-empty suffix, token-array or multiple prompts, tools,
+//     functions, tool_choice other than "none"/"auto", tool_calls in
+//     messages, tool/function roles, non-text content parts (image_url,
+//     input_audio, file), audio output, non-text modalities, and JSON
+//     schema keywords outside the subset CheckSchema accepts.
 //
 // null is treated as absent everywhere. Integers may be written as integral
 // numbers (100.0, 1e3). The "developer" role is read as "system"; an
 // assistant message may have null content. Array content is flattened by
-// joining its text parts with "\n". presence_penalty and frequency_penalty
-// apply to the last 64 tokens, as in llama.cpp's server. Extensions understood as
-// llama.cpp's server does: top_k, min_p, ignore_eos.
+// joining its text parts with "\n". The penalties apply to the last 64
+// tokens, as in llama.cpp's server. Extensions understood as llama.cpp's
+// server does: top_k, min_p, repeat_penalty, ignore_eos, grammar.
 //
 // # Errors
 //

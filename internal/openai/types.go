@@ -3,6 +3,7 @@ package openai
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 )
 
 // Object names, as OpenAI puts them in "object".
@@ -47,10 +48,79 @@ type Sampling struct {
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
 	// PresencePenalty and FrequencyPenalty are range-checked (-2..2) and
 	// applied by llama.cpp's penalties sampler over the last 64 tokens.
-	PresencePenalty  *float64       `json:"presence_penalty,omitempty"`
-	FrequencyPenalty *float64       `json:"frequency_penalty,omitempty"`
-	Stream           bool           `json:"stream,omitempty"`
-	StreamOptions    *StreamOptions `json:"stream_options,omitempty"`
+	PresencePenalty  *float64 `json:"presence_penalty,omitempty"`
+	FrequencyPenalty *float64 `json:"frequency_penalty,omitempty"`
+	// RepeatPenalty (llama.cpp extension, (0, 10]; 1 is off) divides the
+	// positive logits of tokens among the last 64 (multiplies the
+	// negative ones).
+	RepeatPenalty *float64 `json:"repeat_penalty,omitempty"`
+	// LogitBias is added to the logits of the token ids it names, each
+	// -100..100.
+	LogitBias map[int]float64 `json:"logit_bias,omitempty"`
+	// ResponseFormat constrains the output to JSON; nil or "text" is free text.
+	ResponseFormat *ResponseFormat `json:"response_format,omitempty"`
+	// Grammar is a GBNF grammar (llama.cpp extension, root rule "root")
+	// the output must follow; not with a JSON response_format.
+	Grammar string `json:"grammar,omitempty"`
+	// N is the number of choices, 1..MaxChoices (0: 1).
+	N int `json:"n,omitempty"`
+	// Logprobs asks for each sampled token's log probability: chat's
+	// logprobs:true, or a non-null logprobs on completions.
+	Logprobs bool `json:"-"`
+	// TopLogprobs is how many most likely tokens are reported with each
+	// sampled one, 0..MaxTopLogprobs: chat's top_logprobs, completions'
+	// logprobs.
+	TopLogprobs   int            `json:"-"`
+	Stream        bool           `json:"stream,omitempty"`
+	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
+}
+
+// Choices returns how many choices the request asks for (at least 1).
+func (s Sampling) Choices() int { return max(s.N, 1) }
+
+// MaxChoices bounds n.
+const MaxChoices = 16
+
+// MaxTopLogprobs bounds top_logprobs (chat) and logprobs (completions).
+const MaxTopLogprobs = 20
+
+// Response format types.
+const (
+	FormatText       = "text"
+	FormatJSONObject = "json_object"
+	FormatJSONSchema = "json_schema"
+)
+
+// ResponseFormat is "response_format".
+type ResponseFormat struct {
+	Type       string      `json:"type"`
+	JSONSchema *JSONSchema `json:"json_schema,omitempty"`
+}
+
+// JSONSchema is response_format.json_schema. Schema holds the schema as
+// sent, already checked against the supported subset (see CheckSchema).
+type JSONSchema struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Schema      json.RawMessage `json:"schema,omitempty"`
+	Strict      bool            `json:"strict,omitempty"`
+}
+
+// Schema returns the JSON schema the output must follow, or nil when the
+// format leaves the output free. json_object is {"type":"object"}.
+func (f *ResponseFormat) Schema() json.RawMessage {
+	switch {
+	case f == nil:
+		return nil
+	case f.Type == FormatJSONObject:
+		return json.RawMessage(`{"type":"object"}`)
+	case f.Type == FormatJSONSchema && f.JSONSchema != nil:
+		if len(f.JSONSchema.Schema) == 0 {
+			return json.RawMessage(`{}`)
+		}
+		return f.JSONSchema.Schema
+	}
+	return nil
 }
 
 // IncludeUsage reports whether a stream should end with a usage chunk.
@@ -111,10 +181,42 @@ type Completion struct {
 // CompletionChoice is one choice of a Completion. FinishReason is null in
 // stream chunks until the last one.
 type CompletionChoice struct {
-	Index        int       `json:"index"`
-	Text         string    `json:"text"`
-	Logprobs     *struct{} `json:"logprobs"` // always null
-	FinishReason *string   `json:"finish_reason"`
+	Index        int                 `json:"index"`
+	Text         string              `json:"text"`
+	Logprobs     *CompletionLogprobs `json:"logprobs"` // null unless asked for
+	FinishReason *string             `json:"finish_reason"`
+}
+
+// CompletionLogprobs is the legacy logprobs shape of /v1/completions: one
+// entry a token in each list. TopLogprobs maps a token's text to its
+// log probability (tokens with the same text keep the likelier).
+type CompletionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float64            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+// ChatLogprobs is a chat choice's logprobs.
+type ChatLogprobs struct {
+	Content []TokenLogprob `json:"content"`
+	Refusal []TokenLogprob `json:"refusal"`
+}
+
+// TokenLogprob is one sampled token with its log probability and the most
+// likely tokens at its place.
+type TokenLogprob struct {
+	Token       string       `json:"token"`
+	Logprob     float64      `json:"logprob"`
+	Bytes       []int        `json:"bytes"`
+	TopLogprobs []TopLogprob `json:"top_logprobs"`
+}
+
+// TopLogprob is one of the most likely tokens at a place.
+type TopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
 }
 
 // ChatCompletion is a /v1/chat/completions response.
@@ -130,10 +232,10 @@ type ChatCompletion struct {
 
 // ChatChoice is one choice of a ChatCompletion.
 type ChatChoice struct {
-	Index        int         `json:"index"`
-	Message      ChatMessage `json:"message"`
-	Logprobs     *struct{}   `json:"logprobs"` // always null
-	FinishReason string      `json:"finish_reason"`
+	Index        int           `json:"index"`
+	Message      ChatMessage   `json:"message"`
+	Logprobs     *ChatLogprobs `json:"logprobs"` // null unless asked for
+	FinishReason string        `json:"finish_reason"`
 }
 
 // ChatCompletionChunk is one event of a chat stream. The usage chunk has no
@@ -150,10 +252,10 @@ type ChatCompletionChunk struct {
 
 // ChatChunkChoice is one choice of a chunk.
 type ChatChunkChoice struct {
-	Index        int       `json:"index"`
-	Delta        ChatDelta `json:"delta"`
-	Logprobs     *struct{} `json:"logprobs"` // always null
-	FinishReason *string   `json:"finish_reason"`
+	Index        int           `json:"index"`
+	Delta        ChatDelta     `json:"delta"`
+	Logprobs     *ChatLogprobs `json:"logprobs"` // null unless asked for
+	FinishReason *string       `json:"finish_reason"`
 }
 
 // ChatDelta is the change a chunk brings: the role in the first chunk, then

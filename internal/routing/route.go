@@ -27,6 +27,7 @@ func (s *Service) Routes(mux *http.ServeMux) {
 	mux.Handle("GET /v1/models/{id}", s.inference("models", s.getModel))
 	mux.Handle("POST /v1/completions", s.inference("completions", s.postCompletions))
 	mux.Handle("POST /v1/chat/completions", s.inference("chat_completions", s.postChatCompletions))
+	mux.Handle("POST /v1/embeddings", s.inference("embeddings", s.postEmbeddings))
 	mux.Handle("OPTIONS /v1/", s.inference("preflight", func(w http.ResponseWriter, r *http.Request, c *call) error {
 		w.WriteHeader(http.StatusNoContent) // not a CORS preflight: nothing to say
 		return nil
@@ -245,6 +246,13 @@ func (s *Service) postChatCompletions(w http.ResponseWriter, r *http.Request, c 
 	return s.serveInference(w, r, c, "/v1/chat/completions", func(body []byte) (string, bool, error) {
 		req, err := openai.DecodeChatCompletionRequest(body, openai.Limits{})
 		return req.Model, req.Stream, err
+	})
+}
+
+func (s *Service) postEmbeddings(w http.ResponseWriter, r *http.Request, c *call) error {
+	return s.serveInference(w, r, c, "/v1/embeddings", func(body []byte) (string, bool, error) {
+		req, err := openai.DecodeEmbeddingRequest(body)
+		return req.Model, false, err
 	})
 }
 

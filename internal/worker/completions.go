@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/openai"
 )
 
@@ -28,15 +29,18 @@ func (w *Worker) handleCompletions(rw http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	f := completionFormat{id: openai.NewCompletionID(), created: time.Now().Unix(), model: w.cfg.ModelRef}
+	f := completionFormat{id: openai.NewCompletionID(), created: time.Now().Unix(), model: w.cfg.ModelRef,
+		logprobs: req.Logprobs, top: req.TopLogprobs}
 	return w.serveGeneration(rw, r, eng, j, req.Sampling, f, "completions")
 }
 
 // completionFormat shapes /v1/completions answers.
 type completionFormat struct {
-	id      string
-	created int64
-	model   string
+	id       string
+	created  int64
+	model    string
+	logprobs bool
+	top      int
 }
 
 func (f completionFormat) chunk(choices []openai.CompletionChoice, u *openai.Usage) openai.Completion {
@@ -44,20 +48,51 @@ func (f completionFormat) chunk(choices []openai.CompletionChoice, u *openai.Usa
 		Choices: choices, Usage: u}
 }
 
-func (f completionFormat) first() any { return nil }
+func (f completionFormat) first(int) any { return nil }
 
-func (f completionFormat) delta(text string) any {
-	return f.chunk([]openai.CompletionChoice{{Text: text}}, nil)
+func (f completionFormat) delta(i int, text string, toks []engine.Token, offset int) any {
+	return f.chunk([]openai.CompletionChoice{{Index: i, Text: text, Logprobs: f.logprobsOf(toks, offset)}}, nil)
 }
 
-func (f completionFormat) last(finish string) any {
-	return f.chunk([]openai.CompletionChoice{{FinishReason: &finish}}, nil)
+func (f completionFormat) last(i int, finish string) any {
+	return f.chunk([]openai.CompletionChoice{{Index: i, FinishReason: &finish}}, nil)
 }
 
 func (f completionFormat) usage(u *openai.Usage) any {
 	return f.chunk([]openai.CompletionChoice{}, u)
 }
 
-func (f completionFormat) whole(text, finish string, u *openai.Usage) any {
-	return f.chunk([]openai.CompletionChoice{{Text: text, FinishReason: &finish}}, u)
+func (f completionFormat) whole(choices []choice, u *openai.Usage) any {
+	out := make([]openai.CompletionChoice, len(choices))
+	for i, c := range choices {
+		out[i] = openai.CompletionChoice{Index: i, Text: c.text, Logprobs: f.logprobsOf(c.toks, 0), FinishReason: &c.finish}
+	}
+	return f.chunk(out, u)
+}
+
+// logprobsOf is the legacy logprobs of toks, whose bytes begin offset
+// bytes into the choice's; nil unless asked for. text_offset counts the
+// tokens' raw bytes, which is the text's offset unless bytes that are not
+// UTF-8 were replaced by U+FFFD.
+func (f completionFormat) logprobsOf(toks []engine.Token, offset int) *openai.CompletionLogprobs {
+	if !f.logprobs {
+		return nil
+	}
+	lp := &openai.CompletionLogprobs{Tokens: make([]string, len(toks)), TokenLogprobs: make([]float64, len(toks)),
+		TopLogprobs: make([]map[string]float64, len(toks)), TextOffset: make([]int, len(toks))}
+	for i, t := range toks {
+		lp.Tokens[i], lp.TokenLogprobs[i], lp.TextOffset[i] = string(t.Piece), float64(t.Logprob), offset
+		offset += len(t.Piece)
+		if f.top == 0 {
+			continue
+		}
+		top := make(map[string]float64, len(t.Top))
+		for _, alt := range t.Top {
+			if _, ok := top[string(alt.Piece)]; !ok { // best first: the first of a text is the likeliest
+				top[string(alt.Piece)] = float64(alt.Logprob)
+			}
+		}
+		lp.TopLogprobs[i] = top
+	}
+	return lp
 }

@@ -78,6 +78,10 @@ func (f *fakeEngine) ChatPrompt(msgs []engine.Message) (string, error) {
 	return b.String(), nil
 }
 
+func (f *fakeEngine) Check(engine.Request) error { return nil }
+
+func (f *fakeEngine) Embed(context.Context, []int) ([]float32, error) { return []float32{1}, nil }
+
 func (f *fakeEngine) Generate(ctx context.Context, req engine.Request, emit engine.Emit) (res engine.Result, err error) {
 	if f.started != nil {
 		f.started <- req

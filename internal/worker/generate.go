@@ -31,8 +31,9 @@ var errClientGone = errors.New("worker: client went away")
 
 // job is one generation, ready for the engine.
 type job struct {
-	req   engine.Request
-	stops []string
+	req     engine.Request
+	stops   []string
+	choices int // n: generations run one after another, seeds Seed, Seed+1, …
 }
 
 // newJob tokenizes prompt and turns the request's sampling into an engine
@@ -81,25 +82,55 @@ func newJob(eng engine.Engine, info engine.ModelInfo, prompt, param string, s op
 	if s.PresencePenalty != nil {
 		r.PresencePenalty = float32(*s.PresencePenalty)
 	}
+	if s.RepeatPenalty != nil {
+		r.RepeatPenalty = float32(*s.RepeatPenalty)
+	}
+	if len(s.LogitBias) > 0 {
+		r.LogitBias = make(map[int]float32, len(s.LogitBias))
+		for id, b := range s.LogitBias {
+			if id >= info.Vocab {
+				return job{}, openai.Invalid(fmt.Sprintf("logit_bias.%d", id), "logit_bias names token %d; this model's token ids are 0..%d", id, info.Vocab-1)
+			}
+			r.LogitBias[id] = float32(b)
+		}
+	}
+	r.Grammar = s.Grammar
+	r.JSONSchema = s.ResponseFormat.Schema()
+	r.Logprobs, r.TopLogprobs = s.Logprobs, s.TopLogprobs
 	if s.Seed == nil || *s.Seed == -1 { // -1 means random, as in llama.cpp
 		r.Seed = rand.Uint32()
 	} else {
 		r.Seed = uint32(*s.Seed) // larger seeds wrap; the same seed still gives the same draw
 	}
-	return job{req: r, stops: s.Stop}, nil
+	if err := eng.Check(r); err != nil {
+		param := "grammar"
+		if r.JSONSchema != nil {
+			param = "response_format"
+		}
+		if errors.Is(err, engine.ErrGrammar) {
+			return job{}, &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: param,
+				Message: fmt.Sprintf("%s cannot be enforced: %v", param, err), Err: errors.Join(openai.ErrInvalidRequest, err)}
+		}
+		return job{}, err
+	}
+	return job{req: r, stops: s.Stop, choices: s.Choices()}, nil
 }
 
 // generate runs j and passes the text a client may see to out as soon as it
-// is certain (see textFilter). A matched stop sequence ends the generation
+// is certain (see textFilter), with the tokens sampled since the last call
+// (they carry the logprobs). A matched stop sequence ends the generation
 // with FinishStop.
-func generate(ctx context.Context, eng engine.Engine, j job, out func(string) error) (engine.Result, error) {
+func generate(ctx context.Context, eng engine.Engine, j job, out func(string, []engine.Token) error) (engine.Result, error) {
 	f := newTextFilter(j.stops)
+	var toks []engine.Token
 	res, err := eng.Generate(ctx, j.req, func(t engine.Token) error {
 		text, stopped := f.push(t.Piece)
+		toks = append(toks, t)
 		if text != "" {
-			if err := out(text); err != nil {
+			if err := out(text, toks); err != nil {
 				return err
 			}
+			toks = toks[:0]
 		}
 		if stopped {
 			return engine.ErrStop
@@ -109,8 +140,8 @@ func generate(ctx context.Context, eng engine.Engine, j job, out func(string) er
 	if err != nil {
 		return res, err
 	}
-	if rest := f.flush(); rest != "" {
-		if err := out(rest); err != nil {
+	if rest := f.flush(); rest != "" || (len(toks) > 0 && !f.stopped && j.req.Logprobs) {
+		if err := out(rest, toks); err != nil {
 			return res, err
 		}
 	}
@@ -126,23 +157,32 @@ func generate(ctx context.Context, eng engine.Engine, j job, out func(string) er
 	return res, nil
 }
 
+// choice is one finished choice of a non-streamed answer.
+type choice struct {
+	text   string
+	finish string
+	toks   []engine.Token // with their logprobs, when asked for
+}
+
 // format builds the response bodies and stream events of one endpoint.
 type format interface {
-	// first is the event that opens a stream, or nil.
-	first() any
-	// delta is the event carrying the next text.
-	delta(text string) any
-	// last is the event carrying the finish reason.
-	last(finish string) any
+	// first is the event that opens choice i's stream, or nil.
+	first(i int) any
+	// delta is the event carrying choice i's next text and the tokens it
+	// came from; offset counts the bytes of the choice's tokens before them.
+	delta(i int, text string, toks []engine.Token, offset int) any
+	// last is the event carrying choice i's finish reason.
+	last(i int, finish string) any
 	// usage is the usage event, sent when stream_options.include_usage.
 	usage(u *openai.Usage) any
 	// whole is the body of a non-streamed answer.
-	whole(text, finish string, u *openai.Usage) any
+	whole(choices []choice, u *openai.Usage) any
 }
 
-// serveGeneration admits j, runs it and answers, streamed or not. Errors
-// before the stream began are returned for the handler adapter to write;
-// after that they end the stream with an error event.
+// serveGeneration admits j, runs its choices one after another and
+// answers, streamed or not. Errors before the stream began are returned for
+// the handler adapter to write; after that they end the stream with an
+// error event.
 func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng engine.Engine, j job, s openai.Sampling, f format, endpoint string) error {
 	release, err := w.admit(r.Context())
 	if err != nil {
@@ -158,14 +198,34 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 	defer context.AfterFunc(w.hardCtx, func() { cancel(ErrShutdown) })()
 
 	start := time.Now()
-	var res engine.Result
+	var total engine.Result
+	run := func(i int, out func(string, []engine.Token) error) (engine.Result, error) {
+		ji := j
+		ji.req.Seed += uint32(i)
+		res, err := generate(ctx, eng, ji, out)
+		total.PromptTokens = res.PromptTokens
+		total.CompletionTokens += res.CompletionTokens
+		total.FinishReason = res.FinishReason
+		return res, err
+	}
 	if !s.Stream {
-		var text strings.Builder
-		res, err = generate(ctx, eng, j, func(s string) error { text.WriteString(s); return nil })
-		if err != nil {
-			return w.generationError(ctx, err)
+		choices := make([]choice, j.choices)
+		for i := range choices {
+			var text strings.Builder
+			keep := s.Logprobs
+			res, err := run(i, func(s string, toks []engine.Token) error {
+				text.WriteString(s)
+				if keep {
+					choices[i].toks = append(choices[i].toks, toks...)
+				}
+				return nil
+			})
+			if err != nil {
+				return w.generationError(ctx, err)
+			}
+			choices[i].text, choices[i].finish = text.String(), res.FinishReason
 		}
-		openai.WriteJSON(rw, http.StatusOK, f.whole(text.String(), res.FinishReason, usageOf(res)))
+		openai.WriteJSON(rw, http.StatusOK, f.whole(choices, usageOf(total)))
 	} else {
 		sse := openai.NewSSEWriter(rw)
 		sse.SetEventTimeout(streamEventTimeout)
@@ -175,19 +235,28 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			}
 			return nil
 		}
-		if ev := f.first(); ev != nil {
-			err = send(ev)
-		} else {
-			err = sse.Start()
-		}
-		if err == nil {
-			res, err = generate(ctx, eng, j, func(s string) error { return send(f.delta(s)) })
-		}
-		if err == nil {
-			err = send(f.last(res.FinishReason))
+		err = sse.Start()
+		for i := 0; err == nil && i < j.choices; i++ {
+			if ev := f.first(i); ev != nil {
+				err = send(ev)
+			}
+			var res engine.Result
+			offset := 0
+			if err == nil {
+				res, err = run(i, func(s string, toks []engine.Token) error {
+					ev := f.delta(i, s, toks, offset)
+					for _, t := range toks {
+						offset += len(t.Piece)
+					}
+					return send(ev)
+				})
+			}
+			if err == nil {
+				err = send(f.last(i, res.FinishReason))
+			}
 		}
 		if err == nil && s.IncludeUsage() {
-			err = send(f.usage(usageOf(res)))
+			err = send(f.usage(usageOf(total)))
 		}
 		if err == nil {
 			err = sse.Done()
@@ -201,8 +270,8 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		}
 	}
 	elapsed := time.Since(start)
-	w.log.Info("generation finished", "endpoint", endpoint, "stream", s.Stream, "prompt_tokens", res.PromptTokens,
-		"completion_tokens", res.CompletionTokens, "finish_reason", res.FinishReason, "duration_ms", elapsed.Milliseconds())
+	w.log.Info("generation finished", "endpoint", endpoint, "stream", s.Stream, "choices", j.choices, "prompt_tokens", total.PromptTokens,
+		"completion_tokens", total.CompletionTokens, "finish_reason", total.FinishReason, "duration_ms", elapsed.Milliseconds())
 	return nil
 }
 
@@ -218,6 +287,9 @@ func (w *Worker) generationError(ctx context.Context, err error) error {
 			Message: "the worker shut down before the generation finished; retry elsewhere", Err: errors.Join(ErrShutdown, err)}
 	case errors.Is(err, errClientGone) || ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", errClientGone, err)
+	case errors.Is(err, engine.ErrGrammar), errors.Is(err, engine.ErrTokenID):
+		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Message: err.Error(),
+			Err: errors.Join(openai.ErrInvalidRequest, err)}
 	case errors.Is(err, engine.ErrPromptTooLong):
 		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeContextLength,
 			Message: "the prompt does not fit the model's context", Err: err}

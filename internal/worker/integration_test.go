@@ -166,12 +166,12 @@ func TestBinaryWithOpenAIClient(t *testing.T) {
 
 	t.Run("unsupported features are 400 naming the field", func(t *testing.T) {
 		params := greedy
-		params.N = oai.Int(2)
+		params.BestOf = oai.Int(2)
 		_, err := client.Completions.New(ctx, params)
 		var apiErr *oai.Error
-		if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "n" || apiErr.Code != "unsupported_parameter" ||
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "best_of" || apiErr.Code != "unsupported_parameter" ||
 			apiErr.Type != "invalid_request_error" {
-			t.Errorf("n=2: %v, want a 400 unsupported_parameter on n", err)
+			t.Errorf("best_of=2: %v, want a 400 unsupported_parameter on best_of", err)
 		}
 		_, err = client.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: "tiny",
 			Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("x")}, MaxTokens: oai.Int(-3)})
@@ -235,7 +235,7 @@ func TestBinaryBadRequests(t *testing.T) {
 		{"token prompt", "/v1/completions", `{"prompt":[1,2,3]}`, 400, "unsupported_parameter"},
 		{"image content", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "unsupported_parameter"},
 		{"oversized body", "/v1/completions", `{"prompt":"` + strings.Repeat("x", 5<<20) + `"}`, 413, "body_too_large"},
-		{"unknown path", "/v1/embeddings", `{}`, 404, "not_found"},
+		{"unknown path", "/v1/messages", `{}`, 404, "not_found"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

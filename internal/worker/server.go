@@ -43,6 +43,7 @@ func (w *Worker) Handler() http.Handler {
 		{http.MethodGet, "/v1/models/{id}", w.handleModel},
 		{http.MethodPost, "/v1/completions", w.handleCompletions},
 		{http.MethodPost, "/v1/chat/completions", w.handleChatCompletions},
+		{http.MethodPost, "/v1/embeddings", w.handleEmbeddings},
 		{http.MethodPost, "/v1/admin/shutdown", w.handleShutdown},
 	}
 	for _, rt := range routes {
