@@ -511,9 +511,9 @@ func TestRouteModels(t *testing.T) {
 	}
 
 	// The request is checked before routing.
-	status, body = x.do("POST", "/v1/completions", "sesame-0123456789", `{"model":"tiny","prompt":"hi","n":2}`)
+	status, body = x.do("POST", "/v1/completions", "sesame-0123456789", `{"model":"tiny","prompt":"hi","best_of":2}`)
 	if status != http.StatusBadRequest || errorCode(t, body) != "unsupported_parameter" {
-		t.Errorf("n=2: %d %s", status, body)
+		t.Errorf("best_of=2: %d %s", status, body)
 	}
 	status, body = x.do("POST", "/v1/completions", "sesame-0123456789", `{"prompt":"hi"}`)
 	if status != http.StatusBadRequest || errorCode(t, body) != "missing_required_parameter" {
