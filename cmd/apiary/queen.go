@@ -97,7 +97,7 @@ address only.`,
 	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", registry.DefaultHeartbeatTimeout, "a pool without a heartbeat this long is unhealthy")
 	fl.DurationVar(&f.unhealthyGrace, "unhealthy-grace", 0, "a pool unhealthy this long has its workers' rows FAILED (default: --heartbeat-timeout)")
 	fl.DurationVar(&f.offlineRetention, "offline-retention", registry.DefaultOfflineRetention, "offline (deregistered) pools are removed after this")
-	fl.DurationVar(&f.flushInterval, "flush-interval", registry.DefaultFlushInterval, "heartbeat times reach the database this often")
+	fl.DurationVar(&f.flushInterval, "flush-interval", registry.DefaultFlushInterval, "heartbeat data reach the database this often: changed devices and workers at the next flush, a time alone once it is a minute old (all at shutdown)")
 	fl.DurationVar(&f.hiveTimeout, "hive-timeout", queen.DefaultHiveTimeout, "time budget of one call to a hive")
 	fl.DurationVar(&f.claimTimeout, "claim-timeout", queen.DefaultClaimTimeout, "a row created for a worker run by hand (placement operator) that no worker claims this long is FAILED (unclaimed)")
 	fl.DurationVar(&f.claimHealthInterval, "claim-health-interval", queen.DefaultClaimHealthInterval, "how often the queen checks the health of workers run by hand; "+strconv.Itoa(queen.ClaimHealthFailures)+" failed checks in a row fail their row")

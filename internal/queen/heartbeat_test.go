@@ -154,3 +154,46 @@ func TestHeartbeatUnchanged(t *testing.T) {
 		t.Errorf("pool after the full heartbeat: %s", p.Status)
 	}
 }
+
+// A live row's heartbeat time reaches the store at the first beat, then
+// only when the stored one is registry.BeatTimeSave old; the final flush
+// writes the latest.
+func TestRowBeatTimesReachTheStoreAtTheirPace(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	id := x.start("tiny", "a").LifecycleID
+	w := worker("w-1", id, "ready")
+	stored := func() time.Time {
+		t.Helper()
+		for _, r := range x.storeRows() {
+			if r.ID == id && r.LastHeartbeatAt != nil {
+				return *r.LastHeartbeatAt
+			}
+		}
+		return time.Time{}
+	}
+	x.beat("a", w)
+	if err := x.q.rows.flush(t.Context(), false); err != nil {
+		t.Fatal(err)
+	}
+	first := stored()
+	if first.IsZero() {
+		t.Fatal("the first beat's time was not written")
+	}
+	x.beat("a", w)
+	x.q.rows.mu.Lock()
+	latest := *x.q.rows.active[id].LastHeartbeatAt
+	x.q.rows.mu.Unlock()
+	if err := x.q.rows.flush(t.Context(), false); err != nil {
+		t.Fatal(err)
+	}
+	if got := stored(); !got.Equal(first) || !latest.After(first) {
+		t.Errorf("stored %v after a second beat within BeatTimeSave, want the first %v (latest %v)", got, first, latest)
+	}
+	if err := x.q.rows.flush(t.Context(), true); err != nil {
+		t.Fatal(err)
+	}
+	if got := stored(); !got.Equal(latest) {
+		t.Errorf("stored %v after the final flush, want the latest %v", got, latest)
+	}
+}

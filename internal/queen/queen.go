@@ -318,12 +318,12 @@ func (q *Queen) flushRows(ctx context.Context) {
 		case <-ctx.Done():
 			fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := q.rows.flush(fctx); err != nil {
+			if err := q.rows.flush(fctx, true); err != nil {
 				q.log.Error("final flush of worker heartbeats failed", "err", err)
 			}
 			return
 		case <-t.C:
-			if err := q.rows.flush(ctx); err != nil {
+			if err := q.rows.flush(ctx, false); err != nil {
 				q.metrics.storeErrors.Inc()
 				q.log.Error("flush of worker heartbeats failed; will retry", "err", err)
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
@@ -87,13 +88,14 @@ type rowBook struct {
 	byWorker map[workerKey]string           // guarded by mu; (pool, hive worker id) → lifecycle id
 	misses   map[string]int                 // guarded by mu; heartbeats in a row a live row was missing from
 	beats    map[string]time.Time           // guarded by mu; last_heartbeat_at not yet in the store
+	saved    map[string]time.Time           // guarded by mu; last_heartbeat_at as last written
 	stopping map[workerKey]time.Time        // guarded by mu; rowless workers we asked to stop, and when
 }
 
 func newRowBook(st *store.Store, log *slog.Logger, m *metrics) *rowBook {
 	return &rowBook{st: st, log: log, m: m,
 		active: map[string]*store.Row{}, byPool: map[string]map[string]struct{}{}, byWorker: map[workerKey]string{},
-		misses: map[string]int{}, beats: map[string]time.Time{}, stopping: map[workerKey]time.Time{}}
+		misses: map[string]int{}, beats: map[string]time.Time{}, saved: map[string]time.Time{}, stopping: map[workerKey]time.Time{}}
 }
 
 // load indexes the live rows of the store.
@@ -123,6 +125,7 @@ func (b *rowBook) indexLocked(r store.Row) {
 		delete(b.active, r.ID)
 		delete(b.misses, r.ID)
 		delete(b.beats, r.ID)
+		delete(b.saved, r.ID)
 		if ids := b.byPool[r.PoolID]; ids != nil {
 			delete(ids, r.ID)
 			if len(ids) == 0 {
@@ -392,7 +395,9 @@ func (b *rowBook) livePoolRows(pool string) []string {
 	return slices.Collect(maps.Keys(b.byPool[pool]))
 }
 
-// touchLocked records that a live row's worker was in a heartbeat.
+// touchLocked records that a live row's worker was in a heartbeat; the
+// time reaches the store when the stored one is registry.BeatTimeSave old
+// (or at the final flush).
 func (b *rowBook) touchLocked(id string, at time.Time) {
 	r, ok := b.active[id]
 	if !ok {
@@ -400,15 +405,25 @@ func (b *rowBook) touchLocked(id string, at time.Time) {
 	}
 	at = micro(at)
 	r.LastHeartbeatAt = &at
-	b.beats[id] = at
+	if at.Sub(b.saved[id]) >= registry.BeatTimeSave {
+		b.beats[id] = at
+	}
 	delete(b.misses, id)
 }
 
-// flush writes pending last_heartbeat_at times.
-func (b *rowBook) flush(ctx context.Context) error {
+// flush writes pending last_heartbeat_at times; all: also every live row's
+// time newer than the stored one.
+func (b *rowBook) flush(ctx context.Context, all bool) error {
 	b.mu.Lock()
 	beats := b.beats
 	b.beats = map[string]time.Time{}
+	if all {
+		for id, r := range b.active {
+			if r.LastHeartbeatAt != nil && r.LastHeartbeatAt.After(b.saved[id]) {
+				beats[id] = *r.LastHeartbeatAt
+			}
+		}
+	}
 	b.mu.Unlock()
 	if len(beats) == 0 {
 		return nil
@@ -426,6 +441,13 @@ func (b *rowBook) flush(ctx context.Context) error {
 		b.mu.Unlock()
 		return fmt.Errorf("queen: write worker heartbeats: %w", err)
 	}
+	b.mu.Lock()
+	for id, at := range beats {
+		if _, ok := b.active[id]; ok && at.After(b.saved[id]) {
+			b.saved[id] = at
+		}
+	}
+	b.mu.Unlock()
 	return nil
 }
 

@@ -132,7 +132,8 @@ type entry struct {
 	lostPending    bool      // unhealthy and OnLost not called yet
 	awaitInventory bool      // the next heartbeat is the first since (re)registration or queen start
 	current        bool      // GPUs and Workers are the last full heartbeat's: an unchanged beat may renew them
-	beatDirty      bool      // heartbeat data not in the store yet
+	beatDirty      bool      // devices or workers not in the store yet
+	savedBeatAt    time.Time // the LastHeartbeatAt the store holds (as this registry last wrote it)
 	statusDirty    bool      // a status write failed; Flush retries it
 	models         []string  // the models of its live workers: its keys in Registry.byModel
 }
@@ -442,7 +443,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 	} else {
 		e.LastHeartbeatAt, e.GPUs, e.Workers = now, hb.GPUs, hb.Workers
 		r.indexLocked(e)
-		e.beatDirty = true
+		e.beatDirty = e.beatDirty || !hb.Unchanged // an unchanged beat moves only the time
 	}
 	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
@@ -640,9 +641,21 @@ func (r *Registry) UpdateWorker(poolID string, w api.Worker) {
 	e.beatDirty = true
 }
 
-// Flush writes the heartbeat data not yet in the store, and retries status
-// writes and audit entries that failed.
-func (r *Registry) Flush(ctx context.Context) error {
+// BeatTimeSave is how stale the store's last_heartbeat_at of a pool whose
+// devices and workers did not change may get while the queen runs: such a
+// pool's row is written when its time is that old, not at every flush (a
+// fleet at rest would otherwise rewrite every pool's row each flush). The
+// queen's API answers from memory; the final flush writes every time.
+const BeatTimeSave = time.Minute
+
+// Flush writes every heartbeat datum not yet in the store (the time of
+// every pool included), and retries status writes and audit entries that
+// failed.
+func (r *Registry) Flush(ctx context.Context) error { return r.flush(ctx, true) }
+
+// flush writes the pools whose devices or workers changed, and those whose
+// stored heartbeat time is BeatTimeSave old (every time one when all).
+func (r *Registry) flush(ctx context.Context, all bool) error {
 	if err := r.flushStatuses(ctx); err != nil {
 		return err
 	}
@@ -650,7 +663,8 @@ func (r *Registry) Flush(ctx context.Context) error {
 	var dirty []Pool // snapshots; encoded after the lock is released
 	var retried []string
 	for id, e := range r.pools {
-		if e.beatDirty {
+		late := e.LastHeartbeatAt.Sub(e.savedBeatAt)
+		if e.beatDirty || late >= BeatTimeSave || (all && late > 0) {
 			dirty = append(dirty, e.Pool)
 			retried = append(retried, id)
 			e.beatDirty = false
@@ -677,6 +691,13 @@ func (r *Registry) Flush(ctx context.Context) error {
 		r.mu.Unlock()
 		return fmt.Errorf("registry: save heartbeats: %w", err)
 	}
+	r.mu.Lock()
+	for _, p := range dirty {
+		if e := r.pools[p.ID]; e != nil && p.LastHeartbeatAt.After(e.savedBeatAt) {
+			e.savedBeatAt = p.LastHeartbeatAt
+		}
+	}
+	r.mu.Unlock()
 	return nil
 }
 
@@ -722,7 +743,7 @@ func (r *Registry) Run(ctx context.Context) error {
 			}
 			return nil
 		case <-t.C:
-			if err := r.Flush(ctx); err != nil {
+			if err := r.flush(ctx, false); err != nil {
 				r.log.Error("flush failed", "err", err)
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -759,4 +760,71 @@ func TestSameModels(t *testing.T) {
 			t.Errorf("sameModels(%v, %d workers) = %v, want %v", tc.models, len(tc.ws), got, tc.want)
 		}
 	}
+}
+
+// A pool whose beats change nothing but the time has its row written when
+// the stored time is BeatTimeSave old, not at every flush; a change is
+// written at the next flush; the final flush writes the latest time.
+func TestFlushWritesUnchangedBeatsAtTheirPace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		h := newHarness(t, st)
+		h.register("p1")
+		beat := func(hb api.Heartbeat) {
+			t.Helper()
+			if _, err := h.r.Heartbeat(h.ctx, "p1", hb); err != nil {
+				t.Fatal(err)
+			}
+		}
+		flush := func() {
+			t.Helper()
+			if err := h.r.flush(h.ctx, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stored := func() (time.Time, string) {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			p := st.pools["p1"]
+			if p.LastHeartbeatAt == nil {
+				return time.Time{}, string(p.GPUs)
+			}
+			return *p.LastHeartbeatAt, string(p.GPUs)
+		}
+		unchanged := api.Heartbeat{Unchanged: true}
+		beat(api.Heartbeat{GPUs: []api.GPU{{ID: 0, FreeBytes: 7}}})
+		flush()
+		first, _ := stored()
+		if !first.Equal(time.Now()) {
+			t.Fatalf("the full beat's time %v was not written", first)
+		}
+		for range int(BeatTimeSave/time.Second) - 1 {
+			advance(time.Second)
+			beat(unchanged)
+			flush()
+		}
+		if at, _ := stored(); !at.Equal(first) {
+			t.Errorf("unchanged beats wrote the time %v within BeatTimeSave of %v", at, first)
+		}
+		advance(time.Second)
+		beat(unchanged)
+		flush()
+		if at, _ := stored(); !at.Equal(time.Now()) {
+			t.Errorf("stored time %v after BeatTimeSave, want %v", at, time.Now())
+		}
+		advance(time.Second)
+		beat(api.Heartbeat{GPUs: []api.GPU{{ID: 0, FreeBytes: 9}}})
+		flush()
+		if at, gpus := stored(); !at.Equal(time.Now()) || !strings.Contains(gpus, `"free_vram_bytes":9`) {
+			t.Errorf("a changed beat stored %v %s, want now and the new devices", at, gpus)
+		}
+		advance(time.Second)
+		beat(unchanged)
+		if err := h.r.Flush(h.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if at, _ := stored(); !at.Equal(time.Now()) {
+			t.Errorf("the final flush stored %v, want the last beat's %v", at, time.Now())
+		}
+	})
 }
