@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -142,5 +144,71 @@ func TestQueenRefusesABadModelConfig(t *testing.T) {
 	}
 	if code, _, out := apiary(t, "queen", "--data-dir", t.TempDir(), "--config", path, "--config-poll", "0s"); code != 2 || !strings.Contains(out, "--config-poll must be positive") {
 		t.Errorf("--config-poll 0s: exit %d: %s", code, out)
+	}
+}
+
+// workers ls shows the pulls under way (as GET /v2/pools carries them)
+// above the rows, status PULLING with the percent: an operator who
+// wonders why a request waits sees the pull of its model there.
+// --status, --model and --pool select pulls too; --json prints the rows.
+func TestWorkersLsShowsPullsUnderWay(t *testing.T) {
+	started := time.Now().Add(-90 * time.Second)
+	pools := api.PoolList{Pools: []api.Pool{
+		{PoolID: "a", Pulls: []api.ModelPull{{ID: "pull-1", Ref: "hf://org/big-GGUF:Q4_K_M", Model: "big", State: api.PullRunning,
+			WrittenBytes: 42 << 20, TotalBytes: 100 << 20, StartedAt: started}}},
+		{PoolID: "b", Pulls: []api.ModelPull{{ID: "pull-2", Ref: "https://example.com/small.gguf", Model: "small", State: api.PullRunning,
+			WrittenBytes: 3 << 20, TotalBytes: -1, StartedAt: started}}},
+	}}
+	row := api.LifecycleRow{ID: "wk-1", PoolID: "a", ModelRef: "tiny", Status: "RUNNING", CreatedAt: time.Now()}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/admin/workers", func(w http.ResponseWriter, r *http.Request) {
+		api.WriteJSON(w, http.StatusOK, api.LifecycleRowList{Workers: []api.LifecycleRow{row}})
+	})
+	mux.HandleFunc("GET /v2/pools", func(w http.ResponseWriter, r *http.Request) { api.WriteJSON(w, http.StatusOK, pools) })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	q := "--queen=" + srv.URL
+
+	code, out, errOut := apiary(t, "workers", "ls", q)
+	if code != 0 {
+		t.Fatalf("workers ls: exit %d %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	want := []string{
+		`^ID\s+STATUS\s+MODEL\s+POOL\s`,
+		`^pull-1\s+PULLING\s+big\s+a\s+-\s+-\s+1m\s+-\s+42% of 100\.0 MiB from hf://org/big-GGUF:Q4_K_M$`,
+		`^pull-2\s+PULLING\s+small\s+b\s+-\s+-\s+1m\s+-\s+3\.0 MiB from https://example\.com/small\.gguf$`,
+		`^wk-1\s+RUNNING\s+tiny\s+a\s`,
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("workers ls:\n%s", out)
+	}
+	for i, re := range want {
+		if !regexp.MustCompile(re).MatchString(lines[i]) {
+			t.Errorf("line %d %q does not match %q", i, lines[i], re)
+		}
+	}
+	for _, c := range []struct {
+		args  []string
+		pulls string
+	}{
+		{[]string{"--model", "big"}, "pull-1"},
+		{[]string{"--pool", "b"}, "pull-2"},
+		{[]string{"--status", "running,pulling"}, "pull-1 pull-2"},
+		{[]string{"--status", "RUNNING"}, ""},
+	} {
+		_, out, _ := apiary(t, append([]string{"workers", "ls", q}, c.args...)...)
+		var got []string
+		for l := range strings.SplitSeq(out, "\n") {
+			if strings.Contains(l, "PULLING") {
+				got = append(got, strings.Fields(l)[0])
+			}
+		}
+		if strings.Join(got, " ") != c.pulls {
+			t.Errorf("workers ls %v shows pulls %v, want %q:\n%s", c.args, got, c.pulls, out)
+		}
+	}
+	if _, out, _ := apiary(t, "workers", "ls", "--json", q); strings.Contains(out, "pull-1") || !strings.Contains(out, "wk-1") {
+		t.Errorf("workers ls --json:\n%s", out)
 	}
 }

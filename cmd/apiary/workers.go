@@ -89,16 +89,30 @@ func newWorkersLsCmd(a *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List lifecycle rows, newest first",
-		Args:  usageArgs(cobra.NoArgs),
+		Long: `List lifecycle rows, newest first. Above them, a line per model pull under
+way on a pool (status PULLING; the pools' pulls of GET /v2/pools), such as
+the queen's pull of a configured model that a waiting request or replica
+needs: its percent and source are in REASON. --status, --model and --pool
+select pulls too; --json prints the rows only.`,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rows, err := a.client().Workers(cmd.Context(), f)
+			c := a.client()
+			rows, err := c.Workers(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
 			if a.asJSON {
 				return printJSON(cmd.OutOrStdout(), api.LifecycleRowList{Workers: rows})
 			}
-			return printRows(cmd.OutOrStdout(), rows, time.Now())
+			var pulls []api.ModelPull
+			if statusSelects(f.Status, statusPulling) {
+				pools, err := c.Pools(cmd.Context(), keeper.PoolFilter{})
+				if err != nil {
+					_ = printLine(cmd.ErrOrStderr(), "apiary: the pulls under way are unknown: %v", err)
+				}
+				pulls = poolPulls(pools, f)
+			}
+			return printWorkers(cmd.OutOrStdout(), pulls, rows, time.Now())
 		},
 	}
 	cmd.Flags().StringVar(&f.Status, "status", "", "only rows of these statuses (comma-separated: STARTING, RUNNING, DRAINING, STOPPED, FAILED)")
@@ -250,7 +264,49 @@ Control characters show as escapes such as \x1b.`,
 // printRows writes the table of `apiary workers ls`; a worker the
 // queen's routing degraded (its strikes) shows as "RUNNING (degraded)".
 func printRows(w io.Writer, rows []api.LifecycleRow, now time.Time) error {
+	return printWorkers(w, nil, rows, now)
+}
+
+// statusPulling is the status `workers ls` shows a pull under way with.
+const statusPulling = "PULLING"
+
+// statusSelects reports whether the --status list (comma-separated, ""
+// for all) holds status.
+func statusSelects(list, status string) bool {
+	if list == "" {
+		return true
+	}
+	for s := range strings.SplitSeq(list, ",") {
+		if strings.EqualFold(strings.TrimSpace(s), status) {
+			return true
+		}
+	}
+	return false
+}
+
+// poolPulls returns the pulls under way on pools that f's model and pool
+// select, by pool then model.
+func poolPulls(pools []api.Pool, f keeper.WorkerFilter) []api.ModelPull {
+	var out []api.ModelPull
+	for _, p := range pools {
+		for _, mp := range p.Pulls {
+			if mp.State != api.PullRunning || f.Model != "" && mp.Model != f.Model || f.PoolID != "" && p.PoolID != f.PoolID {
+				continue
+			}
+			mp.PoolID = p.PoolID
+			out = append(out, mp)
+		}
+	}
+	return out
+}
+
+// printWorkers writes the table of `apiary workers ls`: a line per pull
+// under way (status PULLING), then the lifecycle rows.
+func printWorkers(w io.Writer, pulls []api.ModelPull, rows []api.LifecycleRow, now time.Time) error {
 	t := newTable(w, "ID", "STATUS", "MODEL", "POOL", "DEVICE", "VRAM", "AGE", "OWNER", "REASON")
+	for _, p := range pulls {
+		t.row(orDash(p.ID), statusPulling, p.Model, p.PoolID, "-", "-", age(now, p.StartedAt), "-", oneLine(pullProgress(p), 60))
+	}
 	for _, r := range rows {
 		gpu := deviceName(r)
 		vram := "-"
@@ -318,4 +374,13 @@ func (a *adminFlags) printStarted(cmd *cobra.Command, resp api.AdminWorkerRespon
 		return err
 	}
 	return printLine(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID, resp.Worker.ModelRef)
+}
+
+// pullProgress is how far a pull is, for a table: "42% of 4.1 GiB from
+// REF", or the bytes written while the size is not known yet.
+func pullProgress(p api.ModelPull) string {
+	if p.TotalBytes > 0 {
+		return fmt.Sprintf("%d%% of %s from %s", p.WrittenBytes*100/p.TotalBytes, api.FormatBytes(uint64(p.TotalBytes)), p.Ref)
+	}
+	return fmt.Sprintf("%s from %s", api.FormatBytes(uint64(max(p.WrittenBytes, 0))), p.Ref)
 }

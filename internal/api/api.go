@@ -254,6 +254,11 @@ type PullModelRequest struct {
 	Name string `json:"name,omitempty"`
 	// Force replaces a model of the same name.
 	Force bool `json:"force,omitempty"`
+	// Exact asks that the model be served as Name: a split model, served
+	// as its first part's name (NAME-00001-of-0000N), is refused unless
+	// Name is that name. The queen sets it for a configured model, whose
+	// file must be what the hive lists.
+	Exact bool `json:"exact,omitempty"`
 	// Reason goes to the queen's audit log (the queen's endpoint only).
 	Reason string `json:"reason,omitempty"`
 }

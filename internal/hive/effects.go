@@ -7,7 +7,7 @@ import (
 	"syscall"
 
 	"github.com/apiary-llm/apiary/internal/api"
-	"github.com/apiary-llm/apiary/internal/gguf"
+	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -89,14 +89,15 @@ func (c *httpWorkerClient) Shutdown(ctx context.Context, uri, token string) erro
 
 func (c *httpWorkerClient) close() { c.c.CloseIdleConnections() }
 
-// ggufInspector reads GGUF headers with package gguf.
+// ggufInspector reads GGUF headers with package gguf, through
+// modelstore.ReadInfo: a split model's estimate counts the tensors of all
+// its parts.
 type ggufInspector struct{}
 
 func (ggufInspector) Inspect(path string, ctxSize int) (ModelInfo, error) {
-	f, err := gguf.Open(path)
+	info, err := modelstore.ReadInfo(path)
 	if err != nil {
 		return ModelInfo{}, fmt.Errorf("%w: %w", ErrInvalidModel, err)
 	}
-	info := f.Info()
 	return ModelInfo{Architecture: info.Architecture, MemoryBytes: info.EstimateMemory(ctxSize).Total}, nil
 }

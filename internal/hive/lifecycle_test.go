@@ -2,6 +2,7 @@ package hive
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,8 +13,10 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/gguf"
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
 func TestHealthMissDegradesAndAnswerRecovers(t *testing.T) {
@@ -352,6 +355,43 @@ func tinyEstimate(t *testing.T) uint64 {
 		t.Fatal(err)
 	}
 	return info.MemoryBytes
+}
+
+// TestSplitModelEstimateCountsEveryPart: the memory estimate of a split
+// model counts the tensors of all its parts, not only those of the first
+// part, whose header alone is the rest of the estimate.
+func TestSplitModelEstimateCountsEveryPart(t *testing.T) {
+	dir := t.TempDir()
+	var later uint64 // the weights of parts 2 and 3
+	for i := 1; i <= 3; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("big-%05d-of-00003.gguf", i))
+		if err := testmodel.WriteFile(p, testmodel.Options{Seed: int64(i)}); err != nil {
+			t.Fatal(err)
+		}
+		if i > 1 {
+			f, err := gguf.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			later += f.Info().WeightsBytes
+		}
+	}
+	first, err := ggufInspector{}.Inspect(writeModel(t, t.TempDir(), "one"), 0) // part 1 alone (seed 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	split, err := ggufInspector{}.Inspect(filepath.Join(dir, "big-00001-of-00003.gguf"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if later == 0 || split.MemoryBytes != first.MemoryBytes+later {
+		t.Errorf("split estimate %d, want %d (the first part's %d + the other parts' weights %d)", split.MemoryBytes, first.MemoryBytes+later, first.MemoryBytes, later)
+	}
+	// A part missing: the model cannot load, and says which.
+	os.Remove(filepath.Join(dir, "big-00003-of-00003.gguf"))
+	if _, err := (ggufInspector{}).Inspect(filepath.Join(dir, "big-00001-of-00003.gguf"), 0); !errors.Is(err, ErrInvalidModel) || !strings.Contains(err.Error(), "part 3 of 3") {
+		t.Errorf("Inspect without part 3 = %v, want ErrInvalidModel naming part 3", err)
+	}
 }
 
 // TestStartOptionsOverrideTheHives: a start's options (the queen's model

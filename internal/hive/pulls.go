@@ -76,6 +76,10 @@ func (p *pulls) start(ctx context.Context, req api.PullModelRequest) (st api.Mod
 		return api.ModelPull{}, false, fmt.Errorf("%w: %w", ErrInvalidModelRef, err)
 	}
 	model := src.ModelRef(name)
+	if req.Exact && model != name {
+		return api.ModelPull{}, false, fmt.Errorf("%w: %s is a split model of %d parts, served as %s (its first part's name), not %s; name it %s (in the queen's model config, file: %s)",
+			ErrInvalidModelRef, req.Ref, len(src.Files), model, name, model, model)
+	}
 	if !req.Force {
 		if path, err := modelstore.Path(p.h.cfg.ModelsDir, model); err == nil {
 			if _, err := os.Lstat(path); err == nil {

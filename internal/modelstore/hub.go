@@ -89,10 +89,15 @@ func (s Source) Size() int64 {
 }
 
 // fileNames returns the names the files of s take in the models
-// directory when the model is called name.
+// directory when the model is called name. For a split model, name may
+// be the model's ref itself (NAME-00001-of-0000N, N its parts): its parts
+// are then NAME-0000i-of-0000N.gguf, not NAME-00001-of-0000N-0000i-….
 func (s Source) fileNames(name string) []string {
 	if !s.Split {
 		return []string{name + Ext}
+	}
+	if base, ok := strings.CutSuffix(name, fmt.Sprintf("-%05d-of-%05d", 1, len(s.Files))); ok && base != "" {
+		name = base
 	}
 	out := make([]string, len(s.Files))
 	for i := range s.Files {
@@ -102,7 +107,8 @@ func (s Source) fileNames(name string) []string {
 }
 
 // ModelRef returns the ref the model of s has when called name: name, or
-// for a split model its first part's file name without ".gguf".
+// for a split model its first part's file name without ".gguf" (name
+// itself when it is that already).
 func (s Source) ModelRef(name string) string {
 	return strings.TrimSuffix(s.fileNames(name)[0], Ext)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/gguf"
 	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/testhub"
 	"github.com/apiary-llm/apiary/internal/testmodel"
@@ -122,10 +123,39 @@ func TestPullHubSplitModel(t *testing.T) {
 			t.Errorf("part %d differs from the Hub's", i+1)
 		}
 	}
+	// Its weights are every part's tensors, not only the first part's.
+	var weights uint64
+	for _, p := range parts {
+		f, err := gguf.Read(bytes.NewReader(p), int64(len(p)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		weights += f.Info().WeightsBytes
+	}
+	if m.Info == nil || m.Info.WeightsBytes != weights {
+		t.Errorf("Pull's Info = %+v, want weights_bytes %d (all three parts)", m.Info, weights)
+	}
 	// Listed once, with the size of all parts; without a part, with why.
 	list, err := modelstore.List(dir)
 	if err != nil || len(list) != 1 || list[0].Ref != m.Ref || list[0].Size != size || list[0].Error != "" {
 		t.Fatalf("List = %+v, %v; want the one split model of %d bytes", list, err, size)
+	}
+	if list[0].Info == nil || list[0].Info.WeightsBytes != weights {
+		t.Errorf("List's Info = %+v, want weights_bytes %d (all three parts)", list[0].Info, weights)
+	}
+	if info, err := modelstore.ReadInfo(m.Path); err != nil || info.WeightsBytes != weights {
+		t.Errorf("ReadInfo = %+v, %v; want weights_bytes %d", info, err, weights)
+	}
+	// Pulled under the ref it is served as (a model config's file names
+	// the model so), the parts keep the same names.
+	opts := fastRetries
+	opts.Ref, opts.Overwrite = "tiny-Q8_0-00001-of-00003", true
+	if m2, err := modelstore.Pull(t.Context(), dir, "hf://org/tiny-GGUF:Q8_0", opts); err != nil || m2.Ref != m.Ref || m2.Path != m.Path {
+		t.Errorf("Pull named %s = %+v, %v; want the same model", opts.Ref, m2, err)
+	}
+	want := []string{"tiny-Q8_0-00001-of-00003.gguf", "tiny-Q8_0-00002-of-00003.gguf", "tiny-Q8_0-00003-of-00003.gguf"}
+	if diff := cmp.Diff(want, dirEntries(t, dir)); diff != "" {
+		t.Errorf("directory entries (-want +got):\n%s", diff)
 	}
 	os.Remove(filepath.Join(dir, "tiny-Q8_0-00002-of-00003.gguf"))
 	list, _ = modelstore.List(dir)

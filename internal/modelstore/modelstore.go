@@ -138,14 +138,12 @@ func List(dir string) ([]Model, error) {
 		if sm := splitName.FindStringSubmatch(e.Name()); sm != nil && sm[2] != "00001" {
 			continue // a later part of a split model: listed with its first
 		}
-		m.Size, m.ModTime = st.Size(), st.ModTime()
-		f, err := gguf.Open(m.Path)
+		m.ModTime = st.ModTime()
+		info, size, err := readInfo(m.Path)
+		m.Size = size
 		if err != nil {
 			m.Error = describe(err)
-		} else if err := checkParts(dir, e.Name(), &m.Size); err != nil {
-			m.Error = err.Error()
 		} else {
-			info := f.Info()
 			m.Info = &info
 		}
 		models = append(models, m)
@@ -154,30 +152,55 @@ func List(dir string) ([]Model, error) {
 	return models, nil
 }
 
-// checkParts checks the later parts of a split model whose first part is
-// first: each must be there and readable by the GGUF reader; their sizes
-// are added to size. A file that is not a split model's part passes.
-func checkParts(dir, first string, size *int64) error {
-	sm := splitName.FindStringSubmatch(first)
-	if sm == nil {
-		return nil
+// ReadInfo reads what the header of the model at path says. For the
+// first part of a split model (NAME-00001-of-0000N.gguf) it reads every
+// part, which must be beside it: ParameterCount and WeightsBytes (and so
+// the memory estimate) count the tensors of all the parts, not only the
+// first's.
+func ReadInfo(path string) (gguf.Info, error) {
+	info, _, err := readInfo(path)
+	return info, err
+}
+
+// readInfo is ReadInfo, with the bytes of all the model's files (those
+// read so far on an error).
+func readInfo(path string) (gguf.Info, int64, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return gguf.Info{}, 0, err
+	}
+	size := st.Size()
+	f, err := gguf.Open(path)
+	if err != nil {
+		return gguf.Info{}, size, err
+	}
+	info := f.Info()
+	sm := splitName.FindStringSubmatch(filepath.Base(path))
+	if sm == nil || sm[2] != "00001" {
+		return info, size, nil
 	}
 	n, _ := strconv.Atoi(sm[3])
+	dir := filepath.Dir(path)
 	for i := 2; i <= n; i++ {
 		name := fmt.Sprintf("%s-%05d-of-%s%s", sm[1], i, sm[3], Ext)
 		p := filepath.Join(dir, name)
-		if _, err := gguf.Open(p); errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("split model: part %d of %d (%s) is missing", i, n, name)
+		part, err := gguf.Open(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return gguf.Info{}, size, fmt.Errorf("split model: part %d of %d (%s) is missing", i, n, name)
 		} else if err != nil {
-			return fmt.Errorf("split model: part %d of %d: %s", i, n, describe(err))
+			return gguf.Info{}, size, fmt.Errorf("split model: part %d of %d: %s", i, n, describe(err))
 		}
 		st, err := os.Stat(p)
 		if err != nil {
-			return err
+			return gguf.Info{}, size, err
 		}
-		*size += st.Size()
+		size += st.Size()
+		for _, t := range part.Tensors {
+			info.ParameterCount += t.Elements
+			info.WeightsBytes += t.Size
+		}
 	}
-	return nil
+	return info, size, nil
 }
 
 // describe returns what is wrong with a file, without its path when the

@@ -32,7 +32,8 @@ type PullOptions struct {
 	// Ref names the model; by default the file name without ".gguf" (for
 	// a split model without its part suffix: its parts are saved as
 	// REF-00001-of-0000N.gguf …, and the model's ref is the first part's
-	// name).
+	// name; a Ref that is that name already, REF-00001-of-0000N, saves
+	// the same files).
 	Ref string
 	// Overwrite replaces a model of the same ref; without it that is ErrExists.
 	Overwrite bool
@@ -226,11 +227,10 @@ func Pull(ctx context.Context, dir, ref string, opts PullOptions) (Model, error)
 	if err != nil {
 		return Model{}, fmt.Errorf("modelstore: %w", err)
 	}
-	f, err := Check(dsts[0])
+	info, err := ReadInfo(dsts[0])
 	if err != nil {
 		return Model{}, err
 	}
-	info := f.Info()
 	return Model{Ref: modelRef, Path: dsts[0], Size: size, ModTime: st.ModTime(), Info: &info}, nil
 }
 

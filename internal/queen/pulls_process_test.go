@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -142,5 +143,64 @@ func TestConfiguredModelPulledOnDemand(t *testing.T) {
 	slices.Sort(actions)
 	if want := "model.pull_started by queen, model.pulled by pool:node-1"; strings.Join(actions, ", ") != want {
 		t.Errorf("audit of model:small-q4: %v, want %s", actions, want)
+	}
+}
+
+// A configured model whose source is a split GGUF is served as its first
+// part's name, which its file must be: file: big-00001-of-00003 is pulled
+// (every part, named big-0000i-of-00003) and served; a file that is not
+// that name (the default, the model's name) is refused by the hive before
+// anything is downloaded, and the request says what to write instead.
+func TestConfiguredSplitModelIsServedAsItsFirstPart(t *testing.T) {
+	files := map[string][]byte{}
+	var size int
+	for i := 1; i <= 3; i++ {
+		var part bytes.Buffer
+		if err := testmodel.Write(&part, testmodel.Options{Seed: int64(i)}); err != nil {
+			t.Fatal(err)
+		}
+		files[fmt.Sprintf("big-Q8_0-%05d-of-00003.gguf", i)] = part.Bytes()
+		size += part.Len()
+	}
+	hub := testhub.New(t, "org/big-GGUF", files)
+	cfg := filepath.Join(t.TempDir(), "models.yaml")
+	config := "models:\n" +
+		"  big:\n    source: hf://org/big-GGUF:Q8_0\n" +
+		"  bigsplit:\n    source: hf://org/big-GGUF:Q8_0\n    file: big-00001-of-00003\n"
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, []string{"--config", cfg})
+
+	params := completion(2)
+	params.Model = "big"
+	s := c.stream(context.Background(), params, nil)
+	const want = "hf://org/big-GGUF:Q8_0 is a split model of 3 parts, served as big-00001-of-00003 (its first part's name), not big; name it big-00001-of-00003 (in the queen's model config, file: big-00001-of-00003)"
+	if s.err == nil || !strings.Contains(s.err.Error(), want) {
+		t.Errorf("a request for the split model configured as file big: %+v, want an error with %q", s, want)
+	}
+	if n := hub.Served.Load(); n != 0 {
+		t.Errorf("the Hub served %d bytes for a pull that was refused", n)
+	}
+
+	params.Model = "bigsplit"
+	if s := c.stream(context.Background(), params, nil); s.err != nil || s.tokens != 2 {
+		t.Fatalf("a request for the split model configured as file big-00001-of-00003: %+v", s)
+	}
+	if n := hub.Served.Load(); n != int64(size) {
+		t.Errorf("the Hub served %d bytes, want %d (the three parts)", n, size)
+	}
+	models, err := c.admin.PoolModels(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refs []string
+	for _, pm := range models {
+		for _, m := range pm.Models {
+			refs = append(refs, fmt.Sprintf("%s %d", m.Ref, m.SizeBytes))
+		}
+	}
+	if !slices.Contains(refs, fmt.Sprintf("big-00001-of-00003 %d", size)) {
+		t.Errorf("the pool's models: %v, want big-00001-of-00003 of %d bytes", refs, size)
 	}
 }

@@ -284,7 +284,7 @@ func (s *Service) pullSource(model string) string {
 // pull reserve marked as running. A refusal ends it as a failed pull; a
 // model the hive already has ends it as pulled (the catalog was behind).
 func (s *Service) startPull(ctx context.Context, pool, model, src, reason string) {
-	mp, err := s.cp.PullModel(ctx, pool, api.PullModelRequest{Ref: src, Name: model, Reason: reason})
+	mp, err := s.cp.PullModel(ctx, pool, api.PullModelRequest{Ref: src, Name: model, Exact: true, Reason: reason})
 	switch {
 	case err != nil:
 		s.PullEnded(ctx, api.ModelPull{PoolID: pool, Ref: src, Model: model, State: api.PullFailed, Error: "the hive did not start it: " + err.Error()})
