@@ -99,7 +99,7 @@ type Input struct {
 func (t *Template) Render(in Input) (string, error) {
 	syn := SyntaxOf(t.src)
 	msgs := in.Messages
-	if len(in.Tools) > 0 && !t.HandlesTools() {
+	if !t.HandlesTools() && (len(in.Tools) > 0 || hasToolMessages(msgs)) {
 		msgs = Polyfill(msgs, in.Tools)
 	}
 	data := map[string]jinja.Value{
@@ -161,27 +161,30 @@ func messageValue(m Message, syn Syntax) (jinja.Value, error) {
 	return v, nil
 }
 
+func hasToolMessages(msgs []Message) bool {
+	for _, m := range msgs {
+		if m.Role == "tool" || len(m.ToolCalls) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Polyfill rewrites msgs for a template that knows nothing of tools, as
 // llama.cpp does for such templates: the tools and the Hermes call syntax
 // are described in the system message (one is added when there is none),
 // an assistant's calls become <tool_call> text in its content, and a tool
 // result becomes a user message in <tool_response> tags.
 func Polyfill(msgs []Message, tools []Tool) []Message {
-	var b strings.Builder
-	b.WriteString("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n")
-	b.WriteString("You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-	for _, t := range tools {
-		b.WriteString("\n")
-		b.Write(compactJSON(t.Raw))
-	}
-	b.WriteString("\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n")
-	b.WriteString("<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>")
 	out := make([]Message, 0, len(msgs)+1)
-	if len(msgs) > 0 && msgs[0].Role == "system" {
-		out = append(out, Message{Role: "system", Content: msgs[0].Content + "\n\n" + b.String()})
-		msgs = msgs[1:]
-	} else {
-		out = append(out, Message{Role: "system", Content: b.String()})
+	if len(tools) > 0 {
+		text := toolsText(tools)
+		if len(msgs) > 0 && msgs[0].Role == "system" {
+			out = append(out, Message{Role: "system", Content: msgs[0].Content + "\n\n" + text})
+			msgs = msgs[1:]
+		} else {
+			out = append(out, Message{Role: "system", Content: text})
+		}
 	}
 	for _, m := range msgs {
 		switch {
@@ -201,6 +204,21 @@ func Polyfill(msgs []Message, tools []Tool) []Message {
 		}
 	}
 	return out
+}
+
+// toolsText describes tools and the Hermes call syntax, as Qwen 2.5's
+// template does.
+func toolsText(tools []Tool) string {
+	var b strings.Builder
+	b.WriteString("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n")
+	b.WriteString("You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+	for _, t := range tools {
+		b.WriteString("\n")
+		b.Write(compactJSON(t.Raw))
+	}
+	b.WriteString("\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n")
+	b.WriteString("<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>")
+	return b.String()
 }
 
 func compactJSON(raw []byte) []byte {

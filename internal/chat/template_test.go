@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/apiary-llm/apiary/internal/chat"
+	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
 // cases mirrors testdata/cases.json; testdata/render.py rendered the
@@ -192,5 +193,37 @@ func TestSyntaxOfTemplates(t *testing.T) {
 		if got := chat.SyntaxOf(string(src)); got != want {
 			t.Errorf("%s: syntax %v, want %v", file, got, want)
 		}
+	}
+}
+
+// TestTestModelToolTemplateRendersTools: the generated test model's
+// template lists the tools and writes calls and results in Hermes' tags.
+func TestTestModelToolTemplateRendersTools(t *testing.T) {
+	tmpl, err := chat.Compile(testmodel.ToolChatTemplate, "<s>", "</s>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tmpl.HandlesTools() || chat.SyntaxOf(tmpl.Source()) != chat.Hermes {
+		t.Fatal("the test model's template should handle tools in Hermes' syntax")
+	}
+	c := loadCases(t)
+	got, err := tmpl.Render(chat.Input{AddGenerationPrompt: true, Tools: toolsOf(t, c.Tools), Messages: []chat.Message{
+		{Role: "system", Content: "Be brief."},
+		{Role: "user", Content: "Weather?"},
+		{Role: "assistant", ToolCalls: []chat.ToolCall{{ID: "call_1", Name: "get_weather", Arguments: `{"city":"Oslo"}`}}},
+		{Role: "tool", ToolCallID: "call_1", Content: "cold"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "<|im_start|>system\nBe brief.\n\n# Tools\n<tools>\n" +
+		`{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}` +
+		"\n</tools>\n" +
+		"Call a function as <tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" +
+		"<|im_start|>user\nWeather?<|im_end|>\n" +
+		"<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>\n" +
+		"<|im_start|>user\n<tool_response>\ncold\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rendering (-want +got):\n%s", diff)
 	}
 }

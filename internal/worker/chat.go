@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/chat"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/openai"
 )
@@ -25,11 +28,7 @@ func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) 
 	if err := w.checkModel(req.Model); err != nil {
 		return err
 	}
-	msgs := make([]engine.Message, len(req.Messages))
-	for i, m := range req.Messages {
-		msgs[i] = engine.Message{Role: m.Role, Content: m.Content}
-	}
-	prompt, err := eng.ChatPrompt(msgs)
+	prompt, syn, err := w.chatPrompt(eng, info, req)
 	if err != nil {
 		return err
 	}
@@ -37,8 +36,35 @@ func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) 
 	if err != nil {
 		return err
 	}
+	if err := forceToolCall(eng, &j, req, syn); err != nil {
+		return err
+	}
 	f := chatFormat{id: openai.NewChatCompletionID(), created: time.Now().Unix(), model: w.cfg.ModelRef, logprobs: req.Logprobs}
+	if req.ToolChoice.Mode != "" && req.ToolChoice.Mode != openai.ToolChoiceNone {
+		f.tools = &toolStream{syn: syn}
+	}
 	return w.serveGeneration(rw, r, eng, j, req.Sampling, f, "chat/completions")
+}
+
+// forceToolCall constrains j to a call of the tools a forced tool_choice
+// allows, in the model family's syntax, with a grammar made from their
+// parameter schemas.
+func forceToolCall(eng engine.Engine, j *job, req openai.ChatCompletionRequest, syn chat.Syntax) error {
+	forced := req.ForcedTools()
+	if forced == nil {
+		return nil
+	}
+	schema, wrap := syn.Constraint(chatTools(forced), req.Parallel())
+	j.req.JSONSchema = schema
+	j.req.Wrap = &engine.GrammarWrap{Prefix: wrap.Prefix, Suffix: wrap.Suffix, Separator: wrap.Separator, Repeat: wrap.Repeat}
+	if err := eng.Check(j.req); err != nil {
+		if errors.Is(err, engine.ErrGrammar) {
+			return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: "tools",
+				Message: fmt.Sprintf("the tools' parameters cannot be enforced: %v", err), Err: errors.Join(openai.ErrInvalidRequest, err)}
+		}
+		return err
+	}
+	return nil
 }
 
 // chatFormat shapes /v1/chat/completions answers.
@@ -47,6 +73,13 @@ type chatFormat struct {
 	created  int64
 	model    string
 	logprobs bool
+	tools    *toolStream // nil unless the answer may call tools
+}
+
+// toolStream reads tool calls out of the choice being streamed.
+type toolStream struct {
+	syn   chat.Syntax
+	split *chat.Splitter
 }
 
 func (f chatFormat) chunk(choices []openai.ChatChunkChoice, u *openai.Usage) openai.ChatCompletionChunk {
@@ -55,16 +88,47 @@ func (f chatFormat) chunk(choices []openai.ChatChunkChoice, u *openai.Usage) ope
 }
 
 func (f chatFormat) first(i int) any {
+	if f.tools != nil {
+		f.tools.split = chat.NewSplitter(f.tools.syn)
+	}
 	empty := ""
 	return f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Role: openai.RoleAssistant, Content: &empty}}}, nil)
 }
 
 func (f chatFormat) delta(i int, text string, toks []engine.Token, _ int) any {
+	if f.tools != nil {
+		text = f.tools.split.Push(text)
+		if text == "" && !f.logprobs {
+			return nil // held back: it may be a call
+		}
+	}
 	return f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &text}, Logprobs: f.logprobsOf(toks)}}, nil)
 }
 
+// last ends choice i. With tools, the text held back goes out first, then
+// each call as OpenAI streams one: a chunk with its index, id, type and
+// name (arguments empty), then one with its arguments; the finish reason
+// is then tool_calls.
 func (f chatFormat) last(i int, finish string) any {
-	return f.chunk([]openai.ChatChunkChoice{{Index: i, FinishReason: &finish}}, nil)
+	var events []any
+	if f.tools != nil {
+		rest, calls := f.tools.split.Finish()
+		if rest != "" {
+			events = append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &rest}}}, nil))
+		}
+		for k, c := range calls {
+			id := openai.NewToolCallID()
+			events = append(events,
+				f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{ToolCalls: []openai.ToolCall{
+					{Index: &k, ID: id, Type: "function", Function: openai.FunctionCall{Name: c.Name}}}}}}, nil),
+				f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{ToolCalls: []openai.ToolCall{
+					{Index: &k, Function: openai.FunctionCall{Arguments: c.Arguments}}}}}}, nil))
+		}
+		if len(calls) > 0 {
+			finish = openai.FinishToolCalls
+		}
+	}
+	return append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, FinishReason: &finish}}, nil))
 }
 
 func (f chatFormat) usage(u *openai.Usage) any {
@@ -74,8 +138,19 @@ func (f chatFormat) usage(u *openai.Usage) any {
 func (f chatFormat) whole(choices []choice, u *openai.Usage) any {
 	out := make([]openai.ChatChoice, len(choices))
 	for i, c := range choices {
-		out[i] = openai.ChatChoice{Index: i, Message: openai.ChatMessage{Role: openai.RoleAssistant, Content: c.text},
-			Logprobs: f.logprobsOf(c.toks), FinishReason: c.finish}
+		msg := openai.ChatMessage{Role: openai.RoleAssistant, Content: c.text}
+		finish := c.finish
+		if f.tools != nil {
+			content, calls := f.tools.syn.Parse(c.text)
+			if len(calls) > 0 {
+				msg.Content, finish = content, openai.FinishToolCalls
+				for _, tc := range calls {
+					msg.ToolCalls = append(msg.ToolCalls, openai.ToolCall{ID: openai.NewToolCallID(), Type: "function",
+						Function: openai.FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
+				}
+			}
+		}
+		out[i] = openai.ChatChoice{Index: i, Message: msg, Logprobs: f.logprobsOf(c.toks), FinishReason: finish}
 	}
 	return openai.ChatCompletion{ID: f.id, Object: openai.ObjectChatCompletion, Created: f.created, Model: f.model,
 		Choices: out, Usage: u}

@@ -166,12 +166,14 @@ type choice struct {
 
 // format builds the response bodies and stream events of one endpoint.
 type format interface {
-	// first is the event that opens choice i's stream, or nil.
+	// first is the event that opens choice i's stream, or nil. (Each
+	// event method may also return nil for none, or []any for several.)
 	first(i int) any
 	// delta is the event carrying choice i's next text and the tokens it
 	// came from; offset counts the bytes of the choice's tokens before them.
 	delta(i int, text string, toks []engine.Token, offset int) any
-	// last is the event carrying choice i's finish reason.
+	// last is the event carrying choice i's finish reason, and whatever
+	// the choice still held back.
 	last(i int, finish string) any
 	// usage is the usage event, sent when stream_options.include_usage.
 	usage(u *openai.Usage) any
@@ -229,7 +231,19 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 	} else {
 		sse := openai.NewSSEWriter(rw)
 		sse.SetEventTimeout(streamEventTimeout)
-		send := func(ev any) error {
+		var send func(ev any) error
+		send = func(ev any) error {
+			switch ev := ev.(type) {
+			case nil:
+				return nil
+			case []any: // several events
+				for _, e := range ev {
+					if err := send(e); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
 			if err := sse.Event(ev); err != nil {
 				return fmt.Errorf("%w: %w", errClientGone, err)
 			}
@@ -237,9 +251,7 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		}
 		err = sse.Start()
 		for i := 0; err == nil && i < j.choices; i++ {
-			if ev := f.first(i); ev != nil {
-				err = send(ev)
-			}
+			err = send(f.first(i))
 			var res engine.Result
 			offset := 0
 			if err == nil {
