@@ -69,6 +69,7 @@ func forceToolCall(eng engine.Engine, j *job, req openai.ChatCompletionRequest, 
 
 // chatFormat shapes /v1/chat/completions answers.
 type chatFormat struct {
+	openAIStream
 	id       string
 	created  int64
 	model    string
@@ -109,7 +110,8 @@ func (f chatFormat) delta(i int, text string, toks []engine.Token, _ int) any {
 // each call as OpenAI streams one: a chunk with its index, id, type and
 // name (arguments empty), then one with its arguments; the finish reason
 // is then tool_calls.
-func (f chatFormat) last(i int, finish string) any {
+func (f chatFormat) last(i int, o outcome) any {
+	finish := o.FinishReason
 	var events []any
 	if f.tools != nil {
 		rest, calls := f.tools.split.Finish()
