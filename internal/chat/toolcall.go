@@ -292,6 +292,7 @@ type Splitter struct {
 	tail    string // from the first call on
 	inCall  bool
 	started bool // content other than whitespace was passed on
+	cp      callProgress
 }
 
 // NewSplitter returns a splitter for answers in syn's syntax.

@@ -1,6 +1,7 @@
 package chat_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -110,5 +111,84 @@ func TestConstraintSchemas(t *testing.T) {
 	schema, _ = chat.Llama3.Constraint(tools[:1], false)
 	if !strings.Contains(string(schema), `"parameters":{"type":"object","properties"`) {
 		t.Errorf("llama3: %s", schema)
+	}
+}
+
+// TestFeedStreamsCallsAsTheyAreGenerated streams each canned answer one
+// byte at a time and in bigger pieces: each call's name comes first,
+// alone, then its arguments in fragments that add up to the arguments
+// Parse finds; the content is Parse's.
+func TestFeedStreamsCallsAsTheyAreGenerated(t *testing.T) {
+	for _, c := range parseCases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, step := range []int{1, 2, 5, len(c.text)} {
+				sp := chat.NewSplitter(c.syn)
+				var pieces []chat.Piece
+				for i := 0; i < len(c.text); i += step {
+					pieces = append(pieces, sp.Feed(c.text[i:min(i+step, len(c.text))])...)
+				}
+				pieces = append(pieces, sp.Close()...)
+				var content strings.Builder
+				var calls []chat.ToolCall
+				for _, p := range pieces {
+					switch {
+					case !p.Call:
+						content.WriteString(p.Content)
+					case p.Name != "":
+						if p.Index != len(calls) || p.Args != "" {
+							t.Fatalf("step %d: name piece %+v after %d calls", step, p, len(calls))
+						}
+						calls = append(calls, chat.ToolCall{Name: p.Name})
+					default:
+						if p.Index != len(calls)-1 {
+							t.Fatalf("step %d: arguments %+v for another call than the last named", step, p)
+						}
+						calls[p.Index].Arguments += p.Args
+					}
+				}
+				want := c.want
+				if c.name == "hermes broken JSON is content" {
+					// Its name was sent before the text broke off; the rest
+					// is not sent as content after it.
+					want = parsed{"", []chat.ToolCall{{Name: "a"}}}
+				}
+				for i := range calls {
+					if calls[i].Arguments == "" {
+						continue
+					}
+					var b bytes.Buffer
+					if err := json.Compact(&b, []byte(calls[i].Arguments)); err != nil {
+						t.Fatalf("step %d: streamed arguments %q: %v", step, calls[i].Arguments, err)
+					}
+					calls[i].Arguments = b.String()
+				}
+				if diff := cmp.Diff(want.Calls, calls); diff != "" {
+					t.Errorf("step %d: calls (-want +got):\n%s", step, diff)
+				}
+				if got := strings.TrimSpace(content.String()); got != strings.TrimSpace(want.Content) {
+					t.Errorf("step %d: content %q, want %q", step, got, want.Content)
+				}
+			}
+		})
+	}
+	// The name goes out before the arguments are complete.
+	sp := chat.NewSplitter(chat.Hermes)
+	got := sp.Feed("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1")
+	if len(got) != 2 || got[0].Name != "f" || got[1].Args != `{"a": 1` {
+		t.Errorf("pieces of an unfinished call: %+v", got)
+	}
+}
+
+func TestCalledCountsCallsFoundAtTheEnd(t *testing.T) {
+	// Arguments before the name: nothing of the call can go before the
+	// name, so it goes out whole once its object closes.
+	sp := chat.NewSplitter(chat.Llama3)
+	ps := sp.Feed(`{"parameters": {"x": 1}, "na`)
+	if len(ps) != 0 {
+		t.Errorf("pieces before the name: %+v", ps)
+	}
+	ps = append(sp.Feed(`me": "late"}`), sp.Close()...)
+	if !sp.Called() || len(ps) != 2 || ps[0].Name != "late" || ps[1].Args != `{"x": 1}` {
+		t.Errorf("called %v, pieces %+v", sp.Called(), ps)
 	}
 }

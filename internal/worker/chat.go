@@ -97,36 +97,51 @@ func (f chatFormat) first(i int) any {
 }
 
 func (f chatFormat) delta(i int, text string, toks []engine.Token, _ int) any {
-	if f.tools != nil {
-		text = f.tools.split.Push(text)
-		if text == "" && !f.logprobs {
-			return nil // held back: it may be a call
-		}
+	if f.tools == nil {
+		return f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &text}, Logprobs: f.logprobsOf(toks)}}, nil)
 	}
-	return f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &text}, Logprobs: f.logprobsOf(toks)}}, nil)
+	events := f.pieces(i, f.tools.split.Feed(text))
+	if len(events) == 0 && f.logprobs {
+		empty := ""
+		events = append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &empty}, Logprobs: f.logprobsOf(toks)}}, nil))
+	} else if len(events) > 0 && f.logprobs {
+		c := events[0].(openai.ChatCompletionChunk)
+		c.Choices[0].Logprobs = f.logprobsOf(toks)
+	}
+	return events
 }
 
-// last ends choice i. With tools, the text held back goes out first, then
-// each call as OpenAI streams one: a chunk with its index, id, type and
-// name (arguments empty), then one with its arguments; the finish reason
-// is then tool_calls.
+// pieces turns what the splitter let through into chunks: content, and
+// each call as OpenAI streams one — a chunk with its index, id, type and
+// name (no arguments yet), then chunks with fragments of its arguments.
+func (f chatFormat) pieces(i int, ps []chat.Piece) []any {
+	events := make([]any, 0, len(ps))
+	for _, p := range ps {
+		var d openai.ChatDelta
+		switch {
+		case !p.Call:
+			content := p.Content
+			d.Content = &content
+		case p.Name != "":
+			k := p.Index
+			d.ToolCalls = []openai.ToolCall{{Index: &k, ID: openai.NewToolCallID(), Type: "function", Function: openai.FunctionCall{Name: p.Name}}}
+		default:
+			k := p.Index
+			d.ToolCalls = []openai.ToolCall{{Index: &k, Function: openai.FunctionCall{Arguments: p.Args}}}
+		}
+		events = append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: d}}, nil))
+	}
+	return events
+}
+
+// last ends choice i: with tools, what was held back goes out first; the
+// finish reason is tool_calls when the answer was calls.
 func (f chatFormat) last(i int, o outcome) any {
 	finish := o.FinishReason
 	var events []any
 	if f.tools != nil {
-		rest, calls := f.tools.split.Finish()
-		if rest != "" {
-			events = append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &rest}}}, nil))
-		}
-		for k, c := range calls {
-			id := openai.NewToolCallID()
-			events = append(events,
-				f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{ToolCalls: []openai.ToolCall{
-					{Index: &k, ID: id, Type: "function", Function: openai.FunctionCall{Name: c.Name}}}}}}, nil),
-				f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{ToolCalls: []openai.ToolCall{
-					{Index: &k, Function: openai.FunctionCall{Arguments: c.Arguments}}}}}}, nil))
-		}
-		if len(calls) > 0 {
+		events = f.pieces(i, f.tools.split.Close())
+		if f.tools.split.Called() {
 			finish = openai.FinishToolCalls
 		}
 	}
