@@ -71,7 +71,7 @@ func (s Syntax) argsKey() string {
 func (s Syntax) Constraint(tools []Tool, parallel bool) ([]byte, Wrap) {
 	alts := make([]any, len(tools))
 	for i, t := range tools {
-		params := json.RawMessage(`{"type":"object"}`)
+		params := json.RawMessage(`{"type":"object","properties":{},"additionalProperties":false}`) // no parameters: {}
 		if len(bytes.TrimSpace(t.Parameters)) > 0 {
 			params = t.Parameters
 		}

@@ -97,7 +97,7 @@ func TestConstraintSchemas(t *testing.T) {
 	tools := []chat.Tool{{Name: "a", Parameters: json.RawMessage(`{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}`)}, {Name: "b"}}
 	schema, wrap := chat.Hermes.Constraint(tools, false)
 	want := `{"anyOf":[{"type":"object","properties":{"name":{"const":"a"},"arguments":{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}},"required":["name","arguments"],"additionalProperties":false},` +
-		`{"type":"object","properties":{"name":{"const":"b"},"arguments":{"type":"object"}},"required":["name","arguments"],"additionalProperties":false}]}`
+		`{"type":"object","properties":{"name":{"const":"b"},"arguments":{"type":"object","properties":{},"additionalProperties":false}},"required":["name","arguments"],"additionalProperties":false}]}`
 	if string(schema) != want {
 		t.Errorf("schema\n%s\nwant\n%s", schema, want)
 	}
