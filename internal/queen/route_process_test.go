@@ -54,9 +54,13 @@ type clusterOptions struct {
 func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveArgs ...string) *cluster {
 	t.Helper()
 	args := append([]string{"queen", "--addr", "127.0.0.1:0", "--flush-interval", "100ms", "--data-dir", t.TempDir()}, queenArgs...)
-	var env []string
+	// A queen with tokens has all three; the hive gets the cluster token.
+	var env, hiveEnv []string
+	adminToken, clusterToken := "", ""
 	if o.apiToken != "" {
-		env = []string{"APIARY_API_TOKEN=" + o.apiToken}
+		adminToken, clusterToken = "admin-"+o.apiToken, "cluster-"+o.apiToken
+		env = []string{"APIARY_API_TOKEN=" + o.apiToken, "APIARY_ADMIN_TOKEN=" + adminToken, "APIARY_CLUSTER_TOKEN=" + clusterToken}
+		hiveEnv = []string{"APIARY_CLUSTER_TOKEN=" + clusterToken}
 	}
 	q := startProc(t, "queen", env, args...)
 	rec, _ := q.logs.wait(t, 0, "queen serving", nil)
@@ -70,9 +74,9 @@ func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveAr
 	}
 	hargs := append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1", "--data-dir", dir,
 		"--heartbeat-interval", "500ms", "--worker-ports", "23000-23999", "--worker-threads", "1"}, hiveArgs...)
-	hive := startProc(t, "hive node-1", nil, hargs...)
+	hive := startProc(t, "hive node-1", hiveEnv, hargs...)
 	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
-	c := &cluster{t: t, queen: q, hive: hive, url: qURL, admin: keeper.NewClient(qURL, "", ""),
+	c := &cluster{t: t, queen: q, hive: hive, url: qURL, admin: keeper.NewClient(qURL, adminToken, clusterToken),
 		client: oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey(cmp.Or(o.apiToken, "unused")), option.WithMaxRetries(0))}
 	t.Cleanup(func() {
 		if t.Failed() {
