@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.0-1
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/google/go-cmp v0.7.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/ollama/ollama v0.17.4

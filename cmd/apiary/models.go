@@ -350,6 +350,7 @@ the same file.`,
 	fl.IntVar(&opts.Heads, "heads", testmodel.Heads, fmt.Sprintf("attention heads, 1 to %d", testmodel.MaxHeads))
 	fl.IntVar(&opts.FF, "ff", 0, fmt.Sprintf("feed-forward length, 1 to %d; 0: %d × dim", testmodel.MaxFF, testmodel.FeedForwardFactor))
 	fl.IntVar(&opts.Vocab, "vocab", testmodel.VocabSize, fmt.Sprintf("tokens, %d (bytes and printable characters) to %d (and pairs of them)", testmodel.VocabSize, testmodel.MaxVocab))
+	fl.BoolVar(&opts.ToolTemplate, "tool-template", false, "give the model a ChatML chat template with Hermes-style tool calling")
 	fl.BoolVar(&force, "force", false, "replace an existing file")
 	return cmd
 }

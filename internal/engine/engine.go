@@ -44,7 +44,10 @@ type ModelInfo struct {
 	TrainCtx     int // context length the model was trained with
 	Vocab        int
 	ChatTemplate string // from GGUF metadata; empty when the model has none
-	MemoryBytes  uint64 // weights + KV cache + compute buffers actually allocated
+	// BOSText and EOSText are the texts of the model's beginning- and
+	// end-of-sequence tokens (chat templates write them).
+	BOSText, EOSText string
+	MemoryBytes      uint64 // weights + KV cache + compute buffers actually allocated
 }
 
 // Message is one chat message.
@@ -79,10 +82,21 @@ type Request struct {
 	// JSONSchema, when set, is turned into the grammar (Grammar is then
 	// ignored): the output is JSON that the schema accepts.
 	JSONSchema []byte
+	// Wrap, with JSONSchema, puts fixed text around the JSON: a forced
+	// tool call in a model family's syntax.
+	Wrap *GrammarWrap
 	// Logprobs fills Token.Logprob; TopLogprobs > 0 fills Token.Top with
 	// that many most likely tokens.
 	Logprobs    bool
 	TopLogprobs int
+}
+
+// GrammarWrap describes output made of Prefix, JSON the request's schema
+// accepts, Suffix; with Repeat, one or more of those separated by
+// Separator.
+type GrammarWrap struct {
+	Prefix, Suffix, Separator string
+	Repeat                    bool
 }
 
 // Token is one sampled token. Piece holds the raw bytes of its text, which

@@ -321,6 +321,9 @@ func (e *Engine) newSampler(req engine.Request) (*C.struct_llama_sampler, error)
 		if err != nil {
 			return nil, err
 		}
+		if req.Wrap != nil {
+			g = WrapGrammar(g, *req.Wrap)
+		}
 		grammar = g
 	}
 	var bias []C.llama_logit_bias

@@ -38,6 +38,53 @@ func SchemaGrammar(schema []byte) (string, error) {
 	return strings.ReplaceAll(text, anyJSONChar, validJSONChar), nil
 }
 
+// WrapGrammar turns a grammar made by SchemaGrammar into one whose output
+// is w's text around the schema's JSON (a tool call in a model family's
+// syntax): the schema's root rule is renamed, and a new root puts the
+// prefix, the JSON and the suffix in order, repeated when w says so.
+func WrapGrammar(grammar string, w engine.GrammarWrap) string {
+	const inner = "apiary-wrapped-root"
+	lines := strings.Split(grammar, "\n")
+	for i, l := range lines {
+		if rest, ok := strings.CutPrefix(l, "root ::="); ok {
+			lines[i] = inner + " ::=" + rest
+		}
+	}
+	item := strings.TrimSpace(gbnfLiteral(w.Prefix) + " " + inner + " " + gbnfLiteral(w.Suffix))
+	root := "root ::= " + item
+	if w.Repeat {
+		root += " (" + strings.TrimSpace(gbnfLiteral(w.Separator)+" "+item) + ")*"
+	}
+	return root + "\n" + strings.Join(lines, "\n")
+}
+
+// gbnfLiteral is s as a GBNF string literal; "" for the empty string.
+func gbnfLiteral(s string) string {
+	if s == "" {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch r {
+		case '"':
+			b.WriteString(`\"`)
+		case '\\':
+			b.WriteString(`\\`)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
 // llama.cpp's grammar reads a token's bytes as UTF-8 without checking
 // them, so bytes that are not UTF-8 (a byte-level token such as 0xFC) read
 // as code points past U+10FFFF. The converter's character class for JSON

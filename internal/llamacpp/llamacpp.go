@@ -227,6 +227,8 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 	if e.tmpl != nil {
 		e.info.ChatTemplate = C.GoString(e.tmpl)
 	}
+	e.info.BOSText = e.tokenText(C.llama_vocab_bos(e.vocab))
+	e.info.EOSText = e.tokenText(C.llama_vocab_eos(e.vocab))
 	if err := e.warmup(); err != nil {
 		e.free()
 		return nil, err
@@ -267,6 +269,14 @@ func (e *Engine) metaString(key string) string {
 		return ""
 	}
 	return C.GoString(&buf[0])
+}
+
+// tokenText is a token's text as the vocabulary holds it ("" for none).
+func (e *Engine) tokenText(id C.llama_token) string {
+	if id < 0 {
+		return ""
+	}
+	return C.GoString(C.llama_vocab_get_text(e.vocab, id))
 }
 
 // Info describes the loaded model.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/apiary-llm/apiary/internal/chat"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/llamacpp"
 	"github.com/google/go-cmp/cmp"
@@ -181,5 +182,45 @@ func TestEmbeddingsAreDeterministicNormalisedAndDistinct(t *testing.T) {
 	// Generation still works beside the embeddings context.
 	if _, res := collect(t, e, engine.Request{Prompt: prompt(t, e, "q"), MaxTokens: 3, IgnoreEOS: true}); res.CompletionTokens != 3 {
 		t.Errorf("generation after embeddings: %+v", res)
+	}
+}
+
+// TestWrappedSchemaForcesToolCalls: a schema wrapped in a family's call
+// syntax (chat.Syntax.Constraint) gives calls that the family's parser
+// reads back, one or several, on the random-weight model.
+func TestWrappedSchemaForcesToolCalls(t *testing.T) {
+	e := load(t, 1)
+	tools := []chat.Tool{
+		{Name: "get_weather", Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string","maxLength":8}},"required":["city"],"additionalProperties":false}`)},
+		{Name: "ping"},
+	}
+	for _, syn := range []chat.Syntax{chat.Hermes, chat.Llama3, chat.Mistral} {
+		for _, parallel := range []bool{false, true} {
+			schema, w := syn.Constraint(tools, parallel)
+			out, _ := text(t, e, engine.Request{Prompt: prompt(t, e, "call"), MaxTokens: 400, Temperature: 1, Seed: 5,
+				JSONSchema: schema, Wrap: &engine.GrammarWrap{Prefix: w.Prefix, Suffix: w.Suffix, Separator: w.Separator, Repeat: w.Repeat}})
+			content, calls := syn.Parse(out)
+			if content != "" || len(calls) == 0 || (!parallel && len(calls) != 1) {
+				t.Errorf("%v parallel=%v: output %q parses as content %q and calls %+v", syn, parallel, out, content, calls)
+				continue
+			}
+			for _, c := range calls {
+				if c.Name != "get_weather" && c.Name != "ping" {
+					t.Errorf("%v: call of %q", syn, c.Name)
+				}
+			}
+		}
+	}
+}
+
+func TestWrapGrammarText(t *testing.T) {
+	g := llamacpp.WrapGrammar("root ::= \"x\"\nspace ::= \" \"?", engine.GrammarWrap{Prefix: "<a>\n\"", Suffix: "</a>", Separator: "\n", Repeat: true})
+	want := "root ::= \"<a>\\n\\\"\" apiary-wrapped-root \"</a>\" (\"\\n\" \"<a>\\n\\\"\" apiary-wrapped-root \"</a>\")*\n" +
+		"apiary-wrapped-root ::= \"x\"\nspace ::= \" \"?"
+	if g != want {
+		t.Errorf("wrapped grammar\n%s\nwant\n%s", g, want)
+	}
+	if g := llamacpp.WrapGrammar("root ::= \"x\"", engine.GrammarWrap{}); g != "root ::= apiary-wrapped-root\napiary-wrapped-root ::= \"x\"" {
+		t.Errorf("empty wrap: %q", g)
 	}
 }

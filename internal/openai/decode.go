@@ -98,8 +98,14 @@ func DecodeChatCompletionRequest(body []byte, lim Limits) (ChatCompletionRequest
 	if err := checkChatOnly(o); err != nil {
 		return req, err
 	}
+	if err := decodeTools(o, &req); err != nil {
+		return req, err
+	}
 	if req.Sampling, err = decodeSampling(o, lim, true); err != nil {
 		return req, err
+	}
+	if req.ToolChoice.Forced() && (req.Grammar != "" || req.ResponseFormat.Schema() != nil) {
+		return req, Invalid("tool_choice", "a tool_choice that forces a call and a grammar or JSON response_format both constrain the output; send one")
 	}
 	if req.Logprobs, err = o.boolean("logprobs"); err != nil {
 		return req, err
@@ -184,24 +190,97 @@ func decodeMessage(i int, item json.RawMessage) (ChatMessage, error) {
 		return ChatMessage{}, missing(o.param("role"), "one of system, user, assistant")
 	}
 	switch role {
-	case RoleSystem, RoleUser, RoleAssistant:
+	case RoleSystem, RoleUser, RoleAssistant, RoleTool:
 	case "developer":
 		role = RoleSystem
-	case "tool", "function":
-		return ChatMessage{}, Unsupported(o.param("role"), "role %q is not supported: tool calling is not implemented", role)
+	case "function":
+		return ChatMessage{}, Unsupported(o.param("role"), `role "function" (the deprecated function calling) is not supported; use tools and role "tool"`)
 	default:
-		return ChatMessage{}, Invalid(o.param("role"), "role %q is not one of system, user, assistant", role)
+		return ChatMessage{}, Invalid(o.param("role"), "role %q is not one of system, user, assistant, tool", role)
 	}
-	for _, name := range []string{"tool_calls", "function_call"} {
-		if r, ok := o.raw(name); ok && !isEmptyArray(r) {
-			return ChatMessage{}, Unsupported(o.param(name), "%s is not supported: tool calling is not implemented", o.param(name))
+	if r, ok := o.raw("function_call"); ok && !isEmptyArray(r) {
+		return ChatMessage{}, Unsupported(o.param("function_call"), "%s (the deprecated function calling) is not supported; use tool_calls", o.param("function_call"))
+	}
+	msg := ChatMessage{Role: role}
+	if role == RoleAssistant {
+		if msg.ToolCalls, err = decodeToolCalls(o); err != nil {
+			return ChatMessage{}, err
+		}
+	} else if r, ok := o.raw("tool_calls"); ok && !isEmptyArray(r) {
+		return ChatMessage{}, Invalid(o.param("tool_calls"), "only assistant messages carry tool_calls")
+	}
+	if role == RoleTool {
+		id, ok, err := o.text("tool_call_id")
+		switch {
+		case err != nil:
+			return ChatMessage{}, err
+		case !ok || id == "":
+			return ChatMessage{}, missing(o.param("tool_call_id"), "the id of the call this tool message answers")
+		}
+		msg.ToolCallID = id
+		if msg.Name, _, err = o.text("name"); err != nil {
+			return ChatMessage{}, err
 		}
 	}
-	content, err := decodeContent(o, role)
-	if err != nil {
+	if msg.Content, err = decodeContent(o, role); err != nil {
 		return ChatMessage{}, err
 	}
-	return ChatMessage{Role: role, Content: content}, nil
+	return msg, nil
+}
+
+// decodeToolCalls reads an assistant message's tool_calls.
+func decodeToolCalls(o object) ([]ToolCall, error) {
+	items, _, err := o.list("tool_calls")
+	if err != nil || len(items) == 0 {
+		return nil, err
+	}
+	calls := make([]ToolCall, len(items))
+	for i, item := range items {
+		p := fmt.Sprintf("%s[%d]", o.param("tool_calls"), i)
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(item, &members); err != nil || jsonKind(item) != "an object" {
+			return nil, typeError(p, "an object", item)
+		}
+		co := object{members: members, prefix: p + "."}
+		if typ, ok, err := co.text("type"); err != nil {
+			return nil, err
+		} else if ok && typ != "function" {
+			return nil, Unsupported(co.param("type"), "tool calls of type %q are not supported; only \"function\"", typ)
+		}
+		id, ok, err := co.text("id")
+		switch {
+		case err != nil:
+			return nil, err
+		case !ok || id == "":
+			return nil, missing(co.param("id"), "the call's id, which its tool message names in tool_call_id")
+		}
+		fo, ok, err := co.member("function")
+		switch {
+		case err != nil:
+			return nil, err
+		case !ok:
+			return nil, missing(co.param("function"), "the {name, arguments} of the call")
+		}
+		name, ok, err := fo.text("name")
+		switch {
+		case err != nil:
+			return nil, err
+		case !ok || name == "":
+			return nil, missing(fo.param("name"), "the called function's name")
+		}
+		args := "{}"
+		if r, ok := fo.raw("arguments"); ok {
+			if jsonKind(r) == "a string" {
+				args, _, _ = fo.text("arguments")
+			} else if jsonKind(r) == "an object" {
+				args = string(r) // lenient: arguments as an object rather than its JSON text
+			} else {
+				return nil, typeError(fo.param("arguments"), "a string of JSON", r)
+			}
+		}
+		calls[i] = ToolCall{ID: id, Type: "function", Function: FunctionCall{Name: name, Arguments: args}}
+	}
+	return calls, nil
 }
 
 func isEmptyArray(r json.RawMessage) bool {
@@ -531,23 +610,15 @@ func checkCompletionOnly(o object) error {
 
 // checkChatOnly rejects the unsupported features of /v1/chat/completions.
 func checkChatOnly(o object) error {
-	for _, name := range []string{"tools", "functions"} {
-		items, _, err := o.list(name)
-		if err != nil {
-			return err
-		}
-		if len(items) > 0 {
-			return Unsupported(name, "%s (tool calling) is not supported", name)
-		}
+	if items, _, err := o.list("functions"); err != nil {
+		return err
+	} else if len(items) > 0 {
+		return Unsupported("functions", "functions (the deprecated function calling) is not supported; use tools")
 	}
-	for _, name := range []string{"tool_choice", "function_call"} {
-		r, ok := o.raw(name)
-		if !ok {
-			continue
-		}
+	if r, ok := o.raw("function_call"); ok {
 		var s string
 		if json.Unmarshal(r, &s) != nil || (s != "none" && s != "auto") {
-			return Unsupported(name, "%s other than \"none\" or \"auto\" is not supported", name)
+			return Unsupported("function_call", "function_call (the deprecated function calling) is not supported; use tool_choice")
 		}
 	}
 	if _, ok := o.raw("audio"); ok {
@@ -564,4 +635,168 @@ func checkChatOnly(o object) error {
 		}
 	}
 	return nil
+}
+
+// MaxTools bounds the tools of one request.
+const MaxTools = 128
+
+// decodeTools reads tools, tool_choice and parallel_tool_calls. The
+// parameters of a function the answer is forced to call must be in the
+// supported schema subset (CheckSchema): the call is made with a grammar
+// built from them.
+func decodeTools(o object, req *ChatCompletionRequest) error {
+	items, _, err := o.list("tools")
+	if err != nil {
+		return err
+	}
+	if len(items) > MaxTools {
+		return Invalid("tools", "tools may hold at most %d functions, got %d", MaxTools, len(items))
+	}
+	names := map[string]int{}
+	for i, item := range items {
+		p := fmt.Sprintf("tools[%d]", i)
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(item, &members); err != nil || jsonKind(item) != "an object" {
+			return typeError(p, "an object", item)
+		}
+		to := object{members: members, prefix: p + "."}
+		typ, ok, err := to.text("type")
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return missing(to.param("type"), `"function"`)
+		case typ != "function":
+			return Unsupported(to.param("type"), "tools of type %q are not supported; only \"function\"", typ)
+		}
+		fo, ok, err := to.member("function")
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return missing(to.param("function"), "the {name, description, parameters} of the function")
+		}
+		t := Tool{Type: typ, Raw: item}
+		name, ok, err := fo.text("name")
+		switch {
+		case err != nil:
+			return err
+		case !ok || name == "":
+			return missing(fo.param("name"), "the function's name")
+		case !validFunctionName(name):
+			return Invalid(fo.param("name"), "function names are 1 to 64 letters, digits, _ and -; got %q", name)
+		}
+		if j, dup := names[name]; dup {
+			return Invalid(fo.param("name"), "function %q is also tools[%d]", name, j)
+		}
+		names[name] = i
+		t.Function.Name = name
+		if t.Function.Description, _, err = fo.text("description"); err != nil {
+			return err
+		}
+		if t.Function.Strict, err = fo.boolean("strict"); err != nil {
+			return err
+		}
+		if r, ok := fo.raw("parameters"); ok {
+			if jsonKind(r) != "an object" {
+				return typeError(fo.param("parameters"), "a JSON schema object", r)
+			}
+			t.Function.Parameters = r
+		}
+		req.Tools = append(req.Tools, t)
+	}
+	if len(req.Tools) > 0 {
+		req.ToolChoice.Mode = ToolChoiceAuto
+	}
+	if r, ok := o.raw("tool_choice"); ok {
+		switch jsonKind(r) {
+		case "a string":
+			s, _, _ := o.text("tool_choice")
+			switch s {
+			case ToolChoiceNone, ToolChoiceAuto, ToolChoiceRequired:
+				if len(req.Tools) > 0 || s == ToolChoiceRequired {
+					req.ToolChoice.Mode = s
+				}
+			default:
+				return Invalid("tool_choice", `tool_choice must be "none", "auto", "required" or {"type":"function","function":{"name":…}}, got %q`, s)
+			}
+		case "an object":
+			co, _, _ := o.member("tool_choice")
+			if typ, _, err := co.text("type"); err != nil {
+				return err
+			} else if typ != "function" {
+				return Invalid(co.param("type"), `tool_choice.type must be "function", got %q`, typ)
+			}
+			fo, ok, err := co.member("function")
+			if err != nil {
+				return err
+			}
+			name := ""
+			if ok {
+				if name, _, err = fo.text("name"); err != nil {
+					return err
+				}
+			}
+			if name == "" {
+				return missing("tool_choice.function.name", "the name of the function to call")
+			}
+			if _, ok := names[name]; !ok {
+				return Invalid("tool_choice.function.name", "tool_choice names function %q, which is not in tools", name)
+			}
+			req.ToolChoice = ToolChoice{Mode: ToolChoiceFunction, Function: name}
+		default:
+			return typeError("tool_choice", `"none", "auto", "required" or an object`, r)
+		}
+	}
+	if req.ToolChoice.Mode == ToolChoiceRequired && len(req.Tools) == 0 {
+		return Invalid("tool_choice", `tool_choice "required" needs tools`)
+	}
+	if _, ok := o.raw("parallel_tool_calls"); ok {
+		p, err := o.boolean("parallel_tool_calls")
+		if err != nil {
+			return err
+		}
+		if len(req.Tools) > 0 {
+			req.ParallelToolCalls = &p
+		}
+	}
+	if req.ToolChoice.Forced() {
+		for i, t := range req.Tools {
+			if len(t.Function.Parameters) == 0 || (req.ToolChoice.Mode == ToolChoiceFunction && t.Function.Name != req.ToolChoice.Function) {
+				continue
+			}
+			if err := CheckSchema(fmt.Sprintf("tools[%d].function.parameters", i), t.Function.Parameters, t.Function.Strict); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ForcedTools are the tools a forced tool_choice picks from: the named
+// one, or all of them for "required"; nil when the choice is not forced.
+func (r ChatCompletionRequest) ForcedTools() []Tool {
+	switch r.ToolChoice.Mode {
+	case ToolChoiceRequired:
+		return r.Tools
+	case ToolChoiceFunction:
+		for _, t := range r.Tools {
+			if t.Function.Name == r.ToolChoice.Function {
+				return []Tool{t}
+			}
+		}
+	}
+	return nil
+}
+
+func validFunctionName(s string) bool {
+	if len(s) > 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c == '_' || c == '-' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }

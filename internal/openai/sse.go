@@ -50,13 +50,25 @@ func (s *SSEWriter) Start() error {
 	return s.flush()
 }
 
-// Event sends v as one data event and flushes it.
+// NamedEvent is an event with a name: an "event:" line comes before its
+// data line, as Anthropic's streams have it.
+type NamedEvent struct {
+	Name string
+	Data any
+}
+
+// Event sends v as one data event (a NamedEvent with its name) and
+// flushes it.
 func (s *SSEWriter) Event(v any) error {
+	name := ""
+	if ne, ok := v.(NamedEvent); ok {
+		name, v = ne.Name, ne.Data
+	}
 	data, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("openai: encode stream event: %w", err)
 	}
-	return s.write(data)
+	return s.writeNamed(name, data)
 }
 
 // Done sends the closing "data: [DONE]" event.
@@ -66,7 +78,9 @@ func (s *SSEWriter) Done() error { return s.write([]byte("[DONE]")) }
 // [DONE] follows: the stream is over.
 func (s *SSEWriter) Error(err error) error { return s.Event(Response(err)) }
 
-func (s *SSEWriter) write(data []byte) error {
+func (s *SSEWriter) write(data []byte) error { return s.writeNamed("", data) }
+
+func (s *SSEWriter) writeNamed(name string, data []byte) error {
 	if s.started {
 		if err := s.setDeadline(); err != nil {
 			return err
@@ -74,7 +88,12 @@ func (s *SSEWriter) write(data []byte) error {
 	} else if err := s.Start(); err != nil {
 		return err
 	}
-	buf := make([]byte, 0, len(data)+8)
+	buf := make([]byte, 0, len(name)+len(data)+16)
+	if name != "" {
+		buf = append(buf, "event: "...)
+		buf = append(buf, name...)
+		buf = append(buf, '\n')
+	}
 	buf = append(buf, "data: "...)
 	buf = append(buf, data...)
 	buf = append(buf, "\n\n"...)

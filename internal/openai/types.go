@@ -17,8 +17,9 @@ const (
 
 // Finish reasons.
 const (
-	FinishStop   = "stop"
-	FinishLength = "length"
+	FinishStop      = "stop"
+	FinishLength    = "length"
+	FinishToolCalls = "tool_calls"
 )
 
 // Chat roles accepted in requests. "developer" is OpenAI's newer name for
@@ -27,6 +28,7 @@ const (
 	RoleSystem    = "system"
 	RoleUser      = "user"
 	RoleAssistant = "assistant"
+	RoleTool      = "tool"
 )
 
 // Sampling holds the generation parameters both endpoints share. A nil
@@ -144,7 +146,57 @@ type CompletionRequest struct {
 type ChatCompletionRequest struct {
 	Model    string        `json:"model"`
 	Messages []ChatMessage `json:"messages"`
+	// Tools are the functions the model may call (type "function" only).
+	Tools []Tool `json:"tools,omitempty"`
+	// ToolChoice is tool_choice: "auto" by default with tools, the zero
+	// value without.
+	ToolChoice ToolChoice `json:"-"`
+	// ParallelToolCalls is parallel_tool_calls, when sent with tools
+	// (see Parallel).
+	ParallelToolCalls *bool `json:"-"`
 	Sampling
+}
+
+// Parallel reports whether the model may make several calls in one
+// answer (parallel_tool_calls, default true).
+func (r ChatCompletionRequest) Parallel() bool {
+	return r.ParallelToolCalls == nil || *r.ParallelToolCalls
+}
+
+// Tool choice modes.
+const (
+	ToolChoiceNone     = "none"
+	ToolChoiceAuto     = "auto"
+	ToolChoiceRequired = "required"
+	// ToolChoiceFunction forces the function ToolChoice.Function names.
+	ToolChoiceFunction = "function"
+)
+
+// ToolChoice is tool_choice: a mode, and the function of a named choice.
+// The zero value (no tools) calls nothing.
+type ToolChoice struct {
+	Mode     string
+	Function string
+}
+
+// Forced reports whether the answer must be a call.
+func (c ToolChoice) Forced() bool {
+	return c.Mode == ToolChoiceRequired || c.Mode == ToolChoiceFunction
+}
+
+// Tool is one entry of tools. Raw is the entry as sent.
+type Tool struct {
+	Type     string          `json:"type"`
+	Function FunctionDef     `json:"function"`
+	Raw      json.RawMessage `json:"-"`
+}
+
+// FunctionDef describes a function the model may call.
+type FunctionDef struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      bool            `json:"strict,omitempty"`
 }
 
 // ChatMessage is one message. Array content is flattened: its text parts are
@@ -152,7 +204,31 @@ type ChatCompletionRequest struct {
 type ChatMessage struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+	// ToolCalls are an assistant message's function calls.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID is the call a tool message answers.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	// Name is a tool message's function name, when sent.
+	Name string `json:"name,omitempty"`
 }
+
+// ToolCall is one function call, in a message or (with Index, and parts
+// left out) in a stream chunk.
+type ToolCall struct {
+	Index    *int         `json:"index,omitempty"`
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type,omitempty"`
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall is a call's function: its name and its arguments, JSON text.
+type FunctionCall struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
+}
+
+// NewToolCallID returns a fresh "call_…" id.
+func NewToolCallID() string { return "call_" + randomHex() }
 
 // Usage counts tokens.
 type Usage struct {
@@ -261,8 +337,9 @@ type ChatChunkChoice struct {
 // ChatDelta is the change a chunk brings: the role in the first chunk, then
 // content; empty in the last one.
 type ChatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string     `json:"role,omitempty"`
+	Content   *string    `json:"content,omitempty"`
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
 }
 
 // Model is one entry of GET /v1/models.

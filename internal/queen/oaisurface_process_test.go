@@ -80,8 +80,8 @@ func TestProcessStructuredOutputsLogprobsAndChoices(t *testing.T) {
 	}
 	_, err = c.client.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: "tiny",
 		Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("x")}}, option.WithJSONSet("tools", []any{map[string]any{"type": "function"}}))
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "tools" {
-		t.Errorf("tools: %v, want a 400 naming tools", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "tools[0].function" {
+		t.Errorf("a tool without its function: %v, want a 400 naming tools[0].function", err)
 	}
 }
 

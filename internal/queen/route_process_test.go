@@ -5,6 +5,7 @@ package queen
 // client as the user.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -41,20 +42,42 @@ type cluster struct {
 // on a busy machine more threads than cores slow everything down).
 func startCluster(t *testing.T, queenArgs []string, hiveArgs ...string) *cluster {
 	t.Helper()
-	q, qURL := startQueenProc(t, t.TempDir(), "", queenArgs...)
+	return startClusterWith(t, clusterOptions{}, queenArgs, hiveArgs...)
+}
+
+// clusterOptions change startCluster's cluster.
+type clusterOptions struct {
+	model    testmodel.Options // of tiny.gguf
+	apiToken string            // the queen's APIARY_API_TOKEN; the client sends it
+}
+
+func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveArgs ...string) *cluster {
+	t.Helper()
+	args := append([]string{"queen", "--addr", "127.0.0.1:0", "--flush-interval", "100ms", "--data-dir", t.TempDir()}, queenArgs...)
+	// A queen with tokens has all three; the hive gets the cluster token.
+	var env, hiveEnv []string
+	adminToken, clusterToken := "", ""
+	if o.apiToken != "" {
+		adminToken, clusterToken = "admin-"+o.apiToken, "cluster-"+o.apiToken
+		env = []string{"APIARY_API_TOKEN=" + o.apiToken, "APIARY_ADMIN_TOKEN=" + adminToken, "APIARY_CLUSTER_TOKEN=" + clusterToken}
+		hiveEnv = []string{"APIARY_CLUSTER_TOKEN=" + clusterToken}
+	}
+	q := startProc(t, "queen", env, args...)
+	rec, _ := q.logs.wait(t, 0, "queen serving", nil)
+	qURL := "http://" + rec.Attrs["addr"]
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "models"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := testmodel.WriteFile(filepath.Join(dir, "models", "tiny.gguf"), testmodel.Options{}); err != nil {
+	if err := testmodel.WriteFile(filepath.Join(dir, "models", "tiny.gguf"), o.model); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1", "--data-dir", dir,
+	hargs := append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1", "--data-dir", dir,
 		"--heartbeat-interval", "500ms", "--worker-ports", "23000-23999", "--worker-threads", "1"}, hiveArgs...)
-	hive := startProc(t, "hive node-1", nil, args...)
+	hive := startProc(t, "hive node-1", hiveEnv, hargs...)
 	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
-	c := &cluster{t: t, queen: q, hive: hive, url: qURL, admin: keeper.NewClient(qURL, "", ""),
-		client: oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))}
+	c := &cluster{t: t, queen: q, hive: hive, url: qURL, admin: keeper.NewClient(qURL, adminToken, clusterToken),
+		client: oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey(cmp.Or(o.apiToken, "unused")), option.WithMaxRetries(0))}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("queen logs:\n%s", q.logs.String())

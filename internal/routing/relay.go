@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/anthropic"
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/rpc"
@@ -27,6 +28,9 @@ type relayReq struct {
 	stream  bool
 	session string
 	start   time.Time // arrival at the queen
+	// anthropic: Anthropic's /v1/messages, whose errors and stream
+	// events have their own shapes.
+	anthropic bool
 }
 
 // outcome is how one attempt on one worker ended.
@@ -139,6 +143,14 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 		// answer, when it is one. Anything else (a redirect, a page, a
 		// body of another shape) is not the worker's to send on.
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if rr.anthropic {
+			ae, ok := anthropicClientError(resp.StatusCode, data)
+			if !ok {
+				return outcome{retry: true, verdict: verdictFailed, err: fmt.Errorf("worker %s answered %s without an Anthropic error", l.cand.LifecycleID, resp.Status)}
+			}
+			anthropic.WriteError(w, ae)
+			return outcome{started: true}
+		}
 		oe, ok := clientError(resp.StatusCode, data)
 		if !ok {
 			return outcome{retry: true, verdict: verdictFailed, err: fmt.Errorf("worker %s answered %s without an OpenAI error", l.cand.LifecycleID, resp.Status)}
@@ -172,8 +184,21 @@ func clientError(status int, data []byte) (*openai.Error, bool) {
 	return oe, true
 }
 
+// anthropicClientError reads a worker's 4xx answer to /v1/messages in
+// Anthropic's shape, as clientError does OpenAI's.
+func anthropicClientError(status int, data []byte) (*openai.Error, bool) {
+	d, ok := anthropic.ParseError(data)
+	if !ok || status < 400 || status >= 500 || status == http.StatusUnauthorized || status == http.StatusForbidden {
+		return nil, false
+	}
+	return &openai.Error{Status: status, Code: api.Printable(d.Type, 64), Message: api.Printable(d.Message, api.MaxRemoteMessage)}, true
+}
+
 // workerAnswer turns a worker's error body into an upstreamError.
 func workerAnswer(status int, data []byte) error {
+	if d, ok := anthropic.ParseError(data); ok {
+		return newUpstreamError(status, api.Printable(d.Type, 64), api.Printable(d.Message, api.MaxRemoteMessage))
+	}
 	d := api.RemoteError(status, data)
 	return newUpstreamError(status, d.Code, d.Message)
 }
@@ -198,6 +223,11 @@ var (
 	sseError = []byte(`data: {"error"`)
 	sseData  = []byte("data:")
 	sseEnd   = []byte("\n\n")
+	// Anthropic's named events: the last of a stream that went well, and
+	// the error that ends one.
+	sseMessageStop = []byte("event: message_stop")
+	sseNamedError  = []byte("event: error")
+	sseNamed       = []byte("event:")
 )
 
 // streamBufs are a relayed stream's read buffer and event, kept between
@@ -263,9 +293,15 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 			}
 			m.broken.WithLabelValues(rr.model).Inc()
 			cause := fmt.Errorf("worker %s stopped answering mid-stream: %w", l.cand.LifecycleID, noEOF(err))
-			final, _ := json.Marshal(openai.Response(&openai.Error{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer,
-				Message: "the worker serving this stream stopped answering; the answer is incomplete (" + noEOF(err).Error() + ")"}))
-			if _, err := fmt.Fprintf(w, "data: %s\n\n", final); err == nil {
+			fe := &openai.Error{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer,
+				Message: "the worker serving this stream stopped answering; the answer is incomplete (" + noEOF(err).Error() + ")"}
+			final, _ := json.Marshal(openai.Response(fe))
+			name := ""
+			if rr.anthropic {
+				final, _ = json.Marshal(anthropic.Body(fe))
+				name = "event: error\n"
+			}
+			if _, err := fmt.Fprintf(w, "%sdata: %s\n\n", name, final); err == nil {
 				_ = rc.Flush()
 			}
 			return outcome{started: true, verdict: verdictBroken, err: cause}
@@ -296,11 +332,11 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 		}
 		now := time.Now()
 		switch {
-		case bytes.HasPrefix(ev, sseDone):
+		case bytes.HasPrefix(ev, sseDone), bytes.HasPrefix(ev, sseMessageStop):
 			ended, done = true, true
-		case bytes.HasPrefix(ev, sseError):
+		case bytes.HasPrefix(ev, sseError), bytes.HasPrefix(ev, sseNamedError):
 			ended = true
-		case bytes.HasPrefix(ev, sseData):
+		case bytes.HasPrefix(ev, sseData), bytes.HasPrefix(ev, sseNamed):
 			if last.IsZero() {
 				ttft.Observe(now.Sub(rr.start).Seconds())
 			} else {

@@ -11,7 +11,9 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/apiary-llm/apiary/internal/anthropic"
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/modelconfig"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/secret"
@@ -28,6 +30,7 @@ func (s *Service) Routes(mux *http.ServeMux) {
 	mux.Handle("POST /v1/completions", s.inference("completions", s.postCompletions))
 	mux.Handle("POST /v1/chat/completions", s.inference("chat_completions", s.postChatCompletions))
 	mux.Handle("POST /v1/embeddings", s.inference("embeddings", s.postEmbeddings))
+	mux.Handle("POST /v1/messages", s.inferenceAs("messages", s.postMessages, true))
 	mux.Handle("OPTIONS /v1/", s.inference("preflight", func(w http.ResponseWriter, r *http.Request, c *call) error {
 		w.WriteHeader(http.StatusNoContent) // not a CORS preflight: nothing to say
 		return nil
@@ -48,6 +51,17 @@ type inferenceFunc func(w http.ResponseWriter, r *http.Request, c *call) error
 // inference authenticates with the API token and maps errors with
 // openai.WriteError, the OpenAI side's one mapper.
 func (s *Service) inference(endpoint string, fn inferenceFunc) http.Handler {
+	return s.inferenceAs(endpoint, fn, false)
+}
+
+// inferenceAs is inference for the OpenAI API, or with anthropic for
+// Anthropic's: errors in its shape, and its x-api-key header taken as
+// well as a bearer token.
+func (s *Service) inferenceAs(endpoint string, fn inferenceFunc, anthropicAPI bool) http.Handler {
+	writeError := openai.WriteError
+	if anthropicAPI {
+		writeError = anthropic.WriteError
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &call{endpoint: endpoint, model: modelUnknown, start: time.Now()}
 		sw := &api.StatusRecorder{ResponseWriter: w}
@@ -57,7 +71,7 @@ func (s *Service) inference(endpoint string, fn inferenceFunc) http.Handler {
 		}
 		if err != nil {
 			err = &openai.Error{Status: http.StatusForbidden, Code: "forbidden_origin", Message: err.Error()}
-		} else if tok := s.cfg.APIToken; tok != "" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(tok)) != 1 {
+		} else if tok := s.cfg.APIToken; tok != "" && subtle.ConstantTimeCompare([]byte(clientToken(r, anthropicAPI)), []byte(tok)) != 1 {
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
 			err = &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
 				Message: "missing or wrong bearer token (" + secret.APITokenEnv + ")"}
@@ -69,7 +83,7 @@ func (s *Service) inference(endpoint string, fn inferenceFunc) http.Handler {
 			// Nobody is left to answer.
 		case sw.Status == 0:
 			oe := openai.AsError(err)
-			openai.WriteError(sw, oe)
+			writeError(sw, oe)
 			if oe.Status >= 500 && oe.Status != http.StatusServiceUnavailable && oe.Status != http.StatusGatewayTimeout {
 				s.log.Error("inference request failed", "path", r.URL.Path, "model_ref", c.model, "status", oe.Status, "err", err)
 			}
@@ -82,6 +96,15 @@ func (s *Service) inference(endpoint string, fn inferenceFunc) http.Handler {
 		}
 		s.m.requests.WithLabelValues(c.model, c.endpoint, code).Inc()
 	})
+}
+
+// clientToken is the API token a request carries: its bearer token, or
+// for Anthropic's API its x-api-key header when it has no bearer token.
+func clientToken(r *http.Request, anthropicAPI bool) string {
+	if tok := api.Bearer(r); tok != "" || !anthropicAPI {
+		return tok
+	}
+	return r.Header.Get("X-Api-Key")
 }
 
 // errClientGone means the client went away; nothing can be answered.
@@ -256,6 +279,16 @@ func (s *Service) postEmbeddings(w http.ResponseWriter, r *http.Request, c *call
 	})
 }
 
+// postMessages relays Anthropic's POST /v1/messages. A configured
+// model's name is resolved as on the OpenAI endpoints, but its sampling
+// defaults (named as OpenAI names them) are not added.
+func (s *Service) postMessages(w http.ResponseWriter, r *http.Request, c *call) error {
+	return s.serveInference(w, r, c, "/v1/messages", func(body []byte) (string, bool, error) {
+		req, err := anthropic.Decode(body)
+		return req.Model, req.Stream, err
+	})
+}
+
 // serveInference checks a request (the body is decoded and validated as
 // the worker would, so that a bad one gets its 400 without a worker) and
 // relays it as it came to a worker of its model.
@@ -288,6 +321,10 @@ func (s *Service) serveInference(w http.ResponseWriter, r *http.Request, c *call
 	// model's sampling defaults; routing, affinity and placement see the
 	// file.
 	res := s.resolve(model)
+	anthropicAPI := path == "/v1/messages"
+	if anthropicAPI {
+		res.model.Defaults = modelconfig.Defaults{}
+	}
 	if body, err = rewriteBody(body, model, res); err != nil {
 		return err
 	}
@@ -296,7 +333,8 @@ func (s *Service) serveInference(w http.ResponseWriter, r *http.Request, c *call
 		return err
 	}
 	c.model = model
-	return s.relay(w, r, relayReq{model: model, pool: pool, path: path, body: body, stream: stream, session: session, start: c.start})
+	return s.relay(w, r, relayReq{model: model, pool: pool, path: path, body: body, stream: stream, session: session, start: c.start,
+		anthropic: anthropicAPI})
 }
 
 // knownPool returns the registered pool id (from X-Apiary-Pool) names.

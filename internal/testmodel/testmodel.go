@@ -70,7 +70,43 @@ type Options struct {
 	// VocabSize. Tokens beyond the byte-level ones are pairs of printable
 	// ASCII characters ("th", "e!" …), which the tokenizer merges.
 	Vocab int
+	// ToolTemplate gives the model ToolChatTemplate as its
+	// tokenizer.chat_template; without, it has none (and chats get the
+	// worker's fallback).
+	ToolTemplate bool
 }
+
+// ToolChatTemplate is a ChatML chat template with Hermes/Qwen-style tool
+// calling: tools listed in the system message in <tools>, calls written
+// as <tool_call>{"name", "arguments"}</tool_call>, results given back in
+// <tool_response>. It is Qwen 2.5's template made shorter (every
+// character of a test model's prompt is a token).
+const ToolChatTemplate = `{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- '# Tools\n<tools>' }}
+{%- for tool in tools %}{{- '\n' }}{{- tool | tojson }}{%- endfor %}
+{{- '\n</tools>\nCall a function as <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or (message.role == 'assistant' and not message.tool_calls) %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant' }}
+{%- if message.content %}{{- '\n' + message.content }}{%- endif %}
+{%- for tool_call in message.tool_calls %}
+{{- '\n<tool_call>\n{"name": "' + tool_call.function.name + '", "arguments": ' + tool_call.function.arguments | tojson + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}`
 
 func (o Options) withDefaults() Options {
 	if o.Seed == 0 {
@@ -204,6 +240,9 @@ func metadata(o Options) gguf.Metadata {
 	add("tokenizer.ggml.unknown_token_id", u32(UnknownToken))
 	add("tokenizer.ggml.add_bos_token", gguf.Bool(true))
 	add("tokenizer.ggml.add_eos_token", gguf.Bool(false))
+	if o.ToolTemplate {
+		add("tokenizer.chat_template", gguf.String(ToolChatTemplate))
+	}
 	return md
 }
 

@@ -93,7 +93,7 @@ func CORS(w http.ResponseWriter, r *http.Request, origins []string) (done bool, 
 	h.Set("Access-Control-Expose-Headers", "X-Apiary-Worker, Retry-After")
 	if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
 		h.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
-		h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Session-Id, X-Apiary-Pool")
+		h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Session-Id, X-Apiary-Pool, X-Api-Key, Anthropic-Version")
 		h.Set("Access-Control-Max-Age", "600")
 		w.WriteHeader(http.StatusNoContent)
 		return true, nil

@@ -37,6 +37,17 @@ func testModelPath(t *testing.T) string {
 	return path
 }
 
+// toolModelPath writes the test model with its Hermes-style tool chat
+// template (testmodel.ToolChatTemplate) as tiny.gguf in a temp dir.
+func toolModelPath(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := testmodel.WriteFile(path, testmodel.Options{Seed: 7, ToolTemplate: true}); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // proc is a running apiary process whose stderr is collected; its JSON log
 // records can be waited for.
 type proc struct {
@@ -171,7 +182,13 @@ func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 // CPUs make llama.cpp's spinning thread barriers a hundred times slower.
 func startWorkerBinary(t *testing.T, env []string, flags ...string) (*proc, string) {
 	t.Helper()
-	args := append([]string{"worker", "--model", testModelPath(t), "--port", "0", "--log-json", "--threads", "1"}, flags...)
+	return startWorkerBinaryOn(t, testModelPath(t), env, flags...)
+}
+
+// startWorkerBinaryOn is startWorkerBinary with another model file.
+func startWorkerBinaryOn(t *testing.T, model string, env []string, flags ...string) (*proc, string) {
+	t.Helper()
+	args := append([]string{"worker", "--model", model, "--port", "0", "--log-json", "--threads", "1"}, flags...)
 	p := startApiary(t, env, args...)
 	rec := p.waitLog(t, "listening", nil)
 	addr, _ := rec["addr"].(string)

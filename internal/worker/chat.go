@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/chat"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/openai"
 )
@@ -25,11 +28,7 @@ func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) 
 	if err := w.checkModel(req.Model); err != nil {
 		return err
 	}
-	msgs := make([]engine.Message, len(req.Messages))
-	for i, m := range req.Messages {
-		msgs[i] = engine.Message{Role: m.Role, Content: m.Content}
-	}
-	prompt, err := eng.ChatPrompt(msgs)
+	prompt, syn, err := w.chatPrompt(eng, info, req)
 	if err != nil {
 		return err
 	}
@@ -37,16 +36,51 @@ func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) 
 	if err != nil {
 		return err
 	}
+	if err := forceToolCall(eng, &j, req, syn); err != nil {
+		return err
+	}
 	f := chatFormat{id: openai.NewChatCompletionID(), created: time.Now().Unix(), model: w.cfg.ModelRef, logprobs: req.Logprobs}
+	if req.ToolChoice.Mode != "" && req.ToolChoice.Mode != openai.ToolChoiceNone {
+		f.tools = &toolStream{syn: syn}
+	}
 	return w.serveGeneration(rw, r, eng, j, req.Sampling, f, "chat/completions")
+}
+
+// forceToolCall constrains j to a call of the tools a forced tool_choice
+// allows, in the model family's syntax, with a grammar made from their
+// parameter schemas.
+func forceToolCall(eng engine.Engine, j *job, req openai.ChatCompletionRequest, syn chat.Syntax) error {
+	forced := req.ForcedTools()
+	if forced == nil {
+		return nil
+	}
+	schema, wrap := syn.Constraint(chatTools(forced), req.Parallel())
+	j.req.JSONSchema = schema
+	j.req.Wrap = &engine.GrammarWrap{Prefix: wrap.Prefix, Suffix: wrap.Suffix, Separator: wrap.Separator, Repeat: wrap.Repeat}
+	if err := eng.Check(j.req); err != nil {
+		if errors.Is(err, engine.ErrGrammar) {
+			return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: "tools",
+				Message: fmt.Sprintf("the tools' parameters cannot be enforced: %v", err), Err: errors.Join(openai.ErrInvalidRequest, err)}
+		}
+		return err
+	}
+	return nil
 }
 
 // chatFormat shapes /v1/chat/completions answers.
 type chatFormat struct {
+	openAIStream
 	id       string
 	created  int64
 	model    string
 	logprobs bool
+	tools    *toolStream // nil unless the answer may call tools
+}
+
+// toolStream reads tool calls out of the choice being streamed.
+type toolStream struct {
+	syn   chat.Syntax
+	split *chat.Splitter
 }
 
 func (f chatFormat) chunk(choices []openai.ChatChunkChoice, u *openai.Usage) openai.ChatCompletionChunk {
@@ -55,16 +89,63 @@ func (f chatFormat) chunk(choices []openai.ChatChunkChoice, u *openai.Usage) ope
 }
 
 func (f chatFormat) first(i int) any {
+	if f.tools != nil {
+		f.tools.split = chat.NewSplitter(f.tools.syn)
+	}
 	empty := ""
 	return f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Role: openai.RoleAssistant, Content: &empty}}}, nil)
 }
 
 func (f chatFormat) delta(i int, text string, toks []engine.Token, _ int) any {
-	return f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &text}, Logprobs: f.logprobsOf(toks)}}, nil)
+	if f.tools == nil {
+		return f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &text}, Logprobs: f.logprobsOf(toks)}}, nil)
+	}
+	events := f.pieces(i, f.tools.split.Feed(text))
+	if len(events) == 0 && f.logprobs {
+		empty := ""
+		events = append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &empty}, Logprobs: f.logprobsOf(toks)}}, nil))
+	} else if len(events) > 0 && f.logprobs {
+		c := events[0].(openai.ChatCompletionChunk)
+		c.Choices[0].Logprobs = f.logprobsOf(toks)
+	}
+	return events
 }
 
-func (f chatFormat) last(i int, finish string) any {
-	return f.chunk([]openai.ChatChunkChoice{{Index: i, FinishReason: &finish}}, nil)
+// pieces turns what the splitter let through into chunks: content, and
+// each call as OpenAI streams one — a chunk with its index, id, type and
+// name (no arguments yet), then chunks with fragments of its arguments.
+func (f chatFormat) pieces(i int, ps []chat.Piece) []any {
+	events := make([]any, 0, len(ps))
+	for _, p := range ps {
+		var d openai.ChatDelta
+		switch {
+		case !p.Call:
+			content := p.Content
+			d.Content = &content
+		case p.Name != "":
+			k := p.Index
+			d.ToolCalls = []openai.ToolCall{{Index: &k, ID: openai.NewToolCallID(), Type: "function", Function: openai.FunctionCall{Name: p.Name}}}
+		default:
+			k := p.Index
+			d.ToolCalls = []openai.ToolCall{{Index: &k, Function: openai.FunctionCall{Arguments: p.Args}}}
+		}
+		events = append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: d}}, nil))
+	}
+	return events
+}
+
+// last ends choice i: with tools, what was held back goes out first; the
+// finish reason is tool_calls when the answer was calls.
+func (f chatFormat) last(i int, o outcome) any {
+	finish := o.FinishReason
+	var events []any
+	if f.tools != nil {
+		events = f.pieces(i, f.tools.split.Close())
+		if f.tools.split.Called() {
+			finish = openai.FinishToolCalls
+		}
+	}
+	return append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, FinishReason: &finish}}, nil))
 }
 
 func (f chatFormat) usage(u *openai.Usage) any {
@@ -74,8 +155,19 @@ func (f chatFormat) usage(u *openai.Usage) any {
 func (f chatFormat) whole(choices []choice, u *openai.Usage) any {
 	out := make([]openai.ChatChoice, len(choices))
 	for i, c := range choices {
-		out[i] = openai.ChatChoice{Index: i, Message: openai.ChatMessage{Role: openai.RoleAssistant, Content: c.text},
-			Logprobs: f.logprobsOf(c.toks), FinishReason: c.finish}
+		msg := openai.ChatMessage{Role: openai.RoleAssistant, Content: c.text}
+		finish := c.finish
+		if f.tools != nil {
+			content, calls := f.tools.syn.Parse(c.text)
+			if len(calls) > 0 {
+				msg.Content, finish = content, openai.FinishToolCalls
+				for _, tc := range calls {
+					msg.ToolCalls = append(msg.ToolCalls, openai.ToolCall{ID: openai.NewToolCallID(), Type: "function",
+						Function: openai.FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
+				}
+			}
+		}
+		out[i] = openai.ChatChoice{Index: i, Message: msg, Logprobs: f.logprobsOf(c.toks), FinishReason: finish}
 	}
 	return openai.ChatCompletion{ID: f.id, Object: openai.ObjectChatCompletion, Created: f.created, Model: f.model,
 		Choices: out, Usage: u}

@@ -36,6 +36,7 @@ func (w *Worker) handleCompletions(rw http.ResponseWriter, r *http.Request) erro
 
 // completionFormat shapes /v1/completions answers.
 type completionFormat struct {
+	openAIStream
 	id       string
 	created  int64
 	model    string
@@ -54,7 +55,8 @@ func (f completionFormat) delta(i int, text string, toks []engine.Token, offset 
 	return f.chunk([]openai.CompletionChoice{{Index: i, Text: text, Logprobs: f.logprobsOf(toks, offset)}}, nil)
 }
 
-func (f completionFormat) last(i int, finish string) any {
+func (f completionFormat) last(i int, o outcome) any {
+	finish := o.FinishReason
 	return f.chunk([]openai.CompletionChoice{{Index: i, FinishReason: &finish}}, nil)
 }
 

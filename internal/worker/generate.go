@@ -116,11 +116,18 @@ func newJob(eng engine.Engine, info engine.ModelInfo, prompt, param string, s op
 	return job{req: r, stops: s.Stop, choices: s.Choices()}, nil
 }
 
+// outcome is a finished generation: the engine's result, and the stop
+// sequence that ended it when one did.
+type outcome struct {
+	engine.Result
+	stop string
+}
+
 // generate runs j and passes the text a client may see to out as soon as it
 // is certain (see textFilter), with the tokens sampled since the last call
 // (they carry the logprobs). A matched stop sequence ends the generation
 // with FinishStop.
-func generate(ctx context.Context, eng engine.Engine, j job, out func(string, []engine.Token) error) (engine.Result, error) {
+func generate(ctx context.Context, eng engine.Engine, j job, out func(string, []engine.Token) error) (outcome, error) {
 	f := newTextFilter(j.stops)
 	var toks []engine.Token
 	res, err := eng.Generate(ctx, j.req, func(t engine.Token) error {
@@ -138,11 +145,11 @@ func generate(ctx context.Context, eng engine.Engine, j job, out func(string, []
 		return nil
 	})
 	if err != nil {
-		return res, err
+		return outcome{Result: res}, err
 	}
 	if rest := f.flush(); rest != "" || (len(toks) > 0 && !f.stopped && j.req.Logprobs) {
 		if err := out(rest, toks); err != nil {
-			return res, err
+			return outcome{Result: res}, err
 		}
 	}
 	if f.stopped {
@@ -154,30 +161,43 @@ func generate(ctx context.Context, eng engine.Engine, j job, out func(string, []
 	if res.PromptTokens == 0 {
 		res.PromptTokens = len(j.req.Prompt)
 	}
-	return res, nil
+	return outcome{Result: res, stop: f.matched}, nil
 }
 
 // choice is one finished choice of a non-streamed answer.
 type choice struct {
 	text   string
 	finish string
+	stop   string         // the stop sequence that ended it, if one did
 	toks   []engine.Token // with their logprobs, when asked for
 }
 
 // format builds the response bodies and stream events of one endpoint.
 type format interface {
-	// first is the event that opens choice i's stream, or nil.
+	// first is the event that opens choice i's stream, or nil. (Each
+	// event method may also return nil for none, or []any for several.)
 	first(i int) any
 	// delta is the event carrying choice i's next text and the tokens it
 	// came from; offset counts the bytes of the choice's tokens before them.
 	delta(i int, text string, toks []engine.Token, offset int) any
-	// last is the event carrying choice i's finish reason.
-	last(i int, finish string) any
+	// last is the event carrying choice i's finish reason, and whatever
+	// the choice still held back.
+	last(i int, o outcome) any
 	// usage is the usage event, sent when stream_options.include_usage.
 	usage(u *openai.Usage) any
 	// whole is the body of a non-streamed answer.
 	whole(choices []choice, u *openai.Usage) any
+	// end closes a stream that went well; fail closes one with err.
+	end(sse *openai.SSEWriter) error
+	fail(sse *openai.SSEWriter, err error) error
 }
+
+// openAIStream is the end of OpenAI's streams: data: [DONE], or a final
+// {"error":{…}} event.
+type openAIStream struct{}
+
+func (openAIStream) end(sse *openai.SSEWriter) error             { return sse.Done() }
+func (openAIStream) fail(sse *openai.SSEWriter, err error) error { return sse.Error(err) }
 
 // serveGeneration admits j, runs its choices one after another and
 // answers, streamed or not. Errors before the stream began are returned for
@@ -199,7 +219,7 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 
 	start := time.Now()
 	var total engine.Result
-	run := func(i int, out func(string, []engine.Token) error) (engine.Result, error) {
+	run := func(i int, out func(string, []engine.Token) error) (outcome, error) {
 		ji := j
 		ji.req.Seed += uint32(i)
 		res, err := generate(ctx, eng, ji, out)
@@ -223,13 +243,25 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			if err != nil {
 				return w.generationError(ctx, err)
 			}
-			choices[i].text, choices[i].finish = text.String(), res.FinishReason
+			choices[i].text, choices[i].finish, choices[i].stop = text.String(), res.FinishReason, res.stop
 		}
 		openai.WriteJSON(rw, http.StatusOK, f.whole(choices, usageOf(total)))
 	} else {
 		sse := openai.NewSSEWriter(rw)
 		sse.SetEventTimeout(streamEventTimeout)
-		send := func(ev any) error {
+		var send func(ev any) error
+		send = func(ev any) error {
+			switch ev := ev.(type) {
+			case nil:
+				return nil
+			case []any: // several events
+				for _, e := range ev {
+					if err := send(e); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
 			if err := sse.Event(ev); err != nil {
 				return fmt.Errorf("%w: %w", errClientGone, err)
 			}
@@ -237,10 +269,8 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		}
 		err = sse.Start()
 		for i := 0; err == nil && i < j.choices; i++ {
-			if ev := f.first(i); ev != nil {
-				err = send(ev)
-			}
-			var res engine.Result
+			err = send(f.first(i))
+			var res outcome
 			offset := 0
 			if err == nil {
 				res, err = run(i, func(s string, toks []engine.Token) error {
@@ -252,19 +282,19 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 				})
 			}
 			if err == nil {
-				err = send(f.last(i, res.FinishReason))
+				err = send(f.last(i, res))
 			}
 		}
 		if err == nil && s.IncludeUsage() {
 			err = send(f.usage(usageOf(total)))
 		}
 		if err == nil {
-			err = sse.Done()
+			err = f.end(sse)
 		}
 		if err != nil {
 			err = w.generationError(ctx, err)
 			if !errors.Is(err, errClientGone) {
-				_ = sse.Error(err) // the client may be gone too; nothing more to do
+				_ = f.fail(sse, err) // the client may be gone too; nothing more to do
 			}
 			return err
 		}

@@ -330,7 +330,7 @@ func TestBadRequests(t *testing.T) {
 		{"huge max_tokens", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_tokens":1e300}`, 400, "invalid_value", "max_tokens"},
 		{"n over the limit", "POST", "/v1/completions", `{"prompt":"a","n":17}`, 400, "invalid_value", "n"},
 		{"logit_bias past the vocabulary", "POST", "/v1/completions", `{"prompt":"a","logit_bias":{"256":1}}`, 400, "invalid_value", "logit_bias.256"},
-		{"tools", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"tools":[{"type":"function"}]}`, 400, "unsupported_parameter", "tools"},
+		{"tool without its function", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"tools":[{"type":"function"}]}`, 400, "missing_required_parameter", "tools[0].function"},
 		{"prompt too long", "POST", "/v1/completions", `{"prompt":"` + strings.Repeat("x", 70) + `"}`, 400, "context_length_exceeded", "prompt"},
 		{"other model", "POST", "/v1/completions", `{"model":"huge","prompt":"a"}`, 404, "model_not_found", "model"},
 		{"oversized body", "POST", "/v1/completions", `{"prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "body_too_large", ""},

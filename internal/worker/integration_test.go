@@ -235,7 +235,7 @@ func TestBinaryBadRequests(t *testing.T) {
 		{"token prompt", "/v1/completions", `{"prompt":[1,2,3]}`, 400, "unsupported_parameter"},
 		{"image content", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "unsupported_parameter"},
 		{"oversized body", "/v1/completions", `{"prompt":"` + strings.Repeat("x", 5<<20) + `"}`, 413, "body_too_large"},
-		{"unknown path", "/v1/messages", `{}`, 404, "not_found"},
+		{"unknown path", "/v1/nothing", `{}`, 404, "not_found"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/anthropic"
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -20,6 +21,7 @@ import (
 //	GET  /v1/models/{id}         the model, when id is the worker's
 //	POST /v1/completions         OpenAI completions, streamed or not
 //	POST /v1/chat/completions    OpenAI chat completions, streamed or not
+//	POST /v1/messages            Anthropic messages, streamed or not
 //	POST /v1/admin/shutdown      graceful shutdown
 //
 // With a token (APIARY_WORKER_TOKEN; a hive gives each worker its own)
@@ -37,18 +39,24 @@ func (w *Worker) Handler() http.Handler {
 	routes := []struct {
 		method, path string
 		h            handlerFunc
+		anthropic    bool // errors in Anthropic's shape
 	}{
-		{http.MethodGet, "/health", w.handleHealth},
-		{http.MethodGet, "/v1/models", w.handleModels},
-		{http.MethodGet, "/v1/models/{id}", w.handleModel},
-		{http.MethodPost, "/v1/completions", w.handleCompletions},
-		{http.MethodPost, "/v1/chat/completions", w.handleChatCompletions},
-		{http.MethodPost, "/v1/embeddings", w.handleEmbeddings},
-		{http.MethodPost, "/v1/admin/shutdown", w.handleShutdown},
+		{http.MethodGet, "/health", w.handleHealth, false},
+		{http.MethodGet, "/v1/models", w.handleModels, false},
+		{http.MethodGet, "/v1/models/{id}", w.handleModel, false},
+		{http.MethodPost, "/v1/completions", w.handleCompletions, false},
+		{http.MethodPost, "/v1/chat/completions", w.handleChatCompletions, false},
+		{http.MethodPost, "/v1/embeddings", w.handleEmbeddings, false},
+		{http.MethodPost, "/v1/messages", w.handleMessages, true},
+		{http.MethodPost, "/v1/admin/shutdown", w.handleShutdown, false},
 	}
 	for _, rt := range routes {
-		mux.Handle(rt.method+" "+rt.path, w.adapt(rt.h))
-		mux.Handle(rt.path, w.adapt(methodNotAllowed(rt.method)))
+		write := openai.WriteError
+		if rt.anthropic {
+			write = anthropic.WriteError
+		}
+		mux.Handle(rt.method+" "+rt.path, w.adaptWith(rt.h, write))
+		mux.Handle(rt.path, w.adaptWith(methodNotAllowed(rt.method), write))
 	}
 	mux.Handle("/", w.adapt(notFound))
 	return w.recoverPanics(w.guard(mux))
@@ -107,7 +115,11 @@ type handlerFunc func(http.ResponseWriter, *http.Request) error
 // adapt turns a handlerFunc into an http.Handler: the returned error is
 // written with openai.WriteError unless the response already began (a
 // stream reports its own errors), and every request is logged.
-func (w *Worker) adapt(h handlerFunc) http.Handler {
+func (w *Worker) adapt(h handlerFunc) http.Handler { return w.adaptWith(h, openai.WriteError) }
+
+// adaptWith is adapt with another error writer (Anthropic's shape on
+// /v1/messages).
+func (w *Worker) adaptWith(h handlerFunc, writeError func(http.ResponseWriter, error) int) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &api.StatusRecorder{ResponseWriter: rw}
@@ -121,7 +133,7 @@ func (w *Worker) adapt(h handlerFunc) http.Handler {
 		case rec.Status != 0:
 			w.log.Warn("request failed after the response began", "method", r.Method, "path", r.URL.Path, "err", err)
 		default:
-			status = openai.WriteError(rec, err)
+			status = writeError(rec, err)
 			if status >= 500 && status != http.StatusServiceUnavailable {
 				w.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 			} else {

@@ -19,6 +19,7 @@ type textFilter struct {
 	pending []byte // an incomplete UTF-8 character at the end of the pieces
 	held    string // complete text that may be the start of a stop sequence
 	stopped bool
+	matched string // the stop sequence that matched
 }
 
 func newTextFilter(stops []string) *textFilter { return &textFilter{stops: stops} }
@@ -31,8 +32,8 @@ func (f *textFilter) push(piece []byte) (text string, stopped bool) {
 	s := f.held + strings.ToValidUTF8(string(f.pending[:n]), "\uFFFD")
 	f.pending = append(f.pending[:0], f.pending[n:]...)
 
-	if i := f.firstStop(s); i >= 0 {
-		f.held, f.pending, f.stopped = "", nil, true
+	if i, stop := f.firstStop(s); i >= 0 {
+		f.held, f.pending, f.stopped, f.matched = "", nil, true, stop
 		return s[:i], true
 	}
 	keep := f.stopPrefixLen(s)
@@ -52,15 +53,16 @@ func (f *textFilter) flush() string {
 	return s
 }
 
-// firstStop is the index of the earliest stop sequence in s, or -1.
-func (f *textFilter) firstStop(s string) int {
-	first := -1
+// firstStop is the index of the earliest stop sequence in s, and that
+// sequence; -1 when none is.
+func (f *textFilter) firstStop(s string) (int, string) {
+	first, which := -1, ""
 	for _, stop := range f.stops {
 		if i := strings.Index(s, stop); i >= 0 && (first < 0 || i < first) {
-			first = i
+			first, which = i, stop
 		}
 	}
-	return first
+	return first, which
 }
 
 // stopPrefixLen is the length of the longest suffix of s that is a proper

@@ -73,6 +73,8 @@ type Worker struct {
 	queued        int              // guarded by mu
 	lastRequestAt time.Time        // guarded by mu; zero until the first request
 	idle          chan struct{}    // guarded by mu; closed when draining and nothing is in flight or queued
+
+	templates templates // the model's chat template, compiled on first use
 }
 
 // New checks cfg and returns a worker that will load the model with load

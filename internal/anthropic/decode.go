@@ -1,0 +1,207 @@
+package anthropic
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+
+	"github.com/apiary-llm/apiary/internal/openai"
+)
+
+// MaxStopSequences bounds stop_sequences.
+const MaxStopSequences = openai.MaxStop
+
+// Decode decodes and validates a POST /v1/messages body. The first field
+// that is wrong, or asks for something not served (tools, images,
+// documents, extended thinking), is a 400 naming it. Unknown fields are
+// ignored.
+func Decode(body []byte) (Request, error) {
+	var req Request
+	trimmed := bytes.TrimSpace(body)
+	var members map[string]json.RawMessage
+	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &members) != nil {
+		return req, invalid("", "the request body must be a JSON object")
+	}
+	get := func(name string) (json.RawMessage, bool) {
+		r, ok := members[name]
+		if !ok || string(bytes.TrimSpace(r)) == "null" {
+			return nil, false
+		}
+		return r, true
+	}
+	for _, name := range []string{"tools", "tool_choice"} {
+		if _, ok := get(name); ok {
+			return req, unsupported(name, "%s: tool use is not supported on /v1/messages yet; use /v1/chat/completions with tools", name)
+		}
+	}
+	if r, ok := get("thinking"); ok {
+		var t struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(r, &t) != nil || t.Type != "disabled" {
+			return req, unsupported("thinking", "thinking: extended thinking is not supported")
+		}
+	}
+	if r, ok := get("model"); ok {
+		if json.Unmarshal(r, &req.Model) != nil {
+			return req, invalid("model", "model: must be a string")
+		}
+	}
+	r, ok := get("max_tokens")
+	if !ok {
+		return req, invalid("max_tokens", "max_tokens: field required")
+	}
+	var mt float64
+	if json.Unmarshal(r, &mt) != nil || mt != math.Trunc(mt) || mt < 1 || mt > openai.DefaultMaxTokensLimit {
+		return req, invalid("max_tokens", "max_tokens: must be an integer between 1 and %d", openai.DefaultMaxTokensLimit)
+	}
+	n := int(mt)
+	req.MaxTokens = &n
+	if r, ok := get("system"); ok {
+		text, err := decodeText("system", r)
+		if err != nil {
+			return req, err
+		}
+		req.Messages = append(req.Messages, openai.ChatMessage{Role: openai.RoleSystem, Content: text})
+	}
+	r, ok = get("messages")
+	var items []json.RawMessage
+	switch {
+	case !ok:
+		return req, invalid("messages", "messages: field required")
+	case json.Unmarshal(r, &items) != nil:
+		return req, invalid("messages", "messages: must be an array")
+	case len(items) == 0:
+		return req, invalid("messages", "messages: at least one message is required")
+	}
+	for i, item := range items {
+		p := fmt.Sprintf("messages.%d", i)
+		var m map[string]json.RawMessage
+		if json.Unmarshal(item, &m) != nil {
+			return req, invalid(p, "%s: must be an object", p)
+		}
+		var role string
+		if json.Unmarshal(m["role"], &role) != nil || (role != "user" && role != "assistant") {
+			return req, invalid(p+".role", `%s.role: must be "user" or "assistant"`, p)
+		}
+		c, ok := m["content"]
+		if !ok {
+			return req, invalid(p+".content", "%s.content: field required", p)
+		}
+		text, err := decodeText(p+".content", c)
+		if err != nil {
+			return req, err
+		}
+		req.Messages = append(req.Messages, openai.ChatMessage{Role: role, Content: text})
+	}
+	if err := decodeSampling(get, &req); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+// decodeText reads a string, or an array of content blocks of which only
+// text ones are served, joined with "\n".
+func decodeText(param string, r json.RawMessage) (string, error) {
+	var s string
+	if json.Unmarshal(r, &s) == nil {
+		return s, nil
+	}
+	var blocks []map[string]json.RawMessage
+	if json.Unmarshal(r, &blocks) != nil {
+		return "", invalid(param, "%s: must be a string or an array of content blocks", param)
+	}
+	texts := make([]string, 0, len(blocks))
+	for i, b := range blocks {
+		p := fmt.Sprintf("%s.%d", param, i)
+		var typ string
+		if json.Unmarshal(b["type"], &typ) != nil {
+			return "", invalid(p+".type", "%s.type: field required", p)
+		}
+		switch typ {
+		case "text":
+		case "tool_use", "tool_result", "server_tool_use":
+			return "", unsupported(p+".type", "%s.type: %q blocks are not supported: tool use is not supported on /v1/messages yet", p, typ)
+		default:
+			return "", unsupported(p+".type", "%s.type: %q blocks are not supported; only text", p, typ)
+		}
+		var text string
+		if json.Unmarshal(b["text"], &text) != nil {
+			return "", invalid(p+".text", "%s.text: must be a string", p)
+		}
+		texts = append(texts, text)
+	}
+	return strings.Join(texts, "\n"), nil
+}
+
+func decodeSampling(get func(string) (json.RawMessage, bool), req *Request) error {
+	num := func(name string, lo, hi float64) (*float64, error) {
+		r, ok := get(name)
+		if !ok {
+			return nil, nil
+		}
+		var v float64
+		if json.Unmarshal(r, &v) != nil || math.IsNaN(v) || v < lo || v > hi {
+			return nil, invalid(name, "%s: must be a number between %g and %g", name, lo, hi)
+		}
+		return &v, nil
+	}
+	var err error
+	if req.Temperature, err = num("temperature", 0, 1); err != nil {
+		return err
+	}
+	if req.TopP, err = num("top_p", 0, 1); err != nil {
+		return err
+	}
+	if req.TopP != nil && *req.TopP == 0 {
+		return invalid("top_p", "top_p: must be greater than 0")
+	}
+	k, err := num("top_k", 0, 1<<31-1)
+	if err != nil {
+		return err
+	}
+	if k != nil {
+		if *k != math.Trunc(*k) {
+			return invalid("top_k", "top_k: must be an integer")
+		}
+		n := int(*k)
+		req.TopK = &n
+	}
+	if r, ok := get("stop_sequences"); ok {
+		var stops []string
+		if json.Unmarshal(r, &stops) != nil {
+			return invalid("stop_sequences", "stop_sequences: must be an array of strings")
+		}
+		if len(stops) > MaxStopSequences {
+			return invalid("stop_sequences", "stop_sequences: at most %d are supported, got %d", MaxStopSequences, len(stops))
+		}
+		for i, s := range stops {
+			if s == "" {
+				return invalid(fmt.Sprintf("stop_sequences.%d", i), "stop_sequences.%d: must not be empty", i)
+			}
+		}
+		if len(stops) > 0 {
+			req.Stop = stops
+		}
+	}
+	if r, ok := get("stream"); ok {
+		if json.Unmarshal(r, &req.Stream) != nil {
+			return invalid("stream", "stream: must be a boolean")
+		}
+	}
+	return nil
+}
+
+func invalid(param, format string, a ...any) error {
+	return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: param,
+		Message: fmt.Sprintf(format, a...), Err: openai.ErrInvalidRequest}
+}
+
+func unsupported(param, format string, a ...any) error {
+	return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeUnsupported, Param: param,
+		Message: fmt.Sprintf(format, a...), Err: errors.Join(openai.ErrInvalidRequest, ErrUnsupported)}
+}
