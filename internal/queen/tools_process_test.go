@@ -26,7 +26,11 @@ func TestProcessToolsAndMessagesThroughTheQueen(t *testing.T) {
 	ctx := t.Context()
 
 	params := oai.ChatCompletionNewParams{Model: "tiny", Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("Weather in Oslo?")},
-		MaxCompletionTokens: oai.Int(200), ParallelToolCalls: oai.Bool(false),
+		// Greedy: with sampling, the random-weight model may pick byte
+		// tokens that the grammar lets through as invalid UTF-8, which
+		// reaches the client as U+FFFD and can make the city longer than
+		// its maxLength (docs/worker.md, structured output).
+		MaxCompletionTokens: oai.Int(200), ParallelToolCalls: oai.Bool(false), Temperature: oai.Float(0),
 		ToolChoice: oai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: oai.String("required")},
 		Tools: []oai.ChatCompletionToolParam{{Function: shared.FunctionDefinitionParam{Name: "get_weather",
 			Parameters: shared.FunctionParameters{"type": "object", "properties": map[string]any{

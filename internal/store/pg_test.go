@@ -58,7 +58,7 @@ func lockHolder(t *testing.T, db *sql.DB) int {
 func terminate(t *testing.T, db *sql.DB, pid int) {
 	t.Helper()
 	var ok bool
-	if err := db.QueryRowContext(t.Context(), "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+	if err := db.QueryRowContext(t.Context(), "SELECT pg_terminate_backend($1, 10000)", pid).Scan(&ok); err != nil || !ok {
 		t.Fatalf("pg_terminate_backend(%d): %v %v", pid, ok, err)
 	}
 }
