@@ -248,7 +248,7 @@ func (c *controller) run(ctx context.Context) {
 			}
 		}
 		replicas := rt.cp.Replicas()
-		recheck := c.followReplicas(ctx, &wg, replicas, reps, time.Now())
+		counts, recheck := c.followReplicas(ctx, &wg, replicas, reps, time.Now())
 		// Pulls that failed: the requests that waited for them are
 		// refused with why, as after a placement that gave no worker.
 		for _, f := range rt.pulls.takeFailed() {
@@ -338,7 +338,7 @@ func (c *controller) run(ctx context.Context) {
 		for _, model := range slices.Sorted(maps.Keys(reps)) {
 			rs, t := reps[model], target{model: model}
 			st := state(t)
-			n := c.s.counts(t, true)
+			n := counts[model] // taken before the rows were followed: see followReplicas
 			need := replicaNeed{Model: model, Min: replicas[model].Min, Live: n.Live() + pending[model], Starting: n.Starting + pending[model],
 				RetryAt: later(rs.retry, st.failRetry), CrashLoop: rs.loop != nil}
 			if need.Live < need.Min && need.Starting == 0 && !now.Before(need.RetryAt) {

@@ -162,9 +162,21 @@ func (r *replicaState) stable() *CrashLoop {
 // min_workers is 0 is no longer followed) and follows the rows placed for
 // each model: one that ended FAILED is a failure (STOPPED: stopped on
 // purpose, not one); one that served for StableAfter ends the model's
-// backoff and crash loop. It returns when a worker that serves now will
-// have served long enough (0: none to wait for).
-func (c *controller) followReplicas(ctx context.Context, wg *sync.WaitGroup, replicas map[string]Replica, reps map[string]*replicaState, now time.Time) time.Duration {
+// backoff and crash loop. It returns each model's live rows, counted
+// before its rows are read (what decideReplicas weighs), and when a
+// worker that serves now will have served long enough (0: none to wait
+// for).
+//
+// The count comes first because a row can end while the round reads: a
+// row ends once, so one that the count missed (ended) is read as ended
+// below and its failure sets the backoff before the round decides. The
+// other order let a row read as STARTING be gone from the count taken
+// after, and the round replaced it at once, with no backoff. A row that
+// ends between the count and its read is counted live and recorded as
+// failed: the controller decides again at once (signal), with a count
+// without it.
+func (c *controller) followReplicas(ctx context.Context, wg *sync.WaitGroup, replicas map[string]Replica, reps map[string]*replicaState,
+	now time.Time) (map[string]Count, time.Duration) {
 	for model, rs := range reps {
 		if replicas[model].Min == 0 {
 			delete(reps, model)
@@ -179,7 +191,9 @@ func (c *controller) followReplicas(ctx context.Context, wg *sync.WaitGroup, rep
 		}
 	}
 	var recheck time.Duration
+	counts := make(map[string]Count, len(reps))
 	for model, rs := range reps {
+		counts[model] = c.s.counts(target{model: model}, true)
 		kept := rs.watch[:0]
 		stable := false
 		for _, id := range rs.watch {
@@ -190,7 +204,9 @@ func (c *controller) followReplicas(ctx context.Context, wg *sync.WaitGroup, rep
 				c.log.Warn("cannot read a row placed for a model with min_workers", "lifecycle_id", id, "err", err)
 			case row.Status == lifecycle.StatusFailed:
 				c.replicaFailed(ctx, wg, model, rs, failure{At: now, LifecycleID: id, PoolID: row.PoolID, Reason: row.Reason, ExitCode: row.ExitCode})
+				c.signal() // the count may hold the row: decide again with one that does not
 			case row.Status == lifecycle.StatusStopped:
+				c.signal() // likewise: a stopped row is replaced, with a count without it
 			default:
 				kept = append(kept, id)
 				if row.Status != lifecycle.StatusRunning || row.ReadyAt == nil || (rs.tries == 0 && rs.loop == nil) {
@@ -219,7 +235,7 @@ func (c *controller) followReplicas(ctx context.Context, wg *sync.WaitGroup, rep
 			})
 		}
 	}
-	return recheck
+	return counts, recheck
 }
 
 // crashLogLines bounds the log lines of the last failed worker that the
