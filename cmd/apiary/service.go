@@ -26,7 +26,9 @@ func newServiceCmd() *cobra.Command {
 		Use:   "service",
 		Short: "Install the queen or the hive as a systemd service",
 		Args:  usageArgs(cobra.NoArgs),
-		RunE:  func(*cobra.Command, []string) error { return usagef("missing command: install or uninstall (see apiary service --help)") },
+		RunE: func(*cobra.Command, []string) error {
+			return usagef("missing command: install or uninstall (see apiary service --help)")
+		},
 	}
 	cmd.AddCommand(newServiceInstallCmd(), newServiceUninstallCmd())
 	return cmd
