@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/apiary-llm/apiary/internal/hive"
+	"github.com/apiary-llm/apiary/internal/sdnotify"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
@@ -60,11 +61,16 @@ registers when the queen comes back. --queen "" disables the queen.`,
 			if tok := env[secret.HFTokenEnv]; tok != "" {
 				cfg.HFToken = tok
 			}
+			notifier, err := sdnotify.FromEnv()
+			if err != nil {
+				return err
+			}
 			h, err := hive.New(cfg)
 			if err != nil {
 				return configError(err, hiveFields)
 			}
-			return h.Run(cmd.Context()) // context.Canceled is a clean exit (exitCode)
+			d := sdnotify.Daemon{Serving: h.Settled(), Done: h.Done(), Alive: h.Alive, Status: h.Summary}
+			return notifying(cmd.Context(), notifier, d, cfg.Logger, h.Run) // context.Canceled is a clean exit (exitCode)
 		},
 	}
 	fl := cmd.Flags()

@@ -18,6 +18,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/queen"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/sdnotify"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -79,14 +80,21 @@ address only.`,
 				return err
 			}
 			cfg.Ownership.Lifeline = lf
+			notifier, err := sdnotify.FromEnv()
+			if err != nil {
+				return err
+			}
 			q, err := queen.New(cfg)
 			if err != nil {
 				return configError(err, queenFields)
 			}
-			if cfg.ModelsFile == "" {
-				return q.Run(cmd.Context()) // context.Canceled is a clean exit (exitCode)
-			}
-			return runReloading(cmd.Context(), q)
+			d := sdnotify.Daemon{Serving: q.Ready(), Done: q.Done(), Alive: q.Alive, Status: q.Summary}
+			return notifying(cmd.Context(), notifier, d, cfg.Logger, func(ctx context.Context) error {
+				if cfg.ModelsFile == "" {
+					return q.Run(ctx) // context.Canceled is a clean exit (exitCode)
+				}
+				return runReloading(ctx, q)
+			})
 		},
 	}
 	fl := cmd.Flags()

@@ -46,6 +46,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newAuditCmd(),
 		newJobsCmd(),
 		newModelsCmd(),
+		newServiceCmd(),
 		newVersionCmd(),
 	)
 	addCAFlag(root)

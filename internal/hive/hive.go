@@ -49,11 +49,13 @@ type Hive struct {
 	lease  chan struct{}  // renewals of the lease on the queen; nil without one
 
 	ready    chan struct{}
+	settled  chan struct{} // closed after the first registration try (or at ready without a queen)
 	done     chan struct{}
 	shutdown chan struct{} // closed to ask Run to cascade and return
 	addr     net.Addr      // set before ready is closed
 
 	shutdownOnce sync.Once
+	settleOnce   sync.Once
 	closeOnce    sync.Once
 	runOnce      sync.Once
 }
@@ -95,6 +97,7 @@ func New(cfg Config) (*Hive, error) {
 		models:   ggufInspector{},
 		reg:      newRegistry(cfg.PortMin),
 		ready:    make(chan struct{}),
+		settled:  make(chan struct{}),
 		done:     make(chan struct{}),
 		shutdown: make(chan struct{}),
 	}
@@ -195,6 +198,9 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	h.log.Info("hive serving", "addr", h.addr.String(), "url", h.URL(), "data_dir", h.cfg.DataDir, "models_dir", h.cfg.ModelsDir,
 		"version", version.Version, "owner", h.cfg.Owner)
 	close(h.ready)
+	if h.queen == nil {
+		h.settle()
+	}
 
 	var cause error
 	select {

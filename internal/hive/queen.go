@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -33,6 +34,8 @@ type queenClient struct {
 	// an unchanged beat (one older than this hive): full beats only.
 	last        lastBeat
 	noUnchanged bool
+	// up says whether the last registration or heartbeat was taken.
+	up atomic.Bool
 }
 
 // eventQueue bounds the events waiting for an unreachable queen; beyond it
@@ -113,6 +116,8 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 				registered = false // register again, then beat
 			}
 		}
+		q.up.Store(registered && err == nil)
+		q.h.settle()
 		switch {
 		case err != nil && ctx.Err() == nil && !down:
 			down = true

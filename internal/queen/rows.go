@@ -473,3 +473,10 @@ func (b *rowBook) unmarkStopping(k workerKey) {
 	defer b.mu.Unlock()
 	delete(b.stopping, k)
 }
+
+// liveCount is the number of live (STARTING, RUNNING, DRAINING) rows.
+func (b *rowBook) liveCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.active)
+}
