@@ -40,6 +40,9 @@ type StartWorkerRequest struct {
 	ModelRef    string `json:"model_ref"`
 	GPUDevice   *int   `json:"gpu_device,omitempty"`
 	LifecycleID string `json:"lifecycle_id,omitempty"`
+	// Engine names the hive's engine that runs the worker; "" is the
+	// built-in one. A hive without it answers 400 unknown_engine.
+	Engine string `json:"engine,omitempty"`
 	WorkerOptions
 }
 
@@ -169,6 +172,10 @@ type Model struct {
 	SizeBytes    int64     `json:"size_bytes"`
 	ModifiedAt   time.Time `json:"modified_at"`
 	Architecture string    `json:"architecture,omitempty"`
+	// Engines are the hive's engines that can be asked to run the model
+	// (every engine the hive has); absent from an older hive: builtin
+	// only.
+	Engines []string `json:"engines,omitempty"`
 }
 
 // ModelList is the answer of GET /v2/models.

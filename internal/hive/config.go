@@ -30,6 +30,10 @@ type Config struct {
 	WorkerPath string
 	WorkerArgs []string
 	WorkerEnv  []string
+	// Engines are the external engines this hive can run besides the
+	// built-in one, by name (LoadEngines reads them from a file); default
+	// none.
+	Engines map[string]Engine
 	// WorkerHost is the address workers bind; default the host of Addr
 	// (127.0.0.1 when Addr's host is empty or unspecified).
 	WorkerHost string
@@ -185,6 +189,9 @@ func (c Config) Validate() error {
 		if n.v < 0 {
 			p.Add(n.field, "must not be negative, got %d", n.v)
 		}
+	}
+	if err := checkEngines(c.Engines); err != nil {
+		p.Nest("", err)
 	}
 	if c.MaxBodyBytes < 1 {
 		p.Add("MaxBodyBytes", "must be positive, got %d", c.MaxBodyBytes)

@@ -18,6 +18,7 @@ var (
 	ErrInvalidModelRef  = openai.Sentinel(http.StatusBadRequest, "invalid_model_ref", "hive: invalid model_ref")
 	ErrInvalidModel     = openai.Sentinel(http.StatusUnprocessableEntity, "invalid_model", "hive: model is not a readable GGUF")
 	ErrUnsupportedModel = openai.Sentinel(http.StatusUnprocessableEntity, "unsupported_model", "hive: unsupported model architecture")
+	ErrUnknownEngine    = openai.Sentinel(http.StatusBadRequest, "unknown_engine", "hive: this hive has no such engine")
 	ErrDeviceNotFound   = openai.Sentinel(http.StatusBadRequest, "device_not_found", "hive: no such device")
 	ErrNoFreePort       = openai.Sentinel(http.StatusServiceUnavailable, "no_free_port", "hive: no free port in the worker range")
 	ErrShuttingDown     = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "hive: shutting down")

@@ -113,6 +113,11 @@ func (h *Hive) postStart(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
+	if req.Engine != "" {
+		if err := api.CheckID("engine", req.Engine); err != nil {
+			return err
+		}
+	}
 	if err := req.WorkerOptions.Check(); err != nil {
 		return err
 	}
@@ -180,6 +185,10 @@ func (h *Hive) getModels(w http.ResponseWriter, _ *http.Request) error {
 	models, err := listModels(h.cfg.ModelsDir)
 	if err != nil {
 		return err
+	}
+	engines := h.engineNames()
+	for i := range models {
+		models[i].Engines = engines
 	}
 	api.WriteJSON(w, http.StatusOK, api.ModelList{Models: models})
 	return nil

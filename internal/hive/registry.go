@@ -186,7 +186,9 @@ func (r *registry) heartbeat() ([]api.Worker, map[string]string) {
 	tokens := make(map[string]string, len(out))
 	for i := range out {
 		out[i] = out[i].Brief()
-		tokens[out[i].WorkerID] = r.live[out[i].WorkerID].token
+		if tok := r.live[out[i].WorkerID].token; tok != "" {
+			tokens[out[i].WorkerID] = tok
+		}
 	}
 	return out, tokens
 }

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -82,6 +84,14 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 			h.metrics.spawns.WithLabelValues("refused").Inc()
 		}
 	}()
+	var eng *Engine
+	if req.Engine != "" && req.Engine != EngineBuiltin {
+		e, ok := h.cfg.Engines[req.Engine]
+		if !ok {
+			return snap, fmt.Errorf("%w: %q (this hive has %s)", ErrUnknownEngine, api.Printable(req.Engine, 60), strings.Join(h.engineNames(), ", "))
+		}
+		eng = &e
+	}
 	path, err := h.modelPath(req.ModelRef)
 	if err != nil {
 		return snap, err
@@ -91,7 +101,9 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if err != nil {
 		return snap, err
 	}
-	if !textArchitectures[info.Architecture] {
+	// An external engine knows which architectures it runs; the built-in
+	// one is checked here.
+	if eng == nil && !textArchitectures[info.Architecture] {
 		return snap, fmt.Errorf("%w: %q (model %s)", ErrUnsupportedModel, info.Architecture, req.ModelRef)
 	}
 	devs, err := h.devices.Devices(ctx)
@@ -111,20 +123,84 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	w := &worker{
 		h: h, id: id, lifecycle: req.LifecycleID, modelRef: strings.TrimSuffix(req.ModelRef, ".gguf"),
 		device: dev, estimate: info.MemoryBytes, token: randomHex(32), idleTimeout: opts.idleTimeout,
-		cmds: make(chan any), done: make(chan struct{}),
+		engine: eng, cmds: make(chan any), done: make(chan struct{}),
+	}
+	if eng != nil {
+		if !eng.usesAPIKey() {
+			w.token = ""
+		}
+		// The hive does not see an external engine's requests (the queen
+		// relays them straight to it), so it cannot tell a busy engine from
+		// an idle one: it never idle-stops one.
+		w.idleTimeout = -1
 	}
 	w.log = h.log.With("worker_id", id, "model_ref", w.modelRef, deviceAttr(dev))
+	if eng != nil {
+		w.log = w.log.With("engine", req.Engine)
+	}
 	if err := h.reg.admit(w, h.cfg.WorkerHost, h.cfg.PortMin, h.cfg.PortMax); err != nil {
 		return snap, err
 	}
 	w.uri = h.cfg.TLS.Scheme() + "://" + hostPort(h.cfg.WorkerHost, w.port)
 	w.out = newWorkerLog(filepath.Join(h.data.logsDir(), id+".log"))
 
+	var spec procs.Spec
+	if eng != nil {
+		spec = h.engineSpec(w, *eng, path, opts)
+	} else {
+		spec = h.builtinSpec(w, req, path, opts)
+	}
+	w.spawnedAt = time.Now()
+	w.m = lifecycle.NewMachine(w.spawnedAt)
+	var lf *os.File
+	if eng == nil {
+		if lf, err = w.listener.File(); err != nil {
+			w.out.close()
+			h.reg.remove(w)
+			return snap, fmt.Errorf("%w: the worker's socket: %w", ErrSpawn, err)
+		}
+		spec.ExtraFiles = []*os.File{lf}
+	} else {
+		// An external engine binds the port itself: the hive lets go of
+		// it just before the spawn.
+		h.reg.mu.Lock()
+		w.closeListener()
+		h.reg.mu.Unlock()
+	}
+	proc, err := h.launcher.Launch(ctx, spec)
+	// The worker has its own copy of the socket now (or none was made).
+	if lf != nil {
+		lf.Close()
+	}
+	h.reg.mu.Lock()
+	w.closeListener()
+	h.reg.mu.Unlock()
+	if err != nil {
+		w.out.close()
+		h.reg.remove(w)
+		return snap, fmt.Errorf("%w: %w", ErrSpawn, err)
+	}
+	w.proc = proc
+	if err := h.data.writeRecord(childRecord{WorkerID: id, Process: proc.Identity(), SpawnedAt: w.spawnedAt}); err != nil {
+		w.log.Error("cannot record child; a crash of this hive could orphan it", "err", err)
+	}
+	w.reason = fmt.Sprintf("spawned pid %d on %s device %d, port %d", proc.PID(), dev.Kind, dev.ID, w.port)
+	snap = w.publish()
+	h.metrics.workers.WithLabelValues(string(lifecycle.Starting)).Inc()
+	w.log.Info("worker spawned", "pid", proc.PID(), "port", w.port, "estimate", api.FormatBytes(w.estimate))
+	h.emit(api.WorkerEvent{WorkerID: id, LifecycleID: w.lifecycle, To: string(lifecycle.Starting),
+		Reason: w.reason, At: w.spawnedAt, Worker: snap.Brief()})
+	h.owners.Go(w.run)
+	return snap, nil
+}
+
+// builtinSpec is the command line of apiary's own worker.
+func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, opts startOptions) procs.Spec {
 	args := append([]string(nil), h.cfg.WorkerArgs...)
 	args = append(args,
-		"--worker-id", id,
+		"--worker-id", w.id,
 		"--model", path,
-		"--gpu-device", strconv.Itoa(workerDevice(dev)),
+		"--gpu-device", strconv.Itoa(workerDevice(w.device)),
 		"--port", strconv.Itoa(w.port),
 		"--host", h.cfg.WorkerHost,
 		"--listen-fd", "3", // w.listener, ExtraFiles[0]
@@ -152,40 +228,25 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	// No secret of the hive's reaches the worker but its own token.
 	env := append(secret.Scrub(os.Environ()), h.cfg.WorkerEnv...)
 	env = append(env, secret.WorkerTokenEnv+"="+w.token)
+	return procs.Spec{Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out}
+}
 
-	w.spawnedAt = time.Now()
-	w.m = lifecycle.NewMachine(w.spawnedAt)
-	lf, err := w.listener.File()
-	if err != nil {
-		w.out.close()
-		h.reg.remove(w)
-		return snap, fmt.Errorf("%w: the worker's socket: %w", ErrSpawn, err)
+// engineSpec is an external engine's command line and environment, its
+// placeholders replaced. No secret of the hive's reaches it; it serves
+// plain HTTP on the hive's worker host and the port the hive allocated.
+func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) procs.Spec {
+	vals := engineValues(path, h.cfg.WorkerHost, w.port, workerDevice(w.device), opts, w.token)
+	args := make([]string, 0, len(e.Command)-1)
+	for _, a := range e.Command[1:] {
+		args = append(args, expand(a, vals))
 	}
-	proc, err := h.launcher.Launch(ctx, procs.Spec{
-		Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out, ExtraFiles: []*os.File{lf},
-	})
-	// The worker has its own copy of the socket now (or none was made).
-	lf.Close()
-	h.reg.mu.Lock()
-	w.closeListener()
-	h.reg.mu.Unlock()
-	if err != nil {
-		w.out.close()
-		h.reg.remove(w)
-		return snap, fmt.Errorf("%w: %w", ErrSpawn, err)
+	env := secret.Scrub(os.Environ())
+	for _, k := range slices.Sorted(maps.Keys(e.Env)) {
+		env = append(env, k+"="+expand(e.Env[k], vals))
 	}
-	w.proc = proc
-	if err := h.data.writeRecord(childRecord{WorkerID: id, Process: proc.Identity(), SpawnedAt: w.spawnedAt}); err != nil {
-		w.log.Error("cannot record child; a crash of this hive could orphan it", "err", err)
-	}
-	w.reason = fmt.Sprintf("spawned pid %d on %s device %d, port %d", proc.PID(), dev.Kind, dev.ID, w.port)
-	snap = w.publish()
-	h.metrics.workers.WithLabelValues(string(lifecycle.Starting)).Inc()
-	w.log.Info("worker spawned", "pid", proc.PID(), "port", w.port, "estimate", api.FormatBytes(w.estimate))
-	h.emit(api.WorkerEvent{WorkerID: id, LifecycleID: w.lifecycle, To: string(lifecycle.Starting),
-		Reason: w.reason, At: w.spawnedAt, Worker: snap.Brief()})
-	h.owners.Go(w.run)
-	return snap, nil
+	w.uri = "http://" + hostPort(h.cfg.WorkerHost, w.port)
+	w.healthURL = w.uri + e.healthPath()
+	return procs.Spec{Path: expand(e.Command[0], vals), Args: args, Env: env, Output: w.out}
 }
 
 // startOptions are one worker's options: the start's own, else the

@@ -2,11 +2,14 @@ package hive
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 )
 
@@ -100,8 +103,24 @@ func newSupervisor(w *worker) *supervisor {
 		acks:     make(chan error, 1),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if w.engine != nil {
+		// An external engine sends no ready callback: its health path is
+		// polled until it answers 200, within the callback timeout.
+		s.health = time.NewTicker(engineReadyPoll(cfg.HealthInterval))
+		s.healthC = s.health.C
+	}
 	return s
 }
+
+// engineReadyPoll is how often a starting external engine's health path
+// is asked: the health interval, at most 100ms.
+func engineReadyPoll(interval time.Duration) time.Duration {
+	return min(interval, 100*time.Millisecond)
+}
+
+// errNoShutdownEndpoint is the ask of an external engine's stop: it has
+// no shutdown request, so its stop goes on to SIGTERM at once.
+var errNoShutdownEndpoint = errors.New("an external engine has no shutdown request; SIGTERM instead")
 
 // close ends what is in flight and stops the timers.
 func (s *supervisor) close() {
@@ -125,10 +144,7 @@ func (s *supervisor) onCmd(c any) {
 		err := w.ready(c)
 		c.reply <- err
 		if err == nil {
-			s.callback.Stop()
-			s.health = time.NewTicker(s.cfg.HealthInterval)
-			s.healthC = s.health.C
-			s.armIdle()
+			s.serving()
 		}
 	case stopCmd:
 		switch st := w.m.State(); {
@@ -144,15 +160,34 @@ func (s *supervisor) onCmd(c any) {
 	}
 }
 
+// serving starts the health probes and the idle timer of a worker that
+// has just become ready.
+func (s *supervisor) serving() {
+	s.callback.Stop()
+	s.stopHealth()
+	s.health = time.NewTicker(s.cfg.HealthInterval)
+	s.healthC = s.health.C
+	s.armIdle()
+}
+
 func (s *supervisor) onCallbackTimeout() {
-	if s.w.m.State() == lifecycle.Starting {
-		s.w.h.metrics.callbackTimeouts.Inc()
-		s.fail(fmt.Sprintf("no ready callback within %s", s.cfg.CallbackTimeout))
+	if s.w.m.State() != lifecycle.Starting {
+		return
 	}
+	s.w.h.metrics.callbackTimeouts.Inc()
+	if s.w.engine != nil {
+		reason := fmt.Sprintf("%s did not answer 200 within %s", s.w.healthURL, s.cfg.CallbackTimeout)
+		if tail := strings.TrimSpace(s.w.out.Tail(5)); tail != "" {
+			reason += "; last output: " + api.Printable(tail, 1000)
+		}
+		s.fail(reason)
+		return
+	}
+	s.fail(fmt.Sprintf("no ready callback within %s", s.cfg.CallbackTimeout))
 }
 
 func (s *supervisor) onHealthTick() {
-	if s.w.m.State().Serving() {
+	if st := s.w.m.State(); st.Serving() || (st == lifecycle.Starting && s.w.engine != nil) {
 		s.probe(false, s.cfg.HealthInterval)
 	}
 }
@@ -172,6 +207,13 @@ func (s *supervisor) onProbe(r probeResult) {
 	s.probing = false
 	if s.stop.phase != notStopping {
 		s.step(stopEvent{kind: evProbe, err: r.err, inFlight: r.health.InFlight})
+		return
+	}
+	if w.m.State() == lifecycle.Starting && w.engine != nil {
+		if r.err == nil {
+			w.engineReady()
+			s.serving()
+		}
 		return
 	}
 	if !w.m.State().Serving() {
@@ -255,13 +297,23 @@ func (s *supervisor) probe(idle bool, timeout time.Duration) {
 	s.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(s.ctx, timeout)
 		defer cancel()
-		h, err := s.w.h.client.Health(ctx, s.w.uri)
+		var h api.WorkerHealth
+		var err error
+		if s.w.engine != nil {
+			err = s.w.h.client.Probe(ctx, s.w.healthURL)
+		} else {
+			h, err = s.w.h.client.Health(ctx, s.w.uri)
+		}
 		s.probes <- probeResult{err: err, health: h, at: time.Now(), idle: idle}
 	})
 }
 
 // postShutdown asks the worker to shut down; the answer arrives on acks.
 func (s *supervisor) postShutdown() {
+	if s.w.engine != nil {
+		s.acks <- errNoShutdownEndpoint
+		return
+	}
 	s.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ShutdownAck)
 		defer cancel()

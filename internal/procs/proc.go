@@ -131,3 +131,25 @@ func KillSurvivors(id Identity) ([]int, error) {
 	}
 	return members, nil
 }
+
+// ReadRSS is the resident set of pid in bytes, from /proc/PID/status.
+func ReadRSS(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, fmt.Errorf("procs: read status of %d: %w", pid, err)
+	}
+	for line := range bytes.Lines(b) {
+		if rest, ok := bytes.CutPrefix(line, []byte("VmRSS:")); ok {
+			f := bytes.Fields(rest)
+			if len(f) != 2 || string(f[1]) != "kB" {
+				break
+			}
+			kb, err := strconv.ParseUint(string(f[0]), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("procs: VmRSS of %d: %w", pid, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("procs: no VmRSS for %d", pid)
+}

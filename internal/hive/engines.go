@@ -1,0 +1,196 @@
+package hive
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/config"
+)
+
+// EngineBuiltin is the engine every hive has: apiary's own worker
+// (llama.cpp built in). It cannot be declared in an engines file.
+const EngineBuiltin = "builtin"
+
+// Engine is an external inference server the hive runs as a worker: its
+// command line and environment (with placeholders, see Placeholders) and
+// the path that answers 200 once it serves. It is supervised like the
+// built-in worker: its own process group, the hive's parent-death signal,
+// the port the hive allocated, its output in the worker log.
+type Engine struct {
+	// Command is the program and its arguments; required.
+	Command []string `yaml:"command"`
+	// Health is the path polled for readiness and health; default
+	// /health.
+	Health string `yaml:"health"`
+	// Env is added to the engine's environment (the hive's own, less its
+	// secrets).
+	Env map[string]string `yaml:"env"`
+}
+
+// Placeholders are what an engine's command and env may contain, each
+// replaced at spawn: the model file's path, the host and port the engine
+// must listen on, its context size, generation slots and CPU threads, the
+// GPU index (-1 on the CPU device), and a random bearer token the queen
+// then sends with every request (an engine whose command does not use
+// {api_key} gets no bearer).
+var Placeholders = []string{"model", "host", "port", "ctx_size", "slots", "threads", "gpu", "api_key"}
+
+// placeholderRE matches one placeholder: a name in braces.
+var placeholderRE = regexp.MustCompile(`\{([A-Za-z0-9_]*)\}`)
+
+// enginesFile is the engines file: a mapping of engine names.
+type enginesFile struct {
+	Engines map[string]Engine `yaml:"engines"`
+}
+
+// LoadEngines reads an engines file strictly (an unknown key is an error)
+// and checks every engine; its errors name the file.
+func LoadEngines(path string) (map[string]Engine, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("hive: engines file: %w", err)
+	}
+	var f enginesFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("hive: engines file %s: %w", path, err)
+	}
+	if err := checkEngines(f.Engines); err != nil {
+		return nil, fmt.Errorf("hive: engines file %s: %w", path, err)
+	}
+	return f.Engines, nil
+}
+
+// checkEngines reports every problem of the engines, by engine name.
+func checkEngines(engines map[string]Engine) error {
+	var p config.Problems
+	for _, name := range slices.Sorted(maps.Keys(engines)) {
+		e := engines[name]
+		field := "engines." + name
+		if name == EngineBuiltin {
+			p.Add(field, "%q is the built-in engine; it cannot be redeclared", name)
+		} else if err := api.CheckID("engine name", name); err != nil {
+			p.Add(field, "%v", err)
+		}
+		if len(e.Command) == 0 || e.Command[0] == "" {
+			p.Add(field+".command", "is empty: an engine needs a program to run")
+		}
+		for i, a := range e.Command {
+			if u := unknownPlaceholders(a); len(u) > 0 {
+				p.Add(fmt.Sprintf("%s.command[%d]", field, i), "unknown placeholder %s; the placeholders are {%s}", strings.Join(u, ", "), strings.Join(Placeholders, "}, {"))
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(e.Env)) {
+			if k == "" || strings.ContainsAny(k, "=\x00") {
+				p.Add(field+".env", "%q is not a variable name", k)
+			}
+			if u := unknownPlaceholders(e.Env[k]); len(u) > 0 {
+				p.Add(field+".env."+k, "unknown placeholder %s; the placeholders are {%s}", strings.Join(u, ", "), strings.Join(Placeholders, "}, {"))
+			}
+		}
+		if e.Health != "" && !strings.HasPrefix(e.Health, "/") {
+			p.Add(field+".health", "%q must be a path starting with /", e.Health)
+		}
+	}
+	return p.Err()
+}
+
+func unknownPlaceholders(s string) []string {
+	var out []string
+	for _, m := range placeholderRE.FindAllStringSubmatch(s, -1) {
+		if !slices.Contains(Placeholders, m[1]) {
+			out = append(out, m[0])
+		}
+	}
+	return out
+}
+
+// usesAPIKey says whether the engine's command or env asks for a bearer
+// token.
+func (e Engine) usesAPIKey() bool {
+	for _, a := range e.Command {
+		if strings.Contains(a, "{api_key}") {
+			return true
+		}
+	}
+	for _, v := range e.Env {
+		if strings.Contains(v, "{api_key}") {
+			return true
+		}
+	}
+	return false
+}
+
+func (e Engine) healthPath() string {
+	if e.Health == "" {
+		return "/health"
+	}
+	return e.Health
+}
+
+// engineValues are the placeholders' values for one spawn. A zero
+// ctx_size, slots or threads takes the built-in worker's default: 4096,
+// 1, one thread per CPU.
+func engineValues(model, host string, port, gpuIndex int, o startOptions, apiKey string) map[string]string {
+	ctx, slots, threads := o.CtxSize, o.Slots, o.Threads
+	if ctx <= 0 {
+		ctx = 4096
+	}
+	if slots <= 0 {
+		slots = 1
+	}
+	if threads <= 0 {
+		threads = runtime.NumCPU()
+	}
+	return map[string]string{
+		"model": model, "host": host, "port": strconv.Itoa(port), "ctx_size": strconv.Itoa(ctx),
+		"slots": strconv.Itoa(slots), "threads": strconv.Itoa(threads), "gpu": strconv.Itoa(gpuIndex), "api_key": apiKey,
+	}
+}
+
+// expand replaces the placeholders of s with their values.
+func expand(s string, vals map[string]string) string {
+	return placeholderRE.ReplaceAllStringFunc(s, func(m string) string {
+		if v, ok := vals[m[1:len(m)-1]]; ok {
+			return v
+		}
+		return m
+	})
+}
+
+// engineNames is the hive's engines, builtin first, the rest sorted.
+func (h *Hive) engineNames() []string {
+	return append([]string{EngineBuiltin}, slices.Sorted(maps.Keys(h.cfg.Engines))...)
+}
+
+// probeEngine asks an external engine's health path: nil on a 200.
+func probeEngine(ctx context.Context, hc *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}
