@@ -29,6 +29,7 @@ type hiveFlags struct {
 	logRetention                           time.Duration
 	log                                    logFlags
 	owner, lifeline, workerPath            string
+	engines                                string
 	leaseTimeout                           time.Duration
 }
 
@@ -94,6 +95,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", hive.DefaultHeartbeatInterval, "period of heartbeats to the queen")
 	fl.StringVar(&f.owner, "owner", hive.OwnerOperator, "who started this hive: operator, or queen/keeper (then it must not outlive them)")
 	fl.StringVar(&f.lifeline, "lifeline", "", `"stdin": the parent holds this hive's stdin; its end shuts the hive down (with --owner queen|keeper)`)
+	fl.StringVar(&f.engines, "engines", "", "YAML file of the external engines this hive can run besides the built-in one (docs/engines.md)")
 	fl.StringVar(&f.workerPath, "worker-path", "", "binary run as a worker with the worker's flags (default: this apiary; tests use it)")
 	_ = fl.MarkHidden("worker-path")
 	fl.DurationVar(&f.leaseTimeout, "lease-timeout", 0, "shut down when the queen answered no heartbeat for this long (with --owner queen|keeper; 0: never)")
@@ -143,8 +145,15 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 			return hive.Config{}, usagef("--models-dir %q: %v", f.modelsDir, err)
 		}
 	}
+	var engines map[string]hive.Engine
+	if f.engines != "" {
+		if engines, err = hive.LoadEngines(f.engines); err != nil {
+			return hive.Config{}, usagef("--engines: %v", err)
+		}
+	}
 	return hive.Config{
-		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, ModelsDir: modelsDir,
+		Engines: engines,
+		Addr:    f.addr, Advertise: f.advertise, DataDir: dataDir, ModelsDir: modelsDir,
 		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads, WorkerSlots: f.slots,
 		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
 		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle, LogRetention: logRetention,

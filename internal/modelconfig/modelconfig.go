@@ -37,8 +37,9 @@ const (
 	MaxThreads = 4096
 )
 
-// EngineBuiltin is the engine every hive has: llama.cpp built in. It is
-// the only one a model may name until hives declare others.
+// EngineBuiltin is the engine every hive has: llama.cpp built in. Other
+// engines are declared on the hives (their --engines file); a model
+// names one, and only hives that have it run the model.
 const EngineBuiltin = "builtin"
 
 // File is the whole config file.
@@ -62,8 +63,9 @@ type Model struct {
 	// without .gguf, in the hives' models directory; default the model's
 	// name.
 	File string `yaml:"file"`
-	// Engine runs the model's workers; default (and, for now, only)
-	// EngineBuiltin.
+	// Engine names the hive engine that runs the model's workers;
+	// default EngineBuiltin. The queen never holds a command: only hives
+	// that declare the engine are placed on.
 	Engine string `yaml:"engine"`
 	// Aliases are more names clients may send for the model, e.g.
 	// gpt-4o-mini; unique across the file, never another model's name.
@@ -182,8 +184,10 @@ func (f *File) Validate() error {
 				p.Add(path+".source", "%v", err)
 			}
 		}
-		if m.Engine != "" && m.Engine != EngineBuiltin {
-			p.Add(path+".engine", "is %q; this queen knows only %q", api.Printable(m.Engine, 60), EngineBuiltin)
+		if m.Engine != "" {
+			if err := api.CheckID("engine", m.Engine); err != nil {
+				p.Add(path+".engine", "%v", err)
+			}
 		}
 		for _, n := range []struct {
 			key string

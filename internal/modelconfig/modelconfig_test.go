@@ -137,8 +137,8 @@ func TestValidationNamesEveryProblemByPath(t *testing.T) {
 			`models.a.aliases[3]: is "b", which is the name of models.b`, `models.b.aliases[0]: is "x", which is already an alias of models.a`}},
 		{"files", "models:\n  a:\n    file: f\n  b:\n    file: f\n  f:\n    file: g\n", []string{
 			`models.b.file: is "f", which is already the file of models.a`, "models.f: is the file of models.a"}},
-		{"source and engine", "models:\n  a:\n    source: s3://x/y\n    engine: vllm\n", []string{
-			`models.a.source: "s3://x/y" is not a source`, `models.a.engine: is "vllm"; this queen knows only "builtin"`}},
+		{"source and engine", "models:\n  a:\n    source: s3://x/y\n    engine: v/llm\n", []string{
+			`models.a.source: "s3://x/y" is not a source`, `models.a.engine: engine "v/llm" is not valid`}},
 		{"pools", "models:\n  a:\n    pools: [p, 'bad pool', p]\n", []string{
 			`models.a.pools[1]: "bad pool" is not a pool id`, `models.a.pools[2]: is "p" again`}},
 		{"defaults out of range", "models:\n  a:\n    defaults: {temperature: 3}\n  b:\n    defaults: {max_tokens: 0}\n", []string{

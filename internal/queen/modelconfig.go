@@ -100,6 +100,16 @@ func (mc *modelConfig) replicas() map[string]routing.Replica {
 	return out
 }
 
+// engine is the hive engine a worker of ref runs on: its model's engine,
+// "" for the built-in one.
+func (mc *modelConfig) engine(ref string) string {
+	_, m, ok := mc.file().ByFile(ref)
+	if !ok || m.Engine == modelconfig.EngineBuiltin {
+		return ""
+	}
+	return m.Engine
+}
+
 // workerOptions is how a worker of ref starts: its model's ctx_size,
 // slots, threads and idle_timeout, when the file configures it.
 func (mc *modelConfig) workerOptions(ref string) api.WorkerOptions {

@@ -423,7 +423,7 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 		return store.Row{}, err
 	}
 	resp, err := q.hives.StartWorker(ctx, pool.Endpoint, api.StartWorkerRequest{ModelRef: req.Model, GPUDevice: req.GPU, LifecycleID: row.ID,
-		WorkerOptions: q.models.workerOptions(req.Model)})
+		Engine: q.models.engine(req.Model), WorkerOptions: q.models.workerOptions(req.Model)})
 	// The row's fate no longer depends on the caller waiting for it.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()

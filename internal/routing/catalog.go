@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -261,7 +262,9 @@ func (c *catalog) store(r read, list []api.Model, err error) {
 			models[m.Ref] = m
 		}
 	}
-	if pm.models == nil || !maps.EqualFunc(pm.models, models, func(a, b api.Model) bool { return a.Ref == b.Ref && a.SizeBytes == b.SizeBytes }) {
+	if pm.models == nil || !maps.EqualFunc(pm.models, models, func(a, b api.Model) bool {
+		return a.Ref == b.Ref && a.SizeBytes == b.SizeBytes && slices.Equal(a.Engines, b.Engines)
+	}) {
 		c.log.Info("hive model list read", "pool_id", r.pool.ID, "models", len(models))
 	}
 	pm.models, pm.readAt, pm.err = models, time.Now(), nil

@@ -297,7 +297,7 @@ func (c *controller) run(ctx context.Context) {
 			if pools == nil {
 				pools, models = c.s.cp.Pools(registry.Filter{}), rt.catalog.snapshot()
 			}
-			req := PlaceRequest{Model: t.model, Pool: t.pool, Models: models, Pools: c.s.allowedPools(t.model)}
+			req := PlaceRequest{Model: t.model, Pool: t.pool, Models: models, Pools: c.s.allowedPools(t.model), Engine: c.s.engineOf(t.model)}
 			err := unplaceable(c.s.cfg.Placer, pools, req)
 			if err == nil {
 				return "", false
@@ -529,6 +529,9 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 func (s *Service) Place(ctx context.Context, req PlaceRequest) (Decision, error) {
 	if req.Pools == nil {
 		req.Pools = s.allowedPools(req.Model)
+	}
+	if req.Engine == "" {
+		req.Engine = s.engineOf(req.Model)
 	}
 	pools := s.cp.Pools(registry.Filter{})
 	var healthy []registry.Pool

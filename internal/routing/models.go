@@ -63,6 +63,15 @@ func (s *Service) allowedPools(model string) []string {
 	return nil
 }
 
+// engineOf is the hive engine that runs model (its config's engine);
+// "" for the built-in one.
+func (s *Service) engineOf(model string) string {
+	if m, ok := s.modelFile(model); ok && m.Engine != modelconfig.EngineBuiltin {
+		return m.Engine
+	}
+	return ""
+}
+
 // rewriteBody returns body for the worker: "model" set to the model ref
 // that serves it, and each of the model's sampling defaults that the
 // request does not set added. A body that needs neither is returned as it

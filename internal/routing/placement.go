@@ -18,6 +18,9 @@ type PlaceRequest struct {
 	// Pools are the only pools the model may run on (its pools in the
 	// queen's model config); nil: any.
 	Pools []string
+	// Engine is the hive engine the model runs on ("": the built-in
+	// one); only pools whose model list offers it are chosen.
+	Engine string
 	// Models holds the model list of every pool whose hive answered, by
 	// pool id (the catalog).
 	Models map[string]map[string]api.Model
@@ -141,6 +144,10 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			reject("does not have model %s", req.Model)
 			continue
 		}
+		if !hasEngine(m, req.Engine) {
+			reject("has no engine %s (its hive declares %s)", req.Engine, strings.Join(engines(m), ", "))
+			continue
+		}
 		size := uint64(max(m.SizeBytes, 0))
 		best, bestFree, found := 0, uint64(0), false
 		var roomiest api.GPU
@@ -185,6 +192,24 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 	}
 	return Decision{Pool: win.pool, GPU: win.gpu, FreeBytes: win.free, NeedBytes: need, Rejected: rejected}, nil
 }
+
+// hasEngine says whether a pool's model entry offers engine ("": the
+// built-in one, which every hive has).
+func hasEngine(m api.Model, engine string) bool {
+	return engine == "" || engine == builtinEngine || slices.Contains(m.Engines, engine)
+}
+
+// engines is what a model entry offers: a hive that names none has only
+// the built-in engine.
+func engines(m api.Model) []string {
+	if len(m.Engines) == 0 {
+		return []string{builtinEngine}
+	}
+	return m.Engines
+}
+
+// builtinEngine is the engine every hive has.
+const builtinEngine = "builtin"
 
 // unplaceable says why no pool can take a new worker of req.Model now,
 // from the pools and the model lists as they are known (no hive is
