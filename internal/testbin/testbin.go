@@ -37,6 +37,9 @@ func Cleanup() {
 	if dir != "" {
 		os.RemoveAll(dir)
 	}
+	for _, d := range engineDirs {
+		os.RemoveAll(d)
+	}
 }
 
 // build runs `make build` into a temporary directory: the Makefile is the

@@ -1,0 +1,57 @@
+package testbin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+var (
+	engineOnce sync.Once
+	enginePath string
+	engineErr  error
+)
+
+// FakeEngine returns the scripted external engine of the hive's tests
+// (internal/hive/testdata/fakeengine), built once per test binary into
+// the directory Cleanup removes.
+func FakeEngine(t testing.TB) string {
+	t.Helper()
+	engineOnce.Do(func() { enginePath, engineErr = buildFakeEngine() })
+	if engineErr != nil {
+		t.Fatalf("these tests need the fake engine: building it failed: %v", engineErr)
+	}
+	return enginePath
+}
+
+func buildFakeEngine() (string, error) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("the go command builds the fake engine: %w", err)
+	}
+	out, err := exec.Command(goTool, "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m: %w", err)
+	}
+	d, err := os.MkdirTemp("", "apiary-test-engine-")
+	if err != nil {
+		return "", err
+	}
+	engineDirs = append(engineDirs, d)
+	p := filepath.Join(d, "fakeengine")
+	cmd := exec.Command(goTool, "build", "-o", p, "./internal/hive/testdata/fakeengine")
+	cmd.Dir = strings.TrimSpace(string(out))
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build fakeengine: %w\n%s", err, msg)
+	}
+	return p, nil
+}
+
+// engineDirs are the directories FakeEngine built into; Cleanup removes
+// them.
+var engineDirs []string
