@@ -92,7 +92,7 @@ func checkEngines(engines map[string]Engine) error {
 		}
 		for i, a := range e.Command {
 			if u := unknownPlaceholders(a); len(u) > 0 {
-				p.Add(fmt.Sprintf("%s.command[%d]", field, i), "unknown placeholder %s; the placeholders are {%s}", strings.Join(u, ", "), strings.Join(Placeholders, "}, {"))
+				p.Add(fmt.Sprintf("%s.command[%d]", field, i), "unknown placeholder %s; the placeholders are %s", strings.Join(u, ", "), placeholderList())
 			}
 		}
 		for _, k := range slices.Sorted(maps.Keys(e.Env)) {
@@ -100,7 +100,7 @@ func checkEngines(engines map[string]Engine) error {
 				p.Add(field+".env", "%q is not a variable name", k)
 			}
 			if u := unknownPlaceholders(e.Env[k]); len(u) > 0 {
-				p.Add(field+".env."+k, "unknown placeholder %s; the placeholders are {%s}", strings.Join(u, ", "), strings.Join(Placeholders, "}, {"))
+				p.Add(field+".env."+k, "unknown placeholder %s; the placeholders are %s", strings.Join(u, ", "), placeholderList())
 			}
 		}
 		if e.Health != "" && !strings.HasPrefix(e.Health, "/") {
@@ -114,11 +114,15 @@ func unknownPlaceholders(s string) []string {
 	var out []string
 	for _, m := range placeholderRE.FindAllStringSubmatch(s, -1) {
 		if !slices.Contains(Placeholders, m[1]) {
-			out = append(out, m[0])
+			out = append(out, strconv.Quote(m[1]))
 		}
 	}
 	return out
 }
+
+// placeholderList names the placeholders for a message (without their
+// braces, which config.FieldError reads as field references).
+func placeholderList() string { return strings.Join(Placeholders, ", ") }
 
 // usesAPIKey says whether the engine's command or env asks for a bearer
 // token.

@@ -22,11 +22,11 @@ func TestLoadEnginesRefusesBadFilesNamingThePath(t *testing.T) {
 		want       []string // each in the error
 	}{
 		{"unknown key", "engines:\n  x:\n    command: [a]\n    cmd: [b]\n", []string{"field cmd not found"}},
-		{"empty command", "engines:\n  x:\n    health: /h\n", []string{"engines.x.command: is empty"}},
+		{"empty command", "engines:\n  x:\n    health: /h\n", []string{"engines.x.command is empty"}},
 		{"unknown placeholder", "engines:\n  x:\n    command: [a, '--m={modle}']\n    env: {K: '{prot}'}\n",
-			[]string{"engines.x.command[1]: unknown placeholder {modle}", "engines.x.env.K: unknown placeholder {prot}"}},
-		{"builtin redeclared", "engines:\n  builtin:\n    command: [a]\n", []string{`engines.builtin: "builtin" is the built-in engine`}},
-		{"health not a path", "engines:\n  x:\n    command: [a]\n    health: health\n", []string{`engines.x.health: "health" must be a path`}},
+			[]string{`engines.x.command[1] unknown placeholder "modle"`, `engines.x.env.K unknown placeholder "prot"`}},
+		{"builtin redeclared", "engines:\n  builtin:\n    command: [a]\n", []string{`engines.builtin "builtin" is the built-in engine`}},
+		{"health not a path", "engines:\n  x:\n    command: [a]\n    health: health\n", []string{`engines.x.health "health" must be a path`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "engines.yaml")
@@ -146,7 +146,7 @@ func TestEngineIgnoringSIGTERMIsKilled(t *testing.T) {
 	th.rec.wait(t, id, lifecycle.Ready)
 	th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{}, nil)
 	stopped := th.rec.wait(t, id, lifecycle.Stopped)
-	if !strings.Contains(stopped.Reason, "signal: killed") {
+	if !strings.Contains(stopped.Reason, "killed by signal 9") {
 		t.Errorf("stopped reason = %q, want SIGKILL", stopped.Reason)
 	}
 	if !strings.Contains(th.logs.String(), "worker ignored SIGTERM; sending SIGKILL") {
