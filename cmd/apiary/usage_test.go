@@ -212,3 +212,22 @@ func TestWorkersLsShowsPullsUnderWay(t *testing.T) {
 		t.Errorf("workers ls --json:\n%s", out)
 	}
 }
+
+// TestHiveRefusesABadEnginesFile: `apiary hive --engines FILE` with an
+// empty command and an unknown placeholder exits 2 before it serves,
+// naming the file and each problem.
+func TestHiveRefusesABadEnginesFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "engines.yaml")
+	if err := os.WriteFile(path, []byte("engines:\n  a:\n    command: []\n  b:\n    command: [srv, '--port={prot}']\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, out := apiary(t, "hive", "--data-dir", t.TempDir(), "--queen", "", "--engines", path)
+	if code != 2 {
+		t.Errorf("exit %d, want 2: %s", code, out)
+	}
+	for _, w := range []string{path, "engines.a.command is empty", `engines.b.command[1] unknown placeholder "prot"`} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+}

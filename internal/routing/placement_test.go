@@ -179,3 +179,31 @@ func TestPlacementKeepsToTheModelsPools(t *testing.T) {
 		t.Error("unplaceable: nil for a model no pool may run")
 	}
 }
+
+func TestPlacementOnlyOnPoolsWithTheEngine(t *testing.T) {
+	gpus := []api.GPU{{ID: 0, FreeBytes: 1 << 30}}
+	pools := []registry.Pool{
+		{ID: "old", Status: registry.Healthy, GPUs: gpus},
+		{ID: "plain", Status: registry.Healthy, GPUs: gpus},
+		{ID: "vllm", Status: registry.Healthy, GPUs: gpus},
+	}
+	models := map[string]map[string]api.Model{
+		"old":   {"m": {Ref: "m", SizeBytes: 1}},
+		"plain": {"m": {Ref: "m", SizeBytes: 1, Engines: []string{"builtin"}}},
+		"vllm":  {"m": {Ref: "m", SizeBytes: 1, Engines: []string{"builtin", "vllm"}}},
+	}
+	d, err := MostFreeMemory{}.Place(pools, PlaceRequest{Model: "m", Engine: "vllm", Models: models})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Rejection{
+		{"old", "has no engine vllm (its hive declares builtin)"},
+		{"plain", "has no engine vllm (its hive declares builtin)"},
+	}
+	if d.Pool.ID != "vllm" || !cmp.Equal(d.Rejected, want) {
+		t.Errorf("placed on %s, rejected %v", d.Pool.ID, d.Rejected)
+	}
+	if d, err := (MostFreeMemory{}).Place(pools, PlaceRequest{Model: "m", Models: models}); err != nil || d.Pool.ID != "old" {
+		t.Errorf("builtin: placed on %s, %v; every pool has the built-in engine", d.Pool.ID, err)
+	}
+}
