@@ -189,3 +189,20 @@ func TestUnknownEngineRefusedNamingIt(t *testing.T) {
 		t.Errorf("models = %+v", models.Models)
 	}
 }
+
+func TestEngineWithAPIKeyGetsAToken(t *testing.T) {
+	th := startHive(t, withEngine(t, "", ""), func(c *Config) {
+		e := c.Engines["fake"]
+		e.Env = map[string]string{"FAKE_ENGINE_KEY": "{api_key}"}
+		c.Engines["fake"] = e
+	})
+	id := th.startEngine()
+	ready := th.rec.wait(t, id, lifecycle.Ready)
+	if len(ready.WorkerToken) != 64 {
+		t.Errorf("an engine with {api_key} has token %q; the queen sends it as the bearer", ready.WorkerToken)
+	}
+	_, tokens := th.reg.heartbeat()
+	if tokens[id] != ready.WorkerToken {
+		t.Errorf("heartbeat token %q, event token %q", tokens[id], ready.WorkerToken)
+	}
+}
