@@ -117,9 +117,12 @@ func TestProcessReplicas(t *testing.T) {
 	}
 	rec, next = q.logs.wait(t, next, "lifecycle row changed", map[string]string{"lifecycle_id": first, "to": "FAILED"})
 	failedAt := logTime(t, rec)
+	afterFailed := next
 	rec, next = q.logs.wait(t, next, "worker placed on demand", map[string]string{"model_ref": "tiny", "kind": "replica"})
 	second := rec.Attrs["lifecycle_id"]
-	rec, _ = q.logs.wait(t, next, "lifecycle row changed", map[string]string{"lifecycle_id": second, "to": "RUNNING"})
+	// The replacement may call back ready before the controller logs its
+	// placement: its RUNNING line is looked for from the failure on.
+	rec, _ = q.logs.wait(t, afterFailed, "lifecycle row changed", map[string]string{"lifecycle_id": second, "to": "RUNNING"})
 	t.Logf("SIGKILL of the replica: row FAILED after %s, replacement RUNNING %s after the kill (%s)",
 		failedAt.Sub(killed).Round(time.Millisecond), logTime(t, rec).Sub(killed).Round(time.Millisecond), second)
 
@@ -135,7 +138,9 @@ func TestProcessReplicas(t *testing.T) {
 		t.Fatalf("crash loop line without its start: %v", rec)
 	}
 	t.Logf("crash loop: %s", rec.Attrs["last_failure"])
-	// One slow retry, which fails too.
+	// One slow retry, which fails too (maybe before its placement is
+	// logged: its FAILED line is looked for from the crash loop on).
+	beforeRetry := next
 	rec, next = q.logs.wait(t, next, "worker placed on demand", map[string]string{"model_ref": "broken"})
 	retry := rec.Attrs["lifecycle_id"]
 	gap := logTime(t, rec).Sub(loopAt)
@@ -143,7 +148,7 @@ func TestProcessReplicas(t *testing.T) {
 	if gap < slow {
 		t.Errorf("a try %s after the crash loop began, before --crashloop-backoff %s", gap, slow)
 	}
-	q.logs.wait(t, next, "lifecycle row changed", map[string]string{"lifecycle_id": retry, "to": "FAILED"})
+	q.logs.wait(t, beforeRetry, "lifecycle row changed", map[string]string{"lifecycle_id": retry, "to": "FAILED"})
 	q.logs.wait(t, next, "a worker of a model with min_workers failed; it is replaced after a backoff", map[string]string{"model_ref": "broken", "lifecycle_id": retry})
 
 	loops := auditActions(t, admin, "model:broken", "worker.crashloop")
