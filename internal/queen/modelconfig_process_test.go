@@ -65,7 +65,7 @@ models:
 `)
 	c := startCluster(t, []string{"--config", path, "--config-poll", "200ms"})
 
-	rec, next := c.queen.logs.wait(t, 0, "worker placed on demand", map[string]string{"model_ref": "tiny", "kind": "replica"})
+	rec, _ := c.queen.logs.wait(t, 0, "worker placed on demand", map[string]string{"model_ref": "tiny", "kind": "replica"})
 	replica := rec.Attrs["lifecycle_id"]
 	// From the start: the worker may call back ready before its placement is logged.
 	c.queen.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": replica, "to": "RUNNING"})
@@ -94,7 +94,7 @@ models:
 
 	// A good change: the new alias serves at once.
 	writeConfig(t, path, "models:\n  small:\n    file: tiny\n    aliases: [gpt-4o-mini, chat]\n    min_workers: 1\n    defaults: {max_tokens: 2}\n")
-	rec, next = c.queen.logs.wait(t, 0, "model config reloaded", map[string]string{"trigger": "file changed"})
+	rec, next := c.queen.logs.wait(t, 0, "model config reloaded", map[string]string{"trigger": "file changed"})
 	if !strings.Contains(rec.Attrs["changes"], "changed models.small: aliases, ctx_size, pools, defaults") {
 		t.Errorf("reload changes = %q", rec.Attrs["changes"])
 	}

@@ -98,10 +98,10 @@ func TestProcessReplicas(t *testing.T) {
 	if _, err := admin.ScaleModel(ctx, "tiny", 1, nil, "keep one warm"); err != nil {
 		t.Fatal(err)
 	}
-	rec, next := q.logs.wait(t, 0, "worker placed on demand", map[string]string{"model_ref": "tiny", "kind": "replica"})
+	rec, _ := q.logs.wait(t, 0, "worker placed on demand", map[string]string{"model_ref": "tiny", "kind": "replica"})
 	first := rec.Attrs["lifecycle_id"]
 	// From the start: the worker may call back ready before its placement is logged.
-	rec, next = q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": first, "to": "RUNNING"})
+	rec, next := q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": first, "to": "RUNNING"})
 	t.Logf("min_workers 1: replica RUNNING %s after apiary models scale, with no request", logTime(t, rec).Sub(scaled).Round(time.Millisecond))
 	if n := q.logs.Count("request queued", nil); n != 0 {
 		t.Errorf("%d requests queued; the replica must come with none", n)
@@ -116,10 +116,9 @@ func TestProcessReplicas(t *testing.T) {
 	if err := syscall.Kill(*row.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	rec, next = q.logs.wait(t, next, "lifecycle row changed", map[string]string{"lifecycle_id": first, "to": "FAILED"})
+	rec, afterFailed := q.logs.wait(t, next, "lifecycle row changed", map[string]string{"lifecycle_id": first, "to": "FAILED"})
 	failedAt := logTime(t, rec)
-	afterFailed := next
-	rec, next = q.logs.wait(t, next, "worker placed on demand", map[string]string{"model_ref": "tiny", "kind": "replica"})
+	rec, _ = q.logs.wait(t, afterFailed, "worker placed on demand", map[string]string{"model_ref": "tiny", "kind": "replica"})
 	second := rec.Attrs["lifecycle_id"]
 	// The replacement may call back ready before the controller logs its
 	// placement: its RUNNING line is looked for from the failure on.
