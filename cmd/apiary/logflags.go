@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/spf13/pflag"
 )
@@ -16,8 +17,16 @@ type logFlags struct {
 
 func (f *logFlags) add(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.json, "log-json", false, "write logs as JSON lines instead of text")
-	fl.StringVar(&f.level, "log-level", "info", "least important log level: debug, info, warn or error")
+	level := "info"
+	if v := os.Getenv(logLevelEnv); v != "" {
+		level = v // a hive's workers inherit it
+	}
+	fl.StringVar(&f.level, "log-level", level, "least important log level: debug, info, warn or error (default from $"+logLevelEnv+")")
 }
+
+// logLevelEnv sets --log-level's default; a hive's workers inherit it
+// through their environment, so their Debug logs can be asked for.
+const logLevelEnv = "APIARY_LOG_LEVEL"
 
 // logger writes to w at the level asked, as text or JSON; a level that is
 // not one is a usage error.

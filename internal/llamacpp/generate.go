@@ -25,6 +25,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/apiary-llm/apiary/internal/engine"
@@ -53,6 +54,13 @@ type sequence struct {
 	generated int
 	last      C.llama_token // last sampled token, decoded in the next step
 	outIdx    int           // index in the current batch whose logits to sample, -1 if none
+
+	// Timeline, for the Debug log at the end (see logTimeline).
+	submitted  time.Time    // Generate handed it to the loop
+	cancelAt   atomic.Int64 // unix ns its context ended, 0 if it did not
+	taken      time.Time    // the loop took it (decode loop's)
+	firstToken time.Time    // its first token was sampled (decode loop's)
+	firstStep  time.Duration
 }
 
 func (s *sequence) deliver(t engine.Token) {
@@ -103,7 +111,10 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit engine.E
 	if err != nil {
 		return engine.Result{}, err
 	}
-	s := &sequence{ctx: ctx, req: req, sampler: sampler, notify: make(chan struct{}, 1)}
+	s := &sequence{ctx: ctx, req: req, sampler: sampler, notify: make(chan struct{}, 1), submitted: time.Now()}
+	if e.debug {
+		defer context.AfterFunc(ctx, func() { s.cancelAt.Store(time.Now().UnixNano()) })()
+	}
 	select {
 	case e.submit <- s:
 	case <-ctx.Done():
@@ -172,6 +183,9 @@ func (e *Engine) run() {
 			C.llama_sampler_free(s.sampler)
 		}
 		active[s.seq] = nil
+		if e.debug {
+			e.logTimeline(s, err)
+		}
 		res.PromptTokens = len(s.req.Prompt)
 		res.CompletionTokens = s.generated
 		s.finish(res, err)
@@ -187,6 +201,7 @@ func (e *Engine) run() {
 		for i, a := range active {
 			if a == nil {
 				s.seq = i
+				s.taken = time.Now()
 				active[i] = s
 				return
 			}
@@ -267,6 +282,7 @@ func (e *Engine) run() {
 		if batch.n_tokens == 0 {
 			continue
 		}
+		stepStart := time.Now()
 		if rc := C.llama_decode(e.lctx, batch); rc != 0 {
 			err := fmt.Errorf("llamacpp: decode failed (code %d)", int(rc))
 			e.log.Error("decode failed", "code", int(rc), "tokens", int(batch.n_tokens))
@@ -290,6 +306,10 @@ func (e *Engine) run() {
 				continue
 			}
 			s.last = id
+			if s.generated == 1 {
+				s.firstToken = time.Now()
+				s.firstStep = s.firstToken.Sub(stepStart)
+			}
 			tok := engine.Token{ID: int(id), Piece: e.piece(id, pieceBuf)}
 			if s.req.Logprobs || s.req.TopLogprobs > 0 {
 				e.logprobs(&tok, s.outIdx, s.req.TopLogprobs, pieceBuf)
@@ -303,6 +323,23 @@ func (e *Engine) run() {
 			}
 		}
 	}
+}
+
+// logTimeline logs, at Debug, where s's time went: waiting for the
+// loop to take it, from then to its first token (and the decode step
+// that made it), and for a sequence whose context ended, how long the
+// loop took to see that.
+func (e *Engine) logTimeline(s *sequence, err error) {
+	now := time.Now()
+	attrs := []any{"seq", s.seq, "prompt_tokens", len(s.req.Prompt), "generated", s.generated,
+		"submitted", s.submitted, "take_wait_us", s.taken.Sub(s.submitted).Microseconds()}
+	if !s.firstToken.IsZero() {
+		attrs = append(attrs, "first_token_us", s.firstToken.Sub(s.taken).Microseconds(), "first_step_us", s.firstStep.Microseconds())
+	}
+	if at := s.cancelAt.Load(); at != 0 && err != nil {
+		attrs = append(attrs, "cancel_noticed_us", now.Sub(time.Unix(0, at)).Microseconds())
+	}
+	e.log.Debug("sequence timeline", attrs...)
 }
 
 // penaltyLastN is how many recent tokens the penalties look at, llama.cpp

@@ -204,7 +204,10 @@ func (openAIStream) fail(sse *openai.SSEWriter, err error) error { return sse.Er
 // the handler adapter to write; after that they end the stream with an
 // error event.
 func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng engine.Engine, j job, s openai.Sampling, f format, endpoint string) error {
+	tl := w.newTimeline(r.Context(), endpoint, s.Stream)
+	defer tl.log()
 	release, err := w.admit(r.Context())
+	tl.admitted = time.Now()
 	if err != nil {
 		if r.Context().Err() != nil {
 			return fmt.Errorf("%w: while queued: %w", errClientGone, err)
@@ -264,6 +267,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			}
 			if err := sse.Event(ev); err != nil {
 				return fmt.Errorf("%w: %w", errClientGone, err)
+			}
+			if tl != nil && tl.firstEvent.IsZero() {
+				tl.firstEvent = time.Now()
 			}
 			return nil
 		}
