@@ -208,9 +208,20 @@ func (e *Engine) run() {
 		}
 	}
 	for {
+		// Drop sequences whose caller went away or asked to stop, before
+		// taking new ones: a request waiting for a slot (the worker
+		// admits one as soon as a client goes away) gets the slot of a
+		// cancelled sequence in this step, not the next.
 		n := 0
 		for _, s := range active {
-			if s != nil {
+			if s == nil {
+				continue
+			}
+			if s.cancelled.Load() {
+				release(s, engine.Result{FinishReason: engine.FinishStop}, nil)
+			} else if err := s.ctx.Err(); err != nil {
+				release(s, engine.Result{}, err)
+			} else {
 				n++
 			}
 		}
@@ -237,18 +248,6 @@ func (e *Engine) run() {
 		case <-e.quit:
 			return
 		default:
-		}
-
-		// Drop sequences whose caller went away or asked to stop.
-		for _, s := range active {
-			if s == nil {
-				continue
-			}
-			if s.cancelled.Load() {
-				release(s, engine.Result{FinishReason: engine.FinishStop}, nil)
-			} else if err := s.ctx.Err(); err != nil {
-				release(s, engine.Result{}, err)
-			}
 		}
 
 		// One batch: the next token of every generating sequence first, then

@@ -74,6 +74,16 @@ func reportTimeline(b *testing.B, queenLogs, dir string, wins []window) {
 	in := func(t time.Time, busy bool) bool {
 		return slices.ContainsFunc(wins, func(x window) bool { return x.busy == busy && !t.Before(x.from) && t.Before(x.to) })
 	}
+	// The interactive requests' prompt length, to tell their sequences
+	// from the batch's: the first one's, sent before any batch.
+	promptTokens := -1.0
+	for _, r := range w {
+		if r["msg"] == "sequence timeline" && !r.time("submitted").Before(wins[0].from) {
+			promptTokens, _ = r["prompt_tokens"].(float64)
+			break
+		}
+	}
+	at := func(t time.Time, us float64) time.Time { return t.Add(time.Duration(us) * time.Microsecond) }
 	for _, busy := range []bool{false, true} {
 		parts := map[string][]float64{}
 		add := func(k string, v float64) { parts[k] = append(parts[k], v) }
@@ -88,7 +98,7 @@ func reportTimeline(b *testing.B, queenLogs, dir string, wins []window) {
 			switch {
 			case r["msg"] == "generation timeline" && r["endpoint"] == "completions" && in(r.time("start"), busy):
 				gens = append(gens, r)
-			case r["msg"] == "sequence timeline" && in(r.time("submitted"), busy):
+			case r["msg"] == "sequence timeline" && in(r.time("submitted"), busy) && r["prompt_tokens"] == promptTokens:
 				seqs = append(seqs, r)
 			case r["msg"] == "generation timeline" && r["endpoint"] != "completions" && in(r.time("start"), busy):
 				if v, ok := r.us("gone_to_freed_us"); ok {
@@ -96,8 +106,8 @@ func reportTimeline(b *testing.B, queenLogs, dir string, wins []window) {
 				}
 			}
 		}
-		for _, r := range seqs {
-			if v, ok := r.us("cancel_noticed_us"); ok {
+		for _, r := range w {
+			if v, ok := r.us("cancel_noticed_us"); ok && r["msg"] == "sequence timeline" && in(r.time("submitted"), busy) {
 				add("batch: ctx cancelled → engine drops the sequence", v)
 			}
 		}
@@ -122,11 +132,19 @@ func reportTimeline(b *testing.B, queenLogs, dir string, wins []window) {
 					continue
 				}
 				add("worker: handler start (from queen arrival)", float64(gs.Sub(start).Microseconds()))
+				if v, ok := g["arrived_us"].(float64); ok {
+					add("worker: arrival (from queen arrival)", float64(at(gs, v).Sub(start).Microseconds()))
+				}
+				if v, ok := g.us("first_event_tokens"); ok {
+					add("worker: tokens in the first event (count, not µs)", v)
+				}
 				if v, ok := g.us("admit_us"); ok {
 					add("worker: handler start → slot (admit)", v)
 				}
-				if v, ok := g.us("first_event_us"); ok {
-					add("worker: handler start → first event written", v)
+				wfirst, ok := g.us("first_event_us")
+				if ok {
+					add("worker: handler start → first event written", wfirst)
+					add("queen: worker's first event written → relayed", float64(end.Sub(at(gs, wfirst)).Microseconds()))
 				}
 				for _, s := range seqs {
 					ss := s.time("submitted")
@@ -137,8 +155,12 @@ func reportTimeline(b *testing.B, queenLogs, dir string, wins []window) {
 					if v, ok := s.us("take_wait_us"); ok {
 						add("engine: submitted → taken by the loop", v)
 					}
+					wait, _ := s.us("take_wait_us")
 					if v, ok := s.us("first_token_us"); ok {
 						add("engine: taken → first token sampled", v)
+						if wfirst > 0 {
+							add("worker: first token sampled → its event written", float64(at(gs, wfirst).Sub(at(ss, wait+v)).Microseconds()))
+						}
 					}
 					if v, ok := s.us("first_step_us"); ok {
 						add("engine: the decode step of the first token", v)
@@ -146,11 +168,6 @@ func reportTimeline(b *testing.B, queenLogs, dir string, wins []window) {
 					break
 				}
 				break
-			}
-		}
-		for _, r := range q {
-			if r["msg"] == "batch request preempted" {
-				parts["preemptions"] = append(parts["preemptions"], 0)
 			}
 		}
 		keys := make([]string, 0, len(parts))

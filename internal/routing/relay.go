@@ -33,6 +33,9 @@ type relayReq struct {
 	// anthropic: Anthropic's /v1/messages, whose errors and stream
 	// events have their own shapes.
 	anthropic bool
+	// batch: a Batch API request, sent on the batch requests' own
+	// connections (Service.upBatch).
+	batch bool
 	// tl records where the time went, for the Debug log (nil: Debug is off).
 	tl *relayTimeline
 }
@@ -132,7 +135,11 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 	}
 	// Straight to the transport: the client would only add its redirect
 	// handling (it follows none) and a copy of the headers for it.
-	resp, err := s.up.Transport.RoundTrip(req)
+	rt := s.up.Transport
+	if rr.batch {
+		rt = s.upBatch
+	}
+	resp, err := rt.RoundTrip(req)
 	rr.tl.headers()
 	if err != nil {
 		if ctx.Err() != nil {

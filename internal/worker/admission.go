@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/engine"
@@ -47,7 +48,7 @@ func (w *Worker) acceptingLocked() error {
 // when Slots generations run and QueueSize requests already wait, with 503
 // draining when a shutdown begins while waiting, and with ctx's error when
 // the client goes away. The returned release must be called once the
-// generation ended.
+// generation ended; the slot itself is freed as soon as ctx ends.
 func (w *Worker) admit(ctx context.Context) (release func(), err error) {
 	w.mu.Lock()
 	if err := w.acceptingLocked(); err != nil {
@@ -84,7 +85,20 @@ func (w *Worker) admit(ctx context.Context) (release func(), err error) {
 	}
 	w.inFlight++
 	w.lastRequestAt = time.Now()
-	return w.release, nil
+	// A client that goes away hands its slot to the next request at
+	// once, while the engine still finishes the step it is in: the
+	// engine drops the abandoned sequence before it takes the next one
+	// (which waits for it in Engine.Generate meanwhile), so the next
+	// request joins the very next step rather than one after the
+	// abandoned request's handler has returned.
+	var once sync.Once
+	free := func() { once.Do(func() { <-w.slots }) }
+	stop := context.AfterFunc(ctx, free)
+	return func() {
+		stop()
+		free()
+		w.release()
+	}, nil
 }
 
 func (w *Worker) leaveQueue() {
@@ -94,8 +108,8 @@ func (w *Worker) leaveQueue() {
 	w.checkIdleLocked()
 }
 
+// release ends a generation whose slot was freed.
 func (w *Worker) release() {
-	<-w.slots
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.inFlight--

@@ -281,6 +281,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			if err == nil {
 				res, err = run(i, func(s string, toks []engine.Token) error {
 					ev := f.delta(i, s, toks, offset)
+					if tl != nil && tl.firstEvent.IsZero() {
+						tl.firstTokens = len(toks)
+					}
 					for _, t := range toks {
 						offset += len(t.Piece)
 					}

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"sync/atomic"
 	"time"
 )
@@ -20,15 +21,31 @@ type timeline struct {
 	start      time.Time
 	admitted   time.Time
 	firstEvent time.Time
-	gone       atomic.Int64 // unix ns the client went away, 0 if it did not
-	stop       func() bool
+	// firstTokens is how many tokens the first event carries: more than
+	// one when the text filter held the first ones back (a partial UTF-8
+	// character, a possible stop sequence's start).
+	firstTokens int
+	arrival     any          // the request's arrival (a time.Time, or nil)
+	gone        atomic.Int64 // unix ns the client went away, 0 if it did not
+	stop        func() bool
+}
+
+// arrivalKey is the context key of a request's arrival time, set (at
+// Debug only) before any handler runs.
+type arrivalKey struct{}
+
+func (w *Worker) markArrival(r *http.Request) *http.Request {
+	if !w.log.Enabled(r.Context(), slog.LevelDebug) {
+		return r
+	}
+	return r.WithContext(context.WithValue(r.Context(), arrivalKey{}, time.Now()))
 }
 
 func (w *Worker) newTimeline(ctx context.Context, endpoint string, stream bool) *timeline {
 	if !w.log.Enabled(ctx, slog.LevelDebug) {
 		return nil
 	}
-	t := &timeline{w: w, endpoint: endpoint, stream: stream, start: time.Now()}
+	t := &timeline{w: w, endpoint: endpoint, stream: stream, start: time.Now(), arrival: ctx.Value(arrivalKey{})}
 	t.stop = context.AfterFunc(ctx, func() { t.gone.Store(time.Now().UnixNano()) })
 	return t
 }
@@ -42,8 +59,11 @@ func (t *timeline) log() {
 	t.stop()
 	now := time.Now()
 	attrs := []any{"endpoint", t.endpoint, "stream", t.stream, "start", t.start, "admit_us", t.admitted.Sub(t.start).Microseconds()}
+	if at, ok := t.arrival.(time.Time); ok {
+		attrs = append(attrs, "arrived_us", at.Sub(t.start).Microseconds()) // before start: negative
+	}
 	if !t.firstEvent.IsZero() {
-		attrs = append(attrs, "first_event_us", t.firstEvent.Sub(t.start).Microseconds())
+		attrs = append(attrs, "first_event_us", t.firstEvent.Sub(t.start).Microseconds(), "first_event_tokens", t.firstTokens)
 	}
 	if at := t.gone.Load(); at != 0 {
 		attrs = append(attrs, "gone_to_freed_us", now.Sub(time.Unix(0, at)).Microseconds())
