@@ -264,11 +264,30 @@ func (e *Engine) run() {
 				s.nPast++
 			}
 		}
+		// Prompts of foreground sequences first. A background sequence's
+		// prompt (engine.Request.Background) waits while a foreground
+		// prompt is decoded, and goes in chunks of backgroundChunk
+		// tokens a step while a foreground sequence generates, so that
+		// its steps stay short.
+		fgPrompt, fgActive := false, false
+		for _, s := range active {
+			if s != nil && !s.req.Background {
+				fgActive = true
+				fgPrompt = fgPrompt || s.promptPos < len(s.req.Prompt)
+			}
+		}
+		bgBudget := e.batchSize
+		switch {
+		case fgPrompt:
+			bgBudget = 0
+		case fgActive:
+			bgBudget = backgroundChunk
+		}
 		for _, s := range active {
 			if s == nil || s.promptPos == len(s.req.Prompt) {
 				continue
 			}
-			for s.promptPos < len(s.req.Prompt) && int(batch.n_tokens) < e.batchSize {
+			for s.promptPos < len(s.req.Prompt) && int(batch.n_tokens) < e.batchSize && (!s.req.Background || bgBudget > 0) {
 				last := s.promptPos == len(s.req.Prompt)-1
 				if last {
 					s.outIdx = int(batch.n_tokens)
@@ -276,6 +295,9 @@ func (e *Engine) run() {
 				C.batch_put(&batch, C.llama_token(s.req.Prompt[s.promptPos]), C.llama_pos(s.nPast), C.llama_seq_id(s.seq), C.bool(last))
 				s.promptPos++
 				s.nPast++
+				if s.req.Background {
+					bgBudget--
+				}
 			}
 		}
 		if batch.n_tokens == 0 {
@@ -340,6 +362,10 @@ func (e *Engine) logTimeline(s *sequence, err error) {
 	}
 	e.log.Debug("sequence timeline", attrs...)
 }
+
+// backgroundChunk is how many prompt tokens of background sequences a
+// step decodes while a foreground sequence generates.
+const backgroundChunk = 8
 
 // penaltyLastN is how many recent tokens the penalties look at, llama.cpp
 // server's default.

@@ -112,7 +112,7 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 				for range perRound {
 					round(ctx, b, hc, qURL, body, 1, s)
 				}
-				wins = append(wins, window{from: from, to: time.Now(), busy: s == &busy})
+				wins = append(wins, window{from: from, to: time.Now(), busy: s == &busy, tokens: batchTokens})
 			}
 			busyRound := func() {
 				id := newBatch(b, client, 1000, batchTokens)

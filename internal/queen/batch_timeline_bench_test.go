@@ -25,6 +25,7 @@ const timelineEnv = "APIARY_BENCH_TIMELINE"
 type window struct {
 	from, to time.Time
 	busy     bool
+	tokens   int // the batch requests' max_tokens
 }
 
 // logRec is a parsed JSON log line.
@@ -71,8 +72,11 @@ func reportTimeline(b *testing.B, queenLogs, dir string, wins []window) {
 		wtext.Write(data)
 	}
 	q, w := parseLogs(queenLogs), parseLogs(wtext.String())
+	var group window
 	in := func(t time.Time, busy bool) bool {
-		return slices.ContainsFunc(wins, func(x window) bool { return x.busy == busy && !t.Before(x.from) && t.Before(x.to) })
+		return slices.ContainsFunc(wins, func(x window) bool {
+			return x.busy == busy && (!busy || x.tokens == group.tokens) && !t.Before(x.from) && t.Before(x.to)
+		})
 	}
 	// The interactive requests' prompt length, to tell their sequences
 	// from the batch's: the first one's, sent before any batch.
@@ -84,7 +88,8 @@ func reportTimeline(b *testing.B, queenLogs, dir string, wins []window) {
 		}
 	}
 	at := func(t time.Time, us float64) time.Time { return t.Add(time.Duration(us) * time.Microsecond) }
-	for _, busy := range []bool{false, true} {
+	for _, group = range []window{{}, {busy: true, tokens: 8}, {busy: true, tokens: 64}} {
+		busy := group.busy
 		parts := map[string][]float64{}
 		add := func(k string, v float64) { parts[k] = append(parts[k], v) }
 		var reused, conns int
@@ -176,7 +181,7 @@ func reportTimeline(b *testing.B, queenLogs, dir string, wins []window) {
 		}
 		slices.Sort(keys)
 		var sb strings.Builder
-		fmt.Fprintf(&sb, "timeline, busy=%v: %d relays, connection reused %d of %d\n", busy, len(relays), reused, conns)
+		fmt.Fprintf(&sb, "timeline, busy=%v (batch of %d-token requests): %d relays, connection reused %d of %d\n", busy, group.tokens, len(relays), reused, conns)
 		for _, k := range keys {
 			v := slices.Clone(parts[k])
 			slices.Sort(v)

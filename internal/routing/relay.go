@@ -130,6 +130,9 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 	if rr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
+	if rr.batch {
+		req.Header.Set(api.BatchHeader, "1")
+	}
 	if rr.tl != nil {
 		req = req.WithContext(httptrace.WithClientTrace(ctx, rr.tl.trace()))
 	}

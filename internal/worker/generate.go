@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/openai"
 )
@@ -204,6 +205,7 @@ func (openAIStream) fail(sse *openai.SSEWriter, err error) error { return sse.Er
 // the handler adapter to write; after that they end the stream with an
 // error event.
 func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng engine.Engine, j job, s openai.Sampling, f format, endpoint string) error {
+	j.req.Background = r.Header.Get(api.BatchHeader) == "1"
 	tl := w.newTimeline(r.Context(), endpoint, s.Stream)
 	defer tl.log()
 	release, err := w.admit(r.Context())
