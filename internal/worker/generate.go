@@ -209,7 +209,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 	tl := w.newTimeline(r.Context(), endpoint, s.Stream)
 	defer tl.log()
 	release, err := w.admit(r.Context())
-	tl.admitted = time.Now()
+	if tl != nil {
+		tl.admitted = time.Now()
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return fmt.Errorf("%w: while queued: %w", errClientGone, err)
