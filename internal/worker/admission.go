@@ -48,8 +48,23 @@ func (w *Worker) acceptingLocked() error {
 // when Slots generations run and QueueSize requests already wait, with 503
 // draining when a shutdown begins while waiting, and with ctx's error when
 // the client goes away. The returned release must be called once the
-// generation ended; the slot itself is freed as soon as ctx ends.
+// generation ended.
 func (w *Worker) admit(ctx context.Context) (release func(), err error) {
+	return w.admitFor(ctx, false)
+}
+
+// admitGeneration is admit for a generation: a client that goes away
+// hands its slot to the next request at once, while the engine still
+// finishes the step it is in. The engine drops the abandoned sequence
+// before it takes the next one (which waits for it in Engine.Generate
+// meanwhile), so the next request joins the very next step rather than
+// one after the abandoned request's handler has returned. (Embeddings
+// keep their slot to the end: nothing else bounds their work.)
+func (w *Worker) admitGeneration(ctx context.Context) (release func(), err error) {
+	return w.admitFor(ctx, true)
+}
+
+func (w *Worker) admitFor(ctx context.Context, handOn bool) (release func(), err error) {
 	w.mu.Lock()
 	if err := w.acceptingLocked(); err != nil {
 		w.mu.Unlock()
@@ -85,15 +100,12 @@ func (w *Worker) admit(ctx context.Context) (release func(), err error) {
 	}
 	w.inFlight++
 	w.lastRequestAt = time.Now()
-	// A client that goes away hands its slot to the next request at
-	// once, while the engine still finishes the step it is in: the
-	// engine drops the abandoned sequence before it takes the next one
-	// (which waits for it in Engine.Generate meanwhile), so the next
-	// request joins the very next step rather than one after the
-	// abandoned request's handler has returned.
 	var once sync.Once
 	free := func() { once.Do(func() { <-w.slots }) }
-	stop := context.AfterFunc(ctx, free)
+	stop := func() bool { return false }
+	if handOn {
+		stop = context.AfterFunc(ctx, free)
+	}
 	return func() {
 		stop()
 		free()

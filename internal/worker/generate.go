@@ -208,7 +208,7 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 	j.req.Background = r.Header.Get(api.BatchHeader) == "1"
 	tl := w.newTimeline(r.Context(), endpoint, s.Stream)
 	defer tl.log()
-	release, err := w.admit(r.Context())
+	release, err := w.admitGeneration(r.Context())
 	if tl != nil {
 		tl.admitted = time.Now()
 	}
