@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/spf13/pflag"
 )
@@ -15,9 +16,20 @@ type logFlags struct {
 }
 
 func (f *logFlags) add(fl *pflag.FlagSet) {
-	fl.BoolVar(&f.json, "log-json", false, "write logs as JSON lines instead of text")
-	fl.StringVar(&f.level, "log-level", "info", "least important log level: debug, info, warn or error")
+	fl.BoolVar(&f.json, "log-json", os.Getenv(logJSONEnv) == "1", "write logs as JSON lines instead of text (default true when $"+logJSONEnv+" is 1)")
+	level := "info"
+	if v := os.Getenv(logLevelEnv); v != "" {
+		level = v // a hive's workers inherit it
+	}
+	fl.StringVar(&f.level, "log-level", level, "least important log level: debug, info, warn or error (default from $"+logLevelEnv+")")
 }
+
+// logLevelEnv sets --log-level's default; a hive's workers inherit it
+// through their environment, so their Debug logs can be asked for.
+const logLevelEnv = "APIARY_LOG_LEVEL"
+
+// logJSONEnv=1 sets --log-json's default, as logLevelEnv does the level's.
+const logJSONEnv = "APIARY_LOG_JSON"
 
 // logger writes to w at the level asked, as text or JSON; a level that is
 // not one is a usage error.

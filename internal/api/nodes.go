@@ -84,4 +84,7 @@ const (
 	SessionHeader = "X-Session-Id"
 	// WorkerHeader names the lifecycle row of the worker that answered.
 	WorkerHeader = "X-Apiary-Worker"
+	// BatchHeader (value "1") marks a request the queen sends a worker for
+	// the Batch API: its prompt yields to interactive requests' prompts.
+	BatchHeader = "X-Apiary-Batch"
 )

@@ -66,6 +66,10 @@ type Request struct {
 	MinP        float32
 	Seed        uint32
 	IgnoreEOS   bool
+	// Background (a Batch API request) yields to the others: its prompt
+	// is not decoded in a step that decodes another's prompt, so an
+	// interactive request's first token waits for no batch prompt.
+	Background bool
 	// FrequencyPenalty and PresencePenalty (OpenAI's, -2..2; 0: off)
 	// lower the odds of tokens already generated: by how often they came,
 	// and for having come at all.

@@ -25,6 +25,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/apiary-llm/apiary/internal/engine"
@@ -53,6 +54,13 @@ type sequence struct {
 	generated int
 	last      C.llama_token // last sampled token, decoded in the next step
 	outIdx    int           // index in the current batch whose logits to sample, -1 if none
+
+	// Timeline, for the Debug log at the end (see logTimeline).
+	submitted  time.Time    // Generate handed it to the loop
+	cancelAt   atomic.Int64 // unix ns its context ended, 0 if it did not
+	taken      time.Time    // the loop took it (decode loop's)
+	firstToken time.Time    // its first token was sampled (decode loop's)
+	firstStep  time.Duration
 }
 
 func (s *sequence) deliver(t engine.Token) {
@@ -103,7 +111,10 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit engine.E
 	if err != nil {
 		return engine.Result{}, err
 	}
-	s := &sequence{ctx: ctx, req: req, sampler: sampler, notify: make(chan struct{}, 1)}
+	s := &sequence{ctx: ctx, req: req, sampler: sampler, notify: make(chan struct{}, 1), submitted: time.Now()}
+	if e.debug {
+		defer context.AfterFunc(ctx, func() { s.cancelAt.Store(time.Now().UnixNano()) })()
+	}
 	select {
 	case e.submit <- s:
 	case <-ctx.Done():
@@ -172,6 +183,9 @@ func (e *Engine) run() {
 			C.llama_sampler_free(s.sampler)
 		}
 		active[s.seq] = nil
+		if e.debug {
+			e.logTimeline(s, err)
+		}
 		res.PromptTokens = len(s.req.Prompt)
 		res.CompletionTokens = s.generated
 		s.finish(res, err)
@@ -187,15 +201,27 @@ func (e *Engine) run() {
 		for i, a := range active {
 			if a == nil {
 				s.seq = i
+				s.taken = time.Now()
 				active[i] = s
 				return
 			}
 		}
 	}
 	for {
+		// Drop sequences whose caller went away or asked to stop, before
+		// taking new ones: a request waiting for a slot (the worker
+		// admits one as soon as a client goes away) gets the slot of a
+		// cancelled sequence in this step, not the next.
 		n := 0
 		for _, s := range active {
-			if s != nil {
+			if s == nil {
+				continue
+			}
+			if s.cancelled.Load() {
+				release(s, engine.Result{FinishReason: engine.FinishStop}, nil)
+			} else if err := s.ctx.Err(); err != nil {
+				release(s, engine.Result{}, err)
+			} else {
 				n++
 			}
 		}
@@ -224,18 +250,6 @@ func (e *Engine) run() {
 		default:
 		}
 
-		// Drop sequences whose caller went away or asked to stop.
-		for _, s := range active {
-			if s == nil {
-				continue
-			}
-			if s.cancelled.Load() {
-				release(s, engine.Result{FinishReason: engine.FinishStop}, nil)
-			} else if err := s.ctx.Err(); err != nil {
-				release(s, engine.Result{}, err)
-			}
-		}
-
 		// One batch: the next token of every generating sequence first, then
 		// as much prompt as fits.
 		batch.n_tokens = 0
@@ -250,11 +264,30 @@ func (e *Engine) run() {
 				s.nPast++
 			}
 		}
+		// Prompts of foreground sequences first. A background sequence's
+		// prompt (engine.Request.Background) waits while a foreground
+		// prompt is decoded, and goes in chunks of backgroundChunk
+		// tokens a step while a foreground sequence generates, so that
+		// its steps stay short.
+		fgPrompt, fgActive := false, false
+		for _, s := range active {
+			if s != nil && !s.req.Background {
+				fgActive = true
+				fgPrompt = fgPrompt || s.promptPos < len(s.req.Prompt)
+			}
+		}
+		bgBudget := e.batchSize
+		switch {
+		case fgPrompt:
+			bgBudget = 0
+		case fgActive:
+			bgBudget = backgroundChunk
+		}
 		for _, s := range active {
 			if s == nil || s.promptPos == len(s.req.Prompt) {
 				continue
 			}
-			for s.promptPos < len(s.req.Prompt) && int(batch.n_tokens) < e.batchSize {
+			for s.promptPos < len(s.req.Prompt) && int(batch.n_tokens) < e.batchSize && (!s.req.Background || bgBudget > 0) {
 				last := s.promptPos == len(s.req.Prompt)-1
 				if last {
 					s.outIdx = int(batch.n_tokens)
@@ -262,11 +295,15 @@ func (e *Engine) run() {
 				C.batch_put(&batch, C.llama_token(s.req.Prompt[s.promptPos]), C.llama_pos(s.nPast), C.llama_seq_id(s.seq), C.bool(last))
 				s.promptPos++
 				s.nPast++
+				if s.req.Background {
+					bgBudget--
+				}
 			}
 		}
 		if batch.n_tokens == 0 {
 			continue
 		}
+		stepStart := time.Now()
 		if rc := C.llama_decode(e.lctx, batch); rc != 0 {
 			err := fmt.Errorf("llamacpp: decode failed (code %d)", int(rc))
 			e.log.Error("decode failed", "code", int(rc), "tokens", int(batch.n_tokens))
@@ -290,6 +327,10 @@ func (e *Engine) run() {
 				continue
 			}
 			s.last = id
+			if s.generated == 1 {
+				s.firstToken = time.Now()
+				s.firstStep = s.firstToken.Sub(stepStart)
+			}
 			tok := engine.Token{ID: int(id), Piece: e.piece(id, pieceBuf)}
 			if s.req.Logprobs || s.req.TopLogprobs > 0 {
 				e.logprobs(&tok, s.outIdx, s.req.TopLogprobs, pieceBuf)
@@ -304,6 +345,27 @@ func (e *Engine) run() {
 		}
 	}
 }
+
+// logTimeline logs, at Debug, where s's time went: waiting for the
+// loop to take it, from then to its first token (and the decode step
+// that made it), and for a sequence whose context ended, how long the
+// loop took to see that.
+func (e *Engine) logTimeline(s *sequence, err error) {
+	now := time.Now()
+	attrs := []any{"seq", s.seq, "prompt_tokens", len(s.req.Prompt), "generated", s.generated,
+		"submitted", s.submitted, "take_wait_us", s.taken.Sub(s.submitted).Microseconds()}
+	if !s.firstToken.IsZero() {
+		attrs = append(attrs, "first_token_us", s.firstToken.Sub(s.taken).Microseconds(), "first_step_us", s.firstStep.Microseconds())
+	}
+	if at := s.cancelAt.Load(); at != 0 && err != nil {
+		attrs = append(attrs, "cancel_noticed_us", now.Sub(time.Unix(0, at)).Microseconds())
+	}
+	e.log.Debug("sequence timeline", attrs...)
+}
+
+// backgroundChunk is how many prompt tokens of background sequences a
+// step decodes while a foreground sequence generates.
+const backgroundChunk = 8
 
 // penaltyLastN is how many recent tokens the penalties look at, llama.cpp
 // server's default.

@@ -76,6 +76,7 @@ var backendOnce sync.Once
 // step, the way llama.cpp's own server does.
 type Engine struct {
 	log   *slog.Logger
+	debug bool // log is enabled at Debug: sequences log their timeline
 	info  engine.ModelInfo
 	model *C.struct_llama_model
 	vocab *C.struct_llama_vocab
@@ -195,6 +196,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 
 	e := &Engine{
 		log:       log,
+		debug:     log.Enabled(ctx, slog.LevelDebug),
 		model:     model,
 		vocab:     C.llama_model_get_vocab(model),
 		lctx:      lctx,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -180,6 +181,38 @@ func TestParallelSlotsMatchSequentialRuns(t *testing.T) {
 		p := prompt(t, e, s)
 		wg.Go(func() {
 			ids, _, err := generate(t.Context(), e, engine.Request{Prompt: p, MaxTokens: 20, IgnoreEOS: true})
+			if err != nil {
+				t.Errorf("slot %d: %v", i, err)
+			}
+			got[i] = ids
+		})
+	}
+	wg.Wait()
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("batched generations differ from sequential ones (-want +got):\n%s", diff)
+	}
+}
+
+// Background sequences, whose prompts yield to foreground ones (decoded
+// in chunks while a foreground sequence generates), generate what they
+// generate alone.
+func TestBackgroundPromptsYieldAndMatchSequentialRuns(t *testing.T) {
+	e := load(t, 3)
+	long := strings.Repeat("a much longer prompt about hives and queens ", 3)
+	reqs := []engine.Request{
+		{Prompt: prompt(t, e, long), MaxTokens: 20, IgnoreEOS: true, Background: true},
+		{Prompt: prompt(t, e, "alpha"), MaxTokens: 20, IgnoreEOS: true},
+		{Prompt: prompt(t, e, long+"z"), MaxTokens: 20, IgnoreEOS: true, Background: true},
+	}
+	want := make([][]int, len(reqs))
+	for i, r := range reqs {
+		want[i], _ = collect(t, e, r)
+	}
+	got := make([][]int, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Go(func() {
+			ids, _, err := generate(t.Context(), e, r)
 			if err != nil {
 				t.Errorf("slot %d: %v", i, err)
 			}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/openai/openai-go/option"
 
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
 // batchBenchSlots is the worker's slots (and the queen's --worker-slots).
@@ -30,9 +32,13 @@ const batchBenchSlots = 4
 // batchBench is a queen, a hive and one running worker of
 // batchBenchSlots slots; --max-workers 1 keeps the controller from
 // placing a second worker for the batch's demand.
-func batchBench(b *testing.B) (qURL string, q *proc, client oai.Client) {
+func batchBench(b *testing.B) (qURL string, q *proc, client oai.Client, dir string) {
 	slots := fmt.Sprint(batchBenchSlots)
-	qURL, admin, q := benchCluster(b, []string{"--worker-slots", slots, "--queue-size", "512", "--max-workers", "1"}, "--worker-slots", slots)
+	var env []string
+	if os.Getenv(timelineEnv) != "" {
+		env = []string{"APIARY_LOG_LEVEL=debug", "APIARY_LOG_JSON=1"}
+	}
+	qURL, admin, q, dir := benchClusterIn(b, b.TempDir(), env, testbin.TLSFiles{}, []string{"--worker-slots", slots, "--queue-size", "512", "--max-workers", "1"}, "--worker-slots", slots)
 	resp, err := admin.StartWorker(context.Background(), "tiny", "node-1", nil, "batch benchmark")
 	if err != nil {
 		b.Fatal(err)
@@ -41,7 +47,7 @@ func batchBench(b *testing.B) (qURL string, q *proc, client oai.Client) {
 	if rows, err := admin.Workers(context.Background(), keeper.WorkerFilter{}); err != nil || len(rows) != 1 {
 		b.Fatalf("rows %+v %v", rows, err)
 	}
-	return qURL, q, oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	return qURL, q, oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0)), dir
 }
 
 // batchCounts is the part of apiary's batch object the benchmarks follow.
@@ -86,7 +92,8 @@ func pollBatch(b *testing.B, client oai.Client, id string, until func(batchCount
 // (inter-token latency p50) of each side, and the added p50 in token
 // times of the busy worker.
 func BenchmarkBatchInteractiveTTFT(b *testing.B) {
-	qURL, _, client := batchBench(b)
+	qURL, q, client, dir := batchBench(b)
+	var wins []window
 	ctx := context.Background()
 	hc := &http.Client{Transport: &http.Transport{DisableCompression: true}}
 	defer hc.CloseIdleConnections()
@@ -101,9 +108,11 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 		for _, batchTokens := range []int{8, 64} {
 			var idle, busy sample
 			measure := func(s *sample) {
+				from := time.Now()
 				for range perRound {
 					round(ctx, b, hc, qURL, body, 1, s)
 				}
+				wins = append(wins, window{from: from, to: time.Now(), busy: s == &busy, tokens: batchTokens})
 			}
 			busyRound := func() {
 				id := newBatch(b, client, 1000, batchTokens)
@@ -147,6 +156,9 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 		}
 		b.Log("\n" + strings.Join(report, "\n"))
 	}
+	if os.Getenv(timelineEnv) != "" {
+		reportTimeline(b, q.logs.String(), dir, wins)
+	}
 }
 
 // chatDirect sends the n chat requests of batchFile(n, maxTokens) to
@@ -179,7 +191,7 @@ func chatDirect(b *testing.B, hc *http.Client, qURL string, n, maxTokens int) {
 // ratios (batch / direct), the median requests/s of each side and the
 // queen's CPU time a request on each side.
 func BenchmarkBatchThroughput(b *testing.B) {
-	qURL, q, client := batchBench(b)
+	qURL, q, client, _ := batchBench(b)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, DisableCompression: true}}
 	defer hc.CloseIdleConnections()
 	const n, tokens, rounds = 500, 16, 6

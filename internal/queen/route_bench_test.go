@@ -46,11 +46,17 @@ func benchCluster(b *testing.B, queenArgs []string, hiveArgs ...string) (qURL st
 // works only if this process trusts the CA too.
 func benchClusterTLS(b *testing.B, certs testbin.TLSFiles, queenArgs []string, hiveArgs ...string) (qURL string, admin *keeper.Client, q *proc) {
 	b.Helper()
-	dir := b.TempDir()
-	var env []string
+	qURL, admin, q, _ = benchClusterIn(b, b.TempDir(), nil, certs, queenArgs, hiveArgs...)
+	return qURL, admin, q
+}
+
+// benchClusterIn is benchClusterTLS in dir (the hive's worker logs are
+// under dir/hive/hive/logs) with env added to the daemons'.
+func benchClusterIn(b *testing.B, dir string, env []string, certs testbin.TLSFiles, queenArgs []string, hiveArgs ...string) (qURL string, admin *keeper.Client, q *proc, _ string) {
+	b.Helper()
 	scheme := "http://"
 	if certs.Cert != "" {
-		env = []string{"APIARY_CA_FILE=" + certs.CA}
+		env = append(env, "APIARY_CA_FILE="+certs.CA)
 		scheme = "https://"
 		queenArgs = append(queenArgs, "--tls-cert", certs.Cert, "--tls-key", certs.Key)
 		hiveArgs = append(hiveArgs, "--tls-cert", certs.Cert, "--tls-key", certs.Key)
@@ -80,7 +86,7 @@ func benchClusterTLS(b *testing.B, certs testbin.TLSFiles, queenArgs []string, h
 		_ = hive.stop(b, syscall.SIGTERM)
 		_ = q.stop(b, syscall.SIGTERM)
 	})
-	return qURL, keeper.NewClient(qURL, "", ""), q
+	return qURL, keeper.NewClient(qURL, "", ""), q, dir
 }
 
 // streamTimes sends one streamed completion to base (with token as its

@@ -86,7 +86,7 @@ func (s *Service) Serve(ctx context.Context, path string, body []byte) (Answer, 
 		return Answer{}, err
 	}
 	rec := &recorder{h: http.Header{}}
-	o := s.attempt(pctx, rec, l, relayReq{model: model, path: path, body: body})
+	o := s.attempt(pctx, rec, l, relayReq{model: model, path: path, body: body, batch: true})
 	broken := o.verdict == verdictBroken
 	if step := s.router.settle(l, o.verdict, o.err); step != stepNone || o.verdict == verdictFailed || broken {
 		s.wakeStrikes()

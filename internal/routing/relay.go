@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +33,11 @@ type relayReq struct {
 	// anthropic: Anthropic's /v1/messages, whose errors and stream
 	// events have their own shapes.
 	anthropic bool
+	// batch: a Batch API request, sent on the batch requests' own
+	// connections (Service.upBatch).
+	batch bool
+	// tl records where the time went, for the Debug log (nil: Debug is off).
+	tl *relayTimeline
 }
 
 // outcome is how one attempt on one worker ended.
@@ -56,6 +63,10 @@ type outcome struct {
 func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) error {
 	rt := s
 	ctx := r.Context()
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		rr.tl = &relayTimeline{}
+		defer rr.tl.log(s.log, rr)
+	}
 	exclude := map[WorkerKey]bool{}
 	var last error
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
@@ -69,6 +80,7 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 			}
 			return err
 		}
+		rr.tl.granted(attempt)
 		if rr.session != "" && attempt == 1 {
 			result := "miss"
 			if l.pinned {
@@ -118,9 +130,20 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 	if rr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
+	if rr.batch {
+		req.Header.Set(api.BatchHeader, "1")
+	}
+	if rr.tl != nil {
+		req = req.WithContext(httptrace.WithClientTrace(ctx, rr.tl.trace()))
+	}
 	// Straight to the transport: the client would only add its redirect
 	// handling (it follows none) and a copy of the headers for it.
-	resp, err := s.up.Transport.RoundTrip(req)
+	rt := s.up.Transport
+	if rr.batch {
+		rt = s.upBatch
+	}
+	resp, err := rt.RoundTrip(req)
+	rr.tl.headers()
 	if err != nil {
 		if ctx.Err() != nil {
 			return outcome{err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
@@ -338,6 +361,7 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 			ended = true
 		case bytes.HasPrefix(ev, sseData), bytes.HasPrefix(ev, sseNamed):
 			if last.IsZero() {
+				rr.tl.firstEvent(now)
 				ttft.Observe(now.Sub(rr.start).Seconds())
 			} else {
 				itl.Observe(now.Sub(last).Seconds())

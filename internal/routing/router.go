@@ -354,8 +354,9 @@ func (r *router) tryLocked(req routeReq, cands []Candidate, since, now time.Time
 // order, the youngest batch request on a worker it may use (one it has
 // not failed on; its session's worker when it is pinned to a live one)
 // is cancelled (ErrPreempted) and its slot handed to the queue at once.
-// The worker frees the slot when it sees the request go, within a token;
-// the interactive request waits in the worker's own queue meanwhile.
+// The worker hands the slot on as soon as it sees the request go, and
+// its engine drops the cancelled sequence before it takes the
+// interactive one, within a step.
 // Only batch requests are preempted.
 func (r *router) preemptLocked(t target, cands []Candidate, now time.Time) {
 	if len(r.holds) == 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/engine"
@@ -49,6 +50,21 @@ func (w *Worker) acceptingLocked() error {
 // the client goes away. The returned release must be called once the
 // generation ended.
 func (w *Worker) admit(ctx context.Context) (release func(), err error) {
+	return w.admitFor(ctx, false)
+}
+
+// admitGeneration is admit for a generation: a client that goes away
+// hands its slot to the next request at once, while the engine still
+// finishes the step it is in. The engine drops the abandoned sequence
+// before it takes the next one (which waits for it in Engine.Generate
+// meanwhile), so the next request joins the very next step rather than
+// one after the abandoned request's handler has returned. (Embeddings
+// keep their slot to the end: nothing else bounds their work.)
+func (w *Worker) admitGeneration(ctx context.Context) (release func(), err error) {
+	return w.admitFor(ctx, true)
+}
+
+func (w *Worker) admitFor(ctx context.Context, handOn bool) (release func(), err error) {
 	w.mu.Lock()
 	if err := w.acceptingLocked(); err != nil {
 		w.mu.Unlock()
@@ -84,7 +100,17 @@ func (w *Worker) admit(ctx context.Context) (release func(), err error) {
 	}
 	w.inFlight++
 	w.lastRequestAt = time.Now()
-	return w.release, nil
+	var once sync.Once
+	free := func() { once.Do(func() { <-w.slots }) }
+	stop := func() bool { return false }
+	if handOn {
+		stop = context.AfterFunc(ctx, free)
+	}
+	return func() {
+		stop()
+		free()
+		w.release()
+	}, nil
 }
 
 func (w *Worker) leaveQueue() {
@@ -94,8 +120,8 @@ func (w *Worker) leaveQueue() {
 	w.checkIdleLocked()
 }
 
+// release ends a generation whose slot was freed.
 func (w *Worker) release() {
-	<-w.slots
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.inFlight--

@@ -37,6 +37,9 @@ type fakeEngine struct {
 	info   engine.ModelInfo
 	script [][]byte
 	gate   chan struct{} // nil: no waiting
+	// deaf: a generation waiting at the gate does not watch its context,
+	// as llama.cpp's loop finishes the step under way before it looks.
+	deaf bool
 
 	started chan engine.Request // receives each request as Generate starts, when non-nil
 	ended   chan error          // receives Generate's error as it returns, when non-nil
@@ -96,9 +99,13 @@ func (f *fakeEngine) Generate(ctx context.Context, req engine.Request, emit engi
 			return res, nil
 		}
 		if f.gate != nil {
+			done := ctx.Done()
+			if f.deaf {
+				done = nil
+			}
 			select {
 			case <-f.gate:
-			case <-ctx.Done():
+			case <-done:
 				return res, ctx.Err()
 			}
 		}

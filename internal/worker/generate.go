@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/openai"
 )
@@ -204,7 +205,13 @@ func (openAIStream) fail(sse *openai.SSEWriter, err error) error { return sse.Er
 // the handler adapter to write; after that they end the stream with an
 // error event.
 func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng engine.Engine, j job, s openai.Sampling, f format, endpoint string) error {
-	release, err := w.admit(r.Context())
+	j.req.Background = r.Header.Get(api.BatchHeader) == "1"
+	tl := w.newTimeline(r.Context(), endpoint, s.Stream)
+	defer tl.log()
+	release, err := w.admitGeneration(r.Context())
+	if tl != nil {
+		tl.admitted = time.Now()
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return fmt.Errorf("%w: while queued: %w", errClientGone, err)
@@ -265,6 +272,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			if err := sse.Event(ev); err != nil {
 				return fmt.Errorf("%w: %w", errClientGone, err)
 			}
+			if tl != nil && tl.firstEvent.IsZero() {
+				tl.firstEvent = time.Now()
+			}
 			return nil
 		}
 		err = sse.Start()
@@ -275,6 +285,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			if err == nil {
 				res, err = run(i, func(s string, toks []engine.Token) error {
 					ev := f.delta(i, s, toks, offset)
+					if tl != nil && tl.firstEvent.IsZero() {
+						tl.firstTokens = len(toks)
+					}
 					for _, t := range toks {
 						offset += len(t.Piece)
 					}

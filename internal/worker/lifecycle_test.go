@@ -138,6 +138,55 @@ func TestQueueFullAnswers503WithRetryAfter(t *testing.T) {
 	}
 }
 
+// A generation whose client went away hands its slot to the next request
+// at once, before the engine has finished with it.
+func TestGoneClientHandsSlotOn(t *testing.T) {
+	eng := newFakeEngine("a")
+	eng.gate = make(chan struct{})
+	eng.deaf = true
+	eng.started = make(chan engine.Request, 2)
+	cfg := testConfig(t)
+	cfg.Slots = 1
+	r := startWorker(t, cfg, eng)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	first := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.url+"/v1/completions", strings.NewReader(`{"prompt":"a"}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := r.client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		first <- err
+	}()
+	<-eng.started
+	cancel()
+	if err := <-first; err == nil {
+		t.Fatal("the first request was answered; want it cut off")
+	}
+
+	second := make(chan string, 1)
+	go func() {
+		var c openai.Completion
+		r.postJSON(t, "/v1/completions", `{"prompt":"b"}`, &c)
+		if len(c.Choices) == 1 {
+			second <- c.Choices[0].Text
+		}
+		close(second)
+	}()
+	select {
+	case <-eng.started: // while the first is still in the engine
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second request did not get the gone client's slot")
+	}
+	eng.gate <- struct{}{} // one of them ends its token
+	eng.gate <- struct{}{}
+	if text := <-second; text != "a" {
+		t.Errorf("second answer %q", text)
+	}
+}
+
 func TestSlotsRunInParallel(t *testing.T) {
 	eng := newFakeEngine("a")
 	eng.gate = make(chan struct{})

@@ -70,6 +70,7 @@ func (w *Worker) guard(next http.Handler) http.Handler {
 		return w.admitRequest(r)
 	})
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		r = w.markArrival(r)
 		if w.admitRequest(r) != nil {
 			refuse.ServeHTTP(rw, r)
 			return
