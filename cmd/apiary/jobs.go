@@ -40,12 +40,12 @@ func newJobsSubmitCmd(a *adminFlags) *cobra.Command {
 		Use:   "submit FILE.jsonl --endpoint PATH [--model M]",
 		Short: "Upload a JSONL file of requests and start a batch over it",
 		Long: `Upload a JSONL file of requests and start a batch over it; prints the
-batch id. --endpoint is /v1/chat/completions or /v1/completions (every line's
+batch id. --endpoint is /v1/chat/completions, /v1/completions or /v1/embeddings (every line's
 url must be it); --model sets body.model on every line.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if endpoint == "" {
-				return usagef("jobs submit: --endpoint is required (/v1/chat/completions or /v1/completions)")
+				return usagef("jobs submit: --endpoint is required (/v1/chat/completions, /v1/completions or /v1/embeddings)")
 			}
 			data, err := os.ReadFile(args[0])
 			if err != nil {
@@ -73,7 +73,7 @@ url must be it); --model sets body.model on every line.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&endpoint, "endpoint", "", "the batch's endpoint: /v1/chat/completions or /v1/completions")
+	cmd.Flags().StringVar(&endpoint, "endpoint", "", "the batch's endpoint: /v1/chat/completions, /v1/completions or /v1/embeddings")
 	cmd.Flags().StringVar(&model, "model", "", "set body.model of every request to this model")
 	return cmd
 }

@@ -42,7 +42,7 @@ func (req batchRequest) check() error {
 			Message: "input_file_id is required: the id of an uploaded file (purpose batch)"}
 	case req.Endpoint == "":
 		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeMissingParameter, Param: "endpoint",
-			Message: "endpoint is required: /v1/chat/completions or /v1/completions"}
+			Message: "endpoint is required: " + endpointList}
 	case req.CompletionWindow != CompletionWindow:
 		return openai.Invalid("completion_window", `must be "24h"`)
 	case len(req.Metadata) > 16:

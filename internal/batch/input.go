@@ -12,8 +12,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/openai"
 )
 
-// The endpoints a batch may name. Embeddings are in OpenAI's list, but
-// apiary's workers do not serve them yet.
+// The endpoints a batch may name: OpenAI's list, less /v1/responses.
 const (
 	EndpointChat        = "/v1/chat/completions"
 	EndpointCompletions = "/v1/completions"
@@ -35,19 +34,17 @@ type Request struct {
 	Body     json.RawMessage
 }
 
-// checkEndpoint refuses what a batch cannot run: embeddings (not served
-// yet) and anything else but the two completion endpoints; param names
-// the field at fault.
+// endpointList names the endpoints a batch can run, for messages.
+const endpointList = "/v1/chat/completions, /v1/completions or /v1/embeddings"
+
+// checkEndpoint refuses what a batch cannot run: anything but the two
+// completion endpoints and embeddings; param names the field at fault.
 func checkEndpoint(param, url string) error {
 	switch url {
-	case EndpointChat, EndpointCompletions:
+	case EndpointChat, EndpointCompletions, EndpointEmbeddings:
 		return nil
-	case EndpointEmbeddings:
-		return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeUnsupported, Param: param,
-			Message: "/v1/embeddings is not supported yet: apiary's workers do not serve embeddings; use /v1/chat/completions or /v1/completions",
-			Err:     openai.ErrUnsupported}
 	}
-	return openai.Invalid(param, "%q is not an endpoint a batch can run: use /v1/chat/completions or /v1/completions", url)
+	return openai.Invalid(param, "%q is not an endpoint a batch can run: use %s", url, endpointList)
 }
 
 // lineError is a request line that is wrong: the answer names its line.
@@ -122,7 +119,7 @@ func parseLine(line int, text []byte) (Request, error) {
 	case raw.Method == nil || *raw.Method != http.MethodPost:
 		return Request{}, lineError(line, `method must be "POST"`)
 	case raw.URL == nil:
-		return Request{}, lineError(line, "url is missing: /v1/chat/completions or /v1/completions")
+		return Request{}, lineError(line, "url is missing: %s", endpointList)
 	case len(raw.Body) == 0 || raw.Body[0] != '{':
 		return Request{}, lineError(line, "body must be a JSON object: the request's body")
 	}
@@ -149,9 +146,13 @@ func parseLine(line int, text []byte) (Request, error) {
 
 // decodeBody decodes a request body as POST url decodes it.
 func decodeBody(url string, body []byte) (model string, stream bool, err error) {
-	if url == EndpointChat {
+	switch url {
+	case EndpointChat:
 		req, err := openai.DecodeChatCompletionRequest(body, openai.Limits{})
 		return req.Model, req.Stream, err
+	case EndpointEmbeddings:
+		req, err := openai.DecodeEmbeddingRequest(body)
+		return req.Model, false, err
 	}
 	req, err := openai.DecodeCompletionRequest(body, openai.Limits{})
 	return req.Model, req.Stream, err

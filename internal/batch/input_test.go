@@ -29,7 +29,11 @@ func TestParseInput(t *testing.T) {
 		{"duplicate custom_id", chat("a") + "\n" + chat("b") + "\n" + chat("a"), 0, `line 3: custom_id "a" is also the custom_id of line 1`},
 		{"GET", `{"custom_id":"a","method":"GET","url":"/v1/completions","body":{"model":"tiny","prompt":"x"}}`, 0, `line 1: method must be "POST"`},
 		{"unknown url", `{"custom_id":"a","method":"POST","url":"/v1/images","body":{}}`, 0, `line 1: url: "/v1/images" is not an endpoint`},
-		{"embeddings", `{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{"model":"tiny","input":"x"}}`, 0, "line 1: /v1/embeddings is not supported yet"},
+		{"embeddings", `{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{"model":"tiny","input":"x"}}` + "\n" +
+			`{"custom_id":"b","method":"POST","url":"/v1/embeddings","body":{"model":"tiny","input":["x","y"],"encoding_format":"base64"}}`, 2, ""},
+		{"bad embeddings body", `{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{"model":"tiny","input":"x"}}` + "\n" +
+			`{"custom_id":"b","method":"POST","url":"/v1/embeddings","body":{"model":"tiny","input":[1,2]}}`, 0, "line 2: body.input: token arrays"},
+		{"embeddings without input", `{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{"model":"tiny"}}`, 0, "line 1: body.input"},
 		{"two endpoints", chat("a") + "\n" + comp, 0, "line 2: url /v1/completions differs from line 1's /v1/chat/completions"},
 		{"body not an object", `{"custom_id":"a","method":"POST","url":"/v1/completions","body":"x"}`, 0, "line 1: body must be a JSON object"},
 		{"bad body field", chat("a") + "\n" + `{"custom_id":"b","method":"POST","url":"/v1/chat/completions","body":{"model":"tiny","messages":[{"role":"user","content":"x"}],"temperature":"hot"}}`,

@@ -22,6 +22,7 @@ import (
 	"github.com/openai/openai-go/option"
 
 	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
 // batchFile is a JSONL batch input of n chat requests of maxTokens each,
@@ -118,8 +119,8 @@ func (c *cluster) waitBatch(t *testing.T, id string) *oai.Batch {
 // A batch of 100 chat requests, uploaded, created, polled and downloaded
 // with the official client, completes with one result line a request,
 // each custom_id once; the files and batches are listed; a malformed
-// line is refused at upload with its line number; embeddings are refused
-// with a 400 that says why.
+// line is refused at upload with its line number; a batch whose endpoint
+// is not its lines' url is refused with a 400 that says why.
 func TestProcessBatchCompletes(t *testing.T) {
 	c := startCluster(t, []string{"--max-workers", "2"})
 	ctx := t.Context()
@@ -187,11 +188,12 @@ func TestProcessBatchCompletes(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || !strings.Contains(apiErr.Message, "line 3: body.messages") {
 		t.Fatalf("malformed upload: %v", err)
 	}
-	// Embeddings: refused with why.
+	// Chat lines under the embeddings endpoint: refused with why.
 	_, err = c.client.Batches.New(ctx, oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1Embeddings,
 		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || !strings.Contains(apiErr.Message, "do not serve embeddings") {
-		t.Fatalf("embeddings batch: %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest ||
+		!strings.Contains(apiErr.Message, "but the batch's endpoint is /v1/embeddings") {
+		t.Fatalf("chat lines in an embeddings batch: %v", err)
 	}
 	// A deleted file is gone.
 	if d, err := c.client.Files.Delete(ctx, f.ID); err != nil || !d.Deleted {
@@ -199,6 +201,41 @@ func TestProcessBatchCompletes(t *testing.T) {
 	}
 	if _, err := c.client.Files.Get(ctx, f.ID); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("deleted file: %v", err)
+	}
+}
+
+// A batch of embeddings requests, with the official client, completes
+// with one result line a request, each the embeddings answer: one vector
+// of the model's dimension a request.
+func TestProcessBatchEmbeddings(t *testing.T) {
+	const dim = 96 // not testmodel's default: the vectors are the model's
+	c := startClusterWith(t, clusterOptions{model: testmodel.Options{Dim: dim}}, nil)
+	const n = 4
+	var in strings.Builder
+	for i := range n {
+		fmt.Fprintf(&in, `{"custom_id":"req-%d","method":"POST","url":"/v1/embeddings","body":{"model":"tiny","input":"The bees of hive %d"}}`+"\n", i, i)
+	}
+	f, err := upload(t, c.client, in.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1Embeddings,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = c.waitBatch(t, b.ID)
+	if b.Status != oai.BatchStatusCompleted || b.RequestCounts.Completed != n || b.RequestCounts.Failed != 0 || b.ErrorFileID != "" {
+		t.Fatalf("ended batch: status %s, counts %+v, errors %+v", b.Status, b.RequestCounts, b.Errors)
+	}
+	out := results(t, c.client, b.OutputFileID)
+	onceEach(t, n, out)
+	for _, l := range out {
+		var body oai.CreateEmbeddingResponse
+		if l.Response == nil || l.Response.StatusCode != http.StatusOK || json.Unmarshal(l.Response.Body, &body) != nil ||
+			len(body.Data) != 1 || len(body.Data[0].Embedding) != dim || body.Usage.PromptTokens == 0 {
+			t.Fatalf("result line of %s: %+v", l.CustomID, l)
+		}
 	}
 }
 

@@ -32,13 +32,13 @@ func (e *AttemptError) Error() string {
 func (e *AttemptError) Unwrap() error { return e.Err }
 
 // Serve sends one request of a batch job (body as the batch's file has
-// it, to path /v1/completions or /v1/chat/completions) through the same
-// routing as an interactive request (the same checks, leases, relay,
-// strikes), at lower priority: it waits in its target's batch queue,
-// which the router serves only when no interactive request waits, so it
-// only ever takes a slot nothing else wants. While it waits it is
-// demand: the controller may place workers for it, within the model's
-// max workers, as for any waiting request. It never starts a worker
+// it, to path /v1/completions, /v1/chat/completions or /v1/embeddings)
+// through the same routing as an interactive request (the same checks,
+// leases, relay, strikes), at lower priority: it waits in its target's
+// batch queue, which the router serves only when no interactive request
+// waits, so it only ever takes a slot nothing else wants. While it waits
+// it is demand: the controller may place workers for it, within the
+// model's max workers, as for any waiting request. It never starts a worker
 // itself and tries one worker: a worker that fails is an
 // *AttemptError, and the caller decides whether to try again.
 //
@@ -62,8 +62,12 @@ func (s *Service) Serve(ctx context.Context, path string, body []byte) (Answer, 
 		var req openai.ChatCompletionRequest
 		req, err = openai.DecodeChatCompletionRequest(body, openai.Limits{})
 		model = req.Model
+	case "/v1/embeddings":
+		var req openai.EmbeddingRequest
+		req, err = openai.DecodeEmbeddingRequest(body)
+		model = req.Model
 	default:
-		return Answer{}, openai.Invalid("url", "%s is not an endpoint workers serve (/v1/chat/completions, /v1/completions)", path)
+		return Answer{}, openai.Invalid("url", "%s is not an endpoint a batch runs (/v1/chat/completions, /v1/completions, /v1/embeddings)", path)
 	}
 	if err != nil {
 		return Answer{}, err
