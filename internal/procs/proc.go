@@ -79,7 +79,8 @@ func (id Identity) Alive() bool {
 	return err == nil && s.Alive() && s.StartTicks == id.StartTicks
 }
 
-// GroupMembers lists the living processes whose process group is pgid.
+// GroupMembers lists the living processes whose process group is pgid
+// (a zombie whose other threads still exit counts: it holds its files).
 func GroupMembers(pgid int) ([]int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -92,14 +93,25 @@ func GroupMembers(pgid int) ([]int, error) {
 			continue
 		}
 		s, err := ReadStat(pid)
-		if err != nil || !s.Alive() {
+		if err != nil || s.PGID != pgid {
 			continue
 		}
-		if s.PGID == pgid {
+		// A zombie leader whose other threads are still exiting holds the
+		// process's files (its listening socket) until the last is gone.
+		if s.Alive() || tasks(pid) > 1 {
 			pids = append(pids, pid)
 		}
 	}
 	return pids, nil
+}
+
+// tasks is how many threads pid still has (0 when it is gone).
+func tasks(pid int) int {
+	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		return 0
+	}
+	return len(ents)
 }
 
 // KillSurvivors sends SIGKILL to the process id names and to every member
