@@ -72,7 +72,7 @@ func (t *Tx) PutBatchFile(f BatchFile) error {
 	return nil
 }
 
-func scanBatchFile(sc interface{ Scan(...any) error }) (BatchFile, error) {
+func scanBatchFile(sc scanner) (BatchFile, error) {
 	var f BatchFile
 	var created int64
 	var expires sql.NullInt64
@@ -106,20 +106,7 @@ func (t *Tx) BatchFiles(purpose, after string, limit int) ([]BatchFile, error) {
 		q += " AND (created_at, id) < (SELECT created_at, id FROM batch_files WHERE id = ?)"
 		args = append(args, after)
 	}
-	rows, err := t.query(q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
-	if err != nil {
-		return nil, fmt.Errorf("store: list files: %w", err)
-	}
-	defer rows.Close()
-	var out []BatchFile
-	for rows.Next() {
-		f, err := scanBatchFile(rows)
-		if err != nil {
-			return nil, fmt.Errorf("store: list files: %w", err)
-		}
-		out = append(out, f)
-	}
-	return out, rows.Err()
+	return queryAll(t, "list files", scanBatchFile, q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
 }
 
 // DeleteBatchFile removes a file row; ErrNotFound when there is none.
@@ -137,20 +124,8 @@ func (t *Tx) DeleteBatchFile(id string) error {
 // ExpiredBatchFiles returns the ids of at most limit files whose
 // expires_at is before.
 func (t *Tx) ExpiredBatchFiles(before time.Time, limit int) ([]string, error) {
-	rows, err := t.query("SELECT id FROM batch_files WHERE expires_at IS NOT NULL AND expires_at < ? ORDER BY expires_at LIMIT ?", micros(before), limit)
-	if err != nil {
-		return nil, fmt.Errorf("store: read expired files: %w", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
+	return queryAll(t, "read expired files", scanID,
+		"SELECT id FROM batch_files WHERE expires_at IS NOT NULL AND expires_at < ? ORDER BY expires_at LIMIT ?", micros(before), limit)
 }
 
 const batchCols = `id, endpoint, input_file_id, completion_window, status, output_file_id, error_file_id, failure, metadata, total,
@@ -201,7 +176,7 @@ func (t *Tx) UpdateBatch(b Batch, from string) error {
 	return nil
 }
 
-func scanBatch(sc interface{ Scan(...any) error }) (Batch, error) {
+func scanBatch(sc scanner) (Batch, error) {
 	var b Batch
 	var meta string
 	var created, expires int64
@@ -246,20 +221,7 @@ func (t *Tx) Batches(after string, limit int, statuses ...string) ([]Batch, erro
 			args = append(args, s)
 		}
 	}
-	rows, err := t.query(q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
-	if err != nil {
-		return nil, fmt.Errorf("store: list batches: %w", err)
-	}
-	defer rows.Close()
-	var out []Batch
-	for rows.Next() {
-		b, err := scanBatch(rows)
-		if err != nil {
-			return nil, fmt.Errorf("store: list batches: %w", err)
-		}
-		out = append(out, b)
-	}
-	return out, rows.Err()
+	return queryAll(t, "list batches", scanBatch, q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
 }
 
 func repeat(s string, n int) string {
@@ -299,7 +261,7 @@ func (t *Tx) PutBatchJobs(jobs []BatchJob) error {
 	return nil
 }
 
-func scanBatchJob(sc interface{ Scan(...any) error }) (BatchJob, error) {
+func scanBatchJob(sc scanner) (BatchJob, error) {
 	var j BatchJob
 	var updated int64
 	err := sc.Scan(&j.BatchID, &j.Line, &j.CustomID, &j.ModelRef, &j.Body, &j.State, &j.Attempts, &j.LifecycleID, &j.Result, &updated)
@@ -308,20 +270,7 @@ func scanBatchJob(sc interface{ Scan(...any) error }) (BatchJob, error) {
 }
 
 func (t *Tx) batchJobs(q string, args ...any) ([]BatchJob, error) {
-	rows, err := t.query("SELECT "+batchJobCols+" FROM batch_jobs "+q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("store: read jobs: %w", err)
-	}
-	defer rows.Close()
-	var out []BatchJob
-	for rows.Next() {
-		j, err := scanBatchJob(rows)
-		if err != nil {
-			return nil, fmt.Errorf("store: read jobs: %w", err)
-		}
-		out = append(out, j)
-	}
-	return out, rows.Err()
+	return queryAll(t, "read jobs", scanBatchJob, "SELECT "+batchJobCols+" FROM batch_jobs "+q, args...)
 }
 
 // BatchJobs reads a batch's jobs from line after+1 on, in line order, at
@@ -355,22 +304,10 @@ func (t *Tx) ClaimBatchJobs(from, to string, limit int, now time.Time, skip ...s
 			args = append(args, s)
 		}
 	}
-	rows, err := t.query(`UPDATE batch_jobs SET state = ?, attempts = attempts + 1, updated_at = ?
+	out, err := queryAll(t, "claim jobs", scanBatchJob, `UPDATE batch_jobs SET state = ?, attempts = attempts + 1, updated_at = ?
 		WHERE (batch_id, line) IN (`+sub+` ORDER BY batch_id, line LIMIT ?) RETURNING `+batchJobCols, append(args, limit)...)
 	if err != nil {
-		return nil, fmt.Errorf("store: claim jobs: %w", err)
-	}
-	defer rows.Close()
-	var out []BatchJob
-	for rows.Next() {
-		j, err := scanBatchJob(rows)
-		if err != nil {
-			return nil, fmt.Errorf("store: claim jobs: %w", err)
-		}
-		out = append(out, j)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: claim jobs: %w", err)
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b BatchJob) int {
 		return cmp.Or(strings.Compare(a.BatchID, b.BatchID), cmp.Compare(a.Line, b.Line))
@@ -422,21 +359,9 @@ func (t *Tx) BatchesCreatedBefore(before time.Time, limit int, statuses ...strin
 	for _, s := range statuses {
 		args = append(args, s)
 	}
-	rows, err := t.query("SELECT id FROM batches WHERE created_at < ? AND status IN (?"+repeat(", ?", len(statuses)-1)+") ORDER BY created_at LIMIT ?",
+	return queryAll(t, "read old batches", scanID,
+		"SELECT id FROM batches WHERE created_at < ? AND status IN (?"+repeat(", ?", len(statuses)-1)+") ORDER BY created_at LIMIT ?",
 		append(args, limit)...)
-	if err != nil {
-		return nil, fmt.Errorf("store: read old batches: %w", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
 }
 
 // BatchJobsOf reads the jobs of a batch in state, in line order, at most
@@ -492,3 +417,31 @@ func (t *Tx) BatchJobCounts(batchID string) (map[string]int, error) {
 	}
 	return out, rows.Err()
 }
+
+// scanner is a row to scan: *sql.Row or *sql.Rows.
+type scanner interface{ Scan(...any) error }
+
+// queryAll runs q and scans every row with scan; an error says what it
+// was doing (what).
+func queryAll[T any](t *Tx, what string, scan func(scanner) (T, error), q string, args ...any) ([]T, error) {
+	rows, err := t.query(q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: %s: %w", what, err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: %s: %w", what, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: %s: %w", what, err)
+	}
+	return out, nil
+}
+
+// scanID scans a row of one text column.
+func scanID(sc scanner) (id string, err error) { return id, sc.Scan(&id) }
