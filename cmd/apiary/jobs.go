@@ -143,16 +143,21 @@ func newJobsShowCmd(a *adminFlags) *cobra.Command {
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b, err := a.jobs().Get(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if a.asJSON {
-				return printJSON(cmd.OutOrStdout(), b)
-			}
-			printBatch(cmd.OutOrStdout(), b)
-			return nil
+			return a.showBatch(cmd, b, err)
 		},
 	}
+}
+
+// showBatch prints the batch a command got (JSON with --json), or err.
+func (a *adminFlags) showBatch(cmd *cobra.Command, b batch.BatchObject, err error) error {
+	if err != nil {
+		return err
+	}
+	if a.asJSON {
+		return printJSON(cmd.OutOrStdout(), b)
+	}
+	printBatch(cmd.OutOrStdout(), b)
+	return nil
 }
 
 // printBatch writes a batch as `apiary jobs show` shows it.
@@ -185,14 +190,7 @@ func newJobsCancelCmd(a *adminFlags) *cobra.Command {
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b, err := a.jobs().Cancel(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if a.asJSON {
-				return printJSON(cmd.OutOrStdout(), b)
-			}
-			printBatch(cmd.OutOrStdout(), b)
-			return nil
+			return a.showBatch(cmd, b, err)
 		},
 	}
 }
