@@ -23,6 +23,7 @@ type callProgress struct {
 	index    int  // the call being read
 	named    bool // its name was sent
 	sentArgs int  // bytes of its arguments sent
+	args     jsonCompactor
 	inArray  bool // Mistral: inside the calls' array
 	done     bool // what follows is no call
 	sent     int  // calls sent whole
@@ -92,7 +93,9 @@ func (sp *Splitter) progress() []Piece {
 		}
 		if cp.named && r.argsStart >= 0 && !r.argsString {
 			if frag := sp.tail[start+r.argsStart+cp.sentArgs : start+r.argsEnd]; frag != "" {
-				out = append(out, Piece{Call: true, Index: cp.index, Args: frag})
+				if c := cp.args.compact(frag); c != "" {
+					out = append(out, Piece{Call: true, Index: cp.index, Args: c})
+				}
 				cp.sentArgs += len(frag)
 			}
 		}
@@ -114,9 +117,40 @@ func (sp *Splitter) progress() []Piece {
 		cp.pos = start + r.objEnd
 		cp.index++
 		cp.sent++
-		cp.named, cp.sentArgs = false, 0
+		cp.named, cp.sentArgs, cp.args = false, 0, jsonCompactor{}
 	}
 	return out
+}
+
+// jsonCompactor drops the spaces outside strings from JSON text that
+// arrives in fragments, as json.Compact does for whole text: streamed
+// arguments then add up to what the whole answer carries.
+type jsonCompactor struct {
+	inString, escaped bool
+}
+
+func (c *jsonCompactor) compact(frag string) string {
+	var b strings.Builder
+	for i := 0; i < len(frag); i++ {
+		ch := frag[i]
+		switch {
+		case c.inString:
+			switch {
+			case c.escaped:
+				c.escaped = false
+			case ch == '\\':
+				c.escaped = true
+			case ch == '"':
+				c.inString = false
+			}
+		case ch == '"':
+			c.inString = true
+		case ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r':
+			continue
+		}
+		b.WriteByte(ch)
+	}
+	return b.String()
 }
 
 type scanState int

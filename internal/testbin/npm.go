@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -49,7 +50,9 @@ func npmInstall(pkg, version string) (string, error) {
 		return "", err
 	}
 	root := filepath.Join(cache, "apiary", "npm")
-	dir := filepath.Join(root, pkg+"-"+version)
+	// A scoped package (@scope/name) gets one directory, @scope+name-version.
+	name := strings.ReplaceAll(pkg, "/", "+") + "-" + version
+	dir := filepath.Join(root, name)
 	if got, err := installedVersion(dir, pkg); err == nil && got == version {
 		return dir, nil
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -64,7 +67,7 @@ func npmInstall(pkg, version string) (string, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", err
 	}
-	tmp, err := os.MkdirTemp(root, pkg+"-"+version+".partial-")
+	tmp, err := os.MkdirTemp(root, name+".partial-")
 	if err != nil {
 		return "", err
 	}

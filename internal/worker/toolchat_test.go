@@ -70,7 +70,7 @@ func TestAutoToolCallsFromTheModelsText(t *testing.T) {
 			finish = *c.Choices[0].FinishReason
 		}
 	}
-	if content.String() != "Sure. " || len(names) != 1 || names[0] != "get_weather" || args.String() != `{"city": "Oslo"}` || finish != "tool_calls" {
+	if content.String() != "Sure. " || len(names) != 1 || names[0] != "get_weather" || args.String() != `{"city":"Oslo"}` || finish != "tool_calls" {
 		t.Errorf("streamed content %q, names %v, arguments %q, finish %q", content.String(), names, args.String(), finish)
 	}
 }
