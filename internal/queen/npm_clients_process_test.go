@@ -26,9 +26,9 @@ const npmAnthropicVersion = "1.10.0"
 
 // npmSurfaceRun is what testdata/npm-clients-surface.mjs prints.
 type npmSurfaceRun struct {
-	OpenAIVersion    string `json:"openai_version"`
-	AnthropicVersion string `json:"anthropic_version"`
-	NodeVersion      string `json:"node_version"`
+	OpenAIVersion    string                           `json:"openai_version"`
+	AnthropicVersion string                           `json:"anthropic_version"`
+	NodeVersion      string                           `json:"node_version"`
 	JSONSchema       struct{ Content, Finish string } `json:"json_schema"`
 	ToolCall         npmToolAnswer                    `json:"tool_call"`
 	ToolCallStreamed struct {
