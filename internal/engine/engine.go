@@ -141,6 +141,18 @@ type Result struct {
 // Generate.
 type Emit func(Token) error
 
+// EmitChoice receives each token of choice i as soon as it is sampled,
+// as Emit does for one generation.
+type EmitChoice func(choice int, t Token) error
+
+// Choices is implemented by an engine that runs several choices of one
+// request at once: it decodes the prompt once and copies it to the
+// others. Choice i samples with req.Seed+i. n counts as n of the
+// engine's slots.
+type Choices interface {
+	GenerateChoices(ctx context.Context, req Request, n int, emit EmitChoice) ([]Result, error)
+}
+
 // Engine is a loaded model able to run up to Options.Slots generations at once.
 type Engine interface {
 	Info() ModelInfo

@@ -44,10 +44,12 @@ type sequence struct {
 	finished bool           // guarded by mu
 	result   engine.Result  // guarded by mu; final once finished
 	err      error          // guarded by mu; final once finished
-	notify   chan struct{}  // capacity 1: "look at pending/finished"
+	notify   chan struct{}  // capacity 1, shared by a request's choices: "look at pending/finished"
 
 	// --- owned by the decode loop ---
-	seq       int // llama.cpp sequence id (= slot)
+	choice    int       // its index among its request's choices
+	follow    *sequence // the choice decoding the shared prompt, until this one gets a copy of it
+	seq       int       // llama.cpp sequence id (= slot)
 	sampler   *C.struct_llama_sampler
 	promptPos int // prompt tokens already decoded
 	nPast     int // tokens in the KV cache for this sequence
@@ -98,68 +100,123 @@ func (e *Engine) Check(req engine.Request) error {
 // Generate runs one sequence. Tokens reach emit on the caller's goroutine as
 // soon as the decode loop samples them; the loop never waits for emit.
 func (e *Engine) Generate(ctx context.Context, req engine.Request, emit engine.Emit) (engine.Result, error) {
-	if len(req.Prompt) == 0 {
-		return engine.Result{}, errors.New("llamacpp: empty prompt")
-	}
-	if len(req.Prompt) >= e.nCtxSeq {
-		return engine.Result{}, fmt.Errorf("%w: %d prompt tokens, context holds %d", engine.ErrPromptTooLong, len(req.Prompt), e.nCtxSeq)
-	}
-	if req.MaxTokens <= 0 {
-		return engine.Result{}, errors.New("llamacpp: max tokens must be positive")
-	}
-	sampler, err := e.newSampler(req)
-	if err != nil {
+	res, err := e.GenerateChoices(ctx, req, 1, func(_ int, t engine.Token) error { return emit(t) })
+	if len(res) == 0 {
 		return engine.Result{}, err
 	}
-	s := &sequence{ctx: ctx, req: req, sampler: sampler, notify: make(chan struct{}, 1), submitted: time.Now()}
+	return res[0], err
+}
+
+// GenerateChoices runs n sequences of one prompt at once: the first
+// decodes the prompt and the others get a copy of its KV cache in the
+// step the prompt ends, so the prompt is decoded once. Choice i samples
+// with req.Seed+i. Tokens reach emit on the caller's goroutine; an emit
+// error other than ErrStop ends every choice.
+func (e *Engine) GenerateChoices(ctx context.Context, req engine.Request, n int, emit engine.EmitChoice) ([]engine.Result, error) {
+	if len(req.Prompt) == 0 {
+		return nil, errors.New("llamacpp: empty prompt")
+	}
+	if len(req.Prompt) >= e.nCtxSeq {
+		return nil, fmt.Errorf("%w: %d prompt tokens, context holds %d", engine.ErrPromptTooLong, len(req.Prompt), e.nCtxSeq)
+	}
+	if req.MaxTokens <= 0 {
+		return nil, errors.New("llamacpp: max tokens must be positive")
+	}
+	if n < 1 || n > e.slots {
+		return nil, fmt.Errorf("llamacpp: %d choices at once, the engine has %d slots", n, e.slots)
+	}
+	notify := make(chan struct{}, 1)
+	seqs := make([]*sequence, n)
+	freeAll := func() {
+		for _, s := range seqs {
+			if s != nil {
+				C.llama_sampler_free(s.sampler)
+			}
+		}
+	}
+	for i := range seqs {
+		ri := req
+		ri.Seed += uint32(i)
+		sampler, err := e.newSampler(ri)
+		if err != nil {
+			freeAll()
+			return nil, err
+		}
+		seqs[i] = &sequence{ctx: ctx, req: ri, sampler: sampler, notify: notify, choice: i, submitted: time.Now()}
+		if i > 0 {
+			seqs[i].follow = seqs[0]
+		}
+	}
 	if e.debug {
-		defer context.AfterFunc(ctx, func() { s.cancelAt.Store(time.Now().UnixNano()) })()
+		defer context.AfterFunc(ctx, func() {
+			for _, s := range seqs {
+				s.cancelAt.Store(time.Now().UnixNano())
+			}
+		})()
 	}
 	select {
-	case e.submit <- s:
+	case e.submit <- seqs:
 	case <-ctx.Done():
-		C.llama_sampler_free(sampler)
-		return engine.Result{}, ctx.Err()
+		freeAll()
+		return nil, ctx.Err()
 	case <-e.quit:
-		C.llama_sampler_free(sampler)
-		return engine.Result{}, engine.ErrClosed
+		freeAll()
+		return nil, engine.ErrClosed
 	}
 	var (
 		batch   []engine.Token
-		stopped bool
+		stopped = make([]bool, n)
+		ended   = make([]bool, n)
+		left    = n
 		emitErr error
 	)
-	for {
-		<-s.notify
-		s.mu.Lock()
-		batch, s.pending = s.pending, batch[:0]
-		finished, res, err := s.finished, s.result, s.err
-		s.mu.Unlock()
-		for _, t := range batch {
-			if stopped || emitErr != nil {
-				break
+	for left > 0 {
+		<-notify
+		for i, s := range seqs {
+			if ended[i] {
+				continue
 			}
-			if err := emit(t); err != nil {
-				if errors.Is(err, engine.ErrStop) {
-					stopped = true
-				} else {
-					emitErr = err
+			s.mu.Lock()
+			batch, s.pending = s.pending, batch[:0]
+			finished := s.finished
+			s.mu.Unlock()
+			for _, t := range batch {
+				if stopped[i] || emitErr != nil {
+					break
 				}
-				s.cancelled.Store(true)
+				if err := emit(i, t); err != nil {
+					if errors.Is(err, engine.ErrStop) {
+						stopped[i] = true
+						s.cancelled.Store(true)
+					} else {
+						emitErr = err
+						for _, o := range seqs {
+							o.cancelled.Store(true)
+						}
+					}
+				}
+			}
+			if finished {
+				ended[i] = true
+				left--
 			}
 		}
-		if !finished {
-			continue
-		}
-		switch {
-		case emitErr != nil:
-			return res, emitErr
-		case stopped:
-			res.FinishReason = engine.FinishStop
-			return res, nil
-		}
-		return res, err
 	}
+	results := make([]engine.Result, n)
+	var firstErr error
+	for i, s := range seqs {
+		results[i] = s.result
+		switch {
+		case stopped[i]:
+			results[i].FinishReason = engine.FinishStop
+		case s.err != nil && firstErr == nil:
+			firstErr = s.err
+		}
+	}
+	if emitErr != nil {
+		return results, emitErr
+	}
+	return results, firstErr
 }
 
 // run is the decode loop: it owns the llama.cpp context for the engine's
@@ -179,6 +236,11 @@ func (e *Engine) run() {
 
 	release := func(s *sequence, res engine.Result, err error) {
 		C.llama_memory_seq_rm(mem, C.llama_seq_id(s.seq), -1, -1)
+		for _, f := range active {
+			if f != nil && f.follow == s {
+				f.follow = nil // decodes the prompt itself
+			}
+		}
 		if s.sampler != nil {
 			C.llama_sampler_free(s.sampler)
 		}
@@ -190,22 +252,38 @@ func (e *Engine) run() {
 		res.CompletionTokens = s.generated
 		s.finish(res, err)
 	}
+	// waiting is a request's choices that came when fewer slots were
+	// free than it has choices; nothing else is taken before it.
+	var waiting []*sequence
 	defer func() {
 		for _, s := range active {
 			if s != nil {
 				release(s, engine.Result{}, engine.ErrClosed)
 			}
 		}
+		for _, s := range waiting {
+			C.llama_sampler_free(s.sampler)
+			s.finish(engine.Result{}, engine.ErrClosed)
+		}
 	}()
-	admit := func(s *sequence) {
-		for i, a := range active {
-			if a == nil {
-				s.seq = i
-				s.taken = time.Now()
-				active[i] = s
-				return
+	free := e.slots
+	admit := func(u []*sequence) bool {
+		if len(u) > free {
+			waiting = u
+			return false
+		}
+		for _, s := range u {
+			for i, a := range active {
+				if a == nil {
+					s.seq = i
+					s.taken = time.Now()
+					active[i] = s
+					break
+				}
 			}
 		}
+		free -= len(u)
+		return true
 	}
 	for {
 		// Drop sequences whose caller went away or asked to stop, before
@@ -225,20 +303,24 @@ func (e *Engine) run() {
 				n++
 			}
 		}
-		if n == 0 {
+		free = e.slots - n
+		if waiting != nil && len(waiting) <= free {
+			u := waiting
+			waiting = nil
+			admit(u)
+		}
+		if free == e.slots && waiting == nil {
 			select {
-			case s := <-e.submit:
-				admit(s)
-				n++
+			case u := <-e.submit:
+				admit(u)
 			case <-e.quit:
 				return
 			}
 		}
-		for n < e.slots {
+		for free > 0 && waiting == nil {
 			select {
-			case s := <-e.submit:
-				admit(s)
-				n++
+			case u := <-e.submit:
+				admit(u)
 				continue
 			default:
 			}
@@ -273,7 +355,7 @@ func (e *Engine) run() {
 		for _, s := range active {
 			if s != nil && !s.req.Background {
 				fgActive = true
-				fgPrompt = fgPrompt || s.promptPos < len(s.req.Prompt)
+				fgPrompt = fgPrompt || (s.promptPos < len(s.req.Prompt) && s.follow == nil)
 			}
 		}
 		bgBudget := e.batchSize
@@ -284,7 +366,7 @@ func (e *Engine) run() {
 			bgBudget = backgroundChunk
 		}
 		for _, s := range active {
-			if s == nil || s.promptPos == len(s.req.Prompt) {
+			if s == nil || s.promptPos == len(s.req.Prompt) || s.follow != nil {
 				continue
 			}
 			for s.promptPos < len(s.req.Prompt) && int(batch.n_tokens) < e.batchSize && (!s.req.Background || bgBudget > 0) {
@@ -294,6 +376,7 @@ func (e *Engine) run() {
 				}
 				C.batch_put(&batch, C.llama_token(s.req.Prompt[s.promptPos]), C.llama_pos(s.nPast), C.llama_seq_id(s.seq), C.bool(last))
 				s.promptPos++
+				e.promptDecoded.Add(1)
 				s.nPast++
 				if s.req.Background {
 					bgBudget--
@@ -315,6 +398,17 @@ func (e *Engine) run() {
 			continue
 		}
 
+		// A choice following another's prompt gets a copy of its KV cache
+		// in the step that prompt ends, and samples from the same logits.
+		for _, s := range active {
+			if s == nil || s.follow == nil {
+				continue
+			}
+			if l := s.follow; l.promptPos == len(l.req.Prompt) && l.outIdx >= 0 && l.generated == 0 {
+				C.llama_memory_seq_cp(mem, C.llama_seq_id(l.seq), C.llama_seq_id(s.seq), -1, -1)
+				s.promptPos, s.nPast, s.outIdx, s.follow = l.promptPos, l.nPast, l.outIdx, nil
+			}
+		}
 		for _, s := range active {
 			if s == nil || s.outIdx < 0 {
 				continue

@@ -63,6 +63,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/apiary-llm/apiary/internal/engine"
@@ -95,10 +96,12 @@ type Engine struct {
 	emb    *C.struct_llama_context // guarded by embMu; the embeddings context, made on first use
 	embOff bool                    // guarded by embMu; set once the engine is freed
 
-	submit    chan *sequence
-	quit      chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
+	submit chan []*sequence // the choices of one request, admitted together
+
+	promptDecoded atomic.Int64 // prompt tokens decoded, for tests
+	quit          chan struct{}
+	done          chan struct{}
+	closeOnce     sync.Once
 }
 
 var _ engine.Engine = (*Engine)(nil)
@@ -204,7 +207,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 		batchSize: opts.BatchSize,
 		threads:   opts.Threads,
 		nCtxSeq:   int(C.llama_n_ctx_seq(lctx)),
-		submit:    make(chan *sequence),
+		submit:    make(chan []*sequence),
 		quit:      make(chan struct{}),
 		done:      make(chan struct{}),
 	}

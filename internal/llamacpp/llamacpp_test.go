@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -348,5 +349,106 @@ func TestLoadRejectsMissingAndNonGGUFFiles(t *testing.T) {
 		if _, err := llamacpp.Load(context.Background(), engine.Options{ModelPath: path, GPUDevice: -1}, nil); err == nil {
 			t.Errorf("Load(%s) succeeded, want an error", path)
 		}
+	}
+}
+
+// choices runs n choices of req at once and returns each one's token ids.
+func choices(t *testing.T, e *llamacpp.Engine, req engine.Request, n int, emit func(i int, ids []int) error) ([][]int, []engine.Result) {
+	t.Helper()
+	ids := make([][]int, n)
+	res, err := e.GenerateChoices(t.Context(), req, n, func(i int, tok engine.Token) error {
+		ids[i] = append(ids[i], tok.ID)
+		if emit != nil {
+			return emit(i, ids[i])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("GenerateChoices: %v", err)
+	}
+	return ids, res
+}
+
+// Several choices of one request decode the prompt once and each
+// generates what a request of its own with its seed generates.
+func TestChoicesShareThePromptAndMatchSeparateRuns(t *testing.T) {
+	e := load(t, 3)
+	p := prompt(t, e, strings.Repeat("a much longer prompt about hives and queens ", 3))
+	req := engine.Request{Prompt: p, MaxTokens: 20, IgnoreEOS: true, Temperature: 1, TopK: 40, Seed: 7}
+	want := make([][]int, 3)
+	for i := range want {
+		ri := req
+		ri.Seed += uint32(i)
+		want[i], _ = collect(t, e, ri)
+	}
+	before := e.PromptTokensDecoded()
+	got, res := choices(t, e, req, 3, nil)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("choices differ from separate runs with their seeds (-want +got):\n%s", diff)
+	}
+	if decoded := e.PromptTokensDecoded() - before; decoded != int64(len(p)) {
+		t.Errorf("three choices decoded %d prompt tokens, want the prompt's %d once", decoded, len(p))
+	}
+	for i, r := range res {
+		if r.CompletionTokens != 20 || r.PromptTokens != len(p) || r.FinishReason != engine.FinishLength {
+			t.Errorf("choice %d: %+v", i, r)
+		}
+	}
+	if slices.Equal(got[0], got[1]) {
+		t.Errorf("choices 0 and 1 sampled the same tokens: their seeds differ")
+	}
+
+	// Greedy choices are the same, and the same as one greedy run.
+	greedy := engine.Request{Prompt: p, MaxTokens: 12, IgnoreEOS: true}
+	one, _ := collect(t, e, greedy)
+	two, _ := choices(t, e, greedy, 2, nil)
+	if !slices.Equal(two[0], one) || !slices.Equal(two[1], one) {
+		t.Errorf("greedy choices %v, want %v twice", two, one)
+	}
+}
+
+// A choice that stops ends alone; the others go on. More choices than
+// slots is an error; choices that find too few slots free wait for them.
+func TestChoicesStopAloneAndWaitForSlots(t *testing.T) {
+	e := load(t, 2)
+	p := prompt(t, e, "The bees")
+	req := engine.Request{Prompt: p, MaxTokens: 16, IgnoreEOS: true}
+	got, res := choices(t, e, req, 2, func(i int, ids []int) error {
+		if i == 1 && len(ids) == 3 {
+			return engine.ErrStop
+		}
+		return nil
+	})
+	if len(got[0]) != 16 || len(got[1]) != 3 || res[1].FinishReason != engine.FinishStop || res[0].FinishReason != engine.FinishLength {
+		t.Errorf("tokens %d and %d, results %+v; want 16 (length) and 3 (stop)", len(got[0]), len(got[1]), res)
+	}
+	if _, err := e.GenerateChoices(t.Context(), req, 3, func(int, engine.Token) error { return nil }); err == nil {
+		t.Errorf("three choices on two slots: no error")
+	}
+
+	// One slot busy with a long generation: two choices wait for both.
+	started := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 0
+		_, err := e.Generate(t.Context(), engine.Request{Prompt: p, MaxTokens: 64, IgnoreEOS: true}, func(engine.Token) error {
+			if n++; n == 1 {
+				close(started)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- n
+	}()
+	<-started
+	want, _ := collect(t, e, engine.Request{Prompt: p, MaxTokens: 16, IgnoreEOS: true})
+	two, _ := choices(t, e, req, 2, nil)
+	if !slices.Equal(two[0], want) || !slices.Equal(two[1], want) {
+		t.Errorf("choices after waiting for a slot: %v, want %v twice", two, want)
+	}
+	if n := <-done; n != 64 {
+		t.Errorf("the long generation beside them made %d tokens, want 64", n)
 	}
 }

@@ -113,6 +113,28 @@ func (w *Worker) admitFor(ctx context.Context, handOn bool) (release func(), err
 	}, nil
 }
 
+// takeFreeSlots takes up to n more slots for a request already admitted,
+// only those free now (it never waits, so requests that each want several
+// cannot hold each other up), and returns how many it took and the
+// function that gives them back.
+func (w *Worker) takeFreeSlots(n int) (int, func()) {
+	took := 0
+	for took < n {
+		select {
+		case w.slots <- struct{}{}:
+			took++
+			continue
+		default:
+		}
+		break
+	}
+	return took, func() {
+		for range took {
+			<-w.slots
+		}
+	}
+}
+
 func (w *Worker) leaveQueue() {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -41,7 +41,7 @@ func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) 
 	}
 	f := chatFormat{id: openai.NewChatCompletionID(), created: time.Now().Unix(), model: w.cfg.ModelRef, logprobs: req.Logprobs}
 	if req.ToolChoice.Mode != "" && req.ToolChoice.Mode != openai.ToolChoiceNone {
-		f.tools = &toolStream{syn: syn}
+		f.tools = &toolStream{syn: syn, split: map[int]*chat.Splitter{}}
 	}
 	return w.serveGeneration(rw, r, eng, j, req.Sampling, f, "chat/completions")
 }
@@ -77,10 +77,11 @@ type chatFormat struct {
 	tools    *toolStream // nil unless the answer may call tools
 }
 
-// toolStream reads tool calls out of the choice being streamed.
+// toolStream reads tool calls out of the choices being streamed, one
+// splitter a choice (choices may stream at once).
 type toolStream struct {
 	syn   chat.Syntax
-	split *chat.Splitter
+	split map[int]*chat.Splitter
 }
 
 func (f chatFormat) chunk(choices []openai.ChatChunkChoice, u *openai.Usage) openai.ChatCompletionChunk {
@@ -90,7 +91,7 @@ func (f chatFormat) chunk(choices []openai.ChatChunkChoice, u *openai.Usage) ope
 
 func (f chatFormat) first(i int) any {
 	if f.tools != nil {
-		f.tools.split = chat.NewSplitter(f.tools.syn)
+		f.tools.split[i] = chat.NewSplitter(f.tools.syn)
 	}
 	empty := ""
 	return f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Role: openai.RoleAssistant, Content: &empty}}}, nil)
@@ -100,7 +101,7 @@ func (f chatFormat) delta(i int, text string, toks []engine.Token, _ int) any {
 	if f.tools == nil {
 		return f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &text}, Logprobs: f.logprobsOf(toks)}}, nil)
 	}
-	events := f.pieces(i, f.tools.split.Feed(text))
+	events := f.pieces(i, f.tools.split[i].Feed(text))
 	if len(events) == 0 && f.logprobs {
 		empty := ""
 		events = append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, Delta: openai.ChatDelta{Content: &empty}, Logprobs: f.logprobsOf(toks)}}, nil))
@@ -140,8 +141,8 @@ func (f chatFormat) last(i int, o outcome) any {
 	finish := o.FinishReason
 	var events []any
 	if f.tools != nil {
-		events = f.pieces(i, f.tools.split.Close())
-		if f.tools.split.Called() {
+		events = f.pieces(i, f.tools.split[i].Close())
+		if f.tools.split[i].Called() {
 			finish = openai.FinishToolCalls
 		}
 	}

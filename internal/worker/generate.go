@@ -34,7 +34,7 @@ var errClientGone = errors.New("worker: client went away")
 type job struct {
 	req     engine.Request
 	stops   []string
-	choices int // n: generations run one after another, seeds Seed, Seed+1, …
+	choices int // n: seeds Seed, Seed+1, …; at once on an engine.Choices with free slots, else one after another
 }
 
 // newJob tokenizes prompt and turns the request's sampling into an engine
@@ -124,45 +124,70 @@ type outcome struct {
 	stop string
 }
 
-// generate runs j and passes the text a client may see to out as soon as it
-// is certain (see textFilter), with the tokens sampled since the last call
-// (they carry the logprobs). A matched stop sequence ends the generation
-// with FinishStop.
-func generate(ctx context.Context, eng engine.Engine, j job, out func(string, []engine.Token) error) (outcome, error) {
-	f := newTextFilter(j.stops)
-	var toks []engine.Token
-	res, err := eng.Generate(ctx, j.req, func(t engine.Token) error {
+// generateChoices runs choices first … first+m-1 of j at once (m > 1 only
+// on an engine.Choices, which decodes their prompt once), each through its
+// own stop filter: out gets choice i's text as the filter lets it through,
+// with the tokens it came from. Choice i samples with the request's seed
+// + i.
+func generateChoices(ctx context.Context, eng engine.Engine, j job, first, m int, out func(i int, text string, toks []engine.Token) error) ([]outcome, error) {
+	filters := make([]*textFilter, m)
+	toks := make([][]engine.Token, m)
+	for k := range filters {
+		filters[k] = newTextFilter(j.stops)
+	}
+	emit := func(k int, t engine.Token) error {
+		f := filters[k]
 		text, stopped := f.push(t.Piece)
-		toks = append(toks, t)
+		toks[k] = append(toks[k], t)
 		if text != "" {
-			if err := out(text, toks); err != nil {
+			if err := out(first+k, text, toks[k]); err != nil {
 				return err
 			}
-			toks = toks[:0]
+			toks[k] = toks[k][:0]
 		}
 		if stopped {
 			return engine.ErrStop
 		}
 		return nil
-	})
-	if err != nil {
-		return outcome{Result: res}, err
 	}
-	if rest := f.flush(); rest != "" || (len(toks) > 0 && !f.stopped && j.req.Logprobs) {
-		if err := out(rest, toks); err != nil {
-			return outcome{Result: res}, err
+	req := j.req
+	req.Seed += uint32(first)
+	var (
+		results []engine.Result
+		err     error
+	)
+	if ce, ok := eng.(engine.Choices); ok && m > 1 {
+		results, err = ce.GenerateChoices(ctx, req, m, emit)
+	} else {
+		var res engine.Result
+		res, err = eng.Generate(ctx, req, func(t engine.Token) error { return emit(0, t) })
+		results = []engine.Result{res}
+	}
+	outs := make([]outcome, m)
+	for k := range outs {
+		if k < len(results) {
+			outs[k].Result = results[k]
 		}
 	}
-	if f.stopped {
-		res.FinishReason = engine.FinishStop
+	if err != nil {
+		return outs, err
 	}
-	if res.FinishReason == "" {
-		res.FinishReason = engine.FinishStop
+	for k := range outs {
+		f, res := filters[k], &outs[k].Result
+		if rest := f.flush(); rest != "" || (len(toks[k]) > 0 && !f.stopped && j.req.Logprobs) {
+			if err := out(first+k, rest, toks[k]); err != nil {
+				return outs, err
+			}
+		}
+		if f.stopped || res.FinishReason == "" {
+			res.FinishReason = engine.FinishStop
+		}
+		if res.PromptTokens == 0 {
+			res.PromptTokens = len(j.req.Prompt)
+		}
+		outs[k].stop = f.matched
 	}
-	if res.PromptTokens == 0 {
-		res.PromptTokens = len(j.req.Prompt)
-	}
-	return outcome{Result: res, stop: f.matched}, nil
+	return outs, nil
 }
 
 // choice is one finished choice of a non-streamed answer.
@@ -224,24 +249,33 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 	defer cancel(nil)
 	defer context.AfterFunc(w.hardCtx, func() { cancel(ErrShutdown) })()
 
+	// Choices run at once, their prompt decoded once, when the engine can
+	// and slots are free beside the one admitted; the rest after them.
+	wave := 1
+	if _, ok := eng.(engine.Choices); ok && j.choices > 1 {
+		n, free := w.takeFreeSlots(j.choices - 1)
+		defer free()
+		wave += n
+	}
 	start := time.Now()
 	var total engine.Result
-	run := func(i int, out func(string, []engine.Token) error) (outcome, error) {
-		ji := j
-		ji.req.Seed += uint32(i)
-		res, err := generate(ctx, eng, ji, out)
-		total.PromptTokens = res.PromptTokens
-		total.CompletionTokens += res.CompletionTokens
-		total.FinishReason = res.FinishReason
-		return res, err
+	run := func(first, m int, out func(int, string, []engine.Token) error) ([]outcome, error) {
+		outs, err := generateChoices(ctx, eng, j, first, m, out)
+		for _, o := range outs {
+			total.PromptTokens = o.PromptTokens
+			total.CompletionTokens += o.CompletionTokens
+			total.FinishReason = o.FinishReason
+		}
+		return outs, err
 	}
 	if !s.Stream {
 		choices := make([]choice, j.choices)
-		for i := range choices {
-			var text strings.Builder
-			keep := s.Logprobs
-			res, err := run(i, func(s string, toks []engine.Token) error {
-				text.WriteString(s)
+		texts := make([]strings.Builder, j.choices)
+		keep := s.Logprobs
+		for first := 0; first < j.choices; first += wave {
+			m := min(wave, j.choices-first)
+			outs, err := run(first, m, func(i int, s string, toks []engine.Token) error {
+				texts[i].WriteString(s)
 				if keep {
 					choices[i].toks = append(choices[i].toks, toks...)
 				}
@@ -250,7 +284,10 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			if err != nil {
 				return w.generationError(ctx, err)
 			}
-			choices[i].text, choices[i].finish, choices[i].stop = text.String(), res.FinishReason, res.stop
+			for k, o := range outs {
+				c := &choices[first+k]
+				c.text, c.finish, c.stop = texts[first+k].String(), o.FinishReason, o.stop
+			}
 		}
 		openai.WriteJSON(rw, http.StatusOK, f.whole(choices, usageOf(total)))
 	} else {
@@ -278,24 +315,27 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			return nil
 		}
 		err = sse.Start()
-		for i := 0; err == nil && i < j.choices; i++ {
-			err = send(f.first(i))
-			var res outcome
-			offset := 0
+		offsets := make([]int, j.choices)
+		for first := 0; err == nil && first < j.choices; first += wave {
+			m := min(wave, j.choices-first)
+			for i := first; err == nil && i < first+m; i++ {
+				err = send(f.first(i))
+			}
+			var outs []outcome
 			if err == nil {
-				res, err = run(i, func(s string, toks []engine.Token) error {
-					ev := f.delta(i, s, toks, offset)
+				outs, err = run(first, m, func(i int, s string, toks []engine.Token) error {
+					ev := f.delta(i, s, toks, offsets[i])
 					if tl != nil && tl.firstEvent.IsZero() {
 						tl.firstTokens = len(toks)
 					}
 					for _, t := range toks {
-						offset += len(t.Piece)
+						offsets[i] += len(t.Piece)
 					}
 					return send(ev)
 				})
 			}
-			if err == nil {
-				err = send(f.last(i, res))
+			for k := 0; err == nil && k < m; k++ {
+				err = send(f.last(first+k, outs[k]))
 			}
 		}
 		if err == nil && s.IncludeUsage() {

@@ -394,16 +394,33 @@ func checkSamplingLogprobsAndChoices(t *testing.T, client oai.Client) {
 		if len(texts) < 2 {
 			t.Errorf("3 sampled choices were all %q", c.Choices[0].Message.Content)
 		}
+		// Choice i is what a request of its own with seed 7+i gets, whether
+		// it ran beside others (their prompt decoded once) or after them.
+		for i, ch := range c.Choices {
+			one := params
+			one.N, one.Seed = oai.Int(1), oai.Int(7+int64(i))
+			alone, err := client.Chat.Completions.New(ctx, one, ignoreEOS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if alone.Choices[0].Message.Content != ch.Message.Content {
+				t.Errorf("choice %d %q, alone with seed %d %q", i, ch.Message.Content, 7+i, alone.Choices[0].Message.Content)
+			}
+		}
 
 		params.StreamOptions = oai.ChatCompletionStreamOptionsParam{IncludeUsage: oai.Bool(true)}
 		stream := client.Chat.Completions.NewStreaming(ctx, params, ignoreEOS)
 		got := make([]strings.Builder, 3)
 		finished := 0
+		interleaved := false // a piece of choice 1 came before choice 0 ended
 		var usage oai.CompletionUsage
 		for stream.Next() {
 			ev := stream.Current()
 			for _, ch := range ev.Choices {
 				got[ch.Index].WriteString(ch.Delta.Content)
+				if ch.Index == 1 && ch.Delta.Content != "" && finished == 0 {
+					interleaved = true
+				}
 				if ch.FinishReason != "" {
 					finished++
 				}
@@ -422,6 +439,9 @@ func checkSamplingLogprobsAndChoices(t *testing.T, client oai.Client) {
 		}
 		if finished != 3 || usage.CompletionTokens != 30 {
 			t.Errorf("stream: %d finish reasons, usage %+v; want 3 and 30 completion tokens", finished, usage)
+		}
+		if !interleaved {
+			t.Errorf("with two slots, choices 0 and 1 did not stream at once")
 		}
 	})
 }
