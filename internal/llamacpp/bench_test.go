@@ -208,3 +208,50 @@ func median(xs []float64) float64 {
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
+
+// BenchmarkChoices measures one request of 4 choices (a 400-token prompt,
+// 32 tokens each) on an 8×512 model, 2 threads: at once, the prompt
+// decoded once (GenerateChoices), against one after another, each
+// decoding the prompt (Generate with seeds seed+i). Rounds alternate;
+// ns/op is one request.
+//
+//	go test -run XXX -bench Choices -benchtime 5x ./internal/llamacpp/
+func BenchmarkChoices(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "bench.gguf")
+	if err := testmodel.WriteFile(path, testmodel.Options{Seed: 1, Layers: 8, Dim: 512}); err != nil {
+		b.Fatal(err)
+	}
+	const n = 4
+	e, err := llamacpp.Load(context.Background(), engine.Options{
+		ModelPath: path, CtxSize: n * benchCtx, Slots: n, Threads: benchThreads, GPUDevice: -1,
+	}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { e.Close() })
+	p, err := e.Tokenize(strings.Repeat("the hive keeps its bees warm in winter ", 50), true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p = p[:400]
+	req := engine.Request{Prompt: p, MaxTokens: 32, IgnoreEOS: true, Temperature: 1, Seed: 1}
+	nop := func(int, engine.Token) error { return nil }
+	b.Run("at-once", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := e.GenerateChoices(b.Context(), req, n, nop); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("one-after-another", func(b *testing.B) {
+		for b.Loop() {
+			for i := range n {
+				ri := req
+				ri.Seed += uint32(i)
+				if _, err := e.Generate(b.Context(), ri, func(engine.Token) error { return nil }); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+}
