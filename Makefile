@@ -1,5 +1,5 @@
-# apiary build. `make build` puts the binary at bin/apiary (and its x86-64-v3
-# build beside it, see below); `make test`
+# apiary build. `make build` puts the binary at bin/apiary (and its x86-64-v3 and x86-64-v4 builds
+# beside it, see below); `make test`
 # runs every test. The llama.cpp sources come from the pinned Go module
 # github.com/ollama/ollama; Go strips their vendor/ directory, so the build
 # adds Debian's nlohmann-json3-dev and libstb-dev and a stub miniaudio header
@@ -14,13 +14,15 @@ CGO_INCLUDE := $(HOME)/.cache/apiary/include
 OLLAMA_DIR = $(shell $(GO) list -m -f '{{.Dir}}' $(OLLAMA_MOD) 2>/dev/null)
 
 # llama.cpp's kernels are chosen at compile time. On amd64 `make build` links
-# two binaries from one source: $(BIN)/apiary, portable (x86-64 baseline; the
-# entry point on every machine), and $(BIN)/apiary-x86-64-v3 (AVX2, FMA, F16C:
-# several times faster), which workers run when the CPU has x86-64-v3 (see
-# internal/cpuvariant). Both are -O3 -DNDEBUG, as llama.cpp's own Release
-# build: the package's cgo directives alone leave -O2 with asserts on.
+# three binaries from one source: $(BIN)/apiary, portable (x86-64 baseline;
+# the entry point on every machine), $(BIN)/apiary-x86-64-v3 (AVX2, FMA,
+# F16C: several times faster) and $(BIN)/apiary-x86-64-v4 (AVX-512 with
+# VNNI); workers run the best one the CPU has (see internal/cpuvariant).
+# All are -O3 -DNDEBUG, as llama.cpp's own Release build: the package's cgo
+# directives alone leave -O2 with asserts on.
 OPT_FLAGS := -O3 -DNDEBUG
 V3_FLAGS := $(OPT_FLAGS) -march=x86-64-v3
+V4_FLAGS := $(OPT_FLAGS) -march=x86-64-v4 -mavx512vnni
 GOARCH_HOST := $(shell $(GO) env GOARCH)
 VARIANT_VAR := github.com/apiary-llm/apiary/internal/cpuvariant.Name
 BIN ?= bin
@@ -61,6 +63,8 @@ ifeq ($(GOARCH_HOST),amd64)
 		$(GO) build -ldflags "-X $(VARIANT_VAR)=portable" -o $(BIN)/apiary ./cmd/apiary
 	CGO_CFLAGS="$(V3_FLAGS)" CGO_CXXFLAGS="$(V3_FLAGS)" \
 		$(GO) build -ldflags "-X $(VARIANT_VAR)=x86-64-v3" -o $(BIN)/apiary-x86-64-v3 ./cmd/apiary
+	CGO_CFLAGS="$(V4_FLAGS)" CGO_CXXFLAGS="$(V4_FLAGS)" \
+		$(GO) build -ldflags "-X $(VARIANT_VAR)=x86-64-v4" -o $(BIN)/apiary-x86-64-v4 ./cmd/apiary
 else
 	CGO_CFLAGS="$(OPT_FLAGS)" CGO_CXXFLAGS="$(OPT_FLAGS)" $(GO) build -o $(BIN)/apiary ./cmd/apiary
 endif

@@ -14,8 +14,8 @@ func newVersionCmd() *cobra.Command {
 		Use:   "version",
 		Short: "Print the version, and the CPU build workers run here",
 		Long: `Print the version on the first line, then which build of apiary runs
-llama.cpp on this machine (portable, or x86-64-v3 when the CPU has AVX2, FMA
-and F16C and bin/apiary-x86-64-v3 is beside this binary) and why.`,
+llama.cpp on this machine (portable, x86-64-v3 or x86-64-v4: the best the
+CPU has whose file, apiary-<build>, is beside this binary) and why.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()

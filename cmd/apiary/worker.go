@@ -113,7 +113,8 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	}
 
 	// llama.cpp runs in the build made for this CPU: the portable binary
-	// becomes the x86-64-v3 one here when it can (same pid and arguments).
+	// becomes the best build for this CPU here when it can (same pid and
+	// arguments).
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("worker: find own executable: %w", err)

@@ -141,14 +141,11 @@ func BenchmarkLlamaServer(b *testing.B) {
 	lsVersion := strings.Join(strings.Fields(firstLines(commandOutput(lsBin, "--version"), 2)), " ")
 	nameB, binB, argsB, extraB, versionB := "apiary", apiaryBin, apiaryArgs, map[string]any(nil), ""
 	if mode == "apiary" {
-		// The worker runs the x86-64-v3 build beside apiary when this
-		// CPU has it (internal/cpuvariant); its flags are the ones that
-		// count.
+		// The worker runs the build beside apiary that suits this CPU
+		// (internal/cpuvariant); its flags are the ones that count.
 		workerBin := apiaryBin
-		if v3 := apiaryBin + "-" + cpuvariant.V3; cpuvariant.SupportsV3() && os.Getenv(cpuvariant.Env) == "" {
-			if _, err := os.Stat(v3); err == nil {
-				workerBin = v3
-			}
+		if c, err := cpuvariant.ForPortable(apiaryBin); err == nil {
+			workerBin = c.Path
 		}
 		versionB = fmt.Sprintf("apiary %s (%s), worker %s, llama.cpp vendored in github.com/ollama/ollama %s, built with %s",
 			strings.TrimSpace(firstLines(commandOutput(apiaryBin, "version"), 1)), sourceOf(apiaryBin), filepath.Base(workerBin),

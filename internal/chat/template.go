@@ -88,6 +88,9 @@ type Input struct {
 	// Now is the time strftime_now tells templates (Llama 3.x writes the
 	// date); the zero time means time.Now().
 	Now time.Time
+	// Vars are more variables for the template, such as Llama 3.x's
+	// tools_in_user_message (llama.cpp's server sets it false).
+	Vars map[string]bool
 }
 
 // Render renders in with the template, the way Hugging Face's
@@ -108,6 +111,9 @@ func (t *Template) Render(in Input) (string, error) {
 		"add_generation_prompt": jinja.NewBool(in.AddGenerationPrompt),
 		"strftime_now":          jinja.NewCallable("strftime_now", strftimeNow(in.Now)),
 		tojsonFilter:            jinja.NewCallable(tojsonFilter, pyJSON),
+	}
+	for k, v := range in.Vars {
+		data[k] = jinja.NewBool(v)
 	}
 	list := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {

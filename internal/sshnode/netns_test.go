@@ -293,13 +293,13 @@ func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testin
 	if got := q.runningPools(t); got["n1"] != 1 || got["n2"] != 0 {
 		t.Errorf("after infer --node n1, running workers by pool: %v, want one on n1", got)
 	}
-	// The node got apiary's x86-64-v3 build beside apiary, and its worker
-	// runs the build for its CPU.
+	// The node got apiary's x86-64-v3 and x86-64-v4 builds beside apiary,
+	// and its worker runs the build for its CPU.
 	w1 := testbin.AwaitProcess(t, nodeMarker(1), " worker ")
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", w1))
 	want := filepath.Join(nodeDir(1), "bin", "apiary")
-	if cpuvariant.SupportsV3() {
-		want += "-" + cpuvariant.V3
+	if best := cpuvariant.Best(); best != cpuvariant.Portable {
+		want += "-" + best
 	}
 	if err != nil || exe != want {
 		t.Errorf("worker on n1 runs %q (%v), want %s", exe, err, want)

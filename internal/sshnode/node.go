@@ -25,7 +25,7 @@ case $d in
 esac
 `
 
-const probeScript = `set -u
+var probeScript = `set -u
 ` + expandDir + `echo "os=$(uname -s)"
 echo "arch=$(uname -m)"
 echo "install_dir=$d"
@@ -36,29 +36,34 @@ if [ -x "$d/apiary" ]; then
     echo "sha256=$(sha256sum < "$d/apiary" | cut -d ' ' -f 1)"
   fi
 fi
-if [ -x "$d/` + v3Name + `" ]; then
-  echo "v3=yes"
-  if command -v sha256sum >/dev/null 2>&1; then
-    echo "sha256_v3=$(sha256sum < "$d/` + v3Name + `" | cut -d ' ' -f 1)"
+for v in ` + siblingList + `; do
+  if [ -x "$d/apiary-$v" ]; then
+    if command -v sha256sum >/dev/null 2>&1; then
+      echo "variant=$v $(sha256sum < "$d/apiary-$v" | cut -d ' ' -f 1)"
+    else
+      echo "variant=$v"
+    fi
   fi
-fi
+done
 `
 
-// v3Name is the x86-64-v3 build's file name beside apiary (see
-// internal/cpuvariant): a node gets it too, or its workers would run the
-// portable build.
-const v3Name = "apiary-" + cpuvariant.V3
+// siblingList is the CPU builds that may sit beside apiary (see
+// internal/cpuvariant), for the scripts: a node gets those the local
+// apiary has, or its workers would run the portable build.
+var siblingList = strings.Join(cpuvariant.Siblings, " ")
 
-// installScript writes stdin to $d/$2 (apiary or its v3 build, never a
-// user's word); installing apiary removes the v3 build of the one before,
-// which must not outlive it.
-const installScript = `set -eu
+// installScript writes stdin to $d/$2 (apiary or one of its CPU builds,
+// never a user's word); installing apiary removes the CPU builds of the
+// one before, which must not outlive it.
+var installScript = `set -eu
 ` + expandDir + `mkdir -p "$d"
 t="$d/.apiary.tmp.$$"
 trap 'rm -f "$t"' EXIT
 cat > "$t"
 chmod 0755 "$t"
-if [ "$2" = apiary ]; then rm -f "$d/` + v3Name + `"; fi
+if [ "$2" = apiary ]; then
+  for v in ` + siblingList + `; do rm -f "$d/apiary-$v"; done
+fi
 mv -f "$t" "$d/$2"
 trap - EXIT
 `
@@ -83,9 +88,9 @@ type Probe struct {
 	// Version and SHA256 of the apiary installed at InstallDir; empty when
 	// there is none.
 	Version, SHA256 string
-	// V3 says whether apiary's x86-64-v3 build is there, V3SHA256 its hash.
-	V3       bool
-	V3SHA256 string
+	// Variants are apiary's CPU builds beside it (internal/cpuvariant),
+	// by variant: their hashes ("" without sha256sum on the node).
+	Variants map[string]string
 }
 
 // Binary is the local apiary that a node should run.
@@ -95,9 +100,15 @@ type Binary struct {
 	SHA256  string
 	OS      string
 	Arch    string
-	// V3Path and V3SHA256: its x86-64-v3 build beside it, when there is
-	// one (make build links both).
-	V3Path, V3SHA256 string
+	// Variants are its CPU builds beside it (make build links them), best
+	// first.
+	Variants []VariantFile
+}
+
+// VariantFile is one CPU build of apiary beside it: the file
+// apiary-<Variant>.
+type VariantFile struct {
+	Variant, Path, SHA256 string
 }
 
 // LocalBinary describes the apiary at path (this process's executable
@@ -116,11 +127,16 @@ func LocalBinary(path, version string) (Binary, error) {
 	}
 	b := Binary{Path: path, Version: version, SHA256: sum, OS: runtime.GOOS, Arch: runtime.GOARCH}
 	if cpuvariant.Name == cpuvariant.Portable {
-		if fi, err := os.Stat(path + "-" + cpuvariant.V3); err == nil && fi.Mode().IsRegular() {
-			b.V3Path = path + "-" + cpuvariant.V3
-			if b.V3SHA256, err = hashFile(b.V3Path); err != nil {
+		for _, v := range cpuvariant.Siblings {
+			vp := path + "-" + v
+			if fi, err := os.Stat(vp); err != nil || !fi.Mode().IsRegular() {
+				continue
+			}
+			sum, err := hashFile(vp)
+			if err != nil {
 				return Binary{}, err
 			}
+			b.Variants = append(b.Variants, VariantFile{Variant: v, Path: vp, SHA256: sum})
 		}
 	}
 	return b, nil
@@ -180,10 +196,12 @@ func parseProbe(out []byte) Probe {
 			p.Version = v
 		case "sha256":
 			p.SHA256 = v
-		case "v3":
-			p.V3 = v == "yes"
-		case "sha256_v3":
-			p.V3SHA256 = v
+		case "variant":
+			name, sum, _ := strings.Cut(v, " ")
+			if p.Variants == nil {
+				p.Variants = map[string]string{}
+			}
+			p.Variants[name] = sum
 		}
 	}
 	return p
@@ -205,14 +223,20 @@ func goArch(m string) string {
 }
 
 // Installed reports whether the node runs exactly b (same hash; the same
-// version when the node has no sha256sum), with b's x86-64-v3 build
-// beside it when b has one and none when b has none.
+// version when the node has no sha256sum), with exactly b's CPU builds
+// beside it.
 func (p Probe) Installed(b Binary) bool {
-	if p.V3 != (b.V3Path != "") {
+	if len(p.Variants) != len(b.Variants) {
 		return false
 	}
+	for _, v := range b.Variants {
+		sum, ok := p.Variants[v.Variant]
+		if !ok || (p.SHA256 != "" && sum != v.SHA256) {
+			return false
+		}
+	}
 	if p.SHA256 != "" {
-		return p.SHA256 == b.SHA256 && p.V3SHA256 == b.V3SHA256
+		return p.SHA256 == b.SHA256
 	}
 	return p.Version != "" && p.Version == b.Version
 }
@@ -246,9 +270,10 @@ func (c Client) Ensure(ctx context.Context, t Target, installDir string, b Binar
 	if err := c.install(ctx, t, installDir, b.Path, "apiary"); err != nil {
 		return p, false, fmt.Errorf("copy apiary to %s:%s: %w", t, p.InstallDir, err)
 	}
-	if b.V3Path != "" {
-		if err := c.install(ctx, t, installDir, b.V3Path, v3Name); err != nil {
-			return p, true, fmt.Errorf("copy %s to %s:%s: %w", v3Name, t, p.InstallDir, err)
+	for _, v := range b.Variants {
+		name := "apiary-" + v.Variant
+		if err := c.install(ctx, t, installDir, v.Path, name); err != nil {
+			return p, true, fmt.Errorf("copy %s to %s:%s: %w", name, t, p.InstallDir, err)
 		}
 	}
 	after, err := c.Probe(ctx, t, installDir)

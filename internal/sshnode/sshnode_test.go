@@ -132,22 +132,28 @@ func TestParseProbe(t *testing.T) {
 	if p.Installed(b) {
 		t.Error("another build counted as installed")
 	}
-	// The x86-64-v3 build beside apiary must match too, and be there
-	// exactly when the local apiary has one.
+	// The CPU builds beside apiary must match too, and be there exactly
+	// when the local apiary has them.
 	b.SHA256 = "abc"
-	b.V3Path, b.V3SHA256 = "/bin/apiary-x86-64-v3", "v3sum"
+	b.Variants = []VariantFile{{"x86-64-v4", "/bin/apiary-x86-64-v4", "v4sum"}, {"x86-64-v3", "/bin/apiary-x86-64-v3", "v3sum"}}
 	if p.Installed(b) {
-		t.Error("a node without the v3 build counted as installed")
+		t.Error("a node without the CPU builds counted as installed")
 	}
-	p3 := parseProbe([]byte("version=0.1.0\nsha256=abc\nv3=yes\nsha256_v3=v3sum\n"))
-	if !p3.V3 || p3.V3SHA256 != "v3sum" || !p3.Installed(b) {
-		t.Errorf("probe %+v: both builds the same, not installed", p3)
+	p3 := parseProbe([]byte("version=0.1.0\nsha256=abc\nvariant=x86-64-v4 v4sum\nvariant=x86-64-v3 v3sum\n"))
+	if diff := cmp.Diff(map[string]string{"x86-64-v4": "v4sum", "x86-64-v3": "v3sum"}, p3.Variants); diff != "" || !p3.Installed(b) {
+		t.Errorf("probe %+v: the same builds, not installed (%s)", p3, diff)
 	}
-	if b.V3SHA256 = "other"; p3.Installed(b) {
+	if b.Variants[1].SHA256 = "other"; p3.Installed(b) {
 		t.Error("another v3 build counted as installed")
 	}
-	if b.V3Path, b.V3SHA256 = "", ""; p3.Installed(b) {
+	if b.Variants = b.Variants[:1]; p3.Installed(b) {
 		t.Error("a node with a stale v3 build counted as installed")
+	}
+	// Without sha256sum on the node, the builds' presence and apiary's
+	// version decide.
+	p4 := parseProbe([]byte("version=0.1.0\nvariant=x86-64-v4\n"))
+	if !p4.Installed(b) {
+		t.Errorf("probe %+v without hashes: not installed", p4)
 	}
 	if err := (Probe{OS: "linux", Arch: "arm64"}).CanCopy(b); err == nil {
 		t.Error("an amd64 binary may be copied to an arm64 node")

@@ -74,7 +74,7 @@ type Config struct {
 	// callback or the claim; default the scheme and listening address.
 	Advertise string
 	// CPUBuild is the build of apiary this worker runs as (portable,
-	// x86-64-v3; see internal/cpuvariant) and CPUBuildReason why; they
+	// x86-64-v3, x86-64-v4; see internal/cpuvariant) and CPUBuildReason why; they
 	// only appear in logs.
 	CPUBuild, CPUBuildReason string
 	// Token authenticates the ready callback, and every request but

@@ -15,26 +15,32 @@ import (
 	"github.com/apiary-llm/apiary/internal/cpuvariant"
 )
 
-// `make build` links a portable apiary and its x86-64-v3 build beside it;
-// a worker started from the portable one runs as the build for this CPU
-// (same pid), and APIARY_CPU_VARIANT=portable keeps it portable. Both
-// builds serve the model.
+// `make build` links a portable apiary and its x86-64-v3 and x86-64-v4
+// builds beside it; a worker started from the portable one runs as the
+// best build for this CPU (same pid), and APIARY_CPU_VARIANT picks one
+// by name. Every build this CPU runs serves the model.
 func TestBinaryRunsTheBuildForThisCPU(t *testing.T) {
 	bin := apiaryBin(t)
-	sib := bin + "-" + cpuvariant.V3
-	if _, err := os.Stat(sib); err != nil {
-		t.Fatalf("%s has no %s build beside it (%v): build it with `make build`", bin, cpuvariant.V3, err)
+	for _, v := range cpuvariant.Siblings {
+		if _, err := os.Stat(bin + "-" + v); err != nil {
+			t.Fatalf("%s has no %s build beside it (%v): build it with `make build`", bin, v, err)
+		}
 	}
-	wantAuto, wantAutoExe := cpuvariant.Portable, bin
-	if cpuvariant.SupportsV3() {
-		wantAuto, wantAutoExe = cpuvariant.V3, sib
+	wantAuto, wantAutoExe := cpuvariant.Best(), bin
+	if wantAuto != cpuvariant.Portable {
+		wantAutoExe = bin + "-" + wantAuto
 	}
-	for _, tc := range []struct {
-		name, env, variant, exe string
-	}{
+	type runCase struct{ name, env, variant, exe string }
+	cases := []runCase{
 		{"by CPU", "", wantAuto, wantAutoExe},
 		{"forced portable", cpuvariant.Env + "=" + cpuvariant.Portable, cpuvariant.Portable, bin},
-	} {
+	}
+	for _, v := range cpuvariant.Siblings {
+		if cpuvariant.Supports(v) {
+			cases = append(cases, runCase{"forced " + v, cpuvariant.Env + "=" + v, v, bin + "-" + v})
+		}
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var env []string
 			if tc.env != "" {
@@ -80,12 +86,14 @@ func TestBinaryRunsWithoutAVX2(t *testing.T) {
 		t.Fatalf("this test runs apiary on an emulated CPU without AVX2 and needs qemu-x86_64 (Debian's qemu-user; scripts/deps.sh installs it): %v", err)
 	}
 	bin := apiaryBin(t)
-	out, err := exec.Command(qemu, "-cpu", emulatedCPU, bin+"-"+cpuvariant.V3, "version").CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		t.Fatalf("the x86-64-v3 build ran on an emulated %s (%v): %s; the emulated CPU is not what this test needs", emulatedCPU, err, out)
+	for _, v := range cpuvariant.Siblings {
+		out, err := exec.Command(qemu, "-cpu", emulatedCPU, bin+"-"+v, "version").CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Fatalf("the %s build ran on an emulated %s (%v): %s; the emulated CPU is not what this test needs", v, emulatedCPU, err, out)
+		}
 	}
-	out, err = exec.Command(qemu, "-cpu", emulatedCPU, bin, "version").CombinedOutput()
+	out, err := exec.Command(qemu, "-cpu", emulatedCPU, bin, "version").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "workers: portable build") || !strings.Contains(string(out), "lacks x86-64-v3") {
 		t.Fatalf("apiary version on an emulated %s: %v\n%s", emulatedCPU, err, out)
 	}
