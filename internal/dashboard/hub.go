@@ -7,13 +7,16 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 )
 
 // Snapshot is the dashboard's state: items by key ("pool/ID",
 // "worker/ID", "model/NAME", "stats", …), each a value that marshals to
-// JSON. The page keeps the same map and renders it.
+// JSON, or a json.RawMessage already marshalled (compact), which is used
+// as it is: a builder may keep the JSON of items that seldom change. The
+// page keeps the same map and renders it.
 type Snapshot map[string]any
 
 // HubConfig is what a Hub needs.
@@ -121,7 +124,7 @@ func (h *Hub) Run(ctx context.Context) {
 			h.last = nil // the next page's full message is built afresh
 			continue
 		}
-		h.push(h.cfg.Build())
+		h.Push(h.cfg.Build())
 		select { // coalesce: what changes meanwhile goes in the next push
 		case <-ctx.Done():
 			return
@@ -130,14 +133,19 @@ func (h *Hub) Run(ctx context.Context) {
 	}
 }
 
-// push diffs s against the last state and sends every page its message.
-func (h *Hub) push(s Snapshot) {
+// Push diffs s against the last state pushed and sends every page its
+// message. Run calls it with Build's state; calls must not overlap
+// (benchmarks call it while no Run does).
+func (h *Hub) Push(s Snapshot) {
 	next := make(map[string]json.RawMessage, len(s))
 	set := map[string]json.RawMessage{}
 	for k, v := range s {
-		data, err := json.Marshal(v)
-		if err != nil {
-			data, _ = json.Marshal(map[string]string{"error": "cannot encode " + k + ": " + err.Error()})
+		data, ok := v.(json.RawMessage)
+		if !ok {
+			var err error
+			if data, err = json.Marshal(v); err != nil {
+				data, _ = json.Marshal(map[string]string{"error": "cannot encode " + k + ": " + err.Error()})
+			}
 		}
 		next[k] = data
 		if old, ok := h.last[k]; !ok || !bytes.Equal(old, data) {
@@ -180,12 +188,51 @@ func (h *Hub) push(s Snapshot) {
 	}
 }
 
+// frame is m as one SSE event. It is written by hand: json.Marshal
+// would compact every item's JSON once more.
 func frame(m Message) []byte {
-	data, _ := json.Marshal(m)
-	b := make([]byte, 0, len(data)+8)
-	b = append(b, "data: "...)
-	b = append(b, data...)
-	return append(b, '\n', '\n')
+	n := 64
+	for k, v := range m.Set {
+		n += len(k) + len(v) + 8
+	}
+	for _, k := range m.Del {
+		n += len(k) + 8
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `data: {"seq":`...)
+	b = strconv.AppendUint(b, m.Seq, 10)
+	if m.Full {
+		b = append(b, `,"full":true`...)
+	}
+	if len(m.Set) > 0 {
+		b = append(b, `,"set":{`...)
+		for i, k := range slices.Sorted(maps.Keys(m.Set)) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendKey(b, k)
+			b = append(b, ':')
+			b = append(b, m.Set[k]...)
+		}
+		b = append(b, '}')
+	}
+	if len(m.Del) > 0 {
+		b = append(b, `,"del":[`...)
+		for i, k := range m.Del {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendKey(b, k)
+		}
+		b = append(b, ']')
+	}
+	return append(b, "}\n\n"...)
+}
+
+// appendKey appends k as a JSON string.
+func appendKey(b []byte, k string) []byte {
+	q, _ := json.Marshal(k)
+	return append(b, q...)
 }
 
 func (h *Hub) subscribe() *subscriber {

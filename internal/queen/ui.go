@@ -2,6 +2,7 @@ package queen
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -45,21 +46,40 @@ type ui struct {
 
 	mu    sync.Mutex
 	ended map[string]store.Row // guarded by mu; at most uiRecentEnded, the newest by stop time
+	// rowJSON is the JSON of each row shown, kept until the row changes
+	// (rowChanged) or its heartbeat time does: most rows do not change
+	// between two pushes. Guarded by mu; bounded by the live rows and
+	// ended.
+	rowJSON map[string]cachedRow
+	// gen counts the row changes (guarded by mu): a build keeps no JSON
+	// of a row that changed after the build began.
+	gen uint64
+}
+
+// cachedRow is a row's item as last marshalled (nil: none since its
+// last change), the heartbeat time it showed, and the gen of the row's
+// last change.
+type cachedRow struct {
+	beat    time.Time
+	data    json.RawMessage
+	changed uint64
 }
 
 func newUI(build func() dashboard.Snapshot) *ui {
 	return &ui{hub: dashboard.NewHub(dashboard.HubConfig{Build: build}), window: dashboard.NewWindow(uiStep, uiBuckets),
-		ended: map[string]store.Row{}}
+		ended: map[string]store.Row{}, rowJSON: map[string]cachedRow{}}
 }
 
 // rowChanged is the rowBook's hook: an ended row joins the recent ones,
 // and the pages learn of every change.
 func (u *ui) rowChanged(r store.Row) {
+	u.mu.Lock()
+	u.gen++
+	u.rowJSON[r.ID] = cachedRow{changed: u.gen}
 	if r.Status.Terminal() {
-		u.mu.Lock()
 		u.addEndedLocked(r)
-		u.mu.Unlock()
 	}
+	u.mu.Unlock()
 	u.hub.Changed()
 }
 
@@ -77,6 +97,7 @@ func (u *ui) addEndedLocked(r store.Row) {
 		}
 	}
 	delete(u.ended, oldest)
+	delete(u.rowJSON, oldest)
 }
 
 func endTime(r store.Row) time.Time {
@@ -187,6 +208,9 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 		s["pool/"+p.ID] = uiPoolOf(p, catalog[p.ID])
 	}
 
+	q.ui.mu.Lock()
+	began := q.ui.gen
+	q.ui.mu.Unlock()
 	q.rows.mu.Lock()
 	live := make([]store.Row, 0, len(q.rows.active))
 	for _, r := range q.rows.active {
@@ -195,7 +219,9 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 	q.rows.mu.Unlock()
 	q.ui.mu.Lock()
 	rows := append(live, slices.Collect(maps.Values(q.ui.ended))...)
+	cache := maps.Clone(q.ui.rowJSON)
 	q.ui.mu.Unlock()
+	fresh := map[string]cachedRow{}
 
 	models := map[string]*uiModel{}
 	model := func(ref string) *uiModel {
@@ -210,12 +236,7 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 		return m
 	}
 	for _, r := range rows {
-		w := q.rowWire(r)
-		if w.LastHeartbeatAt != nil {
-			t := w.LastHeartbeatAt.Truncate(uiTimeGrain)
-			w.LastHeartbeatAt = &t
-		}
-		s["worker/"+r.ID] = w
+		s["worker/"+r.ID] = q.uiRow(r, cache, fresh)
 		if r.Status.Terminal() {
 			continue
 		}
@@ -260,7 +281,50 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 		slices.Sort(m.AvailableOn)
 		s["model/"+ref] = m
 	}
+	q.ui.mu.Lock()
+	for id, c := range fresh {
+		cur, known := q.ui.rowJSON[id]
+		if _, shown := s["worker/"+id]; shown && (!known || cur.changed <= began) {
+			c.changed = cur.changed
+			q.ui.rowJSON[id] = c
+		}
+	}
+	q.ui.mu.Unlock()
 	return s
+}
+
+// uiRow is a row's item: its JSON from cache while neither the row nor
+// its (rounded) heartbeat time changed, else marshalled anew and put in
+// fresh. A row with strikes is marshalled every time (they change
+// without a row change).
+func (q *Queen) uiRow(r store.Row, cache, fresh map[string]cachedRow) any {
+	var beat time.Time
+	if !r.Status.Terminal() {
+		q.rows.mu.Lock()
+		if live, ok := q.rows.active[r.ID]; ok && live.LastHeartbeatAt != nil {
+			beat = live.LastHeartbeatAt.Truncate(uiTimeGrain)
+		}
+		q.rows.mu.Unlock()
+	} else if r.LastHeartbeatAt != nil {
+		beat = r.LastHeartbeatAt.Truncate(uiTimeGrain)
+	}
+	if c, ok := cache[r.ID]; ok && c.data != nil && c.beat.Equal(beat) {
+		return c.data
+	}
+	w := q.rowWire(r)
+	w.LastHeartbeatAt = nil
+	if !beat.IsZero() {
+		w.LastHeartbeatAt = &beat
+	}
+	if w.Strikes != nil {
+		return w
+	}
+	data, err := json.Marshal(w)
+	if err != nil {
+		return w
+	}
+	fresh[r.ID] = cachedRow{beat: beat, data: data}
+	return json.RawMessage(data)
 }
 
 // uiPoolOf is a pool as the page shows it: each device with whether a
