@@ -197,7 +197,7 @@ func TestWindowRates(t *testing.T) {
 	w.Sample(t0.Add(20*time.Second), map[string]Counts{"a": {Requests: 3}, "b": {Requests: 5, Tokens: 10, TTFTCount: 1, TTFTSum: 0.1}})
 	v := w.View()
 	f := func(x float64) *float64 { return &x }
-	want := View{StepSeconds: 5, End: t0.Add(20 * time.Second), Models: map[string]Series{
+	want := View{StepSeconds: 5, Buckets: 3, End: t0.Add(20 * time.Second), Models: map[string]Series{
 		// buckets ending at 10s, 15s, 20s (the 5s one fell out)
 		"a": {Requests: []float64{0, 0.6, 0}, Tokens: []float64{0, 0, 0}, TTFT: []*float64{nil, nil, nil}, ITL: []*float64{nil, nil, nil}},
 		"b": {Requests: []float64{1, 0, 0}, Tokens: []float64{2, 0, 0}, TTFT: []*float64{f(100), nil, nil}, ITL: []*float64{nil, nil, nil}},

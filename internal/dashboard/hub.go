@@ -76,8 +76,9 @@ type subscriber struct {
 // changed since its last message. Nothing is built while no page is
 // connected. Create it with NewHub, run it with Run.
 type Hub struct {
-	cfg  HubConfig
-	wake chan struct{} // buffered 1: Changed and new pages
+	cfg    HubConfig
+	wake   chan struct{} // buffered 1: Changed
+	joined chan struct{} // buffered 1: a new page, which is not kept waiting for MinInterval
 
 	mu   sync.Mutex
 	subs map[*subscriber]struct{} // guarded by mu
@@ -89,7 +90,7 @@ type Hub struct {
 
 // NewHub returns a hub over cfg.Build.
 func NewHub(cfg HubConfig) *Hub {
-	return &Hub{cfg: cfg.withDefaults(), wake: make(chan struct{}, 1), subs: map[*subscriber]struct{}{}}
+	return &Hub{cfg: cfg.withDefaults(), wake: make(chan struct{}, 1), joined: make(chan struct{}, 1), subs: map[*subscriber]struct{}{}}
 }
 
 // Changed tells the hub that the state changed: connected pages get the
@@ -118,6 +119,7 @@ func (h *Hub) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-h.wake:
+		case <-h.joined:
 		case <-sweep.C:
 		}
 		if h.Pages() == 0 {
@@ -125,10 +127,17 @@ func (h *Hub) Run(ctx context.Context) {
 			continue
 		}
 		h.Push(h.cfg.Build())
-		select { // coalesce: what changes meanwhile goes in the next push
+		// Coalesce: what changes meanwhile goes in the next push. A new
+		// page cuts the wait short: its first message comes at once.
+		t := time.NewTimer(h.cfg.MinInterval)
+		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
-		case <-time.After(h.cfg.MinInterval):
+		case <-t.C:
+		case <-h.joined:
+			t.Stop()
+			h.Changed()
 		}
 	}
 }
@@ -240,7 +249,10 @@ func (h *Hub) subscribe() *subscriber {
 	h.mu.Lock()
 	h.subs[sub] = struct{}{}
 	h.mu.Unlock()
-	h.Changed()
+	select {
+	case h.joined <- struct{}{}:
+	default:
+	}
 	return sub
 }
 

@@ -105,6 +105,7 @@ type Series struct {
 // View is the window for the page.
 type View struct {
 	StepSeconds float64           `json:"step_s"`
+	Buckets     int               `json:"buckets"` // the most buckets a series has: the window is Buckets × StepSeconds
 	End         time.Time         `json:"end"`
 	Models      map[string]Series `json:"models"`
 }
@@ -113,7 +114,7 @@ type View struct {
 func (w *Window) View() View {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	v := View{StepSeconds: w.Step.Seconds(), Models: map[string]Series{}}
+	v := View{StepSeconds: w.Step.Seconds(), Buckets: w.Buckets, Models: map[string]Series{}}
 	v.End = w.end
 	step := w.Step.Seconds()
 	for model, s := range w.series {

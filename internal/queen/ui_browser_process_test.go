@@ -208,6 +208,13 @@ func TestDashboardInBrowser(t *testing.T) {
 	b.wait("the pool", `[data-pool="node-1"][data-status="healthy"] [data-device="0"]`)
 	b.wait("the model", `tr[data-model="tiny"]`)
 	b.wait("the worker", fmt.Sprintf(`tr[data-worker=%q][data-status="RUNNING"]`, id))
+	var firstRender string
+	b.eval(`document.body.dataset.firstRender`, &firstRender)
+	t.Logf("the page drew the queen's state %s ms after it was asked for (a fresh browser)", firstRender)
+	b.run("load it again", chromedp.Reload(), chromedp.WaitVisible(fmt.Sprintf(`tr[data-worker=%q]`, id), chromedp.ByQuery))
+	b.eval(`(() => { const n = performance.getEntriesByType('navigation')[0]; const r = name => (performance.getEntriesByType('resource').find(e => e.name.endsWith(name)) || {}).responseEnd;
+		return 'html ' + Math.round(n.responseEnd) + ' ms, app.js ' + Math.round(r('/ui/app.js')) + ' ms, DOMContentLoaded ' + Math.round(n.domContentLoadedEventEnd) + ' ms, state drawn ' + document.body.dataset.firstRender + ' ms' })()`, &firstRender)
+	t.Logf("loaded again: %s (since the page was asked for)", firstRender)
 	b.screenshot("overview")
 
 	// The worker's page: its row, placement, history and log.
@@ -288,7 +295,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	b.screenshot("playground")
 
 	// A phone-sized screen.
-	b.run("a phone", emulation.SetDeviceMetricsOverride(390, 844, 2, true), chromedp.Navigate(c.url+"/ui/#/"))
+	b.run("a phone", emulation.SetDeviceMetricsOverride(390, 844, 1, true), chromedp.Navigate(c.url+"/ui/#/"))
 	b.wait("the pool on a phone", `[data-pool="node-1"]`)
 	var overflow bool
 	b.eval(`document.documentElement.scrollWidth > window.innerWidth + 1`, &overflow)

@@ -170,7 +170,12 @@ function apply(msg) {
   document.body.dataset.seq = String(msg.seq);
   if (!pending) {
     pending = true;
-    requestAnimationFrame(() => { pending = false; if (state.view && state.view.update) state.view.update(); });
+    requestAnimationFrame(() => {
+      pending = false;
+      if (state.view && state.view.update) state.view.update();
+      // When the first state was drawn, in ms since the page was asked for.
+      if (!document.body.dataset.firstRender) document.body.dataset.firstRender = String(Math.round(performance.now()));
+    });
   }
 }
 
@@ -345,7 +350,7 @@ function overview() {
       h('h2', { text: 'Pools' }), poolCards,
       h('h2', { text: 'Workers' }), workerTable,
       h('h2', { text: 'Models' }), modelTable,
-      h('h2', { text: 'Last ' + Math.round(((stats.step_s || 5) * ((Object.values(stats.models || {})[0] || {}).requests_per_s || []).length) / 60) + ' minutes' }),
+      h('h2', { text: 'Last ' + Math.round((stats.step_s || 5) * (stats.buckets || 120) / 60) + ' minutes, per ' + (stats.step_s || 5) + ' s' }),
       charts.length ? h('div', { id: 'rates' }, charts) : h('p', { class: 'muted', text: 'No request yet.' }));
   };
   return { name: 'overview', update };
