@@ -152,10 +152,14 @@ func TestDashboardSnapshotAndStream(t *testing.T) {
 }
 
 // The audit log is filtered by actor, action, target and a time window
-// (since and until, durations or RFC 3339); bad values are 400s naming
-// the parameter.
+// (since and until, durations or RFC 3339), on SQLite and PostgreSQL;
+// bad values are 400s naming the parameter.
 func TestAuditFilters(t *testing.T) {
-	x := startQueen(t, sqliteDir(t), "")
+	eachBackend(t, testAuditFilters)
+}
+
+func testAuditFilters(t *testing.T, b backend) {
+	x := startOn(t, b)
 	x.register("p1")
 	id := x.start("tiny", "p1").LifecycleID
 	mid := time.Now()
