@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -81,13 +82,15 @@ func hasStatus(status string) func(json.RawMessage) bool {
 
 // The dashboard's data in process, with a fake hive: the snapshot has the
 // pool (its device and whether a worker can go there), the worker's row
-// and its model; the stream starts with every item, then sends a row's
+// and its model (named and aliased by the model config); the stream starts with every item, then sends a row's
 // change as a delta, and a pool that drains makes its device unusable,
 // saying why. With tokens, both take only the admin token; the page's
 // files take none and carry the CSP.
 func TestDashboardSnapshotAndStream(t *testing.T) {
 	tokens := Tokens{API: "api-t-0123456789", Admin: "admin-t-0123456789", Cluster: "cluster-t-0123456789"}
-	x := startQueen(t, sqliteDir(t), "", func(c *Config) { c.Tokens = tokens })
+	path := filepath.Join(t.TempDir(), "models.yaml")
+	writeConfig(t, path, "models:\n  small:\n    file: tiny\n    aliases: [chat, gpt-4o-mini]\n  big:\n    file: large\n")
+	x := startQueen(t, sqliteDir(t), "", func(c *Config) { c.Tokens, c.ModelsFile = tokens, path })
 	x.register("p1")
 	id := x.start("tiny", "p1").LifecycleID
 
@@ -129,8 +132,13 @@ func TestDashboardSnapshotAndStream(t *testing.T) {
 	if row.Status != "STARTING" || row.PoolID != "p1" {
 		t.Errorf("row: %+v", row)
 	}
-	if model.Workers["STARTING"] != 1 || strings.Join(model.RunningOn, ",") != "p1" {
+	if model.Name != "small" || strings.Join(model.Aliases, ",") != "chat,gpt-4o-mini" || !model.Configured ||
+		model.Workers["STARTING"] != 1 || strings.Join(model.RunningOn, ",") != "p1" {
 		t.Errorf("model: %+v", model)
+	}
+	var big uiModel
+	if err := json.Unmarshal(snap["model/large"], &big); err != nil || big.Name != "big" || big.Workers != nil {
+		t.Errorf("a configured model without workers: %+v (%v)", big, err)
 	}
 
 	s := x.uiStream(t)
