@@ -310,8 +310,9 @@ func TestDashboardInBrowser(t *testing.T) {
 // data endpoints answer 401 and the page asks for the token; a wrong one
 // is refused; the right one is kept in sessionStorage only, and
 // everything shows. The page's state changes pass the queen's browser
-// checks (same origin, JSON): draining and undraining the pool from the
-// page. The playground sends the API token it was given.
+// checks (same origin, JSON): draining and undraining the pool, and
+// starting a worker of the model, from the page. The playground sends
+// the API token it was given.
 func TestDashboardNeedsTheAdminToken(t *testing.T) {
 	c := startClusterWith(t, clusterOptions{apiToken: "ui-secret-0123456789"}, nil)
 	adminToken := "admin-ui-secret-0123456789"
@@ -366,6 +367,26 @@ func TestDashboardNeedsTheAdminToken(t *testing.T) {
 	}
 	if want := []string{"pool.undrain: undrained from the dashboard test", "pool.drain: drained from the dashboard test"}; strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("the pool's admin entries: %q, want %q", got, want)
+	}
+
+	// Start a worker of the model from the page: the queen places it.
+	b.run("start", chromedp.Click(`tr[data-model="tiny"] [data-action="start"]`, chromedp.ByQuery))
+	b.confirm("started from the dashboard test")
+	b.wait("the started worker", `#workers tr[data-status="RUNNING"]`)
+	rows := c.rows()
+	if len(rows) != 1 || rows[0].Owner != OwnerOperator || rows[0].Reason == "" {
+		t.Fatalf("rows after Start: %+v", rows)
+	}
+	started := false
+	entries, err = c.admin.Audit(t.Context(), "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		started = started || e.Target == rows[0].ID && e.Action == "worker.start" && e.Actor == "admin" && e.Reason == "started from the dashboard test"
+	}
+	if !started {
+		t.Errorf("no worker.start by admin with the page's reason: %+v", entries)
 	}
 
 	b.run("the playground", chromedp.Navigate(c.url+"/ui/#/playground"))
