@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
@@ -143,15 +144,27 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 }
 
 func (q *Queen) getAudit(w http.ResponseWriter, r *http.Request, _ caller) error {
-	qs, err := query(r, "since", "limit", "target", "action")
+	qs, err := query(r, "since", "until", "limit", "actor", "target", "action")
 	if err != nil {
 		return err
 	}
 	var f store.AuditFilter
+	now := time.Now()
 	if s := qs["since"]; s != "" {
-		if f.Since, err = parseSince(s, time.Now()); err != nil {
+		if f.Since, err = parseSince(s, now); err != nil {
 			return err
 		}
+	}
+	if s := qs["until"]; s != "" {
+		if f.Until, err = parseTime("until", s, now); err != nil {
+			return err
+		}
+	}
+	if a := qs["actor"]; a != "" {
+		if len(a) > 300 || strings.IndexFunc(a, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+			return api.BadRequest("actor must be printable text of at most 300 bytes")
+		}
+		f.Actor = a
 	}
 	if f.Limit, err = parseLimit(qs["limit"], defaultListLimit, maxListLimit); err != nil {
 		return err

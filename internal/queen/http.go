@@ -69,6 +69,10 @@ func (q *Queen) routes() http.Handler {
 	mux.Handle("POST /api/admin/nodes", admin(q.postNode))
 	mux.Handle("DELETE /api/admin/nodes/{name}", admin(q.deleteNode))
 	mux.Handle("POST /api/admin/shutdown", admin(q.postShutdown))
+	mux.Handle("GET /ui", open(q.getUI))
+	mux.Handle("GET /ui/{file...}", open(q.getUI))
+	mux.Handle("GET /api/admin/ui/snapshot", admin(q.getUISnapshot))
+	mux.Handle("GET /api/admin/ui/events", admin(q.getUIEvents))
 	q.routing.Routes(mux)
 	q.batch.Routes(mux)
 	return q.contractErrors(mux)
@@ -245,17 +249,21 @@ func (q *Queen) getHealth(w http.ResponseWriter, _ *http.Request, _ caller) erro
 
 // parseSince accepts a Go duration (1h: entries of the last hour) or an
 // RFC 3339 time.
-func parseSince(s string, now time.Time) (time.Time, error) {
+func parseSince(s string, now time.Time) (time.Time, error) { return parseTime("since", s, now) }
+
+// parseTime reads the query parameter name: a Go duration before now
+// (1h: an hour ago) or an RFC 3339 time.
+func parseTime(name, s string, now time.Time) (time.Time, error) {
 	if d, err := time.ParseDuration(s); err == nil {
 		if d < 0 {
-			return time.Time{}, api.BadRequest("since %q must not be negative", s)
+			return time.Time{}, api.BadRequest("%s %q must not be negative", name, s)
 		}
 		return now.Add(-d), nil
 	}
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 		return t, nil
 	}
-	return time.Time{}, api.BadRequest("since %q is neither a duration (e.g. 1h, 30m) nor an RFC 3339 time", s)
+	return time.Time{}, api.BadRequest("%s %q is neither a duration (e.g. 1h, 30m) nor an RFC 3339 time", name, api.Printable(s, 100))
 }
 
 func parseLimit(s string, def, maxN int) (int, error) {

@@ -77,6 +77,8 @@ type Queen struct {
 	// claimed rows (claims.go); claimClient calls them.
 	handRun     *handRun
 	claimClient *http.Client
+	// ui is the dashboard's state (ui.go); set by Run before serving.
+	ui *ui
 
 	// followers ends the log streams of `apiary workers logs --follow`
 	// when the server shuts down (they would hold it up); set by Run
@@ -166,6 +168,11 @@ func (q *Queen) run(ctx context.Context) error {
 	defer st.Close() // step 5
 	q.st = st
 	q.rows = newRowBook(st, q.log, q.metrics)
+	q.ui = newUI(q.uiSnapshot)
+	q.rows.onChange = q.ui.rowChanged
+	if err := q.ui.loadEnded(ctx, st); err != nil {
+		return err
+	}
 	reg, err := registry.New(registry.Config{
 		Store: registry.SQLStore(st), HeartbeatTimeout: q.cfg.HeartbeatTimeout, UnhealthyGrace: q.cfg.UnhealthyGrace,
 		OfflineRetention: q.cfg.OfflineRetention, FlushInterval: q.cfg.FlushInterval,
@@ -229,6 +236,8 @@ func (q *Queen) run(ctx context.Context) error {
 		g.Go(func() error { q.runTasks(bg); return nil })
 	}
 	g.Go(func() error { q.routing.Run(bg); return nil })
+	g.Go(func() error { q.ui.hub.Run(bg); return nil })
+	g.Go(func() error { q.sampleUI(bg); return nil })
 	if q.models.path != "" {
 		g.Go(func() error { q.watchModels(bg, q.cfg.ModelsPoll); return nil })
 	}

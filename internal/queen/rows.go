@@ -90,6 +90,11 @@ type rowBook struct {
 	beats    map[string]time.Time           // guarded by mu; last_heartbeat_at not yet in the store
 	saved    map[string]time.Time           // guarded by mu; last_heartbeat_at as last written
 	stopping map[workerKey]time.Time        // guarded by mu; rowless workers we asked to stop, and when
+
+	// onChange, when set, is called with each row written, after memory
+	// changed and outside mu (the dashboard). Set before the queen
+	// serves; it must not block.
+	onChange func(store.Row)
 }
 
 func newRowBook(st *store.Store, log *slog.Logger, m *metrics) *rowBook {
@@ -161,6 +166,7 @@ func (b *rowBook) create(ctx context.Context, r store.Row, actor string, meta ma
 	b.mu.Lock()
 	b.indexLocked(r)
 	b.mu.Unlock()
+	b.changed(r)
 	b.m.rowTransitions.WithLabelValues(string(r.Status)).Inc()
 	b.log.Info("lifecycle row created", "lifecycle_id", r.ID, "pool_id", r.PoolID, "model_ref", r.ModelRef, "status", r.Status, "actor", actor)
 	return nil
@@ -298,12 +304,19 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 	}
 	b.indexLocked(next)
 	b.mu.Unlock()
+	b.changed(next)
 	if to != cur.Status {
 		b.m.rowTransitions.WithLabelValues(string(to)).Inc()
 		b.log.Info("lifecycle row changed", "lifecycle_id", id, "pool_id", next.PoolID, "worker_id", next.WorkerID,
 			"from", cur.Status, "to", to, "reason", c.reason, "actor", c.actor)
 	}
 	return next, !same, nil
+}
+
+func (b *rowBook) changed(r store.Row) {
+	if b.onChange != nil {
+		b.onChange(r)
+	}
 }
 
 func (b *rowBook) refused(cur store.Row, to lifecycle.Status, c rowChange) {

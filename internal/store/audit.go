@@ -22,6 +22,8 @@ type AuditEntry struct {
 // AuditFilter selects entries; zero fields select everything.
 type AuditFilter struct {
 	Since  time.Time // entries at or after
+	Until  time.Time // entries before; zero: no bound
+	Actor  string
 	Target string
 	Action string
 	Limit  int // 0: no limit
@@ -56,6 +58,14 @@ func (t *Tx) Audit(f AuditFilter) ([]AuditEntry, error) {
 	if !f.Since.IsZero() {
 		where = append(where, "ts >= ?")
 		args = append(args, micros(f.Since))
+	}
+	if !f.Until.IsZero() {
+		where = append(where, "ts < ?")
+		args = append(args, micros(f.Until))
+	}
+	if f.Actor != "" {
+		where = append(where, "actor = ?")
+		args = append(args, f.Actor)
 	}
 	if f.Target != "" {
 		where = append(where, "target = ?")
