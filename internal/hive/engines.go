@@ -2,12 +2,10 @@ package hive
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"os"
 	"regexp"
 	"runtime"
@@ -180,21 +178,4 @@ func expand(s string, vals map[string]string) string {
 // engineNames is the hive's engines, builtin first, the rest sorted.
 func (h *Hive) engineNames() []string {
 	return append([]string{EngineBuiltin}, slices.Sorted(maps.Keys(h.cfg.Engines))...)
-}
-
-// probeEngine asks an external engine's health path: nil on a 200.
-func probeEngine(ctx context.Context, hc *http.Client, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return nil
 }
