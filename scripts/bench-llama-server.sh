@@ -7,8 +7,9 @@
 #   scripts/bench-llama-server.sh [build|model|run|self-test|llama-bench|all]
 #
 #   server       obtain llama.cpp and build llama-server alone into the cache
-#                (skipped when already built); `make test` runs it: the
-#                external-engine tests serve a model with it
+#                (skipped when already built), and print its path; `make
+#                test` runs it: the external-engine tests serve a model
+#                with it (internal/testbin.LlamaServer)
 #   build        obtain llama.cpp and build llama-server, llama-bench and
 #                llama-quantize into the cache (skipped when already built)
 #   model        make the benchmark model (skipped when already made)
@@ -160,13 +161,14 @@ build_targets() {
 }
 
 # server builds llama-server alone (what the tests run), unless the cache
-# has it: the one target, CPU only, no curl.
+# has it: the one target, CPU only, no curl. It prints the binary's path.
 server() {
   if [ -x "$LS_BIN/llama-server" ]; then
     log "llama-server cached in $LS_BIN ($(cat "$LS_DIR/source-tag" 2>/dev/null))"
-    return
+  else
+    build_targets llama-server
   fi
-  build_targets llama-server
+  echo "$LS_BIN/llama-server"
 }
 
 # build builds the three tools the benchmark runs, unless the cache
