@@ -2,6 +2,7 @@ package queen
 
 import (
 	"os"
+	"slices"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	oai "github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
@@ -32,34 +34,10 @@ import (
 //  5. a SIGKILL of the hive takes the front and llama-server with it: no
 //     orphan.
 func TestProcessLlamaServer(t *testing.T) {
-	server := testbin.LlamaServer(t)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "models.yaml")
-	writeConfig(t, cfg, "models:\n  tl:\n    file: tiny\n    engine: llama\n  tlidle:\n    file: tiny2\n    engine: llama\n    idle_timeout: 1s\n")
-	engines := docsEngines(t, map[string]string{"llama": server})
-	q, qURL := startQueenProc(t, t.TempDir(), "", "--config", cfg)
-	hdir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(hdir, "models"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"tiny", "tiny2"} {
-		if err := testmodel.WriteFile(filepath.Join(hdir, "models", name+".gguf"), testmodel.Options{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hive := startProc(t, "hive node-1", nil, "hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",
-		"--data-dir", hdir, "--heartbeat-interval", "500ms", "--health-interval", "200ms", "--worker-ports", "24000-24999",
-		"--worker-threads", "1", "--worker-ctx-size", "2048", "--engines", engines)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("queen logs:\n%s", q.logs.String())
-			t.Logf("hive logs:\n%s", hive.logs.String())
-		}
-		if err := q.stop(t, syscall.SIGTERM); err != nil {
-			t.Errorf("queen exit: %v", err)
-		}
-	})
-	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
+	engines := docsEngines(t, map[string]string{"llama": testbin.LlamaServer(t)})
+	q, hive, qURL := startEngineCluster(t, engines,
+		"models:\n  tl:\n    file: tiny\n    engine: llama\n  tlidle:\n    file: tiny2\n    engine: llama\n    idle_timeout: 1s\n",
+		"tiny", "tiny2")
 	client := oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	admin := keeper.NewClient(qURL, "", "")
 	ctx := t.Context()
@@ -149,8 +127,16 @@ func TestProcessLlamaServer(t *testing.T) {
 	}
 	s.Close()
 	rec, _ = q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": row2, "to": "DRAINING"})
-	if !strings.Contains(rec.Attrs["reason"], "e2e drain") {
+	if rec.Attrs["reason"] != "drain requested" {
 		t.Errorf("DRAINING reason = %q", rec.Attrs["reason"])
+	}
+	// The operator's reason is the audit log's.
+	entries, err := admin.Audit(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(entries, func(e api.AuditEntry) bool { return e.Target == row2 && e.Reason == "e2e drain" }) {
+		t.Errorf("no audit entry of the drain of %s with its reason: %+v", row2, entries)
 	}
 	rec, _ = q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": row2, "to": "STOPPED"})
 	if !strings.Contains(rec.Attrs["reason"], "graceful") {
@@ -183,4 +169,39 @@ func TestProcessLlamaServer(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// startEngineCluster runs a queen with the model config models and a hive
+// of pool node-1 with the engines file engines and a test model of each
+// name in files; the queen is stopped at the end, the hive is the test's
+// to stop (or kill).
+func startEngineCluster(t testing.TB, engines, models string, files ...string) (q, hive *proc, qURL string) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "models.yaml")
+	writeConfig(t, cfg, models)
+	q, qURL = startQueenProc(t, t.TempDir(), "", "--config", cfg)
+	hdir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(hdir, "models"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range files {
+		if err := testmodel.WriteFile(filepath.Join(hdir, "models", name+".gguf"), testmodel.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hive = startProc(t, "hive node-1", nil, "hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",
+		"--data-dir", hdir, "--heartbeat-interval", "500ms", "--health-interval", "200ms", "--worker-ports", "24000-24999",
+		"--worker-threads", "1", "--worker-ctx-size", "2048", "--engines", engines)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("queen logs:\n%s", q.logs.String())
+			t.Logf("hive logs:\n%s", hive.logs.String())
+		}
+		if err := q.stop(t, syscall.SIGTERM); err != nil {
+			t.Errorf("queen exit: %v", err)
+		}
+	})
+	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
+	return q, hive, qURL
 }
