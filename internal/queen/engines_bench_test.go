@@ -43,7 +43,7 @@ func BenchmarkEngineColdStart(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			engines := docsEngines(b, map[string]string{tc.engine: tc.prog})
-			q, hive, qURL := startEngineCluster(b, engines, "models:\n  m:\n    file: tiny\n    engine: "+tc.engine+"\n", "tiny")
+			q, hive, qURL := startEngineCluster(b, engines, "models:\n  tiny:\n    engine: "+tc.engine+"\n", "tiny")
 			model := filepath.Join(b.TempDir(), "tiny.gguf")
 			if err := testmodel.WriteFile(model, testmodel.Options{}); err != nil {
 				b.Fatal(err)
@@ -54,7 +54,7 @@ func BenchmarkEngineColdStart(b *testing.B) {
 			qFrom, hFrom := 0, 0
 			for b.Loop() {
 				o := ownStart(b, tc.own(model, benchPort(b)))
-				resp, err := admin.StartWorker(ctx, "m", "node-1", nil, "bench")
+				resp, err := admin.StartWorker(ctx, "tiny", "node-1", nil, "bench")
 				if err != nil {
 					b.Fatal(err)
 				}
