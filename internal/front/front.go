@@ -185,7 +185,11 @@ func New(cfg Config) (*Front, error) {
 	f.hardCtx, f.cancelHard = context.WithCancel(context.Background())
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite:       f.rewrite,
-		Transport:     &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute},
+		// A connection of its own per request: an engine may close a
+		// kept-alive connection just as the next request goes out on it
+		// (llama-server does, after streamed answers), and a POST that
+		// was sent cannot be sent again. A loopback connect is cheap.
+		Transport:     &http.Transport{Proxy: nil, DisableKeepAlives: true},
 		FlushInterval: -1, // every write reaches the client at once: streams stay token by token
 		ErrorHandler:  f.proxyError,
 		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
