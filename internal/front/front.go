@@ -41,8 +41,13 @@ const (
 	DefaultShutdownGrace = 30 * time.Second
 	DefaultStopWait      = 5 * time.Second
 	DefaultHealthPath    = "/health"
-	// ReadyPoll is how often a starting engine's health path is asked.
-	ReadyPoll = 10 * time.Millisecond
+	// ReadyPoll is how often a starting engine's health path is asked:
+	// every FastPoll for its first FastPollFor (a small engine is up in
+	// tens of milliseconds, and a refused loopback connect costs
+	// microseconds), then every ReadyPoll.
+	ReadyPoll   = 10 * time.Millisecond
+	FastPoll    = 2 * time.Millisecond
+	FastPollFor = time.Second
 )
 
 // ErrInvalidConfig means Config.Validate found a problem.
@@ -206,7 +211,7 @@ func (f *Front) RequestShutdown() { f.quitOnce.Do(func() { close(f.quit) }) }
 //
 //  1. start the engine (ErrEngineStart) and serve (status loading: relayed
 //     requests answer 503 model_loading);
-//  2. ask the engine's health path every ReadyPoll until it answers 200
+//  2. ask the engine's health path (see ReadyPoll) until it answers 200
 //     (status ready);
 //  3. with a CallbackURL, send the ready callback; a refusal stops the
 //     engine and returns the error;
@@ -278,7 +283,8 @@ func (f *Front) endStarting(eng *engineProc, err error) error {
 // waitHealthy asks the engine's health path until it answers 200. It
 // returns errQuit on a shutdown, and an error once the engine exited.
 func (f *Front) waitHealthy(eng *engineProc) error {
-	t := time.NewTicker(ReadyPoll)
+	start := time.Now()
+	t := time.NewTimer(FastPoll)
 	defer t.Stop()
 	var last string
 	for {
@@ -296,6 +302,11 @@ func (f *Front) waitHealthy(eng *engineProc) error {
 		case <-f.quit:
 			return errQuit
 		case <-t.C:
+		}
+		if time.Since(start) < FastPollFor {
+			t.Reset(FastPoll)
+		} else {
+			t.Reset(ReadyPoll)
 		}
 	}
 }
