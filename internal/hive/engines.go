@@ -40,12 +40,13 @@ type Engine struct {
 }
 
 // Placeholders are what an engine's command and env may contain, each
-// replaced at spawn: the model file's path, the host and port the engine
-// must listen on, its context size, generation slots and CPU threads, the
-// GPU index (-1 on the CPU device), and a random bearer token the queen
-// then sends with every request (an engine whose command does not use
-// {api_key} gets no bearer).
-var Placeholders = []string{"model", "host", "port", "ctx_size", "slots", "threads", "gpu", "api_key"}
+// replaced at spawn: the model file's path, the model's name (the file's
+// name without .gguf: the "model" of every request the queen relays), the
+// loopback host and port the engine must listen on, its context size,
+// generation slots and CPU threads, the GPU index (-1 on the CPU device),
+// and a random key its front then sends as the bearer of every request
+// (an engine whose command does not use {api_key} gets no bearer).
+var Placeholders = []string{"model", "model_ref", "host", "port", "ctx_size", "slots", "threads", "gpu", "api_key"}
 
 // placeholderRE matches one placeholder: a name in braces.
 var placeholderRE = regexp.MustCompile(`\{([A-Za-z0-9_]*)\}`)
@@ -148,7 +149,7 @@ func (e Engine) healthPath() string {
 // engineValues are the placeholders' values for one spawn. A zero
 // ctx_size, slots or threads takes the built-in worker's default: 4096,
 // 1, one thread per CPU.
-func engineValues(model, host string, port, gpuIndex int, o startOptions, apiKey string) map[string]string {
+func engineValues(model, modelRef, host string, port, gpuIndex int, o startOptions, apiKey string) map[string]string {
 	ctx, slots, threads := o.CtxSize, o.Slots, o.Threads
 	if ctx <= 0 {
 		ctx = 4096
@@ -160,7 +161,7 @@ func engineValues(model, host string, port, gpuIndex int, o startOptions, apiKey
 		threads = runtime.NumCPU()
 	}
 	return map[string]string{
-		"model": model, "host": host, "port": strconv.Itoa(port), "ctx_size": strconv.Itoa(ctx),
+		"model": model, "model_ref": modelRef, "host": host, "port": strconv.Itoa(port), "ctx_size": strconv.Itoa(ctx),
 		"slots": strconv.Itoa(slots), "threads": strconv.Itoa(threads), "gpu": strconv.Itoa(gpuIndex), "api_key": apiKey,
 	}
 }

@@ -235,7 +235,7 @@ func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) (
 	if e.usesAPIKey() {
 		key = randomHex(32)
 	}
-	vals := engineValues(path, engineHost, port, workerDevice(w.device), opts, key)
+	vals := engineValues(path, w.modelRef, engineHost, port, workerDevice(w.device), opts, key)
 	engineURL := "http://" + hostPort(engineHost, port)
 	w.healthURL = engineURL + e.healthPath()
 	args := append([]string(nil), h.cfg.FrontArgs...)

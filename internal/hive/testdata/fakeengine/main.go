@@ -15,7 +15,9 @@
 // Authorization header. It takes its flags in three shapes, those of
 // docs/engines.md's examples: its own (-host, -port, -model), vLLM's
 // (serve MODEL --host H --port P --max-model-len N --max-num-seqs N) and
-// the generic server's (--model M --listen HOST:PORT); it answers 200 on
+// the generic server's (--model M --listen HOST:PORT); with vLLM's
+// --served-model-name it answers only requests for that model, as vLLM
+// does. It answers 200 on
 // both /health and /ready. With -pid-file it writes its pid there.
 package main
 
@@ -49,6 +51,7 @@ func main() {
 	fs.StringVar(&model, "model", model, "model file")
 	fs.Int("max-model-len", 0, "accepted, as vLLM's")
 	fs.Int("max-num-seqs", 0, "accepted, as vLLM's")
+	served := fs.String("served-model-name", "", "the only model name answered, as vLLM's; others get 404")
 	mode := fs.String("mode", "", "comma-separated misbehaviours")
 	childPID := fs.String("child-pid", "", "file the fork-child child writes its pid to")
 	pidFile := fs.String("pid-file", "", "file to write this process's pid to")
@@ -117,9 +120,16 @@ func main() {
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var req struct {
-			Stream bool `json:"stream"`
+			Model  string `json:"model"`
+			Stream bool   `json:"stream"`
 		}
 		_ = json.Unmarshal(body, &req)
+		if *served != "" && req.Model != *served {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, `{"error":{"message":"The model %q does not exist.","type":"NotFoundError","code":404}}`+"\n", req.Model)
+			return
+		}
 		if req.Stream {
 			stream(w, r, model, slow)
 			return
