@@ -189,7 +189,7 @@ func New(cfg Config) (*Front, error) {
 	}
 	f.hardCtx, f.cancelHard = context.WithCancel(context.Background())
 	f.proxy = &httputil.ReverseProxy{
-		Rewrite:       f.rewrite,
+		Rewrite: f.rewrite,
 		// A connection of its own per request: an engine may close a
 		// kept-alive connection just as the next request goes out on it
 		// (llama-server does, after streamed answers), and a POST that

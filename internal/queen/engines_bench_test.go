@@ -32,7 +32,7 @@ func BenchmarkEngineColdStart(b *testing.B) {
 	fake, server := testbin.FakeEngine(b), testbin.LlamaServer(b)
 	for _, tc := range []struct {
 		name, engine, prog string
-		own            func(model string, port int) []string // the engine's own command line
+		own                func(model string, port int) []string // the engine's own command line
 	}{
 		{"fake", "vllm", fake, func(model string, port int) []string {
 			return []string{fake, "serve", model, "--host", "127.0.0.1", "--port", strconv.Itoa(port)}
@@ -73,7 +73,9 @@ func BenchmarkEngineColdStart(b *testing.B) {
 			b.StopTimer()
 			report := func(name string, d []time.Duration) {
 				slices.Sort(d)
-				q := func(p float64) float64 { return float64(d[min(len(d)-1, int(p*float64(len(d))))].Microseconds()) / 1000 }
+				q := func(p float64) float64 {
+					return float64(d[min(len(d)-1, int(p*float64(len(d))))].Microseconds()) / 1000
+				}
 				b.ReportMetric(q(0.5), name+"-p50-ms")
 				b.ReportMetric(q(0.1), name+"-p10-ms")
 				b.ReportMetric(q(0.9), name+"-p90-ms")

@@ -2,8 +2,8 @@ package queen
 
 import (
 	"os"
-	"slices"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
