@@ -2,6 +2,8 @@ package queen
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,9 +18,11 @@ import (
 	"github.com/openai/openai-go/option"
 	"gopkg.in/yaml.v3"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/hive"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
 // docsEngines writes an engines file made of the example block of
@@ -180,4 +184,56 @@ func testDocsEngine(t *testing.T, engine string) {
 		t.Fatalf("the request after the crash: %v", err)
 	}
 	c.hive.logs.wait(t, n, "worker spawned", map[string]string{"engine": engine}) // the replacement
+}
+
+// On a TLS cluster an engine's front serves HTTPS on the worker's port
+// with the hive's certificate (plain HTTP gets nothing), calls back over
+// HTTPS, and a chat through the queen reaches the engine.
+func TestProcessEngineOverTLS(t *testing.T) {
+	certs := testbin.MakeTLS(t, t.TempDir(), "127.0.0.1", "localhost")
+	env := []string{"APIARY_CA_FILE=" + certs.CA}
+	tlsArgs := []string{"--tls-cert", certs.Cert, "--tls-key", certs.Key}
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "models.yaml")
+	writeConfig(t, cfg, "models:\n  chat:\n    file: tiny\n    engine: generic\n")
+	engines := docsEngines(t, map[string]string{"generic": testbin.FakeEngine(t)})
+	q := startProc(t, "queen", env, append([]string{"queen", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--config", cfg}, tlsArgs...)...)
+	rec, _ := q.logs.wait(t, 0, "queen serving", nil)
+	qURL := "https://" + rec.Attrs["addr"]
+	if err := os.MkdirAll(filepath.Join(dir, "models"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteFile(filepath.Join(dir, "models", "tiny.gguf"), testmodel.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	hive := startProc(t, "hive", env, append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",
+		"--data-dir", dir, "--heartbeat-interval", "500ms", "--worker-ports", "24000-24999", "--engines", engines}, tlsArgs...)...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("queen logs:\n%s", q.logs.String())
+			t.Logf("hive logs:\n%s", hive.logs.String())
+		}
+		_ = hive.stop(t, syscall.SIGTERM)
+		_ = q.stop(t, syscall.SIGTERM)
+	})
+	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
+	client := oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0),
+		option.WithHTTPClient(tlsClient(t, certs)))
+	resp, err := client.Chat.Completions.New(t.Context(), oai.ChatCompletionNewParams{Model: "chat",
+		Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("hi")}})
+	if err != nil || len(resp.Choices) != 1 || resp.Choices[0].Message.Content != "fake engine answer" {
+		t.Fatalf("chat over https: %+v, %v", resp, err)
+	}
+	rows := getJSON[api.LifecycleRowList](t, nil, certs, qURL+"/api/admin/workers")
+	if len(rows.Workers) != 1 || !strings.HasPrefix(rows.Workers[0].URI, "https://") {
+		t.Fatalf("rows %+v, want one https worker", rows)
+	}
+	plain, err := http.Get("http://" + strings.TrimPrefix(rows.Workers[0].URI, "https://") + "/health")
+	if err == nil {
+		b, _ := io.ReadAll(plain.Body)
+		plain.Body.Close()
+		if plain.StatusCode == http.StatusOK || strings.Contains(string(b), `"status"`) {
+			t.Errorf("plain HTTP to the front: %d %s", plain.StatusCode, b)
+		}
+	}
 }
