@@ -212,13 +212,19 @@ func TestEngineChildDiesWithItsGroup(t *testing.T) {
 	th := startHive(t, withEngine(t, "fork-child", pidFile))
 	id := th.startEngine()
 	th.rec.wait(t, id, lifecycle.Ready)
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	child, err := strconv.Atoi(string(b))
-	if err != nil {
-		t.Fatal(err)
+	// The child writes its pid once it runs, which may be after the
+	// engine answered its first health check.
+	var child int
+	for deadline := time.Now().Add(waitLimit); ; time.Sleep(5 * time.Millisecond) {
+		b, err := os.ReadFile(pidFile)
+		if err == nil {
+			if child, err = strconv.Atoi(string(b)); err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine's child wrote no pid: %v", err)
+		}
 	}
 	th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{}, nil)
 	th.rec.wait(t, id, lifecycle.Stopped)
