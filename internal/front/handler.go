@@ -170,7 +170,8 @@ func (f *Front) end() {
 
 // rewrite points a relayed request at the engine: the same method, path,
 // query, headers and body, with the engine's key as its bearer instead
-// of the worker's token (hop-by-hop headers are dropped by the proxy).
+// of the worker's token (the proxy drops hop-by-hop headers, Forwarded
+// and X-Forwarded-*).
 func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(f.target)
 	pr.Out.Header.Del("Authorization")
