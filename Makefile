@@ -43,7 +43,7 @@ export CGO_CPPFLAGS = -I$(CGO_INCLUDE) -I$(OLLAMA_DIR)/llama/llama.cpp/include -
 
 TEST_FLAGS ?= -count=1 -timeout 60m
 
-.PHONY: all build deps cgo-include lint test demo bench bench-worker clean
+.PHONY: all build deps cgo-include lint llama-server test demo bench bench-worker clean
 
 all: build
 
@@ -78,7 +78,13 @@ lint: cgo-include
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
-test: deps build lint
+# llama.cpp's llama-server, which the external-engine tests run: built
+# alone, CPU only, once per version into the user's cache
+# (scripts/bench-llama-server.sh server; internal/testbin.LlamaServer).
+llama-server: deps
+	@./scripts/bench-llama-server.sh server >/dev/null
+
+test: deps build lint llama-server
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
 

@@ -6,6 +6,10 @@
 #
 #   scripts/bench-llama-server.sh [build|model|run|self-test|llama-bench|all]
 #
+#   server       obtain llama.cpp and build llama-server alone into the cache
+#                (skipped when already built), and print its path; `make
+#                test` runs it: the external-engine tests serve a model
+#                with it (internal/testbin.LlamaServer)
 #   build        obtain llama.cpp and build llama-server, llama-bench and
 #                llama-quantize into the cache (skipped when already built)
 #   model        make the benchmark model (skipped when already made)
@@ -93,30 +97,24 @@ ensure_tools() {
   command -v npm >/dev/null || die "npm is needed to fetch node-llama-cpp (apt-get install npm)"
 }
 
-# build obtains llama.cpp from node-llama-cpp@NLC_VERSION and builds the
-# three tools, unless the cache already has them.
-build() {
-  if [ -x "$LS_BIN/llama-server" ] && [ -x "$LS_BIN/llama-bench" ] && [ -x "$LS_BIN/llama-quantize" ]; then
-    log "llama.cpp tools cached in $LS_BIN ($(sed -n 's/^llama_cpp_tag=//p' "$LS_DIR/build-info.txt" 2>/dev/null))"
-    return
-  fi
+# fetch_source puts llama.cpp's source from node-llama-cpp@NLC_VERSION in
+# $LS_DIR/src and configures $LS_DIR/build, unless that is done already.
+fetch_source() {
+  [ -f "$LS_DIR/build/CMakeCache.txt" ] && [ -f "$LS_DIR/source-tag" ] && return
   ensure_tools
   mkdir -p "$LS_DIR"
   local tmp
   tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' RETURN
+  trap "rm -rf '$tmp'; trap - RETURN" RETURN
   log "fetching node-llama-cpp@$NLC_VERSION from the npm registry"
   (cd "$tmp" && npm pack --silent "node-llama-cpp@$NLC_VERSION" >/dev/null)
   tar -xzf "$tmp/node-llama-cpp-$NLC_VERSION.tgz" -C "$tmp" \
     package/llama/gitRelease.bundle package/llama/llama.cpp.info.json ||
     die "node-llama-cpp@$NLC_VERSION ships no llama.cpp source bundle (package/llama/gitRelease.bundle)"
-  local tag commit
+  local tag build_number=0
   tag=$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$tmp/package/llama/llama.cpp.info.json")
-  rm -rf "$LS_DIR/src" "$LS_DIR/build"
+  rm -rf "$LS_DIR/src" "$LS_DIR/build" "$LS_DIR/source-tag"
   git clone --quiet "$tmp/package/llama/gitRelease.bundle" "$LS_DIR/src" 2>/dev/null
-  commit=$(git -C "$LS_DIR/src" rev-parse HEAD)
-  log "building llama.cpp $tag (bundle commit $commit) with $JOBS jobs"
-  local start=$SECONDS build_number=0
   [[ $tag =~ ^b([0-9]+)$ ]] && build_number=${BASH_REMATCH[1]}
   # LLAMA_BUILD_NUMBER/COMMIT: the bundle is one squashed commit, so
   # llama.cpp's own git lookup would report a meaningless number.
@@ -126,17 +124,27 @@ build() {
     -DLLAMA_BUILD_NUMBER="$build_number" -DLLAMA_BUILD_COMMIT="$tag" \
     -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
     >"$LS_DIR/cmake-configure.log" 2>&1 || { tail -30 "$LS_DIR/cmake-configure.log" >&2; die "cmake configure failed"; }
-  cmake --build "$LS_DIR/build" -j "$JOBS" --target llama-server llama-bench llama-quantize \
+  echo "$tag" >"$LS_DIR/source-tag"
+}
+
+# build_targets builds the named llama.cpp targets into $LS_BIN and
+# records how in build-info.txt (the seconds each call took, appended).
+build_targets() {
+  fetch_source
+  local tag commit start=$SECONDS
+  tag=$(cat "$LS_DIR/source-tag")
+  commit=$(git -C "$LS_DIR/src" rev-parse HEAD)
+  log "building $* of llama.cpp $tag (bundle commit $commit) with $JOBS jobs"
+  cmake --build "$LS_DIR/build" -j "$JOBS" --target "$@" \
     >"$LS_DIR/cmake-build.log" 2>&1 || { tail -30 "$LS_DIR/cmake-build.log" >&2; die "build failed (log: $LS_DIR/cmake-build.log)"; }
-  local secs=$((SECONDS - start))
+  local secs=$((SECONDS - start)) t
   mkdir -p "$LS_BIN"
-  cp "$LS_DIR/build/bin/llama-server" "$LS_DIR/build/bin/llama-bench" "$LS_DIR/build/bin/llama-quantize" "$LS_BIN/"
+  for t in "$@"; do cp "$LS_DIR/build/bin/$t" "$LS_BIN/$t.tmp" && mv "$LS_BIN/$t.tmp" "$LS_BIN/$t"; done
   cp "$LS_DIR/build/CMakeCache.txt" "$LS_DIR/CMakeCache.txt"
   {
     echo "npm_package=node-llama-cpp@$NLC_VERSION"
     echo "llama_cpp_tag=$tag"
     echo "bundle_commit=$commit"
-    echo "build_seconds=$secs"
     echo "compiler=$(g++ --version | head -1)"
     echo "cmake=$(cmake --version | head -1)"
     # The per-instruction-set options (GGML_AVX2, …) are left out: with
@@ -145,8 +153,32 @@ build() {
       sed 's/:[A-Z]*=/=/'
     echo "ggml_cpu_compile_flags=$(sed -n 's/^CXX_FLAGS = //p' "$LS_DIR/build/ggml/src/CMakeFiles/ggml-cpu.dir/flags.make" | head -1)"
     echo "ggml_cpu_defines=$(sed -n 's/^CXX_DEFINES = //p' "$LS_DIR/build/ggml/src/CMakeFiles/ggml-cpu.dir/flags.make" | head -1)"
-  } >"$LS_DIR/build-info.txt"
-  log "built in ${secs}s; tools in $LS_BIN; see $LS_DIR/build-info.txt"
+    grep '^build_seconds' "$LS_DIR/build-info.txt" 2>/dev/null || true
+    echo "build_seconds[$*]=$secs"
+  } >"$LS_DIR/build-info.txt.tmp"
+  mv "$LS_DIR/build-info.txt.tmp" "$LS_DIR/build-info.txt"
+  log "built $* in ${secs}s; in $LS_BIN; see $LS_DIR/build-info.txt"
+}
+
+# server builds llama-server alone (what the tests run), unless the cache
+# has it: the one target, CPU only, no curl. It prints the binary's path.
+server() {
+  if [ -x "$LS_BIN/llama-server" ]; then
+    log "llama-server cached in $LS_BIN ($(cat "$LS_DIR/source-tag" 2>/dev/null))"
+  else
+    build_targets llama-server
+  fi
+  echo "$LS_BIN/llama-server"
+}
+
+# build builds the three tools the benchmark runs, unless the cache
+# already has them; what llama-server already built is reused.
+build() {
+  if [ -x "$LS_BIN/llama-server" ] && [ -x "$LS_BIN/llama-bench" ] && [ -x "$LS_BIN/llama-quantize" ]; then
+    log "llama.cpp tools cached in $LS_BIN ($(cat "$LS_DIR/source-tag" 2>/dev/null))"
+    return
+  fi
+  build_targets llama-server llama-bench llama-quantize
 }
 
 # model_path prints the benchmark model's path.
@@ -253,11 +285,12 @@ llama_bench() {
 }
 
 case "${1:-all}" in
+  server) server ;;
   build) build ;;
   model) model ;;
   run) harness apiary ;;
   self-test) harness llama-server ;;
   llama-bench) llama_bench ;;
   all) build; model; llama_bench; harness apiary ;;
-  *) die "unknown step ${1} (want build, model, run, self-test, llama-bench or all)" ;;
+  *) die "unknown step ${1} (want server, build, model, run, self-test, llama-bench or all)" ;;
 esac

@@ -10,6 +10,7 @@ pkgs=(
   postgresql-15      # the store's PostgreSQL tests start throwaway clusters from its binaries
   openssh-server openssh-client iproute2 # multi-node tests: scripts/netns.sh runs sshd in network namespaces; the queen runs the system ssh
   qemu-user          # runs the portable build on an emulated CPU without AVX2 (internal/worker's CPU build test)
+  cmake git          # llama.cpp's llama-server, built for the external-engine tests (scripts/bench-llama-server.sh server)
   systemd            # systemd-analyze verify checks the units of apiary service install (internal/service)
   chromium           # the dashboard's browser tests (internal/queen) drive it headless through chromedp
 )

@@ -39,6 +39,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newQueenCmd(),
 		newHiveCmd(),
 		newWorkerCmd(),
+		newEngineFrontCmd(),
 		newInferCmd(),
 		newWorkersCmd(),
 		newPoolsCmd(),

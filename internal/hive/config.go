@@ -30,6 +30,11 @@ type Config struct {
 	WorkerPath string
 	WorkerArgs []string
 	WorkerEnv  []string
+	// FrontPath is the apiary binary run as an external engine's front
+	// (default: this executable), with FrontArgs before its flags
+	// (default: ["engine-front"]).
+	FrontPath string
+	FrontArgs []string
 	// Engines are the external engines this hive can run besides the
 	// built-in one, by name (LoadEngines reads them from a file); default
 	// none.
@@ -119,6 +124,9 @@ func (c Config) withDefaults() Config {
 	config.Default(&c.ModelsDir, filepath.Join(c.DataDir, "models"))
 	if c.WorkerArgs == nil {
 		c.WorkerArgs = []string{"worker"}
+	}
+	if c.FrontArgs == nil {
+		c.FrontArgs = []string{"engine-front"}
 	}
 	if c.PortMin == 0 && c.PortMax == 0 {
 		c.PortMin, c.PortMax = DefaultPortMin, DefaultPortMax

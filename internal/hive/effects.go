@@ -37,8 +37,6 @@ type Process interface {
 type WorkerClient interface {
 	Health(ctx context.Context, uri string) (api.WorkerHealth, error)
 	Shutdown(ctx context.Context, uri, token string) error
-	// Probe asks an external engine's health URL; nil on a 200.
-	Probe(ctx context.Context, url string) error
 }
 
 // ModelInspector reads what preflight needs from a model file.
@@ -87,10 +85,6 @@ func (c *httpWorkerClient) Health(ctx context.Context, uri string) (api.WorkerHe
 
 func (c *httpWorkerClient) Shutdown(ctx context.Context, uri, token string) error {
 	return rpc.Do(ctx, c.c, rpc.Call{Method: http.MethodPost, URL: uri + "/v1/admin/shutdown", Token: token, MaxAnswer: 4096})
-}
-
-func (c *httpWorkerClient) Probe(ctx context.Context, url string) error {
-	return probeEngine(ctx, c.c, url)
 }
 
 func (c *httpWorkerClient) close() { c.c.CloseIdleConnections() }

@@ -2,12 +2,10 @@ package hive
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"os"
 	"regexp"
 	"runtime"
@@ -42,12 +40,13 @@ type Engine struct {
 }
 
 // Placeholders are what an engine's command and env may contain, each
-// replaced at spawn: the model file's path, the host and port the engine
-// must listen on, its context size, generation slots and CPU threads, the
-// GPU index (-1 on the CPU device), and a random bearer token the queen
-// then sends with every request (an engine whose command does not use
-// {api_key} gets no bearer).
-var Placeholders = []string{"model", "host", "port", "ctx_size", "slots", "threads", "gpu", "api_key"}
+// replaced at spawn: the model file's path, the model's name (the file's
+// name without .gguf: the "model" of every request the queen relays), the
+// loopback host and port the engine must listen on, its context size,
+// generation slots and CPU threads, the GPU index (-1 on the CPU device),
+// and a random key its front then sends as the bearer of every request
+// (an engine whose command does not use {api_key} gets no bearer).
+var Placeholders = []string{"model", "model_ref", "host", "port", "ctx_size", "slots", "threads", "gpu", "api_key"}
 
 // placeholderRE matches one placeholder: a name in braces.
 var placeholderRE = regexp.MustCompile(`\{([A-Za-z0-9_]*)\}`)
@@ -150,7 +149,7 @@ func (e Engine) healthPath() string {
 // engineValues are the placeholders' values for one spawn. A zero
 // ctx_size, slots or threads takes the built-in worker's default: 4096,
 // 1, one thread per CPU.
-func engineValues(model, host string, port, gpuIndex int, o startOptions, apiKey string) map[string]string {
+func engineValues(model, modelRef, host string, port, gpuIndex int, o startOptions, apiKey string) map[string]string {
 	ctx, slots, threads := o.CtxSize, o.Slots, o.Threads
 	if ctx <= 0 {
 		ctx = 4096
@@ -162,7 +161,7 @@ func engineValues(model, host string, port, gpuIndex int, o startOptions, apiKey
 		threads = runtime.NumCPU()
 	}
 	return map[string]string{
-		"model": model, "host": host, "port": strconv.Itoa(port), "ctx_size": strconv.Itoa(ctx),
+		"model": model, "model_ref": modelRef, "host": host, "port": strconv.Itoa(port), "ctx_size": strconv.Itoa(ctx),
 		"slots": strconv.Itoa(slots), "threads": strconv.Itoa(threads), "gpu": strconv.Itoa(gpuIndex), "api_key": apiKey,
 	}
 }
@@ -180,21 +179,4 @@ func expand(s string, vals map[string]string) string {
 // engineNames is the hive's engines, builtin first, the rest sorted.
 func (h *Hive) engineNames() []string {
 	return append([]string{EngineBuiltin}, slices.Sorted(maps.Keys(h.cfg.Engines))...)
-}
-
-// probeEngine asks an external engine's health path: nil on a 200.
-func probeEngine(ctx context.Context, hc *http.Client, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return nil
 }

@@ -2,9 +2,12 @@ package hive
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,10 +66,13 @@ func TestLoadEnginesReadsAGoodFile(t *testing.T) {
 }
 
 // withEngine declares engine "fake": the fake engine with mode's
-// misbehaviours; its child, if any, writes its pid to childPID.
+// misbehaviours behind the real apiary engine-front; its child, if any,
+// writes its pid to childPID.
 func withEngine(t testing.TB, mode, childPID string) hiveOpt {
 	bin := testbin.FakeEngine(t)
+	front := apiaryBin(t)
 	return func(c *Config) {
+		c.FrontPath = front
 		c.Engines = map[string]Engine{"fake": {Command: []string{bin, "-host", "{host}", "-port", "{port}", "-model", "{model}",
 			"-mode", mode, "-child-pid", childPID}}}
 	}
@@ -75,54 +81,101 @@ func withEngine(t testing.TB, mode, childPID string) hiveOpt {
 // startEngine starts a worker of model tiny on engine fake.
 func (th *testHive) startEngine() string {
 	th.t.Helper()
+	return th.startOn("fake")
+}
+
+// startOn starts a worker of model tiny on engine.
+func (th *testHive) startOn(engine string) string {
+	th.t.Helper()
 	var res api.StartWorkerResponse
-	if code := th.do("POST", "/v2/workers/start", api.StartWorkerRequest{ModelRef: "tiny", Engine: "fake"}, &res); code != http.StatusAccepted {
+	if code := th.do("POST", "/v2/workers/start", api.StartWorkerRequest{ModelRef: "tiny", Engine: engine}, &res); code != http.StatusAccepted {
 		th.t.Fatalf("start: %d", code)
 	}
 	return res.WorkerID
+}
+
+// engineAnswer is the fake engine's chat answer.
+type engineAnswer struct {
+	Choices []struct {
+		Message struct{ Content string } `json:"message"`
+	} `json:"choices"`
+	ReceivedBody string `json:"received_body"`
+	ReceivedAuth string `json:"received_authorization"`
+}
+
+// chat posts body to a worker's chat completions with its token.
+func chat(uri, token, body string) (engineAnswer, int, error) {
+	var a engineAnswer
+	req, err := http.NewRequest(http.MethodPost, uri+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return a, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return a, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return a, resp.StatusCode, fmt.Errorf("chat: %d %s", resp.StatusCode, b)
+	}
+	return a, resp.StatusCode, json.NewDecoder(resp.Body).Decode(&a)
+}
+
+// workerLog is worker id's log: its front's lines and the engine's output.
+func (th *testHive) workerLog(id string) string {
+	b, _ := os.ReadFile(filepath.Join(th.data.logsDir(), id+".log"))
+	return string(b)
 }
 
 func TestEngineBecomesReadyServesAndStops(t *testing.T) {
 	th := startHive(t, withEngine(t, "", ""))
 	id := th.startEngine()
 	ready := th.rec.wait(t, id, lifecycle.Ready)
-	if !strings.Contains(ready.Reason, "/health answered 200") {
+	if !strings.Contains(ready.Reason, "ready callback") {
 		t.Errorf("ready reason = %q", ready.Reason)
 	}
-	if ready.WorkerToken != "" {
-		t.Errorf("an engine without {api_key} got a token: %q", ready.WorkerToken)
+	if len(ready.WorkerToken) != 64 {
+		t.Errorf("an engine's worker has token %q; its front checks it as a built-in worker does", ready.WorkerToken)
 	}
 	if w := th.worker(id); w.VRAMBytes == 0 {
 		t.Errorf("ready engine holds no memory: %+v", w)
 	}
-	resp, err := http.Post(ready.Worker.URI+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"tiny","messages":[]}`))
-	if err != nil {
-		t.Fatal(err)
+	if _, code, _ := chat(ready.Worker.URI, "", `{"model":"tiny","messages":[]}`); code != http.StatusUnauthorized {
+		t.Errorf("a request without the worker's token: %d, want 401", code)
 	}
-	var answer struct {
-		ReceivedBody string `json:"received_body"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&answer)
-	resp.Body.Close()
+	answer, _, err := chat(ready.Worker.URI, ready.WorkerToken, `{"model":"tiny","messages":[]}`)
 	if err != nil || answer.ReceivedBody != `{"model":"tiny","messages":[]}` {
 		t.Fatalf("answer %+v, %v", answer, err)
+	}
+	if answer.ReceivedAuth != "" {
+		t.Errorf("an engine without {api_key} received the bearer %q", answer.ReceivedAuth)
 	}
 	if code := th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{}, nil); code != http.StatusAccepted {
 		t.Fatalf("stop: %d", code)
 	}
 	stopped := th.rec.wait(t, id, lifecycle.Stopped)
-	if !strings.Contains(stopped.Reason, "forced stop") {
-		t.Errorf("stopped reason = %q (an engine is stopped by SIGTERM)", stopped.Reason)
+	if !strings.Contains(stopped.Reason, "graceful stop: exit code 0") {
+		t.Errorf("stopped reason = %q (the front stops its engine and exits)", stopped.Reason)
 	}
 	th.gone(id)
 	portFree(t, ready.Worker.URI)
+	if log := th.workerLog(id); !strings.Contains(log, "engine stopped") || !strings.Contains(log, "stop=graceful") {
+		t.Errorf("the worker log does not say how the engine stopped:\n%s", log)
+	}
 }
 
 func TestEngineNeverHealthyFailsAtTheStartTimeoutWithItsOutput(t *testing.T) {
 	th := startHive(t, withEngine(t, "never-healthy", ""), func(c *Config) { c.CallbackTimeout = time.Second })
 	id := th.startEngine()
 	failed := th.rec.wait(t, id, lifecycle.Failed)
-	for _, w := range []string{"/health did not answer 200 within 1s", "fakeengine: serving"} {
+	// The reason names the health URL and ends with the engine's last
+	// lines of output.
+	for _, w := range []string{"/health did not answer 200 within 1s", "last output:", "fakeengine: serving"} {
 		if !strings.Contains(failed.Reason, w) {
 			t.Errorf("failed reason %q lacks %q", failed.Reason, w)
 		}
@@ -140,19 +193,18 @@ func TestEngineExitingAtOnceFails(t *testing.T) {
 	th.gone(id)
 }
 
+// The front stops an engine that ignores SIGTERM with SIGKILL after the
+// hive's --shutdown-ack, as the hive stops a worker that ignores it.
 func TestEngineIgnoringSIGTERMIsKilled(t *testing.T) {
 	th := startHive(t, withEngine(t, "ignore-term", ""))
 	id := th.startEngine()
 	th.rec.wait(t, id, lifecycle.Ready)
 	th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{}, nil)
-	stopped := th.rec.wait(t, id, lifecycle.Stopped)
-	if !strings.Contains(stopped.Reason, "killed by signal 9") {
-		t.Errorf("stopped reason = %q, want SIGKILL", stopped.Reason)
-	}
-	if !strings.Contains(th.logs.String(), "worker ignored SIGTERM; sending SIGKILL") {
-		t.Errorf("no SIGKILL escalation logged")
-	}
+	th.rec.wait(t, id, lifecycle.Stopped)
 	th.gone(id)
+	if log := th.workerLog(id); !strings.Contains(log, "stop=forced") || !strings.Contains(log, "killed by signal 9") {
+		t.Errorf("the worker log does not say the engine was killed:\n%s", log)
+	}
 }
 
 func TestEngineChildDiesWithItsGroup(t *testing.T) {
@@ -160,19 +212,117 @@ func TestEngineChildDiesWithItsGroup(t *testing.T) {
 	th := startHive(t, withEngine(t, "fork-child", pidFile))
 	id := th.startEngine()
 	th.rec.wait(t, id, lifecycle.Ready)
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	child, err := strconv.Atoi(string(b))
-	if err != nil {
-		t.Fatal(err)
+	// The child writes its pid once it runs, which may be after the
+	// engine answered its first health check.
+	var child int
+	for deadline := time.Now().Add(waitLimit); ; time.Sleep(5 * time.Millisecond) {
+		b, err := os.ReadFile(pidFile)
+		if err == nil {
+			if child, err = strconv.Atoi(string(b)); err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine's child wrote no pid: %v", err)
+		}
 	}
 	th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{}, nil)
 	th.rec.wait(t, id, lifecycle.Stopped)
 	th.gone(id)
 	if s, err := procs.ReadStat(child); err == nil && s.Alive() {
 		t.Errorf("the engine's child %d outlived it", child)
+	}
+}
+
+// The hive's idle timeout stops an engine's worker as a built-in one: a
+// request in flight keeps it, the time since the last one ends it.
+func TestEngineIdleTimeout(t *testing.T) {
+	th := startHive(t, withEngine(t, "slow=1s", ""), func(c *Config) { c.IdleTimeout = 300 * time.Millisecond })
+	id := th.startEngine()
+	ready := th.rec.wait(t, id, lifecycle.Ready)
+	// The request outlasts the idle timeout three times over.
+	if _, _, err := chat(ready.Worker.URI, ready.WorkerToken, `{"messages":[]}`); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Now()
+	if st := th.rec.states(id); slices.Contains(st, "draining") {
+		t.Fatalf("stopped while a request was in flight: %v", st)
+	}
+	if st := th.rec.states(id); !slices.Contains(st, "busy") {
+		t.Errorf("never busy while serving: %v", st)
+	}
+	ev := th.rec.wait(t, id, lifecycle.Draining)
+	if !strings.Contains(ev.Reason, "idle for 300ms") {
+		t.Errorf("reason = %q", ev.Reason)
+	}
+	if ev.At.Before(answered) {
+		t.Errorf("idle stop at %s, before the request ended at %s", ev.At, answered)
+	}
+	th.rec.wait(t, id, lifecycle.Stopped)
+	th.gone(id)
+}
+
+// A drain waits for the requests in flight on an engine, as on a
+// built-in worker: the stream ends whole, then the engine stops.
+func TestEngineDrainLetsInFlightRequestFinish(t *testing.T) {
+	th := startHive(t, withEngine(t, "slow=1s", ""))
+	id := th.startEngine()
+	ready := th.rec.wait(t, id, lifecycle.Ready)
+	done := make(chan error, 1)
+	go func() {
+		a, _, err := chat(ready.Worker.URI, ready.WorkerToken, `{"messages":[]}`)
+		if err == nil && (len(a.Choices) != 1 || a.Choices[0].Message.Content != "fake engine answer") {
+			err = fmt.Errorf("answer %+v", a)
+		}
+		done <- err
+	}()
+	th.rec.wait(t, id, lifecycle.Busy)
+	if code := th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{Drain: true}, nil); code != http.StatusAccepted {
+		t.Fatalf("stop: %d", code)
+	}
+	draining := th.rec.wait(t, id, lifecycle.Draining)
+	if draining.Reason != "drain requested" {
+		t.Errorf("draining reason = %q", draining.Reason)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("in-flight request during drain: %v", err)
+	}
+	ev := th.rec.wait(t, id, lifecycle.Stopped)
+	if !strings.Contains(ev.Reason, "graceful") {
+		t.Errorf("reason = %q", ev.Reason)
+	}
+	th.gone(id)
+}
+
+// An engine whose health path answers 200 and 503 in turn degrades on
+// each miss and recovers on each answer; with fewer misses in a row than
+// --health-failures it is never failed.
+func TestEngineHealthFlapping(t *testing.T) {
+	th := startHive(t, withEngine(t, "flap", ""), func(c *Config) { c.HealthFailures = 2 })
+	id := th.startEngine()
+	th.rec.wait(t, id, lifecycle.Ready)
+	deadline := time.After(waitLimit)
+	for {
+		st := th.rec.states(id)
+		if slices.Contains(st, "failed") {
+			t.Fatalf("a flapping engine failed: %v", st)
+		}
+		if len(st) >= 6 {
+			if want := []string{"starting", "ready", "degraded", "ready", "degraded", "ready"}; !slices.Equal(st[:6], want) {
+				t.Fatalf("states = %v, want %v first", st, want)
+			}
+			break
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("states %v", st)
+		case <-th.rec.changed():
+		}
+	}
+	for _, ev := range th.rec.of(id) {
+		if ev.To == string(lifecycle.Degraded) && !strings.Contains(ev.Reason, "engine_unhealthy") {
+			t.Errorf("degraded reason %q does not say the engine's health failed", ev.Reason)
+		}
 	}
 }
 
@@ -190,7 +340,10 @@ func TestUnknownEngineRefusedNamingIt(t *testing.T) {
 	}
 }
 
-func TestEngineWithAPIKeyGetsAToken(t *testing.T) {
+// An engine whose command uses {api_key} gets a key of its own, which
+// its front sends as the bearer of what it relays; the worker's token
+// stays between the queen and the front.
+func TestEngineWithAPIKeyGetsItsOwnKey(t *testing.T) {
 	th := startHive(t, withEngine(t, "", ""), func(c *Config) {
 		e := c.Engines["fake"]
 		e.Env = map[string]string{"FAKE_ENGINE_KEY": "{api_key}"}
@@ -198,11 +351,12 @@ func TestEngineWithAPIKeyGetsAToken(t *testing.T) {
 	})
 	id := th.startEngine()
 	ready := th.rec.wait(t, id, lifecycle.Ready)
-	if len(ready.WorkerToken) != 64 {
-		t.Errorf("an engine with {api_key} has token %q; the queen sends it as the bearer", ready.WorkerToken)
+	a, _, err := chat(ready.Worker.URI, ready.WorkerToken, `{"messages":[]}`)
+	if err != nil {
+		t.Fatal(err)
 	}
-	_, tokens := th.reg.heartbeat()
-	if tokens[id] != ready.WorkerToken {
-		t.Errorf("heartbeat token %q, event token %q", tokens[id], ready.WorkerToken)
+	key, ok := strings.CutPrefix(a.ReceivedAuth, "Bearer ")
+	if !ok || len(key) != 64 || key == ready.WorkerToken {
+		t.Errorf("the engine received %q; want its own key, not the worker's token", a.ReceivedAuth)
 	}
 }

@@ -67,6 +67,13 @@ func New(cfg Config) (*Hive, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.FrontPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("hive: find own executable for engine fronts: %w", err)
+		}
+		cfg.FrontPath = exe
+	}
 	if cfg.WorkerPath == "" {
 		exe, err := os.Executable()
 		if err != nil {

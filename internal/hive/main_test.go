@@ -106,6 +106,19 @@ func (r *recorder) states(id string) []string {
 	return s
 }
 
+// of lists worker id's events.
+func (r *recorder) of(id string) []api.WorkerEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []api.WorkerEvent
+	for _, ev := range r.events {
+		if ev.WorkerID == id {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
 func (r *recorder) String() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()

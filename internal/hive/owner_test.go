@@ -93,12 +93,6 @@ func (c *fakeClient) Shutdown(context.Context, string, string) error {
 	return nil
 }
 
-func (c *fakeClient) Probe(context.Context, string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
-}
-
 func (c *fakeClient) set(fn func()) { c.mu.Lock(); defer c.mu.Unlock(); fn() }
 
 type fakeInspector struct{}

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -125,15 +126,6 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		device: dev, estimate: info.MemoryBytes, token: randomHex(32), idleTimeout: opts.idleTimeout,
 		engine: eng, cmds: make(chan any), done: make(chan struct{}),
 	}
-	if eng != nil {
-		if !eng.usesAPIKey() {
-			w.token = ""
-		}
-		// The hive does not see an external engine's requests (the queen
-		// relays them straight to it), so it cannot tell a busy engine from
-		// an idle one: it never idle-stops one.
-		w.idleTimeout = -1
-	}
 	w.log = h.log.With("worker_id", id, "model_ref", w.modelRef, deviceAttr(dev))
 	if eng != nil {
 		w.log = w.log.With("engine", req.Engine)
@@ -146,32 +138,27 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 
 	var spec procs.Spec
 	if eng != nil {
-		spec = h.engineSpec(w, *eng, path, opts)
+		spec, err = h.engineSpec(w, *eng, path, opts)
 	} else {
 		spec = h.builtinSpec(w, req, path, opts)
 	}
+	var lf *os.File
+	if err == nil {
+		if lf, err = w.listener.File(); err != nil {
+			err = fmt.Errorf("the worker's socket: %w", err)
+		}
+	}
+	if err != nil {
+		w.out.close()
+		h.reg.remove(w)
+		return snap, fmt.Errorf("%w: %w", ErrSpawn, err)
+	}
+	spec.ExtraFiles = []*os.File{lf}
 	w.spawnedAt = time.Now()
 	w.m = lifecycle.NewMachine(w.spawnedAt)
-	var lf *os.File
-	if eng == nil {
-		if lf, err = w.listener.File(); err != nil {
-			w.out.close()
-			h.reg.remove(w)
-			return snap, fmt.Errorf("%w: the worker's socket: %w", ErrSpawn, err)
-		}
-		spec.ExtraFiles = []*os.File{lf}
-	} else {
-		// An external engine binds the port itself: the hive lets go of
-		// it just before the spawn.
-		h.reg.mu.Lock()
-		w.closeListener()
-		h.reg.mu.Unlock()
-	}
 	proc, err := h.launcher.Launch(ctx, spec)
-	// The worker has its own copy of the socket now (or none was made).
-	if lf != nil {
-		lf.Close()
-	}
+	// The worker has its own copy of the socket now.
+	lf.Close()
 	h.reg.mu.Lock()
 	w.closeListener()
 	h.reg.mu.Unlock()
@@ -231,12 +218,51 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 	return procs.Spec{Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out}
 }
 
-// engineSpec is an external engine's command line and environment, its
-// placeholders replaced. No secret of the hive's reaches it; it serves
-// plain HTTP on the hive's worker host and the port the hive allocated.
-func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) procs.Spec {
-	vals := engineValues(path, h.cfg.WorkerHost, w.port, workerDevice(w.device), opts, w.token)
-	args := make([]string, 0, len(e.Command)-1)
+// engineSpec runs an external engine behind its front: `apiary
+// engine-front` serves the worker's socket as a built-in worker does (the
+// same token, /health, shutdown and ready callback) and starts the
+// engine's command line, given after "--" with its placeholders
+// replaced, on a loopback port of the engine's own that only the front
+// reaches. No secret of the hive's reaches the engine: the front gets
+// the worker's token and the engine's key, if its command uses
+// {api_key}, and keeps both out of the engine's environment.
+func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) (procs.Spec, error) {
+	port, err := loopbackPort()
+	if err != nil {
+		return procs.Spec{}, fmt.Errorf("a loopback port for the engine: %w", err)
+	}
+	var key string
+	if e.usesAPIKey() {
+		key = randomHex(32)
+	}
+	vals := engineValues(path, w.modelRef, engineHost, port, workerDevice(w.device), opts, key)
+	engineURL := "http://" + hostPort(engineHost, port)
+	w.healthURL = engineURL + e.healthPath()
+	args := append([]string(nil), h.cfg.FrontArgs...)
+	args = append(args,
+		"--worker-id", w.id,
+		"--model-ref", w.modelRef,
+		"--port", strconv.Itoa(w.port),
+		"--host", h.cfg.WorkerHost,
+		"--listen-fd", "3", // w.listener, ExtraFiles[0]
+		"--callback-url", h.callbackURL(),
+		"--engine-url", engineURL,
+		"--health", e.healthPath(),
+		"--slots", vals["slots"],
+		"--stop-wait", h.cfg.ShutdownAck.String(), // SIGTERM to SIGKILL, as the hive's
+	)
+	if w.device.Kind != gpu.KindCPU {
+		// The front measures the engine's resident set on the CPU; a
+		// GPU's memory it cannot see, so it reports the estimate.
+		args = append(args, "--memory-bytes", strconv.FormatUint(w.estimate, 10))
+	}
+	if h.cfg.TLS.Enabled() {
+		args = append(args, "--tls-cert", h.cfg.TLS.CertFile, "--tls-key", h.cfg.TLS.KeyFile)
+	}
+	if ca := transport.CAFile(); ca != "" {
+		args = append(args, "--ca-file", ca) // to trust the hive in its callback
+	}
+	args = append(args, "--", expand(e.Command[0], vals))
 	for _, a := range e.Command[1:] {
 		args = append(args, expand(a, vals))
 	}
@@ -244,9 +270,27 @@ func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) p
 	for _, k := range slices.Sorted(maps.Keys(e.Env)) {
 		env = append(env, k+"="+expand(e.Env[k], vals))
 	}
-	w.uri = "http://" + hostPort(h.cfg.WorkerHost, w.port)
-	w.healthURL = w.uri + e.healthPath()
-	return procs.Spec{Path: expand(e.Command[0], vals), Args: args, Env: env, Output: w.out}
+	env = append(env, secret.WorkerTokenEnv+"="+w.token)
+	if key != "" {
+		env = append(env, secret.EngineKeyEnv+"="+key)
+	}
+	return procs.Spec{Path: h.cfg.FrontPath, Args: args, Env: env, Output: w.out}, nil
+}
+
+// engineHost is where an external engine listens: loopback, behind its
+// front.
+const engineHost = "127.0.0.1"
+
+// loopbackPort is a port free on loopback now: the engine binds it
+// itself a moment later (another process could take it in between; the
+// engine then fails to bind, exits, and its worker is FAILED).
+func loopbackPort() (int, error) {
+	ln, err := net.Listen("tcp", hostPort(engineHost, 0))
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // startOptions are one worker's options: the start's own, else the

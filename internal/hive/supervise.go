@@ -2,7 +2,6 @@ package hive
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -103,24 +102,8 @@ func newSupervisor(w *worker) *supervisor {
 		acks:     make(chan error, 1),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if w.engine != nil {
-		// An external engine sends no ready callback: its health path is
-		// polled until it answers 200, within the callback timeout.
-		s.health = time.NewTicker(engineReadyPoll(cfg.HealthInterval))
-		s.healthC = s.health.C
-	}
 	return s
 }
-
-// engineReadyPoll is how often a starting external engine's health path
-// is asked: the health interval, at most 100ms.
-func engineReadyPoll(interval time.Duration) time.Duration {
-	return min(interval, 100*time.Millisecond)
-}
-
-// errNoShutdownEndpoint is the ask of an external engine's stop: it has
-// no shutdown request, so its stop goes on to SIGTERM at once.
-var errNoShutdownEndpoint = errors.New("an external engine has no shutdown request; SIGTERM instead")
 
 // close ends what is in flight and stops the timers.
 func (s *supervisor) close() {
@@ -176,6 +159,7 @@ func (s *supervisor) onCallbackTimeout() {
 	}
 	s.w.h.metrics.callbackTimeouts.Inc()
 	if s.w.engine != nil {
+		// Its front calls back once the engine's health path answers 200.
 		reason := fmt.Sprintf("%s did not answer 200 within %s", s.w.healthURL, s.cfg.CallbackTimeout)
 		if tail := strings.TrimSpace(s.w.out.Tail(5)); tail != "" {
 			reason += "; last output: " + api.Printable(tail, 1000)
@@ -187,7 +171,7 @@ func (s *supervisor) onCallbackTimeout() {
 }
 
 func (s *supervisor) onHealthTick() {
-	if st := s.w.m.State(); st.Serving() || (st == lifecycle.Starting && s.w.engine != nil) {
+	if s.w.m.State().Serving() {
 		s.probe(false, s.cfg.HealthInterval)
 	}
 }
@@ -207,13 +191,6 @@ func (s *supervisor) onProbe(r probeResult) {
 	s.probing = false
 	if s.stop.phase != notStopping {
 		s.step(stopEvent{kind: evProbe, err: r.err, inFlight: r.health.InFlight})
-		return
-	}
-	if w.m.State() == lifecycle.Starting && w.engine != nil {
-		if r.err == nil {
-			w.engineReady()
-			s.serving()
-		}
 		return
 	}
 	if !w.m.State().Serving() {
@@ -297,23 +274,13 @@ func (s *supervisor) probe(idle bool, timeout time.Duration) {
 	s.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(s.ctx, timeout)
 		defer cancel()
-		var h api.WorkerHealth
-		var err error
-		if s.w.engine != nil {
-			err = s.w.h.client.Probe(ctx, s.w.healthURL)
-		} else {
-			h, err = s.w.h.client.Health(ctx, s.w.uri)
-		}
+		h, err := s.w.h.client.Health(ctx, s.w.uri)
 		s.probes <- probeResult{err: err, health: h, at: time.Now(), idle: idle}
 	})
 }
 
 // postShutdown asks the worker to shut down; the answer arrives on acks.
 func (s *supervisor) postShutdown() {
-	if s.w.engine != nil {
-		s.acks <- errNoShutdownEndpoint
-		return
-	}
 	s.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ShutdownAck)
 		defer cancel()

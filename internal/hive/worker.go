@@ -32,10 +32,11 @@ type worker struct {
 	// process at spawn (--listen-fd); the hive closes its copy then.
 	listener *net.TCPListener
 	uri      string // where the worker will listen
-	token    string // "" for an external engine that takes no {api_key}
+	token    string
 	estimate uint64
-	// engine is the external engine this worker runs; nil: the built-in
-	// worker. healthURL is its health path on uri.
+	// engine is the external engine this worker runs behind its front
+	// (apiary engine-front); nil: the built-in worker. healthURL is the
+	// engine's health path on its loopback port.
 	engine    *Engine
 	healthURL string
 	// idleTimeout stops the worker once it served nothing this long
@@ -82,11 +83,6 @@ type stopCmd struct {
 // ready applies a ready callback: right token, state starting, plausible
 // report. An implausible report from the right token fails the worker.
 func (w *worker) ready(c readyCmd) error {
-	if w.engine != nil {
-		// Its health path says when it is ready; it has no callback, and
-		// may have no token to check one with.
-		return fmt.Errorf("%w: worker %s runs an external engine, which sends no ready callback", ErrUnauthorized, w.id)
-	}
 	if subtle.ConstantTimeCompare([]byte(c.token), []byte(w.token)) != 1 {
 		w.log.Warn("ready callback with a wrong token refused")
 		return fmt.Errorf("%w: wrong token for worker %s", ErrUnauthorized, w.id)
@@ -109,23 +105,6 @@ func (w *worker) ready(c readyCmd) error {
 	w.h.metrics.readyLatency.Observe(w.readyAt.Sub(w.spawnedAt).Seconds())
 	w.transition(lifecycle.Ready, fmt.Sprintf("ready callback: %s at %s", api.FormatBytes(w.vram), w.uri))
 	return nil
-}
-
-// engineReady makes a starting external engine ready once its health
-// path answered 200: the hive emits the transition itself, with the
-// memory it measured (the process's resident set on the CPU device) or
-// its estimate.
-func (w *worker) engineReady() {
-	w.vram = w.estimate
-	how := "estimate"
-	if w.device.Kind == gpu.KindCPU {
-		if rss, err := procs.ReadRSS(w.proc.PID()); err == nil && rss > 0 {
-			w.vram, how = rss, "resident set"
-		}
-	}
-	w.readyAt = time.Now()
-	w.h.metrics.readyLatency.Observe(w.readyAt.Sub(w.spawnedAt).Seconds())
-	w.transition(lifecycle.Ready, fmt.Sprintf("health %s answered 200: %s (%s) at %s", w.healthURL, api.FormatBytes(w.vram), how, w.uri))
 }
 
 // checkURI accepts the uri a worker reports only if it points at the port

@@ -69,7 +69,7 @@ func (x *tq) modelIDs() map[string]string {
 	return out
 }
 
-func writeConfig(t *testing.T, path, yaml string) {
+func writeConfig(t testing.TB, path, yaml string) {
 	t.Helper()
 	// Through a temporary file and a rename, as editors and config
 	// management write: the watcher never reads half a file.

@@ -59,7 +59,7 @@ func logTime(t *testing.T, rec testbin.Record) time.Time {
 
 // startQueenProc runs `apiary queen` on a free port and returns it with its
 // URL.
-func startQueenProc(t *testing.T, dataDir, dbURL string, extra ...string) (*proc, string) {
+func startQueenProc(t testing.TB, dataDir, dbURL string, extra ...string) (*proc, string) {
 	t.Helper()
 	args := []string{"queen", "--addr", "127.0.0.1:0", "--flush-interval", "100ms"}
 	if dbURL != "" {

@@ -24,12 +24,16 @@ const (
 	// models with. No worker gets it; a hive the queen starts gets the
 	// queen's on its lifeline.
 	HFTokenEnv = "HF_TOKEN"
+	// EngineKeyEnv is the key an external engine's front sends the
+	// engine as its bearer (the engine's {api_key}); the hive hands it
+	// to the front, which keeps it out of the engine's environment.
+	EngineKeyEnv = "APIARY_ENGINE_KEY"
 )
 
 // EnvNames lists every environment variable that holds a secret; Scrub
 // removes them all. A new secret variable is added here, and only here.
 func EnvNames() []string {
-	return []string{APITokenEnv, AdminTokenEnv, ClusterTokenEnv, WorkerTokenEnv, DatabaseURLEnv, PGPasswordEnv, HFTokenEnv}
+	return []string{APITokenEnv, AdminTokenEnv, ClusterTokenEnv, WorkerTokenEnv, DatabaseURLEnv, PGPasswordEnv, HFTokenEnv, EngineKeyEnv}
 }
 
 // Scrub returns env ("KEY=value" entries, as os.Environ gives them)

@@ -14,7 +14,7 @@ import (
 // Scrub removes each of them (and only them).
 func TestScrubRemovesEverySecret(t *testing.T) {
 	want := []string{"APIARY_API_TOKEN", "APIARY_ADMIN_TOKEN", "APIARY_CLUSTER_TOKEN", "APIARY_WORKER_TOKEN",
-		"APIARY_DATABASE_URL", "PGPASSWORD", "HF_TOKEN"}
+		"APIARY_DATABASE_URL", "PGPASSWORD", "HF_TOKEN", "APIARY_ENGINE_KEY"}
 	if diff := cmp.Diff(want, EnvNames()); diff != "" {
 		t.Errorf("EnvNames (-want +got)\n%s", diff)
 	}
