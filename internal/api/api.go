@@ -208,6 +208,23 @@ type Heartbeat struct {
 	Unchanged bool `json:"unchanged,omitempty"`
 }
 
+// unchangedBeats are an unchanged heartbeat's bodies: as Go's encoder
+// writes a Heartbeat{Unchanged: true} (what hives send, every second when
+// nothing changes), and the shortest form.
+var unchangedBeats = []string{`{"gpus":null,"workers":null,"unchanged":true}`, `{"unchanged":true}`}
+
+// decodeKnown takes an unchanged heartbeat without the JSON decoder
+// (Decode: knownBodies).
+func (h *Heartbeat) decodeKnown(b []byte) bool {
+	for _, u := range unchangedBeats {
+		if string(b) == u {
+			*h = Heartbeat{Unchanged: true}
+			return true
+		}
+	}
+	return false
+}
+
 // HeartbeatAnswer is the queen's 200 to a heartbeat: the pool's status,
 // and the worker entries it refused (each alone, with why; the rest of the
 // heartbeat was taken).
