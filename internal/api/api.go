@@ -208,21 +208,20 @@ type Heartbeat struct {
 	Unchanged bool `json:"unchanged,omitempty"`
 }
 
-// unchangedBeats are an unchanged heartbeat's bodies: as Go's encoder
-// writes a Heartbeat{Unchanged: true} (what hives send, every second when
-// nothing changes), and the shortest form.
-var unchangedBeats = []string{`{"gpus":null,"workers":null,"unchanged":true}`, `{"unchanged":true}`}
-
 // decodeKnown takes an unchanged heartbeat without the JSON decoder
-// (Decode: knownBodies).
+// (Decode: knownBodies), as it would: the body Go's encoder writes for
+// Heartbeat{Unchanged: true} (what hives send, every second when nothing
+// changes), and the shortest one.
 func (h *Heartbeat) decodeKnown(b []byte) bool {
-	for _, u := range unchangedBeats {
-		if string(b) == u {
-			*h = Heartbeat{Unchanged: true}
-			return true
-		}
+	switch string(b) {
+	case `{"gpus":null,"workers":null,"unchanged":true}`:
+		h.GPUs, h.Workers, h.Unchanged = nil, nil, true
+	case `{"unchanged":true}`:
+		h.Unchanged = true
+	default:
+		return false
 	}
-	return false
+	return true
 }
 
 // HeartbeatAnswer is the queen's 200 to a heartbeat: the pool's status,
