@@ -20,6 +20,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
 // Load benchmark: one queen process (SQLite), pools simulated hives, each
@@ -290,12 +291,25 @@ func serverHistogram(b *testing.B, hc *http.Client, qURL string) string {
 	return grep(string(data), "apiary_queen_heartbeat_duration_seconds")
 }
 
+// queenCPUsEnv pins the load benchmark's queen to these CPUs.
+const queenCPUsEnv = "APIARY_BENCH_QUEEN_CPUS"
+
 // startQueenProcB runs `apiary queen` for a benchmark. The heartbeat
 // timeout is long enough that no pool times out while thousands of others
 // register (a lease costs the same to renew whatever its length).
+//
+// With APIARY_BENCH_QUEEN_CPUS set (taskset's list), the queen runs on those
+// CPUs only: e.g. APIARY_BENCH_QUEEN_CPUS=1 with `taskset -c 0 go test …`
+// gives the queen and the load generator one core each.
 func startQueenProcB(b *testing.B) (*proc, string) {
-	args := []string{"queen", "--addr", "127.0.0.1:0", "--data-dir", b.TempDir(), "--heartbeat-timeout", "5m"}
-	p := startProc(b, "queen", nil, args...)
+	args := []string{"queen", "--addr", "127.0.0.1:0", "--data-dir", b.TempDir(), "--heartbeat-timeout", "5m", "--log-json"}
+	var p *proc
+	if cpus := os.Getenv(queenCPUsEnv); cpus != "" {
+		tp := testbin.StartCmd(b, "queen", nil, "taskset", append([]string{"-c", cpus, testbin.Path(b)}, args...)...)
+		p = &proc{Proc: tp, logs: &logWatch{Lines: tp.Lines}, cmd: tp.Cmd, done: tp.Done(), name: "queen"}
+	} else {
+		p = startProc(b, "queen", nil, args[:len(args)-1]...)
+	}
 	rec, _ := p.logs.wait(b, 0, "queen serving", nil)
 	return p, "http://" + rec.Attrs["addr"]
 }
