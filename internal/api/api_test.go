@@ -1,10 +1,12 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -102,6 +104,42 @@ func TestFormatBytes(t *testing.T) {
 	for n, want := range map[uint64]string{0: "0 B", 1023: "1023 B", 1 << 20: "1.0 MiB", 3 << 30: "3.0 GiB"} {
 		if got := FormatBytes(n); got != want {
 			t.Errorf("FormatBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// An unchanged heartbeat as hives send it skips the JSON decoder, with
+// the decoder's result; any other body, those that only resemble it
+// included, is decoded strictly.
+func TestDecodeHeartbeat(t *testing.T) {
+	hiveBody, err := json.Marshal(Heartbeat{Unchanged: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := func() Heartbeat { // what was there is kept or replaced as the decoder would
+		return Heartbeat{GPUs: []GPU{{ID: 9}}, Workers: []Worker{{WorkerID: "w"}}, WorkerTokens: map[string]string{"w": "t"}}
+	}
+	post := func(body string) (Heartbeat, error) {
+		r := httptest.NewRequest(http.MethodPost, "/v2/pools/p/heartbeat", strings.NewReader(body))
+		hb := before()
+		err := Decode(r, &hb, false)
+		return hb, err
+	}
+	for _, body := range []string{string(hiveBody), string(hiveBody) + "\n", `{"unchanged":true}`, ` {"unchanged": true} `,
+		`{"unchanged":true,"gpus":[],"workers":[]}`} {
+		hb, err := post(body)
+		want := before()
+		if jerr := json.Unmarshal([]byte(body), &want); err != nil || jerr != nil || !reflect.DeepEqual(hb, want) {
+			t.Errorf("%q: %+v, %v; the decoder: %+v, %v", body, hb, err, want, jerr)
+		}
+	}
+	hb, err := post(`{"unchanged":true,"gpus":[{"id":1}]}`)
+	if err != nil || !hb.Unchanged || len(hb.GPUs) != 1 || hb.GPUs[0].ID != 1 {
+		t.Errorf("an unchanged beat with devices is decoded as sent (the queen refuses it): %+v, %v", hb, err)
+	}
+	for _, body := range []string{`{"unchanged":true,"extra":1}`, `{"unchanged":true}{}`, `{"unchanged":true`} {
+		if _, err := post(body); err == nil || !strings.Contains(err.Error(), "invalid JSON body") {
+			t.Errorf("%q: %v, want invalid JSON body", body, err)
 		}
 	}
 }

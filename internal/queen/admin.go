@@ -199,9 +199,8 @@ func (q *Queen) getAudit(w http.ResponseWriter, r *http.Request, _ caller) error
 func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
 	if !r.Status.Terminal() {
 		q.rows.mu.Lock()
-		if live, ok := q.rows.active[r.ID]; ok && live.LastHeartbeatAt != nil {
-			t := *live.LastHeartbeatAt
-			r.LastHeartbeatAt = &t
+		if at, ok := q.rows.seenAt(r.ID); ok {
+			r.LastHeartbeatAt = &at
 		}
 		q.rows.mu.Unlock()
 	}

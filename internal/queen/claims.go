@@ -129,7 +129,8 @@ func (h *handRun) checked(id string, err error, inFlight int) int {
 func (b *rowBook) handRunRows() []store.Row {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.poolRowsLocked(HandRunPool)
+	rows, _ := b.poolRowsLocked(HandRunPool, true)
+	return rows
 }
 
 // createOperatorRow writes a STARTING row of placement operator: no pool

@@ -182,7 +182,7 @@ func TestRowBeatTimesReachTheStoreAtTheirPace(t *testing.T) {
 	}
 	x.beat("a", w)
 	x.q.rows.mu.Lock()
-	latest := *x.q.rows.active[id].LastHeartbeatAt
+	latest, _ := x.q.rows.seenAt(id)
 	x.q.rows.mu.Unlock()
 	if err := x.q.rows.flush(t.Context(), false); err != nil {
 		t.Fatal(err)

@@ -105,7 +105,7 @@ func (q *Queen) contractErrors(mux *http.ServeMux) http.Handler {
 		} else {
 			mux.ServeHTTP(sw, r)
 		}
-		q.metrics.requests.WithLabelValues(strconv.Itoa(sw.Code())).Inc()
+		q.metrics.request(sw.Code())
 	})
 }
 

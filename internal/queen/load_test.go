@@ -1,14 +1,11 @@
 package queen
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -23,6 +20,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
 // Load benchmark: one queen process (SQLite), pools simulated hives, each
@@ -148,55 +146,41 @@ func benchHeartbeats(b *testing.B, loadPools int, unchanged bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	hives := make([]*hiveConn, loadPools)
-	for i := range hives {
-		hives[i] = newHiveConn(u.Host, poolName(i), marshal(api.Heartbeat{GPUs: gpus, Workers: []api.Worker{workers[i]}}),
-			marshal(api.Heartbeat{Unchanged: true}))
+	pools := make([]string, loadPools)
+	for i := range pools {
+		pools[i] = poolName(i)
 	}
-	defer func() {
-		for _, h := range hives {
-			if h.conn != nil {
-				h.conn.Close()
-			}
-		}
-	}()
-
+	load, err := newBeatLoad(u.Host, pools, func(i int) []byte {
+		return marshal(api.Heartbeat{GPUs: gpus, Workers: []api.Worker{workers[i]}})
+	}, marshal(api.Heartbeat{Unchanged: true}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer load.close()
 	// Warm up: the first heartbeat of each pool is its full inventory and
 	// adopts its worker (a row write each); measure the steady state after.
-	warm := make(chan error, loadPools)
-	for _, h := range hives {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			err := h.dial()
-			if err == nil {
-				_, err = h.beat(false)
-			}
-			warm <- err
-		})
-	}
-	wg.Wait()
-	close(warm)
-	for err := range warm {
-		if err != nil {
-			b.Fatal(err)
-		}
+	if err := load.warm(16, 5*time.Minute); err != nil {
+		b.Fatal(err)
 	}
 
-	var allLat, queryLat []time.Duration
-	var queenCPU, hivesCPU, wall time.Duration
+	var allLat, lag, queryLat []time.Duration
+	var queenCPU, benchCPU, genCPU, wall time.Duration
+	load1 := loadAverage(b)
 	b.ResetTimer()
 	for range b.N {
-		q0, h0, w0 := procCPU(b, q.cmd.Process.Pid), procCPU(b, os.Getpid()), time.Now()
-		lat, qlat := runLoad(b, hives, qURL, hc, unchanged)
+		q0, p0 := procCPU(b, q.cmd.Process.Pid), procCPU(b, os.Getpid())
+		res, qlat := runLoad(b, load, qURL, hc, unchanged, loadPools)
 		queenCPU += procCPU(b, q.cmd.Process.Pid) - q0
-		hivesCPU += procCPU(b, os.Getpid()) - h0
-		wall += time.Since(w0)
-		allLat = append(allLat, lat...)
+		benchCPU += procCPU(b, os.Getpid()) - p0
+		genCPU += res.cpu
+		wall += res.wall
+		allLat = append(allLat, res.lat...)
+		lag = append(lag, res.lag...)
 		queryLat = append(queryLat, qlat...)
 	}
 	b.StopTimer()
 	slices.Sort(allLat)
+	slices.Sort(lag)
 	slices.Sort(queryLat)
 	pct := func(d []time.Duration, p float64) float64 {
 		if len(d) == 0 {
@@ -206,12 +190,16 @@ func benchHeartbeats(b *testing.B, loadPools int, unchanged bool) {
 	}
 	b.ReportMetric(pct(allLat, 0.50), "hb_p50_ms")
 	b.ReportMetric(pct(allLat, 0.99), "hb_p99_ms")
+	b.ReportMetric(pct(allLat, 0.999), "hb_p999_ms")
 	b.ReportMetric(pct(allLat, 1), "hb_max_ms")
 	b.ReportMetric(float64(len(allLat))/wall.Seconds(), "hb/s")
 	b.ReportMetric(queenCPU.Seconds()/wall.Seconds(), "queen_cores")
-	b.ReportMetric(hivesCPU.Seconds()/wall.Seconds(), "hives_cores")
+	b.ReportMetric(genCPU.Seconds()/wall.Seconds(), "gen_cores")
+	b.ReportMetric(benchCPU.Seconds()/wall.Seconds(), "bench_cores")
+	b.ReportMetric(pct(lag, 0.99), "gen_lag_p99_ms")
 	b.ReportMetric(pct(queryLat, 0.50), "query_p50_ms")
 	b.ReportMetric(pct(queryLat, 0.99), "query_p99_ms")
+	b.ReportMetric(load1, "loadavg1_before")
 	b.ReportMetric(0, "ns/op")
 	hist := serverHistogram(b, hc, qURL)
 	b.ReportMetric(histQuantile(hist, 0.50)*1000, "server_p50_le_ms")
@@ -223,105 +211,13 @@ func benchHeartbeats(b *testing.B, loadPools int, unchanged bool) {
 
 func poolName(i int) string { return fmt.Sprintf("pool-%05d", i) }
 
-// hiveConn is one simulated hive's keep-alive connection to the queen.
-// It writes its heartbeat request, encoded once, as raw HTTP/1.1 and reads
-// the answer with net/http: a fraction of what a full HTTP client costs
-// this process, which shares the CPUs with the queen.
-type hiveConn struct {
-	host            string
-	conn            net.Conn
-	br              *bufio.Reader
-	full, unchanged []byte // the two requests
-	answer          []byte
-}
-
-func newHiveConn(host, pool string, full, unchanged []byte) *hiveConn {
-	req := func(body []byte) []byte {
-		head := fmt.Sprintf("POST /v2/pools/%s/heartbeat HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
-			pool, host, len(body))
-		return append([]byte(head), body...)
-	}
-	return &hiveConn{host: host, full: req(full), unchanged: req(unchanged), answer: make([]byte, 0, 256)}
-}
-
-// dial opens the connection, just before the first beat: the queen
-// closes a connection that sends no request within its header timeout.
-func (h *hiveConn) dial() error {
-	conn, err := net.Dial("tcp", h.host)
-	if err != nil {
-		return err
-	}
-	h.conn, h.br = conn, bufio.NewReaderSize(conn, 1024)
-	return nil
-}
-
-// beat sends one heartbeat, full or unchanged, and waits for its answer;
-// an unchanged beat the queen does not take is an error.
-func (h *hiveConn) beat(unchanged bool) (time.Duration, error) {
-	start := time.Now()
-	req := h.full
-	if unchanged {
-		req = h.unchanged
-	}
-	if _, err := h.conn.Write(req); err != nil {
-		return 0, err
-	}
-	resp, err := http.ReadResponse(h.br, nil)
-	if err != nil {
-		return 0, err
-	}
-	buf := bytes.NewBuffer(h.answer[:0])
-	_, _ = buf.ReadFrom(resp.Body)
-	resp.Body.Close()
-	took := time.Since(start)
-	if resp.StatusCode != http.StatusOK {
-		return took, fmt.Errorf("heartbeat: %s", resp.Status)
-	}
-	if bytes.Contains(buf.Bytes(), []byte(`"full_wanted"`)) {
-		return took, fmt.Errorf("heartbeat: the queen wants the full one: %s", buf.Bytes())
-	}
-	return took, nil
-}
-
-// runLoad beats every pool once a second (each at its own phase) for
-// loadWindow, and queries the registry 4 times a second meanwhile.
-func runLoad(b *testing.B, hives []*hiveConn, qURL string, hc *http.Client, unchanged bool) ([]time.Duration, []time.Duration) {
-	pools := len(hives)
-	ctx, cancel := context.WithTimeout(context.Background(), loadWindow)
-	defer cancel()
-	var mu sync.Mutex
-	lat := make([]time.Duration, 0, pools*int(loadWindow/time.Second+1))
+// runLoad beats every pool for loadWindow, and queries the registry 4
+// times a second meanwhile (a keeper or a dashboard: the query's client
+// runs in this process, beside the generator's threads).
+func runLoad(b *testing.B, load *beatLoad, qURL string, hc *http.Client, unchanged bool, pools int) (beatResult, []time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
 	var qlat []time.Duration
-	var failures int
 	var wg sync.WaitGroup
-	for _, h := range hives {
-		wg.Go(func() {
-			phase := time.NewTimer(time.Duration(rand.Int64N(int64(time.Second))))
-			defer phase.Stop()
-			select {
-			case <-ctx.Done():
-				return
-			case <-phase.C:
-			}
-			tick := time.NewTicker(time.Second)
-			defer tick.Stop()
-			for {
-				took, err := h.beat(unchanged)
-				mu.Lock()
-				if err != nil {
-					failures++
-				} else {
-					lat = append(lat, took)
-				}
-				mu.Unlock()
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-			}
-		})
-	}
 	wg.Go(func() {
 		tick := time.NewTicker(250 * time.Millisecond)
 		defer tick.Stop()
@@ -335,6 +231,7 @@ func runLoad(b *testing.B, hives []*hiveConn, qURL string, hc *http.Client, unch
 			start := time.Now()
 			resp, err := hc.Get(qURL + path)
 			if err != nil {
+				b.Errorf("query %s: %v", path, err)
 				continue
 			}
 			var list api.PoolList
@@ -344,16 +241,29 @@ func runLoad(b *testing.B, hives []*hiveConn, qURL string, hc *http.Client, unch
 			if len(list.Pools) != pools/10 {
 				b.Errorf("query %s: %d pools, want %d", path, len(list.Pools), pools/10)
 			}
-			mu.Lock()
 			qlat = append(qlat, took)
-			mu.Unlock()
 		}
 	})
+	res := load.run(loadWindow, time.Second, unchanged)
+	cancel()
 	wg.Wait()
-	if failures > 0 {
-		b.Errorf("%d heartbeats failed", failures)
+	if res.fails > 0 {
+		b.Errorf("%d heartbeats failed; the first: %v", res.fails, res.err)
 	}
-	return lat, qlat
+	return res, qlat
+}
+
+// loadAverage is the machine's 1-minute load average.
+func loadAverage(b *testing.B) float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		b.Fatal(err)
+	}
+	v, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return v
 }
 
 // procCPU is the user+system CPU time of pid so far.
@@ -381,12 +291,25 @@ func serverHistogram(b *testing.B, hc *http.Client, qURL string) string {
 	return grep(string(data), "apiary_queen_heartbeat_duration_seconds")
 }
 
+// queenCPUsEnv pins the load benchmark's queen to these CPUs.
+const queenCPUsEnv = "APIARY_BENCH_QUEEN_CPUS"
+
 // startQueenProcB runs `apiary queen` for a benchmark. The heartbeat
 // timeout is long enough that no pool times out while thousands of others
 // register (a lease costs the same to renew whatever its length).
+//
+// With APIARY_BENCH_QUEEN_CPUS set (taskset's list), the queen runs on those
+// CPUs only: e.g. APIARY_BENCH_QUEEN_CPUS=1 with `taskset -c 0 go test …`
+// gives the queen and the load generator one core each.
 func startQueenProcB(b *testing.B) (*proc, string) {
-	args := []string{"queen", "--addr", "127.0.0.1:0", "--data-dir", b.TempDir(), "--heartbeat-timeout", "5m"}
-	p := startProc(b, "queen", nil, args...)
+	args := []string{"queen", "--addr", "127.0.0.1:0", "--data-dir", b.TempDir(), "--heartbeat-timeout", "5m", "--log-json"}
+	var p *proc
+	if cpus := os.Getenv(queenCPUsEnv); cpus != "" {
+		tp := testbin.StartCmd(b, "queen", nil, "taskset", append([]string{"-c", cpus, testbin.Path(b)}, args...)...)
+		p = &proc{Proc: tp, logs: &logWatch{Lines: tp.Lines}, cmd: tp.Cmd, done: tp.Done(), name: "queen"}
+	} else {
+		p = startProc(b, "queen", nil, args[:len(args)-1]...)
+	}
 	rec, _ := p.logs.wait(b, 0, "queen serving", nil)
 	return p, "http://" + rec.Attrs["addr"]
 }

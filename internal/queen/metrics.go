@@ -2,6 +2,9 @@ package queen
 
 import (
 	"context"
+	"net/http"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +28,7 @@ type metrics struct {
 	rowRefused          prometheus.Counter
 	unknownStopped      prometheus.Counter
 	requests            *prometheus.CounterVec
+	requestsOK          func() prometheus.Counter // requests' code="200", looked up once
 	storeErrors         prometheus.Counter
 	poolsDesc, rowsDesc *prometheus.Desc
 
@@ -59,10 +63,20 @@ func newMetrics() *metrics {
 		poolsDesc: prometheus.NewDesc("apiary_queen_pools", "Pools by status.", []string{"status"}, nil),
 		rowsDesc:  prometheus.NewDesc("apiary_queen_worker_rows", "Lifecycle rows by status.", []string{"status"}, nil),
 	}
+	m.requestsOK = sync.OnceValue(func() prometheus.Counter { return m.requests.WithLabelValues("200") })
 	m.reg.MustRegister(m.heartbeats, m.unchangedBeats, m.heartbeatSeconds, m.registrations, m.events, m.rowTransitions, m.rowRefused,
 		m.unknownStopped, m.requests, m.storeErrors, gauges{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// request counts one answer with its status code.
+func (m *metrics) request(code int) {
+	if code == http.StatusOK { // most of them: no label lookup, no string
+		m.requestsOK().Inc()
+		return
+	}
+	m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
 }
 
 // gauges reads pools by status from the registry and rows by status from

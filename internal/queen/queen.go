@@ -521,31 +521,58 @@ func (q *Queen) heartbeat(ctx context.Context, poolID string, hb api.Heartbeat, 
 	return nil
 }
 
-// reconcile decides under the rows' lock (reconcile is pure) and acts
-// after: row changes go through apply, which checks each again.
+// reconcile reads the pool's rows under the rows' lock, decides without
+// it (reconcile is pure), records what it saw under the lock again, and
+// acts after: row changes go through apply, which checks each again. A
+// beat that finds its pool's rows as the last one did, none of them
+// missing, holds only the read lock (see rowBook).
 func (q *Queen) reconcile(ctx context.Context, poolID string, beat registry.Beat, workers []api.Worker, refused []api.RefusedWorker) {
-	now := time.Now()
+	now := micro(time.Now()).UnixMicro()
 	b := q.rows
-	b.mu.Lock()
-	rows := b.poolRowsLocked(poolID)
-	var misses map[string]int // most beats miss nothing
+	b.mu.RLock()
+	rows, made := b.poolRowsLocked(poolID, false)
+	missed := false // most beats miss nothing
 	for _, r := range rows {
-		if n, ok := b.misses[r.ID]; ok {
-			if misses == nil {
-				misses = make(map[string]int, len(rows))
-			}
-			misses[r.ID] = n
+		if _, ok := b.misses[r.ID]; ok {
+			missed = true
+			break
 		}
+	}
+	b.mu.RUnlock()
+	var misses map[string]int
+	if !made || missed {
+		b.mu.Lock()
+		rows, _ = b.poolRowsLocked(poolID, true)
+		for _, r := range rows {
+			if n, ok := b.misses[r.ID]; ok {
+				if misses == nil {
+					misses = make(map[string]int, len(rows))
+				}
+				misses[r.ID] = n
+			}
+		}
+		b.mu.Unlock()
 	}
 	plan := reconcile(reconcileInput{FullInventory: beat.FullInventory, RegisteredAt: beat.RegisteredAt,
 		Workers: workers, Refused: refused, Rows: rows, Misses: misses})
-	for _, id := range plan.Seen {
-		b.touchLocked(id, now)
+	if misses == nil && len(plan.Misses) == 0 {
+		b.mu.RLock()
+		for _, id := range plan.Seen {
+			b.seeLocked(id, now)
+		}
+		b.mu.RUnlock()
+	} else {
+		b.mu.Lock()
+		for _, id := range plan.Seen {
+			b.touchLocked(id, now)
+		}
+		for id, n := range plan.Misses {
+			if _, live := b.active[id]; live { // it may have ended meanwhile
+				b.misses[id] = n
+			}
+		}
+		b.mu.Unlock()
 	}
-	for id, n := range plan.Misses {
-		b.misses[id] = n
-	}
-	b.mu.Unlock()
 	if beat.FullInventory {
 		q.log.Info("pool inventory reconciled", "pool_id", poolID, "workers", len(workers), "rows", len(rows),
 			"adopted", len(plan.Seen), "lost", len(plan.Lost), "unknown", len(plan.Unknown))

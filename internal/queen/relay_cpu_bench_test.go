@@ -20,7 +20,10 @@ type relayBench struct {
 
 func newRelayBench(b *testing.B, events int) *relayBench {
 	x, _ := routeQueen(b, map[string][]api.Model{"http://hive-a": {tinyModel}},
-		func(c *Config) { c.Routing.WorkerSlots = 64; c.Routing.QueueSize = 512 })
+		func(c *Config) {
+			c.Routing.WorkerSlots, c.Routing.QueueSize = 64, 512
+			c.HeartbeatTimeout = 5 * time.Minute // no pool times out while thousands of others register (RouteManyPools)
+		})
 	x.registerAt("a", "http://hive-a")
 	fw := newFakeWorker(b, tokens(events))
 	x.readyWorker("a", fw.URL)

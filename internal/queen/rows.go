@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -76,18 +77,27 @@ type workerKey struct{ pool, worker string }
 // the order they were decided; mu guards the memory and is never held
 // across I/O, so that routing, which reads rows on every request, never
 // waits for a slow or stalled store. Lock order: wmu, then mu.
+//
+// A heartbeat that finds its pool's rows as the last one did (nearly all
+// of them) holds only mu's read lock, briefly, and allocates nothing
+// there: once to read the rows (a shared copy, see poolRowsLocked) and
+// once to store the time its workers were seen (seen). Ten thousand pools
+// beat every second; behind an exclusive lock they would queue for each
+// other, and behind one whose holder allocates, for the garbage
+// collector.
 type rowBook struct {
 	st  *store.Store
 	log *slog.Logger
 	m   *metrics
 
 	wmu      sync.Mutex
-	mu       sync.Mutex
+	mu       sync.RWMutex
 	active   map[string]*store.Row          // guarded by mu; live rows by lifecycle id
 	byPool   map[string]map[string]struct{} // guarded by mu; live row ids of each pool
+	rowsOf   map[string][]store.Row         // guarded by mu; copies of a pool's live rows (see poolRowsLocked)
 	byWorker map[workerKey]string           // guarded by mu; (pool, hive worker id) → lifecycle id
 	misses   map[string]int                 // guarded by mu; heartbeats in a row a live row was missing from
-	beats    map[string]time.Time           // guarded by mu; last_heartbeat_at not yet in the store
+	seen     map[string]*atomic.Int64       // guarded by mu (the map; the values are set under the read lock): when a live row's worker was last in a heartbeat, Unix µs, 0 for not since it was loaded
 	saved    map[string]time.Time           // guarded by mu; last_heartbeat_at as last written
 	stopping map[workerKey]time.Time        // guarded by mu; rowless workers we asked to stop, and when
 
@@ -99,8 +109,9 @@ type rowBook struct {
 
 func newRowBook(st *store.Store, log *slog.Logger, m *metrics) *rowBook {
 	return &rowBook{st: st, log: log, m: m,
-		active: map[string]*store.Row{}, byPool: map[string]map[string]struct{}{}, byWorker: map[workerKey]string{},
-		misses: map[string]int{}, beats: map[string]time.Time{}, saved: map[string]time.Time{}, stopping: map[workerKey]time.Time{}}
+		active: map[string]*store.Row{}, byPool: map[string]map[string]struct{}{}, rowsOf: map[string][]store.Row{},
+		byWorker: map[workerKey]string{}, misses: map[string]int{}, seen: map[string]*atomic.Int64{},
+		saved: map[string]time.Time{}, stopping: map[workerKey]time.Time{}}
 }
 
 // load indexes the live rows of the store.
@@ -116,20 +127,49 @@ func (b *rowBook) load(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, r := range rows {
-		b.indexLocked(r)
+		b.indexRowLocked(r)
+	}
+	for pool := range b.byPool {
+		b.copyRowsLocked(pool)
 	}
 	b.log.Info("loaded live lifecycle rows", "rows", len(rows))
 	return nil
 }
 
+// indexLocked puts r in memory (a terminal row leaves it).
 func (b *rowBook) indexLocked(r store.Row) {
+	if old, ok := b.active[r.ID]; ok && old.PoolID != r.PoolID {
+		defer b.copyRowsLocked(old.PoolID)
+	}
+	b.indexRowLocked(r)
+	b.copyRowsLocked(r.PoolID)
+}
+
+// copyRowsLocked makes rowsOf[pool] anew, or drops it for the next
+// poolRowsLocked to make when the pool has more than eagerRows rows (a
+// burst of changes to such a pool would copy them all at each).
+func (b *rowBook) copyRowsLocked(pool string) {
+	ids := b.byPool[pool]
+	if len(ids) == 0 || len(ids) > eagerRows {
+		delete(b.rowsOf, pool)
+		return
+	}
+	rows := make([]store.Row, 0, len(ids))
+	for id := range ids {
+		rows = append(rows, *b.active[id])
+	}
+	b.rowsOf[pool] = rows
+}
+
+// indexRowLocked is indexLocked but for rowsOf.
+func (b *rowBook) indexRowLocked(r store.Row) {
 	if old, ok := b.active[r.ID]; ok && old.WorkerID != "" {
 		delete(b.byWorker, workerKey{old.PoolID, old.WorkerID})
 	}
 	if r.Status.Terminal() {
 		delete(b.active, r.ID)
 		delete(b.misses, r.ID)
-		delete(b.beats, r.ID)
+		delete(b.seen, r.ID)
 		delete(b.saved, r.ID)
 		if ids := b.byPool[r.PoolID]; ids != nil {
 			delete(ids, r.ID)
@@ -140,6 +180,9 @@ func (b *rowBook) indexLocked(r store.Row) {
 		return
 	}
 	b.active[r.ID] = &r
+	if b.seen[r.ID] == nil {
+		b.seen[r.ID] = new(atomic.Int64)
+	}
 	if b.byPool[r.PoolID] == nil {
 		b.byPool[r.PoolID] = map[string]struct{}{}
 	}
@@ -175,8 +218,8 @@ func (b *rowBook) create(ctx context.Context, r store.Row, actor string, meta ma
 // get reads a row: live ones from memory, the others from the store.
 func (b *rowBook) get(ctx context.Context, id string) (store.Row, error) {
 	b.mu.Lock()
-	if r, ok := b.active[id]; ok {
-		row := *r
+	if _, ok := b.active[id]; ok {
+		row := b.rowLocked(id)
 		b.mu.Unlock()
 		return row, nil
 	}
@@ -210,9 +253,9 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 	defer b.wmu.Unlock()
 	var cur store.Row
 	b.mu.Lock()
-	r, live := b.active[id]
+	_, live := b.active[id]
 	if live {
-		cur = *r
+		cur = b.rowLocked(id)
 		copyPtrs(&cur)
 	}
 	b.mu.Unlock()
@@ -299,8 +342,8 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 		return cur, false, fmt.Errorf("queen: write lifecycle row %s: %w", id, err)
 	}
 	b.mu.Lock()
-	if r, ok := b.active[id]; ok && r.LastHeartbeatAt != nil && (next.LastHeartbeatAt == nil || r.LastHeartbeatAt.After(*next.LastHeartbeatAt)) {
-		next.LastHeartbeatAt = r.LastHeartbeatAt // a heartbeat came while the row was written
+	if at, ok := b.seenAt(id); ok && (next.LastHeartbeatAt == nil || at.After(*next.LastHeartbeatAt)) {
+		next.LastHeartbeatAt = &at // a heartbeat came while the row was written
 	}
 	b.indexLocked(next)
 	b.mu.Unlock()
@@ -391,14 +434,52 @@ func fillFromWorker(r *store.Row, w api.Worker) bool {
 	return changed
 }
 
-// poolRows returns copies of the live rows of pool.
-func (b *rowBook) poolRowsLocked(pool string) []store.Row {
-	ids := b.byPool[pool]
-	out := make([]store.Row, 0, len(ids))
-	for id := range ids {
-		out = append(out, *b.active[id])
+// eagerRows is how many live rows a pool may have for its copies to be
+// made at each change of one of them.
+const eagerRows = 64
+
+// poolRowsLocked returns copies of the live rows of pool, shared: the
+// caller must not change them. They are made when one of the pool's rows
+// changes (rare), not at every heartbeat that reads them; for a pool of
+// more than eagerRows rows, by the first call after a change, which needs
+// mu (ok is false under the read lock when they are not made yet). Their
+// LastHeartbeatAt is the one they had when they changed (rowLocked has
+// the latest).
+func (b *rowBook) poolRowsLocked(pool string, write bool) (rows []store.Row, ok bool) {
+	if rows, ok := b.rowsOf[pool]; ok || len(b.byPool[pool]) == 0 {
+		return rows, true
 	}
-	return out
+	if !write {
+		return nil, false
+	}
+	ids := b.byPool[pool]
+	rows = make([]store.Row, 0, len(ids))
+	for id := range ids {
+		rows = append(rows, *b.active[id])
+	}
+	b.rowsOf[pool] = rows
+	return rows, true
+}
+
+// rowLocked is the live row id (which must exist) with its latest
+// heartbeat time.
+func (b *rowBook) rowLocked(id string) store.Row {
+	r := *b.active[id]
+	if at, ok := b.seenAt(id); ok {
+		r.LastHeartbeatAt = &at
+	}
+	return r
+}
+
+// seenAt is when the live row id's worker was last in a heartbeat, if it
+// was since the row was loaded. The caller holds mu (or its read lock).
+func (b *rowBook) seenAt(id string) (time.Time, bool) {
+	if s := b.seen[id]; s != nil {
+		if us := s.Load(); us != 0 {
+			return time.UnixMicro(us).UTC(), true
+		}
+	}
+	return time.Time{}, false
 }
 
 // livePoolRows returns the ids of the live rows of pool.
@@ -408,50 +489,41 @@ func (b *rowBook) livePoolRows(pool string) []string {
 	return slices.Collect(maps.Keys(b.byPool[pool]))
 }
 
-// touchLocked records that a live row's worker was in a heartbeat; the
-// time reaches the store when the stored one is registry.BeatTimeSave old
-// (or at the final flush).
-func (b *rowBook) touchLocked(id string, at time.Time) {
-	r, ok := b.active[id]
-	if !ok {
-		return
+// seeLocked records that a live row's worker was in a heartbeat at (its
+// Unix µs); the time reaches the store when the stored one is
+// registry.BeatTimeSave old (or at the final flush). The caller holds mu
+// or its read lock: it allocates nothing and changes no map.
+func (b *rowBook) seeLocked(id string, at int64) {
+	if s := b.seen[id]; s != nil {
+		s.Store(at)
 	}
-	at = micro(at)
-	r.LastHeartbeatAt = &at
-	if at.Sub(b.saved[id]) >= registry.BeatTimeSave {
-		b.beats[id] = at
-	}
+}
+
+// touchLocked is seeLocked, and the row is no longer missing. The caller
+// holds mu.
+func (b *rowBook) touchLocked(id string, at int64) {
+	b.seeLocked(id, at)
 	delete(b.misses, id)
 }
 
-// flush writes pending last_heartbeat_at times; all: also every live row's
-// time newer than the stored one.
+// flush writes the last_heartbeat_at times the store lacks: those of the
+// rows whose stored one is BeatTimeSave old; all: every one newer than
+// the stored one. A write that fails is tried again at the next flush.
 func (b *rowBook) flush(ctx context.Context, all bool) error {
-	b.mu.Lock()
-	beats := b.beats
-	b.beats = map[string]time.Time{}
-	if all {
-		for id, r := range b.active {
-			if r.LastHeartbeatAt != nil && r.LastHeartbeatAt.After(b.saved[id]) {
-				beats[id] = *r.LastHeartbeatAt
-			}
+	b.mu.RLock()
+	beats := map[string]time.Time{}
+	for id := range b.seen {
+		at, ok := b.seenAt(id)
+		if late := at.Sub(b.saved[id]); ok && (late >= registry.BeatTimeSave || all && late > 0) {
+			beats[id] = at
 		}
 	}
-	b.mu.Unlock()
+	b.mu.RUnlock()
 	if len(beats) == 0 {
 		return nil
 	}
 	err := b.st.Update(ctx, func(tx *store.Tx) error { return tx.TouchRows(beats) })
 	if err != nil {
-		b.mu.Lock()
-		for id, at := range beats {
-			if _, ok := b.active[id]; ok {
-				if cur, ok := b.beats[id]; !ok || cur.Before(at) {
-					b.beats[id] = at
-				}
-			}
-		}
-		b.mu.Unlock()
 		return fmt.Errorf("queen: write worker heartbeats: %w", err)
 	}
 	b.mu.Lock()

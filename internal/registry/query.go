@@ -54,38 +54,47 @@ func (p *Pool) MaxFreeBytes() uint64 {
 // Query returns the pools f selects, by id. A query for a model's pools
 // reads only the pools that have a live worker of it.
 func (r *Registry) Query(f Filter) []Pool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
 	if f.Model != "" {
+		r.mu.RLock()
 		set := r.byModel[f.Model]
-		es := make([]*entry, 0, len(set))
+		out := make([]Pool, 0, len(set))
 		for e := range set {
-			if f.match(&e.Pool) {
-				es = append(es, e)
+			if p, ok := e.snapshot(f); ok {
+				out = append(out, p)
 			}
 		}
-		slices.SortFunc(es, func(a, b *entry) int { return strings.Compare(a.ID, b.ID) })
-		out := make([]Pool, len(es))
-		for i, e := range es {
-			out[i] = e.Pool
-		}
+		r.mu.RUnlock()
+		slices.SortFunc(out, func(a, b Pool) int { return strings.Compare(a.ID, b.ID) })
 		return out
 	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	// Counted first: a narrow filter must not cost room for every pool,
 	// nor a wide one a growing slice.
 	n := 0
 	for _, e := range r.order {
-		if f.match(&e.Pool) {
+		if _, ok := e.snapshot(f); ok {
 			n++
 		}
 	}
 	out := make([]Pool, 0, n)
 	for _, e := range r.order {
-		if f.match(&e.Pool) {
-			out = append(out, e.Pool)
+		if p, ok := e.snapshot(f); ok {
+			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// snapshot is e's pool when f selects it; the caller holds mu's read
+// lock.
+func (e *entry) snapshot(f Filter) (Pool, bool) {
+	e.beat.Lock()
+	defer e.beat.Unlock()
+	if !f.match(&e.Pool) {
+		return Pool{}, false
+	}
+	return e.Pool, true
 }
 
 // liveModels is the models of ws's live workers, each once.
@@ -147,7 +156,7 @@ func (r *Registry) Get(id string) (Pool, bool) {
 	if !ok {
 		return Pool{}, false
 	}
-	return e.Pool, true
+	return e.snapshot(Filter{})
 }
 
 // Counts counts pools by status (every status present, zero or not).

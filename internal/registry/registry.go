@@ -124,16 +124,22 @@ type Pool struct {
 	Workers         []api.Worker
 }
 
-// entry is a pool with its lease. Every field is guarded by Registry.mu.
+// entry is a pool with its lease. Every field is guarded by Registry.mu;
+// the lease fields (marked) may also change under mu's read lock with
+// beat held, by renew: whoever reads them under the read lock holds beat.
 type entry struct {
-	Pool
+	Pool // LastHeartbeatAt, GPUs and Workers are lease fields
+	// beat guards the lease fields for those who hold mu's read lock
+	// only. The heartbeats of ten thousand pools a second renew their
+	// leases under it, not under mu (see renew).
+	beat           sync.Mutex
 	timer          *time.Timer
-	deadline       time.Time // the timer's job is due at deadline
-	lostPending    bool      // unhealthy and OnLost not called yet
-	awaitInventory bool      // the next heartbeat is the first since (re)registration or queen start
-	current        bool      // GPUs and Workers are the last full heartbeat's: an unchanged beat may renew them
-	beatDirty      bool      // devices or workers not in the store yet
-	savedBeatAt    time.Time // the LastHeartbeatAt the store holds (as this registry last wrote it)
+	deadline       time.Time // lease field; the timer's job is due at deadline
+	lostPending    bool      // lease field; unhealthy and OnLost not called yet
+	awaitInventory bool      // lease field; the next heartbeat is the first since (re)registration or queen start
+	current        bool      // lease field; GPUs and Workers are the last full heartbeat's: an unchanged beat may renew them
+	beatDirty      bool      // lease field; devices or workers not in the store yet
+	savedBeatAt    time.Time // lease field; the LastHeartbeatAt the store holds (as this registry last wrote it)
 	statusDirty    bool      // a status write failed; Flush retries it
 	models         []string  // the models of its live workers: its keys in Registry.byModel
 }
@@ -251,7 +257,8 @@ func (r *Registry) setModelsLocked(e *entry, models []string) {
 	}
 }
 
-// armLocked (re)starts e's timer to fire after d.
+// armLocked (re)starts e's timer to fire after d. The caller holds mu, or
+// its read lock and e.beat.
 func (r *Registry) armLocked(e *entry, d time.Duration) {
 	d = max(d, 0)
 	e.deadline = time.Now().Add(d)
@@ -407,6 +414,9 @@ type Beat struct {
 // pool's last full heartbeat, or answers FullWanted (and renews nothing)
 // when the registry holds none since the pool registered or came back.
 func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (Beat, error) {
+	if b, ok := r.renew(id, hb); ok {
+		return b, nil
+	}
 	r.mu.Lock()
 	if e := r.pools[id]; e != nil && e.Status == Unhealthy && !hb.Unchanged {
 		// It comes back: a change that writes the store.
@@ -450,6 +460,38 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 	b := Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers}
 	e.awaitInventory = false
 	return b, nil
+}
+
+// renew is Heartbeat for a beat that changes no status and no model
+// index, nearly all of them: under mu's read lock, with only the pool's
+// beat lock held exclusively, so that the beats of different pools never
+// wait for each other, nor for a query. ok is false for any other beat,
+// which Heartbeat takes under mu.
+func (r *Registry) renew(id string, hb api.Heartbeat) (b Beat, ok bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e := r.pools[id]
+	if r.closed || e == nil || e.Status != Healthy && e.Status != Draining {
+		return Beat{}, false
+	}
+	if !hb.Unchanged && !sameModels(e.models, hb.Workers) {
+		return Beat{}, false // byModel changes
+	}
+	e.beat.Lock()
+	defer e.beat.Unlock()
+	if hb.Unchanged {
+		if !e.current {
+			return Beat{Status: e.Status, FullWanted: true}, true
+		}
+		hb.GPUs, hb.Workers = e.GPUs, e.Workers
+	}
+	e.LastHeartbeatAt, e.GPUs, e.Workers = time.Now(), hb.GPUs, hb.Workers
+	e.beatDirty = e.beatDirty || !hb.Unchanged // an unchanged beat moves only the time
+	e.lostPending, e.current = false, true
+	r.armLocked(e, r.cfg.HeartbeatTimeout)
+	b = Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers}
+	e.awaitInventory = false
+	return b, true
 }
 
 // Drain marks the pool drained: it gets no new work. Draining a drained
@@ -659,17 +701,23 @@ func (r *Registry) flush(ctx context.Context, all bool) error {
 	if err := r.flushStatuses(ctx); err != nil {
 		return err
 	}
-	r.mu.Lock()
+	// The pools are read under the read lock, as heartbeats renew them:
+	// a flush of ten thousand pools holds up no heartbeat.
+	r.mu.RLock()
 	var dirty []Pool // snapshots; encoded after the lock is released
 	var retried []string
 	for id, e := range r.pools {
+		e.beat.Lock()
 		late := e.LastHeartbeatAt.Sub(e.savedBeatAt)
 		if e.beatDirty || late >= BeatTimeSave || (all && late > 0) {
 			dirty = append(dirty, e.Pool)
 			retried = append(retried, id)
 			e.beatDirty = false
 		}
+		e.beat.Unlock()
 	}
+	r.mu.RUnlock()
+	r.mu.Lock()
 	audit := r.pendingAudit
 	r.pendingAudit = nil
 	r.mu.Unlock()
@@ -691,13 +739,17 @@ func (r *Registry) flush(ctx context.Context, all bool) error {
 		r.mu.Unlock()
 		return fmt.Errorf("registry: save heartbeats: %w", err)
 	}
-	r.mu.Lock()
+	r.mu.RLock()
 	for _, p := range dirty {
-		if e := r.pools[p.ID]; e != nil && p.LastHeartbeatAt.After(e.savedBeatAt) {
-			e.savedBeatAt = p.LastHeartbeatAt
+		if e := r.pools[p.ID]; e != nil {
+			e.beat.Lock()
+			if p.LastHeartbeatAt.After(e.savedBeatAt) {
+				e.savedBeatAt = p.LastHeartbeatAt
+			}
+			e.beat.Unlock()
 		}
 	}
-	r.mu.Unlock()
+	r.mu.RUnlock()
 	return nil
 }
 

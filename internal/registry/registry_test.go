@@ -828,3 +828,80 @@ func TestFlushWritesUnchangedBeatsAtTheirPace(t *testing.T) {
 		}
 	})
 }
+
+// Heartbeats renew leases under the read lock and their pool's own lock:
+// beats of many pools at once, full and unchanged, with queries, a drain,
+// model changes and flushes beside them, leave every pool as its last
+// beat said (the race detector watches the locking in `make test`).
+func TestConcurrentBeatsQueriesAndFlushes(t *testing.T) {
+	st := newFakeStore()
+	h := newHarness(t, st)
+	const pools, beats = 16, 50
+	for i := range pools {
+		h.register(fmt.Sprintf("p%02d", i))
+	}
+	var wg sync.WaitGroup
+	for i := range pools {
+		id := fmt.Sprintf("p%02d", i)
+		wg.Go(func() {
+			for n := range beats {
+				model := fmt.Sprintf("m%d", n%3) // the model changes: the index follows, under the write lock
+				hb := api.Heartbeat{GPUs: []api.GPU{{ID: 0, FreeBytes: uint64(n)}}, Workers: []api.Worker{{WorkerID: "w", ModelRef: model, Status: "ready"}}}
+				if n%2 == 1 {
+					hb = api.Heartbeat{Unchanged: true}
+				}
+				b, err := h.r.Heartbeat(h.ctx, id, hb)
+				if err != nil || b.FullWanted {
+					t.Errorf("beat %d of %s: %+v, %v", n, id, b, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for range beats {
+			for _, p := range h.r.Query(Filter{Model: "m1"}) {
+				if !p.HasModel("m1") {
+					t.Errorf("query for m1 returned %s with %+v", p.ID, p.Workers)
+				}
+			}
+			_ = h.r.Query(Filter{MinFreeBytes: 10})
+			_, _ = h.r.Get("p00")
+			if err := h.r.flush(h.ctx, false); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	wg.Go(func() {
+		if _, err := h.r.Drain(h.ctx, "p01", "admin", "test"); err != nil {
+			t.Error(err)
+		}
+	})
+	wg.Wait()
+	for i := range pools {
+		id := fmt.Sprintf("p%02d", i)
+		p, _ := h.r.Get(id)
+		last := beats - 2 // the last full beat
+		if len(p.GPUs) != 1 || p.GPUs[0].FreeBytes != uint64(last) || len(p.Workers) != 1 || p.Workers[0].ModelRef != fmt.Sprintf("m%d", last%3) {
+			t.Errorf("%s after its beats: gpus %+v, workers %+v", id, p.GPUs, p.Workers)
+		}
+		if got := h.r.Query(Filter{Model: p.Workers[0].ModelRef}); !slices.ContainsFunc(got, func(q Pool) bool { return q.ID == id }) {
+			t.Errorf("%s is not among the pools of its model %s", id, p.Workers[0].ModelRef)
+		}
+	}
+	if p, _ := h.r.Get("p01"); p.Status != Draining {
+		t.Errorf("drained pool p01 is %s", p.Status)
+	}
+	if err := h.r.Flush(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for i := range pools {
+		id := fmt.Sprintf("p%02d", i)
+		var gpus []api.GPU
+		if err := json.Unmarshal(st.pools[id].GPUs, &gpus); err != nil || len(gpus) != 1 || gpus[0].FreeBytes != beats-2 {
+			t.Errorf("stored GPUs of %s: %s (%v)", id, st.pools[id].GPUs, err)
+		}
+	}
+}
