@@ -412,14 +412,15 @@ func TestStartOptionsOverrideTheHives(t *testing.T) {
 	if !strings.Contains(ev.Reason, "idle for 300ms") || ev.At.Sub(ready.At) < 300*time.Millisecond {
 		t.Errorf("draining %s after ready: %q", ev.At.Sub(ready.At), ev.Reason)
 	}
-	_, log := th.getLogs(res.WorkerID, "")
-	if !strings.Contains(log, "--threads 2 --slots 3 --ctx-size 512") {
+	// The worker's output reaches its log through a pipe, which may be
+	// read after its ready callback: wait for the line.
+	if log, ok := th.logWithin(res.WorkerID, "--threads 2 --slots 3 --ctx-size 512"); !ok {
 		t.Errorf("worker log:\n%s", log)
 	}
 	// Without options, the hive's own.
 	id := th.start()
 	th.rec.wait(t, id, lifecycle.Ready)
-	if _, log := th.getLogs(id, ""); !strings.Contains(log, "--threads 1 --slots 1 --ctx-size 256") {
+	if log, ok := th.logWithin(id, "--threads 1 --slots 1 --ctx-size 256"); !ok {
 		t.Errorf("worker log without options:\n%s", log)
 	}
 	var e api.Error

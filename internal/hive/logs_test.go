@@ -92,6 +92,20 @@ func (th *testHive) getLogs(id, query string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// logWithin reads worker id's log through the API until it holds s, up
+// to waitLimit; it returns the last log read and whether it held s.
+func (th *testHive) logWithin(id, s string) (string, bool) {
+	th.t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for {
+		_, log := th.getLogs(id, "")
+		if strings.Contains(log, s) || time.Now().After(deadline) {
+			return log, strings.Contains(log, s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // waitForLog waits until l's ring holds s (woken by each write, up to
 // waitLimit).
 func waitForLog(t *testing.T, l *workerLog, s string) {
