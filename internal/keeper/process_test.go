@@ -127,10 +127,12 @@ func TestWhatDiesWhen_CtrlCEphemeral_KeeperQueenHiveWorkerAllDie(t *testing.T) {
 		})
 		t.Run(sig.name+"/generating", func(t *testing.T) {
 			k := startKeeper(t, ephemeralArgs(t, "--prompt", "hello", "--max-tokens", "2000")...)
+			// The worker is found while it loads: once tokens flow, a
+			// loaded machine may not find it before its answer ends.
+			worker := testbin.AwaitProcess(t, k.marker, " worker --worker-id")
 			k.WaitStdout(t, 1)
 			// Hold the worker mid-stream so that the signal surely
 			// lands while tokens are being generated.
-			worker := testbin.AwaitProcess(t, k.marker, " worker --worker-id")
 			_ = syscall.Kill(worker, syscall.SIGSTOP)
 			k.Signal(sig.sig)
 			_ = syscall.Kill(worker, syscall.SIGCONT)
