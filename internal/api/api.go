@@ -159,6 +159,10 @@ type GPU struct {
 	ReservedBytes  uint64   `json:"reserved_vram_bytes"`
 	TemperatureC   *int     `json:"temperature_c,omitempty"`
 	Workers        []string `json:"workers"`
+	// Unusable says why no worker can be placed on the device (no GPU
+	// backend, a driver too old, memory a stopped worker did not give
+	// back); absent when workers can use it.
+	Unusable string `json:"unusable,omitempty"`
 }
 
 // GPUList is the answer of GET /v2/gpus.

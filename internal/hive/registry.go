@@ -222,7 +222,7 @@ func (r *registry) devices(devs []gpu.Device) []api.GPU {
 		g := api.GPU{
 			ID: d.ID, Kind: d.Kind, Name: d.Name, UUID: d.UUID,
 			TotalBytes: d.TotalBytes, FreeBytes: d.FreeBytes, TemperatureC: d.TemperatureC,
-			AllocatedBytes: h.allocated, ReservedBytes: h.reserved, Workers: []string{},
+			AllocatedBytes: h.allocated, ReservedBytes: h.reserved, Workers: []string{}, Unusable: d.Unusable,
 		}
 		for _, w := range r.live {
 			if w.device.ID == d.ID {

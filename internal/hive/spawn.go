@@ -48,12 +48,15 @@ func (h *Hive) modelPath(ref string) (string, error) {
 	return path, nil
 }
 
-// chooseDevice picks the requested device, or the one with the most
-// available memory.
+// chooseDevice picks the requested device, or the usable one with the
+// most available memory. A device marked unusable is refused.
 func chooseDevice(devs []gpu.Device, want *int, heldOf func(int) held) (gpu.Device, error) {
 	if want != nil {
 		for _, d := range devs {
 			if d.ID == *want {
+				if d.Unusable != "" {
+					return gpu.Device{}, fmt.Errorf("%w: %s device %d: %s", ErrDeviceUnusable, d.Kind, d.ID, d.Unusable)
+				}
 				return d, nil
 			}
 		}
@@ -62,13 +65,16 @@ func chooseDevice(devs []gpu.Device, want *int, heldOf func(int) held) (gpu.Devi
 	if len(devs) == 0 {
 		return gpu.Device{}, fmt.Errorf("%w: the node reports no device", ErrDeviceNotFound)
 	}
-	best := devs[0]
-	for _, d := range devs[1:] {
-		if available(d, heldOf(d.ID)) > available(best, heldOf(best.ID)) {
-			best = d
+	var best *gpu.Device
+	for i, d := range devs {
+		if d.Unusable == "" && (best == nil || available(d, heldOf(d.ID)) > available(*best, heldOf(best.ID))) {
+			best = &devs[i]
 		}
 	}
-	return best, nil
+	if best == nil {
+		return gpu.Device{}, fmt.Errorf("%w: every device of this node is unusable (device %d: %s)", ErrDeviceUnusable, devs[0].ID, devs[0].Unusable)
+	}
+	return *best, nil
 }
 
 // startWorker runs preflight (model, architecture, memory), takes a port,

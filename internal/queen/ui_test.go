@@ -12,6 +12,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/dashboard"
+	"github.com/apiary-llm/apiary/internal/registry"
 )
 
 // uiStream is a page's stream of dashboard messages, read as they come.
@@ -204,5 +205,16 @@ func testAuditFilters(t *testing.T, b backend) {
 		if status, body := x.do("GET", "/api/admin/audit?"+q, "", nil); status != http.StatusBadRequest || !strings.Contains(string(body), want) {
 			t.Errorf("%s: %d %s", q, status, body)
 		}
+	}
+}
+
+// The dashboard shows a device its hive marks unusable as not usable,
+// with the hive's reason.
+func TestUIDeviceUnusableByItsHive(t *testing.T) {
+	const why = "memory leaked by worker-1 (pid 42)"
+	p := registry.Pool{ID: "p1", Status: registry.Healthy, GPUs: []api.GPU{{ID: 0, Kind: "cuda", TotalBytes: 8 << 30, FreeBytes: 8 << 30, Unusable: why}}}
+	got := uiPoolOf(p, nil)
+	if len(got.Devices) != 1 || got.Devices[0].Usable || got.Devices[0].Why != why {
+		t.Errorf("devices: %+v", got.Devices)
 	}
 }
