@@ -136,3 +136,38 @@ func TestParseCUDAVersion(t *testing.T) {
 		}
 	}
 }
+
+// scripts/gpu-proof.sh, which needs a GPU to run, is at least valid bash,
+// and its argument handling answers a mistake with usage and exit 2, and
+// a step run out of order with what to run first.
+func TestGPUProofScriptArguments(t *testing.T) {
+	script, err := filepath.Abs(filepath.Join("..", "..", "scripts", "gpu-proof.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := exec.Command("bash", "-n", script).CombinedOutput(); err != nil {
+		t.Fatalf("bash -n %s: %v\n%s", script, err, b)
+	}
+	empty := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, 2, "scripts/gpu-proof.sh pack OUT"},
+		{[]string{"frob", empty}, 2, "unknown step frob (want pack, build, run, all or cuda)"},
+		{[]string{"build"}, 2, "build needs one argument: the output directory"},
+		{[]string{"run", empty, "extra"}, 2, "run needs one argument"},
+		{[]string{"cuda", empty}, 2, "cuda takes no argument"},
+		{[]string{"build", empty}, 1, empty + "/src/ollama has no sources: run pack first"},
+		{[]string{"run", empty}, 1, "no " + empty + "/bin/apiary: run pack first"},
+		{[]string{"all", empty}, 1, "has no sources: run pack first"},
+	} {
+		cmd := exec.Command(script, tc.args...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != tc.code || !strings.Contains(string(out), tc.want) {
+			t.Errorf("gpu-proof.sh %q: %v, want exit %d and %q; output:\n%s", tc.args, err, tc.code, tc.want, out)
+		}
+	}
+}
