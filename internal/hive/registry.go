@@ -29,6 +29,7 @@ type registry struct {
 	ports    map[int]bool       // guarded by mu
 	nextPort int                // guarded by mu
 	closing  bool               // guarded by mu
+	leaks    leakMarks          // guarded by mu
 }
 
 func newRegistry(portMin int) *registry {
@@ -216,6 +217,7 @@ func (r *registry) close() []*worker {
 func (r *registry) devices(devs []gpu.Device) []api.GPU {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	devs = r.withLeaksLocked(devs)
 	out := make([]api.GPU, 0, len(devs))
 	for _, d := range devs {
 		h := r.heldLocked(d.ID)

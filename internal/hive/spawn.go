@@ -116,6 +116,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if err != nil {
 		return snap, fmt.Errorf("hive: device inventory: %w", err)
 	}
+	devs = h.reg.withLeaks(devs)
 	dev, err := chooseDevice(devs, req.GPUDevice, func(id int) held {
 		h.reg.mu.Lock()
 		defer h.reg.mu.Unlock()
@@ -140,6 +141,9 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		// an idle one: it never idle-stops one.
 		w.idleTimeout = -1
 	}
+	// The memory no process holds on a GPU before the worker: after it
+	// ends, the driver must be back to it (checkRelease).
+	w.baseline, w.driverCounts = h.unownedBaseline(ctx, dev)
 	w.log = h.log.With("worker_id", id, "model_ref", w.modelRef, deviceAttr(dev))
 	if eng != nil {
 		w.log = w.log.With("engine", req.Engine)

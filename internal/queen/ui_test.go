@@ -218,3 +218,29 @@ func TestUIDeviceUnusableByItsHive(t *testing.T) {
 		t.Errorf("devices: %+v", got.Devices)
 	}
 }
+
+// A hive's memory_leaked event becomes a worker.memory_leaked audit entry
+// with its reason; a leak without a reason, or an unknown kind, is a 400.
+func TestMemoryLeakedEventIsAudited(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("p1")
+	const why = "memory leaked by worker-1 (pid 42): the driver still lists it on device 0 with 1.0 GiB"
+	ack := x.event(api.WorkerEvent{Kind: api.EventMemoryLeaked, PoolID: "p1", WorkerID: "worker-1", Reason: why,
+		Worker: api.Worker{WorkerID: "worker-1", PID: 42, Status: "stopped"}})
+	if !ack.Applied {
+		t.Errorf("ack %+v", ack)
+	}
+	var out api.AuditList
+	x.ok("GET", "/api/admin/audit?action=worker.memory_leaked", nil, http.StatusOK, &out)
+	if len(out.Entries) != 1 || out.Entries[0].Reason != why || out.Entries[0].Target != "worker:worker-1" || out.Entries[0].Actor != "hive:p1" {
+		t.Errorf("audit: %+v", out.Entries)
+	}
+	for _, ev := range []api.WorkerEvent{
+		{Kind: api.EventMemoryLeaked, PoolID: "p1", WorkerID: "worker-1"},
+		{Kind: "melted", PoolID: "p1", WorkerID: "worker-1", Reason: "x"},
+	} {
+		if status, body := x.do("POST", "/v2/internal/workers/events", x.cfg.Tokens.Cluster, ev); status != http.StatusBadRequest {
+			t.Errorf("event %+v: %d %s, want 400", ev, status, body)
+		}
+	}
+}
