@@ -1,7 +1,9 @@
 // Package gpu is a node's device inventory: the NVIDIA GPUs NVML reports, or,
 // on a node without one, a single CPU device whose memory budget is the
 // system's memory. NVML is loaded at run time; a node without the library
-// simply has no GPUs, which is not an error.
+// simply has no GPUs, which is not an error. A GPU is marked unusable, with
+// why, when the CUDA backend library workers load is missing or the driver
+// is too old for it; the driver is behind an interface (Driver).
 package gpu
 
 import (
