@@ -26,6 +26,7 @@ func checkGPUs(gpus []api.GPU) error {
 	}
 	for i, g := range gpus {
 		gpus[i].Name = api.Printable(g.Name, 256) // shown in tables
+		gpus[i].Unusable = api.Printable(g.Unusable, 4*maxReasonLen)
 		if g.ID < 0 {
 			return api.BadRequest("gpu id %d is negative", g.ID)
 		}
