@@ -3,6 +3,7 @@ package hive
 import (
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -62,5 +63,20 @@ func TestChooseDevicePassesOverUnusable(t *testing.T) {
 	d, err := chooseDevice(devs, nil, func(int) held { return held{} })
 	if err != nil || d.ID != 1 {
 		t.Errorf("chooseDevice = %+v, %v; want device 1", d, err)
+	}
+}
+
+// A worker on a CUDA device numbers GPUs as NVML does (by PCI bus), so
+// that its --gpu-device is the hive's device; a CPU worker is not told.
+func TestCUDAWorkerNumbersGPUsAsNVML(t *testing.T) {
+	th := startHive(t)
+	for _, tc := range []struct {
+		kind string
+		want bool
+	}{{gpu.KindCUDA, true}, {gpu.KindCPU, false}} {
+		spec := th.builtinSpec(&worker{id: "worker-x", device: gpu.Device{ID: 0, Kind: tc.kind}}, api.StartWorkerRequest{}, "/m/tiny.gguf", startOptions{})
+		if got := slices.Contains(spec.Env, "CUDA_DEVICE_ORDER=PCI_BUS_ID"); got != tc.want {
+			t.Errorf("%s worker: CUDA_DEVICE_ORDER=PCI_BUS_ID in its environment: %v, want %v", tc.kind, got, tc.want)
+		}
 	}
 }

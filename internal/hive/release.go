@@ -143,6 +143,9 @@ func (h *Hive) checkRelease(w *worker, pid int, baseline uint64) {
 	for {
 		why, err := h.releaseCheck(ctx, w.id, d.ID, pid, baseline)
 		switch {
+		case err != nil && time.Now().After(deadline):
+			h.log.Error("memory release check given up: cannot read the driver", "worker_id", w.id, "gpu_device", d.ID, "err", err)
+			return
 		case err != nil:
 			h.log.Warn("memory release check: cannot read the driver", "worker_id", w.id, "gpu_device", d.ID, "err", err)
 		case why == "":

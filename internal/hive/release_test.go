@@ -176,12 +176,15 @@ func TestReleasedGPUMemoryKeepsTheDeviceUsable(t *testing.T) {
 	g := newScriptedGPU()
 	th := startHive(t, withScriptedGPU(g))
 	id, pid := runAndStop(t, th, g)
-	deadline := time.Now().Add(waitLimit)
-	for !strings.Contains(th.logs.String(), "the driver gave the worker's GPU memory back") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no release logged for %s (pid %d)", id, pid)
-		}
-		time.Sleep(10 * time.Millisecond)
+	checked := make(chan struct{})
+	go func() { th.checks.Wait(); close(checked) }() // the check began before the worker was gone
+	select {
+	case <-checked:
+	case <-time.After(waitLimit):
+		t.Fatalf("the release check of %s (pid %d) did not end", id, pid)
+	}
+	if !strings.Contains(th.logs.String(), "the driver gave the worker's GPU memory back") {
+		t.Errorf("no release logged for %s (pid %d)", id, pid)
 	}
 	th.pollGPU(t, "usable", func(u string) bool { return u == "" })
 	th.rec.mu.Lock()

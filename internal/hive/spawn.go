@@ -238,6 +238,12 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 	// No secret of the hive's reaches the worker but its own token.
 	env := append(secret.Scrub(os.Environ()), h.cfg.WorkerEnv...)
 	env = append(env, secret.WorkerTokenEnv+"="+w.token)
+	if w.device.Kind == gpu.KindCUDA {
+		// CUDA numbers GPUs fastest first by default; NVML, which the
+		// hive's device ids come from, by PCI bus. The worker's
+		// --gpu-device must name the same GPU.
+		env = append(env, "CUDA_DEVICE_ORDER=PCI_BUS_ID")
+	}
 	return procs.Spec{Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out}
 }
 
