@@ -43,7 +43,7 @@ export CGO_CPPFLAGS = -I$(CGO_INCLUDE) -I$(OLLAMA_DIR)/llama/llama.cpp/include -
 
 TEST_FLAGS ?= -count=1 -timeout 60m
 
-.PHONY: all build deps cgo-include lint llama-server test demo bench bench-worker clean
+.PHONY: all build cuda deps cgo-include lint llama-server test demo bench bench-worker clean
 
 all: build
 
@@ -68,6 +68,12 @@ ifeq ($(GOARCH_HOST),amd64)
 else
 	CGO_CFLAGS="$(OPT_FLAGS)" CGO_CXXFLAGS="$(OPT_FLAGS)" $(GO) build -o $(BIN)/apiary ./cmd/apiary
 endif
+
+# llama.cpp's CUDA backend, bin/libggml-cuda.so, from the same vendored
+# ggml sources (CMake and nvcc; see docs/gpu.md). Workers load it at run
+# time; without it a node's GPUs are reported unusable.
+cuda: cgo-include
+	@./scripts/gpu-proof.sh cuda
 
 # Packages free of cgo also run under the race detector (the llama.cpp
 # packages would need a second cold C++ build for it).

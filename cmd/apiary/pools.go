@@ -111,9 +111,24 @@ func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
 			beat = age(now, *p.LastHeartbeatAt) + " ago"
 		}
 		t.row(p.PoolID, p.Status, p.Endpoint, orDash(p.Version),
-			strconv.Itoa(len(p.GPUs)), api.FormatBytes(free), strconv.Itoa(len(p.Workers)), beat, pulling(p.Pulls))
+			devicesCell(p.GPUs), api.FormatBytes(free), strconv.Itoa(len(p.Workers)), beat, pulling(p.Pulls))
 	}
 	return t.flush()
+}
+
+// devicesCell is a pool's device count for a table, with how many of
+// them no worker can use ("2 (1 unusable)"); `pools ls --json` has why.
+func devicesCell(gpus []api.GPU) string {
+	n := 0
+	for _, g := range gpus {
+		if g.Unusable != "" {
+			n++
+		}
+	}
+	if n == 0 {
+		return strconv.Itoa(len(gpus))
+	}
+	return fmt.Sprintf("%d (%d unusable)", len(gpus), n)
 }
 
 // pulling is a pool's running pulls for a table: "MODEL 42%" each (the

@@ -206,3 +206,15 @@ func TestInferAnswerKeepsOnlyNewlinesAndTabs(t *testing.T) {
 		t.Errorf("infer printed %q, want %q", out, want)
 	}
 }
+
+// `pools ls` counts the devices no worker can use.
+func TestPoolsTableCountsUnusableDevices(t *testing.T) {
+	var b strings.Builder
+	pools := []api.Pool{{PoolID: "gpu-node", Status: "healthy", GPUs: []api.GPU{{ID: 0, Unusable: "no usable GPU backend"}, {ID: 1}}}}
+	if err := printPools(&b, pools, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "2 (1 unusable)") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/engine"
+	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/llamacpp"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -67,7 +68,7 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl := cmd.Flags()
 	fl.StringVar(&f.workerID, "worker-id", "", "id of this worker, sent in the ready callback (required with --callback-url)")
 	fl.StringVar(&f.model, "model", "", "path of the GGUF model file to serve (required); its name without .gguf is the model id")
-	fl.IntVar(&f.gpuDevice, "gpu-device", -1, "GPU to load the model on; -1 runs on the CPU")
+	fl.IntVar(&f.gpuDevice, "gpu-device", -1, "GPU to load the model on, with the CUDA backend beside the binary (or in $"+gpu.BackendDirEnv+"); -1 runs on the CPU. A GPU the worker cannot use is an error, never a fallback to the CPU")
 	fl.IntVar(&f.gpuLayers, "gpu-layers", 0, "layers to offload to the GPU; 0 offloads all")
 	fl.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fl.IntVar(&f.port, "port", 0, "port to listen on; 0 picks a free one (logged, and reported in the ready callback)")
@@ -125,6 +126,14 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	}
 	if err := cpuvariant.Exec(variant, exe); err != nil {
 		return fmt.Errorf("worker: %w", err)
+	}
+
+	// A worker asked for a GPU runs on it or not at all: the GPU backend
+	// is loaded from beside the binary before anything else.
+	if f.gpuDevice >= 0 {
+		if err := llamacpp.UseGPU(gpu.BackendDir(), f.gpuDevice, logger); err != nil {
+			return fmt.Errorf("worker: --gpu-device %d: %w", f.gpuDevice, err)
+		}
 	}
 
 	addr := net.JoinHostPort(f.host, strconv.Itoa(f.port))

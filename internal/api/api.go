@@ -159,6 +159,10 @@ type GPU struct {
 	ReservedBytes  uint64   `json:"reserved_vram_bytes"`
 	TemperatureC   *int     `json:"temperature_c,omitempty"`
 	Workers        []string `json:"workers"`
+	// Unusable says why no worker can be placed on the device (no GPU
+	// backend, a driver too old, memory a stopped worker did not give
+	// back); absent when workers can use it.
+	Unusable string `json:"unusable,omitempty"`
 }
 
 // GPUList is the answer of GET /v2/gpus.
@@ -245,6 +249,10 @@ type RefusedWorker struct {
 // WorkerEvent is one transition the hive pushes to the queen's
 // POST /v2/internal/workers/events as it happens.
 type WorkerEvent struct {
+	// Kind is "" for a transition (From, To); EventMemoryLeaked for a
+	// worker whose GPU memory the driver did not give back (Reason says
+	// what holds it; From and To are not set).
+	Kind        string    `json:"kind,omitempty"`
 	PoolID      string    `json:"pool_id"`
 	WorkerID    string    `json:"worker_id"`
 	LifecycleID string    `json:"lifecycle_id,omitempty"`
@@ -257,6 +265,11 @@ type WorkerEvent struct {
 	// Heartbeat.WorkerTokens).
 	WorkerToken string `json:"worker_token,omitempty"`
 }
+
+// EventMemoryLeaked is the WorkerEvent kind of memory a GPU's driver did
+// not give back after a worker ended; the queen audits it as
+// worker.memory_leaked.
+const EventMemoryLeaked = "memory_leaked"
 
 // WorkerHealth is the worker's GET /health answer as the hive reads it.
 // Fields the hive does not need are left out; decoding ignores them.

@@ -1,7 +1,9 @@
 // Package gpu is a node's device inventory: the NVIDIA GPUs NVML reports, or,
 // on a node without one, a single CPU device whose memory budget is the
 // system's memory. NVML is loaded at run time; a node without the library
-// simply has no GPUs, which is not an error.
+// simply has no GPUs, which is not an error. A GPU is marked unusable, with
+// why, when the CUDA backend library workers load is missing or the driver
+// is too old for it; the driver is behind an interface (Driver).
 package gpu
 
 import (
@@ -32,6 +34,9 @@ type Device struct {
 	TotalBytes   uint64
 	FreeBytes    uint64
 	TemperatureC *int // nil when the device does not report one
+	// Unusable says why workers cannot use the device ("": they can). The
+	// device is still reported, but no worker is placed on it.
+	Unusable string
 }
 
 // Inventory reports the node's devices as they are now.
@@ -44,13 +49,21 @@ type Inventory interface {
 // or reports no device.
 var ErrNoNVML = errors.New("gpu: no NVML devices")
 
-// Detect returns the NVML inventory when the library loads and reports at
-// least one GPU, otherwise the CPU inventory. NVML errors other than a
-// missing library are logged; the node then offers its CPU.
+// Detect returns the CUDA inventory when NVML loads and reports at least
+// one GPU, otherwise the CPU inventory. NVML errors other than a missing
+// library are logged; the node then offers its CPU. The CUDA devices are
+// usable only when the CUDA backend library is beside the binary and
+// loads (FindCUDABackend); otherwise they are reported unusable, with why.
 func Detect(logger *slog.Logger) Inventory {
-	inv, err := OpenNVML()
+	drv, err := OpenNVML()
 	if err == nil {
-		return inv
+		b := FindCUDABackend(BackendDir())
+		if b.Err != nil {
+			logger.Warn("CUDA devices are unusable: no usable CUDA backend", "err", b.Err)
+		} else {
+			logger.Info("CUDA backend found", "path", b.Path, "needs_cuda", FormatCUDAVersion(b.NeedCUDA))
+		}
+		return &CUDA{Driver: drv, Backend: b}
 	}
 	if !errors.Is(err, ErrNoNVML) {
 		logger.Warn("NVML unusable, offering the CPU device", "err", err)

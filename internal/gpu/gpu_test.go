@@ -55,7 +55,7 @@ func TestDetectWithoutNVMLOffersCPU(t *testing.T) {
 	inv, err := OpenNVML()
 	if err == nil {
 		defer inv.Close()
-		devs, derr := inv.Devices(t.Context())
+		devs, derr := (&CUDA{Driver: inv}).Devices(t.Context())
 		if derr != nil || len(devs) == 0 {
 			t.Fatalf("NVML present but Devices = %v, %v", devs, derr)
 		}

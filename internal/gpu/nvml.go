@@ -3,18 +3,19 @@
 package gpu
 
 import (
-	"context"
 	"fmt"
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-// NVML is the inventory of NVIDIA GPUs read through NVML.
+// NVML is the Driver of NVIDIA GPUs, read through NVML.
 type NVML struct {
 	lib       nvml.Interface
 	closeOnce sync.Once
 }
+
+var _ Driver = (*NVML)(nil)
 
 // OpenNVML loads libnvidia-ml at run time. Without the library, or with no
 // GPU, it returns an error wrapping ErrNoNVML.
@@ -34,36 +35,63 @@ func OpenNVML() (*NVML, error) {
 	return &NVML{lib: lib}, nil
 }
 
-// Devices reads every GPU's memory, name and temperature now.
-func (g *NVML) Devices(context.Context) ([]Device, error) {
+// DeviceCount is the number of GPUs NVML sees.
+func (g *NVML) DeviceCount() (int, error) {
 	n, ret := g.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("gpu: nvml device count: %s", ret.Error())
+		return 0, fmt.Errorf("gpu: nvml device count: %s", ret.Error())
 	}
-	devs := make([]Device, 0, n)
-	for i := range n {
-		h, ret := g.lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("gpu: nvml device %d: %s", i, ret.Error())
-		}
-		mem, ret := h.GetMemoryInfo()
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("gpu: nvml device %d memory: %s", i, ret.Error())
-		}
-		d := Device{ID: i, Kind: KindCUDA, TotalBytes: mem.Total, FreeBytes: mem.Free}
-		if name, ret := h.GetName(); ret == nvml.SUCCESS {
-			d.Name = name
-		}
-		if uuid, ret := h.GetUUID(); ret == nvml.SUCCESS {
-			d.UUID = uuid
-		}
-		if t, ret := h.GetTemperature(nvml.TEMPERATURE_GPU); ret == nvml.SUCCESS {
-			c := int(t)
-			d.TemperatureC = &c
-		}
-		devs = append(devs, d)
+	return n, nil
+}
+
+// Device reads GPU i's memory, name and temperature now.
+func (g *NVML) Device(i int) (Device, error) {
+	h, ret := g.lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return Device{}, fmt.Errorf("gpu: nvml device %d: %s", i, ret.Error())
 	}
-	return devs, nil
+	mem, ret := h.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return Device{}, fmt.Errorf("gpu: nvml device %d memory: %s", i, ret.Error())
+	}
+	d := Device{ID: i, Kind: KindCUDA, TotalBytes: mem.Total, FreeBytes: mem.Free}
+	if name, ret := h.GetName(); ret == nvml.SUCCESS {
+		d.Name = name
+	}
+	if uuid, ret := h.GetUUID(); ret == nvml.SUCCESS {
+		d.UUID = uuid
+	}
+	if t, ret := h.GetTemperature(nvml.TEMPERATURE_GPU); ret == nvml.SUCCESS {
+		c := int(t)
+		d.TemperatureC = &c
+	}
+	return d, nil
+}
+
+// CUDAVersion is the newest CUDA version the driver supports.
+func (g *NVML) CUDAVersion() (int, error) {
+	v, ret := g.lib.SystemGetCudaDriverVersion()
+	if ret != nvml.SUCCESS {
+		return 0, fmt.Errorf("gpu: nvml CUDA driver version: %s", ret.Error())
+	}
+	return v, nil
+}
+
+// Processes lists the compute processes holding memory on GPU i.
+func (g *NVML) Processes(i int) ([]Process, error) {
+	h, ret := g.lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("gpu: nvml device %d: %s", i, ret.Error())
+	}
+	infos, ret := h.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("gpu: nvml device %d processes: %s", i, ret.Error())
+	}
+	out := make([]Process, 0, len(infos))
+	for _, p := range infos {
+		out = append(out, Process{PID: int(p.Pid), UsedBytes: p.UsedGpuMemory})
+	}
+	return out, nil
 }
 
 // Close shuts NVML down; it is idempotent.

@@ -3,7 +3,6 @@
 package gpu
 
 import (
-	"context"
 	"errors"
 	"fmt"
 )
@@ -16,8 +15,19 @@ func OpenNVML() (*NVML, error) {
 	return nil, fmt.Errorf("%w: built without cgo", ErrNoNVML)
 }
 
-// Devices is never reached.
-func (*NVML) Devices(context.Context) ([]Device, error) { return nil, errors.New("gpu: no NVML") }
+var errNoNVML = errors.New("gpu: no NVML")
+
+// DeviceCount is never reached.
+func (*NVML) DeviceCount() (int, error) { return 0, errNoNVML }
+
+// Device is never reached.
+func (*NVML) Device(int) (Device, error) { return Device{}, errNoNVML }
+
+// CUDAVersion is never reached.
+func (*NVML) CUDAVersion() (int, error) { return 0, errNoNVML }
+
+// Processes is never reached.
+func (*NVML) Processes(int) ([]Process, error) { return nil, errNoNVML }
 
 // Close does nothing.
 func (*NVML) Close() error { return nil }

@@ -45,7 +45,8 @@ func sameReport(a, b api.Heartbeat) bool {
 
 func sameGPU(a, b api.GPU) bool {
 	if a.ID != b.ID || a.Kind != b.Kind || a.Name != b.Name || a.UUID != b.UUID || a.TotalBytes != b.TotalBytes ||
-		a.AllocatedBytes != b.AllocatedBytes || a.ReservedBytes != b.ReservedBytes || !slices.Equal(a.Workers, b.Workers) {
+		a.AllocatedBytes != b.AllocatedBytes || a.ReservedBytes != b.ReservedBytes || !slices.Equal(a.Workers, b.Workers) ||
+		a.Unusable != b.Unusable {
 		return false
 	}
 	if diff(a.FreeBytes, b.FreeBytes) > a.TotalBytes/freeDriftDivisor {

@@ -93,6 +93,15 @@ type Config struct {
 	// queen was answered for this long (the queen's --heartbeat-timeout).
 	LeaseTimeout time.Duration
 
+	// ReleaseTimeout is how long the hive waits, after a GPU worker ended,
+	// for the driver to give its memory back before it marks the device
+	// unusable (memory leaked); ReleasePoll is how often it asks the
+	// driver meanwhile; ReleaseTolerance is how much more memory than
+	// before the worker no process may hold, and still count as back.
+	ReleaseTimeout   time.Duration
+	ReleasePoll      time.Duration
+	ReleaseTolerance uint64
+
 	Devices gpu.Inventory // default gpu.Detect
 	Logger  *slog.Logger  // default slog.Default()
 }
@@ -111,6 +120,9 @@ const (
 	DefaultPortMin           = 8001
 	DefaultPortMax           = 8999
 	DefaultMaxBodyBytes      = 1 << 20
+	DefaultReleaseTimeout    = 30 * time.Second
+	DefaultReleasePoll       = 500 * time.Millisecond
+	DefaultReleaseTolerance  = 256 << 20
 )
 
 // DefaultDataDir is $XDG_DATA_HOME/apiary, or ~/.local/share/apiary.
@@ -139,6 +151,9 @@ func (c Config) withDefaults() Config {
 	config.Default(&c.LogRetention, DefaultLogRetention)
 	config.Default(&c.HeartbeatInterval, DefaultHeartbeatInterval)
 	config.Default(&c.HealthFailures, DefaultHealthFailures)
+	config.Default(&c.ReleaseTimeout, DefaultReleaseTimeout)
+	config.Default(&c.ReleasePoll, DefaultReleasePoll)
+	config.Default(&c.ReleaseTolerance, DefaultReleaseTolerance)
 	if c.NodeID == "" {
 		c.NodeID, _ = os.Hostname()
 		if c.NodeID == "" {
@@ -182,7 +197,8 @@ func (c Config) Validate() error {
 		field string
 		v     time.Duration
 	}{{"CallbackTimeout", c.CallbackTimeout}, {"HealthInterval", c.HealthInterval}, {"StopGrace", c.StopGrace},
-		{"ShutdownAck", c.ShutdownAck}, {"HeartbeatInterval", c.HeartbeatInterval}} {
+		{"ShutdownAck", c.ShutdownAck}, {"HeartbeatInterval", c.HeartbeatInterval},
+		{"ReleaseTimeout", c.ReleaseTimeout}, {"ReleasePoll", c.ReleasePoll}} {
 		if d.v <= 0 {
 			p.Add(d.field, "must be positive, got %s", d.v)
 		}

@@ -20,6 +20,7 @@ var (
 	ErrUnsupportedModel = openai.Sentinel(http.StatusUnprocessableEntity, "unsupported_model", "hive: unsupported model architecture")
 	ErrUnknownEngine    = openai.Sentinel(http.StatusBadRequest, "unknown_engine", "hive: this hive has no such engine")
 	ErrDeviceNotFound   = openai.Sentinel(http.StatusBadRequest, "device_not_found", "hive: no such device")
+	ErrDeviceUnusable   = openai.Sentinel(http.StatusConflict, "device_unusable", "hive: no worker can use this device")
 	ErrNoFreePort       = openai.Sentinel(http.StatusServiceUnavailable, "no_free_port", "hive: no free port in the worker range")
 	ErrShuttingDown     = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "hive: shutting down")
 	ErrUnauthorized     = openai.Sentinel(http.StatusUnauthorized, "unauthorized", "hive: unauthorized")

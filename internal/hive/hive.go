@@ -46,7 +46,12 @@ type Hive struct {
 	onEvent func(api.WorkerEvent)
 
 	owners sync.WaitGroup // one per worker owner goroutine
-	lease  chan struct{}  // renewals of the lease on the queen; nil without one
+	// checks are the memory release checks of ended GPU workers
+	// (checkRelease); checkCtx ends them when the hive stops.
+	checks     sync.WaitGroup
+	checkCtx   context.Context
+	stopChecks context.CancelFunc
+	lease      chan struct{} // renewals of the lease on the queen; nil without one
 
 	ready    chan struct{}
 	settled  chan struct{} // closed after the first registration try (or at ready without a queen)
@@ -111,6 +116,7 @@ func New(cfg Config) (*Hive, error) {
 	if h.devices == nil {
 		h.devices = gpu.Detect(h.log)
 	}
+	h.checkCtx, h.stopChecks = context.WithCancel(context.Background())
 	h.metrics = newMetrics(h)
 	h.pulls = newPulls(h)
 	if cfg.LeaseTimeout > 0 {
@@ -221,6 +227,8 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 
 	start := time.Now()
 	h.cascade()
+	h.stopChecks() // the workers' memory release checks end with the hive
+	h.checks.Wait()
 	h.log.Info("all workers stopped", "took", time.Since(start).Round(time.Millisecond).String())
 	h.pulls.close() // a pull under way stops; its partial files stay, for the next pull to resume
 
@@ -248,6 +256,8 @@ func (h *Hive) cascade() {
 func (h *Hive) release() {
 	h.closeOnce.Do(func() {
 		h.owners.Wait()
+		h.stopChecks()
+		h.checks.Wait()
 		h.pulls.close()
 		if h.launcher != nil {
 			_ = h.launcher.Close()

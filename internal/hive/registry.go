@@ -29,6 +29,7 @@ type registry struct {
 	ports    map[int]bool       // guarded by mu
 	nextPort int                // guarded by mu
 	closing  bool               // guarded by mu
+	leaks    leakMarks          // guarded by mu
 }
 
 func newRegistry(portMin int) *registry {
@@ -216,13 +217,14 @@ func (r *registry) close() []*worker {
 func (r *registry) devices(devs []gpu.Device) []api.GPU {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	devs = r.withLeaksLocked(devs)
 	out := make([]api.GPU, 0, len(devs))
 	for _, d := range devs {
 		h := r.heldLocked(d.ID)
 		g := api.GPU{
 			ID: d.ID, Kind: d.Kind, Name: d.Name, UUID: d.UUID,
 			TotalBytes: d.TotalBytes, FreeBytes: d.FreeBytes, TemperatureC: d.TemperatureC,
-			AllocatedBytes: h.allocated, ReservedBytes: h.reserved, Workers: []string{},
+			AllocatedBytes: h.allocated, ReservedBytes: h.reserved, Workers: []string{}, Unusable: d.Unusable,
 		}
 		for _, w := range r.live {
 			if w.device.ID == d.ID {

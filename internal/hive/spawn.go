@@ -49,12 +49,15 @@ func (h *Hive) modelPath(ref string) (string, error) {
 	return path, nil
 }
 
-// chooseDevice picks the requested device, or the one with the most
-// available memory.
+// chooseDevice picks the requested device, or the usable one with the
+// most available memory. A device marked unusable is refused.
 func chooseDevice(devs []gpu.Device, want *int, heldOf func(int) held) (gpu.Device, error) {
 	if want != nil {
 		for _, d := range devs {
 			if d.ID == *want {
+				if d.Unusable != "" {
+					return gpu.Device{}, fmt.Errorf("%w: %s device %d: %s", ErrDeviceUnusable, d.Kind, d.ID, d.Unusable)
+				}
 				return d, nil
 			}
 		}
@@ -63,13 +66,16 @@ func chooseDevice(devs []gpu.Device, want *int, heldOf func(int) held) (gpu.Devi
 	if len(devs) == 0 {
 		return gpu.Device{}, fmt.Errorf("%w: the node reports no device", ErrDeviceNotFound)
 	}
-	best := devs[0]
-	for _, d := range devs[1:] {
-		if available(d, heldOf(d.ID)) > available(best, heldOf(best.ID)) {
-			best = d
+	var best *gpu.Device
+	for i, d := range devs {
+		if d.Unusable == "" && (best == nil || available(d, heldOf(d.ID)) > available(*best, heldOf(best.ID))) {
+			best = &devs[i]
 		}
 	}
-	return best, nil
+	if best == nil {
+		return gpu.Device{}, fmt.Errorf("%w: every device of this node is unusable (device %d: %s)", ErrDeviceUnusable, devs[0].ID, devs[0].Unusable)
+	}
+	return *best, nil
 }
 
 // startWorker runs preflight (model, architecture, memory), takes a port,
@@ -111,6 +117,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if err != nil {
 		return snap, fmt.Errorf("hive: device inventory: %w", err)
 	}
+	devs = h.reg.withLeaks(devs)
 	dev, err := chooseDevice(devs, req.GPUDevice, func(id int) held {
 		h.reg.mu.Lock()
 		defer h.reg.mu.Unlock()
@@ -126,6 +133,9 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		device: dev, estimate: info.MemoryBytes, token: randomHex(32), idleTimeout: opts.idleTimeout,
 		engine: eng, cmds: make(chan any), done: make(chan struct{}),
 	}
+	// The memory no process holds on a GPU before the worker: after it
+	// ends, the driver must be back to it (checkRelease).
+	w.baseline, w.driverCounts = h.unownedBaseline(ctx, dev)
 	w.log = h.log.With("worker_id", id, "model_ref", w.modelRef, deviceAttr(dev))
 	if eng != nil {
 		w.log = w.log.With("engine", req.Engine)
@@ -215,6 +225,12 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 	// No secret of the hive's reaches the worker but its own token.
 	env := append(secret.Scrub(os.Environ()), h.cfg.WorkerEnv...)
 	env = append(env, secret.WorkerTokenEnv+"="+w.token)
+	if w.device.Kind == gpu.KindCUDA {
+		// CUDA numbers GPUs fastest first by default; NVML, which the
+		// hive's device ids come from, by PCI bus. The worker's
+		// --gpu-device must name the same GPU.
+		env = append(env, "CUDA_DEVICE_ORDER=PCI_BUS_ID")
+	}
 	return procs.Spec{Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out}
 }
 

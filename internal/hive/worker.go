@@ -1,6 +1,7 @@
 package hive
 
 import (
+	"context"
 	"crypto/subtle"
 	"fmt"
 	"log/slog"
@@ -34,6 +35,11 @@ type worker struct {
 	uri      string // where the worker will listen
 	token    string
 	estimate uint64
+	// driverCounts: the GPU's driver reports each process's memory
+	// (CUDA with NVML); baseline is the memory no process held on the
+	// device at spawn.
+	driverCounts bool
+	baseline     uint64
 	// engine is the external engine this worker runs behind its front
 	// (apiary engine-front); nil: the built-in worker. healthURL is the
 	// engine's health path on its loopback port.
@@ -101,6 +107,14 @@ func (w *worker) ready(c readyCmd) error {
 		return err
 	}
 	w.vram = c.cb.VRAMBytes // w.uri stays the hive's own: its host and scheme
+	if w.driverCounts {
+		// On a GPU the driver's count of the process's memory is the truth.
+		if used, ok := w.h.driverVRAM(context.Background(), w.device, w.proc.PID()); ok && used > 0 {
+			w.vram = used
+		} else {
+			w.log.Warn("the driver lists no GPU memory for the worker's process; keeping its own report", "pid", w.proc.PID(), "vram_bytes", w.vram)
+		}
+	}
 	w.readyAt = time.Now()
 	w.h.metrics.readyLatency.Observe(w.readyAt.Sub(w.spawnedAt).Seconds())
 	w.transition(lifecycle.Ready, fmt.Sprintf("ready callback: %s at %s", api.FormatBytes(w.vram), w.uri))
@@ -161,6 +175,10 @@ func (w *worker) exited(kind string) {
 	w.h.data.removeRecord(w.id)
 	w.h.reg.remove(w)
 	w.h.metrics.workers.WithLabelValues(string(w.m.State())).Dec()
+	if w.driverCounts {
+		w.h.checks.Add(1)
+		go w.h.checkRelease(w, w.proc.PID(), w.baseline)
+	}
 }
 
 // transition is the only way the worker's state changes: it checks the

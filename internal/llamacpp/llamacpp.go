@@ -67,6 +67,7 @@ import (
 	"unsafe"
 
 	"github.com/apiary-llm/apiary/internal/engine"
+	"github.com/apiary-llm/apiary/internal/gpu"
 	ollamallama "github.com/ollama/ollama/llama"
 )
 
@@ -145,8 +146,8 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 			}
 			mparams.split_mode = C.LLAMA_SPLIT_MODE_NONE
 		} else {
-			log.Info("no GPU backend for this device; running on the CPU", "gpu_device", opts.GPUDevice)
-			mparams.n_gpu_layers = 0
+			// The worker loads the backend (UseGPU) before it gets here.
+			return nil, fmt.Errorf("llamacpp: %w: no GPU %d in ggml's backends (load the GPU backend first)", gpu.ErrNoBackend, opts.GPUDevice)
 		}
 	} else {
 		mparams.n_gpu_layers = 0

@@ -13,6 +13,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -25,6 +26,7 @@ func checkGPUs(gpus []api.GPU) error {
 	}
 	for i, g := range gpus {
 		gpus[i].Name = api.Printable(g.Name, 256) // shown in tables
+		gpus[i].Unusable = api.Printable(g.Unusable, 4*maxReasonLen)
 		if g.ID < 0 {
 			return api.BadRequest("gpu id %d is negative", g.ID)
 		}
@@ -269,6 +271,13 @@ func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) erro
 			return err
 		}
 	}
+	switch ev.Kind {
+	case "":
+	case api.EventMemoryLeaked:
+		return q.memoryLeaked(w, r, ev)
+	default:
+		return api.BadRequest("kind %q: want %q or none (a transition)", api.Printable(ev.Kind, 40), api.EventMemoryLeaked)
+	}
 	for name, s := range map[string]string{"from": ev.From, "to": ev.To} {
 		if s == "" && name == "from" {
 			continue
@@ -312,6 +321,33 @@ func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) erro
 	}
 	q.routing.Poke()
 	api.WriteJSON(w, http.StatusOK, ack)
+	return nil
+}
+
+// memoryLeaked audits a hive's report that a GPU's driver did not give an
+// ended worker's memory back (worker.memory_leaked); the hive keeps the
+// device out of placement itself, and says so in its heartbeats.
+func (q *Queen) memoryLeaked(w http.ResponseWriter, r *http.Request, ev api.WorkerEvent) error {
+	if ev.Reason == "" {
+		return api.BadRequest("a %s event needs a reason", api.EventMemoryLeaked)
+	}
+	if len(ev.Reason) > 4*maxReasonLen {
+		return api.BadRequest("reason is longer than %d bytes", 4*maxReasonLen)
+	}
+	if _, ok := q.reg.Get(ev.PoolID); !ok {
+		return fmt.Errorf("%w: %s", registry.ErrNotFound, ev.PoolID)
+	}
+	reason := api.Printable(ev.Reason, 4*maxReasonLen)
+	meta := map[string]any{"pool_id": ev.PoolID, "worker_id": ev.WorkerID, "gpu_device": ev.Worker.GPUDevice, "pid": ev.Worker.PID}
+	// The worker's lifecycle row, as the other worker.* entries name it.
+	target := ev.LifecycleID
+	if target == "" {
+		target = "worker:" + ev.WorkerID
+	}
+	controlPlane{q}.Audit(r.Context(), store.AuditEntry{TS: micro(time.Now()), Actor: "hive:" + ev.PoolID, Action: "worker.memory_leaked",
+		Target: target, Reason: reason, Metadata: meta})
+	q.log.Error("a hive reports GPU memory not given back", "pool_id", ev.PoolID, "worker_id", ev.WorkerID, "reason", reason)
+	api.WriteJSON(w, http.StatusOK, api.EventAck{Applied: true})
 	return nil
 }
 

@@ -328,8 +328,9 @@ func (q *Queen) uiRow(r store.Row, cache, fresh map[string]cachedRow) any {
 }
 
 // uiPoolOf is a pool as the page shows it: each device with whether a
-// new worker could go there, and why not (the pool's status; memory
-// below the smallest model its hive has).
+// new worker could go there, and why not (the pool's status; the hive's
+// own verdict on the device; memory below the smallest model its hive
+// has).
 func uiPoolOf(p registry.Pool, files map[string]api.Model) uiPool {
 	out := uiPool{ID: p.ID, Status: string(p.Status), Drained: p.Drained, NodeID: p.NodeID, Endpoint: p.Endpoint, Version: p.Version,
 		StatusChangedAt: p.StatusChangedAt.UTC(), Devices: make([]uiDevice, 0, len(p.GPUs)), Workers: len(p.Workers)}
@@ -351,6 +352,8 @@ func uiPoolOf(p registry.Pool, files map[string]api.Model) uiPool {
 		switch {
 		case p.Status != registry.Healthy:
 			d.Usable, d.Why = false, "the pool is "+string(p.Status)
+		case g.Unusable != "":
+			d.Usable, d.Why = false, g.Unusable
 		case files != nil && len(files) == 0:
 			d.Usable, d.Why = false, "its hive has no model"
 		case g.FreeBytes == 0:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/dashboard"
+	"github.com/apiary-llm/apiary/internal/registry"
 )
 
 // uiStream is a page's stream of dashboard messages, read as they come.
@@ -203,6 +204,43 @@ func testAuditFilters(t *testing.T, b backend) {
 	for q, want := range map[string]string{"until=yesterday": "until", "since=-1h": "since", "actor=%01": "actor", "who=admin": "unknown query parameter"} {
 		if status, body := x.do("GET", "/api/admin/audit?"+q, "", nil); status != http.StatusBadRequest || !strings.Contains(string(body), want) {
 			t.Errorf("%s: %d %s", q, status, body)
+		}
+	}
+}
+
+// The dashboard shows a device its hive marks unusable as not usable,
+// with the hive's reason.
+func TestUIDeviceUnusableByItsHive(t *testing.T) {
+	const why = "memory leaked by worker-1 (pid 42)"
+	p := registry.Pool{ID: "p1", Status: registry.Healthy, GPUs: []api.GPU{{ID: 0, Kind: "cuda", TotalBytes: 8 << 30, FreeBytes: 8 << 30, Unusable: why}}}
+	got := uiPoolOf(p, nil)
+	if len(got.Devices) != 1 || got.Devices[0].Usable || got.Devices[0].Why != why {
+		t.Errorf("devices: %+v", got.Devices)
+	}
+}
+
+// A hive's memory_leaked event becomes a worker.memory_leaked audit entry
+// with its reason; a leak without a reason, or an unknown kind, is a 400.
+func TestMemoryLeakedEventIsAudited(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("p1")
+	const why = "memory leaked by worker-1 (pid 42): the driver still lists it on device 0 with 1.0 GiB"
+	ack := x.event(api.WorkerEvent{Kind: api.EventMemoryLeaked, PoolID: "p1", WorkerID: "worker-1", Reason: why,
+		Worker: api.Worker{WorkerID: "worker-1", PID: 42, Status: "stopped"}})
+	if !ack.Applied {
+		t.Errorf("ack %+v", ack)
+	}
+	var out api.AuditList
+	x.ok("GET", "/api/admin/audit?action=worker.memory_leaked", nil, http.StatusOK, &out)
+	if len(out.Entries) != 1 || out.Entries[0].Reason != why || out.Entries[0].Target != "worker:worker-1" || out.Entries[0].Actor != "hive:p1" {
+		t.Errorf("audit: %+v", out.Entries)
+	}
+	for _, ev := range []api.WorkerEvent{
+		{Kind: api.EventMemoryLeaked, PoolID: "p1", WorkerID: "worker-1"},
+		{Kind: "melted", PoolID: "p1", WorkerID: "worker-1", Reason: "x"},
+	} {
+		if status, body := x.do("POST", "/v2/internal/workers/events", x.cfg.Tokens.Cluster, ev); status != http.StatusBadRequest {
+			t.Errorf("event %+v: %d %s, want 400", ev, status, body)
 		}
 	}
 }

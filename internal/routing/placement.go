@@ -152,8 +152,13 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		best, bestFree, found := 0, uint64(0), false
 		var roomiest api.GPU
 		seen := false
+		var unusable []string
 		for _, g := range p.GPUs {
 			if req.GPU != nil && g.ID != *req.GPU {
+				continue
+			}
+			if g.Unusable != "" {
+				unusable = append(unusable, fmt.Sprintf("device %d is unusable: %s", g.ID, g.Unusable))
 				continue
 			}
 			if !seen || g.FreeBytes > roomiest.FreeBytes {
@@ -165,6 +170,8 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			}
 		}
 		switch {
+		case !seen && len(unusable) > 0:
+			reject("%s", strings.Join(unusable, "; "))
 		case !seen && req.GPU != nil:
 			reject("has no device %d", *req.GPU)
 		case !seen:

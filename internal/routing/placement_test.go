@@ -207,3 +207,32 @@ func TestPlacementOnlyOnPoolsWithTheEngine(t *testing.T) {
 		t.Errorf("builtin: placed on %s, %v; every pool has the built-in engine", d.Pool.ID, err)
 	}
 }
+
+// A device its hive marks unusable is never chosen, however roomy; a pool
+// with no usable device is rejected with the hive's reason, and one with
+// another, usable device is placed there.
+func TestPlacementSkipsUnusableDevices(t *testing.T) {
+	const gib = 1 << 30
+	tiny := map[string]api.Model{"tiny": {Ref: "tiny", SizeBytes: 2 * gib}}
+	pools := []registry.Pool{
+		{ID: "a", Status: registry.Healthy, GPUs: []api.GPU{{ID: 0, FreeBytes: 80 * gib, Unusable: "no usable GPU backend: /opt/bin/libggml-cuda.so is not there"}}},
+		{ID: "b", Status: registry.Healthy, GPUs: []api.GPU{{ID: 0, FreeBytes: 70 * gib, Unusable: "memory leaked by worker-1 (pid 42)"}, {ID: 1, FreeBytes: 4 * gib}}},
+	}
+	models := map[string]map[string]api.Model{"a": tiny, "b": tiny}
+	d, err := MostFreeMemory{}.Place(pools, PlaceRequest{Model: "tiny", Models: models})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Pool.ID != "b" || d.GPU != 1 {
+		t.Errorf("placed on %s device %d, want b device 1", d.Pool.ID, d.GPU)
+	}
+	want := []Rejection{{"a", "device 0 is unusable: no usable GPU backend: /opt/bin/libggml-cuda.so is not there"}}
+	if diff := cmp.Diff(want, d.Rejected); diff != "" {
+		t.Errorf("rejections (-want +got):\n%s", diff)
+	}
+	zero := 0
+	_, err = MostFreeMemory{}.Place(pools, PlaceRequest{Model: "tiny", Models: models, GPU: &zero})
+	if !errors.Is(err, ErrNoPool) || !strings.Contains(err.Error(), "b: device 0 is unusable: memory leaked by worker-1 (pid 42)") {
+		t.Errorf("pinned to the unusable device 0: %v", err)
+	}
+}

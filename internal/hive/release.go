@@ -1,0 +1,231 @@
+package hive
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/gpu"
+)
+
+// This file is the hive's side of the GPU driver's memory accounting: a
+// CUDA worker's vram_bytes is what the driver (NVML) says its process
+// holds, and after a worker ends the hive checks that the driver gave
+// its memory back. Memory still held, or a GPU process that is no worker
+// of this hive, marks the device unusable ("memory leaked by ...") and is
+// reported to the queen as a worker.memory_leaked audit entry; the mark
+// stays until a later check finds the memory back.
+
+// processes is the driver's process list of d, when the node's inventory
+// reports one (CUDA); ok is false on the CPU device or without a driver.
+func (h *Hive) processes(ctx context.Context, d gpu.Device) (ps []gpu.Process, ok bool, err error) {
+	pl, isLister := h.devices.(gpu.ProcessLister)
+	if !isLister || d.Kind != gpu.KindCUDA {
+		return nil, false, nil
+	}
+	ps, err = pl.Processes(ctx, d.ID)
+	return ps, true, err
+}
+
+// device reads device id from the inventory now.
+func (h *Hive) device(ctx context.Context, id int) (gpu.Device, error) {
+	devs, err := h.devices.Devices(ctx)
+	if err != nil {
+		return gpu.Device{}, err
+	}
+	for _, d := range devs {
+		if d.ID == id {
+			return d, nil
+		}
+	}
+	return gpu.Device{}, fmt.Errorf("%w: device %d is gone from the inventory", ErrDeviceNotFound, id)
+}
+
+// driverVRAM is the memory the driver says pid holds on d; ok is false
+// when the driver does not list pid (or reports no processes).
+func (h *Hive) driverVRAM(ctx context.Context, d gpu.Device, pid int) (uint64, bool) {
+	ps, listed, err := h.processes(ctx, d)
+	if !listed || err != nil {
+		if err != nil {
+			h.log.Warn("cannot read the driver's process list", "gpu_device", d.ID, "err", err)
+		}
+		return 0, false
+	}
+	for _, p := range ps {
+		if p.PID == pid {
+			return p.UsedBytes, true
+		}
+	}
+	return 0, false
+}
+
+// unownedBaseline is the memory of device d no process holds now (the
+// driver's own); the release check compares against it.
+func (h *Hive) unownedBaseline(ctx context.Context, d gpu.Device) (uint64, bool) {
+	ps, listed, err := h.processes(ctx, d)
+	if !listed || err != nil {
+		return 0, false
+	}
+	return unowned(d, ps), true
+}
+
+// workerPIDs are the pids of the hive's live workers on device id.
+func (h *Hive) workerPIDs(id int) map[int]bool {
+	out := map[int]bool{}
+	for _, w := range h.reg.liveWorkers() {
+		if w.device.ID == id && w.proc != nil {
+			out[w.proc.PID()] = true
+		}
+	}
+	return out
+}
+
+// leakMarks are the devices marked unusable for leaked memory, by id.
+type leakMarks struct {
+	by map[int]string // guarded by registry.mu
+}
+
+// markLeak keeps device id out of placement with why.
+func (h *Hive) markLeak(id int, why string) {
+	h.reg.mu.Lock()
+	defer h.reg.mu.Unlock()
+	if h.reg.leaks.by == nil {
+		h.reg.leaks.by = map[int]string{}
+	}
+	h.reg.leaks.by[id] = why
+}
+
+// clearLeak lifts device id's mark; it reports whether there was one.
+func (h *Hive) clearLeak(id int) bool {
+	h.reg.mu.Lock()
+	defer h.reg.mu.Unlock()
+	_, ok := h.reg.leaks.by[id]
+	delete(h.reg.leaks.by, id)
+	return ok
+}
+
+// withLeaks marks the devices with leaked memory unusable (a device the
+// inventory already marks keeps its reason).
+func (r *registry) withLeaks(devs []gpu.Device) []gpu.Device {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.withLeaksLocked(devs)
+}
+
+func (r *registry) withLeaksLocked(devs []gpu.Device) []gpu.Device {
+	if len(r.leaks.by) == 0 {
+		return devs
+	}
+	out := slices.Clone(devs)
+	for i, d := range out {
+		if why, ok := r.leaks.by[d.ID]; ok && d.Unusable == "" {
+			out[i].Unusable = why
+		}
+	}
+	return out
+}
+
+// checkRelease runs after worker w (pid, on device d) has ended: it polls
+// the driver every ReleasePoll until the memory is back (releaseVerdict),
+// for ReleaseTimeout at most. Memory still held then marks the device,
+// logs, and sends the queen a memory_leaked event; the polling goes on,
+// ReleaseTimeout apart, until the memory is back, which lifts the mark.
+func (h *Hive) checkRelease(w *worker, pid int, baseline uint64) {
+	defer h.checks.Done()
+	ctx := h.checkCtx
+	d := w.device
+	deadline := time.Now().Add(h.cfg.ReleaseTimeout)
+	interval := h.cfg.ReleasePoll
+	reported := ""
+	for {
+		why, err := h.releaseCheck(ctx, w.id, d.ID, pid, baseline)
+		switch {
+		case err != nil && time.Now().After(deadline):
+			h.log.Error("memory release check given up: cannot read the driver", "worker_id", w.id, "gpu_device", d.ID, "err", err)
+			return
+		case err != nil:
+			h.log.Warn("memory release check: cannot read the driver", "worker_id", w.id, "gpu_device", d.ID, "err", err)
+		case why == "":
+			if h.clearLeak(d.ID) {
+				h.log.Info("leaked GPU memory is back; the device is usable again", "worker_id", w.id, "gpu_device", d.ID)
+			} else {
+				h.log.Info("the driver gave the worker's GPU memory back", "worker_id", w.id, "gpu_device", d.ID, "pid", pid)
+			}
+			return
+		case time.Now().After(deadline) && why != reported:
+			h.markLeak(d.ID, why)
+			h.log.Error("GPU memory not given back; the device takes no worker until it is", "worker_id", w.id, "gpu_device", d.ID, "pid", pid, "reason", why)
+			h.emit(api.WorkerEvent{Kind: api.EventMemoryLeaked, WorkerID: w.id, LifecycleID: w.lifecycle, Reason: why, At: time.Now(),
+				Worker: w.h.reg.snapshot(w).Brief()})
+			reported = why
+			interval = h.cfg.ReleaseTimeout
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}
+
+// releaseCheck reads the driver once and says what still holds memory on
+// device id after worker id (pid) ended ("": nothing).
+func (h *Hive) releaseCheck(ctx context.Context, id string, dev, pid int, baseline uint64) (string, error) {
+	d, err := h.device(ctx, dev)
+	if err != nil {
+		return "", err
+	}
+	ps, _, err := h.processes(ctx, d)
+	if err != nil {
+		return "", err
+	}
+	return releaseVerdict(id, pid, d, ps, h.workerPIDs(dev), baseline, h.cfg.ReleaseTolerance), nil
+}
+
+// releaseVerdict says why device d's memory is not back after worker id
+// (pid) ended, or "" when it is: the driver still lists pid; a process
+// holds memory that is no live worker of the hive (own); or more memory
+// than baseline (+ tolerance) is held by no listed process.
+func releaseVerdict(id string, pid int, d gpu.Device, ps []gpu.Process, own map[int]bool, baseline, tolerance uint64) string {
+	for _, p := range ps {
+		if p.PID == pid {
+			return fmt.Sprintf("memory leaked by %s (pid %d): the driver still lists it on device %d with %s", id, pid, d.ID, api.FormatBytes(p.UsedBytes))
+		}
+	}
+	for _, pid := range slices.Sorted(maps.Keys(byPID(ps))) {
+		if !own[pid] {
+			return fmt.Sprintf("memory leaked by pid %d, no worker of this hive: it holds %s on device %d", pid, api.FormatBytes(byPID(ps)[pid]), d.ID)
+		}
+	}
+	if u := unowned(d, ps); u > baseline+tolerance {
+		return fmt.Sprintf("memory leaked by %s (pid %d): %s of device %d is held by no process (%s when it started)", id, pid, api.FormatBytes(u), d.ID, api.FormatBytes(baseline))
+	}
+	return ""
+}
+
+func byPID(ps []gpu.Process) map[int]uint64 {
+	out := make(map[int]uint64, len(ps))
+	for _, p := range ps {
+		out[p.PID] += p.UsedBytes
+	}
+	return out
+}
+
+// unowned is the memory of d in use that no listed process holds.
+func unowned(d gpu.Device, ps []gpu.Process) uint64 {
+	if d.FreeBytes >= d.TotalBytes {
+		return 0
+	}
+	used := d.TotalBytes - d.FreeBytes
+	var listed uint64
+	for _, p := range ps {
+		listed += p.UsedBytes
+	}
+	if listed >= used {
+		return 0
+	}
+	return used - listed
+}
