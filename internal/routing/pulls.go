@@ -229,7 +229,9 @@ type pullDecision struct {
 // one placement would choose if every pool whose model list is known had
 // the file (the size of the copy another pool has, else 0: the hive checks
 // the fit when the worker starts), leaving out the pools where a pull of
-// it failed lately (backoff, with why). Err is the placer's error, every
+// it failed lately (backoff, with why). When none would qualify but a
+// healthy pool the request may use has a model list not known yet, the
+// request waits for it (Wait, that pool). Err is the placer's error, every
 // pool's reason, when no pool would qualify.
 func planPull(placer Placer, pools []registry.Pool, req PlaceRequest, running []string, backoff map[string]string) pullDecision {
 	for _, id := range running {
@@ -266,6 +268,16 @@ func planPull(placer Placer, pools []registry.Pool, req PlaceRequest, running []
 	hypo.Models, hypo.Exclude = with, exclude
 	d, err := placer.Place(pools, hypo)
 	if err != nil {
+		// A healthy pool the request may use whose model list is not
+		// known yet (it registered a moment ago) may still take the
+		// pull: wait for its list rather than refuse.
+		for _, p := range pools {
+			_, known := req.Models[p.ID]
+			if !known && p.Status == registry.Healthy && (req.Pool == "" || p.ID == req.Pool) &&
+				(req.Pools == nil || slices.Contains(req.Pools, p.ID)) && exclude[p.ID] == "" {
+				return pullDecision{Wait: true, Pool: p}
+			}
+		}
 		return pullDecision{Err: err}
 	}
 	return pullDecision{Pool: d.Pool}

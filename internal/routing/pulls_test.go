@@ -39,6 +39,10 @@ func TestPlanPull(t *testing.T) {
 		{name: "a pull runs elsewhere", req: PlaceRequest{Pool: "b"}, running: []string{"a"}, want: "b"},
 		{name: "a pull runs on an unhealthy pool", running: []string{"c"}, want: "b"},
 		{name: "no room anywhere", req: PlaceRequest{Pools: []string{"e"}}, want: "error: e: no device has room for big"},
+		// d registered a moment ago: its list is coming.
+		{name: "only a pool whose list is not known", req: PlaceRequest{Pool: "d"}, want: "wait d"},
+		{name: "no room, a list not known", req: PlaceRequest{Pools: []string{"d", "e"}}, want: "wait d"},
+		{name: "a list not known, in backoff", req: PlaceRequest{Pool: "d"}, backoff: map[string]string{"d": "pulling big failed: gone"}, want: "error: d: pulling big failed: gone"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := tc.req
