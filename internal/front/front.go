@@ -237,8 +237,8 @@ func (f *Front) Run(ctx context.Context) error {
 	}
 	f.log.Info("engine started", "pid", eng.pid, "engine", f.cfg.Engine.Path, "health_url", f.healthURL(),
 		"listen", f.cfg.Listener.Addr().String())
-	srv := f.serve(ln)
-	defer srv.stop(f.log)
+	srv := transport.Serve(ln, f.Handler(), f.log)
+	defer srv.Stop(f.log, time.Second) // by then nothing is in flight, or what is must be cut
 
 	defer context.AfterFunc(ctx, f.RequestShutdown)()
 
@@ -259,8 +259,8 @@ func (f *Front) Run(ctx context.Context) error {
 		f.log.Error("the engine exited", "exit", eng.exit.String())
 		return &EngineExitError{Exit: eng.exit}
 	case <-f.quit:
-	case <-srv.done:
-		f.log.Error("http server stopped", "err", srv.err)
+	case <-srv.Done():
+		f.log.Error("http server stopped", "err", srv.Err())
 	}
 	f.drain(eng)
 	return nil
@@ -406,43 +406,5 @@ func (f *Front) checkIdleLocked() {
 	if f.status == StatusDraining && f.inFlight == 0 && !f.idleClosed {
 		f.idleClosed = true
 		close(f.idle)
-	}
-}
-
-// server is the front's HTTP server.
-type server struct {
-	srv  *http.Server
-	done chan struct{} // closed when Serve returned
-	err  error         // Serve's error; read after done
-}
-
-func (f *Front) serve(ln net.Listener) *server {
-	s := &server{
-		srv: &http.Server{
-			Handler:           f.Handler(),
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       time.Minute,
-			ErrorLog:          slog.NewLogLogger(f.log.Handler(), slog.LevelWarn),
-		},
-		done: make(chan struct{}),
-	}
-	go func() { // ends when stop shuts the server down
-		defer close(s.done)
-		s.err = s.srv.Serve(ln)
-	}()
-	return s
-}
-
-// stop closes the listener and the connections: by then nothing is in
-// flight, or what is must be cut.
-func (s *server) stop(log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if err := s.srv.Shutdown(ctx); err != nil {
-		_ = s.srv.Close()
-	}
-	<-s.done
-	if s.err != nil && !errors.Is(s.err, http.ErrServerClosed) {
-		log.Error("http server failed", "err", s.err)
 	}
 }

@@ -359,25 +359,11 @@ func uiPoolOf(p registry.Pool, files map[string]api.Model) uiPool {
 		case g.FreeBytes == 0:
 			d.Usable, d.Why = false, "no free memory"
 		case smallest > 0 && g.FreeBytes < uint64(smallest):
-			d.Usable, d.Why = false, fmt.Sprintf("%s free, less than the smallest model its hive has (%s)", iec(g.FreeBytes), iec(uint64(smallest)))
+			d.Usable, d.Why = false, fmt.Sprintf("%s free, less than the smallest model its hive has (%s)", api.FormatBytes(g.FreeBytes), api.FormatBytes(uint64(smallest)))
 		}
 		out.Devices = append(out.Devices, d)
 	}
 	return out
-}
-
-// iec writes n bytes in binary units.
-func iec(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // getUI serves the page's files: /ui redirects to /ui/, /ui/ is the

@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/gguf"
+	"github.com/apiary-llm/apiary/internal/transport"
 )
 
 // Sentinel errors.
@@ -170,7 +170,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	srv := w.serve(ln)
+	srv := transport.Serve(ln, w.Handler(), w.log)
 	w.mu.Lock()
 	w.addr = addr
 	w.mu.Unlock()
@@ -184,7 +184,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	eng, err := w.loadModel(runCtx)
 	if err != nil {
-		srv.stop(w.log)
+		srv.Stop(w.log, cancelWait)
 		if runCtx.Err() != nil {
 			w.setStatus(StatusDraining, "shutdown requested while loading")
 			w.setStatus(StatusStopped, "shut down before the model was loaded")
@@ -204,7 +204,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	if report != nil && runCtx.Err() == nil {
 		w.setStatus(StatusFailed, report.Error())
-		srv.stop(w.log)
+		srv.Stop(w.log, cancelWait)
 		w.closeEngine(eng)
 		return report
 	}
@@ -217,8 +217,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	why := "shutdown requested"
 	select {
 	case <-runCtx.Done():
-	case <-srv.done: // the listener failed under us: nothing can reach the worker
-		w.log.Error("http server stopped", "err", srv.err)
+	case <-srv.Done(): // the listener failed under us: nothing can reach the worker
+		w.log.Error("http server stopped", "err", srv.Err())
 		why = "the worker's HTTP server stopped"
 	}
 	cancel()
@@ -286,7 +286,7 @@ func (w *Worker) setStatus(to Status, reason string) {
 //     event) and given cancelWait to return;
 //  4. the HTTP server stops;
 //  5. the engine is closed, unloading the model; status stopped.
-func (w *Worker) drain(srv *server, eng engine.Engine) error {
+func (w *Worker) drain(srv *transport.Server, eng engine.Engine) error {
 	w.mu.Lock()
 	if err := w.transitionLocked(StatusDraining, "shutdown requested"); err != nil {
 		w.log.Error("status transition refused", "err", err)
@@ -312,7 +312,7 @@ func (w *Worker) drain(srv *server, eng engine.Engine) error {
 				"in_flight", w.inFlightNow())
 		}
 	}
-	srv.stop(w.log)
+	srv.Stop(w.log, cancelWait)
 	w.closeEngine(eng)
 	w.setStatus(StatusStopped, "drained")
 	return nil
@@ -322,46 +322,6 @@ func (w *Worker) inFlightNow() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.inFlight
-}
-
-// server is the worker's HTTP server, serving on its own goroutine.
-type server struct {
-	srv  *http.Server
-	done chan struct{} // closed when Serve returned
-	err  error         // Serve's error; read after done
-}
-
-// serve starts serving the worker's API on ln.
-func (w *Worker) serve(ln net.Listener) *server {
-	s := &server{
-		srv: &http.Server{
-			Handler:           w.Handler(),
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       time.Minute,
-			ErrorLog:          slog.NewLogLogger(w.log.Handler(), slog.LevelWarn),
-		},
-		done: make(chan struct{}),
-	}
-	go func() { // ends when stop shuts the server down
-		defer close(s.done)
-		s.err = s.srv.Serve(ln)
-	}()
-	return s
-}
-
-// stop closes the listener and idle connections, gives active ones
-// cancelWait to finish, and waits for Serve to return.
-func (s *server) stop(log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), cancelWait)
-	defer cancel()
-	if err := s.srv.Shutdown(ctx); err != nil {
-		log.Warn("http server did not stop in time; closing connections", "err", err)
-		_ = s.srv.Close()
-	}
-	<-s.done
-	if s.err != nil && !errors.Is(s.err, http.ErrServerClosed) {
-		log.Error("http server failed", "err", s.err)
-	}
 }
 
 func (w *Worker) closeEngine(eng engine.Engine) {
