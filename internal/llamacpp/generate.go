@@ -1,6 +1,7 @@
 package llamacpp
 
 /*
+#include <math.h>
 #include <stdlib.h>
 #include "llama.h"
 
@@ -12,6 +13,41 @@ static void batch_put(struct llama_batch *b, llama_token id, llama_pos pos, llam
 	b->seq_id[i][0] = seq;
 	b->logits[i] = logits ? 1 : 0;
 	b->n_tokens = i + 1;
+}
+
+// sample_lazy samples from chain without the grammar first and keeps the
+// token when the grammar allows it; else it applies the grammar to every
+// candidate and samples again, as llama.cpp's own server does: the
+// grammar is checked against one token in most steps instead of the whole
+// vocabulary. Both samplers accept the token. buf holds n_vocab entries.
+static llama_token sample_lazy(struct llama_sampler *chain, struct llama_sampler *grammar, struct llama_context *ctx,
+		int32_t idx, llama_token_data *buf, int32_t n_vocab) {
+	const float *logits = llama_get_logits_ith(ctx, idx);
+	for (int32_t i = 0; i < n_vocab; i++) {
+		buf[i].id = i;
+		buf[i].logit = logits[i];
+		buf[i].p = 0.0f;
+	}
+	llama_token_data_array cur = {buf, (size_t)n_vocab, -1, false};
+	llama_sampler_apply(chain, &cur);
+	llama_token id = cur.data[cur.selected].id;
+	llama_token_data one = {id, 1.0f, 0.0f};
+	llama_token_data_array single = {&one, 1, -1, false};
+	llama_sampler_apply(grammar, &single);
+	if (single.data[0].logit == -INFINITY) {
+		for (int32_t i = 0; i < n_vocab; i++) {
+			buf[i].id = i;
+			buf[i].logit = logits[i];
+			buf[i].p = 0.0f;
+		}
+		cur = (llama_token_data_array){buf, (size_t)n_vocab, -1, false};
+		llama_sampler_apply(grammar, &cur);
+		llama_sampler_apply(chain, &cur);
+		id = cur.data[cur.selected].id;
+	}
+	llama_sampler_accept(grammar, id);
+	llama_sampler_accept(chain, id);
+	return id;
 }
 */
 import "C"
@@ -50,7 +86,7 @@ type sequence struct {
 	choice    int       // its index among its request's choices
 	follow    *sequence // the choice decoding the shared prompt, until this one gets a copy of it
 	seq       int       // llama.cpp sequence id (= slot)
-	sampler   *C.struct_llama_sampler
+	sampler   sampling
 	promptPos int // prompt tokens already decoded
 	nPast     int // tokens in the KV cache for this sequence
 	generated int
@@ -93,7 +129,7 @@ func (e *Engine) Check(req engine.Request) error {
 	if err != nil {
 		return err
 	}
-	C.llama_sampler_free(s)
+	s.free()
 	return nil
 }
 
@@ -130,7 +166,7 @@ func (e *Engine) GenerateChoices(ctx context.Context, req engine.Request, n int,
 	freeAll := func() {
 		for _, s := range seqs {
 			if s != nil {
-				C.llama_sampler_free(s.sampler)
+				s.sampler.free()
 			}
 		}
 	}
@@ -233,6 +269,12 @@ func (e *Engine) run() {
 	defer C.llama_batch_free(batch)
 	mem := C.llama_get_memory(e.lctx)
 	pieceBuf := make([]byte, 256)
+	var cand *C.llama_token_data // candidates of a grammar's lazy sampling, made on first use
+	defer func() {
+		if cand != nil {
+			C.free(unsafe.Pointer(cand))
+		}
+	}()
 
 	release := func(s *sequence, res engine.Result, err error) {
 		C.llama_memory_seq_rm(mem, C.llama_seq_id(s.seq), -1, -1)
@@ -241,9 +283,7 @@ func (e *Engine) run() {
 				f.follow = nil // decodes the prompt itself
 			}
 		}
-		if s.sampler != nil {
-			C.llama_sampler_free(s.sampler)
-		}
+		s.sampler.free()
 		active[s.seq] = nil
 		if e.debug {
 			e.logTimeline(s, err)
@@ -262,7 +302,7 @@ func (e *Engine) run() {
 			}
 		}
 		for _, s := range waiting {
-			C.llama_sampler_free(s.sampler)
+			s.sampler.free()
 			s.finish(engine.Result{}, engine.ErrClosed)
 		}
 	}()
@@ -413,7 +453,15 @@ func (e *Engine) run() {
 			if s == nil || s.outIdx < 0 {
 				continue
 			}
-			id := C.llama_sampler_sample(s.sampler, e.lctx, C.int32_t(s.outIdx))
+			var id C.llama_token
+			if s.sampler.grammar == nil {
+				id = C.llama_sampler_sample(s.sampler.chain, e.lctx, C.int32_t(s.outIdx))
+			} else {
+				if cand == nil {
+					cand = (*C.llama_token_data)(C.malloc(C.size_t(e.info.Vocab) * C.size_t(unsafe.Sizeof(C.llama_token_data{}))))
+				}
+				id = C.sample_lazy(s.sampler.chain, s.sampler.grammar, e.lctx, C.int32_t(s.outIdx), cand, C.int32_t(e.info.Vocab))
+			}
 			s.generated++
 			if bool(C.llama_vocab_is_eog(e.vocab, id)) && !s.req.IgnoreEOS {
 				s.generated-- // the end-of-generation token is not part of the answer
@@ -465,17 +513,34 @@ const backgroundChunk = 8
 // server's default.
 const penaltyLastN = 64
 
-// newSampler builds the sampling chain llama.cpp's server uses for these
-// settings: [logit biases, EOG ban] → [grammar] → [penalties] → top-k →
-// top-p → min-p → temperature → draw; greedy when the temperature is 0
-// (after the biases, grammar and penalties). A grammar or schema that
-// llama.cpp cannot read yields an error wrapping engine.ErrGrammar.
-func (e *Engine) newSampler(req engine.Request) (*C.struct_llama_sampler, error) {
+// sampling is a sequence's samplers: the chain, and the grammar apart
+// from it (nil for none), which sample_lazy checks the chain's token
+// against and applies to every candidate only when that token breaks it.
+type sampling struct {
+	chain, grammar *C.struct_llama_sampler
+}
+
+func (s sampling) free() {
+	if s.chain != nil {
+		C.llama_sampler_free(s.chain)
+	}
+	if s.grammar != nil {
+		C.llama_sampler_free(s.grammar)
+	}
+}
+
+// newSampler builds the samplers llama.cpp's server uses for these
+// settings: the chain [logit biases, EOG ban] → [penalties] → top-k →
+// top-p → min-p → temperature → draw (greedy when the temperature is 0,
+// after the biases and penalties), and the grammar beside it, checked
+// against the chain's token first (see sample_lazy). A grammar or schema
+// that llama.cpp cannot read yields an error wrapping engine.ErrGrammar.
+func (e *Engine) newSampler(req engine.Request) (sampling, error) {
 	grammar := req.Grammar
 	if len(req.JSONSchema) > 0 {
 		g, err := SchemaGrammar(req.JSONSchema)
 		if err != nil {
-			return nil, err
+			return sampling{}, err
 		}
 		if req.Wrap != nil {
 			g = WrapGrammar(g, *req.Wrap)
@@ -485,7 +550,7 @@ func (e *Engine) newSampler(req engine.Request) (*C.struct_llama_sampler, error)
 	var bias []C.llama_logit_bias
 	for id, b := range req.LogitBias {
 		if id < 0 || id >= e.info.Vocab {
-			return nil, fmt.Errorf("%w: %d is not a token id of this model (0..%d)", engine.ErrTokenID, id, e.info.Vocab-1)
+			return sampling{}, fmt.Errorf("%w: %d is not a token id of this model (0..%d)", engine.ErrTokenID, id, e.info.Vocab-1)
 		}
 		bias = append(bias, C.llama_logit_bias{token: C.llama_token(id), bias: C.float(b)})
 	}
@@ -501,16 +566,16 @@ func (e *Engine) newSampler(req engine.Request) (*C.struct_llama_sampler, error)
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_logit_bias(C.int32_t(e.info.Vocab), C.int32_t(len(bias)), cb))
 		C.free(unsafe.Pointer(cb))
 	}
+	var g *C.struct_llama_sampler
 	if grammar != "" {
 		cg, root := C.CString(grammar), C.CString("root")
-		g := C.llama_sampler_init_grammar(e.vocab, cg, root)
+		g = C.llama_sampler_init_grammar(e.vocab, cg, root)
 		C.free(unsafe.Pointer(cg))
 		C.free(unsafe.Pointer(root))
 		if g == nil {
 			C.llama_sampler_free(chain)
-			return nil, fmt.Errorf("%w: llama.cpp could not parse the grammar (a GBNF grammar with a rule named root)", engine.ErrGrammar)
+			return sampling{}, fmt.Errorf("%w: llama.cpp could not parse the grammar (a GBNF grammar with a rule named root)", engine.ErrGrammar)
 		}
-		C.llama_sampler_chain_add(chain, g)
 	}
 	repeat := req.RepeatPenalty
 	if repeat <= 0 {
@@ -522,7 +587,7 @@ func (e *Engine) newSampler(req engine.Request) (*C.struct_llama_sampler, error)
 	}
 	if req.Temperature <= 0 {
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
-		return chain, nil
+		return sampling{chain, g}, nil
 	}
 	if req.TopK > 0 {
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(C.int32_t(req.TopK)))
@@ -535,7 +600,7 @@ func (e *Engine) newSampler(req engine.Request) (*C.struct_llama_sampler, error)
 	}
 	C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(C.float(req.Temperature)))
 	C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(C.uint32_t(req.Seed)))
-	return chain, nil
+	return sampling{chain, g}, nil
 }
 
 // logprobs fills tok's log probability and its top alternatives from the
