@@ -266,7 +266,7 @@ func TestQueenMessagesDoNotGrowWithAWorkersAge(t *testing.T) {
 	}
 }
 
-// Issue 12: an event the queen refuses (4xx) used to be retried forever,
+// An event the queen refuses (4xx) used to be retried forever,
 // holding back every later event while the hive re-registered each
 // interval. Now it is dropped after one try; one that fails with a 5xx is
 // retried a bounded number of times; the events behind them get through;

@@ -11,7 +11,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 )
 
-// Issue 12: one worker entry the queen refuses used to fail the whole
+// One worker entry the queen refuses used to fail the whole
 // heartbeat, and the hive then lost its lease and killed every worker.
 // Now the bad entry is refused alone and named; the rest is taken; the
 // refused worker's row fails with the refusal as its reason and the hive

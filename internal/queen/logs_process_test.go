@@ -44,7 +44,7 @@ func waitStdout(t *testing.T, p *testbin.Proc, what string, ok func(string) bool
 	}
 }
 
-// Issue 12, "worker logs are out of reach": `apiary workers logs` by
+// Worker logs within reach: `apiary workers logs` by
 // lifecycle id, through the queen, with a real queen, hive and worker: a
 // live worker's log and its last lines, --follow printing a line the
 // worker writes while it is followed and ending with the worker, an ended

@@ -8,7 +8,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/keeper"
 )
 
-// Issue 12: a hive stopped with SIGTERM stopped its workers at once but
+// A hive stopped with SIGTERM stopped its workers at once but
 // its pool stayed healthy for the heartbeat timeout (30s here), and
 // requests meanwhile failed against a hive that was gone. Now the hive
 // takes its pool offline as its last act.

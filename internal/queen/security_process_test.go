@@ -1,6 +1,6 @@
 package queen
 
-// Issue 11's holes, each written as the attack with real processes: the
+// The security holes once open, each written as the attack with real processes: the
 // request that used to work must fail, and the legitimate one must still
 // work.
 

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
-// Issue 12: the lifecycle rows were locked across their store writes, and
+// The lifecycle rows were once locked across their store writes, and
 // every request reads them; a store that stalls (a SQLite busy wait, a hung
 // PostgreSQL) stopped all routing. Now a row write that waits for the
 // store holds back only the other row writes: requests are still routed
@@ -44,8 +45,17 @@ func TestRoutingDoesNotWaitForAStalledStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
+	// The queen may be writing right now (a flush): retry until the lock
+	// is this connection's.
+	for deadline := time.Now().Add(waitLimit); ; {
+		_, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE")
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "SQLITE_BUSY") || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
 	}
 	released := false
 	release := func() {

@@ -595,7 +595,7 @@ func TestUndrain(t *testing.T) {
 	}
 }
 
-// Issue 12: an unhealthy pool was kept forever. One still silent an
+// An unhealthy pool was kept forever. One still silent an
 // offline retention after it was lost goes offline, and is removed after
 // another; a heartbeat before then brings it back.
 func TestSilentUnhealthyPoolGoesOfflineThenAway(t *testing.T) {
@@ -624,7 +624,7 @@ func TestSilentUnhealthyPoolGoesOfflineThenAway(t *testing.T) {
 	})
 }
 
-// Issue 12: the registry held its lock across store writes, and every
+// The registry held its lock across store writes, and every
 // request queries it: a status change waiting for a stalled store stopped
 // all routing and every heartbeat. Now queries and heartbeats go on while
 // it waits; the change lands when the store answers.

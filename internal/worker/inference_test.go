@@ -176,7 +176,7 @@ func TestSamplingReachesEngine(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("engine request mismatch (-want +got):\n%s", diff)
 	}
-	// Issue 12: the queen took max_tokens up to 1048576 and the worker
+	// The queen took max_tokens up to 1048576 and the worker
 	// only up to its context, with two messages. Now both take the same
 	// range, and a max_tokens beyond the room left in the context ends
 	// the generation there (finish_reason length), as llama.cpp's server.
