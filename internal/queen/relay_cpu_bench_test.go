@@ -14,12 +14,13 @@ import (
 // streams events as fast as it can, and a client for both.
 type relayBench struct {
 	x  *tq
+	mh *modelHive
 	fw *fakeWorker
 	hc *http.Client
 }
 
 func newRelayBench(b *testing.B, events int) *relayBench {
-	x, _ := routeQueen(b, map[string][]api.Model{"http://hive-a": {tinyModel}},
+	x, mh := routeQueen(b, map[string][]api.Model{"http://hive-a": {tinyModel}},
 		func(c *Config) {
 			c.Routing.WorkerSlots, c.Routing.QueueSize = 64, 512
 			c.HeartbeatTimeout = 5 * time.Minute // no pool times out while thousands of others register (RouteManyPools)
@@ -29,7 +30,7 @@ func newRelayBench(b *testing.B, events int) *relayBench {
 	x.readyWorker("a", fw.URL)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
 	b.Cleanup(hc.CloseIdleConnections)
-	return &relayBench{x: x, fw: fw, hc: hc}
+	return &relayBench{x: x, mh: mh, fw: fw, hc: hc}
 }
 
 // BenchmarkRelayInProcess: the queen in this process relaying streams of
@@ -80,15 +81,25 @@ func BenchmarkRelayTTFTInProcess(b *testing.B) {
 
 // BenchmarkRouteManyPools: what a request costs the queen before it
 // reaches a worker (model check, candidates, lease) with 1, 2,000 or
-// 10,000 healthy pools registered, one of them serving the model.
+// 10,000 healthy pools registered, one of them serving the model, or
+// 1,000 of 10,000 each with a ready worker of it.
 //
 //	go test -run '^$' -bench RouteManyPools -benchmem ./internal/queen/
 func BenchmarkRouteManyPools(b *testing.B) {
-	for _, pools := range []int{1, 2000, 10000} {
-		b.Run(fmt.Sprintf("pools=%d", pools), func(b *testing.B) {
+	for _, tc := range []struct{ pools, serving int }{{1, 1}, {2000, 1}, {10000, 1}, {10000, 1000}} {
+		b.Run(fmt.Sprintf("pools=%d/serving=%d", tc.pools, tc.serving), func(b *testing.B) {
 			rb := newRelayBench(b, 1)
-			for i := 1; i < pools; i++ {
-				rb.x.registerAt(fmt.Sprintf("p%05d", i), fmt.Sprintf("http://hive-%05d", i))
+			for i := 1; i < tc.pools; i++ {
+				id, url := fmt.Sprintf("p%05d", i), fmt.Sprintf("http://hive-%05d", i)
+				if i < tc.serving {
+					rb.mh.mu.Lock()
+					rb.mh.models[url] = []api.Model{tinyModel}
+					rb.mh.mu.Unlock()
+				}
+				rb.x.registerAt(id, url)
+				if i < tc.serving {
+					rb.x.readyWorker(id, rb.fw.URL)
+				}
 			}
 			q := rb.x.q
 			ctx := context.Background()
