@@ -176,3 +176,24 @@ func TestFrontEndsWithItsEngine(t *testing.T) {
 		t.Fatal("Run did not return")
 	}
 }
+
+// The front admits requests as the built-in worker does: a page of
+// another origin is refused.
+func TestFrontRefusesForeignOrigins(t *testing.T) {
+	_, url, _ := startFront(t, "")
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"messages":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Origin", "https://evil.example")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a request from another origin: %d %s, want 403", resp.StatusCode, b)
+	}
+}

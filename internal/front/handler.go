@@ -2,14 +2,11 @@ package front
 
 import (
 	"context"
-	"crypto/subtle"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httputil"
 	"time"
 
-	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
@@ -49,30 +46,10 @@ func (f *Front) Handler() http.Handler {
 	})
 }
 
-// admit is nil when r may reach the handlers.
+// admit is nil when r may reach the handlers: the built-in worker's
+// checks.
 func (f *Front) admit(r *http.Request) error {
-	if f.cfg.Token == "" {
-		if err := transport.CheckHost(r); err != nil {
-			return asOpenAI(err)
-		}
-		if r.URL.Path == "/v1/admin/shutdown" {
-			return asOpenAI(transport.CheckNotForged(r))
-		}
-		return nil
-	}
-	if r.URL.Path != "/health" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(f.cfg.Token)) != 1 {
-		return &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
-			Message: "this worker needs its token as a bearer token (APIARY_WORKER_TOKEN); send requests through the queen"}
-	}
-	return nil
-}
-
-func asOpenAI(err error) error {
-	var re *api.RequestError
-	if errors.As(err, &re) {
-		return &openai.Error{Status: re.Status, Code: re.Code, Message: re.Err.Error()}
-	}
-	return err
+	return transport.AdmitWorkerRequest(r, f.cfg.Token)
 }
 
 // healthBody is GET /health: the fields of the built-in worker's that

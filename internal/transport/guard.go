@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"crypto/subtle"
+	"errors"
 	"fmt"
 	"mime"
 	"net"
@@ -10,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/openai"
 )
 
 // A web page that a user opens can send requests to any address the
@@ -118,4 +121,39 @@ func CheckOrigins(origins []string) error {
 		}
 	}
 	return nil
+}
+
+// AdmitWorkerRequest is nil when r may reach a worker's handlers (the
+// built-in worker's, or an engine's front): with a worker token, every
+// path but /health needs it as the bearer; without one, only requests
+// addressed to loopback are served, and a shutdown must not be forgeable
+// by a browser. Either way a request a browser could forge from another
+// origin is refused. The error is in OpenAI's shape.
+func AdmitWorkerRequest(r *http.Request, token string) error {
+	if token == "" {
+		if err := CheckHost(r); err != nil {
+			return openAIError(err)
+		}
+	} else if r.URL.Path != "/health" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(token)) != 1 {
+		return &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
+			Message: "this worker needs its token as a bearer token (APIARY_WORKER_TOKEN); send requests through the queen"}
+	}
+	if r.URL.Path == "/v1/admin/shutdown" && token == "" {
+		return openAIError(CheckNotForged(r)) // no token to stop a forged one
+	}
+	if r.Header.Get("Origin") != "" || r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+		r2 := r.Clone(r.Context())
+		r2.Method = http.MethodGet // the origin check alone: completions take any body type
+		return openAIError(CheckNotForged(r2))
+	}
+	return nil
+}
+
+// openAIError turns a refusal of this package into OpenAI's error shape.
+func openAIError(err error) error {
+	var re *api.RequestError
+	if errors.As(err, &re) {
+		return &openai.Error{Status: re.Status, Code: re.Code, Message: re.Err.Error()}
+	}
+	return err
 }

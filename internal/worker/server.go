@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net/http"
@@ -81,32 +80,7 @@ func (w *Worker) guard(next http.Handler) http.Handler {
 
 // admitRequest is nil when r may reach the handlers.
 func (w *Worker) admitRequest(r *http.Request) error {
-	if w.cfg.Token == "" {
-		if err := transport.CheckHost(r); err != nil {
-			return asOpenAI(err)
-		}
-	} else if r.URL.Path != "/health" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(w.cfg.Token)) != 1 {
-		return &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
-			Message: "this worker needs its token as a bearer token (APIARY_WORKER_TOKEN); send requests through the queen"}
-	}
-	if r.URL.Path == "/v1/admin/shutdown" && w.cfg.Token == "" {
-		return asOpenAI(transport.CheckNotForged(r)) // no token to stop a forged one
-	}
-	if origin := r.Header.Get("Origin"); origin != "" || r.Header.Get("Sec-Fetch-Site") == "cross-site" {
-		r2 := r.Clone(r.Context())
-		r2.Method = http.MethodGet // the origin check alone: completions take any body type
-		return asOpenAI(transport.CheckNotForged(r2))
-	}
-	return nil
-}
-
-// asOpenAI turns a transport refusal into the OpenAI error shape.
-func asOpenAI(err error) error {
-	var re *api.RequestError
-	if errors.As(err, &re) {
-		return &openai.Error{Status: re.Status, Code: re.Code, Message: re.Err.Error()}
-	}
-	return err
+	return transport.AdmitWorkerRequest(r, w.cfg.Token)
 }
 
 // handlerFunc is an HTTP handler that returns its error instead of writing
