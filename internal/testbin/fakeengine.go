@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 )
@@ -29,13 +28,9 @@ func FakeEngine(t testing.TB) string {
 }
 
 func buildFakeEngine() (string, error) {
-	goTool, err := exec.LookPath("go")
+	goTool, root, err := moduleRoot()
 	if err != nil {
-		return "", fmt.Errorf("the go command builds the fake engine: %w", err)
-	}
-	out, err := exec.Command(goTool, "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		return "", fmt.Errorf("go list -m: %w", err)
+		return "", err
 	}
 	d, err := os.MkdirTemp("", "apiary-test-engine-")
 	if err != nil {
@@ -44,7 +39,7 @@ func buildFakeEngine() (string, error) {
 	engineDirs = append(engineDirs, d)
 	p := filepath.Join(d, "fakeengine")
 	cmd := exec.Command(goTool, "build", "-o", p, "./internal/hive/testdata/fakeengine")
-	cmd.Dir = strings.TrimSpace(string(out))
+	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build fakeengine: %w\n%s", err, msg)

@@ -34,15 +34,11 @@ func LlamaServer(t testing.TB) string {
 }
 
 func buildLlamaServer() (string, error) {
-	goTool, err := exec.LookPath("go")
+	_, root, err := moduleRoot()
 	if err != nil {
-		return "", fmt.Errorf("the go command finds the module: %w", err)
+		return "", err
 	}
-	out, err := exec.Command(goTool, "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		return "", fmt.Errorf("go list -m: %w", err)
-	}
-	script := filepath.Join(strings.TrimSpace(string(out)), "scripts", "bench-llama-server.sh")
+	script := filepath.Join(root, "scripts", "bench-llama-server.sh")
 	cmd := exec.Command(script, "server")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

@@ -51,18 +51,29 @@ func build() (string, error) {
 		return "", err
 	}
 	dir = d
-	goTool, err := exec.LookPath("go")
+	goTool, root, err := moduleRoot()
 	if err != nil {
-		return "", fmt.Errorf("the go command builds apiary for the tests: %w", err)
-	}
-	out, err := exec.Command(goTool, "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		return "", fmt.Errorf("go list -m: %w", err)
+		return "", err
 	}
 	cmd := exec.Command("make", "-s", "build", "BIN="+d, "GO="+goTool)
-	cmd.Dir = strings.TrimSpace(string(out))
+	cmd.Dir = root
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("make build: %w\n%s", err, msg)
 	}
 	return filepath.Join(d, "apiary"), nil
+}
+
+// moduleRoot returns the go command and the directory of the apiary
+// module the tests run in, where its Makefile, scripts and test sources
+// are.
+func moduleRoot() (goTool, root string, err error) {
+	goTool, err = exec.LookPath("go")
+	if err != nil {
+		return "", "", fmt.Errorf("the tests find the module with the go command: %w", err)
+	}
+	out, err := exec.Command(goTool, "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", "", fmt.Errorf("go list -m: %w", err)
+	}
+	return goTool, strings.TrimSpace(string(out)), nil
 }
