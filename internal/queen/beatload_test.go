@@ -241,6 +241,7 @@ func (s *beatShard) run(start, end time.Time, interval time.Duration, unchanged 
 	for {
 		now := time.Now()
 		if !now.Before(end) {
+			s.drain(end.Add(30*time.Second), answered)
 			return
 		}
 		for len(s.queue) > 0 && !s.queue[0].due.After(now) {
@@ -261,6 +262,32 @@ func (s *beatShard) run(start, end time.Time, interval time.Duration, unchanged 
 		// epoll_wait counts whole milliseconds: round up, so that a beat
 		// is never written early.
 		if err := s.poll(int((wait+time.Millisecond-1)/time.Millisecond), answered); err != nil {
+			s.fail(err)
+			return
+		}
+	}
+}
+
+// drain waits until deadline for the answers to the beats still in
+// flight when the window ended: their latencies count (they are the
+// slowest), and the next window starts with every connection idle.
+func (s *beatShard) drain(deadline time.Time, answered func(h *simHive, body []byte, at time.Time)) {
+	for {
+		pending := 0
+		for _, h := range s.hives {
+			if h.pending {
+				pending++
+			}
+		}
+		if pending == 0 {
+			return
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			s.fail(fmt.Errorf("%d heartbeats unanswered 30 s after the window", pending))
+			return
+		}
+		if err := s.poll(int(min(wait, 100*time.Millisecond)/time.Millisecond)+1, answered); err != nil {
 			s.fail(err)
 			return
 		}

@@ -127,6 +127,12 @@ func (h *handRun) checked(id string, err error, inFlight int) int {
 
 // handRunRows returns copies of the live rows of workers run by hand.
 func (b *rowBook) handRunRows() []store.Row {
+	b.mu.RLock()
+	none := len(b.byPool[HandRunPool]) == 0 // routing asks at every request
+	b.mu.RUnlock()
+	if none {
+		return nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	rows, _ := b.poolRowsLocked(HandRunPool, true)

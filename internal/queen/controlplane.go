@@ -42,67 +42,10 @@ func (c controlPlane) Row(ctx context.Context, id string) (store.Row, error) {
 	return c.q.rows.get(ctx, id)
 }
 
-// Candidates returns the workers of model (on pool, when it names one)
-// that take requests now. A worker qualifies when its pool is healthy
-// (not draining, unhealthy or offline), its hive reports it ready or busy
-// (not starting, degraded or draining) with a URI, and its lifecycle row
-// is RUNNING (a worker without a live row is being stopped). Workers run
-// by hand (pool HandRunPool) qualify with a RUNNING row whose claim this
-// queen took.
-func (c controlPlane) Candidates(model, pool string) []routing.Candidate {
-	q := c.q
-	var pools []registry.Pool
-	if pool == "" {
-		// Only the pools with a worker of the model are copied out.
-		pools = q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}, Model: model})
-	} else if p, ok := q.reg.Get(pool); ok && p.Status == registry.Healthy {
-		pools = []registry.Pool{p}
-	}
-	var out []routing.Candidate
-	for _, p := range pools {
-		for _, w := range p.Workers {
-			if w.ModelRef != model || w.URI == "" {
-				continue
-			}
-			if st := lifecycle.State(w.Status); st != lifecycle.Ready && st != lifecycle.Busy {
-				continue
-			}
-			id, ok := q.rows.runningRow(p.ID, w.LifecycleID, w.WorkerID)
-			if !ok {
-				continue
-			}
-			out = append(out, routing.Candidate{Key: routing.WorkerKey{Pool: p.ID, Worker: w.WorkerID}, LifecycleID: id, URI: w.URI,
-				Reported: w.InFlight, Token: q.tokens.get(p.ID, w.WorkerID)})
-		}
-	}
-	if pool == "" || pool == HandRunPool {
-		out = append(out, q.handRunCandidates(model)...)
-	}
-	return out
-}
-
 // Running reports whether the hive's worker has a RUNNING row.
 func (c controlPlane) Running(pool, lifecycleID, workerID string) bool {
 	_, ok := c.q.rows.runningRow(pool, lifecycleID, workerID)
 	return ok
-}
-
-// Count counts the live rows of model (on pool, when it names one); with
-// healthyOnly, only those on healthy pools: workers on drained or silent
-// pools take no requests. The rows of workers run by hand count as on a
-// healthy pool: a row waiting for its claim is a worker starting.
-func (c controlPlane) Count(model, pool string, healthyOnly bool) routing.Count {
-	var keep func(string) bool
-	if healthyOnly {
-		keep = func(id string) bool {
-			if id == HandRunPool {
-				return true
-			}
-			p, ok := c.q.reg.Get(id)
-			return ok && p.Status == registry.Healthy
-		}
-	}
-	return c.q.rows.targetCounts(model, pool, keep)
 }
 
 // StartWorker starts a worker the controller placed: the queen's own,
@@ -180,14 +123,15 @@ func (c controlPlane) LiveModels() []string { return c.q.rows.liveModels() }
 // liveModels returns the models of the STARTING and RUNNING rows, each
 // once.
 func (b *rowBook) liveModels() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	seen := map[string]bool{}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
 	var out []string
-	for _, r := range b.active {
-		if (r.Status == rowStarting || r.Status == rowRunning) && !seen[r.ModelRef] {
-			seen[r.ModelRef] = true
-			out = append(out, r.ModelRef)
+	for model, ids := range b.byModel {
+		for id := range ids {
+			if st := b.active[id].Status; st == rowStarting || st == rowRunning {
+				out = append(out, model)
+				break
+			}
 		}
 	}
 	return out
@@ -195,8 +139,13 @@ func (b *rowBook) liveModels() []string {
 
 // runningRow returns the id of the RUNNING row of a hive's worker.
 func (b *rowBook) runningRow(pool, lifecycleID, workerID string) (string, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.runningRowLocked(pool, lifecycleID, workerID)
+}
+
+// runningRowLocked is runningRow; the caller holds mu or its read lock.
+func (b *rowBook) runningRowLocked(pool, lifecycleID, workerID string) (string, bool) {
 	if r, ok := b.active[lifecycleID]; ok && lifecycleID != "" && r.PoolID == pool {
 		return r.ID, r.Status == rowRunning
 	}
@@ -210,15 +159,15 @@ func (b *rowBook) runningRow(pool, lifecycleID, workerID string) (string, bool) 
 // targetCounts counts the live rows of model (on pool, when it names
 // one); with keep given, only the rows on pools it keeps.
 func (b *rowBook) targetCounts(model, pool string, keep func(pool string) bool) routing.Count {
-	b.mu.Lock()
-	var pools []string
-	var status []lifecycle.Status
-	for _, r := range b.active {
-		if r.ModelRef == model && (pool == "" || r.PoolID == pool) {
+	b.mu.RLock()
+	ids := b.byModel[model]
+	pools, status := make([]string, 0, len(ids)), make([]lifecycle.Status, 0, len(ids))
+	for id := range ids {
+		if r := b.active[id]; pool == "" || r.PoolID == pool {
 			pools, status = append(pools, r.PoolID), append(status, r.Status)
 		}
 	}
-	b.mu.Unlock() // keep may take the registry's lock: not under this one
+	b.mu.RUnlock() // keep may take the registry's lock: not under this one
 	var c routing.Count
 	for i, p := range pools {
 		switch {

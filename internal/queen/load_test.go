@@ -201,6 +201,7 @@ func benchHeartbeats(b *testing.B, loadPools int, unchanged bool) {
 	b.ReportMetric(pct(queryLat, 0.99), "query_p99_ms")
 	b.ReportMetric(load1, "loadavg1_before")
 	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(procMemMB(b, q.cmd.Process.Pid, "VmHWM"), "queen_peak_rss_mb")
 	hist := serverHistogram(b, hc, qURL)
 	b.ReportMetric(histQuantile(hist, 0.50)*1000, "server_p50_le_ms")
 	b.ReportMetric(histQuantile(hist, 0.99)*1000, "server_p99_le_ms")
@@ -278,6 +279,26 @@ func procCPU(b *testing.B, pid int) time.Duration {
 	stime, _ := strconv.ParseInt(fields[12], 10, 64)
 	const clkTck = 100 // USER_HZ on Linux
 	return time.Duration(utime+stime) * time.Second / clkTck
+}
+
+// procMemMB is a memory figure of process pid (a field of
+// /proc/<pid>/status: VmHWM is the peak resident set) in MiB.
+func procMemMB(b *testing.B, pid int, field string) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(l, field+":"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err != nil {
+				b.Fatalf("/proc/%d/status %s: %v", pid, field, err)
+			}
+			return kb / 1024
+		}
+	}
+	b.Fatalf("/proc/%d/status has no %s", pid, field)
+	return 0
 }
 
 // serverHistogram is the queen's heartbeat histogram lines.

@@ -121,6 +121,11 @@ func TestControllerIdleWhileNothingWaits(t *testing.T) {
 	x, mh := routeQueen(t, map[string][]api.Model{"http://hive-a": {tinyModel}, "http://hive-b": {tinyModel}})
 	x.registerAt("a", "http://hive-a")
 	x.registerAt("b", "http://hive-b")
+	// Both pools' model lists known: the placement below must not find
+	// a's unread and go to b.
+	for _, pool := range []string{"a", "b"} {
+		x.logs.wait(t, 0, "hive model list read", map[string]string{"pool_id": pool})
+	}
 	for range 20 {
 		x.beat("a")
 		x.beat("b")

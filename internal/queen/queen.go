@@ -73,6 +73,8 @@ type Queen struct {
 	batch *batch.Service
 	// tokens are the workers' own tokens, from their hives, for routing.
 	tokens *workerTokens
+	// cands keeps each model's candidates and counts for routing.
+	cands *candidateCache
 	// handRun is what the queen knows of the workers run by hand that
 	// claimed rows (claims.go); claimClient calls them.
 	handRun     *handRun
@@ -112,6 +114,7 @@ func New(cfg Config) (*Queen, error) {
 		metrics:     newMetrics(),
 		tasks:       make(chan func(context.Context), taskQueue),
 		tokens:      newWorkerTokens(),
+		cands:       newCandidateCache(),
 		handRun:     newHandRun(),
 		claimClient: transport.NewClient(nil, 0),
 		ready:       make(chan struct{}),

@@ -96,10 +96,15 @@ type rowBook struct {
 	byPool   map[string]map[string]struct{} // guarded by mu; live row ids of each pool
 	rowsOf   map[string][]store.Row         // guarded by mu; copies of a pool's live rows (see poolRowsLocked)
 	byWorker map[workerKey]string           // guarded by mu; (pool, hive worker id) → lifecycle id
+	byModel  map[string]map[string]struct{} // guarded by mu; live row ids of each model
 	misses   map[string]int                 // guarded by mu; heartbeats in a row a live row was missing from
 	seen     map[string]*atomic.Int64       // guarded by mu (the map; the values are set under the read lock): when a live row's worker was last in a heartbeat, Unix µs, 0 for not since it was loaded
 	saved    map[string]time.Time           // guarded by mu; last_heartbeat_at as last written
 	stopping map[workerKey]time.Time        // guarded by mu; rowless workers we asked to stop, and when
+
+	// gen counts the changes of the live rows (each one under mu), for
+	// the caches of what is derived from them (see candidateCache).
+	gen atomic.Uint64
 
 	// onChange, when set, is called with each row written, after memory
 	// changed and outside mu (the dashboard). Set before the queen
@@ -110,7 +115,7 @@ type rowBook struct {
 func newRowBook(st *store.Store, log *slog.Logger, m *metrics) *rowBook {
 	return &rowBook{st: st, log: log, m: m,
 		active: map[string]*store.Row{}, byPool: map[string]map[string]struct{}{}, rowsOf: map[string][]store.Row{},
-		byWorker: map[workerKey]string{}, misses: map[string]int{}, seen: map[string]*atomic.Int64{},
+		byWorker: map[workerKey]string{}, byModel: map[string]map[string]struct{}{}, misses: map[string]int{}, seen: map[string]*atomic.Int64{},
 		saved: map[string]time.Time{}, stopping: map[workerKey]time.Time{}}
 }
 
@@ -163,32 +168,54 @@ func (b *rowBook) copyRowsLocked(pool string) {
 
 // indexRowLocked is indexLocked but for rowsOf.
 func (b *rowBook) indexRowLocked(r store.Row) {
-	if old, ok := b.active[r.ID]; ok && old.WorkerID != "" {
-		delete(b.byWorker, workerKey{old.PoolID, old.WorkerID})
+	b.gen.Add(1)
+	if old, ok := b.active[r.ID]; ok {
+		if old.WorkerID != "" {
+			delete(b.byWorker, workerKey{old.PoolID, old.WorkerID})
+		}
+		// A row claimed by a worker run by hand moves to its pool.
+		if old.PoolID != r.PoolID {
+			unindex(b.byPool, old.PoolID, r.ID)
+		}
+		if old.ModelRef != r.ModelRef {
+			unindex(b.byModel, old.ModelRef, r.ID)
+		}
 	}
 	if r.Status.Terminal() {
 		delete(b.active, r.ID)
 		delete(b.misses, r.ID)
 		delete(b.seen, r.ID)
 		delete(b.saved, r.ID)
-		if ids := b.byPool[r.PoolID]; ids != nil {
-			delete(ids, r.ID)
-			if len(ids) == 0 {
-				delete(b.byPool, r.PoolID)
-			}
-		}
+		unindex(b.byPool, r.PoolID, r.ID)
+		unindex(b.byModel, r.ModelRef, r.ID)
 		return
 	}
 	b.active[r.ID] = &r
 	if b.seen[r.ID] == nil {
 		b.seen[r.ID] = new(atomic.Int64)
 	}
-	if b.byPool[r.PoolID] == nil {
-		b.byPool[r.PoolID] = map[string]struct{}{}
-	}
-	b.byPool[r.PoolID][r.ID] = struct{}{}
+	index(b.byPool, r.PoolID, r.ID)
+	index(b.byModel, r.ModelRef, r.ID)
 	if r.WorkerID != "" {
 		b.byWorker[workerKey{r.PoolID, r.WorkerID}] = r.ID
+	}
+}
+
+// index puts id in idx[key].
+func index(idx map[string]map[string]struct{}, key, id string) {
+	if idx[key] == nil {
+		idx[key] = map[string]struct{}{}
+	}
+	idx[key][id] = struct{}{}
+}
+
+// unindex takes id out of idx[key], and the key with its last id.
+func unindex(idx map[string]map[string]struct{}, key, id string) {
+	if ids := idx[key]; ids != nil {
+		delete(ids, id)
+		if len(ids) == 0 {
+			delete(idx, key)
+		}
 	}
 }
 
@@ -217,13 +244,13 @@ func (b *rowBook) create(ctx context.Context, r store.Row, actor string, meta ma
 
 // get reads a row: live ones from memory, the others from the store.
 func (b *rowBook) get(ctx context.Context, id string) (store.Row, error) {
-	b.mu.Lock()
+	b.mu.RLock()
 	if _, ok := b.active[id]; ok {
 		row := b.rowLocked(id)
-		b.mu.Unlock()
+		b.mu.RUnlock()
 		return row, nil
 	}
-	b.mu.Unlock()
+	b.mu.RUnlock()
 	var row store.Row
 	err := b.st.View(ctx, func(tx *store.Tx) (err error) { row, err = tx.Row(id); return err })
 	if errors.Is(err, store.ErrNotFound) {
@@ -235,8 +262,8 @@ func (b *rowBook) get(ctx context.Context, id string) (store.Row, error) {
 // lookup finds the live row of a hive's worker: by lifecycle id, or by
 // (pool, worker id).
 func (b *rowBook) lookup(pool, lifecycleID, workerID string) (string, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.mu.RLock()
+	defer b.mu.RUnlock()
 	if r, ok := b.active[lifecycleID]; ok && lifecycleID != "" && r.PoolID == pool {
 		return lifecycleID, true
 	}
@@ -484,8 +511,8 @@ func (b *rowBook) seenAt(id string) (time.Time, bool) {
 
 // livePoolRows returns the ids of the live rows of pool.
 func (b *rowBook) livePoolRows(pool string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.mu.RLock()
+	defer b.mu.RUnlock()
 	return slices.Collect(maps.Keys(b.byPool[pool]))
 }
 
@@ -561,7 +588,7 @@ func (b *rowBook) unmarkStopping(k workerKey) {
 
 // liveCount is the number of live (STARTING, RUNNING, DRAINING) rows.
 func (b *rowBook) liveCount() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.mu.RLock()
+	defer b.mu.RUnlock()
 	return len(b.active)
 }

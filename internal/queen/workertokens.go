@@ -1,7 +1,9 @@
 package queen
 
 import (
+	"maps"
 	"sync"
+	"sync/atomic"
 
 	"github.com/apiary-llm/apiary/internal/api"
 )
@@ -15,6 +17,7 @@ import (
 type workerTokens struct {
 	mu     sync.Mutex
 	byPool map[string]map[string]string // guarded by mu
+	gen    atomic.Uint64                // counts the changes (each under mu), for candidateCache
 }
 
 func newWorkerTokens() *workerTokens {
@@ -25,21 +28,22 @@ func newWorkerTokens() *workerTokens {
 func (t *workerTokens) replace(pool string, tokens map[string]string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if maps.Equal(t.byPool[pool], tokens) {
+		return // nearly every heartbeat
+	}
+	t.gen.Add(1)
 	if len(tokens) == 0 {
 		delete(t.byPool, pool)
 		return
 	}
-	m := make(map[string]string, len(tokens))
-	for id, tok := range tokens {
-		m[id] = tok
-	}
-	t.byPool[pool] = m
+	t.byPool[pool] = maps.Clone(tokens)
 }
 
 // event applies one worker's event: its token while it lives, none after.
 func (t *workerTokens) event(ev api.WorkerEvent, ended bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen.Add(1)
 	m := t.byPool[ev.PoolID]
 	switch {
 	case ended || ev.WorkerToken == "":
@@ -55,6 +59,7 @@ func (t *workerTokens) event(ev api.WorkerEvent, ended bool) {
 func (t *workerTokens) forget(pool string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen.Add(1)
 	delete(t.byPool, pool)
 }
 

@@ -86,6 +86,42 @@ func (r *Registry) Query(f Filter) []Pool {
 	return out
 }
 
+// Generation is a registry's state as routing reads it for one model:
+// equal generations, equal answers (see Registry.Generation).
+type Generation struct{ all, model uint64 }
+
+// Generation changes whenever a query of model's pools could answer
+// differently in what routing reads: the status of any pool, or the
+// identity, model, URI, status or load of a worker of a pool with a live
+// worker of model. Devices and heartbeat times move without it. A cache
+// of what is derived from those answers keeps the generation read before
+// its query.
+func (r *Registry) Generation(model string) Generation {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	g := Generation{all: r.gen.Load()}
+	if c := r.modelGen[model]; c != nil {
+		g.model = c.Load()
+	}
+	return g
+}
+
+// sameRouting reports whether a and b are the same workers in what
+// Generation follows.
+func sameRouting(a, b []api.Worker) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := &a[i], &b[i]
+		if x.WorkerID != y.WorkerID || x.LifecycleID != y.LifecycleID || x.ModelRef != y.ModelRef || x.URI != y.URI ||
+			x.Status != y.Status || x.InFlight != y.InFlight {
+			return false
+		}
+	}
+	return true
+}
+
 // snapshot is e's pool when f selects it; the caller holds mu's read
 // lock.
 func (e *entry) snapshot(f Filter) (Pool, bool) {

@@ -27,6 +27,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -164,7 +165,14 @@ type Registry struct {
 	// mu): a query for a model's pools, which routing runs on every
 	// request, reads those instead of every pool. Bounded by the pools
 	// times the models of each.
-	byModel      map[string]map[*entry]struct{}
+	byModel map[string]map[*entry]struct{}
+	// modelGen counts, per model of byModel, the heartbeats under the
+	// read lock (renew) that changed a worker of a pool serving it (the
+	// map is guarded by mu, the counters are atomic); gen counts every
+	// change under mu (a model's counter is dropped with its last pool,
+	// which moves gen).
+	modelGen     map[string]*atomic.Uint64
+	gen          atomic.Uint64
 	pendingAudit []store.AuditEntry // guarded by mu; entries whose write failed
 	closed       bool               // guarded by mu
 
@@ -178,7 +186,7 @@ func New(cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	return &Registry{cfg: cfg, log: cfg.Logger.With("component", "registry"), pools: map[string]*entry{},
-		byModel: map[string]map[*entry]struct{}{}}, nil
+		byModel: map[string]map[*entry]struct{}{}, modelGen: map[string]*atomic.Uint64{}}, nil
 }
 
 // Load reads the pools of the store. Every pool that was not offline gets a
@@ -220,6 +228,7 @@ func (r *Registry) addLocked(e *entry) {
 
 // removeLocked forgets a pool.
 func (r *Registry) removeLocked(e *entry) {
+	r.gen.Add(1)
 	delete(r.pools, e.ID)
 	if i, ok := slices.BinarySearchFunc(r.order, e.ID, func(x *entry, id string) int { return strings.Compare(x.ID, id) }); ok {
 		r.order = slices.Delete(r.order, i, i+1)
@@ -232,6 +241,7 @@ func (r *Registry) removeLocked(e *entry) {
 // reported before (nearly all of them) changes nothing and allocates
 // nothing.
 func (r *Registry) indexLocked(e *entry) {
+	r.gen.Add(1)
 	if !sameModels(e.models, e.Workers) {
 		r.setModelsLocked(e, liveModels(e.Workers))
 	}
@@ -243,6 +253,7 @@ func (r *Registry) setModelsLocked(e *entry, models []string) {
 			delete(set, e)
 			if len(set) == 0 {
 				delete(r.byModel, m)
+				delete(r.modelGen, m) // gen moved, so a new counter from 0 repeats no Generation
 			}
 		}
 	}
@@ -252,6 +263,7 @@ func (r *Registry) setModelsLocked(e *entry, models []string) {
 		if set == nil {
 			set = map[*entry]struct{}{}
 			r.byModel[m] = set
+			r.modelGen[m] = new(atomic.Uint64)
 		}
 		set[e] = struct{}{}
 	}
@@ -484,6 +496,11 @@ func (r *Registry) renew(id string, hb api.Heartbeat) (b Beat, ok bool) {
 			return Beat{Status: e.Status, FullWanted: true}, true
 		}
 		hb.GPUs, hb.Workers = e.GPUs, e.Workers
+	}
+	if !hb.Unchanged && !sameRouting(e.Workers, hb.Workers) {
+		for _, m := range e.models {
+			r.modelGen[m].Add(1)
+		}
 	}
 	e.LastHeartbeatAt, e.GPUs, e.Workers = time.Now(), hb.GPUs, hb.Workers
 	e.beatDirty = e.beatDirty || !hb.Unchanged // an unchanged beat moves only the time

@@ -81,42 +81,35 @@ type pickResult struct {
 // pick is the routing policy, pure: the session's pinned worker when it
 // is among the candidates (waiting for it when it is full), otherwise the
 // candidate with the fewest requests in flight from the queen (then the
-// fewest the hive reported, then the smallest key) that has a free slot.
-// Excluded candidates (tried already by this request) are skipped.
-func pick(cands []Candidate, inflight map[WorkerKey]int, slots int, pin *WorkerKey, exclude map[WorkerKey]bool) pickResult {
+// fewest the hive reported, then the first: ControlPlane.Candidates lists
+// them by key) that has a free slot. inflight[i] counts cands[i]'s
+// requests. Excluded candidates (tried already by this request) are
+// skipped.
+func pick(cands []Candidate, inflight []*int, slots int, pin *WorkerKey, exclude map[WorkerKey]bool) pickResult {
 	if pin != nil && !exclude[*pin] {
 		for i, c := range cands {
 			if c.Key == *pin {
-				if inflight[c.Key] < slots {
+				if *inflight[i] < slots {
 					return pickResult{index: i, pinned: true}
 				}
 				return pickResult{index: -1, pinned: true}
 			}
 		}
 	}
-	best := -1
-	for i, c := range cands {
-		if exclude[c.Key] || inflight[c.Key] >= slots {
+	// Every request scans every candidate (a thousand, with as many pools
+	// serving the model): no map is read per candidate unless this
+	// request excluded some.
+	best, bestN := -1, 0
+	for i := range cands {
+		n := *inflight[i]
+		if n >= slots || len(exclude) > 0 && exclude[cands[i].Key] {
 			continue
 		}
-		if best < 0 || less(c, cands[best], inflight) {
-			best = i
+		if best < 0 || n < bestN || n == bestN && cands[i].Reported < cands[best].Reported {
+			best, bestN = i, n
 		}
 	}
 	return pickResult{index: best}
-}
-
-func less(a, b Candidate, inflight map[WorkerKey]int) bool {
-	if ia, ib := inflight[a.Key], inflight[b.Key]; ia != ib {
-		return ia < ib
-	}
-	if a.Reported != b.Reported {
-		return a.Reported < b.Reported
-	}
-	if a.Key.Pool != b.Key.Pool {
-		return a.Key.Pool < b.Key.Pool
-	}
-	return a.Key.Worker < b.Key.Worker
 }
 
 // target is what a request asks for: a worker of model, on pool when it
@@ -207,9 +200,13 @@ type router struct {
 	// (nil: cfg.WorkerSlots).
 	slots func(model string) int
 
-	mu       sync.Mutex
-	inflight map[WorkerKey]int       // guarded by mu
-	broken   map[WorkerKey]time.Time // guarded by mu; until when
+	mu sync.Mutex
+	// inflight counts the requests the queen has on each worker. A
+	// counter stays while the worker is a candidate (it may be 0): views
+	// hold them (see countersLocked); prune drops the idle ones.
+	inflight map[WorkerKey]*int       // guarded by mu
+	views    map[target]candidateView // guarded by mu
+	broken   map[WorkerKey]time.Time  // guarded by mu; until when
 	// strikes holds the workers that failed a request, by lifecycle id;
 	// bounded by the RUNNING rows: the strike watcher removes an entry
 	// once its row is not RUNNING.
@@ -228,7 +225,7 @@ type router struct {
 
 func newRouter(cfg Config, log *slog.Logger, source func(target) []Candidate, aff *affinity, m *routeMetrics, demand func()) *router {
 	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
-		inflight: map[WorkerKey]int{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}, batches: map[target][]*waiter{},
+		inflight: map[WorkerKey]*int{}, views: map[target]candidateView{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}, batches: map[target][]*waiter{},
 		holds: map[WorkerKey][]*batchHold{}}
 }
 
@@ -332,12 +329,13 @@ func (r *router) tryLocked(req routeReq, cands []Candidate, since, now time.Time
 	if r.slots != nil {
 		slots = r.slots(req.model)
 	}
-	res := pick(cands, r.inflight, slots, pin, req.exclude)
+	counts := r.countersLocked(req.target(), cands)
+	res := pick(cands, counts, slots, pin, req.exclude)
 	if res.index < 0 {
 		return lease{}, false
 	}
 	c := cands[res.index]
-	r.inflight[c.Key]++
+	*counts[res.index]++
 	if req.session != "" {
 		r.aff.set(req.model, req.session, c.Key, now)
 	}
@@ -418,10 +416,66 @@ func (r *router) dropHoldLocked(h *batchHold) {
 
 // freeLocked hands one of k's slots back.
 func (r *router) freeLocked(k WorkerKey) {
-	if n := r.inflight[k] - 1; n > 0 {
-		r.inflight[k] = n
-	} else {
-		delete(r.inflight, k)
+	if n := r.inflight[k]; n != nil && *n > 0 {
+		*n--
+	}
+}
+
+// candidateView is a candidate list as the control plane handed it out (its
+// first element and length name it: the control plane hands out one
+// slice until its workers change) and its workers' counters.
+type candidateView struct {
+	first    *Candidate
+	n        int
+	counters []*int
+}
+
+// maxViews bounds the candidate lists whose counters the router keeps.
+const maxViews = 1024
+
+// countersLocked returns the in-flight counters of cands' workers, one
+// per candidate: those found for the same list before, or looked up (and
+// made) now.
+func (r *router) countersLocked(t target, cands []Candidate) []*int {
+	if len(cands) == 0 {
+		return nil
+	}
+	if v, ok := r.views[t]; ok && v.first == &cands[0] && v.n == len(cands) {
+		return v.counters
+	}
+	r.pruneLocked()
+	counters := make([]*int, len(cands))
+	for i := range cands {
+		n := r.inflight[cands[i].Key]
+		if n == nil {
+			n = new(int)
+			r.inflight[cands[i].Key] = n
+		}
+		counters[i] = n
+	}
+	if len(r.views) >= maxViews {
+		clear(r.views)
+	}
+	r.views[t] = candidateView{&cands[0], len(cands), counters}
+	return counters
+}
+
+// pruneLocked drops the idle counters once they outnumber the viewed
+// candidates by far (workers come and go; their counters must not stay),
+// and with them the views, which are made again at their next request.
+func (r *router) pruneLocked() {
+	viewed := 0
+	for _, v := range r.views {
+		viewed += v.n
+	}
+	if len(r.inflight) <= 2*viewed+1024 {
+		return
+	}
+	clear(r.views)
+	for k, n := range r.inflight {
+		if *n == 0 {
+			delete(r.inflight, k)
+		}
 	}
 }
 
@@ -679,7 +733,9 @@ func (r *router) inFlight() map[WorkerKey]int {
 	defer r.mu.Unlock()
 	out := make(map[WorkerKey]int, len(r.inflight))
 	for k, n := range r.inflight {
-		out[k] = n
+		if *n > 0 {
+			out[k] = *n
+		}
 	}
 	return out
 }

@@ -3,7 +3,9 @@ package routing
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -25,7 +27,7 @@ func TestPick(t *testing.T) {
 		exclude  map[WorkerKey]bool
 		want     pickResult
 	}{
-		{name: "fewest in flight, then fewest reported, then key", slots: 1, want: pickResult{index: 1}},
+		{name: "fewest in flight, then fewest reported, then the first", slots: 1, want: pickResult{index: 1}},
 		{name: "fewest in flight from the queen first", slots: 4, inflight: map[WorkerKey]int{b: 2, c: 1}, want: pickResult{index: 0}},
 		{name: "full workers are skipped", slots: 1, inflight: map[WorkerKey]int{a: 1, b: 1}, want: pickResult{index: 2}},
 		{name: "all full", slots: 1, inflight: map[WorkerKey]int{a: 1, b: 1, c: 1}, want: pickResult{index: -1}},
@@ -36,10 +38,15 @@ func TestPick(t *testing.T) {
 		{name: "a pin to an excluded worker is a miss", slots: 1, pin: &b, exclude: map[WorkerKey]bool{b: true, c: true}, want: pickResult{index: 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := pick(cands, tc.inflight, tc.slots, tc.pin, tc.exclude); got != tc.want {
+			if got := pick(cands, counters(cands, tc.inflight), tc.slots, tc.pin, tc.exclude); got != tc.want {
 				t.Errorf("pick = %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+	// Ties go to the first listed (the control plane lists by key).
+	tied := []Candidate{{Key: c}, {Key: b}, {Key: a}}
+	if got := pick(tied, counters(tied, map[WorkerKey]int{c: 1}), 4, nil, nil); got != (pickResult{index: 1}) {
+		t.Errorf("pick among ties = %+v, want the first of the least loaded (index 1)", got)
 	}
 }
 
@@ -604,4 +611,137 @@ func TestRouterPreemptsYoungestBatch(t *testing.T) {
 			t.Fatalf("in flight at the end: %v", got)
 		}
 	})
+}
+
+// counters is inflight as pick reads it: one counter per candidate.
+func counters(cands []Candidate, inflight map[WorkerKey]int) []*int {
+	out := make([]*int, len(cands))
+	for i, c := range cands {
+		n := inflight[c.Key]
+		out[i] = &n
+	}
+	return out
+}
+
+// BenchmarkPick is the routing decision among 1,000 workers of a model
+// (a thousand pools serving it), idle and with requests in flight on
+// every one of them.
+func BenchmarkPick(b *testing.B) {
+	cands := make([]Candidate, 1000)
+	busy := make(map[WorkerKey]int, len(cands))
+	for i := range cands {
+		cands[i] = Candidate{Key: WorkerKey{Pool: fmt.Sprintf("pool-%05d", i), Worker: "w-1"}}
+		busy[cands[i].Key] = 1 + i%7
+	}
+	for _, tc := range []struct {
+		name     string
+		inflight map[WorkerKey]int
+	}{{"idle", map[WorkerKey]int{}}, {"busy", busy}} {
+		b.Run(tc.name, func(b *testing.B) {
+			cs := counters(cands, tc.inflight)
+			for b.Loop() {
+				if pick(cands, cs, 64, nil, nil).index < 0 {
+					b.Fatal("no worker picked")
+				}
+			}
+		})
+	}
+}
+
+// TestRouterCountsOnSharedLists: the control plane hands out one
+// candidate slice until its workers change, and the router keeps that
+// slice's counters; requests in flight stay counted when the list is
+// replaced, and the counters of workers that left are dropped.
+func TestRouterCountsOnSharedLists(t *testing.T) { synctest.Test(t, testRouterCountsOnSharedLists) }
+
+func testRouterCountsOnSharedLists(t *testing.T) {
+	a, b, c := Candidate{Key: WorkerKey{"p1", "a"}}, Candidate{Key: WorkerKey{"p2", "b"}}, Candidate{Key: WorkerKey{"p3", "c"}}
+	var mu sync.Mutex
+	shared := []Candidate{a, b, c}
+	cfg := Config{WorkerSlots: 2, QueueTimeout: time.Minute}.WithDefaults()
+	r := newRouter(cfg, slog.New(slog.DiscardHandler), func(target) []Candidate {
+		mu.Lock()
+		defer mu.Unlock()
+		return shared
+	}, newAffinity(cfg.AffinityTTL, 10), newRouteMetrics(prometheus.NewRegistry(), func() int { return 0 }), func() {})
+	ctx := context.Background()
+	got := map[WorkerKey]int{}
+	var leases []lease
+	for range 6 {
+		l, err := r.acquire(ctx, routeReq{model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[l.cand.Key]++
+		leases = append(leases, l)
+	}
+	if want := map[WorkerKey]int{a.Key: 2, b.Key: 2, c.Key: 2}; !cmp.Equal(got, want) {
+		t.Fatalf("6 requests over 3 workers of 2 slots went %v, want %v", got, want)
+	}
+	// c leaves: a new slice. a and b are still full.
+	mu.Lock()
+	shared = []Candidate{a, b}
+	mu.Unlock()
+	waiting := make(chan grant, 1)
+	go func() {
+		l, err := r.acquire(ctx, routeReq{model: "m"})
+		waiting <- grant{l, err}
+	}()
+	synctest.Wait()
+	if stats := r.queueStats(); len(stats) != 1 || stats[0].queued != 1 {
+		t.Fatalf("queue %+v, want the request waiting: a and b are full", stats)
+	}
+	for _, l := range leases {
+		if l.cand.Key == a.Key {
+			r.release(l, false)
+			break
+		}
+	}
+	if g := <-waiting; g.err != nil || g.l.cand.Key != a.Key {
+		t.Fatalf("after a slot of a was freed: %+v, %v; want a lease on a", g.l.cand.Key, g.err)
+	}
+	if n := r.inFlight(); !cmp.Equal(n, map[WorkerKey]int{a.Key: 2, b.Key: 2, c.Key: 2}) {
+		t.Errorf("in flight %v", n)
+	}
+
+	// Workers come and go: the idle counters of those gone are dropped.
+	for i := range 3000 {
+		mu.Lock()
+		shared = []Candidate{a, b, {Key: WorkerKey{"churn", strconv.Itoa(i)}}}
+		mu.Unlock()
+		r.mu.Lock()
+		r.countersLocked(target{model: "m"}, shared)
+		r.mu.Unlock()
+	}
+	r.mu.Lock()
+	kept := len(r.inflight)
+	r.mu.Unlock()
+	if kept > 2*3+1024+1 {
+		t.Errorf("%d counters kept for 3 live workers", kept)
+	}
+}
+
+// BenchmarkRouterAcquire is one request's lease and release among 1,000
+// workers of a model, each with a request of its own in flight.
+func BenchmarkRouterAcquire(b *testing.B) {
+	cands := make([]Candidate, 1000)
+	for i := range cands {
+		cands[i] = Candidate{Key: WorkerKey{Pool: fmt.Sprintf("pool-%05d", i), Worker: "w-1"}}
+	}
+	cfg := Config{WorkerSlots: 64}.WithDefaults()
+	r := newRouter(cfg, slog.New(slog.DiscardHandler), func(target) []Candidate { return cands },
+		newAffinity(cfg.AffinityTTL, 10), newRouteMetrics(prometheus.NewRegistry(), func() int { return 0 }), func() {})
+	ctx := context.Background()
+	for range cands {
+		if _, err := r.acquire(ctx, routeReq{model: "m"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		l, err := r.acquire(ctx, routeReq{model: "m"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.release(l, false)
+	}
 }

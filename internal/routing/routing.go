@@ -44,7 +44,9 @@ type ControlPlane interface {
 	Pools(f registry.Filter) []registry.Pool
 	// Candidates returns the workers of model (on pool, when it is not
 	// "") that take requests now: ready or busy, with a URI, on a healthy
-	// pool, with a RUNNING row.
+	// pool, with a RUNNING row, by key (routing's ties go to the first).
+	// The slice may be shared between calls: callers read it, never
+	// change it.
 	Candidates(model, pool string) []Candidate
 	// Running reports whether the worker still has a RUNNING row.
 	Running(pool, lifecycleID, workerID string) bool
