@@ -5,7 +5,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/routing"
@@ -31,10 +33,10 @@ func (c controlPlane) Candidates(model, pool string) []routing.Candidate {
 		return out
 	}
 	gen := q.candidateGen(model)
-	out, ok := q.cands.list(model, gen)
+	out, ok := q.cands.list(model, gen, time.Now())
 	if !ok {
 		out = q.poolCandidates(model, "")
-		q.cands.putList(model, gen, out)
+		q.cands.putList(model, gen, out, time.Now())
 	}
 	if hand := q.handRunCandidates(model); len(hand) > 0 {
 		out = append(slices.Clip(out), hand...) // a copy: out is shared
@@ -54,52 +56,51 @@ func sortCandidates(cands []routing.Candidate) {
 // poolCandidates is Candidates without the cache and without the workers
 // run by hand.
 func (q *Queen) poolCandidates(model, pool string) []routing.Candidate {
-	var pools []registry.Pool
+	var out []routing.Candidate
 	if pool == "" {
-		// Only the pools with a worker of the model are copied out.
-		pools = q.reg.Query(registry.Filter{Statuses: []registry.Status{registry.Healthy}, Model: model})
-	} else if p, ok := q.reg.Get(pool); ok && p.Status == registry.Healthy {
-		pools = []registry.Pool{p}
+		out = make([]routing.Candidate, 0, q.reg.ServingCount(model)) // a worker each, mostly
 	}
-	type found struct {
-		pool string
-		w    int
-	}
-	var ws []found
-	for _, p := range pools {
-		for i, w := range p.Workers {
+	add := func(id string, status registry.Status, workers []api.Worker) {
+		if status != registry.Healthy {
+			return
+		}
+		first := len(out)
+		// The pools come by id; their workers are put in order here.
+		defer func() { sortCandidates(out[first:]) }()
+		for _, w := range workers {
 			if w.ModelRef != model || w.URI == "" {
 				continue
 			}
 			if st := lifecycle.State(w.Status); st != lifecycle.Ready && st != lifecycle.Busy {
 				continue
 			}
-			ws = append(ws, found{p.ID, i})
+			// LifecycleID holds the hive's lifecycle id until the row is
+			// looked up below.
+			out = append(out, routing.Candidate{Key: routing.WorkerKey{Pool: id, Worker: w.WorkerID}, LifecycleID: w.LifecycleID,
+				URI: w.URI, Reported: w.InFlight})
 		}
 	}
-	if len(ws) == 0 {
-		return nil
-	}
-	byID := make(map[string]*registry.Pool, len(pools))
-	for i := range pools {
-		byID[pools[i].ID] = &pools[i]
+	if pool == "" {
+		q.reg.ServingPools(model, add)
+	} else if p, ok := q.reg.Get(pool); ok {
+		add(p.ID, p.Status, p.Workers)
 	}
 	// One lock of the rows and one of the tokens for them all.
-	out := make([]routing.Candidate, 0, len(ws))
 	q.rows.mu.RLock()
-	for _, f := range ws {
-		w := byID[f.pool].Workers[f.w]
-		if id, ok := q.rows.runningRowLocked(f.pool, w.LifecycleID, w.WorkerID); ok {
-			out = append(out, routing.Candidate{Key: routing.WorkerKey{Pool: f.pool, Worker: w.WorkerID}, LifecycleID: id, URI: w.URI, Reported: w.InFlight})
+	running := out[:0]
+	for _, c := range out {
+		if id, ok := q.rows.runningRowLocked(c.Key.Pool, c.LifecycleID, c.Key.Worker); ok {
+			c.LifecycleID = id
+			running = append(running, c)
 		}
 	}
+	out = running
 	q.rows.mu.RUnlock()
 	q.tokens.mu.Lock()
 	for i := range out {
 		out[i].Token = q.tokens.byPool[out[i].Key.Pool][out[i].Key.Worker]
 	}
 	q.tokens.mu.Unlock()
-	sortCandidates(out)
 	return out
 }
 
@@ -154,15 +155,20 @@ type countKey struct {
 // candidateCache keeps what routing asks for on every request, the
 // candidates of a model and its counts, with the generation they were
 // made at: an entry answers while the generation is unchanged, so a
-// request to a model served by a thousand pools reads no pool.
+// request to a model served by a thousand pools reads no pool. The load
+// each worker's hive reported (Candidate.Reported, the last of routing's
+// tie-breaks) moves no generation, since a busy fleet's every heartbeat
+// changes it: a list is made again at least every maxAge for it.
 type candidateCache struct {
 	mu     sync.RWMutex
+	maxAge time.Duration            // guarded by mu
 	lists  map[string]cachedList    // guarded by mu; by model
 	counts map[countKey]cachedCount // guarded by mu
 }
 
 type cachedList struct {
 	gen  candidateGen
+	made time.Time
 	list []routing.Candidate
 }
 
@@ -171,24 +177,35 @@ type cachedCount struct {
 	n   routing.Count
 }
 
+// reportedMaxAge is how long a model's candidates are kept with the
+// loads their hives reported: a heartbeat interval.
+const reportedMaxAge = time.Second
+
 func newCandidateCache() *candidateCache {
-	return &candidateCache{lists: map[string]cachedList{}, counts: map[countKey]cachedCount{}}
+	return &candidateCache{maxAge: reportedMaxAge, lists: map[string]cachedList{}, counts: map[countKey]cachedCount{}}
 }
 
-func (c *candidateCache) list(model string, gen candidateGen) ([]routing.Candidate, bool) {
+// setMaxAge sets how long a list is kept (tests).
+func (c *candidateCache) setMaxAge(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.maxAge = d
+}
+
+func (c *candidateCache) list(model string, gen candidateGen, now time.Time) ([]routing.Candidate, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	e, ok := c.lists[model]
-	return e.list, ok && e.gen == gen
+	return e.list, ok && e.gen == gen && now.Sub(e.made) < c.maxAge
 }
 
-func (c *candidateCache) putList(model string, gen candidateGen, list []routing.Candidate) {
+func (c *candidateCache) putList(model string, gen candidateGen, list []routing.Candidate, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.lists) >= maxCachedTargets {
 		clear(c.lists)
 	}
-	c.lists[model] = cachedList{gen, list}
+	c.lists[model] = cachedList{gen, now, list}
 }
 
 func (c *candidateCache) count(key countKey, gen candidateGen) (routing.Count, bool) {

@@ -20,6 +20,9 @@ func TestCandidatesFollowEveryChange(t *testing.T) {
 	x.registerAt("b", "http://hive-b")
 	lidA, lidB := x.readyWorker("a", "http://worker-a"), x.readyWorker("b", "http://worker-b")
 	cp := controlPlane{x.q}
+	// The loads hives report move no generation; a list is kept up to
+	// a heartbeat interval with them, here not at all.
+	x.q.cands.setMaxAge(0)
 	rowA, rowB := x.row(lidA), x.row(lidB)
 	worker := func(row api.LifecycleRow, status string, inFlight int) api.Worker {
 		return api.Worker{WorkerID: row.WorkerID, LifecycleID: row.ID, ModelRef: "tiny", URI: "http://worker-" + row.PoolID,
@@ -66,6 +69,12 @@ func TestCandidatesFollowEveryChange(t *testing.T) {
 
 	beat("a", worker(rowA, "busy", 3), "tok-a1")
 	check("a's load in a heartbeat", seen{"a", "tok-a1", 3}, seen{"b", "tok-b1", 0})
+	x.q.cands.setMaxAge(time.Hour)
+	beat("a", worker(rowA, "busy", 4), "tok-a1")
+	check("a's load, kept", seen{"a", "tok-a1", 3}, seen{"b", "tok-b1", 0})
+	beat("a", worker(rowA, "ready", 4), "tok-a1")
+	check("a's status, at once", seen{"a", "tok-a1", 4}, seen{"b", "tok-b1", 0})
+	beat("a", worker(rowA, "busy", 3), "tok-a1")
 
 	beat("b", worker(rowB, "ready", 0), "tok-b2")
 	check("b's new token", seen{"a", "tok-a1", 3}, seen{"b", "tok-b2", 0})

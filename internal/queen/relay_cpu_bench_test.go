@@ -86,8 +86,17 @@ func BenchmarkRelayTTFTInProcess(b *testing.B) {
 //
 //	go test -run '^$' -bench RouteManyPools -benchmem ./internal/queen/
 func BenchmarkRouteManyPools(b *testing.B) {
-	for _, tc := range []struct{ pools, serving int }{{1, 1}, {2000, 1}, {10000, 1}, {10000, 1000}} {
-		b.Run(fmt.Sprintf("pools=%d/serving=%d", tc.pools, tc.serving), func(b *testing.B) {
+	for _, tc := range []struct {
+		pools, serving int
+		changing       bool
+	}{{1, 1, false}, {2000, 1, false}, {10000, 1, false}, {10000, 1000, false}, {10000, 1000, true}} {
+		name := fmt.Sprintf("pools=%d/serving=%d", tc.pools, tc.serving)
+		if tc.changing {
+			// Something the candidates are made of changes before every
+			// request: the model's list is made again each time.
+			name += "/changing"
+		}
+		b.Run(name, func(b *testing.B) {
 			rb := newRelayBench(b, 1)
 			for i := 1; i < tc.pools; i++ {
 				id, url := fmt.Sprintf("p%05d", i), fmt.Sprintf("http://hive-%05d", i)
@@ -104,6 +113,9 @@ func BenchmarkRouteManyPools(b *testing.B) {
 			q := rb.x.q
 			ctx := context.Background()
 			for b.Loop() {
+				if tc.changing {
+					q.tokens.gen.Add(1)
+				}
 				if err := q.routing.Route(ctx, "tiny", ""); err != nil {
 					b.Fatal(err)
 				}

@@ -2,7 +2,6 @@ package registry
 
 import (
 	"slices"
-	"strings"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
@@ -56,15 +55,14 @@ func (p *Pool) MaxFreeBytes() uint64 {
 func (r *Registry) Query(f Filter) []Pool {
 	if f.Model != "" {
 		r.mu.RLock()
-		set := r.byModel[f.Model]
-		out := make([]Pool, 0, len(set))
-		for e := range set {
+		pools := r.byModel[f.Model]
+		out := make([]Pool, 0, len(pools))
+		for _, e := range pools {
 			if p, ok := e.snapshot(f); ok {
 				out = append(out, p)
 			}
 		}
 		r.mu.RUnlock()
-		slices.SortFunc(out, func(a, b Pool) int { return strings.Compare(a.ID, b.ID) })
 		return out
 	}
 	r.mu.RLock()
@@ -92,10 +90,11 @@ type Generation struct{ all, model uint64 }
 
 // Generation changes whenever a query of model's pools could answer
 // differently in what routing reads: the status of any pool, or the
-// identity, model, URI, status or load of a worker of a pool with a live
-// worker of model. Devices and heartbeat times move without it. A cache
-// of what is derived from those answers keeps the generation read before
-// its query.
+// identity, model, URI or status of a worker of a pool with a live worker
+// of model. Devices, heartbeat times and the load a hive reports
+// (in_flight, which a busy fleet's every heartbeat changes) move without
+// it. A cache of what is derived from those answers keeps the generation
+// read before its query.
 func (r *Registry) Generation(model string) Generation {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -115,11 +114,33 @@ func sameRouting(a, b []api.Worker) bool {
 	for i := range a {
 		x, y := &a[i], &b[i]
 		if x.WorkerID != y.WorkerID || x.LifecycleID != y.LifecycleID || x.ModelRef != y.ModelRef || x.URI != y.URI ||
-			x.Status != y.Status || x.InFlight != y.InFlight {
+			x.Status != y.Status {
 			return false
 		}
 	}
 	return true
+}
+
+// ServingPools calls fn with the id, status and workers of each pool that
+// has a live worker of model, by id, without copying them: routing
+// reads a thousand such pools when it makes a model's candidates. fn runs
+// under the registry's locks: it must not keep workers nor call the
+// registry.
+func (r *Registry) ServingPools(model string, fn func(id string, status Status, workers []api.Worker)) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, e := range r.byModel[model] {
+		e.beat.Lock()
+		fn(e.ID, e.Status, e.Workers)
+		e.beat.Unlock()
+	}
+}
+
+// ServingCount is the number of pools with a live worker of model.
+func (r *Registry) ServingCount(model string) int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.byModel[model])
 }
 
 // snapshot is e's pool when f selects it; the caller holds mu's read

@@ -161,11 +161,11 @@ type Registry struct {
 	mu    sync.RWMutex
 	pools map[string]*entry // guarded by mu
 	order []*entry          // guarded by mu; the pools by id, for queries
-	// byModel is the pools with a live worker of each model (guarded by
-	// mu): a query for a model's pools, which routing runs on every
+	// byModel is the pools with a live worker of each model, by id
+	// (guarded by mu): a query for a model's pools, which routing runs on every
 	// request, reads those instead of every pool. Bounded by the pools
 	// times the models of each.
-	byModel map[string]map[*entry]struct{}
+	byModel map[string][]*entry // by id
 	// modelGen counts, per model of byModel, the heartbeats under the
 	// read lock (renew) that changed a worker of a pool serving it (the
 	// map is guarded by mu, the counters are atomic); gen counts every
@@ -186,7 +186,7 @@ func New(cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	return &Registry{cfg: cfg, log: cfg.Logger.With("component", "registry"), pools: map[string]*entry{},
-		byModel: map[string]map[*entry]struct{}{}, modelGen: map[string]*atomic.Uint64{}}, nil
+		byModel: map[string][]*entry{}, modelGen: map[string]*atomic.Uint64{}}, nil
 }
 
 // Load reads the pools of the store. Every pool that was not offline gets a
@@ -221,7 +221,7 @@ func (r *Registry) Load(ctx context.Context) error {
 // addLocked adds a new pool to the map, the id order and the model index.
 func (r *Registry) addLocked(e *entry) {
 	r.pools[e.ID] = e
-	i, _ := slices.BinarySearchFunc(r.order, e.ID, func(x *entry, id string) int { return strings.Compare(x.ID, id) })
+	i, _ := slices.BinarySearchFunc(r.order, e.ID, byID)
 	r.order = slices.Insert(r.order, i, e)
 	r.indexLocked(e)
 }
@@ -230,7 +230,7 @@ func (r *Registry) addLocked(e *entry) {
 func (r *Registry) removeLocked(e *entry) {
 	r.gen.Add(1)
 	delete(r.pools, e.ID)
-	if i, ok := slices.BinarySearchFunc(r.order, e.ID, func(x *entry, id string) int { return strings.Compare(x.ID, id) }); ok {
+	if i, ok := slices.BinarySearchFunc(r.order, e.ID, byID); ok {
 		r.order = slices.Delete(r.order, i, i+1)
 	}
 	r.setModelsLocked(e, nil)
@@ -249,25 +249,30 @@ func (r *Registry) indexLocked(e *entry) {
 
 func (r *Registry) setModelsLocked(e *entry, models []string) {
 	for _, m := range e.models {
-		if set := r.byModel[m]; set != nil {
-			delete(set, e)
-			if len(set) == 0 {
-				delete(r.byModel, m)
-				delete(r.modelGen, m) // gen moved, so a new counter from 0 repeats no Generation
-			}
+		pools := r.byModel[m]
+		if i, ok := slices.BinarySearchFunc(pools, e.ID, byID); ok {
+			pools = slices.Delete(pools, i, i+1)
 		}
+		if len(pools) == 0 {
+			delete(r.byModel, m)
+			delete(r.modelGen, m) // gen moved, so a new counter from 0 repeats no Generation
+			continue
+		}
+		r.byModel[m] = pools
 	}
 	e.models = models
 	for _, m := range models {
-		set := r.byModel[m]
-		if set == nil {
-			set = map[*entry]struct{}{}
-			r.byModel[m] = set
+		pools, ok := r.byModel[m]
+		if !ok {
 			r.modelGen[m] = new(atomic.Uint64)
 		}
-		set[e] = struct{}{}
+		if i, found := slices.BinarySearchFunc(pools, e.ID, byID); !found {
+			r.byModel[m] = slices.Insert(pools, i, e)
+		}
 	}
 }
+
+func byID(x *entry, id string) int { return strings.Compare(x.ID, id) }
 
 // armLocked (re)starts e's timer to fire after d. The caller holds mu, or
 // its read lock and e.beat.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -724,12 +725,22 @@ func testRouterCountsOnSharedLists(t *testing.T) {
 // BenchmarkRouterAcquire is one request's lease and release among 1,000
 // workers of a model, each with a request of its own in flight.
 func BenchmarkRouterAcquire(b *testing.B) {
+	b.Run("same list", func(b *testing.B) { benchRouterAcquire(b, false) })
+	b.Run("new list", func(b *testing.B) { benchRouterAcquire(b, true) })
+}
+
+func benchRouterAcquire(b *testing.B, fresh bool) {
 	cands := make([]Candidate, 1000)
 	for i := range cands {
 		cands[i] = Candidate{Key: WorkerKey{Pool: fmt.Sprintf("pool-%05d", i), Worker: "w-1"}}
 	}
 	cfg := Config{WorkerSlots: 64}.WithDefaults()
-	r := newRouter(cfg, slog.New(slog.DiscardHandler), func(target) []Candidate { return cands },
+	r := newRouter(cfg, slog.New(slog.DiscardHandler), func(target) []Candidate {
+		if fresh {
+			return slices.Clone(cands)
+		}
+		return cands
+	},
 		newAffinity(cfg.AffinityTTL, 10), newRouteMetrics(prometheus.NewRegistry(), func() int { return 0 }), func() {})
 	ctx := context.Background()
 	for range cands {
