@@ -62,6 +62,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/apiary-llm/apiary/internal/engine"
@@ -92,6 +93,11 @@ type sequence struct {
 	generated int
 	last      C.llama_token // last sampled token, decoded in the next step
 	outIdx    int           // index in the current batch whose logits to sample, -1 if none
+	// spoken: its pieces so far hold a whole character, so its first
+	// event can go out. Until a foreground sequence has spoken,
+	// background ones sit out the steps (see leadLimit).
+	spoken bool
+	lead   []byte // its pieces until it has spoken
 
 	// Timeline, for the Debug log at the end (see logTimeline).
 	submitted  time.Time    // Generate handed it to the loop
@@ -372,18 +378,38 @@ func (e *Engine) run() {
 		default:
 		}
 
+		// Until every foreground sequence has its first character out,
+		// background sequences (engine.Request.Background) sit the steps
+		// out: the interactive request's prompt and first tokens are
+		// decoded in steps of their own, as fast as on an idle worker.
+		fgPrompt, fgActive, fgLead := false, false, false
+		for _, s := range active {
+			if s != nil && !s.req.Background {
+				fgActive = true
+				fgPrompt = fgPrompt || (s.promptPos < len(s.req.Prompt) && s.follow == nil)
+				fgLead = fgLead || !s.spoken
+			}
+		}
+
 		// One batch: the next token of every generating sequence first, then
 		// as much prompt as fits.
 		batch.n_tokens = 0
+		bgTokens := 0
 		for _, s := range active {
 			if s == nil {
 				continue
 			}
 			s.outIdx = -1
+			if s.req.Background && fgLead {
+				continue
+			}
 			if s.promptPos == len(s.req.Prompt) {
 				s.outIdx = int(batch.n_tokens)
 				C.batch_put(&batch, s.last, C.llama_pos(s.nPast), C.llama_seq_id(s.seq), true)
 				s.nPast++
+				if s.req.Background {
+					bgTokens++
+				}
 			}
 		}
 		// Prompts of foreground sequences first. A background sequence's
@@ -391,16 +417,9 @@ func (e *Engine) run() {
 		// prompt is decoded, and goes in chunks of backgroundChunk
 		// tokens a step while a foreground sequence generates, so that
 		// its steps stay short.
-		fgPrompt, fgActive := false, false
-		for _, s := range active {
-			if s != nil && !s.req.Background {
-				fgActive = true
-				fgPrompt = fgPrompt || (s.promptPos < len(s.req.Prompt) && s.follow == nil)
-			}
-		}
 		bgBudget := e.batchSize
 		switch {
-		case fgPrompt:
+		case fgPrompt || fgLead:
 			bgBudget = 0
 		case fgActive:
 			bgBudget = backgroundChunk
@@ -420,11 +439,15 @@ func (e *Engine) run() {
 				s.nPast++
 				if s.req.Background {
 					bgBudget--
+					bgTokens++
 				}
 			}
 		}
 		if batch.n_tokens == 0 {
 			continue
+		}
+		if e.onStep != nil {
+			e.onStep(int(batch.n_tokens)-bgTokens, bgTokens)
 		}
 		stepStart := time.Now()
 		if rc := C.llama_decode(e.lctx, batch); rc != 0 {
@@ -474,6 +497,13 @@ func (e *Engine) run() {
 				s.firstStep = s.firstToken.Sub(stepStart)
 			}
 			tok := engine.Token{ID: int(id), Piece: e.piece(id, pieceBuf)}
+			if !s.spoken {
+				s.lead = append(s.lead, tok.Piece...)
+				s.spoken = len(s.lead) > 0 && utf8.Valid(s.lead) || s.generated >= leadLimit
+				if s.spoken {
+					s.lead = nil
+				}
+			}
 			if s.req.Logprobs || s.req.TopLogprobs > 0 {
 				e.logprobs(&tok, s.outIdx, s.req.TopLogprobs, pieceBuf)
 			}
@@ -504,6 +534,10 @@ func (e *Engine) logTimeline(s *sequence, err error) {
 	}
 	e.log.Debug("sequence timeline", attrs...)
 }
+
+// leadLimit bounds the tokens a foreground sequence may take to speak
+// (its first whole character) while background sequences wait for it.
+const leadLimit = 4
 
 // backgroundChunk is how many prompt tokens of background sequences a
 // step decodes while a foreground sequence generates.

@@ -100,9 +100,13 @@ type Engine struct {
 	submit chan []*sequence // the choices of one request, admitted together
 
 	promptDecoded atomic.Int64 // prompt tokens decoded, for tests
-	quit          chan struct{}
-	done          chan struct{}
-	closeOnce     sync.Once
+	// onStep, when set (tests, before the first request), is called by
+	// the decode loop before each step with its tokens of foreground and
+	// of background sequences.
+	onStep    func(fg, bg int)
+	quit      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
 }
 
 var _ engine.Engine = (*Engine)(nil)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/llamacpp"
@@ -450,5 +451,81 @@ func TestChoicesStopAloneAndWaitForSlots(t *testing.T) {
 	}
 	if n := <-done; n != 64 {
 		t.Errorf("the long generation beside them made %d tokens, want 64", n)
+	}
+}
+
+// An interactive (foreground) request that arrives while background
+// sequences generate has its prompt and first tokens decoded in steps of
+// their own: the background sequences sit out until its first character
+// is out, then go on.
+func TestBackgroundSitsOutUntilForegroundSpeaks(t *testing.T) {
+	e := load(t, 3)
+	type step struct{ fg, bg int }
+	var mu sync.Mutex
+	var steps []step
+	e.OnStep(func(fg, bg int) {
+		mu.Lock()
+		steps = append(steps, step{fg, bg})
+		mu.Unlock()
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	started := make(chan struct{}, 2)
+	var wg sync.WaitGroup
+	for _, p := range []string{"the batch's first job", "the batch's second job"} {
+		wg.Go(func() {
+			n := 0
+			_, _ = e.Generate(ctx, engine.Request{Prompt: prompt(t, e, p), MaxTokens: 1_000_000, IgnoreEOS: true, Background: true},
+				func(engine.Token) error {
+					if n++; n == 3 {
+						started <- struct{}{}
+					}
+					return nil
+				})
+		})
+	}
+	<-started
+	<-started
+	mu.Lock()
+	before := len(steps)
+	mu.Unlock()
+	// k: the foreground tokens until its first whole character.
+	var lead []byte
+	k := 0
+	_, err := e.Generate(t.Context(), engine.Request{Prompt: prompt(t, e, "an interactive question about hives"), MaxTokens: 8, IgnoreEOS: true},
+		func(tok engine.Token) error {
+			if k == 0 || !utf8.Valid(lead) || len(lead) == 0 {
+				if k < 4 {
+					lead = append(lead, tok.Piece...)
+					k++
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	first := -1 // the step of the foreground prompt
+	for i := before; i < len(steps); i++ {
+		if steps[i].fg > 1 {
+			first = i
+			break
+		}
+	}
+	if first < 0 || first+k >= len(steps) {
+		t.Fatalf("no step decoded the foreground prompt, or none came after its first %d tokens: %v", k, steps[before:])
+	}
+	for i := first; i < first+k; i++ {
+		if steps[i].bg != 0 {
+			t.Errorf("step %d (of the foreground prompt and its first %d tokens) decoded %d background tokens: %v",
+				i-first, k, steps[i].bg, steps[first:min(len(steps), first+k+2)])
+		}
+	}
+	if steps[first+k].bg == 0 {
+		t.Errorf("the background sequences did not go on once the foreground one spoke: %v", steps[first:min(len(steps), first+k+2)])
 	}
 }
