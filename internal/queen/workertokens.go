@@ -63,13 +63,6 @@ func (t *workerTokens) forget(pool string) {
 	delete(t.byPool, pool)
 }
 
-// get returns a worker's token, "" when its hive reported none.
-func (t *workerTokens) get(pool, worker string) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.byPool[pool][worker]
-}
-
 func checkWorkerToken(tok string) error {
 	if len(tok) == 0 || len(tok) > 256 {
 		return api.BadRequest("a worker token must be 1-256 bytes")
