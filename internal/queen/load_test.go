@@ -312,8 +312,12 @@ func serverHistogram(b *testing.B, hc *http.Client, qURL string) string {
 	return grep(string(data), "apiary_queen_heartbeat_duration_seconds")
 }
 
-// queenCPUsEnv pins the load benchmark's queen to these CPUs.
-const queenCPUsEnv = "APIARY_BENCH_QUEEN_CPUS"
+// queenCPUsEnv pins the load benchmark's queen to these CPUs;
+// queenArgsEnv adds flags to its command line (e.g. --models-refresh 1h).
+const (
+	queenCPUsEnv = "APIARY_BENCH_QUEEN_CPUS"
+	queenArgsEnv = "APIARY_BENCH_QUEEN_ARGS"
+)
 
 // startQueenProcB runs `apiary queen` for a benchmark. The heartbeat
 // timeout is long enough that no pool times out while thousands of others
@@ -323,7 +327,8 @@ const queenCPUsEnv = "APIARY_BENCH_QUEEN_CPUS"
 // CPUs only: e.g. APIARY_BENCH_QUEEN_CPUS=1 with `taskset -c 0 go test …`
 // gives the queen and the load generator one core each.
 func startQueenProcB(b *testing.B) (*proc, string) {
-	args := []string{"queen", "--addr", "127.0.0.1:0", "--data-dir", b.TempDir(), "--heartbeat-timeout", "5m", "--log-json"}
+	args := []string{"queen", "--addr", "127.0.0.1:0", "--data-dir", b.TempDir(), "--heartbeat-timeout", "5m"}
+	args = append(append(args, strings.Fields(os.Getenv(queenArgsEnv))...), "--log-json")
 	var p *proc
 	if cpus := os.Getenv(queenCPUsEnv); cpus != "" {
 		tp := testbin.StartCmd(b, "queen", nil, "taskset", append([]string{"-c", cpus, testbin.Path(b)}, args...)...)
