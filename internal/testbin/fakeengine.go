@@ -5,26 +5,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 )
 
-var (
-	engineOnce sync.Once
-	enginePath string
-	engineErr  error
-)
+var fakeEngine builtOnce
 
 // FakeEngine returns the scripted external engine of the hive's tests
 // (internal/hive/testdata/fakeengine), built once per test binary into
 // the directory Cleanup removes.
 func FakeEngine(t testing.TB) string {
 	t.Helper()
-	engineOnce.Do(func() { enginePath, engineErr = buildFakeEngine() })
-	if engineErr != nil {
-		t.Fatalf("these tests need the fake engine: building it failed: %v", engineErr)
-	}
-	return enginePath
+	return fakeEngine.get(t, "", "these tests need the fake engine: building it failed", buildFakeEngine)
 }
 
 func buildFakeEngine() (string, error) {

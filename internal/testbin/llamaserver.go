@@ -6,15 +6,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 )
 
-var (
-	llamaOnce sync.Once
-	llamaPath string
-	llamaErr  error
-)
+var llamaServer builtOnce
 
 // LlamaServer returns llama.cpp's llama-server for the external-engine
 // tests: $APIARY_LLAMA_SERVER when set, else the one
@@ -23,14 +18,7 @@ var (
 // only looked up). A build that fails fails the test; none skips.
 func LlamaServer(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("APIARY_LLAMA_SERVER"); p != "" {
-		return p
-	}
-	llamaOnce.Do(func() { llamaPath, llamaErr = buildLlamaServer() })
-	if llamaErr != nil {
-		t.Fatalf("these tests need llama-server: %v", llamaErr)
-	}
-	return llamaPath
+	return llamaServer.get(t, "APIARY_LLAMA_SERVER", "these tests need llama-server", buildLlamaServer)
 }
 
 func buildLlamaServer() (string, error) {

@@ -13,23 +13,37 @@ import (
 )
 
 var (
-	once     sync.Once
-	path     string
-	buildErr error
-	dir      string
+	apiary builtOnce
+	dir    string
 )
+
+// builtOnce is a program the tests build at most once per test binary.
+type builtOnce struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// get returns $env when it is set, else the program build makes (the
+// first call builds it); a build that failed fails t with need and why.
+func (b *builtOnce) get(t testing.TB, env, need string, build func() (string, error)) string {
+	t.Helper()
+	if env != "" {
+		if p := os.Getenv(env); p != "" {
+			return p
+		}
+	}
+	b.once.Do(func() { b.path, b.err = build() })
+	if b.err != nil {
+		t.Fatalf("%s: %v", need, b.err)
+	}
+	return b.path
+}
 
 // Path returns the apiary binary, building it on first use.
 func Path(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("APIARY_BIN"); p != "" {
-		return p
-	}
-	once.Do(func() { path, buildErr = build() })
-	if buildErr != nil {
-		t.Fatalf("these tests need the apiary binary: set APIARY_BIN or run `make test`; building it failed: %v", buildErr)
-	}
-	return path
+	return apiary.get(t, "APIARY_BIN", "these tests need the apiary binary: set APIARY_BIN or run `make test`; building it failed", build)
 }
 
 // Cleanup removes a binary Path built; call it from TestMain.
