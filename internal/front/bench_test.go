@@ -2,7 +2,6 @@ package front_test
 
 import (
 	"bufio"
-	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -29,7 +28,7 @@ func BenchmarkFrontTTFT(b *testing.B) {
 	if err := testmodel.WriteFile(model, testmodel.Options{}); err != nil {
 		b.Fatal(err)
 	}
-	enginePort := freePort(b)
+	enginePort := testbin.FreePort(b)
 	engineURL := "http://127.0.0.1:" + strconv.Itoa(enginePort)
 	p := testbin.Start(b, "engine-front", nil, "engine-front", "--log-json", "--engine-url", engineURL,
 		"--", server, "-m", model, "--host", "127.0.0.1", "--port", strconv.Itoa(enginePort), "-c", "512", "-np", "1", "-t", "1")
@@ -84,15 +83,6 @@ func ttft(b *testing.B, c *http.Client, base string) time.Duration {
 		b.Fatalf("%s: no data line", base)
 	}
 	return first
-}
-
-func freePort(b *testing.B) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func pct(d []time.Duration, p float64) time.Duration {

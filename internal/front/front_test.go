@@ -50,7 +50,7 @@ func startFront(t *testing.T, mode string, extra ...string) (f *Front, url strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := freeTestPort(t)
+	port := testbin.FreePort(t)
 	f, err = New(Config{Listener: ln, ModelRef: "tiny", EngineURL: "http://127.0.0.1:" + strconv.Itoa(port), ShutdownGrace: 5 * time.Second,
 		StopWait: time.Second, Engine: Command{Path: testbin.FakeEngine(t), Args: append([]string{"-port", strconv.Itoa(port), "-mode", mode}, extra...),
 			Env: os.Environ()}})
@@ -70,15 +70,6 @@ func startFront(t *testing.T, mode string, extra ...string) (f *Front, url strin
 	})
 	waitHealth(t, url, func(h healthBody) bool { return h.Status == StatusReady })
 	return f, url, ran
-}
-
-func freeTestPort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // waitHealth polls the front's /health until ok says so.

@@ -2,7 +2,6 @@ package queen
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -53,7 +52,7 @@ func BenchmarkEngineColdStart(b *testing.B) {
 			var own, total, over []time.Duration
 			qFrom, hFrom := 0, 0
 			for b.Loop() {
-				o := ownStart(b, tc.own(model, benchPort(b)))
+				o := ownStart(b, tc.own(model, testbin.FreePort(b)))
 				resp, err := admin.StartWorker(ctx, "tiny", "node-1", nil, "bench")
 				if err != nil {
 					b.Fatal(err)
@@ -129,15 +128,6 @@ func ownStart(b *testing.B, argv []string) time.Duration {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-func benchPort(b *testing.B) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // recordTime is the time a JSON log record was written.
