@@ -65,8 +65,6 @@ func (q *Queen) poolCandidates(model, pool string) []routing.Candidate {
 			return
 		}
 		first := len(out)
-		// The pools come by id; their workers are put in order here.
-		defer func() { sortCandidates(out[first:]) }()
 		for _, w := range workers {
 			if w.ModelRef != model || w.URI == "" {
 				continue
@@ -78,6 +76,9 @@ func (q *Queen) poolCandidates(model, pool string) []routing.Candidate {
 			// looked up below.
 			out = append(out, routing.Candidate{Key: routing.WorkerKey{Pool: id, Worker: w.WorkerID}, LifecycleID: w.LifecycleID,
 				URI: w.URI, Reported: w.InFlight})
+		}
+		if len(out)-first > 1 { // the pools come by id; a pool's workers are put in order here
+			sortCandidates(out[first:])
 		}
 	}
 	if pool == "" {
