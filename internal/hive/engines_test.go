@@ -276,22 +276,9 @@ func TestEngineDrainLetsInFlightRequestFinish(t *testing.T) {
 		}
 		done <- err
 	}()
-	th.rec.wait(t, id, lifecycle.Busy)
-	if code := th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{Drain: true}, nil); code != http.StatusAccepted {
-		t.Fatalf("stop: %d", code)
-	}
-	draining := th.rec.wait(t, id, lifecycle.Draining)
-	if draining.Reason != "drain requested" {
+	if draining := th.drainBusy(id, done); draining.Reason != "drain requested" {
 		t.Errorf("draining reason = %q", draining.Reason)
 	}
-	if err := <-done; err != nil {
-		t.Errorf("in-flight request during drain: %v", err)
-	}
-	ev := th.rec.wait(t, id, lifecycle.Stopped)
-	if !strings.Contains(ev.Reason, "graceful") {
-		t.Errorf("reason = %q", ev.Reason)
-	}
-	th.gone(id)
 }
 
 // An engine whose health path answers 200 and 503 in turn degrades on

@@ -118,19 +118,7 @@ func TestDrainLetsInFlightRequestFinish(t *testing.T) {
 	ready := th.rec.wait(t, id, lifecycle.Ready)
 	done := make(chan error, 1)
 	go func() { done <- complete(ready.Worker.URI) }()
-	th.rec.wait(t, id, lifecycle.Busy)
-	if code := th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{Drain: true}, nil); code != http.StatusAccepted {
-		t.Fatalf("stop: %d", code)
-	}
-	th.rec.wait(t, id, lifecycle.Draining)
-	if err := <-done; err != nil {
-		t.Errorf("in-flight request during drain: %v", err)
-	}
-	ev := th.rec.wait(t, id, lifecycle.Stopped)
-	if !strings.Contains(ev.Reason, "graceful") {
-		t.Errorf("reason = %q", ev.Reason)
-	}
-	th.gone(id)
+	th.drainBusy(id, done)
 }
 
 func TestStopWhileStartingFailsAndKills(t *testing.T) {

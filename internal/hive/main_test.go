@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -289,6 +290,28 @@ func (th *testHive) worker(id string) api.Worker {
 		th.t.Fatalf("GET worker %s: %d", id, code)
 	}
 	return w
+}
+
+// drainBusy stops busy worker id with a drain while a request is in
+// flight (done says how it ended): the request must end whole and the
+// worker stop gracefully, gone. It returns the draining event.
+func (th *testHive) drainBusy(id string, done <-chan error) api.WorkerEvent {
+	t := th.t
+	t.Helper()
+	th.rec.wait(t, id, lifecycle.Busy)
+	if code := th.do("POST", "/v2/workers/"+id+"/stop", api.StopWorkerRequest{Drain: true}, nil); code != http.StatusAccepted {
+		t.Fatalf("stop: %d", code)
+	}
+	draining := th.rec.wait(t, id, lifecycle.Draining)
+	if err := <-done; err != nil {
+		t.Errorf("in-flight request during drain: %v", err)
+	}
+	ev := th.rec.wait(t, id, lifecycle.Stopped)
+	if !strings.Contains(ev.Reason, "graceful") {
+		t.Errorf("reason = %q", ev.Reason)
+	}
+	th.gone(id)
+	return draining
 }
 
 // gone waits until worker id's owner has finished (process reaped, group
