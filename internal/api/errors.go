@@ -45,12 +45,26 @@ func StatusOf(err error) (int, string) {
 // An internal error (500) says only that something failed and that the
 // log of who has the details.
 func Fail(w http.ResponseWriter, err error, who string) {
+	e := FailLine(err, who)
+	WriteError(w, e.Status, e.Error.Code, e.Error.Message)
+}
+
+// LineError is an error answered as one line of a stream of JSON answers
+// (a hive's heartbeat stream): the error shape, and the status the same
+// request would have been answered with alone.
+type LineError struct {
+	Error  ErrorDetail `json:"error"`
+	Status int         `json:"status"`
+}
+
+// FailLine is what Fail answers, as one line of a stream.
+func FailLine(err error, who string) LineError {
 	status, code := StatusOf(err)
 	msg := err.Error()
 	if status == http.StatusInternalServerError {
 		msg = "internal error; see the " + who + "'s log"
 	}
-	WriteError(w, status, code, msg)
+	return LineError{Status: status, Error: ErrorDetail{Code: code, Message: msg, Type: openai.TypeFor(status)}}
 }
 
 // BadRequest is a 400 invalid_request with a formatted message.

@@ -41,6 +41,16 @@ func Decode(r *http.Request, dst any, allowEmpty bool) error {
 		}
 		return BadRequest("request body is empty; send a JSON object")
 	}
+	return DecodeBytes(b, dst)
+}
+
+// DecodeBytes decodes one JSON value from b into dst as Decode does a
+// request body: unknown fields and trailing values refused, every
+// error a 400 that says what was wrong.
+func DecodeBytes(b []byte, dst any) error {
+	if len(bytes.TrimSpace(b)) == 0 {
+		return BadRequest("empty; send a JSON object")
+	}
 	if k, ok := dst.(knownBodies); ok && k.decodeKnown(bytes.TrimSpace(b)) {
 		return nil
 	}

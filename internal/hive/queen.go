@@ -34,6 +34,12 @@ type queenClient struct {
 	// an unchanged beat (one older than this hive): full beats only.
 	last        lastBeat
 	noUnchanged bool
+	// stream is the open heartbeat stream (nil: none), on streamHC (no
+	// time limit of its own); noStream is set when the queen has none (an
+	// older queen): one POST a beat then.
+	stream   *rpc.Stream
+	streamHC *http.Client
+	noStream bool
 	// up says whether the last registration or heartbeat was taken.
 	up atomic.Bool
 }
@@ -46,13 +52,17 @@ const eventQueue = 1024
 var errQueenForgot = errors.New("hive: queen does not know this pool")
 
 func newQueenClient(h *Hive) *queenClient {
+	hc := transport.NewClient(nil, max(h.cfg.HeartbeatInterval, time.Second))
 	return &queenClient{
-		h:      h,
-		base:   strings.TrimSuffix(h.cfg.QueenURL, "/"),
-		token:  h.cfg.ClusterToken,
-		hc:     transport.NewClient(nil, max(h.cfg.HeartbeatInterval, time.Second)),
-		log:    h.log.With("queen", h.cfg.QueenURL),
-		events: make(chan api.WorkerEvent, eventQueue),
+		h:     h,
+		base:  strings.TrimSuffix(h.cfg.QueenURL, "/"),
+		token: h.cfg.ClusterToken,
+		hc:    hc,
+		// The stream shares the connections' pool, without the limit on
+		// each request's time: a stream lives as long as the hive.
+		streamHC: transport.NewClient(hc.Transport.(*http.Transport), 0),
+		log:      h.log.With("queen", h.cfg.QueenURL),
+		events:   make(chan api.WorkerEvent, eventQueue),
 	}
 }
 
@@ -73,6 +83,9 @@ func (q *queenClient) run(ctx context.Context) {
 	g.Go(func() error { q.heartbeats(ctx); return nil })
 	g.Go(func() error { q.deliver(ctx); return nil })
 	_ = g.Wait()
+	if q.stream != nil {
+		q.stream.Close()
+	}
 	q.goOffline()
 	q.hc.CloseIdleConnections()
 }
@@ -152,11 +165,10 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 	}
 	workers, tokens := q.h.reg.heartbeat()
 	hb := api.Heartbeat{GPUs: gpus, Workers: workers, WorkerTokens: tokens}
-	path := "/v2/pools/" + url.PathEscape(q.h.cfg.PoolID) + "/heartbeat"
 	now := time.Now()
 	if !q.noUnchanged && q.last.unchanged(hb, now) {
 		var ans api.HeartbeatAnswer
-		err := q.postFor(ctx, path, api.Heartbeat{Unchanged: true}, &ans)
+		err := q.beat(ctx, api.Heartbeat{Unchanged: true}, &ans)
 		var qa *queenAnswer
 		switch {
 		case err == nil && !ans.FullWanted:
@@ -172,7 +184,7 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 	}
 	var ans api.HeartbeatAnswer
 	q.last = lastBeat{}
-	if err := q.postFor(ctx, path, hb, &ans); err != nil {
+	if err := q.beat(ctx, hb, &ans); err != nil {
 		return err
 	}
 	q.last = lastBeat{hb: hb, at: now, ok: len(ans.Refused) == 0}
@@ -183,6 +195,36 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 		q.log.Warn("queen refused this hive's report of a worker", "worker_id", r.WorkerID, "reason", r.Reason)
 	}
 	return nil
+}
+
+// beat sends one heartbeat on the pool's heartbeat stream, opening it
+// when none is open; a queen without streams (404 or 405 to the opening)
+// gets one POST a beat from then on. A broken stream is dropped, and the
+// next beat opens another.
+func (q *queenClient) beat(ctx context.Context, hb api.Heartbeat, ans *api.HeartbeatAnswer) error {
+	pool := "/v2/pools/" + url.PathEscape(q.h.cfg.PoolID)
+	if q.noStream {
+		return q.postFor(ctx, pool+"/heartbeat", hb, ans)
+	}
+	timeout := max(q.h.cfg.HeartbeatInterval, time.Second)
+	if q.stream == nil {
+		s, err := rpc.OpenStream(ctx, q.streamHC, rpc.Call{URL: q.base + pool + "/beats", Token: q.token, MaxAnswer: 64 << 10}, timeout)
+		var se *rpc.StatusError
+		switch {
+		case errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusMethodNotAllowed):
+			q.noStream = true
+			q.log.Warn("queen has no heartbeat stream (an older queen?); one request a heartbeat", "err", err)
+			return q.postFor(ctx, pool+"/heartbeat", hb, ans)
+		case err != nil:
+			return q.answer(pool+"/beats", err)
+		}
+		q.stream = s
+	}
+	err := q.stream.Round(hb, ans, timeout)
+	if errors.Is(err, rpc.ErrUnreachable) {
+		q.stream = nil // Round closed it
+	}
+	return q.answer(pool+"/beats", err)
 }
 
 // maxEventAttempts bounds how often one event is sent: after it, the
@@ -296,6 +338,11 @@ func (q *queenClient) post(ctx context.Context, path string, body any) error {
 // non-2xx answer is a *queenAnswer.
 func (q *queenClient) postFor(ctx context.Context, path string, body, out any) error {
 	err := rpc.Do(ctx, q.hc, rpc.Call{Method: http.MethodPost, URL: q.base + path, Token: q.token, In: body, Out: out, MaxAnswer: 64 << 10})
+	return q.answer(path, err)
+}
+
+// answer makes a non-2xx answer to path a *queenAnswer.
+func (q *queenClient) answer(path string, err error) error {
 	var se *rpc.StatusError
 	if errors.As(err, &se) {
 		return &queenAnswer{path: path, status: se.Status, message: se.Message}

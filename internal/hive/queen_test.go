@@ -1,7 +1,9 @@
 package hive
 
 import (
+	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -33,7 +35,11 @@ type fakeQueen struct {
 	// wantFull answers unchanged beats with full_wanted; refuseUnchanged
 	// answers them 400, as a queen that does not know them does.
 	wantFull, refuseUnchanged bool
-	change                    chan struct{}
+	// noStreams answers the heartbeat stream 404, as a queen without it
+	// does; streams and posts count the heartbeats that came each way.
+	noStreams      bool
+	streams, posts int
+	change         chan struct{}
 }
 
 func newFakeQueen(t testing.TB, token string) *fakeQueen {
@@ -44,6 +50,10 @@ func newFakeQueen(t testing.TB, token string) *fakeQueen {
 }
 
 func (q *fakeQueen) serve(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/v2/pools/") && strings.HasSuffix(r.URL.Path, "/beats") {
+		q.serveBeats(w, r)
+		return
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	defer func() { close(q.change); q.change = make(chan struct{}) }()
@@ -76,22 +86,11 @@ func (q *fakeQueen) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	case strings.HasPrefix(r.URL.Path, "/v2/pools/") && strings.HasSuffix(r.URL.Path, "/heartbeat"):
 		id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v2/pools/"), "/heartbeat")
-		if !q.known[id] {
-			http.Error(w, `{"error":{"code":"pool_not_found","message":"unknown pool"}}`, http.StatusNotFound)
-			return
-		}
-		var hb api.Heartbeat
-		switch {
-		case !dec(&hb):
-		case hb.Unchanged && q.refuseUnchanged:
-			http.Error(w, `{"error":{"code":"invalid_request","message":"json: unknown field \"unchanged\""}}`, http.StatusBadRequest)
-		case hb.Unchanged && q.wantFull:
-			q.heartbeats = append(q.heartbeats, hb)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{"pool_id":"` + id + `","status":"healthy","full_wanted":true}`))
-		default:
-			q.heartbeats = append(q.heartbeats, hb)
-		}
+		q.posts++
+		status, answer := q.beat(id, b)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(answer))
 	case r.URL.Path == "/v2/internal/workers/events" && q.eventStatus != 0:
 		q.eventTries++
 		http.Error(w, `{"error":{"code":"invalid_request","message":"refused by the test"}}`, q.eventStatus)
@@ -102,6 +101,75 @@ func (q *fakeQueen) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		http.NotFound(w, r)
+	}
+}
+
+// beat takes one heartbeat of pool id (under mu): the status and body of
+// the answer.
+func (q *fakeQueen) beat(id string, b []byte) (int, string) {
+	if !q.known[id] {
+		return http.StatusNotFound, `{"error":{"code":"pool_not_found","message":"unknown pool"}}`
+	}
+	var hb api.Heartbeat
+	d := json.NewDecoder(strings.NewReader(string(b)))
+	d.DisallowUnknownFields()
+	switch {
+	case d.Decode(&hb) != nil:
+		return http.StatusBadRequest, `{"error":{"code":"invalid_request","message":"not a heartbeat"}}`
+	case hb.Unchanged && q.refuseUnchanged:
+		return http.StatusBadRequest, `{"error":{"code":"invalid_request","message":"json: unknown field \"unchanged\""}}`
+	case hb.Unchanged && q.wantFull:
+		q.heartbeats = append(q.heartbeats, hb)
+		return http.StatusOK, `{"pool_id":"` + id + `","status":"healthy","full_wanted":true}`
+	}
+	q.heartbeats = append(q.heartbeats, hb)
+	return http.StatusOK, `{"pool_id":"` + id + `","status":"healthy"}`
+}
+
+// serveBeats plays the queen's heartbeat stream: one answer line a beat,
+// an error as its api.LineError; a queen that goes down ends the stream.
+func (q *fakeQueen) serveBeats(w http.ResponseWriter, r *http.Request) {
+	id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v2/pools/"), "/beats")
+	q.mu.Lock()
+	down, noStreams, authed := q.down, q.noStreams, r.Header.Get("Authorization") == "Bearer "+q.token
+	q.mu.Unlock()
+	switch {
+	case down:
+		http.Error(w, "down", http.StatusServiceUnavailable)
+		return
+	case !authed:
+		q.set(func() { q.badAuth++ })
+		http.Error(w, "unauthorized", http.StatusUnauthorized)
+		return
+	case noStreams:
+		http.NotFound(w, r)
+		return
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.EnableFullDuplex()
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	lines := bufio.NewScanner(r.Body)
+	for lines.Scan() {
+		var status int
+		var answer string
+		q.mu.Lock()
+		if !q.down {
+			q.streams++
+			status, answer = q.beat(id, lines.Bytes())
+		}
+		close(q.change)
+		q.change = make(chan struct{})
+		q.mu.Unlock()
+		if status == 0 { // went down
+			return
+		}
+		if status != http.StatusOK {
+			answer = fmt.Sprintf(`{"error":%s,"status":%d}`, strings.TrimSuffix(strings.TrimPrefix(answer, `{"error":`), "}"), status)
+		}
+		if _, err := w.Write([]byte(answer + "\n")); err != nil || rc.Flush() != nil {
+			return
+		}
 	}
 }
 
@@ -171,6 +239,11 @@ func TestQueenRegisterHeartbeatEvents(t *testing.T) {
 			}
 		}
 		return false
+	})
+	q.set(func() {
+		if q.streams == 0 || q.posts != 0 {
+			t.Errorf("%d heartbeats on the stream and %d posted; want all on the stream", q.streams, q.posts)
+		}
 	})
 	th.Shutdown()
 	// The last transitions of a cascade still reach the queen.
@@ -382,6 +455,22 @@ func TestQueenUnchangedBeats(t *testing.T) {
 	q.set(func() {
 		if _, unchanged := kinds(mark); unchanged > 0 {
 			t.Errorf("%d unchanged beats after the queen refused them", unchanged)
+		}
+	})
+}
+
+// A queen without the heartbeat stream (404 to it) gets one POST a
+// heartbeat, full and unchanged ones alike.
+func TestQueenWithoutStreamGetsPosts(t *testing.T) {
+	q := newFakeQueen(t, "tok")
+	q.set(func() { q.noStreams = true })
+	startHive(t, withQueen(q))
+	q.until(t, "a full heartbeat, then unchanged ones, posted", func() bool {
+		return q.posts >= 3 && len(q.heartbeats) >= 3 && !q.heartbeats[0].Unchanged && q.heartbeats[len(q.heartbeats)-1].Unchanged
+	})
+	q.set(func() {
+		if q.streams != 0 {
+			t.Errorf("%d heartbeats on a stream the queen does not have", q.streams)
 		}
 	})
 }

@@ -33,6 +33,11 @@ type beatLoad struct {
 	shards []*beatShard
 }
 
+// With stream set, each simulated hive beats on its pool's heartbeat
+// stream (POST /v2/pools/{id}/beats, opened once, chunked), as hives do;
+// otherwise one POST /v2/pools/{id}/heartbeat a beat, as hives of a queen
+// without streams do.
+
 // simHive is one simulated hive.
 type simHive struct {
 	fd              int
@@ -52,6 +57,7 @@ type beatShard struct {
 	ep     int
 	queue  dueQueue
 	events []unix.EpollEvent
+	stream bool
 	lat    []time.Duration // beat latencies of the last run
 	lag    []time.Duration // how late each beat was written
 	cpu    time.Duration   // the thread's CPU over the last run
@@ -65,7 +71,7 @@ const loadShards = 2
 
 // newBeatLoad connects one hive per pool to addr (host:port), spread over
 // the shards. full and unchanged give each pool's request bodies.
-func newBeatLoad(addr string, pools []string, full func(i int) []byte, unchanged []byte) (*beatLoad, error) {
+func newBeatLoad(addr string, pools []string, full func(i int) []byte, unchanged []byte, stream bool) (*beatLoad, error) {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("queen address %q: %w", addr, err)
@@ -77,14 +83,17 @@ func newBeatLoad(addr string, pools []string, full func(i int) []byte, unchanged
 			l.close()
 			return nil, fmt.Errorf("epoll: %w", err)
 		}
-		l.shards = append(l.shards, &beatShard{ep: ep, byFD: map[int]*simHive{}, events: make([]unix.EpollEvent, 256)})
+		l.shards = append(l.shards, &beatShard{ep: ep, byFD: map[int]*simHive{}, events: make([]unix.EpollEvent, 256), stream: stream})
 	}
 	for i, pool := range pools {
 		h := &simHive{fd: -1, pool: pool, full: beatRequest(addr, pool, full(i)), unchanged: beatRequest(addr, pool, unchanged),
 			in: make([]byte, 0, 512)}
+		if stream {
+			h.full, h.unchanged = beatChunk(full(i)), beatChunk(unchanged)
+		}
 		s := l.shards[i%len(l.shards)]
 		s.hives = append(s.hives, h)
-		if err := s.connect(h, ap); err != nil {
+		if err := s.connect(h, ap, addr); err != nil {
 			l.close()
 			return nil, err
 		}
@@ -99,9 +108,41 @@ func beatRequest(host, pool string, body []byte) []byte {
 	return append([]byte(head), body...)
 }
 
-// connect opens h's connection (TCP_NODELAY, as Go's clients do) and adds
-// it to the shard's epoll set, non-blocking.
-func (s *beatShard) connect(h *simHive, ap netip.AddrPort) error {
+// beatChunk is one heartbeat on a stream: its line as one chunk, as the
+// hive's HTTP client sends each write to the stream's body.
+func beatChunk(body []byte) []byte {
+	return append(fmt.Appendf(nil, "%x\r\n", len(body)+1), append(body, "\n\r\n"...)...)
+}
+
+// openStream opens h's heartbeat stream on its connection, still
+// blocking, as the hive's client does, and waits for the answer's head.
+func openStream(h *simHive, host string) error {
+	head := fmt.Sprintf("POST /v2/pools/%s/beats HTTP/1.1\r\nHost: %s\r\nUser-Agent: Go-http-client/1.1\r\n"+
+		"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nAccept-Encoding: gzip\r\n\r\n", h.pool, host)
+	if _, err := unix.Write(h.fd, []byte(head)); err != nil {
+		return fmt.Errorf("open the stream of %s: %w", h.pool, err)
+	}
+	buf := make([]byte, 0, 512)
+	for !bytes.Contains(buf, []byte("\r\n\r\n")) {
+		if len(buf) == cap(buf) {
+			return fmt.Errorf("open the stream of %s: an answer head over 512 bytes: %q", h.pool, buf)
+		}
+		n, err := unix.Read(h.fd, buf[len(buf):cap(buf)])
+		if err != nil || n == 0 {
+			return fmt.Errorf("open the stream of %s: %v after %q", h.pool, err, buf)
+		}
+		buf = buf[:len(buf)+n]
+	}
+	if !bytes.HasPrefix(buf, []byte("HTTP/1.1 200 ")) || !bytes.HasSuffix(buf, []byte("\r\n\r\n")) {
+		return fmt.Errorf("open the stream of %s: answered %q", h.pool, buf)
+	}
+	return nil
+}
+
+// connect opens h's connection (TCP_NODELAY, as Go's clients do), and its
+// stream in stream mode, and adds it to the shard's epoll set,
+// non-blocking.
+func (s *beatShard) connect(h *simHive, ap netip.AddrPort, host string) error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("socket: %w", err)
@@ -112,6 +153,11 @@ func (s *beatShard) connect(h *simHive, ap netip.AddrPort) error {
 	}
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		return fmt.Errorf("TCP_NODELAY: %w", err)
+	}
+	if s.stream {
+		if err := openStream(h, host); err != nil {
+			return err
+		}
 	}
 	if err := unix.SetNonblock(fd, true); err != nil {
 		return fmt.Errorf("non-blocking: %w", err)
@@ -339,7 +385,11 @@ func (s *beatShard) poll(timeout int, done func(h *simHive, body []byte, at time
 			if !h.pending {
 				return fmt.Errorf("heartbeat of %s: bytes from the queen with no request: %q", h.pool, h.in)
 			}
-			body, complete, err := parseAnswer(h.in)
+			parse := parseAnswer
+			if s.stream {
+				parse = parseChunk
+			}
+			body, complete, err := parse(h.in)
 			if err != nil {
 				return fmt.Errorf("heartbeat of %s: %w", h.pool, err)
 			}
@@ -390,6 +440,45 @@ func parseAnswer(b []byte) (body []byte, complete bool, err error) {
 	}
 	if code := string(head[9:12]); code != "200" {
 		return nil, false, fmt.Errorf("status %s: %s", head[9:], body)
+	}
+	return body, true, nil
+}
+
+// parseChunk reads one answer line of a heartbeat stream: one chunk of
+// the chunked answer, as the queen flushes each line. A line that is an
+// error (api.LineError) is an error.
+func parseChunk(b []byte) (body []byte, complete bool, err error) {
+	end := bytes.Index(b, []byte("\r\n"))
+	if end < 0 {
+		return nil, false, nil
+	}
+	n := 0
+	for _, c := range b[:end] {
+		var d int
+		switch {
+		case c >= '0' && c <= '9':
+			d = int(c - '0')
+		case c >= 'a' && c <= 'f':
+			d = int(c-'a') + 10
+		default:
+			return nil, false, fmt.Errorf("chunk size %q is not hexadecimal", b[:end])
+		}
+		if n = n*16 + d; n > 1<<20 {
+			return nil, false, fmt.Errorf("chunk size %q over 1 MiB", b[:end])
+		}
+	}
+	if n == 0 {
+		return nil, false, fmt.Errorf("the queen ended the stream")
+	}
+	if len(b) < end+2+n+2 {
+		return nil, false, nil
+	}
+	body = b[end+2 : end+2+n]
+	if len(b) > end+2+n+2 {
+		return nil, false, fmt.Errorf("%d bytes after the answer", len(b)-(end+2+n+2))
+	}
+	if bytes.HasPrefix(body, []byte(`{"error":`)) || !bytes.HasSuffix(body, []byte("\n")) {
+		return nil, false, fmt.Errorf("answer line %q", body)
 	}
 	return body, true, nil
 }

@@ -44,6 +44,8 @@ func (q *Queen) routes() http.Handler {
 
 	mux.Handle("POST /v2/pools/register", cluster(q.postRegister))
 	mux.Handle("POST /v2/pools/{id}/heartbeat", cluster(q.postHeartbeat))
+	// A stream's body is bounded line by line (postBeats), not as a whole.
+	mux.Handle("POST /v2/pools/{id}/beats", q.handleBody(q.postBeats, false, roleCluster))
 	mux.Handle("POST /v2/internal/workers/events", cluster(q.postEvent))
 	mux.Handle("POST /v2/workers/claim", cluster(q.postClaim))
 	mux.Handle("POST /v2/workers/{id}/report", cluster(q.postWorkerReport))
@@ -127,7 +129,18 @@ func (q *Queen) checkHost(r *http.Request) error {
 // browser can forge on authenticated endpoints, limits the body, runs fn
 // and maps its error.
 func (q *Queen) handle(fn handlerFunc, roles ...role) http.Handler {
+	return q.handleBody(fn, true, roles...)
+}
+
+// handleBody is handle, with the body limited to MaxBodyBytes or not
+// (a stream that bounds each of its lines itself).
+func (q *Queen) handleBody(fn handlerFunc, limit bool, roles ...role) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !limit {
+			// A refusal goes out at once, without first reading to the
+			// end of a body that does not end (HTTP/2 always allows it).
+			_ = http.NewResponseController(w).EnableFullDuplex()
+		}
 		if len(roles) > 0 {
 			if err := transport.CheckNotForged(r); err != nil {
 				writeError(w, err)
@@ -139,7 +152,9 @@ func (q *Queen) handle(fn handlerFunc, roles ...role) http.Handler {
 			writeError(w, fmt.Errorf("%w: missing or wrong bearer token (%s)", ErrUnauthorized, tokenNames(roles)))
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, q.cfg.MaxBodyBytes)
+		if limit {
+			r.Body = http.MaxBytesReader(w, r.Body, q.cfg.MaxBodyBytes)
+		}
 		if err := fn(w, r, c); err != nil {
 			if status, _ := api.StatusOf(err); status >= 500 {
 				q.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)

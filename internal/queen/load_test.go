@@ -39,11 +39,16 @@ const loadWindow = 10 * time.Second
 // beat=full sends every heartbeat whole (hives whose state changes every
 // second); beat=unchanged sends the full one first and then unchanged
 // beats, as a hive does while nothing the queen acts on changes.
+// via=stream beats on each pool's heartbeat stream, as hives do; via=post
+// sends one request a beat, as hives of a queen without streams do.
 func BenchmarkHeartbeatLoad(b *testing.B) {
 	for _, pools := range []int{2000, 10000} {
 		for _, unchanged := range []bool{false, true} {
-			kind := map[bool]string{false: "full", true: "unchanged"}[unchanged]
-			b.Run(fmt.Sprintf("pools=%d/beat=%s", pools, kind), func(b *testing.B) { benchHeartbeats(b, pools, unchanged) })
+			for _, stream := range []bool{true, false} {
+				kind := map[bool]string{false: "full", true: "unchanged"}[unchanged]
+				via := map[bool]string{false: "post", true: "stream"}[stream]
+				b.Run(fmt.Sprintf("pools=%d/beat=%s/via=%s", pools, kind, via), func(b *testing.B) { benchHeartbeats(b, pools, unchanged, stream) })
+			}
 		}
 	}
 }
@@ -66,7 +71,7 @@ func raiseFileLimit(b *testing.B, n int) {
 	}
 }
 
-func benchHeartbeats(b *testing.B, loadPools int, unchanged bool) {
+func benchHeartbeats(b *testing.B, loadPools int, unchanged, stream bool) {
 	raiseFileLimit(b, loadPools)
 	// A fake hive accepts every start, so that each pool gets a row.
 	var seq struct {
@@ -152,7 +157,7 @@ func benchHeartbeats(b *testing.B, loadPools int, unchanged bool) {
 	}
 	load, err := newBeatLoad(u.Host, pools, func(i int) []byte {
 		return marshal(api.Heartbeat{GPUs: gpus, Workers: []api.Worker{workers[i]}})
-	}, marshal(api.Heartbeat{Unchanged: true}))
+	}, marshal(api.Heartbeat{Unchanged: true}), stream)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -156,9 +156,6 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 }
 
 func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) error {
-	start := time.Now()
-	defer func() { q.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds()) }()
-	q.metrics.heartbeats.Inc()
 	id := r.PathValue("id")
 	if err := checkID("pool id", id); err != nil {
 		return err
@@ -167,14 +164,28 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	if err := api.Decode(r, &hb, false); err != nil {
 		return err
 	}
-	if hb.Unchanged {
-		return q.unchangedBeat(w, r, id, hb)
-	}
-	if err := checkGPUs(hb.GPUs); err != nil {
+	ans, err := q.takeBeat(r.Context(), id, hb)
+	if err != nil {
 		return err
 	}
+	api.WriteJSON(w, http.StatusOK, ans)
+	return nil
+}
+
+// takeBeat takes one heartbeat of pool id, whether it came alone (POST
+// /v2/pools/{id}/heartbeat) or on the pool's heartbeat stream.
+func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat) (api.HeartbeatAnswer, error) {
+	start := time.Now()
+	defer func() { q.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds()) }()
+	q.metrics.heartbeats.Inc()
+	if hb.Unchanged {
+		return q.unchangedBeat(ctx, id, hb)
+	}
+	if err := checkGPUs(hb.GPUs); err != nil {
+		return api.HeartbeatAnswer{}, err
+	}
 	if len(hb.Workers) > maxWorkers {
-		return api.BadRequest("%d workers: at most %d", len(hb.Workers), maxWorkers)
+		return api.HeartbeatAnswer{}, api.BadRequest("%d workers: at most %d", len(hb.Workers), maxWorkers)
 	}
 	// One bad entry is refused alone, named in the answer; the rest of
 	// the heartbeat is taken.
@@ -188,33 +199,31 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	if _, known := q.reg.Get(id); known {
 		q.tokens.replace(id, hb.WorkerTokens) // before the rows change, as for events
 	}
-	if err := q.heartbeat(r.Context(), id, hb, refused); err != nil {
-		return err
+	if err := q.heartbeat(ctx, id, hb, refused); err != nil {
+		return api.HeartbeatAnswer{}, err
 	}
 	q.routing.Poke()
 	p, _ := q.reg.Get(id)
-	api.WriteJSON(w, http.StatusOK, api.HeartbeatAnswer{PoolID: id, Status: string(p.Status), Refused: refused})
-	return nil
+	return api.HeartbeatAnswer{PoolID: id, Status: string(p.Status), Refused: refused}, nil
 }
 
 // unchangedBeat takes a heartbeat that says nothing changed since the
 // pool's last full one: the lease is renewed and the rows of the workers
 // that heartbeat listed are seen again. A queen that holds no full
 // heartbeat of the pool asks for one.
-func (q *Queen) unchangedBeat(w http.ResponseWriter, r *http.Request, id string, hb api.Heartbeat) error {
+func (q *Queen) unchangedBeat(ctx context.Context, id string, hb api.Heartbeat) (api.HeartbeatAnswer, error) {
 	if len(hb.GPUs) > 0 || len(hb.Workers) > 0 || len(hb.WorkerTokens) > 0 {
-		return api.BadRequest("an unchanged heartbeat carries no gpus, workers or worker_tokens")
+		return api.HeartbeatAnswer{}, api.BadRequest("an unchanged heartbeat carries no gpus, workers or worker_tokens")
 	}
 	q.metrics.unchangedBeats.Inc()
-	beat, err := q.reg.Heartbeat(r.Context(), id, hb)
+	beat, err := q.reg.Heartbeat(ctx, id, hb)
 	if err != nil {
-		return err
+		return api.HeartbeatAnswer{}, err
 	}
 	if !beat.FullWanted {
-		q.reconcile(r.Context(), id, beat, beat.Workers, nil)
+		q.reconcile(ctx, id, beat, beat.Workers, nil)
 	}
-	api.WriteJSON(w, http.StatusOK, api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), FullWanted: beat.FullWanted})
-	return nil
+	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), FullWanted: beat.FullWanted}, nil
 }
 
 // splitWorkers checks each worker entry (and its token) alone: the good

@@ -668,6 +668,8 @@ func kind(path string) string {
 	switch {
 	case strings.HasSuffix(path, "/heartbeat"):
 		return "heartbeat"
+	case strings.HasSuffix(path, "/beats"):
+		return "stream"
 	case path == "/v2/internal/workers/events":
 		return "event"
 	case path == "/v2/pools/register":
@@ -676,10 +678,10 @@ func kind(path string) string {
 	return path
 }
 
-// see measures one message.
-func (w *wireWatch) see(path string, body []byte) {
+// see measures one message of kind k.
+func (w *wireWatch) see(k string, body []byte) {
 	entry, event := 0, 0
-	switch kind(path) {
+	switch k {
 	case "heartbeat":
 		var hb struct{ Workers []json.RawMessage }
 		_ = json.Unmarshal(body, &hb)
@@ -691,7 +693,7 @@ func (w *wireWatch) see(path string, body []byte) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	switch kind(path) {
+	switch k {
 	case "heartbeat":
 		w.beats++
 		w.maxBeat = max(w.maxBeat, len(body))
@@ -714,6 +716,40 @@ func (w *wireWatch) answer(k, what string) {
 	w.answers[k+" "+what]++
 }
 
+// beatAnswer counts one heartbeat's answer: its status, and the entries
+// it refused.
+func (w *wireWatch) beatAnswer(status int, body []byte) {
+	w.answer("heartbeat", strconv.Itoa(status))
+	var a api.HeartbeatAnswer
+	if status == http.StatusOK && json.Unmarshal(body, &a) == nil && len(a.Refused) > 0 {
+		w.mu.Lock()
+		w.refused += len(a.Refused)
+		w.mu.Unlock()
+	}
+}
+
+// lineTap passes a stream through and calls line with each whole line
+// that went by: the heartbeats of a heartbeat stream, and their answers.
+type lineTap struct {
+	io.ReadCloser
+	line    func([]byte)
+	pending []byte
+}
+
+func (l *lineTap) Read(p []byte) (int, error) {
+	n, err := l.ReadCloser.Read(p)
+	l.pending = append(l.pending, p[:n]...)
+	for {
+		i := bytes.IndexByte(l.pending, '\n')
+		if i < 0 {
+			break
+		}
+		l.line(l.pending[:i])
+		l.pending = l.pending[i+1:]
+	}
+	return n, err
+}
+
 // proxyTo serves as the queen at target for the hives.
 func (w *wireWatch) proxyTo(target string) http.Handler {
 	u, err := url.Parse(target)
@@ -725,19 +761,26 @@ func (w *wireWatch) proxyTo(target string) http.Handler {
 		Transport: w.transport,
 		ModifyResponse: func(resp *http.Response) error {
 			k := kind(resp.Request.URL.Path)
-			w.answer(k, strconv.Itoa(resp.StatusCode))
-			if k != "heartbeat" || resp.StatusCode != http.StatusOK {
+			switch {
+			case k == "stream" && resp.StatusCode == http.StatusOK:
+				w.answer(k, "opened")
+				resp.Body = &lineTap{ReadCloser: resp.Body, line: func(b []byte) {
+					var e api.LineError
+					if json.Unmarshal(b, &e) == nil && e.Status != 0 {
+						w.beatAnswer(e.Status, b)
+					} else {
+						w.beatAnswer(http.StatusOK, b)
+					}
+				}}
+				return nil
+			case k != "heartbeat" || resp.StatusCode != http.StatusOK:
+				w.answer(k, strconv.Itoa(resp.StatusCode))
 				return nil
 			}
 			body, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			resp.Body = io.NopCloser(bytes.NewReader(body))
-			var a api.HeartbeatAnswer
-			if json.Unmarshal(body, &a) == nil && len(a.Refused) > 0 {
-				w.mu.Lock()
-				w.refused += len(a.Refused)
-				w.mu.Unlock()
-			}
+			w.beatAnswer(resp.StatusCode, body)
 			return err
 		},
 		ErrorHandler: func(_ http.ResponseWriter, r *http.Request, _ error) {
@@ -746,11 +789,19 @@ func (w *wireWatch) proxyTo(target string) http.Handler {
 		},
 	}
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if kind(r.URL.Path) == "stream" {
+			// Each heartbeat is measured as it goes by; the answer's
+			// lines flow back while the body still does.
+			_ = http.NewResponseController(rw).EnableFullDuplex()
+			r.Body = &lineTap{ReadCloser: r.Body, line: func(b []byte) { w.see("heartbeat", b) }}
+			rp.ServeHTTP(rw, r)
+			return
+		}
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			panic(http.ErrAbortHandler)
 		}
-		w.see(r.URL.Path, body)
+		w.see(kind(r.URL.Path), body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		rp.ServeHTTP(rw, r)
 	})

@@ -1,0 +1,130 @@
+package queen
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/rpc"
+	"github.com/apiary-llm/apiary/internal/transport"
+)
+
+// openBeats opens pool id's heartbeat stream on x with token.
+func openBeats(t *testing.T, x *tq, id, token string) (*rpc.Stream, error) {
+	t.Helper()
+	hc := transport.NewClient(nil, 0)
+	t.Cleanup(hc.CloseIdleConnections)
+	s, err := rpc.OpenStream(context.Background(), hc, rpc.Call{URL: x.url + "/v2/pools/" + id + "/beats", Token: token}, waitLimit)
+	if err == nil {
+		t.Cleanup(s.Close)
+	}
+	return s, err
+}
+
+func statusOf(err error) int {
+	var se *rpc.StatusError
+	if errors.As(err, &se) {
+		return se.Status
+	}
+	return 0
+}
+
+// Each beat on the stream is answered as POST …/heartbeat answers it, in
+// order; a refused beat is answered alone (its status in the line) and
+// the stream goes on; a line over the body limit is answered 413 and
+// ends the stream.
+func TestHeartbeatStream(t *testing.T) {
+	tokens := Tokens{API: "api-t-0123456789", Admin: "admin-t-0123456789", Cluster: "cluster-t-0123456789"}
+	x := startQueen(t, sqliteDir(t), "", func(c *Config) { c.Tokens = tokens; c.MaxBodyBytes = 4096 })
+
+	// A refusal comes at once, not after the time limit: the queen does
+	// not wait for the end of a body that has none.
+	for _, token := range []string{"", tokens.Admin} {
+		start := time.Now()
+		_, err := openBeats(t, x, "a", token)
+		if statusOf(err) != http.StatusUnauthorized {
+			t.Fatalf("stream with token %q: %v, want 401", token, err)
+		}
+		if took := time.Since(start); took > waitLimit/2 {
+			t.Errorf("the 401 took %s", took)
+		}
+	}
+	if _, err := openBeats(t, x, "no%20such", tokens.Cluster); statusOf(err) != http.StatusBadRequest {
+		t.Fatalf("stream of an invalid pool id: %v, want 400", err)
+	}
+
+	s, err := openBeats(t, x, "a", tokens.Cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ans api.HeartbeatAnswer
+	full := api.Heartbeat{GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 4 << 30}}, Workers: []api.Worker{}}
+	// Not registered yet: 404, as the hive's POST gets; the hive registers
+	// and beats on the same stream.
+	if err := s.Round(full, &ans, waitLimit); statusOf(err) != http.StatusNotFound {
+		t.Fatalf("beat of an unknown pool: %v, want 404", err)
+	}
+	x.register("a")
+	if err := s.Round(full, &ans, waitLimit); err != nil || ans.PoolID != "a" || ans.Status != "healthy" {
+		t.Fatalf("full beat: %+v, %v", ans, err)
+	}
+	for range 3 {
+		ans = api.HeartbeatAnswer{}
+		if err := s.Round(api.Heartbeat{Unchanged: true}, &ans, waitLimit); err != nil || ans.Status != "healthy" || ans.FullWanted {
+			t.Fatalf("unchanged beat: %+v, %v", ans, err)
+		}
+	}
+	bad := api.Heartbeat{GPUs: []api.GPU{{ID: -1, Kind: "cpu"}}}
+	if err := s.Round(bad, &ans, waitLimit); statusOf(err) != http.StatusBadRequest || !strings.Contains(err.Error(), "negative") {
+		t.Fatalf("beat with a negative gpu id: %v, want 400 naming it", err)
+	}
+	if err := s.Round(api.Heartbeat{Unchanged: true}, &ans, waitLimit); err != nil || ans.Status != "healthy" {
+		t.Fatalf("unchanged beat after a refused one: %+v, %v", ans, err)
+	}
+	if n := x.pool("a"); n.Status != "healthy" || n.LastHeartbeatAt == nil {
+		t.Errorf("pool after the stream's beats: %+v", n)
+	}
+	huge := api.Heartbeat{GPUs: []api.GPU{{ID: 0, Kind: "cpu", Name: strings.Repeat("x", 5000)}}}
+	if err := s.Round(huge, &ans, waitLimit); statusOf(err) != http.StatusRequestEntityTooLarge {
+		t.Fatalf("a 5 KB beat with a 4 KB limit: %v, want 413", err)
+	}
+	if err := s.Round(api.Heartbeat{Unchanged: true}, &ans, waitLimit); !errors.Is(err, rpc.ErrUnreachable) {
+		t.Fatalf("beat after the 413: %v, want the stream ended", err)
+	}
+}
+
+// A stream with no beat for the heartbeat timeout ends, and a queen that
+// shuts down ends every stream without waiting for them.
+func TestHeartbeatStreamEnds(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "", func(c *Config) { c.HeartbeatTimeout = 300 * time.Millisecond })
+	x.register("a")
+	if _, err := openBeats(t, x, "a", ""); err != nil {
+		t.Fatal(err)
+	}
+	x.logs.wait(t, 0, "heartbeat stream ended: no beat within the heartbeat timeout", map[string]string{"pool_id": "a"})
+
+	y := startQueen(t, sqliteDir(t), "")
+	y.register("a")
+	s, err := openBeats(t, y, "a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ans api.HeartbeatAnswer
+	if err := s.Round(api.Heartbeat{GPUs: []api.GPU{}, Workers: []api.Worker{}}, &ans, waitLimit); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- y.q.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(waitLimit):
+		t.Fatal("the queen did not stop with a heartbeat stream open")
+	}
+	if err := s.Round(api.Heartbeat{Unchanged: true}, &ans, waitLimit); !errors.Is(err, rpc.ErrUnreachable) {
+		t.Fatalf("beat after the queen stopped: %v, want the stream ended", err)
+	}
+}
