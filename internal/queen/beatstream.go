@@ -52,6 +52,7 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 		fullWanted bool
 		line       []byte
 	}
+	var hb api.Heartbeat // one for the stream: decoding into it makes it escape
 	for {
 		// The deadline first, the shutdown check after: a shutdown that
 		// comes between them still ends the read.
@@ -71,7 +72,7 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 		case err != nil: // the hive ended it (io.EOF), went away, or the queen stops
 			return nil
 		}
-		var hb api.Heartbeat
+		hb = api.Heartbeat{}
 		ans, err := api.HeartbeatAnswer{}, api.DecodeBytes(line, &hb)
 		if err == nil {
 			ans, err = q.takeBeat(r.Context(), id, hb)
