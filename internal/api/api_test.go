@@ -143,3 +143,44 @@ func TestDecodeHeartbeat(t *testing.T) {
 		}
 	}
 }
+
+// LineDecoder decodes line after line with one decoder, strictly as
+// DecodeBytes: a bad line is refused alone, and the next is decoded.
+func TestLineDecoder(t *testing.T) {
+	var d LineDecoder
+	type v struct {
+		A int    `json:"a"`
+		B string `json:"b"`
+	}
+	for i, c := range []struct {
+		line, err string
+		want      v
+	}{
+		{line: `{"a":1,"b":"x"}`, want: v{A: 1, B: "x"}},
+		{line: ` {"a":2} `, want: v{A: 2}},
+		{line: `{"a":3}{"a":4}`, err: "more than one value"},
+		{line: `{"a":5}`, want: v{A: 5}},
+		{line: `{"a":`, err: "unexpected EOF"},
+		{line: `{"a":6}`, want: v{A: 6}},
+		{line: `{"c":1}`, err: `unknown field "c"`},
+		{line: `{"a":"seven"}`, err: "cannot unmarshal"},
+		{line: `[}`, err: "invalid character"},
+		{line: `{"a":8} x`, err: "more than one value"},
+		{line: `  `, err: "empty"},
+		{line: `{"b":"` + strings.Repeat("y", 3000) + `"}`, want: v{B: strings.Repeat("y", 3000)}},
+		{line: `{"a":9}`, want: v{A: 9}},
+	} {
+		var got v
+		err := d.Decode([]byte(c.line), &got)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("line %d %.20q: %v, want an error with %q", i, c.line, err, c.err)
+		case c.err == "" && (err != nil || got != c.want):
+			t.Errorf("line %d %.20q: %+v, %v; want %+v", i, c.line, got, err, c.want)
+		}
+	}
+	var hb Heartbeat
+	if err := d.Decode([]byte(`{"unchanged":true}`), &hb); err != nil || !hb.Unchanged {
+		t.Errorf("an unchanged heartbeat: %+v, %v", hb, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -60,6 +61,58 @@ func DecodeBytes(b []byte, dst any) error {
 		return BadRequest("invalid JSON body: %v", err)
 	}
 	if dec.More() {
+		return BadRequest("invalid JSON body: more than one value")
+	}
+	return nil
+}
+
+// LineDecoder decodes one JSON value a line, as DecodeBytes does, with
+// one json.Decoder for all the lines of a stream: the decoder's buffer and
+// state are made once, not for each line.
+type LineDecoder struct {
+	src     lineSource
+	dec     *json.Decoder
+	decoded int64 // the decoder's input offset after the last line
+}
+
+// lineSource gives a json.Decoder the current line, and an error past its
+// end: the decoder reads further only for a value the line does not
+// complete.
+type lineSource struct{ line []byte }
+
+func (l *lineSource) Read(p []byte) (int, error) {
+	if len(l.line) == 0 {
+		return 0, io.ErrUnexpectedEOF
+	}
+	n := copy(p, l.line)
+	l.line = l.line[n:]
+	return n, nil
+}
+
+// Decode decodes line (one JSON value, nothing after it) into dst.
+func (d *LineDecoder) Decode(line []byte, dst any) error {
+	trimmed := bytes.TrimSpace(line)
+	if len(trimmed) == 0 {
+		return BadRequest("empty; send a JSON object")
+	}
+	if k, ok := dst.(knownBodies); ok && k.decodeKnown(trimmed) {
+		return nil
+	}
+	if d.dec == nil {
+		d.dec = json.NewDecoder(&d.src)
+		d.dec.DisallowUnknownFields()
+	}
+	d.src.line = trimmed
+	err := d.dec.Decode(dst)
+	rest := len(d.src.line) > 0 || d.dec.InputOffset() != d.decoded+int64(len(trimmed))
+	d.decoded = d.dec.InputOffset()
+	if err != nil || rest {
+		// The decoder holds what it read of this line (and a syntax
+		// error for good): the next line gets a new one.
+		d.dec, d.decoded = nil, 0
+		if err != nil {
+			return BadRequest("invalid JSON body: %v", err)
+		}
 		return BadRequest("invalid JSON body: more than one value")
 	}
 	return nil

@@ -53,6 +53,7 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 		line       []byte
 	}
 	var hb api.Heartbeat // one for the stream: decoding into it makes it escape
+	var dec api.LineDecoder
 	for {
 		// The deadline first, the shutdown check after: a shutdown that
 		// comes between them still ends the read.
@@ -73,7 +74,7 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 			return nil
 		}
 		hb = api.Heartbeat{}
-		ans, err := api.HeartbeatAnswer{}, api.DecodeBytes(line, &hb)
+		ans, err := api.HeartbeatAnswer{}, dec.Decode(line, &hb)
 		if err == nil {
 			ans, err = q.takeBeat(r.Context(), id, hb)
 		}

@@ -113,21 +113,30 @@ func mustURL(b *testing.B, s string) *url.URL {
 	return u
 }
 
-// BenchmarkHeartbeatStream: one unchanged beat on a pool's heartbeat
-// stream, over loopback to a queen in this process, its answer read
-// before the next; the pool has one worker whose row is RUNNING. The
-// allocations are the queen's per beat (the client side allocates
-// nothing): what the garbage collector of a queen with 10,000 streaming
-// hives has to collect, 10,000 times a second.
+// BenchmarkHeartbeatStream: one beat on a pool's heartbeat stream, over
+// loopback to a queen in this process, its answer read before the next;
+// the pool has two devices and one worker whose row is RUNNING, as in
+// BenchmarkHeartbeatLoad. The allocations are the queen's per beat (the
+// client side allocates nothing): what the garbage collector of a queen
+// with 10,000 streaming hives has to collect, 10,000 times a second.
 //
 //	go test -run '^$' -bench HeartbeatStream -benchmem ./internal/queen/
 func BenchmarkHeartbeatStream(b *testing.B) {
+	for _, unchanged := range []bool{true, false} {
+		b.Run("beat="+map[bool]string{true: "unchanged", false: "full"}[unchanged], func(b *testing.B) { benchBeatStream(b, unchanged) })
+	}
+}
+
+func benchBeatStream(b *testing.B, unchanged bool) {
 	x := startQueen(b, sqliteDir(b), "", func(c *Config) { c.HeartbeatTimeout = 5 * time.Minute })
 	x.register("a")
 	resp := x.start("m0", "a")
 	w := api.Worker{WorkerID: resp.Worker.WorkerID, LifecycleID: resp.LifecycleID, ModelRef: resp.Worker.ModelRef,
 		GPUDevice: 0, VRAMBytes: 4 << 30, URI: "http://127.0.0.1:1", Status: "ready", PID: 1000, StartedAt: time.Now()}
-	x.beat("a", w)
+	gpus := []api.GPU{{ID: 0, Kind: "cuda", Name: "sim", TotalBytes: 24 << 30, FreeBytes: 12 << 30, Workers: []string{}},
+		{ID: 1, Kind: "cuda", Name: "sim", TotalBytes: 24 << 30, FreeBytes: 20 << 30, Workers: []string{}}}
+	full, _ := json.Marshal(api.Heartbeat{GPUs: gpus, Workers: []api.Worker{w}})
+	x.ok("POST", "/v2/pools/a/heartbeat", json.RawMessage(full), http.StatusOK, nil)
 	u := mustURL(b, x.url)
 	h := &simHive{pool: "a", in: make([]byte, 0, 512)}
 	conn, err := net.Dial("tcp", u.Host)
@@ -144,8 +153,10 @@ func BenchmarkHeartbeatStream(b *testing.B) {
 	if err := openStream(h, u.Host); err != nil {
 		b.Fatal(err)
 	}
-	unchanged, _ := json.Marshal(api.Heartbeat{Unchanged: true})
-	chunk := beatChunk(unchanged)
+	chunk := beatChunk(full)
+	if unchanged {
+		chunk = beatChunk([]byte(`{"unchanged":true}`))
+	}
 	round := func() {
 		if _, err := unix.Write(h.fd, chunk); err != nil {
 			b.Fatal(err)
