@@ -171,6 +171,7 @@ func benchHeartbeats(b *testing.B, loadPools int, unchanged, stream bool) {
 	var allLat, lag, queryLat []time.Duration
 	var queenCPU, benchCPU, genCPU, wall time.Duration
 	load1 := loadAverage(b)
+	hist0 := serverHistogram(b, hc, qURL) // the windows' beats only, not the warm-up's
 	b.ResetTimer()
 	for range b.N {
 		q0, p0 := procCPU(b, q.cmd.Process.Pid), procCPU(b, os.Getpid())
@@ -208,8 +209,8 @@ func benchHeartbeats(b *testing.B, loadPools int, unchanged, stream bool) {
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(procMemMB(b, q.cmd.Process.Pid, "VmHWM"), "queen_peak_rss_mb")
 	hist := serverHistogram(b, hc, qURL)
-	b.ReportMetric(histQuantile(hist, 0.50)*1000, "server_p50_le_ms")
-	b.ReportMetric(histQuantile(hist, 0.99)*1000, "server_p99_le_ms")
+	b.ReportMetric(histQuantile(hist0, hist, 0.50)*1000, "server_p50_le_ms")
+	b.ReportMetric(histQuantile(hist0, hist, 0.99)*1000, "server_p99_le_ms")
 	if err := q.stop(b, syscall.SIGTERM); err != nil {
 		b.Errorf("queen exit: %v", err)
 	}
@@ -346,22 +347,14 @@ func startQueenProcB(b *testing.B) (*proc, string) {
 }
 
 // histQuantile is the upper bound of the histogram bucket holding
-// quantile p (Prometheus text of one histogram).
-func histQuantile(text string, p float64) float64 {
-	type bucket struct{ le, n float64 }
-	var bs []bucket
-	for _, l := range strings.Split(text, "\n") {
-		rest, ok := strings.CutPrefix(l, `apiary_queen_heartbeat_duration_seconds_bucket{le="`)
-		if !ok {
-			continue
+// quantile p of the observations made between before and after
+// (Prometheus texts of one histogram).
+func histQuantile(before, after string, p float64) float64 {
+	bs := histBuckets(after)
+	for i, b := range histBuckets(before) {
+		if i < len(bs) && bs[i].le == b.le {
+			bs[i].n -= b.n
 		}
-		le, count, _ := strings.Cut(rest, `"} `)
-		n, _ := strconv.ParseFloat(count, 64)
-		v, err := strconv.ParseFloat(le, 64)
-		if err != nil {
-			v = 1e9 // +Inf
-		}
-		bs = append(bs, bucket{v, n})
 	}
 	if len(bs) == 0 {
 		return 0
@@ -373,4 +366,25 @@ func histQuantile(text string, p float64) float64 {
 		}
 	}
 	return bs[len(bs)-1].le
+}
+
+type histBucket struct{ le, n float64 }
+
+// histBuckets reads the cumulative buckets of the heartbeat histogram.
+func histBuckets(text string) []histBucket {
+	var bs []histBucket
+	for _, l := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(l, `apiary_queen_heartbeat_duration_seconds_bucket{le="`)
+		if !ok {
+			continue
+		}
+		le, count, _ := strings.Cut(rest, `"} `)
+		n, _ := strconv.ParseFloat(count, 64)
+		v, err := strconv.ParseFloat(le, 64)
+		if err != nil {
+			v = 1e9 // +Inf
+		}
+		bs = append(bs, histBucket{v, n})
+	}
+	return bs
 }

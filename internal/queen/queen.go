@@ -556,8 +556,9 @@ func (q *Queen) reconcile(ctx context.Context, poolID string, beat registry.Beat
 		}
 		b.mu.Unlock()
 	}
+	var seen [8]string
 	plan := reconcile(reconcileInput{FullInventory: beat.FullInventory, RegisteredAt: beat.RegisteredAt,
-		Workers: workers, Refused: refused, Rows: rows, Misses: misses})
+		Workers: workers, Refused: refused, Rows: rows, Misses: misses, Seen: seen[:0]})
 	if misses == nil && len(plan.Misses) == 0 {
 		b.mu.RLock()
 		for _, id := range plan.Seen {

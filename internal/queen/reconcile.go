@@ -29,6 +29,9 @@ type reconcileInput struct {
 	Refused []api.RefusedWorker
 	Rows    []store.Row // the pool's live rows
 	Misses  map[string]int
+	// Seen, when given, is the buffer the plan's Seen is appended to: a
+	// caller's array keeps a beat from allocating.
+	Seen []string
 }
 
 // rowSync is a row to bring in line with its worker.
@@ -70,7 +73,7 @@ type reconcilePlan struct {
 //   - A worker whose entry the queen refused loses its row at once and is
 //     stopped (when its id can be named).
 func reconcile(in reconcileInput) reconcilePlan {
-	var plan reconcilePlan
+	plan := reconcilePlan{Seen: in.Seen[:0]}
 	find := newRowFinder(in.Rows)
 	seen := make([]bool, len(in.Rows))
 	for _, w := range in.Workers {

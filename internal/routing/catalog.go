@@ -37,7 +37,8 @@ type catalog struct {
 
 	mu    sync.Mutex
 	pools map[string]*poolModels // guarded by mu; by pool id
-	wake  chan struct{}          // a registered pool wants its list read
+	due   map[string]bool        // guarded by mu; pools whose list run reads next
+	wake  chan struct{}          // a pool is due
 }
 
 // poolModels is what one hive last said. Its fields are guarded by
@@ -52,7 +53,7 @@ type poolModels struct {
 }
 
 func newCatalog(src HiveModels, timeout time.Duration, log *slog.Logger) *catalog {
-	return &catalog{src: src, log: log, timeout: timeout, pools: map[string]*poolModels{}, wake: make(chan struct{}, 1)}
+	return &catalog{src: src, log: log, timeout: timeout, pools: map[string]*poolModels{}, due: map[string]bool{}, wake: make(chan struct{}, 1)}
 }
 
 // registered marks a pool's list as unknown (its hive may have restarted
@@ -61,10 +62,7 @@ func (c *catalog) registered(poolID, endpoint string) {
 	c.mu.Lock()
 	c.pools[poolID] = &poolModels{endpoint: endpoint}
 	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.markDue(poolID)
 }
 
 // stale marks a pool's list as due for a read (its last one is kept
@@ -75,10 +73,35 @@ func (c *catalog) stale(poolID string) {
 		pm.readAt, pm.triedAt = time.Time{}, time.Time{}
 	}
 	c.mu.Unlock()
+	c.markDue(poolID)
+}
+
+// markDue asks run to read poolID's list now.
+func (c *catalog) markDue(poolID string) {
+	c.mu.Lock()
+	c.due[poolID] = true
+	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
+}
+
+// takeDue returns the pools due for a read that exist and answer, and
+// empties the set. A due pool that does not answer now is read by the
+// next refresh, or on demand.
+func (c *catalog) takeDue(pool func(id string) (registry.Pool, bool)) []registry.Pool {
+	c.mu.Lock()
+	due := c.due
+	c.due = map[string]bool{}
+	c.mu.Unlock()
+	out := make([]registry.Pool, 0, len(due))
+	for id := range due {
+		if p, ok := pool(id); ok {
+			out = append(out, p)
+		}
+	}
+	return answering(out)
 }
 
 // snapshot returns the models of every pool whose list is known.
@@ -271,9 +294,10 @@ func (c *catalog) store(r read, list []api.Model, err error) {
 }
 
 // run re-reads the lists of the pools (every pool not offline) each
-// interval, and at once when a pool registers or its list is stale, until
-// ctx ends.
-func (c *catalog) run(ctx context.Context, pools func() []registry.Pool, interval time.Duration) {
+// interval, and at once the list of a pool that registers or whose list
+// is stale (only those: a fleet registering after a queen restart must
+// not copy every pool at each registration), until ctx ends.
+func (c *catalog) run(ctx context.Context, pools func() []registry.Pool, pool func(id string) (registry.Pool, bool), interval time.Duration) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -284,7 +308,7 @@ func (c *catalog) run(ctx context.Context, pools func() []registry.Pool, interva
 			c.refresh(ctx, pools())
 			t.Reset(interval)
 		case <-c.wake:
-			c.collect(ctx, answering(pools()), true, func(pm *poolModels) bool { return pm.models == nil || pm.readAt.IsZero() })
+			c.collect(ctx, c.takeDue(pool), true, func(pm *poolModels) bool { return pm.models == nil || pm.readAt.IsZero() })
 		}
 	}
 }

@@ -120,3 +120,68 @@ func TestLogLinesHaveOneComponent(t *testing.T) {
 		}
 	}
 }
+
+// A registration or a stale list reads that pool's list at once, without
+// copying every pool (the periodic refresh does that, once an interval).
+func TestCatalogRunReadsOnlyDuePools(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &listHive{models: map[string][]api.Model{"http://a": {{Ref: "tiny"}}, "http://b": {{Ref: "small"}}}}
+		c := newCatalog(src, time.Second, slog.New(slog.DiscardHandler))
+		var mu sync.Mutex
+		reg := map[string]registry.Pool{"a": {ID: "a", Endpoint: "http://a", Status: registry.Healthy}}
+		all := 0
+		pools := func() []registry.Pool {
+			mu.Lock()
+			defer mu.Unlock()
+			all++
+			var out []registry.Pool
+			for _, p := range reg {
+				out = append(out, p)
+			}
+			return out
+		}
+		pool := func(id string) (registry.Pool, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			p, ok := reg[id]
+			return p, ok
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go c.run(ctx, pools, pool, time.Hour)
+		synctest.Wait()
+		if _, ok := c.snapshot()["a"]["tiny"]; !ok {
+			t.Fatalf("first refresh: catalog %v", c.snapshot())
+		}
+		mu.Lock()
+		reg["b"] = registry.Pool{ID: "b", Endpoint: "http://b", Status: registry.Healthy}
+		reg["u"] = registry.Pool{ID: "u", Endpoint: "http://u", Status: registry.Unhealthy}
+		mu.Unlock()
+		c.registered("b", "http://b")
+		c.registered("u", "http://u")
+		c.registered("gone", "http://gone")
+		synctest.Wait()
+		if _, ok := c.snapshot()["b"]["small"]; !ok {
+			t.Errorf("registered pool not read: catalog %v", c.snapshot())
+		}
+		src.mu.Lock()
+		src.models["http://a"] = append(src.models["http://a"], api.Model{Ref: "new"})
+		src.mu.Unlock()
+		c.stale("a")
+		synctest.Wait()
+		if _, ok := c.snapshot()["a"]["new"]; !ok {
+			t.Errorf("stale list not read again: catalog %v", c.snapshot())
+		}
+		mu.Lock()
+		calls := all
+		mu.Unlock()
+		if calls != 1 {
+			t.Errorf("every pool copied %d times, want once (the first refresh)", calls)
+		}
+		c.mu.Lock()
+		if len(c.due) != 0 {
+			t.Errorf("pools still due: %v", c.due)
+		}
+		c.mu.Unlock()
+	})
+}

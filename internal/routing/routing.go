@@ -192,7 +192,7 @@ func (s *Service) Run(ctx context.Context) {
 	var g errgroup.Group
 	g.Go(func() error { s.aff.run(ctx); return nil })
 	g.Go(func() error {
-		s.catalog.run(ctx, s.servable, s.cfg.ModelsRefresh)
+		s.catalog.run(ctx, s.servable, s.cp.Pool, s.cfg.ModelsRefresh)
 		return nil
 	})
 	g.Go(func() error { s.ctl.run(ctx); return nil })
