@@ -313,6 +313,7 @@ func (e *Engine) run() {
 		}
 	}()
 	free := e.slots
+	var lastForeground time.Time // a foreground sequence was last active
 	admit := func(u []*sequence) bool {
 		if len(u) > free {
 			waiting = u
@@ -390,6 +391,10 @@ func (e *Engine) run() {
 				fgLead = fgLead || !s.spoken
 			}
 		}
+		now := time.Now()
+		if fgActive {
+			lastForeground = now
+		}
 
 		// One batch: the next token of every generating sequence first, then
 		// as much prompt as fits.
@@ -421,7 +426,7 @@ func (e *Engine) run() {
 		switch {
 		case fgPrompt || fgLead:
 			bgBudget = 0
-		case fgActive:
+		case fgActive || now.Sub(lastForeground) < e.fgRecent:
 			bgBudget = backgroundChunk
 		}
 		for _, s := range active {
@@ -540,8 +545,16 @@ func (e *Engine) logTimeline(s *sequence, err error) {
 const leadLimit = 4
 
 // backgroundChunk is how many prompt tokens of background sequences a
-// step decodes while a foreground sequence generates.
-const backgroundChunk = 8
+// step decodes while a foreground sequence generates, and for
+// foregroundRecent after one was last active: a step under way when an
+// interactive request comes is what it waits for first, and a step of
+// whole background prompts is many token times long. With no
+// interactive traffic, background prompts go whole (the batch's
+// throughput).
+const (
+	backgroundChunk  = 8
+	foregroundRecent = 250 * time.Millisecond
+)
 
 // penaltyLastN is how many recent tokens the penalties look at, llama.cpp
 // server's default.

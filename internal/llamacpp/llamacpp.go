@@ -64,6 +64,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/apiary-llm/apiary/internal/engine"
@@ -103,7 +104,10 @@ type Engine struct {
 	// onStep, when set (tests, before the first request), is called by
 	// the decode loop before each step with its tokens of foreground and
 	// of background sequences.
-	onStep    func(fg, bg int)
+	onStep func(fg, bg int)
+	// fgRecent is foregroundRecent (tests set another before the first
+	// request).
+	fgRecent  time.Duration
 	quit      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -210,6 +214,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 		lctx:      lctx,
 		slots:     opts.Slots,
 		batchSize: opts.BatchSize,
+		fgRecent:  foregroundRecent,
 		threads:   opts.Threads,
 		nCtxSeq:   int(C.llama_n_ctx_seq(lctx)),
 		submit:    make(chan []*sequence),

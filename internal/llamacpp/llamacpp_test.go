@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/apiary-llm/apiary/internal/engine"
@@ -527,5 +528,60 @@ func TestBackgroundSitsOutUntilForegroundSpeaks(t *testing.T) {
 	}
 	if steps[first+k].bg == 0 {
 		t.Errorf("the background sequences did not go on once the foreground one spoke: %v", steps[first:min(len(steps), first+k+2)])
+	}
+}
+
+// While interactive requests come (a foreground sequence ran within the
+// engine's foreground window), a background prompt is decoded in chunks
+// of a few tokens a step, so that the step an interactive request waits
+// for is short; with none lately, it goes whole, as fast as it can.
+func TestBackgroundPromptsChunkedWhileForegroundRecent(t *testing.T) {
+	long := strings.Repeat("a much longer prompt about hives and queens ", 3)
+	for _, tc := range []struct {
+		name       string
+		recent     time.Duration
+		foreground bool
+		chunked    bool
+	}{
+		{"after a foreground request, within the window", time.Hour, true, true},
+		{"after a foreground request, the window over", time.Nanosecond, true, false},
+		{"no foreground request", time.Hour, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := load(t, 2)
+			e.SetForegroundRecent(tc.recent)
+			var mu sync.Mutex
+			var bg []int
+			e.OnStep(func(_, b int) {
+				mu.Lock()
+				bg = append(bg, b)
+				mu.Unlock()
+			})
+			if tc.foreground {
+				if _, _, err := generate(t.Context(), e, engine.Request{Prompt: prompt(t, e, "alpha"), MaxTokens: 2, IgnoreEOS: true}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p := prompt(t, e, long)
+			if len(p) <= 8 {
+				t.Fatalf("prompt of %d tokens: too short to be chunked", len(p))
+			}
+			mu.Lock()
+			bg = nil
+			mu.Unlock()
+			if _, _, err := generate(t.Context(), e, engine.Request{Prompt: p, MaxTokens: 1, IgnoreEOS: true, Background: true}); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(bg) == 0 {
+				t.Fatal("no step decoded the background prompt")
+			}
+			if most := slices.Max(bg); tc.chunked && most > 8 {
+				t.Errorf("a step decoded %d background tokens, want at most 8: %v", most, bg)
+			} else if !tc.chunked && most != len(p) {
+				t.Errorf("the %d-token prompt took steps of %v, want one step", len(p), bg)
+			}
+		})
 	}
 }
