@@ -51,6 +51,10 @@ func TestChildrenInheritNoSecretOfTheQueen(t *testing.T) {
 	q.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": resp.LifecycleID, "to": "RUNNING"})
 	if _, err := keeper.NewClient(url, admin, cluster).PullModel(t.Context(), LocalPoolID, api.PullModelRequest{Ref: "hf://org/gated-GGUF:Q4_K_M"}); err != nil {
 		t.Errorf("the local hive cannot pull from a gated repository with the queen's HF_TOKEN: %v", err)
+	} else {
+		// The pull runs on in the hive: it ends (and writes no more in
+		// the models directory) before the test's directories go.
+		q.logs.wait(t, 0, "model pull ended", map[string]string{"pool_id": LocalPoolID, "state": api.PullDone})
 	}
 	for _, who := range []struct{ name, word string }{{"hive", " hive --"}, {"worker", " worker --worker-id"}} {
 		pid := testbin.AwaitProcess(t, dir, who.word)
