@@ -228,6 +228,7 @@ func runLoad(b *testing.B, load *beatLoad, qURL string, hc *http.Client, unchang
 	wg.Go(func() {
 		tick := time.NewTicker(250 * time.Millisecond)
 		defer tick.Stop()
+		var body bytes.Buffer
 		for n := 0; ; n++ {
 			select {
 			case <-ctx.Done():
@@ -241,12 +242,15 @@ func runLoad(b *testing.B, load *beatLoad, qURL string, hc *http.Client, unchang
 				b.Errorf("query %s: %v", path, err)
 				continue
 			}
-			var list api.PoolList
-			_ = json.NewDecoder(resp.Body).Decode(&list)
+			// Counted, not decoded: decoding 1,000 pools four times a
+			// second made this process collect garbage often enough to
+			// delay its beats (the generator's lag p99 1.5 -> 4 ms).
+			body.Reset()
+			_, err = body.ReadFrom(resp.Body)
 			resp.Body.Close()
 			took := time.Since(start)
-			if len(list.Pools) != pools/10 {
-				b.Errorf("query %s: %d pools, want %d", path, len(list.Pools), pools/10)
+			if n := bytes.Count(body.Bytes(), []byte(`"endpoint":`)); err != nil || n != pools/10 {
+				b.Errorf("query %s: %d pools, want %d (%v)", path, n, pools/10, err)
 			}
 			qlat = append(qlat, took)
 		}
