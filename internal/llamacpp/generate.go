@@ -282,7 +282,13 @@ func (e *Engine) run() {
 		}
 	}()
 
+	// lastForeground is when a foreground sequence last ended: for
+	// e.fgRecent after it, background prompts still go in chunks.
+	var lastForeground time.Time
 	release := func(s *sequence, res engine.Result, err error) {
+		if !s.req.Background {
+			lastForeground = time.Now()
+		}
 		C.llama_memory_seq_rm(mem, C.llama_seq_id(s.seq), -1, -1)
 		for _, f := range active {
 			if f != nil && f.follow == s {
@@ -313,7 +319,6 @@ func (e *Engine) run() {
 		}
 	}()
 	free := e.slots
-	var lastForeground time.Time // a foreground sequence was last active
 	admit := func(u []*sequence) bool {
 		if len(u) > free {
 			waiting = u
@@ -391,10 +396,6 @@ func (e *Engine) run() {
 				fgLead = fgLead || !s.spoken
 			}
 		}
-		now := time.Now()
-		if fgActive {
-			lastForeground = now
-		}
 
 		// One batch: the next token of every generating sequence first, then
 		// as much prompt as fits.
@@ -426,7 +427,7 @@ func (e *Engine) run() {
 		switch {
 		case fgPrompt || fgLead:
 			bgBudget = 0
-		case fgActive || now.Sub(lastForeground) < e.fgRecent:
+		case fgActive || time.Since(lastForeground) < e.fgRecent:
 			bgBudget = backgroundChunk
 		}
 		for _, s := range active {

@@ -61,8 +61,9 @@ func newCatalog(src HiveModels, timeout time.Duration, log *slog.Logger) *catalo
 func (c *catalog) registered(poolID, endpoint string) {
 	c.mu.Lock()
 	c.pools[poolID] = &poolModels{endpoint: endpoint}
+	c.due[poolID] = true
 	c.mu.Unlock()
-	c.markDue(poolID)
+	c.wakeRun()
 }
 
 // stale marks a pool's list as due for a read (its last one is kept
@@ -72,15 +73,13 @@ func (c *catalog) stale(poolID string) {
 	if pm := c.pools[poolID]; pm != nil {
 		pm.readAt, pm.triedAt = time.Time{}, time.Time{}
 	}
-	c.mu.Unlock()
-	c.markDue(poolID)
-}
-
-// markDue asks run to read poolID's list now.
-func (c *catalog) markDue(poolID string) {
-	c.mu.Lock()
 	c.due[poolID] = true
 	c.mu.Unlock()
+	c.wakeRun()
+}
+
+// wakeRun asks run to read the lists of the pools due now.
+func (c *catalog) wakeRun() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
