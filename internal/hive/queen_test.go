@@ -147,6 +147,7 @@ func (q *fakeQueen) serveBeats(w http.ResponseWriter, r *http.Request) {
 	}
 	rc := http.NewResponseController(w)
 	_ = rc.EnableFullDuplex()
+	w.WriteHeader(http.StatusContinue) // as the queen does: see its postBeats
 	w.WriteHeader(http.StatusOK)
 	_ = rc.Flush()
 	lines := bufio.NewScanner(r.Body)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -36,6 +37,13 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 		return err
 	}
 	rc := http.NewResponseController(w) // full duplex: see handleBody
+	if strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+		// The answer's head goes out before the first beat is read, and
+		// an HTTP/1.1 head before "100 Continue" tells the client not to
+		// send its body at all: the hive's first beat would then fail
+		// with a closed pipe, or not, by the scheduler's whim.
+		w.WriteHeader(http.StatusContinue)
+	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	if err := rc.Flush(); err != nil {

@@ -16,7 +16,12 @@ import (
 // openBeats opens pool id's heartbeat stream on x with token.
 func openBeats(t *testing.T, x *tq, id, token string) (*rpc.Stream, error) {
 	t.Helper()
-	hc := transport.NewClient(nil, 0)
+	// A client that waits for "100 Continue" before it sends its body
+	// (the hive's waits not at all: it only races the answer's head) sees
+	// at once a queen that answers without it.
+	tr := transport.NewTransport()
+	tr.ExpectContinueTimeout = time.Minute
+	hc := transport.NewClient(tr, 0)
 	t.Cleanup(hc.CloseIdleConnections)
 	s, err := rpc.OpenStream(context.Background(), hc, rpc.Call{URL: x.url + "/v2/pools/" + id + "/beats", Token: token}, waitLimit)
 	if err == nil {
