@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/config"
@@ -55,7 +56,7 @@ const (
 // Router is the routing the dispatcher feeds and whose authentication
 // the endpoints share; routing.Service implements it.
 type Router interface {
-	Serve(ctx context.Context, path string, body []byte) (routing.Answer, error)
+	Serve(ctx, withdraw context.Context, path string, body []byte) (routing.Answer, error)
 	Handle(mux *http.ServeMux, pattern, endpoint string, fn func(w http.ResponseWriter, r *http.Request) error)
 }
 
@@ -119,6 +120,51 @@ type Service struct {
 	wake chan struct{} // buffered 1: work may be waiting
 	done chan jobDone  // the dispatcher's jobs report here
 	ends chan *jobEnd  // the jobs' ends, to the writer
+
+	mu sync.Mutex
+	// withdrawals holds, by batch with jobs under way, what takes those
+	// still waiting for a slot out of the routing's queue when the batch
+	// is cancelled or expires: they have not begun, and they end at once
+	// (cancelled or failed) instead of running to their end.
+	withdrawals map[string]*withdrawal
+}
+
+type withdrawal struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	jobs   int // under way with ctx
+}
+
+// withdrawalOf is the withdrawal of batch id for a job starting; the job
+// calls done when it ended.
+func (s *Service) withdrawalOf(id string) (_ context.Context, done func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.withdrawals[id]
+	if w == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		w = &withdrawal{ctx: ctx, cancel: cancel}
+		s.withdrawals[id] = w
+	}
+	w.jobs++
+	return w.ctx, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if w.jobs--; w.jobs == 0 && s.withdrawals[id] == w {
+			w.cancel()
+			delete(s.withdrawals, id)
+		}
+	}
+}
+
+// withdraw takes batch id's jobs that wait for a slot out of the queue.
+func (s *Service) withdraw(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.withdrawals[id]; w != nil {
+		w.cancel()
+		delete(s.withdrawals, id)
+	}
 }
 
 // New checks cfg and builds the service.
@@ -131,7 +177,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("batch: Config.Store, Router and Dir are required")
 	}
 	return &Service{cfg: cfg, st: cfg.Store, log: cfg.Logger.With("component", "batch"),
-		wake: make(chan struct{}, 1), done: make(chan jobDone), ends: make(chan *jobEnd)}, nil
+		wake: make(chan struct{}, 1), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}}, nil
 }
 
 // signal wakes the dispatcher; it never blocks.

@@ -192,7 +192,8 @@ func (s *Service) getBatches(w http.ResponseWriter, r *http.Request) error {
 }
 
 // cancelBatch cancels a batch in progress: its queued requests are
-// cancelled at once, those running finish, then the partial results are
+// cancelled at once, and so are those the dispatcher took that still
+// wait for a slot; those running finish, then the partial results are
 // written and the batch is cancelled. Cancelling a batch that is
 // cancelling or cancelled answers it as it is; an ended one is a 409.
 func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) error {
@@ -234,6 +235,7 @@ func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	s.withdraw(id)
 	s.signal()
 	openai.WriteJSON(w, http.StatusOK, o)
 	return nil

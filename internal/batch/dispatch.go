@@ -276,7 +276,9 @@ func (s *Service) writeGroup(group []*jobEnd) []error {
 
 // runJob sends a job's request and writes how it ended.
 func (s *Service) runJob(ctx context.Context, j store.BatchJob, endpoint string) jobDone {
-	ans, err := s.cfg.Router.Serve(ctx, endpoint, []byte(j.Body))
+	withdraw, done := s.withdrawalOf(j.BatchID)
+	ans, err := s.cfg.Router.Serve(ctx, withdraw, endpoint, []byte(j.Body))
+	done()
 	next, pause := decide(j, ans, err, ctx.Err() != nil, s.cfg.MaxAttempts)
 	next.UpdatedAt = time.Now()
 	e := &jobEnd{next: next, written: make(chan error, 1)}
@@ -318,8 +320,9 @@ func decide(j store.BatchJob, ans routing.Answer, err error, stopping bool, maxA
 		}
 		next.Result = resultLine(j, &ResultResponse{StatusCode: ans.Status, RequestID: requestID(j), Body: jsonBody(ans.Body)}, nil)
 		return next, 0
-	case stopping, errors.Is(err, routing.ErrPreempted):
-		// Not the worker's fault: queued again, the attempt not counted.
+	case stopping, errors.Is(err, routing.ErrPreempted), errors.Is(err, routing.ErrWithdrawn):
+		// Not the worker's fault: queued again, the attempt not counted
+		// (a withdrawn job's batch has no queue: the write ends it).
 		next.State, next.Attempts = string(JobQueued), max(j.Attempts-1, 0)
 		return next, 0
 	case errors.As(err, &ae):

@@ -257,6 +257,7 @@ func (s *Service) expire(ctx context.Context) []string {
 	}
 	var settled []string
 	for _, id := range ids {
+		s.withdraw(id)
 		if ok, err := s.settled(ctx, id); err == nil && ok {
 			settled = append(settled, id)
 		}

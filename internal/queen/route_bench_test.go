@@ -36,6 +36,14 @@ import (
 // the worker's CPU.
 const workerCPUsEnv = "APIARY_BENCH_WORKER_CPUS"
 
+// benchModelEnv names a GGUF file the benchmarks' hive serves as "tiny"
+// instead of the default generated model, e.g. one written by
+// `apiary models testmodel --layers 8 --dim 512 m.gguf`: a model whose
+// token takes milliseconds, as a real one's does, next to fixed costs
+// (scheduling, HTTP, the relay) that the default model's 0.1 ms token
+// makes look large.
+const benchModelEnv = "APIARY_BENCH_MODEL"
+
 // benchCluster runs a queen and a hive as processes for a benchmark.
 func benchCluster(b *testing.B, queenArgs []string, hiveArgs ...string) (qURL string, admin *keeper.Client, q *proc) {
 	return benchClusterTLS(b, testbin.TLSFiles{}, queenArgs, hiveArgs...)
@@ -68,7 +76,20 @@ func benchClusterIn(b *testing.B, dir string, env []string, certs testbin.TLSFil
 	if err := os.MkdirAll(filepath.Join(dir, "hive", "models"), 0o755); err != nil {
 		b.Fatal(err)
 	}
-	if err := testmodel.WriteFile(filepath.Join(dir, "hive", "models", "tiny.gguf"), testmodel.Options{}); err != nil {
+	model := filepath.Join(dir, "hive", "models", "tiny.gguf")
+	if from := os.Getenv(benchModelEnv); from != "" {
+		// A link, not a copy: such a model may be gigabytes.
+		abs, err := filepath.Abs(from)
+		if err == nil {
+			_, err = os.Stat(abs)
+		}
+		if err == nil {
+			err = os.Symlink(abs, model)
+		}
+		if err != nil {
+			b.Fatalf("%s: %v", benchModelEnv, err)
+		}
+	} else if err := testmodel.WriteFile(model, testmodel.Options{}); err != nil {
 		b.Fatal(err)
 	}
 	hive := startProc(b, "hive", env, append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",

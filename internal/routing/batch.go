@@ -47,10 +47,15 @@ func (e *AttemptError) Unwrap() error { return e.Err }
 // and Serve fails with ErrPreempted (no fault of the worker's; the caller
 // queues it again).
 //
+// When withdraw ends while the request still waits for a slot, it
+// leaves the queue and Serve fails with ErrWithdrawn; once it has a slot,
+// withdraw no longer matters (the request runs to its end, as a request
+// of a cancelled batch that already runs does). withdraw may be nil.
+//
 // It fails with the routing errors of an interactive request
 // (ErrModelNotFound, the controller's ErrNoCapacity, ErrShuttingDown),
-// with ErrPreempted, and with ctx's error.
-func (s *Service) Serve(ctx context.Context, path string, body []byte) (Answer, error) {
+// with ErrPreempted, ErrWithdrawn, and with ctx's error.
+func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte) (Answer, error) {
 	var model string
 	var err error
 	switch path {
@@ -85,7 +90,12 @@ func (s *Service) Serve(ctx context.Context, path string, body []byte) (Answer, 
 	// takes the slot.
 	pctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	l, err := s.router.acquire(pctx, routeReq{model: model, batch: true, preempt: cancel})
+	wctx, unqueue := context.WithCancelCause(pctx) // ends the wait only
+	if withdraw != nil {
+		defer context.AfterFunc(withdraw, func() { unqueue(ErrWithdrawn) })()
+	}
+	l, err := s.router.acquire(wctx, routeReq{model: model, batch: true, preempt: cancel})
+	unqueue(nil)
 	if err != nil {
 		return Answer{}, err
 	}
