@@ -123,7 +123,15 @@ func openStream(h *simHive, host string) error {
 		return fmt.Errorf("open the stream of %s: %w", h.pool, err)
 	}
 	buf := make([]byte, 0, 512)
-	for !bytes.Contains(buf, []byte("\r\n\r\n")) {
+	for {
+		// The queen's "100 Continue" first, then the stream's head.
+		if end := bytes.Index(buf, []byte("\r\n\r\n")); end >= 0 && bytes.HasPrefix(buf, []byte("HTTP/1.1 100 ")) {
+			buf = buf[:copy(buf, buf[end+4:])]
+			continue
+		}
+		if bytes.Contains(buf, []byte("\r\n\r\n")) {
+			break
+		}
 		if len(buf) == cap(buf) {
 			return fmt.Errorf("open the stream of %s: an answer head over 512 bytes: %q", h.pool, buf)
 		}
