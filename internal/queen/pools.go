@@ -199,12 +199,16 @@ func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat) (api.
 	if _, known := q.reg.Get(id); known {
 		q.tokens.replace(id, hb.WorkerTokens) // before the rows change, as for events
 	}
-	if err := q.heartbeat(ctx, id, hb, refused); err != nil {
+	beat, err := q.heartbeat(ctx, id, hb, refused)
+	if err != nil {
 		return api.HeartbeatAnswer{}, err
 	}
-	q.routing.Poke()
-	p, _ := q.reg.Get(id)
-	return api.HeartbeatAnswer{PoolID: id, Status: string(p.Status), Refused: refused}, nil
+	if beat.Changed {
+		// Requests waiting for capacity may have it now. A full beat that
+		// repeats the last one is an unchanged beat (which pokes nothing).
+		q.routing.Poke()
+	}
+	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), Refused: refused}, nil
 }
 
 // unchangedBeat takes a heartbeat that says nothing changed since the

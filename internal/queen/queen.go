@@ -515,13 +515,13 @@ func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, a
 
 // heartbeat renews the pool's lease and reconciles its workers with the
 // rows; refused are the entries the queen could not take.
-func (q *Queen) heartbeat(ctx context.Context, poolID string, hb api.Heartbeat, refused []api.RefusedWorker) error {
+func (q *Queen) heartbeat(ctx context.Context, poolID string, hb api.Heartbeat, refused []api.RefusedWorker) (registry.Beat, error) {
 	beat, err := q.reg.Heartbeat(ctx, poolID, hb)
 	if err != nil {
-		return err
+		return registry.Beat{}, err
 	}
 	q.reconcile(ctx, poolID, beat, hb.Workers, refused)
-	return nil
+	return beat, nil
 }
 
 // reconcile reads the pool's rows under the rows' lock, decides without

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"slices"
+	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
@@ -107,6 +108,35 @@ func (r *Registry) Generation(model string) Generation {
 
 // sameRouting reports whether a and b are the same workers in what
 // Generation follows.
+// sameInventory reports whether a full heartbeat's devices and workers
+// equal those the registry holds, field by field.
+func sameInventory(gpus []api.GPU, workers []api.Worker, hbGPUs []api.GPU, hbWorkers []api.Worker) bool {
+	return slices.EqualFunc(gpus, hbGPUs, sameGPU) && slices.EqualFunc(workers, hbWorkers, sameWorker)
+}
+
+func sameGPU(a, b api.GPU) bool {
+	return a.ID == b.ID && a.Kind == b.Kind && a.Name == b.Name && a.UUID == b.UUID && a.TotalBytes == b.TotalBytes &&
+		a.FreeBytes == b.FreeBytes && a.AllocatedBytes == b.AllocatedBytes && a.ReservedBytes == b.ReservedBytes &&
+		samePtr(a.TemperatureC, b.TemperatureC, func(x, y int) bool { return x == y }) && slices.Equal(a.Workers, b.Workers) &&
+		a.Unusable == b.Unusable
+}
+
+func sameWorker(a, b api.Worker) bool {
+	sameTime := func(x, y time.Time) bool { return x.Equal(y) }
+	return a.WorkerID == b.WorkerID && a.LifecycleID == b.LifecycleID && a.ModelRef == b.ModelRef && a.GPUDevice == b.GPUDevice &&
+		a.VRAMBytes == b.VRAMBytes && a.URI == b.URI && a.Status == b.Status && a.Reason == b.Reason && a.PID == b.PID &&
+		samePtr(a.ExitCode, b.ExitCode, func(x, y int) bool { return x == y }) && a.InFlight == b.InFlight &&
+		a.StartedAt.Equal(b.StartedAt) && samePtr(a.ReadyAt, b.ReadyAt, sameTime) && samePtr(a.StoppedAt, b.StoppedAt, sameTime) &&
+		len(a.History) == 0 && len(b.History) == 0 && a.Transitions == b.Transitions
+}
+
+func samePtr[T any](a, b *T, eq func(x, y T) bool) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return eq(*a, *b)
+}
+
 func sameRouting(a, b []api.Worker) bool {
 	if len(a) != len(b) {
 		return false

@@ -423,6 +423,12 @@ type Beat struct {
 	// (it holds no full heartbeat of the pool since it registered, came
 	// back or the queen started): nothing was renewed.
 	FullWanted bool
+	// Changed is true for a full beat whose devices or workers differ from
+	// those the registry held, and for the first one since the pool
+	// registered or came back. A full beat that repeats the last one
+	// renews the lease as an unchanged beat does: the registry keeps what
+	// it holds (nothing for the next flush to write).
+	Changed bool
 }
 
 // Heartbeat renews the pool's lease and records its devices and workers.
@@ -458,7 +464,9 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 	if hb.Unchanged {
 		hb.GPUs, hb.Workers = e.GPUs, e.Workers
 	}
+	changed := false
 	if e.Status == Unhealthy {
+		changed = !hb.Unchanged
 		next := e.Pool
 		next.Status = live(e.Drained)
 		next.LastHeartbeatAt, next.GPUs, next.Workers = now, hb.GPUs, hb.Workers
@@ -468,13 +476,19 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 			return Beat{}, err
 		}
 	} else {
+		changed = changed || !e.current
+		if !hb.Unchanged && !changed && sameInventory(e.GPUs, e.Workers, hb.GPUs, hb.Workers) {
+			hb.GPUs, hb.Workers = e.GPUs, e.Workers
+		} else {
+			changed = !hb.Unchanged
+		}
 		e.LastHeartbeatAt, e.GPUs, e.Workers = now, hb.GPUs, hb.Workers
 		r.indexLocked(e)
-		e.beatDirty = e.beatDirty || !hb.Unchanged // an unchanged beat moves only the time
+		e.beatDirty = e.beatDirty || changed // an unchanged beat moves only the time
 	}
 	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
-	b := Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers}
+	b := Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers, Changed: changed}
 	e.awaitInventory = false
 	return b, nil
 }
@@ -496,22 +510,27 @@ func (r *Registry) renew(id string, hb api.Heartbeat) (b Beat, ok bool) {
 	}
 	e.beat.Lock()
 	defer e.beat.Unlock()
-	if hb.Unchanged {
-		if !e.current {
-			return Beat{Status: e.Status, FullWanted: true}, true
-		}
+	changed := false
+	switch {
+	case hb.Unchanged && !e.current:
+		return Beat{Status: e.Status, FullWanted: true}, true
+	case hb.Unchanged:
 		hb.GPUs, hb.Workers = e.GPUs, e.Workers
-	}
-	if !hb.Unchanged && !sameRouting(e.Workers, hb.Workers) {
-		for _, m := range e.models {
-			r.modelGen[m].Add(1)
+	case e.current && sameInventory(e.GPUs, e.Workers, hb.GPUs, hb.Workers):
+		hb.GPUs, hb.Workers = e.GPUs, e.Workers // the decoded ones go
+	default:
+		changed = true
+		if !sameRouting(e.Workers, hb.Workers) {
+			for _, m := range e.models {
+				r.modelGen[m].Add(1)
+			}
 		}
 	}
 	e.LastHeartbeatAt, e.GPUs, e.Workers = time.Now(), hb.GPUs, hb.Workers
-	e.beatDirty = e.beatDirty || !hb.Unchanged // an unchanged beat moves only the time
+	e.beatDirty = e.beatDirty || changed // a beat that changed nothing moves only the time
 	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
-	b = Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers}
+	b = Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers, Changed: changed}
 	e.awaitInventory = false
 	return b, true
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -764,16 +765,28 @@ func TestSameModels(t *testing.T) {
 
 // A pool whose beats change nothing but the time has its row written when
 // the stored time is BeatTimeSave old, not at every flush; a change is
-// written at the next flush; the final flush writes the latest time.
+// written at the next flush; the final flush writes the latest time. A
+// full beat that repeats the last one (an older hive sends only those)
+// counts as unchanged: not Changed, and written at the same pace.
 func TestFlushWritesUnchangedBeatsAtTheirPace(t *testing.T) {
+	for _, repeat := range []bool{false, true} {
+		t.Run(fmt.Sprintf("repeated_full=%v", repeat), func(t *testing.T) { testFlushPace(t, repeat) })
+	}
+}
+
+func testFlushPace(t *testing.T, repeatFull bool) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStore()
 		h := newHarness(t, st)
 		h.register("p1")
-		beat := func(hb api.Heartbeat) {
+		beat := func(hb api.Heartbeat, changed bool) {
 			t.Helper()
-			if _, err := h.r.Heartbeat(h.ctx, "p1", hb); err != nil {
+			b, err := h.r.Heartbeat(h.ctx, "p1", hb)
+			if err != nil {
 				t.Fatal(err)
+			}
+			if b.Changed != changed {
+				t.Fatalf("beat %+v: Changed %v, want %v", hb, b.Changed, changed)
 			}
 		}
 		flush := func() {
@@ -791,8 +804,20 @@ func TestFlushWritesUnchangedBeatsAtTheirPace(t *testing.T) {
 			}
 			return *p.LastHeartbeatAt, string(p.GPUs)
 		}
-		unchanged := api.Heartbeat{Unchanged: true}
-		beat(api.Heartbeat{GPUs: []api.GPU{{ID: 0, FreeBytes: 7}}})
+		started := time.Now()
+		// full is the same beat decoded afresh, as from the wire, with the
+		// device at temp degrees.
+		full := func(temp int) api.Heartbeat {
+			return api.Heartbeat{GPUs: []api.GPU{{ID: 0, FreeBytes: 7, TemperatureC: &temp, Workers: []string{"w1"}}},
+				Workers: []api.Worker{{WorkerID: "w1", ModelRef: "m", Status: "ready", URI: "http://127.0.0.1:9", StartedAt: started}}}
+		}
+		same := func() api.Heartbeat {
+			if repeatFull {
+				return full(61)
+			}
+			return api.Heartbeat{Unchanged: true}
+		}
+		beat(full(61), true) // the first since the pool registered
 		flush()
 		first, _ := stored()
 		if !first.Equal(time.Now()) {
@@ -800,26 +825,40 @@ func TestFlushWritesUnchangedBeatsAtTheirPace(t *testing.T) {
 		}
 		for range int(BeatTimeSave/time.Second) - 1 {
 			advance(time.Second)
-			beat(unchanged)
+			beat(same(), false)
 			flush()
 		}
 		if at, _ := stored(); !at.Equal(first) {
-			t.Errorf("unchanged beats wrote the time %v within BeatTimeSave of %v", at, first)
+			t.Errorf("beats that changed nothing wrote the time %v within BeatTimeSave of %v", at, first)
 		}
 		advance(time.Second)
-		beat(unchanged)
+		beat(same(), false)
 		flush()
 		if at, _ := stored(); !at.Equal(time.Now()) {
 			t.Errorf("stored time %v after BeatTimeSave, want %v", at, time.Now())
 		}
 		advance(time.Second)
-		beat(api.Heartbeat{GPUs: []api.GPU{{ID: 0, FreeBytes: 9}}})
+		beat(api.Heartbeat{GPUs: []api.GPU{{ID: 0, FreeBytes: 9}}}, true)
 		flush()
 		if at, gpus := stored(); !at.Equal(time.Now()) || !strings.Contains(gpus, `"free_vram_bytes":9`) {
 			t.Errorf("a changed beat stored %v %s, want now and the new devices", at, gpus)
 		}
 		advance(time.Second)
-		beat(unchanged)
+		beat(full(61), true)
+		flush()
+		// Any field that differs is a change: the temperature here.
+		advance(time.Second)
+		beat(full(62), true)
+		flush()
+		if at, gpus := stored(); !at.Equal(time.Now()) || !strings.Contains(gpus, `"temperature_c":62`) {
+			t.Errorf("a beat with another temperature stored %v %s, want now and 62", at, gpus)
+		}
+		advance(time.Second)
+		if repeatFull {
+			beat(full(62), false)
+		} else {
+			beat(api.Heartbeat{Unchanged: true}, false)
+		}
 		if err := h.r.Flush(h.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -902,6 +941,56 @@ func TestConcurrentBeatsQueriesAndFlushes(t *testing.T) {
 		var gpus []api.GPU
 		if err := json.Unmarshal(st.pools[id].GPUs, &gpus); err != nil || len(gpus) != 1 || gpus[0].FreeBytes != beats-2 {
 			t.Errorf("stored GPUs of %s: %s (%v)", id, st.pools[id].GPUs, err)
+		}
+	}
+}
+
+// sameGPU and sameWorker see a difference in every field, including
+// fields added later (the test sets each one in turn by reflection).
+func TestSameInventorySeesEveryField(t *testing.T) {
+	checkEveryField(t, api.GPU{ID: 1, Kind: "cuda", Workers: []string{"w"}}, sameGPU)
+	checkEveryField(t, api.Worker{WorkerID: "w", StartedAt: time.Unix(1, 0)}, func(a, b api.Worker) bool {
+		return sameWorker(a, b)
+	})
+	w := api.Worker{WorkerID: "w", StartedAt: time.Unix(1, 0)}
+	other := w
+	other.StartedAt = w.StartedAt.In(time.FixedZone("x", 3600)) // the same instant
+	if !sameWorker(w, other) {
+		t.Error("the same start time in another zone is a change")
+	}
+}
+
+func checkEveryField[T any](t *testing.T, base T, same func(a, b T) bool) {
+	t.Helper()
+	if !same(base, base) {
+		t.Fatalf("%T differs from itself", base)
+	}
+	typ := reflect.TypeFor[T]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		changed := base
+		v := reflect.ValueOf(&changed).Elem().Field(i)
+		switch v.Kind() {
+		case reflect.String:
+			v.SetString(v.String() + "x")
+		case reflect.Int, reflect.Int64:
+			v.SetInt(v.Int() + 7)
+		case reflect.Uint64:
+			v.SetUint(v.Uint() + 7)
+		case reflect.Pointer:
+			v.Set(reflect.New(f.Type.Elem()))
+		case reflect.Slice:
+			v.Set(reflect.Append(v, reflect.New(f.Type.Elem()).Elem()))
+		case reflect.Struct:
+			if f.Type != reflect.TypeFor[time.Time]() {
+				t.Fatalf("%T.%s: a struct the test cannot change", base, f.Name)
+			}
+			v.Set(reflect.ValueOf(time.Unix(99, 0)))
+		default:
+			t.Fatalf("%T.%s: a field of kind %s the test cannot change", base, f.Name, v.Kind())
+		}
+		if same(base, changed) || same(changed, base) {
+			t.Errorf("%T.%s changed, yet the same", base, f.Name)
 		}
 	}
 }
