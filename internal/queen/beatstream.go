@@ -62,6 +62,10 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 	}
 	var hb api.Heartbeat // one for the stream: decoding into it makes it escape
 	var dec api.LineDecoder
+	// The arrays of the last full beat, when nothing kept them (it
+	// repeated the one before): the next one is decoded into them.
+	var spareGPUs []api.GPU
+	var spareWorkers []api.Worker
 	for {
 		// The deadline first, the shutdown check after: a shutdown that
 		// comes between them still ends the read.
@@ -81,10 +85,20 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 		case err != nil: // the hive ended it (io.EOF), went away, or the queen stops
 			return nil
 		}
-		hb = api.Heartbeat{}
-		ans, err := api.HeartbeatAnswer{}, dec.Decode(line, &hb)
+		// Zeroed first: the decoder writes only the fields a line has.
+		clear(spareGPUs[:cap(spareGPUs)])
+		clear(spareWorkers[:cap(spareWorkers)])
+		hb = api.Heartbeat{GPUs: spareGPUs[:0], Workers: spareWorkers[:0]}
+		ans, free, err := api.HeartbeatAnswer{}, false, dec.Decode(line, &hb)
 		if err == nil {
-			ans, err = q.takeBeat(r.Context(), id, hb)
+			ans, free, err = q.takeBeat(r.Context(), id, hb)
+		}
+		switch {
+		case free && hb.Unchanged: // the spares stay as they were
+		case free:
+			spareGPUs, spareWorkers = hb.GPUs, hb.Workers
+		default:
+			spareGPUs, spareWorkers = nil, nil
 		}
 		var ok bool
 		switch plain := len(ans.Refused) == 0; {

@@ -133,3 +133,28 @@ func TestHeartbeatStreamEnds(t *testing.T) {
 		t.Fatalf("beat after the queen stopped: %v, want the stream ended", err)
 	}
 }
+
+// A full beat that repeats the last one leaves its arrays to the next
+// beat of the stream: a beat decoded into them has only its own fields,
+// none of the one before (its omitted fields are not carried over).
+func TestHeartbeatStreamReusesNothingStale(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	s, err := openBeats(t, x, "a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	temp := 70
+	hot := api.Heartbeat{GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 4 << 30, UUID: "GPU-1", TemperatureC: &temp,
+		Unusable: "too hot", Workers: []string{}}}, Workers: []api.Worker{}}
+	cool := api.Heartbeat{GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 4 << 30, Workers: []string{}}}, Workers: []api.Worker{}}
+	for i, hb := range []api.Heartbeat{hot, hot, cool} {
+		var ans api.HeartbeatAnswer
+		if err := s.Round(hb, &ans, waitLimit); err != nil || ans.Status != "healthy" {
+			t.Fatalf("beat %d: %+v, %v", i, ans, err)
+		}
+	}
+	if g := x.pool("a").GPUs; len(g) != 1 || g[0].TemperatureC != nil || g[0].UUID != "" || g[0].Unusable != "" {
+		t.Fatalf("devices after a beat without temperature, uuid and unusable: %+v", g)
+	}
+}

@@ -164,7 +164,7 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	if err := api.Decode(r, &hb, false); err != nil {
 		return err
 	}
-	ans, err := q.takeBeat(r.Context(), id, hb)
+	ans, _, err := q.takeBeat(r.Context(), id, hb)
 	if err != nil {
 		return err
 	}
@@ -173,19 +173,22 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 }
 
 // takeBeat takes one heartbeat of pool id, whether it came alone (POST
-// /v2/pools/{id}/heartbeat) or on the pool's heartbeat stream.
-func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat) (api.HeartbeatAnswer, error) {
+// /v2/pools/{id}/heartbeat) or on the pool's heartbeat stream. free says
+// that nothing kept hb's GPUs and Workers arrays: the caller may decode
+// the next beat into them.
+func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat) (_ api.HeartbeatAnswer, free bool, _ error) {
 	start := time.Now()
 	defer func() { q.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds()) }()
 	q.metrics.heartbeats.Inc()
 	if hb.Unchanged {
-		return q.unchangedBeat(ctx, id, hb)
+		ans, err := q.unchangedBeat(ctx, id, hb)
+		return ans, err == nil, err
 	}
 	if err := checkGPUs(hb.GPUs); err != nil {
-		return api.HeartbeatAnswer{}, err
+		return api.HeartbeatAnswer{}, false, err
 	}
 	if len(hb.Workers) > maxWorkers {
-		return api.HeartbeatAnswer{}, api.BadRequest("%d workers: at most %d", len(hb.Workers), maxWorkers)
+		return api.HeartbeatAnswer{}, false, api.BadRequest("%d workers: at most %d", len(hb.Workers), maxWorkers)
 	}
 	// One bad entry is refused alone, named in the answer; the rest of
 	// the heartbeat is taken.
@@ -201,14 +204,15 @@ func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat) (api.
 	}
 	beat, err := q.heartbeat(ctx, id, hb, refused)
 	if err != nil {
-		return api.HeartbeatAnswer{}, err
+		return api.HeartbeatAnswer{}, false, err
 	}
 	if beat.Changed {
 		// Requests waiting for capacity may have it now. A full beat that
 		// repeats the last one is an unchanged beat (which pokes nothing).
 		q.routing.Poke()
 	}
-	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), Refused: refused}, nil
+	// The registry keeps a changed beat's arrays; reconcile keeps copies.
+	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), Refused: refused}, !beat.Changed, nil
 }
 
 // unchangedBeat takes a heartbeat that says nothing changed since the
