@@ -43,6 +43,7 @@ type simHive struct {
 	fd              int
 	pool            string
 	full, unchanged []byte // the two requests
+	alt             []byte // another full one, when beats change: sent in turn with full
 	due             time.Time
 	sentAt          time.Time
 	pending         bool
@@ -70,8 +71,9 @@ type beatShard struct {
 const loadShards = 2
 
 // newBeatLoad connects one hive per pool to addr (host:port), spread over
-// the shards. full and unchanged give each pool's request bodies.
-func newBeatLoad(addr string, pools []string, full func(i int) []byte, unchanged []byte, stream bool) (*beatLoad, error) {
+// the shards. full and unchanged give each pool's request bodies; alt,
+// when not nil, a second full one that full beats take turns with.
+func newBeatLoad(addr string, pools []string, full, alt func(i int) []byte, unchanged []byte, stream bool) (*beatLoad, error) {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("queen address %q: %w", addr, err)
@@ -88,8 +90,14 @@ func newBeatLoad(addr string, pools []string, full func(i int) []byte, unchanged
 	for i, pool := range pools {
 		h := &simHive{fd: -1, pool: pool, full: beatRequest(addr, pool, full(i)), unchanged: beatRequest(addr, pool, unchanged),
 			in: make([]byte, 0, 512)}
+		if alt != nil {
+			h.alt = beatRequest(addr, pool, alt(i))
+		}
 		if stream {
 			h.full, h.unchanged = beatChunk(full(i)), beatChunk(unchanged)
+			if alt != nil {
+				h.alt = beatChunk(alt(i))
+			}
 		}
 		s := l.shards[i%len(l.shards)]
 		s.hives = append(s.hives, h)
@@ -301,8 +309,11 @@ func (s *beatShard) run(start, end time.Time, interval time.Duration, unchanged 
 		for len(s.queue) > 0 && !s.queue[0].due.After(now) {
 			h := heap.Pop(&s.queue).(*simHive)
 			req := h.full
-			if unchanged {
+			switch {
+			case unchanged:
 				req = h.unchanged
+			case h.alt != nil: // every beat differs from the one before
+				h.full, h.alt = h.alt, h.full
 			}
 			s.lag = append(s.lag, now.Sub(h.due))
 			if err := s.send(h, req, now); err != nil {

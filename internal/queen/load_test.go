@@ -36,18 +36,19 @@ const loadWindow = 10 * time.Second
 
 // BenchmarkHeartbeatLoad runs the load at 2,000 and 10,000 pools.
 //
-// beat=full sends every heartbeat whole (hives whose state changes every
-// second); beat=unchanged sends the full one first and then unchanged
+// beat=full sends every heartbeat whole and the same each time (hives
+// that send only full beats, to a queen without unchanged ones);
+// beat=changing sends every heartbeat whole and different from the one
+// before (hives whose state changes every second); beat=unchanged sends the full one first and then unchanged
 // beats, as a hive does while nothing the queen acts on changes.
 // via=stream beats on each pool's heartbeat stream, as hives do; via=post
 // sends one request a beat, as hives of a queen without streams do.
 func BenchmarkHeartbeatLoad(b *testing.B) {
 	for _, pools := range []int{2000, 10000} {
-		for _, unchanged := range []bool{false, true} {
+		for _, kind := range []string{"full", "unchanged", "changing"} {
 			for _, stream := range []bool{true, false} {
-				kind := map[bool]string{false: "full", true: "unchanged"}[unchanged]
 				via := map[bool]string{false: "post", true: "stream"}[stream]
-				b.Run(fmt.Sprintf("pools=%d/beat=%s/via=%s", pools, kind, via), func(b *testing.B) { benchHeartbeats(b, pools, unchanged, stream) })
+				b.Run(fmt.Sprintf("pools=%d/beat=%s/via=%s", pools, kind, via), func(b *testing.B) { benchHeartbeats(b, pools, kind, stream) })
 			}
 		}
 	}
@@ -71,7 +72,8 @@ func raiseFileLimit(b *testing.B, n int) {
 	}
 }
 
-func benchHeartbeats(b *testing.B, loadPools int, unchanged, stream bool) {
+func benchHeartbeats(b *testing.B, loadPools int, kind string, stream bool) {
+	unchanged := kind == "unchanged"
 	raiseFileLimit(b, loadPools)
 	// A fake hive accepts every start, so that each pool gets a row.
 	var seq struct {
@@ -155,9 +157,16 @@ func benchHeartbeats(b *testing.B, loadPools int, unchanged, stream bool) {
 	for i := range pools {
 		pools[i] = poolName(i)
 	}
-	load, err := newBeatLoad(u.Host, pools, func(i int) []byte {
-		return marshal(api.Heartbeat{GPUs: gpus, Workers: []api.Worker{workers[i]}})
-	}, marshal(api.Heartbeat{Unchanged: true}), stream)
+	full := func(i int) []byte { return marshal(api.Heartbeat{GPUs: gpus, Workers: []api.Worker{workers[i]}}) }
+	var alt func(i int) []byte
+	if kind == "changing" {
+		// A device's free memory that moves by 1 MiB and back: every
+		// beat is news to the queen, which keeps and stores it.
+		moved := slices.Clone(gpus)
+		moved[0].FreeBytes -= 1 << 20
+		alt = func(i int) []byte { return marshal(api.Heartbeat{GPUs: moved, Workers: []api.Worker{workers[i]}}) }
+	}
+	load, err := newBeatLoad(u.Host, pools, full, alt, marshal(api.Heartbeat{Unchanged: true}), stream)
 	if err != nil {
 		b.Fatal(err)
 	}
