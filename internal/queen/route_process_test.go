@@ -377,9 +377,11 @@ func TestProcessWorkerKilledMidStream(t *testing.T) {
 
 // One slot, a queue of one: a third request is refused with 429 and
 // Retry-After, and a queued request that waits past the queue timeout
-// gets 504.
+// gets 504. The model is larger than the default one (8 layers of 256):
+// its 1800-token stream must hold the slot well past the timeout, and
+// the default model's takes under 0.2 s on a fast CPU.
 func TestProcessQueueFullAndTimeout(t *testing.T) {
-	c := startCluster(t, []string{"--queue-size", "1", "--queue-timeout", "500ms", "--log-level", "debug"})
+	c := startClusterWith(t, clusterOptions{model: testmodel.Options{Layers: 8, Dim: 256}}, []string{"--queue-size", "1", "--queue-timeout", "500ms", "--log-level", "debug"})
 	ctx := t.Context()
 	if _, err := c.admin.StartWorker(ctx, "tiny", "node-1", nil, "queue test"); err != nil {
 		t.Fatal(err)
@@ -389,7 +391,9 @@ func TestProcessQueueFullAndTimeout(t *testing.T) {
 	var long streamed
 	var wg sync.WaitGroup
 	longDone := make(chan struct{})
-	wg.Go(func() { defer close(longDone); long = c.stream(ctx, completion(1800), first) })
+	longStart := time.Now()
+	var longTook time.Duration
+	wg.Go(func() { defer close(longDone); long = c.stream(ctx, completion(1800), first); longTook = time.Since(longStart) })
 	select {
 	case <-first:
 	case <-longDone:
@@ -417,6 +421,7 @@ func TestProcessQueueFullAndTimeout(t *testing.T) {
 	if long.err != nil {
 		t.Errorf("the long stream: %v", long.err)
 	}
+	t.Logf("the long stream took %s", longTook)
 	if got := c.metric(`apiary_queen_queue_rejected_total{model="tiny",reason="queue_full"}`); got != "1" {
 		t.Errorf("queue_full count %q", got)
 	}
