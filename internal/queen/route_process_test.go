@@ -393,7 +393,11 @@ func TestProcessQueueFullAndTimeout(t *testing.T) {
 	longDone := make(chan struct{})
 	longStart := time.Now()
 	var longTook time.Duration
-	wg.Go(func() { defer close(longDone); long = c.stream(ctx, completion(1800), first); longTook = time.Since(longStart) })
+	wg.Go(func() {
+		defer close(longDone)
+		long = c.stream(ctx, completion(1800), first)
+		longTook = time.Since(longStart)
+	})
 	select {
 	case <-first:
 	case <-longDone:
