@@ -130,6 +130,26 @@ func sameWorker(a, b api.Worker) bool {
 		len(a.History) == 0 && len(b.History) == 0 && a.Transitions == b.Transitions
 }
 
+// movedOnly reports whether a full heartbeat differs from what the
+// registry holds only in figures that move on their own (a device's
+// memory and temperature, a worker's requests in flight and memory).
+// Such a change is written at the pace of the heartbeat time
+// (BeatTimeSave), not at the next flush: the first full beat after a
+// restart brings them anyway, and a fleet whose memory moves every
+// second would otherwise rewrite every pool's row every flush.
+func movedOnly(gpus []api.GPU, workers []api.Worker, hbGPUs []api.GPU, hbWorkers []api.Worker) bool {
+	still := func(g api.GPU) api.GPU {
+		g.FreeBytes, g.AllocatedBytes, g.ReservedBytes, g.TemperatureC = 0, 0, 0, nil
+		return g
+	}
+	stillW := func(w api.Worker) api.Worker {
+		w.InFlight, w.VRAMBytes = 0, 0
+		return w
+	}
+	return slices.EqualFunc(gpus, hbGPUs, func(a, b api.GPU) bool { return sameGPU(still(a), still(b)) }) &&
+		slices.EqualFunc(workers, hbWorkers, func(a, b api.Worker) bool { return sameWorker(stillW(a), stillW(b)) })
+}
+
 func samePtr[T any](a, b *T, eq func(x, y T) bool) bool {
 	if a == nil || b == nil {
 		return a == b

@@ -477,14 +477,16 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 		}
 	} else {
 		changed = changed || !e.current
+		dirty := false
 		if !hb.Unchanged && !changed && sameInventory(e.GPUs, e.Workers, hb.GPUs, hb.Workers) {
 			hb.GPUs, hb.Workers = e.GPUs, e.Workers
 		} else {
+			dirty = !hb.Unchanged && (!e.current || !movedOnly(e.GPUs, e.Workers, hb.GPUs, hb.Workers))
 			changed = !hb.Unchanged
 		}
 		e.LastHeartbeatAt, e.GPUs, e.Workers = now, hb.GPUs, hb.Workers
 		r.indexLocked(e)
-		e.beatDirty = e.beatDirty || changed // an unchanged beat moves only the time
+		e.beatDirty = e.beatDirty || dirty // an unchanged beat moves only the time
 	}
 	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
@@ -510,7 +512,7 @@ func (r *Registry) renew(id string, hb api.Heartbeat) (b Beat, ok bool) {
 	}
 	e.beat.Lock()
 	defer e.beat.Unlock()
-	changed := false
+	changed, dirty := false, false
 	switch {
 	case hb.Unchanged && !e.current:
 		return Beat{Status: e.Status, FullWanted: true}, true
@@ -520,6 +522,7 @@ func (r *Registry) renew(id string, hb api.Heartbeat) (b Beat, ok bool) {
 		hb.GPUs, hb.Workers = e.GPUs, e.Workers // the decoded ones go
 	default:
 		changed = true
+		dirty = !e.current || !movedOnly(e.GPUs, e.Workers, hb.GPUs, hb.Workers)
 		if !sameRouting(e.Workers, hb.Workers) {
 			for _, m := range e.models {
 				r.modelGen[m].Add(1)
@@ -527,7 +530,9 @@ func (r *Registry) renew(id string, hb api.Heartbeat) (b Beat, ok bool) {
 		}
 	}
 	e.LastHeartbeatAt, e.GPUs, e.Workers = time.Now(), hb.GPUs, hb.Workers
-	e.beatDirty = e.beatDirty || changed // a beat that changed nothing moves only the time
+	// A beat that changed nothing, or only figures that move, moves only
+	// the time as far as the store goes (see movedOnly).
+	e.beatDirty = e.beatDirty || dirty
 	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
 	b = Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers, Changed: changed}

@@ -846,12 +846,15 @@ func testFlushPace(t *testing.T, repeatFull bool) {
 		advance(time.Second)
 		beat(full(61), true)
 		flush()
-		// Any field that differs is a change: the temperature here.
+		written, _ := stored()
+		// Any field that differs is a change (the temperature here), but
+		// one of figures that move on their own is written at the pace of
+		// the time, not at the next flush.
 		advance(time.Second)
 		beat(full(62), true)
 		flush()
-		if at, gpus := stored(); !at.Equal(time.Now()) || !strings.Contains(gpus, `"temperature_c":62`) {
-			t.Errorf("a beat with another temperature stored %v %s, want now and 62", at, gpus)
+		if at, gpus := stored(); !at.Equal(written) || strings.Contains(gpus, `"temperature_c":62`) {
+			t.Errorf("a beat with another temperature stored %v %s at once, want it at the time's pace", at, gpus)
 		}
 		advance(time.Second)
 		if repeatFull {
@@ -862,8 +865,8 @@ func testFlushPace(t *testing.T, repeatFull bool) {
 		if err := h.r.Flush(h.ctx); err != nil {
 			t.Fatal(err)
 		}
-		if at, _ := stored(); !at.Equal(time.Now()) {
-			t.Errorf("the final flush stored %v, want the last beat's %v", at, time.Now())
+		if at, gpus := stored(); !at.Equal(time.Now()) || !strings.Contains(gpus, `"temperature_c":62`) {
+			t.Errorf("the final flush stored %v %s, want the last beat's %v and 62", at, gpus, time.Now())
 		}
 	})
 }
@@ -992,5 +995,45 @@ func checkEveryField[T any](t *testing.T, base T, same func(a, b T) bool) {
 		if same(base, changed) || same(changed, base) {
 			t.Errorf("%T.%s changed, yet the same", base, f.Name)
 		}
+	}
+}
+
+// What moves on its own (a device's memory and temperature, a worker's
+// requests in flight and memory) is told apart from a change the store
+// must have at once.
+func TestMovedOnly(t *testing.T) {
+	temp := 50
+	g := api.GPU{ID: 0, Kind: "cuda", TotalBytes: 24 << 30, FreeBytes: 10 << 30, TemperatureC: &temp, Workers: []string{"w"}}
+	w := api.Worker{WorkerID: "w", ModelRef: "m", Status: "ready", URI: "http://127.0.0.1:9", InFlight: 1, VRAMBytes: 1 << 30}
+	for _, tc := range []struct {
+		name  string
+		gpu   func(*api.GPU)
+		wk    func(*api.Worker)
+		moved bool
+	}{
+		{"free memory", func(g *api.GPU) { g.FreeBytes -= 1 << 20 }, nil, true},
+		{"allocated and reserved", func(g *api.GPU) { g.AllocatedBytes, g.ReservedBytes = 1, 2 }, nil, true},
+		{"temperature", func(g *api.GPU) { g.TemperatureC = nil }, nil, true},
+		{"requests in flight", nil, func(w *api.Worker) { w.InFlight = 3 }, true},
+		{"worker memory", nil, func(w *api.Worker) { w.VRAMBytes = 2 << 30 }, true},
+		{"total memory", func(g *api.GPU) { g.TotalBytes = 1 }, nil, false},
+		{"unusable", func(g *api.GPU) { g.Unusable = "driver gone" }, nil, false},
+		{"workers on the device", func(g *api.GPU) { g.Workers = nil }, nil, false},
+		{"worker status", nil, func(w *api.Worker) { w.Status = "stopping" }, false},
+		{"worker uri", nil, func(w *api.Worker) { w.URI = "http://127.0.0.1:10" }, false},
+	} {
+		g2, w2 := g, w
+		if tc.gpu != nil {
+			tc.gpu(&g2)
+		}
+		if tc.wk != nil {
+			tc.wk(&w2)
+		}
+		if got := movedOnly([]api.GPU{g}, []api.Worker{w}, []api.GPU{g2}, []api.Worker{w2}); got != tc.moved {
+			t.Errorf("%s: movedOnly %v, want %v", tc.name, got, tc.moved)
+		}
+	}
+	if movedOnly([]api.GPU{g}, []api.Worker{w}, []api.GPU{g}, nil) {
+		t.Error("a worker gone: movedOnly")
 	}
 }
