@@ -106,48 +106,77 @@ func (r *Registry) Generation(model string) Generation {
 	return g
 }
 
-// sameRouting reports whether a and b are the same workers in what
-// Generation follows.
-// sameInventory reports whether a full heartbeat's devices and workers
-// equal those the registry holds, field by field.
-func sameInventory(gpus []api.GPU, workers []api.Worker, hbGPUs []api.GPU, hbWorkers []api.Worker) bool {
-	return slices.EqualFunc(gpus, hbGPUs, sameGPU) && slices.EqualFunc(workers, hbWorkers, sameWorker)
+// inventoryChange is how a full heartbeat's devices and workers differ
+// from those the registry holds.
+type inventoryChange int
+
+const (
+	inventorySame inventoryChange = iota
+	// inventoryMoved: only in figures that move on their own (a device's
+	// memory and temperature, a worker's requests in flight and memory).
+	// Such a change is written at the pace of the heartbeat time
+	// (BeatTimeSave), not at the next flush: the first full beat after a
+	// restart brings them anyway, and a fleet whose memory moves every
+	// second would otherwise rewrite every pool's row every flush.
+	inventoryMoved
+	inventoryChanged
+)
+
+// compareInventory compares, field by field and in one pass, the devices
+// and workers the registry holds with a full heartbeat's.
+func compareInventory(gpus []api.GPU, workers []api.Worker, hbGPUs []api.GPU, hbWorkers []api.Worker) inventoryChange {
+	if len(gpus) != len(hbGPUs) || len(workers) != len(hbWorkers) {
+		return inventoryChanged
+	}
+	c := inventorySame
+	for i := range gpus {
+		a, b := &gpus[i], &hbGPUs[i]
+		if !stillGPU(a, b) {
+			return inventoryChanged
+		}
+		if !movingGPU(a, b) {
+			c = inventoryMoved
+		}
+	}
+	for i := range workers {
+		a, b := &workers[i], &hbWorkers[i]
+		if !stillWorker(a, b) {
+			return inventoryChanged
+		}
+		if !movingWorker(a, b) {
+			c = inventoryMoved
+		}
+	}
+	return c
 }
 
-func sameGPU(a, b api.GPU) bool {
+func sameGPU(a, b api.GPU) bool { return stillGPU(&a, &b) && movingGPU(&a, &b) }
+
+func sameWorker(a, b api.Worker) bool { return stillWorker(&a, &b) && movingWorker(&a, &b) }
+
+// stillGPU compares the fields of a device that change only with news.
+func stillGPU(a, b *api.GPU) bool {
 	return a.ID == b.ID && a.Kind == b.Kind && a.Name == b.Name && a.UUID == b.UUID && a.TotalBytes == b.TotalBytes &&
-		a.FreeBytes == b.FreeBytes && a.AllocatedBytes == b.AllocatedBytes && a.ReservedBytes == b.ReservedBytes &&
-		samePtr(a.TemperatureC, b.TemperatureC, func(x, y int) bool { return x == y }) && slices.Equal(a.Workers, b.Workers) &&
-		a.Unusable == b.Unusable
+		slices.Equal(a.Workers, b.Workers) && a.Unusable == b.Unusable
 }
 
-func sameWorker(a, b api.Worker) bool {
+// movingGPU compares the figures of a device that move on their own.
+func movingGPU(a, b *api.GPU) bool {
+	return a.FreeBytes == b.FreeBytes && a.AllocatedBytes == b.AllocatedBytes && a.ReservedBytes == b.ReservedBytes &&
+		samePtr(a.TemperatureC, b.TemperatureC, func(x, y int) bool { return x == y })
+}
+
+func stillWorker(a, b *api.Worker) bool {
 	sameTime := func(x, y time.Time) bool { return x.Equal(y) }
 	return a.WorkerID == b.WorkerID && a.LifecycleID == b.LifecycleID && a.ModelRef == b.ModelRef && a.GPUDevice == b.GPUDevice &&
-		a.VRAMBytes == b.VRAMBytes && a.URI == b.URI && a.Status == b.Status && a.Reason == b.Reason && a.PID == b.PID &&
-		samePtr(a.ExitCode, b.ExitCode, func(x, y int) bool { return x == y }) && a.InFlight == b.InFlight &&
+		a.URI == b.URI && a.Status == b.Status && a.Reason == b.Reason && a.PID == b.PID &&
+		samePtr(a.ExitCode, b.ExitCode, func(x, y int) bool { return x == y }) &&
 		a.StartedAt.Equal(b.StartedAt) && samePtr(a.ReadyAt, b.ReadyAt, sameTime) && samePtr(a.StoppedAt, b.StoppedAt, sameTime) &&
 		len(a.History) == 0 && len(b.History) == 0 && a.Transitions == b.Transitions
 }
 
-// movedOnly reports whether a full heartbeat differs from what the
-// registry holds only in figures that move on their own (a device's
-// memory and temperature, a worker's requests in flight and memory).
-// Such a change is written at the pace of the heartbeat time
-// (BeatTimeSave), not at the next flush: the first full beat after a
-// restart brings them anyway, and a fleet whose memory moves every
-// second would otherwise rewrite every pool's row every flush.
-func movedOnly(gpus []api.GPU, workers []api.Worker, hbGPUs []api.GPU, hbWorkers []api.Worker) bool {
-	still := func(g api.GPU) api.GPU {
-		g.FreeBytes, g.AllocatedBytes, g.ReservedBytes, g.TemperatureC = 0, 0, 0, nil
-		return g
-	}
-	stillW := func(w api.Worker) api.Worker {
-		w.InFlight, w.VRAMBytes = 0, 0
-		return w
-	}
-	return slices.EqualFunc(gpus, hbGPUs, func(a, b api.GPU) bool { return sameGPU(still(a), still(b)) }) &&
-		slices.EqualFunc(workers, hbWorkers, func(a, b api.Worker) bool { return sameWorker(stillW(a), stillW(b)) })
+func movingWorker(a, b *api.Worker) bool {
+	return a.InFlight == b.InFlight && a.VRAMBytes == b.VRAMBytes
 }
 
 func samePtr[T any](a, b *T, eq func(x, y T) bool) bool {
@@ -157,6 +186,8 @@ func samePtr[T any](a, b *T, eq func(x, y T) bool) bool {
 	return eq(*a, *b)
 }
 
+// sameRouting reports whether a and b are the same workers in what
+// Generation follows.
 func sameRouting(a, b []api.Worker) bool {
 	if len(a) != len(b) {
 		return false

@@ -431,6 +431,26 @@ type Beat struct {
 	Changed bool
 }
 
+// inventoryOf is what a heartbeat leaves e holding: an unchanged beat, or
+// a full one equal to the last, keeps e's devices and workers (the
+// decoded ones go); any other full beat brings its own, a change, which
+// the store must have at the next flush (dirty) unless only figures that
+// move on their own moved (inventoryMoved). The first full beat since
+// the pool registered or came back is always a change.
+func (e *entry) inventoryOf(hb api.Heartbeat) (gpus []api.GPU, workers []api.Worker, changed, dirty bool) {
+	if hb.Unchanged {
+		return e.GPUs, e.Workers, false, false
+	}
+	c := inventoryChanged
+	if e.current {
+		c = compareInventory(e.GPUs, e.Workers, hb.GPUs, hb.Workers)
+	}
+	if c == inventorySame {
+		return e.GPUs, e.Workers, false, false
+	}
+	return hb.GPUs, hb.Workers, true, c == inventoryChanged
+}
+
 // Heartbeat renews the pool's lease and records its devices and workers.
 // An unhealthy pool comes back. ErrNotFound and ErrOffline tell the hive to
 // register again. An unchanged beat renews the devices and workers of the
@@ -476,17 +496,11 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 			return Beat{}, err
 		}
 	} else {
-		changed = changed || !e.current
-		dirty := false
-		if !hb.Unchanged && !changed && sameInventory(e.GPUs, e.Workers, hb.GPUs, hb.Workers) {
-			hb.GPUs, hb.Workers = e.GPUs, e.Workers
-		} else {
-			dirty = !hb.Unchanged && (!e.current || !movedOnly(e.GPUs, e.Workers, hb.GPUs, hb.Workers))
-			changed = !hb.Unchanged
-		}
+		var dirty bool
+		hb.GPUs, hb.Workers, changed, dirty = e.inventoryOf(hb)
 		e.LastHeartbeatAt, e.GPUs, e.Workers = now, hb.GPUs, hb.Workers
 		r.indexLocked(e)
-		e.beatDirty = e.beatDirty || dirty // an unchanged beat moves only the time
+		e.beatDirty = e.beatDirty || dirty
 	}
 	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
@@ -512,26 +526,16 @@ func (r *Registry) renew(id string, hb api.Heartbeat) (b Beat, ok bool) {
 	}
 	e.beat.Lock()
 	defer e.beat.Unlock()
-	changed, dirty := false, false
-	switch {
-	case hb.Unchanged && !e.current:
+	if hb.Unchanged && !e.current {
 		return Beat{Status: e.Status, FullWanted: true}, true
-	case hb.Unchanged:
-		hb.GPUs, hb.Workers = e.GPUs, e.Workers
-	case e.current && sameInventory(e.GPUs, e.Workers, hb.GPUs, hb.Workers):
-		hb.GPUs, hb.Workers = e.GPUs, e.Workers // the decoded ones go
-	default:
-		changed = true
-		dirty = !e.current || !movedOnly(e.GPUs, e.Workers, hb.GPUs, hb.Workers)
-		if !sameRouting(e.Workers, hb.Workers) {
-			for _, m := range e.models {
-				r.modelGen[m].Add(1)
-			}
+	}
+	gpus, workers, changed, dirty := e.inventoryOf(hb)
+	if changed && !sameRouting(e.Workers, workers) {
+		for _, m := range e.models {
+			r.modelGen[m].Add(1)
 		}
 	}
-	e.LastHeartbeatAt, e.GPUs, e.Workers = time.Now(), hb.GPUs, hb.Workers
-	// A beat that changed nothing, or only figures that move, moves only
-	// the time as far as the store goes (see movedOnly).
+	e.LastHeartbeatAt, e.GPUs, e.Workers = time.Now(), gpus, workers
 	e.beatDirty = e.beatDirty || dirty
 	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)

@@ -1029,11 +1029,11 @@ func TestMovedOnly(t *testing.T) {
 		if tc.wk != nil {
 			tc.wk(&w2)
 		}
-		if got := movedOnly([]api.GPU{g}, []api.Worker{w}, []api.GPU{g2}, []api.Worker{w2}); got != tc.moved {
-			t.Errorf("%s: movedOnly %v, want %v", tc.name, got, tc.moved)
+		if got := compareInventory([]api.GPU{g}, []api.Worker{w}, []api.GPU{g2}, []api.Worker{w2}) == inventoryMoved; got != tc.moved {
+			t.Errorf("%s: moved only %v, want %v", tc.name, got, tc.moved)
 		}
 	}
-	if movedOnly([]api.GPU{g}, []api.Worker{w}, []api.GPU{g}, nil) {
-		t.Error("a worker gone: movedOnly")
+	if compareInventory([]api.GPU{g}, []api.Worker{w}, []api.GPU{g}, nil) != inventoryChanged {
+		t.Error("a worker gone: moved only")
 	}
 }
