@@ -19,7 +19,6 @@ import (
 	"github.com/openai/openai-go/option"
 
 	"github.com/apiary-llm/apiary/internal/keeper"
-	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
 // refusedFast checks that err is a 503 no_capacity, with Retry-After and
@@ -43,11 +42,9 @@ func refusedFast(t *testing.T, what string, start time.Time, err error, want ...
 
 // The only pool is drained while a request waits for its busy worker:
 // that request and the next get 503 no_capacity naming the drain. The
-// busy worker's model has 8 layers of 256 (as in
-// TestProcessQueueFullAndTimeout): its long stream must outlast the
-// drain, which the default model's does not always on a fast CPU.
+// long stream (holdingModel) outlasts the drain.
 func TestProcessDrainedPoolAnswersNoCapacity(t *testing.T) {
-	c := startClusterWith(t, clusterOptions{model: testmodel.Options{Layers: 8, Dim: 256}}, []string{"--queue-timeout", longQueue.String(), "--log-level", "debug"})
+	c := startClusterWith(t, clusterOptions{model: holdingModel}, []string{"--queue-timeout", longQueue.String(), "--log-level", "debug"})
 	ctx := t.Context()
 	first := make(chan struct{})
 	var wg sync.WaitGroup

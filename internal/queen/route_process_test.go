@@ -375,13 +375,18 @@ func TestProcessWorkerKilledMidStream(t *testing.T) {
 	}
 }
 
+// holdingModel is a model larger than the default one, for tests whose
+// long stream must hold a slot while something else happens: its
+// 1800-token stream takes about 3 s on a fast CPU, the default model's
+// under 0.2 s.
+var holdingModel = testmodel.Options{Layers: 8, Dim: 256}
+
 // One slot, a queue of one: a third request is refused with 429 and
 // Retry-After, and a queued request that waits past the queue timeout
-// gets 504. The model is larger than the default one (8 layers of 256):
-// its 1800-token stream must hold the slot well past the timeout, and
-// the default model's takes under 0.2 s on a fast CPU.
+// gets 504. The long stream (holdingModel) holds the slot well past the
+// timeout.
 func TestProcessQueueFullAndTimeout(t *testing.T) {
-	c := startClusterWith(t, clusterOptions{model: testmodel.Options{Layers: 8, Dim: 256}}, []string{"--queue-size", "1", "--queue-timeout", "500ms", "--log-level", "debug"})
+	c := startClusterWith(t, clusterOptions{model: holdingModel}, []string{"--queue-size", "1", "--queue-timeout", "500ms", "--log-level", "debug"})
 	ctx := t.Context()
 	if _, err := c.admin.StartWorker(ctx, "tiny", "node-1", nil, "queue test"); err != nil {
 		t.Fatal(err)
