@@ -700,17 +700,17 @@ func (r *router) queueStats() []queueStat {
 func (r *router) fail(t target, err error) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := 0
+	// Counted before any waiter is answered: a waiter returns as soon as
+	// its answer is in its channel, and its client may read the metric.
+	n := len(r.queues[t]) + len(r.batches[t])
+	if n > 0 {
+		r.m.rejected.WithLabelValues(t.model, "no_capacity").Add(float64(n))
+	}
 	for _, batch := range [2]bool{false, true} {
-		q := r.queuesOf(batch)[t]
-		for _, w := range q {
+		for _, w := range r.queuesOf(batch)[t] {
 			w.ch <- grant{err: err}
 		}
 		r.setQueueLocked(t, batch, nil)
-		n += len(q)
-	}
-	if n > 0 {
-		r.m.rejected.WithLabelValues(t.model, "no_capacity").Add(float64(n))
 	}
 	return n
 }
