@@ -107,7 +107,8 @@ func (r *Registry) Generation(model string) Generation {
 }
 
 // inventoryChange is how a full heartbeat's devices and workers differ
-// from those the registry holds.
+// from those the registry holds; ordered, so that the max of two is the
+// change of both.
 type inventoryChange int
 
 const (
@@ -125,25 +126,21 @@ const (
 // compareInventory compares, field by field and in one pass, the devices
 // and workers the registry holds with a full heartbeat's.
 func compareInventory(gpus []api.GPU, workers []api.Worker, hbGPUs []api.GPU, hbWorkers []api.Worker) inventoryChange {
-	if len(gpus) != len(hbGPUs) || len(workers) != len(hbWorkers) {
+	return max(compareEach(gpus, hbGPUs, stillGPU, movingGPU), compareEach(workers, hbWorkers, stillWorker, movingWorker))
+}
+
+// compareEach compares a and b element by element, still and moving
+// splitting each element's fields as inventoryChange does.
+func compareEach[T any](a, b []T, still, moving func(x, y *T) bool) inventoryChange {
+	if len(a) != len(b) {
 		return inventoryChanged
 	}
 	c := inventorySame
-	for i := range gpus {
-		a, b := &gpus[i], &hbGPUs[i]
-		if !stillGPU(a, b) {
+	for i := range a {
+		if !still(&a[i], &b[i]) {
 			return inventoryChanged
 		}
-		if !movingGPU(a, b) {
-			c = inventoryMoved
-		}
-	}
-	for i := range workers {
-		a, b := &workers[i], &hbWorkers[i]
-		if !stillWorker(a, b) {
-			return inventoryChanged
-		}
-		if !movingWorker(a, b) {
+		if !moving(&a[i], &b[i]) {
 			c = inventoryMoved
 		}
 	}
