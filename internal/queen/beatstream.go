@@ -13,6 +13,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/jsonl"
+	"github.com/apiary-llm/apiary/internal/registry"
 )
 
 // beatReadBuffer is the read buffer of one heartbeat stream: an unchanged
@@ -62,10 +63,9 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 	}
 	var hb api.Heartbeat // one for the stream: decoding into it makes it escape
 	var dec api.LineDecoder
-	// The arrays of the last full beat, when nothing kept them (it
-	// repeated the one before): the next one is decoded into them.
-	var spareGPUs []api.GPU
-	var spareWorkers []api.Worker
+	// The arrays the registry left this stream (the last beat's, or
+	// those it replaced): the next beat is decoded into them.
+	var spares registry.Spares
 	for {
 		// The deadline first, the shutdown check after: a shutdown that
 		// comes between them still ends the read.
@@ -86,19 +86,13 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 			return nil
 		}
 		// Zeroed first: the decoder writes only the fields a line has.
-		clear(spareGPUs[:cap(spareGPUs)])
-		clear(spareWorkers[:cap(spareWorkers)])
-		hb = api.Heartbeat{GPUs: spareGPUs[:0], Workers: spareWorkers[:0]}
-		ans, free, err := api.HeartbeatAnswer{}, false, dec.Decode(line, &hb)
+		clear(spares.GPUs[:cap(spares.GPUs)])
+		clear(spares.Workers[:cap(spares.Workers)])
+		hb = api.Heartbeat{GPUs: spares.GPUs[:0], Workers: spares.Workers[:0]}
+		spares = registry.Spares{} // filled again by the registry
+		ans, err := api.HeartbeatAnswer{}, dec.Decode(line, &hb)
 		if err == nil {
-			ans, free, err = q.takeBeat(r.Context(), id, hb)
-		}
-		switch {
-		case free && hb.Unchanged: // the spares stay as they were
-		case free:
-			spareGPUs, spareWorkers = hb.GPUs, hb.Workers
-		default:
-			spareGPUs, spareWorkers = nil, nil
+			ans, err = q.takeBeat(r.Context(), id, hb, &spares)
 		}
 		var ok bool
 		switch plain := len(ans.Refused) == 0; {

@@ -122,12 +122,15 @@ func mustURL(b *testing.B, s string) *url.URL {
 //
 //	go test -run '^$' -bench HeartbeatStream -benchmem ./internal/queen/
 func BenchmarkHeartbeatStream(b *testing.B) {
-	for _, unchanged := range []bool{true, false} {
-		b.Run("beat="+map[bool]string{true: "unchanged", false: "full"}[unchanged], func(b *testing.B) { benchBeatStream(b, unchanged) })
+	for _, kind := range []string{"unchanged", "full", "changing"} {
+		b.Run("beat="+kind, func(b *testing.B) { benchBeatStream(b, kind) })
 	}
 }
 
-func benchBeatStream(b *testing.B, unchanged bool) {
+// benchBeatStream beats as BenchmarkHeartbeatLoad's kinds do: unchanged
+// beats, the same full beat, or full beats whose device's free memory
+// moves by a MiB each time.
+func benchBeatStream(b *testing.B, kind string) {
 	x := startQueen(b, sqliteDir(b), "", func(c *Config) { c.HeartbeatTimeout = 5 * time.Minute })
 	x.register("a")
 	resp := x.start("m0", "a")
@@ -153,11 +156,19 @@ func benchBeatStream(b *testing.B, unchanged bool) {
 	if err := openStream(h, u.Host); err != nil {
 		b.Fatal(err)
 	}
-	chunk := beatChunk(full)
-	if unchanged {
-		chunk = beatChunk([]byte(`{"unchanged":true}`))
+	chunks := [][]byte{beatChunk(full)}
+	switch kind {
+	case "unchanged":
+		chunks = [][]byte{beatChunk([]byte(`{"unchanged":true}`))}
+	case "changing":
+		gpus[0].FreeBytes -= 1 << 20
+		moved, _ := json.Marshal(api.Heartbeat{GPUs: gpus, Workers: []api.Worker{w}})
+		chunks = append(chunks, beatChunk(moved))
 	}
+	n := 0
 	round := func() {
+		chunk := chunks[n%len(chunks)]
+		n++
 		if _, err := unix.Write(h.fd, chunk); err != nil {
 			b.Fatal(err)
 		}

@@ -164,7 +164,7 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	if err := api.Decode(r, &hb, false); err != nil {
 		return err
 	}
-	ans, _, err := q.takeBeat(r.Context(), id, hb)
+	ans, err := q.takeBeat(r.Context(), id, hb, nil)
 	if err != nil {
 		return err
 	}
@@ -173,22 +173,21 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 }
 
 // takeBeat takes one heartbeat of pool id, whether it came alone (POST
-// /v2/pools/{id}/heartbeat) or on the pool's heartbeat stream. free says
-// that nothing kept hb's GPUs and Workers arrays: the caller may decode
-// the next beat into them.
-func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat) (_ api.HeartbeatAnswer, free bool, _ error) {
+// /v2/pools/{id}/heartbeat, spares nil) or on the pool's heartbeat
+// stream, which decodes its beats into spares (see registry.Spares): the
+// arrays nothing holds after this beat are put there.
+func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat, spares *registry.Spares) (api.HeartbeatAnswer, error) {
 	start := time.Now()
 	defer func() { q.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds()) }()
 	q.metrics.heartbeats.Inc()
 	if hb.Unchanged {
-		ans, err := q.unchangedBeat(ctx, id, hb)
-		return ans, err == nil, err
+		return q.unchangedBeat(ctx, id, hb, spares)
 	}
 	if err := checkGPUs(hb.GPUs); err != nil {
-		return api.HeartbeatAnswer{}, false, err
+		return api.HeartbeatAnswer{}, err
 	}
 	if len(hb.Workers) > maxWorkers {
-		return api.HeartbeatAnswer{}, false, api.BadRequest("%d workers: at most %d", len(hb.Workers), maxWorkers)
+		return api.HeartbeatAnswer{}, api.BadRequest("%d workers: at most %d", len(hb.Workers), maxWorkers)
 	}
 	// One bad entry is refused alone, named in the answer; the rest of
 	// the heartbeat is taken.
@@ -199,32 +198,31 @@ func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat) (_ ap
 			"first_reason", refused[0].Reason)
 	}
 	sanitizeWorkers(hb.Workers)
-	if _, known := q.reg.Get(id); known {
+	if _, known := q.reg.StatusOf(id); known {
 		q.tokens.replace(id, hb.WorkerTokens) // before the rows change, as for events
 	}
-	beat, err := q.heartbeat(ctx, id, hb, refused)
+	beat, err := q.heartbeat(ctx, id, hb, refused, spares)
 	if err != nil {
-		return api.HeartbeatAnswer{}, false, err
+		return api.HeartbeatAnswer{}, err
 	}
 	if beat.Changed {
 		// Requests waiting for capacity may have it now. A full beat that
 		// repeats the last one is an unchanged beat (which pokes nothing).
 		q.routing.Poke()
 	}
-	// The registry keeps a changed beat's arrays; reconcile keeps copies.
-	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), Refused: refused}, !beat.Changed, nil
+	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), Refused: refused}, nil
 }
 
 // unchangedBeat takes a heartbeat that says nothing changed since the
 // pool's last full one: the lease is renewed and the rows of the workers
 // that heartbeat listed are seen again. A queen that holds no full
 // heartbeat of the pool asks for one.
-func (q *Queen) unchangedBeat(ctx context.Context, id string, hb api.Heartbeat) (api.HeartbeatAnswer, error) {
+func (q *Queen) unchangedBeat(ctx context.Context, id string, hb api.Heartbeat, spares *registry.Spares) (api.HeartbeatAnswer, error) {
 	if len(hb.GPUs) > 0 || len(hb.Workers) > 0 || len(hb.WorkerTokens) > 0 {
 		return api.HeartbeatAnswer{}, api.BadRequest("an unchanged heartbeat carries no gpus, workers or worker_tokens")
 	}
 	q.metrics.unchangedBeats.Inc()
-	beat, err := q.reg.Heartbeat(ctx, id, hb)
+	beat, err := q.reg.HeartbeatReusing(ctx, id, hb, spares)
 	if err != nil {
 		return api.HeartbeatAnswer{}, err
 	}

@@ -515,8 +515,8 @@ func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, a
 
 // heartbeat renews the pool's lease and reconciles its workers with the
 // rows; refused are the entries the queen could not take.
-func (q *Queen) heartbeat(ctx context.Context, poolID string, hb api.Heartbeat, refused []api.RefusedWorker) (registry.Beat, error) {
-	beat, err := q.reg.Heartbeat(ctx, poolID, hb)
+func (q *Queen) heartbeat(ctx context.Context, poolID string, hb api.Heartbeat, refused []api.RefusedWorker, spares *registry.Spares) (registry.Beat, error) {
+	beat, err := q.reg.HeartbeatReusing(ctx, poolID, hb, spares)
 	if err != nil {
 		return registry.Beat{}, err
 	}

@@ -229,7 +229,7 @@ func (e *entry) snapshot(f Filter) (Pool, bool) {
 	if !f.match(&e.Pool) {
 		return Pool{}, false
 	}
-	return e.Pool, true
+	return e.lend(), true
 }
 
 // liveModels is the models of ws's live workers, each once.
@@ -292,6 +292,17 @@ func (r *Registry) Get(id string) (Pool, bool) {
 		return Pool{}, false
 	}
 	return e.snapshot(Filter{})
+}
+
+// StatusOf is the status of pool id, without a snapshot of it.
+func (r *Registry) StatusOf(id string) (Status, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.pools[id]
+	if !ok {
+		return "", false
+	}
+	return e.Status, true
 }
 
 // Counts counts pools by status (every status present, zero or not).

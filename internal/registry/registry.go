@@ -141,6 +141,8 @@ type entry struct {
 	current        bool      // lease field; GPUs and Workers are the last full heartbeat's: an unchanged beat may renew them
 	beatDirty      bool      // lease field; devices or workers not in the store yet
 	savedBeatAt    time.Time // lease field; the LastHeartbeatAt the store holds (as this registry last wrote it)
+	owner          *Spares   // lease field; the heartbeat stream whose beat brought GPUs and Workers (nil: another way)
+	lent           bool      // lease field; GPUs or Workers were handed out since they came: they may be read outside the locks
 	statusDirty    bool      // a status write failed; Flush retries it
 	models         []string  // the models of its live workers: its keys in Registry.byModel
 }
@@ -324,7 +326,7 @@ func (r *Registry) changeLocked(ctx context.Context, e *entry, next Pool, c chan
 	audit := store.AuditEntry{TS: time.Now(), Actor: c.actor, Action: c.action, Target: next.ID, Reason: c.reason, Metadata: meta}
 	var pre Pool
 	if e != nil {
-		pre = e.Pool
+		pre = e.lend() // compared after the write, mu released meanwhile
 	}
 	rec := toRecord(next)
 	r.mu.Unlock()
@@ -340,6 +342,7 @@ func (r *Registry) changeLocked(ctx context.Context, e *entry, next Pool, c chan
 		keepNewer(&next, pre, e.Pool)
 	}
 	e.Pool = next
+	e.lent = true // next's arrays are the caller's, or were lent as pre's
 	r.indexLocked(e)
 	if err != nil {
 		e.statusDirty = true
@@ -387,7 +390,7 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 	next := Pool{ID: reg.PoolID, Status: Healthy, RegisteredAt: now, StatusChangedAt: now}
 	reason := "registered"
 	if e != nil {
-		next = e.Pool
+		next = e.lend()
 		if next.Status == Offline {
 			next.Drained = false
 		}
@@ -405,7 +408,7 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 	e = r.pools[reg.PoolID]
 	e.awaitInventory, e.lostPending, e.beatDirty, e.current = true, false, false, false
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
-	return e.Pool, nil
+	return e.lend(), nil
 }
 
 // Beat is what the queen learns from a heartbeat beyond the pool itself.
@@ -429,6 +432,59 @@ type Beat struct {
 	// renews the lease as an unchanged beat does: the registry keeps what
 	// it holds (nothing for the next flush to write).
 	Changed bool
+}
+
+// Spares are the devices and workers arrays a heartbeat stream decodes
+// its next beat into, so that a fleet whose hives report moving figures
+// every second does not make the queen collect two arrays a beat. A
+// stream passes the same Spares to every beat (HeartbeatReusing); the
+// registry puts into it the arrays that nothing holds any more: the
+// beat's own when it keeps none of them, or, when it keeps them, those
+// they replace if that stream's previous beat brought them and they
+// were never handed out since (a snapshot, a store write, a status
+// change, another caller's Beat). The stream zeroes them before it
+// decodes into them.
+type Spares struct {
+	GPUs    []api.GPU
+	Workers []api.Worker
+}
+
+// keep puts a beat's arrays into s (when s is a stream's): the registry
+// keeps none of them.
+func (s *Spares) keep(hb api.Heartbeat) {
+	if s != nil {
+		s.GPUs, s.Workers = hb.GPUs, hb.Workers
+	}
+}
+
+// lend is e's pool for use outside the locks (a snapshot, a store write,
+// a change being decided): its arrays never go back to a stream as
+// spares. The caller holds mu, or mu's read lock and e.beat.
+func (e *entry) lend() Pool {
+	e.lent = true
+	return e.Pool
+}
+
+// take makes a beat's devices and workers e's; from is the stream's
+// spares (nil for a beat that came another way), given the arrays they
+// replace when they are free (see Spares).
+func (e *entry) take(gpus []api.GPU, workers []api.Worker, from *Spares) {
+	if from != nil && e.owner == from && !e.lent {
+		from.GPUs, from.Workers = e.GPUs, e.Workers
+	}
+	e.GPUs, e.Workers, e.owner, e.lent = gpus, workers, from, false
+}
+
+// beatOf is the Beat that answers a heartbeat of e: its Workers are
+// e's, lent unless the caller is the stream that brought them (which
+// is done with them before its next beat).
+func (e *entry) beatOf(from *Spares, changed bool) Beat {
+	if from == nil || e.owner != from {
+		e.lent = true
+	}
+	b := Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers, Changed: changed}
+	e.awaitInventory = false
+	return b
 }
 
 // inventoryOf is what a heartbeat leaves e holding: an unchanged beat, or
@@ -457,7 +513,15 @@ func (e *entry) inventoryOf(hb api.Heartbeat) (gpus []api.GPU, workers []api.Wor
 // pool's last full heartbeat, or answers FullWanted (and renews nothing)
 // when the registry holds none since the pool registered or came back.
 func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (Beat, error) {
-	if b, ok := r.renew(id, hb); ok {
+	return r.HeartbeatReusing(ctx, id, hb, nil)
+}
+
+// HeartbeatReusing is Heartbeat for a heartbeat stream that decodes each
+// beat into the arrays the one before left it (see Spares): spares is
+// the stream's, the same for each of its beats, emptied by the caller
+// before each; the arrays nothing holds after this beat are put into it.
+func (r *Registry) HeartbeatReusing(ctx context.Context, id string, hb api.Heartbeat, spares *Spares) (Beat, error) {
+	if b, ok := r.renew(id, hb, spares); ok {
 		return b, nil
 	}
 	r.mu.Lock()
@@ -478,35 +542,40 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 	case e.Status == Offline:
 		return Beat{}, fmt.Errorf("%w: %s", ErrOffline, id)
 	case hb.Unchanged && !e.current:
+		spares.keep(hb)
 		return Beat{Status: e.Status, FullWanted: true}, nil
 	}
 	now := time.Now()
-	if hb.Unchanged {
-		hb.GPUs, hb.Workers = e.GPUs, e.Workers
-	}
 	changed := false
 	if e.Status == Unhealthy {
+		gpus, workers := hb.GPUs, hb.Workers
+		if hb.Unchanged {
+			gpus, workers = e.GPUs, e.Workers
+			spares.keep(hb)
+		}
 		changed = !hb.Unchanged
-		next := e.Pool
+		next := e.lend()
 		next.Status = live(e.Drained)
-		next.LastHeartbeatAt, next.GPUs, next.Workers = now, hb.GPUs, hb.Workers
+		next.LastHeartbeatAt, next.GPUs, next.Workers = now, gpus, workers
 		err := r.changeLocked(ctx, e, next, change{actor: "hive:" + id, action: "pool." + string(next.Status),
 			reason: fmt.Sprintf("heartbeat resumed after %s", now.Sub(e.LastHeartbeatAt).Round(time.Millisecond))}, false)
 		if err != nil {
 			return Beat{}, err
 		}
 	} else {
-		var dirty bool
-		hb.GPUs, hb.Workers, changed, dirty = e.inventoryOf(hb)
-		e.LastHeartbeatAt, e.GPUs, e.Workers = now, hb.GPUs, hb.Workers
+		gpus, workers, c, dirty := e.inventoryOf(hb)
+		if changed = c; changed {
+			e.take(gpus, workers, spares)
+		} else {
+			spares.keep(hb)
+		}
+		e.LastHeartbeatAt = now
 		r.indexLocked(e)
 		e.beatDirty = e.beatDirty || dirty
 	}
 	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
-	b := Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers, Changed: changed}
-	e.awaitInventory = false
-	return b, nil
+	return e.beatOf(spares, changed), nil
 }
 
 // renew is Heartbeat for a beat that changes no status and no model
@@ -514,7 +583,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, hb api.Heartbeat) (
 // beat lock held exclusively, so that the beats of different pools never
 // wait for each other, nor for a query. ok is false for any other beat,
 // which Heartbeat takes under mu.
-func (r *Registry) renew(id string, hb api.Heartbeat) (b Beat, ok bool) {
+func (r *Registry) renew(id string, hb api.Heartbeat, spares *Spares) (b Beat, ok bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	e := r.pools[id]
@@ -527,21 +596,25 @@ func (r *Registry) renew(id string, hb api.Heartbeat) (b Beat, ok bool) {
 	e.beat.Lock()
 	defer e.beat.Unlock()
 	if hb.Unchanged && !e.current {
+		spares.keep(hb)
 		return Beat{Status: e.Status, FullWanted: true}, true
 	}
 	gpus, workers, changed, dirty := e.inventoryOf(hb)
-	if changed && !sameRouting(e.Workers, workers) {
-		for _, m := range e.models {
-			r.modelGen[m].Add(1)
+	if changed {
+		if !sameRouting(e.Workers, workers) {
+			for _, m := range e.models {
+				r.modelGen[m].Add(1)
+			}
 		}
+		e.take(gpus, workers, spares)
+	} else {
+		spares.keep(hb)
 	}
-	e.LastHeartbeatAt, e.GPUs, e.Workers = time.Now(), gpus, workers
+	e.LastHeartbeatAt = time.Now()
 	e.beatDirty = e.beatDirty || dirty
 	e.lostPending, e.current = false, true
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
-	b = Beat{Status: e.Status, FullInventory: e.awaitInventory, RegisteredAt: e.RegisteredAt, Workers: e.Workers, Changed: changed}
-	e.awaitInventory = false
-	return b, true
+	return e.beatOf(spares, changed), true
 }
 
 // Drain marks the pool drained: it gets no new work. Draining a drained
@@ -575,9 +648,9 @@ func (r *Registry) setDrained(ctx context.Context, id, actor, reason string, dra
 	case e.Status == Offline:
 		return Pool{}, fmt.Errorf("%w: %s cannot be %s", ErrOffline, id, verb)
 	case e.Drained == drained:
-		return e.Pool, nil
+		return e.lend(), nil
 	}
-	next := e.Pool
+	next := e.lend()
 	next.Drained = drained
 	switch {
 	case drained && next.Status == Healthy:
@@ -588,7 +661,7 @@ func (r *Registry) setDrained(ctx context.Context, id, actor, reason string, dra
 	if err := r.changeLocked(ctx, e, next, change{actor: actor, action: action, reason: reason}, false); err != nil {
 		return Pool{}, err
 	}
-	return e.Pool, nil
+	return e.lend(), nil
 }
 
 // Deregister takes the pool offline: its workers are presumed gone, and it
@@ -608,12 +681,12 @@ func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Po
 		r.wmu.Unlock()
 		return Pool{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	case e.Status == Offline:
-		p := e.Pool
+		p := e.lend()
 		r.mu.Unlock()
 		r.wmu.Unlock()
 		return p, nil
 	}
-	next := e.Pool
+	next := e.lend()
 	next.Status, next.Drained, next.Workers = Offline, false, nil
 	if err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.offline", reason: reason}, false); err != nil {
 		r.mu.Unlock()
@@ -622,7 +695,7 @@ func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Po
 	}
 	e.lostPending, e.awaitInventory = false, false
 	r.armLocked(e, r.cfg.OfflineRetention)
-	p := e.Pool
+	p := e.lend()
 	r.hooks.Add(1)
 	r.mu.Unlock()
 	r.wmu.Unlock()
@@ -648,7 +721,7 @@ func (r *Registry) fire(e *entry) {
 	switch e.Status {
 	case Healthy, Draining:
 		silent := time.Since(e.LastHeartbeatAt).Round(time.Millisecond)
-		next := e.Pool
+		next := e.lend()
 		next.Status = Unhealthy
 		_ = r.changeLocked(ctx, e, next, change{actor: ActorQueen, action: "pool.unhealthy",
 			reason: fmt.Sprintf("no heartbeat for %s (timeout %s)", silent, r.cfg.HeartbeatTimeout)}, true)
@@ -665,7 +738,7 @@ func (r *Registry) fire(e *entry) {
 			r.armLocked(e, r.cfg.OfflineRetention)
 			break
 		}
-		next := e.Pool
+		next := e.lend()
 		next.Status, next.Drained, next.Workers = Offline, false, nil
 		_ = r.changeLocked(ctx, e, next, change{actor: ActorQueen, action: "pool.offline",
 			reason: fmt.Sprintf("no heartbeat for %s", time.Since(e.LastHeartbeatAt).Round(time.Millisecond))}, true)
@@ -760,7 +833,7 @@ func (r *Registry) flush(ctx context.Context, all bool) error {
 		e.beat.Lock()
 		late := e.LastHeartbeatAt.Sub(e.savedBeatAt)
 		if e.beatDirty || late >= BeatTimeSave || (all && late > 0) {
-			dirty = append(dirty, e.Pool)
+			dirty = append(dirty, e.lend())
 			retried = append(retried, id)
 			e.beatDirty = false
 		}
@@ -813,7 +886,7 @@ func (r *Registry) flushStatuses(ctx context.Context) error {
 	var pending []Pool
 	for _, e := range r.pools {
 		if e.statusDirty {
-			pending = append(pending, e.Pool)
+			pending = append(pending, e.lend())
 		}
 	}
 	r.mu.Unlock()

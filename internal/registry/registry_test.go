@@ -1037,3 +1037,150 @@ func TestMovedOnly(t *testing.T) {
 		t.Error("a worker gone: moved only")
 	}
 }
+
+// A stream's beats get back the arrays nothing holds any more, and
+// never ones that were handed out: a snapshot, another caller's Beat, a
+// beat that came another way.
+func TestSparesAreOnlyFreeArrays(t *testing.T) {
+	h := newHarness(t, newFakeStore())
+	h.register("p1")
+	var s Spares
+	n := uint64(0)
+	// beat sends a full beat whose free memory moved (a change that keeps
+	// the beat's arrays), through the stream (s) or not (nil).
+	beat := func(s *Spares) api.Heartbeat {
+		t.Helper()
+		n++
+		hb := api.Heartbeat{GPUs: []api.GPU{{ID: 0, TotalBytes: 100, FreeBytes: n}}, Workers: []api.Worker{{WorkerID: "w", ModelRef: "m", Status: "ready"}}}
+		if s != nil {
+			*s = Spares{}
+		}
+		b, err := h.r.HeartbeatReusing(h.ctx, "p1", hb, s)
+		if err != nil || !b.Changed {
+			t.Fatalf("beat %d: %+v, %v", n, b, err)
+		}
+		return hb
+	}
+	same := func(got Spares, want api.Heartbeat) bool {
+		return len(got.GPUs) == 1 && &got.GPUs[0] == &want.GPUs[0] && len(got.Workers) == 1 && &got.Workers[0] == &want.Workers[0]
+	}
+	first := beat(&s) // the first full beat: nothing to give back
+	if s.GPUs != nil || s.Workers != nil {
+		t.Fatalf("first beat gave back %+v", s)
+	}
+	second := beat(&s)
+	if !same(s, first) {
+		t.Fatalf("second beat gave back %+v, want the first beat's arrays", s)
+	}
+	if _, ok := h.r.Get("p1"); !ok { // the snapshot holds the second beat's arrays
+		t.Fatal("p1 gone")
+	}
+	third := beat(&s)
+	if s.GPUs != nil || s.Workers != nil {
+		t.Fatalf("the beat after a snapshot gave back the snapshot's arrays: %+v", s)
+	}
+	beat(&s)
+	if !same(s, third) {
+		t.Fatalf("fourth beat gave back %+v, want the third beat's arrays", s)
+	}
+	beat(nil) // a POST: its arrays are not the stream's
+	beat(&s)
+	if s.GPUs != nil || s.Workers != nil {
+		t.Fatalf("the beat after a POST gave back its arrays: %+v", s)
+	}
+	var other Spares
+	beat(&other) // a second stream of the pool (a hive restarted, say)
+	if other.GPUs != nil || other.Workers != nil {
+		t.Fatalf("a second stream got the first one's arrays: %+v", other)
+	}
+	_ = second
+	// A beat that keeps nothing gives its own arrays back: unchanged, or
+	// a full one equal to the last.
+	last := beat(&s)
+	unchanged := api.Heartbeat{Unchanged: true, GPUs: make([]api.GPU, 0, 2)}
+	if _, err := h.r.HeartbeatReusing(h.ctx, "p1", unchanged, &s); err != nil {
+		t.Fatal(err)
+	}
+	if cap(s.GPUs) != 2 {
+		t.Fatalf("an unchanged beat gave back %+v, want its own arrays", s)
+	}
+	repeat := api.Heartbeat{GPUs: slices.Clone(last.GPUs), Workers: slices.Clone(last.Workers)}
+	if b, err := h.r.HeartbeatReusing(h.ctx, "p1", repeat, &s); err != nil || b.Changed {
+		t.Fatalf("repeated beat: %+v, %v", b, err)
+	}
+	if !same(s, repeat) {
+		t.Fatalf("a repeated beat gave back %+v, want its own arrays", s)
+	}
+	// Another caller's Beat holds the workers the stream brought.
+	beat(&s)
+	if _, err := h.r.Heartbeat(h.ctx, "p1", api.Heartbeat{Unchanged: true}); err != nil {
+		t.Fatal(err)
+	}
+	beat(&s)
+	if s.GPUs != nil || s.Workers != nil {
+		t.Fatalf("the beat after another caller's Beat gave back its workers: %+v", s)
+	}
+}
+
+// A stream that decodes into the arrays it gets back, as the queen's
+// does, never changes what a snapshot, a flush or a status change holds,
+// however they interleave (run with -race, it also sees the memory).
+func TestSparesNeverChangeWhatIsHandedOut(t *testing.T) {
+	st := newFakeStore()
+	h := newHarness(t, st)
+	h.register("p1")
+	const beats = 2000
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		var s Spares
+		for n := range beats {
+			clear(s.GPUs[:cap(s.GPUs)])
+			clear(s.Workers[:cap(s.Workers)])
+			hb := api.Heartbeat{GPUs: append(s.GPUs[:0], api.GPU{ID: 0, TotalBytes: 1 << 40, FreeBytes: uint64(n)}),
+				Workers: append(s.Workers[:0], api.Worker{WorkerID: "w", ModelRef: "m", Status: "ready", InFlight: n})}
+			s = Spares{}
+			if _, err := h.r.HeartbeatReusing(h.ctx, "p1", hb, &s); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	check := func(p Pool) {
+		if len(p.GPUs) == 0 {
+			return
+		}
+		free, inFlight := p.GPUs[0].FreeBytes, p.Workers[0].InFlight
+		runtime.Gosched()
+		if p.GPUs[0].FreeBytes != free || p.Workers[0].InFlight != inFlight || uint64(inFlight) != free {
+			t.Errorf("a snapshot changed under its holder: free %d then %d, in flight %d then %d", free, p.GPUs[0].FreeBytes,
+				inFlight, p.Workers[0].InFlight)
+		}
+	}
+	wg.Go(func() {
+		for range beats / 4 {
+			if p, ok := h.r.Get("p1"); ok {
+				check(p)
+			}
+			for _, p := range h.r.Query(Filter{Model: "m"}) {
+				check(p)
+			}
+			if err := h.r.Flush(h.ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	wg.Go(func() {
+		for i := range beats / 100 {
+			p, err := h.r.Drain(h.ctx, "p1", "admin", "test")
+			if i%2 == 1 {
+				p, err = h.r.Undrain(h.ctx, "p1", "admin", "test")
+			}
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			check(p)
+		}
+	})
+	wg.Wait()
+}
