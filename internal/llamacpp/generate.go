@@ -93,6 +93,9 @@ type sequence struct {
 	generated int
 	last      C.llama_token // last sampled token, decoded in the next step
 	outIdx    int           // index in the current batch whose logits to sample, -1 if none
+	// stepPromptPos and stepNPast are promptPos and nPast before the
+	// step under way: an aborted step goes back to them.
+	stepPromptPos, stepNPast int
 	// spoken: its pieces so far hold a whole character, so its first
 	// event can go out. Until a foreground sequence has spoken,
 	// background ones sit out the steps (see leadLimit).
@@ -196,12 +199,23 @@ func (e *Engine) GenerateChoices(ctx context.Context, req engine.Request, n int,
 			}
 		})()
 	}
+	if !req.Background && e.abortFlag != nil {
+		// The loop may be in a step of background tokens only: it ends
+		// that step now rather than make this request wait for it (see
+		// run). The loop counts the request off when it takes it.
+		e.fgComing.Add(1)
+		if e.bgStep.Load() {
+			atomic.StoreInt32((*int32)(unsafe.Pointer(e.abortFlag)), 1)
+		}
+	}
 	select {
 	case e.submit <- seqs:
 	case <-ctx.Done():
+		e.notComing(seqs)
 		freeAll()
 		return nil, ctx.Err()
 	case <-e.quit:
+		e.notComing(seqs)
 		freeAll()
 		return nil, engine.ErrClosed
 	}
@@ -259,6 +273,14 @@ func (e *Engine) GenerateChoices(ctx context.Context, req engine.Request, n int,
 		return results, emitErr
 	}
 	return results, firstErr
+}
+
+// notComing counts off a request of choices u that Generate counted in
+// fgComing, when the loop takes it or its caller gives up first.
+func (e *Engine) notComing(u []*sequence) {
+	if !u[0].req.Background && e.abortFlag != nil {
+		e.fgComing.Add(-1)
+	}
 }
 
 // run is the decode loop: it owns the llama.cpp context for the engine's
@@ -364,6 +386,7 @@ func (e *Engine) run() {
 		if free == e.slots && waiting == nil {
 			select {
 			case u := <-e.submit:
+				e.notComing(u)
 				admit(u)
 			case <-e.quit:
 				return
@@ -372,11 +395,34 @@ func (e *Engine) run() {
 		for free > 0 && waiting == nil {
 			select {
 			case u := <-e.submit:
+				e.notComing(u)
 				admit(u)
 				continue
 			default:
 			}
 			break
+		}
+		// A foreground request on its way (a step was ended or skipped
+		// for it) is waited for a moment rather than passed by with a
+		// background step; one the loop cannot take now (no free slot)
+		// lets the next step run whole, so that background work goes on.
+		preemptible := e.abortFlag != nil
+		if e.fgComing.Load() > 0 {
+			if free > 0 && waiting == nil {
+				t := time.NewTimer(fgComingWait)
+				select {
+				case u := <-e.submit:
+					e.notComing(u)
+					admit(u)
+				case <-t.C:
+				case <-e.quit:
+					t.Stop()
+					return
+				}
+				t.Stop()
+				continue // the top again: cancelled sequences, more requests
+			}
+			preemptible = false
 		}
 		select {
 		case <-e.quit:
@@ -406,6 +452,7 @@ func (e *Engine) run() {
 				continue
 			}
 			s.outIdx = -1
+			s.stepPromptPos, s.stepNPast = s.promptPos, s.nPast
 			if s.req.Background && fgLead {
 				continue
 			}
@@ -455,8 +502,46 @@ func (e *Engine) run() {
 		if e.onStep != nil {
 			e.onStep(int(batch.n_tokens)-bgTokens, bgTokens)
 		}
+		// A step of background tokens only ends (llama.cpp aborts it
+		// between two nodes of its graph, and takes its tokens out of
+		// the memory again) when a foreground request comes meanwhile:
+		// the request then waits for a fraction of a step, not for a
+		// whole one of the batch's work, which on a CPU costs several
+		// token times. The step is decoded again after it.
+		preemptible = preemptible && bgTokens == int(batch.n_tokens)
+		if e.abortFlag != nil {
+			atomic.StoreInt32((*int32)(unsafe.Pointer(e.abortFlag)), 0)
+		}
+		if preemptible {
+			e.bgStep.Store(true)
+			if e.fgComing.Load() > 0 { // came since the top: not begun
+				e.bgStep.Store(false)
+				e.stepsYielded.Add(1)
+				e.stepBack(active)
+				continue
+			}
+			if e.onBackgroundStep != nil {
+				e.onBackgroundStep()
+			}
+		}
 		stepStart := time.Now()
-		if rc := C.llama_decode(e.lctx, batch); rc != 0 {
+		rc := C.llama_decode(e.lctx, batch)
+		e.bgStep.Store(false)
+		if rc == 2 && e.abortFlag != nil {
+			// Ended for a foreground request (or, rarely, by an ask that
+			// came late, meant for the step before: this one is taken
+			// again as well).
+			e.stepsYielded.Add(1)
+			if e.debug {
+				e.log.Debug("background step ended for a foreground request", "tokens", int(batch.n_tokens),
+					"after", time.Since(stepStart))
+			}
+			for _, s := range e.stepBack(active) {
+				release(s, engine.Result{}, errors.New("llamacpp: an aborted step left the memory of the sequence changed"))
+			}
+			continue
+		}
+		if rc != 0 {
 			err := fmt.Errorf("llamacpp: decode failed (code %d)", int(rc))
 			e.log.Error("decode failed", "code", int(rc), "tokens", int(batch.n_tokens))
 			for _, s := range active {
@@ -540,6 +625,30 @@ func (e *Engine) logTimeline(s *sequence, err error) {
 	}
 	e.log.Debug("sequence timeline", attrs...)
 }
+
+// stepBack undoes the step the loop was about to decode, or whose decode
+// was aborted (llama.cpp removed its tokens from the memory): every
+// sequence goes back to where it was before the step. It returns the
+// sequences whose memory does not end where they went back to (none,
+// unless llama.cpp's abort changes what it keeps).
+func (e *Engine) stepBack(active []*sequence) (bad []*sequence) {
+	mem := C.llama_get_memory(e.lctx)
+	for _, s := range active {
+		if s == nil {
+			continue
+		}
+		e.promptDecoded.Add(int64(s.stepPromptPos - s.promptPos))
+		s.promptPos, s.nPast, s.outIdx = s.stepPromptPos, s.stepNPast, -1
+		if s.follow == nil && int(C.llama_memory_seq_pos_max(mem, C.llama_seq_id(s.seq))) != s.nPast-1 {
+			bad = append(bad, s)
+		}
+	}
+	return bad
+}
+
+// fgComingWait is how long the loop waits for a foreground request that
+// Generate counted on its way before it goes on without it.
+const fgComingWait = 2 * time.Millisecond
 
 // leadLimit bounds the tokens a foreground sequence may take to speak
 // (its first whole character) while background sequences wait for it.

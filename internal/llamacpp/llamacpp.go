@@ -26,6 +26,13 @@ static void batch_add(struct llama_batch *b, llama_token id, llama_pos pos, llam
 }
 
 // load_progress lets llama.cpp's loader continue until *abort becomes non-zero.
+// abort_step is the context's abort callback: ggml reads it between
+// the nodes of a step's graph, and llama_decode returns 2 once it says
+// so, having removed that step's tokens from the memory again.
+static bool abort_step(void *flag) { return __atomic_load_n((int *)flag, __ATOMIC_RELAXED) != 0; }
+
+static void set_abort_step(struct llama_context *ctx, int *flag) { llama_set_abort_callback(ctx, abort_step, flag); }
+
 static bool load_progress(float progress, void *abort) {
 	(void)progress;
 	return __atomic_load_n((int *)abort, __ATOMIC_RELAXED) == 0;
@@ -101,6 +108,21 @@ type Engine struct {
 	submit chan []*sequence // the choices of one request, admitted together
 
 	promptDecoded atomic.Int64 // prompt tokens decoded, for tests
+
+	// Background steps a foreground request ends (see run): abortFlag is
+	// C memory that llama.cpp's abort callback reads between the nodes
+	// of a step, nil when the model's memory cannot take a step's tokens
+	// back out (recurrent and hybrid models); bgStep is set while the
+	// loop decodes a step of background tokens only; fgComing counts the
+	// foreground requests Generate is handing to the loop.
+	abortFlag    *C.int
+	bgStep       atomic.Bool
+	fgComing     atomic.Int32
+	stepsYielded atomic.Int64 // background steps ended or not begun for a foreground request
+	// onBackgroundStep, when set (tests, before the first request), is
+	// called by the decode loop when it is about to decode a step that a
+	// foreground request would end.
+	onBackgroundStep func()
 	// onStep, when set (tests, before the first request), is called by
 	// the decode loop before each step with its tokens of foreground and
 	// of background sequences.
@@ -220,6 +242,10 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 		submit:    make(chan []*sequence),
 		quit:      make(chan struct{}),
 		done:      make(chan struct{}),
+	}
+	if !C.llama_model_is_recurrent(model) && !C.llama_model_is_hybrid(model) {
+		e.abortFlag = (*C.int)(C.calloc(1, C.size_t(unsafe.Sizeof(C.int(0)))))
+		C.set_abort_step(lctx, e.abortFlag)
 	}
 	if opts.Threads > 1 {
 		if e.pool = C.new_threadpool(C.int(opts.Threads)); e.pool != nil {
@@ -440,6 +466,10 @@ func (e *Engine) free() {
 	if e.lctx != nil {
 		C.llama_free(e.lctx)
 		e.lctx = nil
+	}
+	if e.abortFlag != nil {
+		C.free(unsafe.Pointer(e.abortFlag))
+		e.abortFlag = nil
 	}
 	if e.pool != nil {
 		C.ggml_threadpool_free(e.pool)

@@ -585,3 +585,70 @@ func TestBackgroundPromptsChunkedWhileForegroundRecent(t *testing.T) {
 		})
 	}
 }
+
+// A foreground request that comes while the loop decodes a step of
+// background tokens only ends that step (llama.cpp aborts it between the
+// nodes of its graph) or, when it comes just before, the step is not
+// begun: it waits for a fraction of a step, not for the batch's. The
+// background sequences take the step again after it and generate what
+// they generate alone, as does the foreground one.
+func TestForegroundEndsBackgroundStep(t *testing.T) {
+	long := strings.Repeat("a much longer prompt about hives and queens ", 3)
+	for _, tc := range []struct {
+		name  string
+		abort bool // the request comes during the step's decode, not just before it
+	}{{"during the step", true}, {"before the step begins", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := load(t, 2)
+			bgReq := engine.Request{Prompt: prompt(t, e, long), MaxTokens: 20, IgnoreEOS: true, Background: true}
+			fgReq := engine.Request{Prompt: prompt(t, e, "an interactive question"), MaxTokens: 8, IgnoreEOS: true}
+			wantBg, _ := collect(t, e, bgReq)
+			wantFg, _ := collect(t, e, fgReq)
+
+			var once sync.Once
+			var fgGot []int
+			var fgErr error
+			fgDone := make(chan struct{})
+			// comeNow sends the foreground request and waits until the
+			// engine has it on its way (and, during a step, asked the
+			// step to end).
+			comeNow := func() {
+				once.Do(func() {
+					go func() {
+						defer close(fgDone)
+						fgGot, _, fgErr = generate(t.Context(), e, fgReq)
+					}()
+					for e.ForegroundComing() == 0 || tc.abort && !e.StepAbortAsked() {
+						time.Sleep(100 * time.Microsecond)
+					}
+				})
+			}
+			if tc.abort {
+				e.OnBackgroundStep(comeNow) // the step is armed: the request asks it to end
+			} else {
+				e.OnStep(func(fg, bg int) { // before the step is armed
+					if fg == 0 && bg > 0 {
+						comeNow()
+					}
+				})
+			}
+			bgGot, _, err := generate(t.Context(), e, bgReq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-fgDone
+			if fgErr != nil {
+				t.Fatal(fgErr)
+			}
+			if n := e.StepsYielded(); n != 1 {
+				t.Errorf("%d background steps yielded, want 1", n)
+			}
+			if diff := cmp.Diff(wantBg, bgGot); diff != "" {
+				t.Errorf("the background sequence generated otherwise after its step was ended (-alone +after):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantFg, fgGot); diff != "" {
+				t.Errorf("the foreground sequence generated otherwise (-alone +got):\n%s", diff)
+			}
+		})
+	}
+}
