@@ -64,8 +64,9 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 	var hb api.Heartbeat // one for the stream: decoding into it makes it escape
 	var dec api.LineDecoder
 	// The arrays the registry left this stream (the last beat's, or
-	// those it replaced): the next beat is decoded into them.
-	var spares registry.Spares
+	// those it replaced), which the next beat is decoded into, and the
+	// worker URIs checked.
+	var st beatStream
 	for {
 		// The deadline first, the shutdown check after: a shutdown that
 		// comes between them still ends the read.
@@ -86,13 +87,13 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 			return nil
 		}
 		// Zeroed first: the decoder writes only the fields a line has.
-		clear(spares.GPUs[:cap(spares.GPUs)])
-		clear(spares.Workers[:cap(spares.Workers)])
-		hb = api.Heartbeat{GPUs: spares.GPUs[:0], Workers: spares.Workers[:0]}
-		spares = registry.Spares{} // filled again by the registry
+		clear(st.spares.GPUs[:cap(st.spares.GPUs)])
+		clear(st.spares.Workers[:cap(st.spares.Workers)])
+		hb = api.Heartbeat{GPUs: st.spares.GPUs[:0], Workers: st.spares.Workers[:0]}
+		st.spares = registry.Spares{} // filled again by the registry
 		ans, err := api.HeartbeatAnswer{}, dec.Decode(line, &hb)
 		if err == nil {
-			ans, err = q.takeBeat(r.Context(), id, hb, &spares)
+			ans, err = q.takeBeat(r.Context(), id, hb, &st)
 		}
 		var ok bool
 		switch plain := len(ans.Refused) == 0; {

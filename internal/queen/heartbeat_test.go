@@ -1,6 +1,7 @@
 package queen
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -59,7 +60,7 @@ func TestSplitWorkers(t *testing.T) {
 	bad := api.Worker{WorkerID: "w-bad", Status: "no-such-state"}
 	ws := []api.Worker{good("w1"), bad, good("w2"), good("w3")}
 	tokens := map[string]string{"w2": "token-2", "w-bad": "token-bad", "w-ghost": "token-ghost"}
-	kept, keptTokens, refused := splitWorkers(ws, tokens)
+	kept, keptTokens, refused := splitWorkers(ws, tokens, nil)
 	if diff := cmp.Diff([]api.Worker{good("w1"), good("w2"), good("w3")}, kept); diff != "" {
 		t.Errorf("kept (-want +got):\n%s", diff)
 	}
@@ -73,7 +74,7 @@ func TestSplitWorkers(t *testing.T) {
 	if diff := cmp.Diff([]string{"w-bad", "w-ghost"}, ids); diff != "" {
 		t.Errorf("refused (-want +got):\n%s", diff)
 	}
-	if kept, keptTokens, refused := splitWorkers([]api.Worker{good("w1")}, nil); len(kept) != 1 || keptTokens != nil || refused != nil {
+	if kept, keptTokens, refused := splitWorkers([]api.Worker{good("w1")}, nil, nil); len(kept) != 1 || keptTokens != nil || refused != nil {
 		t.Errorf("a clean heartbeat without tokens: kept %v, tokens %v, refused %v", kept, keptTokens, refused)
 	}
 }
@@ -195,5 +196,34 @@ func TestRowBeatTimesReachTheStoreAtTheirPace(t *testing.T) {
 	}
 	if got := stored(); !got.Equal(latest) {
 		t.Errorf("stored %v after the final flush, want the latest %v", got, latest)
+	}
+}
+
+// A heartbeat stream checks each worker URI once: a URI that passed is
+// not parsed again, any other still is (and refused when bad), and the
+// memo stays bounded.
+func TestStreamChecksEachWorkerURIOnce(t *testing.T) {
+	var m uriMemo
+	w := api.Worker{WorkerID: "w1", ModelRef: "tiny", Status: "ready", URI: "http://127.0.0.1:9001"}
+	if err := checkWorkerURIs(w, &m); err != nil || !m.has(w.URI) {
+		t.Fatalf("a good URI: %v, remembered %v", err, m.ok)
+	}
+	for _, bad := range []string{"http://127.0.0.1:9001/path", "ftp://127.0.0.1:9001", "http://user@127.0.0.1:9001", "http://127.0.0.1:9001?q"} {
+		w.URI = bad
+		if err := checkWorkerURIs(w, &m); err == nil || m.has(bad) {
+			t.Errorf("URI %q after a good one: %v, remembered %v", bad, err, m.ok)
+		}
+	}
+	for i := range 2 * maxURIMemo {
+		w.URI = fmt.Sprintf("http://127.0.0.1:%d", 10000+i)
+		if err := checkWorkerURIs(w, &m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(m.ok) != maxURIMemo {
+		t.Errorf("the memo holds %d URIs, want at most %d", len(m.ok), maxURIMemo)
+	}
+	if err := checkWorkerURIs(api.Worker{WorkerID: "w2", Status: "ready", URI: "http://127.0.0.1:9001/x"}, nil); err == nil {
+		t.Error("a bad URI without a memo was taken")
 	}
 }

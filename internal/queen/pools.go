@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -60,7 +61,13 @@ func checkText(what, s string) error {
 
 func hasControl(s string) bool { return strings.IndexFunc(s, unicode.IsControl) >= 0 }
 
-func checkWorker(w api.Worker) error {
+func checkWorker(w api.Worker) error { return checkWorkerURIs(w, nil) }
+
+// checkWorkerURIs is checkWorker with the URIs a heartbeat stream's
+// earlier beats carried that passed the check (nil: none): a worker's
+// URI comes every second, and parsing it again was the largest
+// allocation of a full beat.
+func checkWorkerURIs(w api.Worker, uris *uriMemo) error {
 	if err := checkID("worker_id", w.WorkerID); err != nil {
 		return err
 	}
@@ -77,11 +84,12 @@ func checkWorker(w api.Worker) error {
 			return err
 		}
 	}
-	if w.URI != "" {
+	if w.URI != "" && !uris.has(w.URI) {
 		// The queen will send prompts and the worker's token there.
 		if _, err := transport.CheckBaseURL("worker "+w.WorkerID+" uri", w.URI); err != nil {
 			return api.BadRequest("%v", err)
 		}
+		uris.add(w.URI)
 	}
 	if len(w.Reason) > 4*maxReasonLen {
 		return api.BadRequest("worker %s: reason is longer than %d bytes", w.WorkerID, 4*maxReasonLen)
@@ -172,14 +180,51 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	return nil
 }
 
+// beatStream is what a heartbeat stream keeps from beat to beat: the
+// arrays it decodes the next beat into (see registry.Spares) and the
+// worker URIs its beats carried that passed the check.
+type beatStream struct {
+	spares registry.Spares
+	uris   uriMemo
+}
+
+func (st *beatStream) sparesOf() *registry.Spares {
+	if st == nil {
+		return nil
+	}
+	return &st.spares
+}
+
+func (st *beatStream) uriMemo() *uriMemo {
+	if st == nil {
+		return nil
+	}
+	return &st.uris
+}
+
+// uriMemo holds up to maxURIMemo worker URIs that passed the check
+// (a pool's workers: most have a few).
+type uriMemo struct{ ok []string }
+
+const maxURIMemo = 64
+
+func (m *uriMemo) has(uri string) bool { return m != nil && slices.Contains(m.ok, uri) }
+
+func (m *uriMemo) add(uri string) {
+	if m != nil && len(m.ok) < maxURIMemo {
+		m.ok = append(m.ok, uri)
+	}
+}
+
 // takeBeat takes one heartbeat of pool id, whether it came alone (POST
-// /v2/pools/{id}/heartbeat, spares nil) or on the pool's heartbeat
-// stream, which decodes its beats into spares (see registry.Spares): the
-// arrays nothing holds after this beat are put there.
-func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat, spares *registry.Spares) (api.HeartbeatAnswer, error) {
+// /v2/pools/{id}/heartbeat, st nil) or on the pool's heartbeat stream
+// (st is the stream's: the arrays nothing holds after this beat are put
+// into its spares).
+func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat, st *beatStream) (api.HeartbeatAnswer, error) {
 	start := time.Now()
 	defer func() { q.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds()) }()
 	q.metrics.heartbeats.Inc()
+	spares := st.sparesOf()
 	if hb.Unchanged {
 		return q.unchangedBeat(ctx, id, hb, spares)
 	}
@@ -192,7 +237,7 @@ func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat, spare
 	// One bad entry is refused alone, named in the answer; the rest of
 	// the heartbeat is taken.
 	var refused []api.RefusedWorker
-	hb.Workers, hb.WorkerTokens, refused = splitWorkers(hb.Workers, hb.WorkerTokens)
+	hb.Workers, hb.WorkerTokens, refused = splitWorkers(hb.Workers, hb.WorkerTokens, st.uriMemo())
 	if len(refused) > 0 {
 		q.log.Warn("heartbeat entries refused", "pool_id", id, "refused", len(refused), "first_worker_id", refused[0].WorkerID,
 			"first_reason", refused[0].Reason)
@@ -235,7 +280,7 @@ func (q *Queen) unchangedBeat(ctx context.Context, id string, hb api.Heartbeat, 
 // splitWorkers checks each worker entry (and its token) alone: the good
 // ones are kept, each bad one is refused with its reason. A token for a
 // worker the heartbeat does not list is dropped and named.
-func splitWorkers(ws []api.Worker, tokens map[string]string) ([]api.Worker, map[string]string, []api.RefusedWorker) {
+func splitWorkers(ws []api.Worker, tokens map[string]string, uris *uriMemo) ([]api.Worker, map[string]string, []api.RefusedWorker) {
 	var refused []api.RefusedWorker
 	var keptTokens map[string]string
 	var listed map[string]bool
@@ -248,7 +293,7 @@ func splitWorkers(ws []api.Worker, tokens map[string]string) ([]api.Worker, map[
 	}
 	kept := ws[:0] // in place: entry n is read before the n-th kept one is written
 	for _, w := range ws {
-		err := checkWorker(w)
+		err := checkWorkerURIs(w, uris)
 		if err == nil && tokens[w.WorkerID] != "" {
 			err = checkWorkerToken(tokens[w.WorkerID])
 		}
