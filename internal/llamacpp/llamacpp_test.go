@@ -1,8 +1,10 @@
 package llamacpp_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -599,7 +601,13 @@ func TestForegroundEndsBackgroundStep(t *testing.T) {
 		abort bool // the request comes during the step's decode, not just before it
 	}{{"during the step", true}, {"before the step begins", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := load(t, 2)
+			var logs syncBuffer // llama.cpp's warning of the ended step goes out at Debug (lineLevel)
+			e, err := llamacpp.Load(context.Background(), engine.Options{ModelPath: writeModel(t), CtxSize: 512, Slots: 2, Threads: 1, GPUDevice: -1},
+				slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
 			bgReq := engine.Request{Prompt: prompt(t, e, long), MaxTokens: 20, IgnoreEOS: true, Background: true}
 			fgReq := engine.Request{Prompt: prompt(t, e, "an interactive question"), MaxTokens: 8, IgnoreEOS: true}
 			wantBg, _ := collect(t, e, bgReq)
@@ -649,6 +657,32 @@ func TestForegroundEndsBackgroundStep(t *testing.T) {
 			if diff := cmp.Diff(wantFg, fgGot); diff != "" {
 				t.Errorf("the foreground sequence generated otherwise (-alone +got):\n%s", diff)
 			}
+			out := logs.String()
+			if tc.abort && !strings.Contains(out, "level=DEBUG msg=\"decode: removing memory module entries") {
+				t.Errorf("llama.cpp's line for the ended step is not in the log at Debug:\n%s", out)
+			}
+			if strings.Contains(out, "level=WARN msg=\"decode: removing") {
+				t.Errorf("an ended step logged a warning:\n%s", out)
+			}
 		})
 	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger that llama.cpp's threads
+// write to.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

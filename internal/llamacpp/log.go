@@ -55,8 +55,21 @@ func apiaryLlamaLog(level C.int, text *C.char) {
 	line := strings.TrimRight(llamaLog.partial.String(), "\n")
 	llamaLog.partial.Reset()
 	if line != "" {
-		llamaLog.logger.Log(context.Background(), llamaLog.level, line, "source", "llama.cpp")
+		llamaLog.logger.Log(context.Background(), lineLevel(llamaLog.level, line), line, "source", "llama.cpp")
 	}
+}
+
+// lineLevel is the level a whole line of llama.cpp's log goes out at:
+// its own, except for warnings the engine causes on purpose. An ended
+// background step (see run) makes llama.cpp warn, once a sequence, that
+// it took the step's tokens out of the memory: that is the engine's
+// plan, not news for an operator, and comes with every interactive
+// request that arrives during a batch.
+func lineLevel(level slog.Level, line string) slog.Level {
+	if level == slog.LevelWarn && strings.Contains(line, "removing memory module entries for seq_id") {
+		return slog.LevelDebug
+	}
+	return level
 }
 
 func slogLevel(level C.int) slog.Level {
