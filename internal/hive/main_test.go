@@ -137,7 +137,7 @@ type testHive struct {
 	rec    *recorder
 	url    string
 	runErr chan error
-	logs   *bytes.Buffer
+	logs   *testbin.SyncBuffer
 }
 
 type hiveOpt func(*Config)
@@ -173,8 +173,8 @@ func startHive(t testing.TB, opts ...hiveOpt) *testHive {
 		cfg.WorkerEnv = []string{fakeWorkerEnv + "=ok"}
 	}
 	writeModel(t, cfg.ModelsDir, "tiny")
-	var logs bytes.Buffer
-	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var logs testbin.SyncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -203,17 +203,6 @@ func startHive(t testing.TB, opts ...hiveOpt) *testHive {
 		}
 	})
 	return th
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 func writeModel(t testing.TB, dir, ref string) string {

@@ -1,7 +1,6 @@
 package llamacpp_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/llamacpp"
+	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 	"github.com/google/go-cmp/cmp"
 )
@@ -601,7 +601,7 @@ func TestForegroundEndsBackgroundStep(t *testing.T) {
 		abort bool // the request comes during the step's decode, not just before it
 	}{{"during the step", true}, {"before the step begins", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs syncBuffer // llama.cpp's warning of the ended step goes out at Debug (lineLevel)
+			var logs testbin.SyncBuffer // llama.cpp's warning of the ended step goes out at Debug (lineLevel)
 			e, err := llamacpp.Load(context.Background(), engine.Options{ModelPath: writeModel(t), CtxSize: 512, Slots: 2, Threads: 1, GPUDevice: -1},
 				slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 			if err != nil {
@@ -666,23 +666,4 @@ func TestForegroundEndsBackgroundStep(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer for a logger that llama.cpp's threads
-// write to.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
