@@ -188,3 +188,53 @@ func TestFrontRefusesForeignOrigins(t *testing.T) {
 		t.Errorf("a request from another origin: %d %s, want 403", resp.StatusCode, b)
 	}
 }
+
+// The front relays a request's body while the engine's answer streams
+// back: net/http's server would otherwise consume and close the body
+// when the answer's headers go out, and the relay still reading it
+// (it reads past the body's last byte to see its end) had its engine
+// connection closed under the stream. Here the client holds back the
+// body's end until the first chunk arrived, and the engine answers
+// before the end: without full duplex the headers never leave the front.
+func TestFrontStreamsWhileTheBodyIsOpen(t *testing.T) {
+	_, url, _ := startFront(t, "answer-early")
+	pr, pw := io.Pipe()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	defer pw.Close()
+	got := make(chan *http.Response, 1)
+	failed := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			failed <- err
+			return
+		}
+		got <- resp
+	}()
+	if _, err := io.WriteString(pw, `{"model":"tiny","stream":true,"messages":[]}`); err != nil {
+		t.Fatal(err)
+	}
+	var resp *http.Response
+	select {
+	case resp = <-got:
+	case err := <-failed:
+		t.Fatalf("no answer while the body was open: %v", err)
+	case <-time.After(waitLimit):
+		pw.CloseWithError(errors.New("no answer"))
+		t.Fatalf("no answer within %s while the body was open", waitLimit)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, 6)
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: " {
+		t.Fatalf("first chunk %q: %v", first, err)
+	}
+	pw.Close()
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.Contains(string(rest), "answer") || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Errorf("the stream after the body ended: %q, %v", rest, err)
+	}
+}

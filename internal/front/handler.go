@@ -109,6 +109,14 @@ func (f *Front) handleRelay(rw http.ResponseWriter, r *http.Request) {
 	if counted {
 		defer f.end()
 	}
+	// Full duplex: the engine may answer before the relay has read the
+	// body's end (the relay reads past its last byte to see it). Without
+	// it net/http consumes and closes the body as the answer's headers
+	// go out, and the relay, finding it closed, closes the engine
+	// connection under the answer: streams cut after their first chunk.
+	if err := http.NewResponseController(rw).EnableFullDuplex(); err != nil {
+		f.log.Warn("relay without full duplex", "err", err)
+	}
 	// The shutdown grace's end cuts the request, as the client's going
 	// away does.
 	ctx, cancel := context.WithCancel(r.Context())

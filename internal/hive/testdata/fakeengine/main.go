@@ -10,6 +10,9 @@
 //	flap           /health answers 200 and 503 in turn
 //	slow=D         a chat completion takes D (a stream sends its three
 //	               chunks over D)
+//	answer-early   a chat completion is answered once its JSON object
+//	               arrived, before the request's body ends (full duplex,
+//	               as a server that reads only what it needs may)
 //
 // Its chat answer echoes what it received: the request's body and its
 // Authorization header. It takes its flags in three shapes, those of
@@ -118,10 +121,18 @@ func main() {
 	mux.HandleFunc("GET /health", health)
 	mux.HandleFunc("GET /ready", health)
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
 		var req struct {
 			Model  string `json:"model"`
 			Stream bool   `json:"stream"`
+		}
+		var body []byte
+		if has("answer-early") {
+			var raw json.RawMessage
+			_ = http.NewResponseController(w).EnableFullDuplex()
+			_ = json.NewDecoder(r.Body).Decode(&raw)
+			body = raw
+		} else {
+			body, _ = io.ReadAll(r.Body)
 		}
 		_ = json.Unmarshal(body, &req)
 		if *served != "" && req.Model != *served {
