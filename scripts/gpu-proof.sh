@@ -29,7 +29,9 @@
 #   GPU_PROOF_DEVICE    the GPU to use (0)
 #   GPU_PROOF_GEN       tokens generated per generation request (256)
 #   GPU_PROOF_ROUNDS    requests per measurement, median taken (5)
-#   CUDA_ARCHS          CMAKE_CUDA_ARCHITECTURES (native)
+#   CUDA_ARCHS          CMAKE_CUDA_ARCHITECTURES (this machine's GPUs, from
+#                       nvidia-smi's compute_cap: 90 on an H100; native
+#                       without nvidia-smi)
 #   LLAMA_CPP_SRC       llama.cpp source tree for llama-server (pack: the
 #                       tree scripts/bench-llama-server.sh build fetched, b7347)
 #
@@ -46,7 +48,7 @@ VOCAB=${GPU_PROOF_VOCAB:-8000}
 DEVICE=${GPU_PROOF_DEVICE:-0}
 GEN=${GPU_PROOF_GEN:-256}
 ROUNDS=${GPU_PROOF_ROUNDS:-5}
-CUDA_ARCHS=${CUDA_ARCHS:-native}
+CUDA_ARCHS=${CUDA_ARCHS:-}
 MIN_MODEL_BYTES=$((1 << 30))
 
 log() { printf 'gpu-proof: %s\n' "$*" >&2; }
@@ -85,30 +87,65 @@ pack() {
   log "packed $out ($(du -sh "$out" | cut -f1)); model $size bytes"
 }
 
-# build_backend SRC BUILD BIN builds libggml-cuda.so (+ the libggml-base.so
-# it links) from the ollama sources in SRC, in BUILD, and places it in BIN
-# with the CUDA version it needs (libggml-cuda.cuda-version).
+# cuda_archs prints the CUDA architectures to build for: $CUDA_ARCHS when
+# set, else those of this machine's GPUs (nvidia-smi's compute_cap, 9.0 ->
+# 90; one build for one architecture takes minutes, for all of them an
+# hour), else native (CMake asks the GPU).
+cuda_archs() {
+  if [ -n "$CUDA_ARCHS" ]; then
+    printf '%s\n' "$CUDA_ARCHS"
+    return
+  fi
+  local caps
+  caps=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+    tr -d ' .' | grep -E '^[0-9]+$' | sort -un | paste -sd ';') || true
+  printf '%s\n' "${caps:-native}"
+}
+
+# build_backend SRC BUILD BIN builds libggml-cuda.so and the
+# libggml-base.so it links from the ollama sources in SRC, in BUILD, and
+# places both in BIN with the CUDA version it needs
+# (libggml-cuda.cuda-version): three plain files, which internal/sshnode
+# copies to a node beside apiary. libggml-cuda.so finds libggml-base.so in
+# its own directory (run path $ORIGIN), wherever that is; the SONAME is
+# unversioned (CMAKE_PLATFORM_NO_VERSIONED_SONAME), so the file it needs
+# is libggml-base.so itself, not a libggml-base.so.0 symlink.
 build_backend() {
   local src=$1 build=$2 bin=$3
   command -v nvcc >/dev/null || die "no nvcc: the CUDA toolkit is needed (its bin/ on PATH)"
   command -v cmake >/dev/null || die "no cmake"
-  local cuda
+  command -v readelf >/dev/null || die "no readelf (binutils), to check the library's run path"
+  local cuda archs
   cuda=$(nvcc --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
   [ -n "$cuda" ] || die "cannot read the CUDA version from nvcc --version"
-  log "building libggml-cuda.so with CUDA $cuda, architectures $CUDA_ARCHS"
+  archs=$(cuda_archs)
+  log "building libggml-cuda.so with CUDA $cuda, architectures $archs"
   mkdir -p "$build"
+  # '$ORIGIN' is for the dynamic loader, not the shell.
   cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS" -DGGML_CPU_ALL_VARIANTS=OFF >"$build/build.log" 2>&1 ||
+    -DCMAKE_CUDA_ARCHITECTURES="$archs" -DGGML_CPU_ALL_VARIANTS=OFF \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_RPATH='$ORIGIN' \
+    -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON >"$build/build.log" 2>&1 ||
     { tail -30 "$build/build.log" >&2; die "cmake configure failed (log: $build/build.log)"; }
   cmake --build "$build" --target ggml-cuda -j "$(nproc)" >>"$build/build.log" 2>&1 ||
     { tail -30 "$build/build.log" >&2; die "building ggml-cuda failed (log: $build/build.log)"; }
-  local lib
+  local lib base
   lib=$(find "$build" -name 'libggml-cuda.so' -print -quit)
   [ -n "$lib" ] || die "the build made no libggml-cuda.so"
+  base=$(find "$build" -name 'libggml-base.so' -print -quit)
+  [ -n "$base" ] || die "the build made no libggml-base.so"
+  local dyn
+  dyn=$(readelf -d "$lib")
+  grep -Eq '\((RUNPATH|RPATH)\).*\[\$ORIGIN\]' <<<"$dyn" ||
+    die "$lib has no run path \$ORIGIN: it would not find libggml-base.so beside it"$'\n'"$dyn"
+  grep -q 'NEEDED.*\[libggml-base\.so\]' <<<"$dyn" ||
+    die "$lib does not need libggml-base.so by that name"$'\n'"$dyn"
+  # Plain files only; an earlier build's libggml-base.so.0 symlinks go.
+  rm -f "$bin/libggml-cuda.so" "$bin"/libggml-base.so*
   cp -L "$lib" "$bin/libggml-cuda.so"
-  find "$build" -name 'libggml-base.so*' -exec cp -P {} "$bin/" \;
+  cp -L "$base" "$bin/libggml-base.so"
   printf '%s\n' "$cuda" >"$bin/libggml-cuda.cuda-version"
-  log "placed $bin/libggml-cuda.so (needs CUDA $cuda)"
+  log "placed $bin/libggml-cuda.so and libggml-base.so (needs CUDA $cuda)"
 }
 
 # cuda builds the backend for this checkout into bin/ (`make cuda`; needs
@@ -132,7 +169,7 @@ build() {
 
   log "building llama-server with CUDA from $out/src/llama.cpp"
   cmake -S "$out/src/llama.cpp" -B "$out/build/llama" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF >"$out/build-llama.log" 2>&1 ||
+    -DCMAKE_CUDA_ARCHITECTURES="$(cuda_archs)" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF >"$out/build-llama.log" 2>&1 ||
     { tail -30 "$out/build-llama.log" >&2; die "cmake configure of llama.cpp failed (log: $out/build-llama.log)"; }
   cmake --build "$out/build/llama" --target llama-server -j "$jobs" >>"$out/build-llama.log" 2>&1 ||
     { tail -30 "$out/build-llama.log" >&2; die "building llama-server failed (log: $out/build-llama.log)"; }

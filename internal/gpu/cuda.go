@@ -42,6 +42,10 @@ type ProcessLister interface {
 type CUDA struct {
 	Driver  Driver
 	Backend CUDABackend
+	// CPU, when set, is the node's CPU, offered after its GPUs (its ID
+	// is the number of GPUs): a GPU node serves from its CPU too, where
+	// a model fits no GPU or the GPUs are unusable.
+	CPU *CPU
 }
 
 // Devices reads every GPU now, each marked unusable when workers could
@@ -60,6 +64,16 @@ func (c *CUDA) Devices(context.Context) ([]Device, error) {
 		}
 		d.ID, d.Kind, d.Unusable = i, KindCUDA, why
 		devs = append(devs, d)
+	}
+	if c.CPU != nil {
+		cpu, err := c.CPU.Devices(context.Background())
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range cpu {
+			d.ID = n + d.ID
+			devs = append(devs, d)
+		}
 	}
 	return devs, nil
 }

@@ -171,3 +171,23 @@ func TestGPUProofScriptArguments(t *testing.T) {
 		}
 	}
 }
+
+// A GPU node offers its CPU after its GPUs, with the next id: a model that
+// fits no GPU, or a node whose GPUs are unusable, still has a device.
+func TestCUDANodeOffersItsCPU(t *testing.T) {
+	drv := &fakeDriver{devs: []Device{{Name: "H100", TotalBytes: 80 << 30, FreeBytes: 79 << 30}, {Name: "H100", TotalBytes: 80 << 30, FreeBytes: 80 << 30}}, cuda: 12020}
+	meminfo := filepath.Join(t.TempDir(), "meminfo")
+	if err := os.WriteFile(meminfo, []byte("MemTotal: 1024 kB\nMemAvailable: 512 kB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	devs, err := (&CUDA{Driver: drv, Backend: CUDABackend{Err: errors.New("no backend")}, CPU: &CPU{MeminfoPath: meminfo}}).Devices(t.Context())
+	if err != nil || len(devs) != 3 {
+		t.Fatalf("Devices = %+v, %v; want 2 GPUs and the CPU", devs, err)
+	}
+	if c := devs[2]; c.ID != 2 || c.Kind != KindCPU || c.TotalBytes != 1<<20 || c.FreeBytes != 512<<10 || c.Unusable != "" {
+		t.Errorf("CPU device = %+v, want id 2, usable, 1 MiB of which 512 KiB free", c)
+	}
+	if devs[0].Unusable == "" || devs[1].Unusable == "" {
+		t.Errorf("GPUs without a backend usable: %+v", devs[:2])
+	}
+}

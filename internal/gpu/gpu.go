@@ -50,7 +50,7 @@ type Inventory interface {
 var ErrNoNVML = errors.New("gpu: no NVML devices")
 
 // Detect returns the CUDA inventory when NVML loads and reports at least
-// one GPU, otherwise the CPU inventory. NVML errors other than a missing
+// one GPU (its CPU offered after the GPUs), otherwise the CPU inventory. NVML errors other than a missing
 // library are logged; the node then offers its CPU. The CUDA devices are
 // usable only when the CUDA backend library is beside the binary and
 // loads (FindCUDABackend); otherwise they are reported unusable, with why.
@@ -63,7 +63,7 @@ func Detect(logger *slog.Logger) Inventory {
 		} else {
 			logger.Info("CUDA backend found", "path", b.Path, "needs_cuda", FormatCUDAVersion(b.NeedCUDA))
 		}
-		return &CUDA{Driver: drv, Backend: b}
+		return &CUDA{Driver: drv, Backend: b, CPU: &CPU{}}
 	}
 	if !errors.Is(err, ErrNoNVML) {
 		logger.Warn("NVML unusable, offering the CPU device", "err", err)

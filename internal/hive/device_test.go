@@ -60,7 +60,7 @@ func TestChooseDevicePassesOverUnusable(t *testing.T) {
 		{ID: 0, Kind: gpu.KindCUDA, TotalBytes: 100, FreeBytes: 100, Unusable: "memory leaked by worker-x (pid 1)"},
 		{ID: 1, Kind: gpu.KindCUDA, TotalBytes: 10, FreeBytes: 10},
 	}
-	d, err := chooseDevice(devs, nil, func(int) held { return held{} })
+	d, err := chooseDevice(devs, nil, 0, func(int) held { return held{} })
 	if err != nil || d.ID != 1 {
 		t.Errorf("chooseDevice = %+v, %v; want device 1", d, err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/config"
+	"github.com/apiary-llm/apiary/internal/gpu"
 )
 
 // EngineBuiltin is the engine every hive has: apiary's own worker
@@ -43,10 +44,20 @@ type Engine struct {
 // replaced at spawn: the model file's path, the model's name (the file's
 // name without .gguf: the "model" of every request the queen relays), the
 // loopback host and port the engine must listen on, its context size,
-// generation slots and CPU threads, the GPU index (-1 on the CPU device),
-// and a random key its front then sends as the bearer of every request
-// (an engine whose command does not use {api_key} gets no bearer).
-var Placeholders = []string{"model", "model_ref", "host", "port", "ctx_size", "slots", "threads", "gpu", "api_key"}
+// generation slots and CPU threads, the GPU's index and its UUID (both
+// -1 on the CPU device, see gpuUUID), and a random key its front then
+// sends as the bearer of every request (an engine whose command does not
+// use {api_key} gets no bearer).
+var Placeholders = []string{"model", "model_ref", "host", "port", "ctx_size", "slots", "threads", "gpu", "gpu_uuid", "api_key"}
+
+// CUDA numbers GPUs fastest first by default; NVML, which the hive's
+// device indexes come from, by PCI bus. A process on a CUDA device gets
+// cudaOrderPCI so that an index of the hive's names the same GPU in it
+// (on a node of mixed GPU models the two orders differ).
+const (
+	cudaOrderKey = "CUDA_DEVICE_ORDER"
+	cudaOrderPCI = cudaOrderKey + "=PCI_BUS_ID"
+)
 
 // placeholderRE matches one placeholder: a name in braces.
 var placeholderRE = regexp.MustCompile(`\{([A-Za-z0-9_]*)\}`)
@@ -149,7 +160,7 @@ func (e Engine) healthPath() string {
 // engineValues are the placeholders' values for one spawn. A zero
 // ctx_size, slots or threads takes the built-in worker's default: 4096,
 // 1, one thread per CPU.
-func engineValues(model, modelRef, host string, port, gpuIndex int, o startOptions, apiKey string) map[string]string {
+func engineValues(model, modelRef, host string, port int, dev gpu.Device, o startOptions, apiKey string) map[string]string {
 	ctx, slots, threads := o.CtxSize, o.Slots, o.Threads
 	if ctx <= 0 {
 		ctx = 4096
@@ -162,8 +173,20 @@ func engineValues(model, modelRef, host string, port, gpuIndex int, o startOptio
 	}
 	return map[string]string{
 		"model": model, "model_ref": modelRef, "host": host, "port": strconv.Itoa(port), "ctx_size": strconv.Itoa(ctx),
-		"slots": strconv.Itoa(slots), "threads": strconv.Itoa(threads), "gpu": strconv.Itoa(gpuIndex), "api_key": apiKey,
+		"slots": strconv.Itoa(slots), "threads": strconv.Itoa(threads), "gpu": strconv.Itoa(workerDevice(dev)), "gpu_uuid": gpuUUID(dev),
+		"api_key": apiKey,
 	}
+}
+
+// gpuUUID is {gpu_uuid}: the device's UUID as NVML reports it
+// ("GPU-…"), which CUDA_VISIBLE_DEVICES takes and which names one GPU
+// whatever CUDA's order; the index where the driver reported no UUID;
+// -1, which hides every GPU, on the CPU device.
+func gpuUUID(d gpu.Device) string {
+	if d.Kind == gpu.KindCUDA && d.UUID != "" {
+		return d.UUID
+	}
+	return strconv.Itoa(workerDevice(d))
 }
 
 // expand replaces the placeholders of s with their values.

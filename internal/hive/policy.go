@@ -92,14 +92,19 @@ type held struct {
 func (h held) total() uint64 { return h.allocated + h.reserved }
 
 // available is the memory a new worker may use on a device: what the driver
-// reports free, but never more than the total less what the hive's workers
-// hold (a starting worker has claimed memory it has not touched yet).
+// reports free less what starting workers have claimed (their estimate:
+// the reading need not show memory they have not touched yet, and two
+// starts may share one reading), but never more than the total less what
+// the hive's workers hold. A starting worker that has already allocated
+// is counted twice until it is ready: a start refused then, not two
+// workers on memory for one.
 func available(d deviceInfo, h held) uint64 {
 	budget := uint64(0)
 	if d.TotalBytes > h.total() {
 		budget = d.TotalBytes - h.total()
 	}
-	return min(budget, d.FreeBytes)
+	free := d.FreeBytes - min(d.FreeBytes, h.reserved)
+	return min(budget, free)
 }
 
 // checkFit refuses a model whose estimate does not fit the device.

@@ -140,12 +140,12 @@ func TestChooseDevicePicksMostAvailable(t *testing.T) {
 		{ID: 1, TotalBytes: 100, FreeBytes: 100},
 	}
 	holding := map[int]held{0: {allocated: 60}}
-	d, err := chooseDevice(devs, nil, func(id int) held { return holding[id] })
+	d, err := chooseDevice(devs, nil, 0, func(id int) held { return holding[id] })
 	if err != nil || d.ID != 1 {
 		t.Errorf("chooseDevice = %d, %v; want 1", d.ID, err)
 	}
 	three := 3
-	if _, err := chooseDevice(devs, &three, func(int) held { return held{} }); !errors.Is(err, ErrDeviceNotFound) {
+	if _, err := chooseDevice(devs, &three, 0, func(int) held { return held{} }); !errors.Is(err, ErrDeviceNotFound) {
 		t.Errorf("chooseDevice(3) = %v", err)
 	}
 }
@@ -192,5 +192,25 @@ func TestWorkerClientLeavesNoConnectionToStallWorkerShutdown(t *testing.T) {
 	defer cancel()
 	if err := srv.Config.Shutdown(ctx); err != nil {
 		t.Errorf("server shutdown after probes: %v (a probe left a connection open)", err)
+	}
+}
+
+// A GPU node offers its CPU too (the next id): a model goes to a GPU where
+// it fits, however much more memory the CPU has, and to the CPU only when
+// it fits no GPU.
+func TestChooseDevicePrefersAGPUWhereItFits(t *testing.T) {
+	devs := []gpu.Device{
+		{ID: 0, Kind: gpu.KindCUDA, TotalBytes: 24 << 30, FreeBytes: 20 << 30},
+		{ID: 1, Kind: gpu.KindCUDA, TotalBytes: 24 << 30, FreeBytes: 22 << 30},
+		{ID: 2, Kind: gpu.KindCPU, TotalBytes: 256 << 30, FreeBytes: 200 << 30},
+	}
+	none := func(int) held { return held{} }
+	for _, tc := range []struct {
+		need uint64
+		want int
+	}{{8 << 30, 1}, {21 << 30, 1}, {23 << 30, 2}, {300 << 30, 2}} {
+		if d, err := chooseDevice(devs, nil, tc.need, none); err != nil || d.ID != tc.want {
+			t.Errorf("need %s: device %d, %v; want %d", api.FormatBytes(tc.need), d.ID, err, tc.want)
+		}
 	}
 }

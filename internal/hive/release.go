@@ -9,6 +9,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/procs"
 )
 
 // This file is the hive's side of the GPU driver's memory accounting: a
@@ -44,8 +45,10 @@ func (h *Hive) device(ctx context.Context, id int) (gpu.Device, error) {
 	return gpu.Device{}, fmt.Errorf("%w: device %d is gone from the inventory", ErrDeviceNotFound, id)
 }
 
-// driverVRAM is the memory the driver says pid holds on d; ok is false
-// when the driver does not list pid (or reports no processes).
+// driverVRAM is the memory the driver says worker pid's processes hold on
+// d: the worker's and every other process of its group (an engine is its
+// front's child); ok is false when the driver lists none of them (or
+// reports no processes).
 func (h *Hive) driverVRAM(ctx context.Context, d gpu.Device, pid int) (uint64, bool) {
 	ps, listed, err := h.processes(ctx, d)
 	if !listed || err != nil {
@@ -54,12 +57,27 @@ func (h *Hive) driverVRAM(ctx context.Context, d gpu.Device, pid int) (uint64, b
 		}
 		return 0, false
 	}
+	group := groupOf(pid)
+	var used uint64
+	found := false
 	for _, p := range ps {
-		if p.PID == pid {
-			return p.UsedBytes, true
+		if group[p.PID] {
+			used += p.UsedBytes
+			found = true
 		}
 	}
-	return 0, false
+	return used, found
+}
+
+// groupOf is worker pid's process and the live processes of its group
+// (a worker leads a process group of its own).
+func groupOf(pid int) map[int]bool {
+	out := map[int]bool{pid: true}
+	members, _ := procs.GroupMembers(pid)
+	for _, m := range members {
+		out[m] = true
+	}
+	return out
 }
 
 // unownedBaseline is the memory of device d no process holds now (the
@@ -70,17 +88,6 @@ func (h *Hive) unownedBaseline(ctx context.Context, d gpu.Device) (uint64, bool)
 		return 0, false
 	}
 	return unowned(d, ps), true
-}
-
-// workerPIDs are the pids of the hive's live workers on device id.
-func (h *Hive) workerPIDs(id int) map[int]bool {
-	out := map[int]bool{}
-	for _, w := range h.reg.liveWorkers() {
-		if w.device.ID == id && w.proc != nil {
-			out[w.proc.PID()] = true
-		}
-	}
-	return out
 }
 
 // leakMarks are the devices marked unusable for leaked memory, by id.
@@ -182,22 +189,26 @@ func (h *Hive) releaseCheck(ctx context.Context, id string, dev, pid int, baseli
 	if err != nil {
 		return "", err
 	}
-	return releaseVerdict(id, pid, d, ps, h.workerPIDs(dev), baseline, h.cfg.ReleaseTolerance), nil
+	return releaseVerdict(id, pid, groupOf(pid), d, ps, baseline, h.cfg.ReleaseTolerance), nil
 }
 
 // releaseVerdict says why device d's memory is not back after worker id
-// (pid) ended, or "" when it is: the driver still lists pid; a process
-// holds memory that is no live worker of the hive (own); or more memory
-// than baseline (+ tolerance) is held by no listed process.
-func releaseVerdict(id string, pid int, d gpu.Device, ps []gpu.Process, own map[int]bool, baseline, tolerance uint64) string {
-	for _, p := range ps {
-		if p.PID == pid {
-			return fmt.Sprintf("memory leaked by %s (pid %d): the driver still lists it on device %d with %s", id, pid, d.ID, api.FormatBytes(p.UsedBytes))
-		}
-	}
-	for _, pid := range slices.Sorted(maps.Keys(byPID(ps))) {
-		if !own[pid] {
-			return fmt.Sprintf("memory leaked by pid %d, no worker of this hive: it holds %s on device %d", pid, api.FormatBytes(byPID(ps)[pid]), d.ID)
+// (pid) ended, or "" when it is: the driver still lists a process of the
+// worker's group (pid, or a child left behind); or more memory than
+// baseline (+ tolerance) is held by no listed process. Other processes
+// (the hive's live workers, whatever else shares the GPU, or pids the
+// driver reports from another pid namespace, as in a container) are
+// none of this worker's: they are no leak of it, and their memory is
+// already out of the free memory placement reads.
+func releaseVerdict(id string, pid int, group map[int]bool, d gpu.Device, ps []gpu.Process, baseline, tolerance uint64) string {
+	held := byPID(ps)
+	for _, p := range slices.Sorted(maps.Keys(held)) {
+		if p == pid || group[p] {
+			what := "it"
+			if p != pid {
+				what = fmt.Sprintf("its process %d", p)
+			}
+			return fmt.Sprintf("memory leaked by %s (pid %d): the driver still lists %s on device %d with %s", id, pid, what, d.ID, api.FormatBytes(held[p]))
 		}
 	}
 	if u := unowned(d, ps); u > baseline+tolerance {

@@ -221,32 +221,57 @@ func TestLeakedGPUMemoryTakesTheDeviceOutUntilItIsBack(t *testing.T) {
 	th.pollGPU(t, "usable again", func(u string) bool { return u == "" })
 }
 
-// A process on the GPU that is no worker of the hive holds memory: it is
-// reported when a worker's release is checked.
-func TestForeignGPUProcessIsReported(t *testing.T) {
+// A process on the GPU that is no worker of this hive (another user's
+// job, or one the driver reports by a pid of another namespace, as in a
+// container) is none of an ended worker's leak: the device stays usable
+// and no memory_leaked event goes out. (Before, any such process marked
+// the device unusable when a worker ended.)
+func TestForeignGPUProcessIsNoLeak(t *testing.T) {
 	g := newScriptedGPU()
 	g.set(func(g *scriptedGPU) { g.foreign = []gpu.Process{{PID: 4242424, UsedBytes: 2 << 30}} })
 	th := startHive(t, withScriptedGPU(g))
-	id, _ := runAndStop(t, th, g)
-	ev := th.rec.leakEvent(t, id)
-	if want := "memory leaked by pid 4242424, no worker of this hive: it holds 2.0 GiB on device 0"; ev.Reason != want {
-		t.Errorf("reason %q, want %q", ev.Reason, want)
+	id, pid := runAndStop(t, th, g)
+	th.checks.Wait()
+	if !strings.Contains(th.logs.String(), "the driver gave the worker's GPU memory back") {
+		t.Errorf("no release logged for %s (pid %d)", id, pid)
 	}
-	th.pollGPU(t, "unusable", func(u string) bool { return strings.Contains(u, "pid 4242424") })
-	g.set(func(g *scriptedGPU) { g.foreign = nil })
-	th.pollGPU(t, "usable again", func(u string) bool { return u == "" })
+	th.pollGPU(t, "usable", func(u string) bool { return u == "" })
+	th.rec.mu.Lock()
+	defer th.rec.mu.Unlock()
+	for _, ev := range th.rec.events {
+		if ev.Kind == api.EventMemoryLeaked {
+			t.Errorf("memory_leaked event for a process that is no worker's: %+v", ev)
+		}
+	}
+}
+
+// The verdict after worker-1 (pid 7) ended: a process of its group the
+// driver still lists is its leak; a live worker's child (an engine under
+// its front) and a foreign process are not.
+func TestReleaseVerdictGroups(t *testing.T) {
+	d := gpu.Device{ID: 0, TotalBytes: 16 << 30, FreeBytes: 11 << 30}
+	others := []gpu.Process{{PID: 99, UsedBytes: 3 << 30}, {PID: 4242, UsedBytes: 2 << 30}}
+	if got := releaseVerdict("worker-1", 7, map[int]bool{7: true}, d, others, 0, 256<<20); got != "" {
+		t.Errorf("other processes on a shared GPU: %q, want no leak", got)
+	}
+	d.FreeBytes = 10 << 30
+	left := append(others, gpu.Process{PID: 8, UsedBytes: 1 << 30})
+	want := "memory leaked by worker-1 (pid 7): the driver still lists its process 8 on device 0 with 1.0 GiB"
+	if got := releaseVerdict("worker-1", 7, map[int]bool{7: true, 8: true}, d, left, 0, 256<<20); got != want {
+		t.Errorf("a child of the worker left on the GPU: %q, want %q", got, want)
+	}
 }
 
 // Memory no process holds grows past the tolerance after a worker ended
 // (the driver freed the process but not its memory).
 func TestReleaseVerdictUnownedMemory(t *testing.T) {
 	d := gpu.Device{ID: 0, TotalBytes: 16 << 30, FreeBytes: 14 << 30}
-	got := releaseVerdict("worker-1", 7, d, nil, nil, 512<<20, 256<<20)
+	got := releaseVerdict("worker-1", 7, nil, d, nil, 512<<20, 256<<20)
 	if want := "memory leaked by worker-1 (pid 7): 2.0 GiB of device 0 is held by no process (512.0 MiB when it started)"; got != want {
 		t.Errorf("verdict %q, want %q", got, want)
 	}
 	d.FreeBytes = 16<<30 - 700<<20
-	if got := releaseVerdict("worker-1", 7, d, nil, nil, 512<<20, 256<<20); got != "" {
+	if got := releaseVerdict("worker-1", 7, nil, d, nil, 512<<20, 256<<20); got != "" {
 		t.Errorf("within the tolerance: %q", got)
 	}
 }

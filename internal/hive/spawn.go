@@ -49,9 +49,12 @@ func (h *Hive) modelPath(ref string) (string, error) {
 	return path, nil
 }
 
-// chooseDevice picks the requested device, or the usable one with the
-// most available memory. A device marked unusable is refused.
-func chooseDevice(devs []gpu.Device, want *int, heldOf func(int) held) (gpu.Device, error) {
+// chooseDevice picks the requested device, or else, of the usable ones,
+// a GPU where need fits before the CPU (a GPU node offers its CPU too),
+// the one with the most available memory among equals. When need fits
+// nowhere it is the roomiest, whose admission then says so. A device
+// marked unusable is refused.
+func chooseDevice(devs []gpu.Device, want *int, need uint64, heldOf func(int) held) (gpu.Device, error) {
 	if want != nil {
 		for _, d := range devs {
 			if d.ID == *want {
@@ -66,9 +69,25 @@ func chooseDevice(devs []gpu.Device, want *int, heldOf func(int) held) (gpu.Devi
 	if len(devs) == 0 {
 		return gpu.Device{}, fmt.Errorf("%w: the node reports no device", ErrDeviceNotFound)
 	}
+	// rank orders devices: fits, then a GPU, then more available.
+	rank := func(d gpu.Device) (bool, bool, uint64) {
+		a := available(d, heldOf(d.ID))
+		return a >= need, d.Kind != gpu.KindCPU, a
+	}
+	better := func(a, b gpu.Device) bool {
+		fa, ga, aa := rank(a)
+		fb, gb, ab := rank(b)
+		switch {
+		case fa != fb:
+			return fa
+		case fa && ga != gb:
+			return ga
+		}
+		return aa > ab
+	}
 	var best *gpu.Device
 	for i, d := range devs {
-		if d.Unusable == "" && (best == nil || available(d, heldOf(d.ID)) > available(*best, heldOf(best.ID))) {
+		if d.Unusable == "" && (best == nil || better(d, *best)) {
 			best = &devs[i]
 		}
 	}
@@ -118,7 +137,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		return snap, fmt.Errorf("hive: device inventory: %w", err)
 	}
 	devs = h.reg.withLeaks(devs)
-	dev, err := chooseDevice(devs, req.GPUDevice, func(id int) held {
+	dev, err := chooseDevice(devs, req.GPUDevice, info.MemoryBytes, func(id int) held {
 		h.reg.mu.Lock()
 		defer h.reg.mu.Unlock()
 		return h.reg.heldLocked(id)
@@ -229,7 +248,7 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 		// CUDA numbers GPUs fastest first by default; NVML, which the
 		// hive's device ids come from, by PCI bus. The worker's
 		// --gpu-device must name the same GPU.
-		env = append(env, "CUDA_DEVICE_ORDER=PCI_BUS_ID")
+		env = append(env, cudaOrderPCI)
 	}
 	return procs.Spec{Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out}
 }
@@ -251,7 +270,7 @@ func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) (
 	if e.usesAPIKey() {
 		key = randomHex(32)
 	}
-	vals := engineValues(path, w.modelRef, engineHost, port, workerDevice(w.device), opts, key)
+	vals := engineValues(path, w.modelRef, engineHost, port, w.device, opts, key)
 	engineURL := "http://" + hostPort(engineHost, port)
 	w.healthURL = engineURL + e.healthPath()
 	args := append([]string(nil), h.cfg.FrontArgs...)
@@ -285,6 +304,9 @@ func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) (
 	env := secret.Scrub(os.Environ())
 	for _, k := range slices.Sorted(maps.Keys(e.Env)) {
 		env = append(env, k+"="+expand(e.Env[k], vals))
+	}
+	if _, own := e.Env[cudaOrderKey]; !own && w.device.Kind == gpu.KindCUDA {
+		env = append(env, cudaOrderPCI) // so that even {gpu} is NVML's index
 	}
 	env = append(env, secret.WorkerTokenEnv+"="+w.token)
 	if key != "" {

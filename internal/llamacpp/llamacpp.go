@@ -45,6 +45,15 @@ static void set_load_abort(struct llama_model_params *p, int *abort) {
 
 static void abort_load(int *abort) { __atomic_store_n(abort, 1, __ATOMIC_RELAXED); }
 
+// device_list is a NULL-terminated list of one device in C memory (the
+// model parameters handed to C must hold no Go pointer); free it after
+// the load, which copies it.
+static ggml_backend_dev_t *device_list(ggml_backend_dev_t d) {
+	ggml_backend_dev_t *l = calloc(2, sizeof(ggml_backend_dev_t));
+	if (l) l[0] = d;
+	return l;
+}
+
 // gpu_device returns the n-th GPU (or integrated GPU) backend device, or NULL.
 static ggml_backend_dev_t gpu_device(int n) {
 	for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
@@ -165,11 +174,14 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 
 	mparams := C.llama_model_default_params()
 	mparams.use_mmap = true
-	var devs [2]C.ggml_backend_dev_t
 	if opts.GPUDevice >= 0 {
 		if d := C.gpu_device(C.int(opts.GPUDevice)); d != nil {
-			devs[0] = d
-			mparams.devices = &devs[0]
+			devs := C.device_list(d)
+			if devs == nil {
+				return nil, errors.New("llamacpp: out of memory for the device list")
+			}
+			defer C.free(unsafe.Pointer(devs))
+			mparams.devices = devs
 			mparams.n_gpu_layers = 999
 			if opts.GPULayers > 0 {
 				mparams.n_gpu_layers = C.int32_t(opts.GPULayers)

@@ -49,6 +49,7 @@ func startCluster(t *testing.T, queenArgs []string, hiveArgs ...string) *cluster
 type clusterOptions struct {
 	model    testmodel.Options // of tiny.gguf
 	apiToken string            // the queen's APIARY_API_TOKEN; the client sends it
+	hiveEnv  []string          // added to the hive's environment
 }
 
 func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveArgs ...string) *cluster {
@@ -74,7 +75,7 @@ func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveAr
 	}
 	hargs := append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1", "--data-dir", dir,
 		"--heartbeat-interval", "500ms", "--worker-ports", "23000-23999", "--worker-threads", "1"}, hiveArgs...)
-	hive := startProc(t, "hive node-1", hiveEnv, hargs...)
+	hive := startProc(t, "hive node-1", append(hiveEnv, o.hiveEnv...), hargs...)
 	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
 	c := &cluster{t: t, queen: q, hive: hive, url: qURL, admin: keeper.NewClient(qURL, adminToken, clusterToken),
 		client: oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey(cmp.Or(o.apiToken, "unused")), option.WithMaxRetries(0))}

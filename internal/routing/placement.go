@@ -93,8 +93,9 @@ type Placer interface {
 
 // MostFreeMemory is the default placement: among the healthy pools
 // whose hive has the model, the one with a device where the model fits
-// and that has the most free memory; ties go to the smaller pool id, then
-// the smaller device id. The model fits a device whose free memory is at
+// and that has the most free memory; a GPU where it fits comes before any
+// node's CPU (a GPU node offers its CPU too, with more memory than any
+// GPU); ties go to the smaller pool id, then the smaller device id. The model fits a device whose free memory is at
 // least the GGUF's size (the hive checks its finer estimate, weights plus
 // KV cache, and refuses a start that does not fit; the controller then
 // places again without that pool). Every pool not chosen gets a reason.
@@ -103,9 +104,10 @@ type MostFreeMemory struct{}
 // Place implements Placer.
 func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, error) {
 	type fit struct {
-		pool registry.Pool
-		gpu  int
-		free uint64
+		pool  registry.Pool
+		gpu   int
+		free  uint64
+		onGPU bool // the device is a GPU, not the node's CPU
 	}
 	var fits []fit
 	var rejected []Rejection
@@ -149,7 +151,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			continue
 		}
 		size := uint64(max(m.SizeBytes, 0))
-		best, bestFree, found := 0, uint64(0), false
+		best, bestFree, bestGPU, found := 0, uint64(0), false, false
 		var roomiest api.GPU
 		seen := false
 		var unusable []string
@@ -165,8 +167,10 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 				roomiest = g
 			}
 			seen = true
-			if g.FreeBytes >= size && (!found || g.FreeBytes > bestFree || (g.FreeBytes == bestFree && g.ID < best)) {
-				best, bestFree, found = g.ID, g.FreeBytes, true
+			onGPU := g.Kind != api.DeviceCPU
+			if g.FreeBytes >= size && (!found || onGPU && !bestGPU ||
+				onGPU == bestGPU && (g.FreeBytes > bestFree || (g.FreeBytes == bestFree && g.ID < best))) {
+				best, bestFree, bestGPU, found = g.ID, g.FreeBytes, onGPU, true
 			}
 		}
 		switch {
@@ -179,7 +183,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		case !found:
 			reject("no device has room for %s (%s): the roomiest, device %d, has %s free", req.Model, api.FormatBytes(size), roomiest.ID, api.FormatBytes(roomiest.FreeBytes))
 		default:
-			fits = append(fits, fit{p, best, bestFree})
+			fits = append(fits, fit{p, best, bestFree, bestGPU})
 		}
 	}
 	if len(fits) == 0 {
@@ -187,12 +191,17 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 	}
 	win := fits[0]
 	for _, f := range fits[1:] {
-		if f.free > win.free || (f.free == win.free && f.pool.ID < win.pool.ID) {
+		if f.onGPU && !win.onGPU || f.onGPU == win.onGPU && (f.free > win.free || (f.free == win.free && f.pool.ID < win.pool.ID)) {
 			win = f
 		}
 	}
 	for _, f := range fits {
-		if f.pool.ID != win.pool.ID {
+		switch {
+		case f.pool.ID == win.pool.ID:
+		case win.onGPU && !f.onGPU:
+			rejected = append(rejected, Rejection{f.pool.ID, fmt.Sprintf("fits on device %d with %s free, its CPU; %s has a GPU where it fits (device %d)",
+				f.gpu, api.FormatBytes(f.free), win.pool.ID, win.gpu)})
+		default:
 			rejected = append(rejected, Rejection{f.pool.ID, fmt.Sprintf("fits on device %d with %s free; %s has more (%s on device %d, ties go to the smaller id)",
 				f.gpu, api.FormatBytes(f.free), win.pool.ID, api.FormatBytes(win.free), win.gpu)})
 		}

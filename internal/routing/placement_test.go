@@ -236,3 +236,33 @@ func TestPlacementSkipsUnusableDevices(t *testing.T) {
 		t.Errorf("pinned to the unusable device 0: %v", err)
 	}
 }
+
+// A GPU where the model fits comes before any CPU, in its pool and across
+// pools, though a CPU has more memory; a model that fits no GPU goes to
+// the roomiest CPU.
+func TestPlacementPrefersAGPU(t *testing.T) {
+	pools := []registry.Pool{
+		{ID: "a", Status: registry.Healthy, GPUs: []api.GPU{{ID: 0, Kind: api.DeviceCPU, FreeBytes: 200 << 30}}},
+		{ID: "b", Status: registry.Healthy, GPUs: []api.GPU{
+			{ID: 0, Kind: "cuda", FreeBytes: 20 << 30}, {ID: 1, Kind: api.DeviceCPU, FreeBytes: 100 << 30}}},
+	}
+	for _, tc := range []struct {
+		size     int64
+		pool     string
+		dev      int
+		whyOther string
+	}{
+		{8 << 30, "b", 0, "fits on device 0 with 200.0 GiB free"},
+		{30 << 30, "a", 0, "fits on device 1 with 100.0 GiB free"},
+	} {
+		m := map[string]api.Model{"m": {Ref: "m", SizeBytes: tc.size}}
+		d, err := MostFreeMemory{}.Place(pools, PlaceRequest{Model: "m", Models: map[string]map[string]api.Model{"a": m, "b": m}})
+		if err != nil || d.Pool.ID != tc.pool || d.GPU != tc.dev {
+			t.Errorf("%s: placed on %s device %d (%v), want %s device %d", api.FormatBytes(uint64(tc.size)), d.Pool.ID, d.GPU, err, tc.pool, tc.dev)
+			continue
+		}
+		if len(d.Rejected) != 1 || !strings.Contains(d.Rejected[0].Reason, tc.whyOther) {
+			t.Errorf("%s: rejected %+v, want the other pool with %q", api.FormatBytes(uint64(tc.size)), d.Rejected, tc.whyOther)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package sshnode_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/sshnode"
 	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
@@ -147,13 +149,20 @@ type queen struct {
 
 func startQueen(t *testing.T, sshConfig string, env []string, extra ...string) *queen {
 	t.Helper()
+	return startQueenFrom(t, testbin.Path(t), sshConfig, env, extra...)
+}
+
+// startQueenFrom starts the queen from the apiary at bin: the one it
+// copies to nodes.
+func startQueenFrom(t *testing.T, bin, sshConfig string, env []string, extra ...string) *queen {
+	t.Helper()
 	state := nodes(t)
 	addr := net.JoinHostPort(queenIP, strconv.Itoa(freePort(t)))
 	args := []string{"queen", "--addr", addr, "--data-dir", filepath.Join(t.TempDir(), "queen"),
 		"--ssh-config", filepath.Join(state, sshConfig), "--ssh-timeout", "2s",
 		"--heartbeat-timeout", timeout.String(), "--flush-interval", "100ms", "--hive-stop-timeout", "20s",
 		"--hive-arg=--worker-threads=1", "--hive-arg=--stop-grace=2s", "--hive-arg=--shutdown-ack=1s", "--log-json"}
-	p := testbin.Start(t, "queen", append(append([]string{}, tokens...), env...), append(args, extra...)...)
+	p := testbin.StartCmd(t, "queen", append(append([]string{}, tokens...), env...), bin, append(args, extra...)...)
 	rec, _ := p.Lines.Wait(t, 0, "queen serving", nil)
 	url := rec.Attrs["url"] // https:// with --tls-cert
 	c := keeper.NewClient(url, "test-admin-0123456789", "test-cluster-0123456789")
@@ -349,6 +358,81 @@ func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testin
 	if err := exec.Command("ip", "link", "set", nsPrefix+"h2", "up").Run(); err != nil {
 		t.Fatal(err)
 	}
+	q.Signal(syscall.SIGTERM)
+	if code := q.Wait(t); code != 0 {
+		t.Errorf("queen exit %d", code)
+	}
+	testbin.AwaitGone(t, nodeMarker(1)+"bin/", 30*time.Second)
+}
+
+// apiaryWithBackend is testbin's apiary and its CPU builds, linked into a
+// directory of the test's own, with these GPU backend files beside it (a
+// fake `make cuda`); it returns the apiary there. bin/ itself stays as
+// the other tests expect it.
+func apiaryWithBackend(t *testing.T, backend map[string][]byte) string {
+	t.Helper()
+	src, dir := testbin.Path(t), t.TempDir()
+	names := []string{filepath.Base(src)}
+	for _, v := range cpuvariant.Siblings {
+		names = append(names, filepath.Base(src)+"-"+v)
+	}
+	for _, name := range names {
+		from, to := filepath.Join(filepath.Dir(src), name), filepath.Join(dir, name)
+		if _, err := os.Stat(from); errors.Is(err, os.ErrNotExist) && name != filepath.Base(src) {
+			continue
+		}
+		if err := os.Link(from, to); err != nil {
+			// Another file system: copy.
+			b, rerr := os.ReadFile(from)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			if err := os.WriteFile(to, b, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for name, content := range backend {
+		if err := os.WriteFile(filepath.Join(dir, name), content, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, filepath.Base(src))
+}
+
+// Issue #35: GPU nodes added over SSH served nothing, because the GPU
+// backend `make cuda` puts beside bin/apiary stayed behind. A queen whose
+// apiary has it beside it copies it to the node with apiary, byte for
+// byte, into the directory of the apiary the node's hive runs: where the
+// hive and its workers look for it (internal/gpu BackendDir).
+func TestSSHNode_GPUBackendBesideApiary_ArrivesBesideTheNodesApiary(t *testing.T) {
+	nodes(t)
+	backend := map[string][]byte{
+		sshnode.CUDALibrary:     []byte("\x7fELF fake CUDA backend \x00\x01\xfe\xff"),
+		sshnode.BaseLibrary:     []byte("\x7fELF fake ggml base \x00\xff"),
+		sshnode.CUDAVersionFile: []byte("12.4\n"),
+	}
+	q := startQueenFrom(t, apiaryWithBackend(t, backend), "ssh_config", nil)
+	q.addNode(t, "n1", 1)
+
+	hive := testbin.AwaitProcess(t, nodeMarker(1), " hive ")
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", hive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(exe)
+	if want := filepath.Join(nodeDir(1), "bin"); dir != want {
+		t.Errorf("the node's hive runs %s, want the apiary in %s", exe, want)
+	}
+	for _, name := range sshnode.BackendFiles {
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Errorf("%s did not arrive beside the node's apiary: %v", name, err)
+		} else if !bytes.Equal(got, backend[name]) {
+			t.Errorf("%s on the node is %q, want %q", name, got, backend[name])
+		}
+	}
+
 	q.Signal(syscall.SIGTERM)
 	if code := q.Wait(t); code != 0 {
 		t.Errorf("queen exit %d", code)

@@ -6,11 +6,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/apiary-llm/apiary/internal/cpuvariant"
@@ -45,6 +49,15 @@ for v in ` + siblingList + `; do
     fi
   fi
 done
+for f in ` + backendList + `; do
+  if [ -f "$d/$f" ]; then
+    if command -v sha256sum >/dev/null 2>&1; then
+      echo "backend=$f $(sha256sum < "$d/$f" | cut -d ' ' -f 1)"
+    else
+      echo "backend=$f"
+    fi
+  fi
+done
 `
 
 // siblingList is the CPU builds that may sit beside apiary (see
@@ -52,17 +65,44 @@ done
 // apiary has, or its workers would run the portable build.
 var siblingList = strings.Join(cpuvariant.Siblings, " ")
 
-// installScript writes stdin to $d/$2 (apiary or one of its CPU builds,
-// never a user's word); installing apiary removes the CPU builds of the
-// one before, which must not outlive it.
+// The GPU backend files that may sit beside apiary: `make cuda`
+// (scripts/gpu-proof.sh) puts them in bin/, and a node's hive and workers
+// look for them in the directory of their own binary (internal/gpu,
+// BackendDir), so a node gets those the local apiary has, or its GPUs
+// serve nothing. The names are internal/gpu's (CUDALibrary,
+// CUDAVersionFile; a test checks they agree), spelt out here so that the
+// queen's side does not link cgo and NVML for two strings.
+const (
+	CUDALibrary     = "libggml-cuda.so"           // the CUDA backend, loaded by workers
+	BaseLibrary     = "libggml-base.so"           // ggml's core, which the CUDA backend links ($ORIGIN run path)
+	CUDAVersionFile = "libggml-cuda.cuda-version" // the CUDA version it was built with
+)
+
+// BackendFiles lists the backend files by name, and so bounds what a
+// node gets besides apiary: only these, never a pattern, because a node
+// compares them by name and a new apiary removes them by name in an
+// install dir that other programs may share (~/.local/bin). The CPU
+// backend is compiled into apiary; a new GPU backend adds its files here.
+var BackendFiles = []string{CUDALibrary, BaseLibrary, CUDAVersionFile}
+
+// backendList is BackendFiles for the scripts.
+var backendList = strings.Join(BackendFiles, " ")
+
+// installScript writes stdin to $d/$2 with mode $3 (apiary, one of its
+// CPU builds or a backend file, never a user's word), through a temp
+// file renamed into place, so that a running process keeps the file it
+// has open or mapped; installing apiary removes the CPU builds and the
+// backend files of the one before, which must not outlive it (a backend
+// binds to the binary's own ggml).
 var installScript = `set -eu
 ` + expandDir + `mkdir -p "$d"
 t="$d/.apiary.tmp.$$"
 trap 'rm -f "$t"' EXIT
 cat > "$t"
-chmod 0755 "$t"
+chmod "$3" "$t"
 if [ "$2" = apiary ]; then
   for v in ` + siblingList + `; do rm -f "$d/apiary-$v"; done
+  for f in ` + backendList + `; do rm -f "$d/$f"; done
 fi
 mv -f "$t" "$d/$2"
 trap - EXIT
@@ -91,6 +131,9 @@ type Probe struct {
 	// Variants are apiary's CPU builds beside it (internal/cpuvariant),
 	// by variant: their hashes ("" without sha256sum on the node).
 	Variants map[string]string
+	// Backend is the GPU backend files beside it (BackendFiles), by name:
+	// their hashes ("" without sha256sum on the node).
+	Backend map[string]string
 }
 
 // Binary is the local apiary that a node should run.
@@ -103,6 +146,23 @@ type Binary struct {
 	// Variants are its CPU builds beside it (make build links them), best
 	// first.
 	Variants []VariantFile
+	// Backend is the GPU backend files beside it (make cuda puts them
+	// there), in BackendFiles' order; none for a CPU-only build.
+	Backend []BackendFile
+}
+
+// BackendFile is one GPU backend file beside apiary, Name one of
+// BackendFiles.
+type BackendFile struct {
+	Name, Path, SHA256 string
+}
+
+// mode is the file's mode on the node: libraries are executable.
+func (f BackendFile) mode() string {
+	if strings.HasSuffix(f.Name, ".so") {
+		return "0755"
+	}
+	return "0644"
 }
 
 // VariantFile is one CPU build of apiary beside it: the file
@@ -139,7 +199,35 @@ func LocalBinary(path, version string) (Binary, error) {
 			b.Variants = append(b.Variants, VariantFile{Variant: v, Path: vp, SHA256: sum})
 		}
 	}
+	b.Backend, err = localBackend(filepath.Dir(path))
+	if err != nil {
+		return Binary{}, err
+	}
 	return b, nil
+}
+
+// localBackend finds the backend files in dir; those absent are skipped.
+func localBackend(dir string) ([]BackendFile, error) {
+	var files []BackendFile
+	for _, name := range BackendFiles {
+		p := filepath.Join(dir, name)
+		fi, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sshnode: %w", err)
+		}
+		if !fi.Mode().IsRegular() {
+			continue
+		}
+		sum, err := hashFile(p)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, BackendFile{Name: name, Path: p, SHA256: sum})
+	}
+	return files, nil
 }
 
 func hashFile(path string) (string, error) {
@@ -202,6 +290,12 @@ func parseProbe(out []byte) Probe {
 				p.Variants = map[string]string{}
 			}
 			p.Variants[name] = sum
+		case "backend":
+			name, sum, _ := strings.Cut(v, " ")
+			if p.Backend == nil {
+				p.Backend = map[string]string{}
+			}
+			p.Backend[name] = sum
 		}
 	}
 	return p
@@ -224,21 +318,48 @@ func goArch(m string) string {
 
 // Installed reports whether the node runs exactly b (same hash; the same
 // version when the node has no sha256sum), with exactly b's CPU builds
-// beside it.
-func (p Probe) Installed(b Binary) bool {
-	if len(p.Variants) != len(b.Variants) {
-		return false
+// and GPU backend files beside it.
+func (p Probe) Installed(b Binary) bool { return len(p.differences(b)) == 0 }
+
+// differences names the files of b that the node lacks or has otherwise,
+// and those it has that b has not; hashes are compared when the node has
+// sha256sum, else apiary's version and the other files' presence.
+func (p Probe) differences(b Binary) []string {
+	var diff, extra []string
+	if p.SHA256 != "" && p.SHA256 != b.SHA256 {
+		diff = append(diff, "apiary")
+	} else if p.SHA256 == "" && (p.Version == "" || p.Version != b.Version) {
+		diff = append(diff, "apiary")
 	}
+	same := func(have map[string]string, name, sum string) bool {
+		got, ok := have[name]
+		return ok && (p.SHA256 == "" || got == sum)
+	}
+	want := map[string]bool{}
 	for _, v := range b.Variants {
-		sum, ok := p.Variants[v.Variant]
-		if !ok || (p.SHA256 != "" && sum != v.SHA256) {
-			return false
+		want["apiary-"+v.Variant] = true
+		if !same(p.Variants, v.Variant, v.SHA256) {
+			diff = append(diff, "apiary-"+v.Variant)
 		}
 	}
-	if p.SHA256 != "" {
-		return p.SHA256 == b.SHA256
+	for v := range p.Variants {
+		if !want["apiary-"+v] {
+			extra = append(extra, "apiary-"+v)
+		}
 	}
-	return p.Version != "" && p.Version == b.Version
+	for _, f := range b.Backend {
+		want[f.Name] = true
+		if !same(p.Backend, f.Name, f.SHA256) {
+			diff = append(diff, f.Name)
+		}
+	}
+	for name := range p.Backend {
+		if !want[name] {
+			extra = append(extra, name)
+		}
+	}
+	slices.Sort(extra)
+	return append(diff, extra...)
 }
 
 // CanCopy says why b cannot run on the node, or nil.
@@ -267,35 +388,41 @@ func (c Client) Ensure(ctx context.Context, t Target, installDir string, b Binar
 		}
 		return p, false, &Error{Kind: ErrMissingBinary, Target: t, Hint: hint}
 	}
-	if err := c.install(ctx, t, installDir, b.Path, "apiary"); err != nil {
+	if err := c.install(ctx, t, installDir, b.Path, "apiary", "0755"); err != nil {
 		return p, false, fmt.Errorf("copy apiary to %s:%s: %w", t, p.InstallDir, err)
 	}
 	for _, v := range b.Variants {
 		name := "apiary-" + v.Variant
-		if err := c.install(ctx, t, installDir, v.Path, name); err != nil {
+		if err := c.install(ctx, t, installDir, v.Path, name, "0755"); err != nil {
 			return p, true, fmt.Errorf("copy %s to %s:%s: %w", name, t, p.InstallDir, err)
+		}
+	}
+	for _, f := range b.Backend {
+		if err := c.install(ctx, t, installDir, f.Path, f.Name, f.mode()); err != nil {
+			return p, true, fmt.Errorf("copy %s to %s:%s: %w", f.Name, t, p.InstallDir, err)
 		}
 	}
 	after, err := c.Probe(ctx, t, installDir)
 	if err != nil {
 		return after, true, err
 	}
-	if !after.Installed(b) {
+	if diff := after.differences(b); len(diff) > 0 {
 		return after, true, &Error{Kind: ErrMissingBinary, Target: t,
-			Hint: fmt.Sprintf("copied apiary to %s but it does not run there (version %q)", after.InstallDir, after.Version)}
+			Hint: fmt.Sprintf("copied apiary to %s but the node does not have it as copied (apiary version %q there; differing: %s)",
+				after.InstallDir, after.Version, strings.Join(diff, ", "))}
 	}
 	return after, true, nil
 }
 
 // install copies the local file at path to the node's install dir as
-// name.
-func (c Client) install(ctx context.Context, t Target, installDir, path, name string) error {
+// name, with mode (octal).
+func (c Client) install(ctx context.Context, t Target, installDir, path, name, mode string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("sshnode: %w", err)
 	}
 	defer f.Close()
-	_, err = c.Run(ctx, t, RemoteCommand(installScript, installDir, name), f)
+	_, err = c.Run(ctx, t, RemoteCommand(installScript, installDir, name, mode), f)
 	return err
 }
 

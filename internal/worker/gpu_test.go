@@ -4,35 +4,32 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 
-	"github.com/apiary-llm/apiary/internal/gpu"
-)
+	oai "github.com/openai/openai-go"
+	"github.com/openai/openai-go/option"
 
-// ggmlSourceDir is the pinned ollama module's vendored ggml sources, whose
-// private header a test backend is compiled against.
-func ggmlSourceDir(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/ollama/ollama").Output()
-	if err != nil {
-		t.Fatalf("go list the ollama module: %v", err)
-	}
-	return filepath.Join(strings.TrimSpace(string(out)), "ml", "backend", "ggml", "ggml")
-}
+	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/testbin"
+)
 
 // compileBackend builds C source as dir/libggml-cuda.so with gcc, against
 // the vendored ggml headers; the library's ggml symbols stay undefined,
 // to be bound to the worker binary's own ggml when it is loaded.
 func compileBackend(t *testing.T, dir, src string) {
 	t.Helper()
-	ggml := ggmlSourceDir(t)
+	ggml, err := testbin.GGMLHeaders()
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := filepath.Join(t.TempDir(), "backend.c")
 	if err := os.WriteFile(c, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("gcc", "-shared", "-fPIC", "-I"+filepath.Join(ggml, "include"), "-I"+filepath.Join(ggml, "src"),
-		"-o", filepath.Join(dir, gpu.CUDALibrary), c)
+	cmd := exec.Command("gcc", "-shared", "-fPIC", "-I"+ggml[0], "-I"+ggml[1], "-o", filepath.Join(dir, gpu.CUDALibrary), c)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, b)
 	}
@@ -92,5 +89,83 @@ func TestWorkerRefusesAGPUItCannotUse(t *testing.T) {
 			}
 			t.Logf("stderr:\n%s", out)
 		})
+	}
+}
+
+// standinGPUs are two stand-in GPUs (internal/testbin/standin): device 1
+// is the roomier.
+func standinGPUs(t *testing.T) *testbin.Standin {
+	return testbin.NewStandin(t,
+		testbin.StandinDevice{TotalBytes: 4 << 30, UUID: "GPU-00000000-standin-0", Name: "Stand-in GPU 4 GiB"},
+		testbin.StandinDevice{TotalBytes: 8 << 30, UUID: "GPU-00000000-standin-1", Name: "Stand-in GPU 8 GiB"})
+}
+
+// greedy is the worker's greedy completion of a fixed prompt.
+func greedy(t *testing.T, url string) string {
+	t.Helper()
+	client := newOpenAIClient(url)
+	got, err := client.Completions.New(t.Context(), oai.CompletionNewParams{
+		Model: "tiny", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("Once upon a time")},
+		MaxTokens: oai.Int(32), Temperature: oai.Float(0),
+	}, option.WithJSONSet("ignore_eos", true))
+	if err != nil || len(got.Choices) != 1 || got.Usage.CompletionTokens != 32 {
+		t.Fatalf("completion: %+v %v", got, err)
+	}
+	return got.Choices[0].Text
+}
+
+// A worker on --gpu-device 1 of a GPU backend (the stand-in: host memory,
+// ggml's CPU compute) loads the model onto that device: every layer
+// offloaded, the model's memory held on device 1 and none on device 0;
+// it generates exactly the CPU worker's greedy output, and its memory
+// goes back when it ends. (Before the fix, the device list passed to C
+// was Go memory and the cgo check panicked here.)
+func TestWorkerOffloadsToAGPU(t *testing.T) {
+	s := standinGPUs(t)
+	_, cpuURL := startWorkerBinary(t, nil)
+	want := greedy(t, cpuURL)
+
+	p, url := startWorkerBinary(t, s.Env(), "--gpu-device", "1", "--log-level", "debug")
+	if got := greedy(t, url); got != want {
+		t.Errorf("greedy output on the GPU %q, on the CPU %q", got, want)
+	}
+	out := p.output()
+	if m := regexp.MustCompile(`offloaded (\d+)/(\d+) layers to GPU`).FindStringSubmatch(out); m == nil || m[1] != m[2] {
+		t.Errorf("not every layer offloaded (%v); log:\n%s", m, out)
+	}
+	pid := p.cmd.Process.Pid
+	held0, held1 := s.Held(0, pid), s.Held(1, pid)
+	st, err := os.Stat(testModelPath(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held0 != 0 || held1 < uint64(st.Size())/2 {
+		t.Errorf("device 0 holds %d bytes, device 1 %d, for a model of %d bytes: want it all on device 1", held0, held1, st.Size())
+	}
+	p.signal(t, syscall.SIGTERM)
+	if code := p.exitCode(t); code != 0 {
+		t.Errorf("exit %d after SIGTERM; log:\n%s", code, p.output())
+	}
+	if h := s.Held(1, pid); h != 0 {
+		t.Errorf("device 1 still records %d bytes of the ended worker", h)
+	}
+	if strings.Contains(out, "panic") {
+		t.Errorf("log has a panic:\n%s", out)
+	}
+}
+
+// A model that does not fit the GPU's memory: the worker refuses with
+// one line and exit 1, never a panic, and holds nothing on the device.
+func TestWorkerRefusesAModelTooBigForTheGPU(t *testing.T) {
+	s := testbin.NewStandin(t, testbin.StandinDevice{TotalBytes: 64 << 10, UUID: "GPU-00000000-standin-small", Name: "Stand-in GPU 64 KiB"})
+	p := startApiary(t, s.Env(), "worker", "--model", testModelPath(t), "--port", "0", "--gpu-device", "0")
+	code := p.exitCode(t)
+	out := p.output()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 1 || !strings.Contains(lines[len(lines)-1], "could not load") || strings.Contains(out, "panic") {
+		t.Errorf("exit %d, want 1 with a last line saying the model could not load; stderr:\n%s", code, out)
+	}
+	if h := s.Held(0, p.cmd.Process.Pid); h != 0 {
+		t.Errorf("the device still records %d bytes of the ended worker", h)
 	}
 }

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# llamacpp.sh builds the llama.cpp that apiary's worker links, once per pin,
+# into a cache outside the tree, and prints where it is.
+#
+#   scripts/llamacpp.sh build    fetch, configure and build (skipped when
+#                                the cache has it); prints the prefix
+#   scripts/llamacpp.sh prefix   prints the prefix (built or not)
+#   scripts/llamacpp.sh cuda     build the CUDA backend of the same source
+#                                and commit into the prefix (needs nvcc)
+#
+# Where llama.cpp comes from: the npm package node-llama-cpp ships the
+# llama.cpp source tree of its release as a git bundle
+# (package/llama/gitRelease.bundle; the release tag in
+# llama/llama.cpp.info.json). The pin is the package version and the
+# bundle's commit, checked after the clone; a bundle with another commit
+# is refused. Nothing of llama.cpp is kept in this repository.
+#
+# The build is llama.cpp's own CMake build, Release, with ggml's backends
+# as libraries loaded at run time (GGML_BACKEND_DL=ON) and one CPU backend
+# per instruction-set level (GGML_CPU_ALL_VARIANTS=ON), shared libraries
+# with an $ORIGIN run path, no OpenMP (ggml's own threads, as before), no
+# network at configure time (no prebuilt web UI, no OpenSSL). llama-server
+# is built from the same tree: the engine tests and the benchmarks compare
+# like with like. The prefix holds:
+#   lib/      libllama.so, libllama-common.so, libggml.so, libggml-base.so,
+#             libggml-cpu-<level>.so (and libggml-cuda.so after `cuda`)
+#   include/  llama.h, ggml's headers, common's json-schema-to-grammar.h
+#             and the headers it includes, ggml's private backend header
+#   bin/      llama-server
+#   pin       the package version, tag, commit and commit date
+#
+# Knobs (environment): LLAMA_JOBS (nproc), CUDA_ARCHS (for cuda:
+# CMAKE_CUDA_ARCHITECTURES; default: this machine's GPU's compute
+# capability, else native).
+set -euo pipefail
+
+NLC_VERSION=3.22.1
+COMMIT=de3ff815ea7d559ee917f063901b8986f038abc6
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/apiary
+PREFIX=$CACHE/llama.cpp/nlc-$NLC_VERSION-${COMMIT:0:10}
+JOBS=${LLAMA_JOBS:-$(nproc)}
+
+log() { printf 'llamacpp: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+# fetch clones the pinned source into $PREFIX/src, unless it is there.
+fetch() {
+  [ -f "$PREFIX/src/CMakeLists.txt" ] && [ -f "$PREFIX/src.ok" ] && return
+  command -v npm >/dev/null || die "npm is needed to fetch node-llama-cpp (scripts/deps.sh installs it)"
+  command -v git >/dev/null || die "git is needed (scripts/deps.sh installs it)"
+  local tmp
+  tmp=$(mktemp -d)
+  trap "rm -rf '$tmp'; trap - RETURN" RETURN
+  log "fetching node-llama-cpp@$NLC_VERSION from the npm registry"
+  (cd "$tmp" && npm pack --silent "node-llama-cpp@$NLC_VERSION" >/dev/null) || die "npm pack node-llama-cpp@$NLC_VERSION failed"
+  tar -xzf "$tmp/node-llama-cpp-$NLC_VERSION.tgz" -C "$tmp" package/llama/gitRelease.bundle package/llama/llama.cpp.info.json ||
+    die "node-llama-cpp@$NLC_VERSION ships no llama.cpp source bundle"
+  rm -rf "$PREFIX/src" "$PREFIX/src.ok"
+  mkdir -p "$PREFIX"
+  git clone --quiet "$tmp/package/llama/gitRelease.bundle" "$PREFIX/src" 2>/dev/null || die "cloning the bundle failed"
+  local got tag date
+  got=$(git -C "$PREFIX/src" rev-parse HEAD)
+  [ "$got" = "$COMMIT" ] || die "node-llama-cpp@$NLC_VERSION's bundle is commit $got, not the pinned $COMMIT"
+  tag=$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$tmp/package/llama/llama.cpp.info.json")
+  date=$(git -C "$PREFIX/src" log -1 --format=%cI)
+  printf 'package=node-llama-cpp@%s\ntag=%s\ncommit=%s\ndate=%s\n' "$NLC_VERSION" "$tag" "$COMMIT" "$date" >"$PREFIX/pin"
+  touch "$PREFIX/src.ok"
+}
+
+# build configures and builds the libraries and llama-server, and lays out
+# the prefix.
+build() {
+  if [ -f "$PREFIX/built" ]; then
+    echo "$PREFIX"
+    return
+  fi
+  fetch
+  command -v cmake >/dev/null || die "cmake is needed (scripts/deps.sh installs it)"
+  local start=$SECONDS b=$PREFIX/build
+  log "building llama.cpp $(sed -n 's/^tag=//p' "$PREFIX/pin") ($COMMIT) with $JOBS jobs"
+  cmake -S "$PREFIX/src" -B "$b" -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
+    -DCMAKE_BUILD_RPATH='$ORIGIN' -DCMAKE_INSTALL_RPATH='$ORIGIN' \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+    -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
+    >"$PREFIX/configure.log" 2>&1 || { tail -30 "$PREFIX/configure.log" >&2; die "cmake configure failed (log: $PREFIX/configure.log)"; }
+  cmake --build "$b" -j "$JOBS" --target llama llama-common ggml llama-server \
+    >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
+  # The CPU variants are MODULE libraries ggml loads; build them all.
+  local variants
+  variants=$(sed -n 's/^\(ggml-cpu-[a-z0-9_]*\):.*/\1/p' <(cmake --build "$b" --target help 2>/dev/null) | sort -u)
+  [ -n "$variants" ] || variants=$(cmake --build "$b" --target help | grep -o 'ggml-cpu-[a-z0-9_]*' | sort -u)
+  # shellcheck disable=SC2086
+  cmake --build "$b" -j "$JOBS" --target $variants >>"$PREFIX/build.log" 2>&1 ||
+    { tail -30 "$PREFIX/build.log" >&2; die "building the CPU backends failed (log: $PREFIX/build.log)"; }
+  rm -rf "$PREFIX/lib" "$PREFIX/include" "$PREFIX/bin"
+  mkdir -p "$PREFIX/lib" "$PREFIX/include" "$PREFIX/bin"
+  find "$b/bin" -maxdepth 1 \( -name 'lib*.so' -o -name 'lib*.so.*' \) -exec cp -P {} "$PREFIX/lib/" \;
+  cp "$b/bin/llama-server" "$PREFIX/bin/"
+  cp "$PREFIX/src/include/llama.h" "$PREFIX/src/include/llama-cpp.h" "$PREFIX/include/" 2>/dev/null || cp "$PREFIX/src/include/llama.h" "$PREFIX/include/"
+  cp "$PREFIX"/src/ggml/include/*.h "$PREFIX/include/"
+  cp "$PREFIX/src/ggml/src/ggml-backend-impl.h" "$PREFIX/src/ggml/src/ggml-impl.h" "$PREFIX/src/ggml/src/ggml-common.h" "$PREFIX/include/" 2>/dev/null || true
+  cp "$PREFIX"/src/common/json-schema-to-grammar.h "$PREFIX"/src/common/json-schema.h "$PREFIX"/src/common/json.h "$PREFIX/include/"
+  ls "$PREFIX"/lib/libggml-cpu-*.so >/dev/null 2>&1 || die "the build made no CPU backend libraries"
+  echo "build_seconds=$((SECONDS - start))" >>"$PREFIX/pin"
+  touch "$PREFIX/built"
+  log "built in $((SECONDS - start))s: $PREFIX"
+  echo "$PREFIX"
+}
+
+# cuda builds libggml-cuda.so of the same source and commit into the
+# prefix, for this machine's GPU architecture only.
+cuda() {
+  build >/dev/null
+  command -v nvcc >/dev/null || die "no nvcc: the CUDA toolkit is needed (its bin/ on PATH)"
+  local archs=${CUDA_ARCHS:-} cap b=$PREFIX/build-cuda
+  if [ -z "$archs" ] && command -v nvidia-smi >/dev/null; then
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    [ -n "$cap" ] && archs=$cap
+  fi
+  archs=${archs:-native}
+  local cudav
+  cudav=$(nvcc --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
+  log "building libggml-cuda.so (CUDA $cudav, architectures $archs)"
+  cmake -S "$PREFIX/src" -B "$b" -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+    -DCMAKE_BUILD_RPATH='$ORIGIN' -DCMAKE_INSTALL_RPATH='$ORIGIN' \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+    >"$PREFIX/configure-cuda.log" 2>&1 || { tail -30 "$PREFIX/configure-cuda.log" >&2; die "cmake configure failed (log: $PREFIX/configure-cuda.log)"; }
+  cmake --build "$b" -j "$JOBS" --target ggml-cuda >"$PREFIX/build-cuda.log" 2>&1 ||
+    { tail -30 "$PREFIX/build-cuda.log" >&2; die "building ggml-cuda failed (log: $PREFIX/build-cuda.log)"; }
+  cp "$b/bin/libggml-cuda.so" "$PREFIX/lib/"
+  printf '%s\n' "$cudav" >"$PREFIX/lib/libggml-cuda.cuda-version"
+  log "built $PREFIX/lib/libggml-cuda.so"
+  echo "$PREFIX"
+}
+
+case ${1:-} in
+  build) build ;;
+  prefix) echo "$PREFIX" ;;
+  cuda) cuda ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
