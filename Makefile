@@ -1,100 +1,87 @@
-# apiary build. `make build` puts the binary at bin/apiary (and its x86-64-v3 and x86-64-v4 builds
-# beside it, see below); `make test`
-# runs every test. The llama.cpp sources come from the pinned Go module
-# github.com/ollama/ollama; Go strips their vendor/ directory, so the build
-# adds Debian's nlohmann-json3-dev and libstb-dev and a stub miniaudio header
-# (audio input only). The stub is copied to a fixed place outside the tree so
-# that every clone shares one cgo build cache (a cold llama.cpp build takes
-# minutes; a cached one seconds).
+# apiary build. `make build` puts the binary at bin/apiary with the
+# llama.cpp libraries it loads beside it; `make test` runs every test.
+# llama.cpp is built by scripts/llamacpp.sh from a pinned source (the git
+# bundle the npm package node-llama-cpp ships) with its own CMake build,
+# once per pin, into a cache outside the tree (a cold build takes minutes;
+# later ones nothing).
 
 SHELL := /bin/bash
 GO ?= go
-OLLAMA_MOD := github.com/ollama/ollama
-CGO_INCLUDE := $(HOME)/.cache/apiary/include
-OLLAMA_DIR = $(shell $(GO) list -m -f '{{.Dir}}' $(OLLAMA_MOD) 2>/dev/null)
-
-# llama.cpp's kernels are chosen at compile time. On amd64 `make build` links
-# three binaries from one source: $(BIN)/apiary, portable (x86-64 baseline;
-# the entry point on every machine), $(BIN)/apiary-x86-64-v3 (AVX2, FMA,
-# F16C: several times faster) and $(BIN)/apiary-x86-64-v4 (AVX-512 with
-# VNNI); workers run the best one the CPU has (see internal/cpuvariant).
-# All are -O3 -DNDEBUG, as llama.cpp's own Release build: the package's cgo
-# directives alone leave -O2 with asserts on.
-OPT_FLAGS := -O3 -DNDEBUG
-V3_FLAGS := $(OPT_FLAGS) -march=x86-64-v3
-V4_FLAGS := $(OPT_FLAGS) -march=x86-64-v4 -mavx512vnni
-GOARCH_HOST := $(shell $(GO) env GOARCH)
-VARIANT_VAR := github.com/apiary-llm/apiary/internal/cpuvariant.Name
 BIN ?= bin
 
-# Tests compile llama.cpp into their own binaries and run them here: they use
-# the v3 flags when this machine has AVX2 (sharing the v3 build's cache).
-HAS_AVX2 := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo yes)
-ifeq ($(HAS_AVX2),yes)
-TEST_CGO_FLAGS := $(V3_FLAGS)
-else
-TEST_CGO_FLAGS := $(OPT_FLAGS)
-endif
+LLAMA := $(shell ./scripts/llamacpp.sh prefix)
+LLAMA_LIB := $(LLAMA)/lib
+LLAMA_PIN = $(shell sed -n 's/^tag=//p;s/^commit=//p;s/^date=//p' $(LLAMA)/pin 2>/dev/null | paste -sd ' ')
+VERSION_PKG := github.com/apiary-llm/apiary/internal/version
 
+# apiary's own C and C++ (the binding's helpers) at llama.cpp's Release
+# flags; llama.cpp's kernels are in its libraries, one CPU backend per
+# instruction-set level, chosen at run time (internal/cpuvariant).
+OPT_FLAGS := -O3 -DNDEBUG
 export CGO_ENABLED := 1
-export CGO_CFLAGS := $(TEST_CGO_FLAGS)
-export CGO_CXXFLAGS := $(TEST_CGO_FLAGS)
-export CGO_CPPFLAGS = -I$(CGO_INCLUDE) -I$(OLLAMA_DIR)/llama/llama.cpp/include -I$(OLLAMA_DIR)/ml/backend/ggml/ggml/include
+export CGO_CFLAGS := $(OPT_FLAGS)
+export CGO_CXXFLAGS := $(OPT_FLAGS)
+export CGO_CPPFLAGS := -I$(LLAMA)/include
+# Test binaries are built elsewhere: they find the libraries in the cache.
+# bin/apiary finds them beside itself ($ORIGIN, set in build).
+export CGO_LDFLAGS := -L$(LLAMA_LIB) -Wl,-rpath,$(LLAMA_LIB)
 
 TEST_FLAGS ?= -count=1 -timeout 60m
 
-.PHONY: all build cuda deps cgo-include lint llama-server test demo bench bench-worker clean
+.PHONY: all build llama cuda deps deps-build lint llama-server test demo bench bench-worker clean
 
 all: build
 
-# deps installs what the build needs on Debian 12 (skipped when present).
+# deps installs what the build and the tests need on Debian 12 (skipped
+# when present); deps-build what the build alone needs.
 deps:
 	@./scripts/deps.sh
 
-cgo-include:
-	@mkdir -p $(CGO_INCLUDE)/miniaudio
-	@cmp -s cgo/include/miniaudio/miniaudio.h $(CGO_INCLUDE)/miniaudio/miniaudio.h || \
-		cp cgo/include/miniaudio/miniaudio.h $(CGO_INCLUDE)/miniaudio/miniaudio.h
-	@$(GO) mod download $(OLLAMA_MOD)
+deps-build:
+	@./scripts/deps.sh build
 
-build: cgo-include
-ifeq ($(GOARCH_HOST),amd64)
-	CGO_CFLAGS="$(OPT_FLAGS)" CGO_CXXFLAGS="$(OPT_FLAGS)" \
-		$(GO) build -ldflags "-X $(VARIANT_VAR)=portable" -o $(BIN)/apiary ./cmd/apiary
-	CGO_CFLAGS="$(V3_FLAGS)" CGO_CXXFLAGS="$(V3_FLAGS)" \
-		$(GO) build -ldflags "-X $(VARIANT_VAR)=x86-64-v3" -o $(BIN)/apiary-x86-64-v3 ./cmd/apiary
-	CGO_CFLAGS="$(V4_FLAGS)" CGO_CXXFLAGS="$(V4_FLAGS)" \
-		$(GO) build -ldflags "-X $(VARIANT_VAR)=x86-64-v4" -o $(BIN)/apiary-x86-64-v4 ./cmd/apiary
-else
-	CGO_CFLAGS="$(OPT_FLAGS)" CGO_CXXFLAGS="$(OPT_FLAGS)" $(GO) build -o $(BIN)/apiary ./cmd/apiary
-endif
+# llama builds llama.cpp's libraries and llama-server into the cache.
+llama: deps-build
+	@./scripts/llamacpp.sh build >/dev/null
 
-# llama.cpp's CUDA backend, bin/libggml-cuda.so, from the same vendored
-# ggml sources (CMake and nvcc; see docs/gpu.md). Workers load it at run
-# time; without it a node's GPUs are reported unusable.
-cuda: cgo-include
-	@./scripts/gpu-proof.sh cuda
+build: llama
+	@mkdir -p $(BIN)
+	CGO_LDFLAGS="-L$(LLAMA_LIB) -Wl,-rpath,\$$ORIGIN" \
+		$(GO) build -ldflags "-X '$(VERSION_PKG).LlamaCpp=$(LLAMA_PIN)'" -o $(BIN)/apiary ./cmd/apiary
+	@rm -f $(BIN)/apiary-x86-64-v3 $(BIN)/apiary-x86-64-v4 $(BIN)/libggml-cpu-*.so
+	@for f in $(LLAMA_LIB)/*.so; do install -m 0755 "$$f" $(BIN)/; done
 
-# Packages free of cgo also run under the race detector (the llama.cpp
-# packages would need a second cold C++ build for it).
-RACE_PKGS = $(shell $(GO) list -f '{{if not .CgoFiles}}{{$$cgo := false}}{{range .Deps}}{{if eq . "$(OLLAMA_MOD)/llama"}}{{$$cgo = true}}{{end}}{{end}}{{if not $$cgo}}{{.ImportPath}}{{end}}{{end}}' ./...)
+# llama.cpp's CUDA backend, bin/libggml-cuda.so, from the same source and
+# commit (CMake and nvcc; see docs/gpu.md). Workers load it at run time;
+# without it a node's GPUs are reported unusable.
+cuda: build
+	@./scripts/llamacpp.sh cuda >/dev/null
+	install -m 0755 $(LLAMA_LIB)/libggml-cuda.so $(BIN)/
+	install -m 0644 $(LLAMA_LIB)/libggml-cuda.cuda-version $(BIN)/
+
+# Packages that do not link the llama.cpp binding also run under the race
+# detector.
+RACE_PKGS = $(shell $(GO) list -f '{{if not .CgoFiles}}{{$$cgo := false}}{{range .Deps}}{{if eq . "github.com/apiary-llm/apiary/internal/llamacpp"}}{{$$cgo = true}}{{end}}{{end}}{{if not $$cgo}}{{.ImportPath}}{{end}}{{end}}' ./...)
 
 # go vet and staticcheck (pinned in go.mod as a tool), both clean.
-lint: cgo-include
+lint: llama
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
 # llama.cpp's llama-server, which the external-engine tests run: built
-# alone, CPU only, once per version into the user's cache
-# (scripts/bench-llama-server.sh server; internal/testbin.LlamaServer).
-llama-server: deps
-	@./scripts/bench-llama-server.sh server >/dev/null
+# in the libraries' tree, from the same source and commit
+# (internal/testbin.LlamaServer).
+llama-server: llama
+	@./scripts/llamacpp.sh server >/dev/null
 
 test: deps build lint llama-server
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
 
-demo: deps build
+# The demo builds only the CPU backend this machine loads (a later
+# `make build` adds the others).
+demo: export LLAMA_CPU_LEVELS := host
+demo: build
 	@./scripts/demo.sh
 
 bench: deps build

@@ -6,10 +6,6 @@
 #
 #   scripts/bench-llama-server.sh [build|model|run|self-test|llama-bench|all]
 #
-#   server       obtain llama.cpp and build llama-server alone into the cache
-#                (skipped when already built), and print its path; `make
-#                test` runs it: the external-engine tests serve a model
-#                with it (internal/testbin.LlamaServer)
 #   build        obtain llama.cpp and build llama-server, llama-bench and
 #                llama-quantize into the cache (skipped when already built)
 #   model        make the benchmark model (skipped when already made)
@@ -19,24 +15,19 @@
 #   llama-bench  llama.cpp's llama-bench on the benchmark model, for reference
 #   all          build, model, llama-bench, run (the default)
 #
-# Where llama.cpp comes from: the npm package node-llama-cpp ships the
-# llama.cpp source tree of the release it binds, as a git bundle
-# (package/llama/gitRelease.bundle, release tag in llama/llama.cpp.info.json).
-# NLC_VERSION pins the package version; the default, 3.14.5, ships llama.cpp
-# b7347, the release closest to the llama.cpp commit vendored in the pinned
-# ollama module (ec98e2002, a few days after b7347), so that the comparison
-# measures how apiary drives llama.cpp rather than llama.cpp's own progress.
-# The source is built as upstream ships it (none of node-llama-cpp's patches
-# or its addon), Release, CPU only, GGML_NATIVE=ON, no curl, with Debian's
-# cmake and g++. Everything goes to a cache outside the repo:
-#   ${XDG_CACHE_HOME:-~/.cache}/apiary/llama-server/node-llama-cpp-<version>/
-#     bin/{llama-server,llama-bench,llama-quantize}, build-info.txt,
-#     CMakeCache.txt, src/, build/
+# Where llama.cpp comes from: the very build apiary links
+# (scripts/llamacpp.sh: llama.cpp v0.5.0, commit de3ff815, from the git
+# bundle the npm package node-llama-cpp@3.22.1 ships), so that the
+# comparison measures how apiary drives llama.cpp, not two llama.cpps:
+# llama-server, llama-bench and llama-quantize are built in that tree, with
+# the same options and the same CPU backend libraries beside them (each
+# loads the best level this CPU runs, as the worker does). Everything goes
+# to the cache outside the repo:
+#   ${XDG_CACHE_HOME:-~/.cache}/apiary/llama.cpp/<pin>/server/
+#     {llama-server,llama-bench,llama-quantize} and their libraries, logs/
 #   ${XDG_CACHE_HOME:-~/.cache}/apiary/bench-models/<name>.gguf
-# The product build never uses any of it.
 #
 # Knobs (environment):
-#   NLC_VERSION      node-llama-cpp version to take llama.cpp from (3.14.5)
 #   BENCH_SESSIONS   times both servers are started afresh (4): each start
 #                    lays memory out anew, which alone moves a server's speed
 #                    by several percent, so one start is not a fair sample
@@ -60,10 +51,9 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-NLC_VERSION=${NLC_VERSION:-3.14.5}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/apiary
-LS_DIR=$CACHE/llama-server/node-llama-cpp-$NLC_VERSION
-LS_BIN=$LS_DIR/bin
+LS_DIR=$("$ROOT/scripts/llamacpp.sh" prefix)
+LS_BIN=$LS_DIR/server
 MODEL_DIR=$CACHE/bench-models
 BENCH_DIM=${BENCH_DIM:-768}
 BENCH_LAYERS=${BENCH_LAYERS:-12}
@@ -78,107 +68,17 @@ JOBS=$(nproc)
 log() { printf 'bench-llama-server: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
-need_root() {
-  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-
-ensure_tools() {
-  local missing=()
-  command -v cmake >/dev/null || missing+=(cmake)
-  command -v g++ >/dev/null || missing+=(g++)
-  command -v make >/dev/null || missing+=(make)
-  command -v git >/dev/null || missing+=(git)
-  if [ ${#missing[@]} -gt 0 ]; then
-    log "installing ${missing[*]} with apt-get"
-    export DEBIAN_FRONTEND=noninteractive
-    need_root apt-get update -qq
-    need_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
-  command -v npm >/dev/null || die "npm is needed to fetch node-llama-cpp (apt-get install npm)"
-}
-
-# fetch_source puts llama.cpp's source from node-llama-cpp@NLC_VERSION in
-# $LS_DIR/src and configures $LS_DIR/build, unless that is done already.
-fetch_source() {
-  [ -f "$LS_DIR/build/CMakeCache.txt" ] && [ -f "$LS_DIR/source-tag" ] && return
-  ensure_tools
-  mkdir -p "$LS_DIR"
-  local tmp
-  tmp=$(mktemp -d)
-  trap "rm -rf '$tmp'; trap - RETURN" RETURN
-  log "fetching node-llama-cpp@$NLC_VERSION from the npm registry"
-  (cd "$tmp" && npm pack --silent "node-llama-cpp@$NLC_VERSION" >/dev/null)
-  tar -xzf "$tmp/node-llama-cpp-$NLC_VERSION.tgz" -C "$tmp" \
-    package/llama/gitRelease.bundle package/llama/llama.cpp.info.json ||
-    die "node-llama-cpp@$NLC_VERSION ships no llama.cpp source bundle (package/llama/gitRelease.bundle)"
-  local tag build_number=0
-  tag=$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$tmp/package/llama/llama.cpp.info.json")
-  rm -rf "$LS_DIR/src" "$LS_DIR/build" "$LS_DIR/source-tag"
-  git clone --quiet "$tmp/package/llama/gitRelease.bundle" "$LS_DIR/src" 2>/dev/null
-  [[ $tag =~ ^b([0-9]+)$ ]] && build_number=${BASH_REMATCH[1]}
-  # LLAMA_BUILD_NUMBER/COMMIT: the bundle is one squashed commit, so
-  # llama.cpp's own git lookup would report a meaningless number.
-  cmake -S "$LS_DIR/src" -B "$LS_DIR/build" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_NUMBER="$build_number" -DLLAMA_BUILD_COMMIT="$tag" \
-    -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
-    >"$LS_DIR/cmake-configure.log" 2>&1 || { tail -30 "$LS_DIR/cmake-configure.log" >&2; die "cmake configure failed"; }
-  echo "$tag" >"$LS_DIR/source-tag"
-}
-
-# build_targets builds the named llama.cpp targets into $LS_BIN and
-# records how in build-info.txt (the seconds each call took, appended).
-build_targets() {
-  fetch_source
-  local tag commit start=$SECONDS
-  tag=$(cat "$LS_DIR/source-tag")
-  commit=$(git -C "$LS_DIR/src" rev-parse HEAD)
-  log "building $* of llama.cpp $tag (bundle commit $commit) with $JOBS jobs"
-  cmake --build "$LS_DIR/build" -j "$JOBS" --target "$@" \
-    >"$LS_DIR/cmake-build.log" 2>&1 || { tail -30 "$LS_DIR/cmake-build.log" >&2; die "build failed (log: $LS_DIR/cmake-build.log)"; }
-  local secs=$((SECONDS - start)) t
-  mkdir -p "$LS_BIN"
-  for t in "$@"; do cp "$LS_DIR/build/bin/$t" "$LS_BIN/$t.tmp" && mv "$LS_BIN/$t.tmp" "$LS_BIN/$t"; done
-  cp "$LS_DIR/build/CMakeCache.txt" "$LS_DIR/CMakeCache.txt"
-  {
-    echo "npm_package=node-llama-cpp@$NLC_VERSION"
-    echo "llama_cpp_tag=$tag"
-    echo "bundle_commit=$commit"
-    echo "compiler=$(g++ --version | head -1)"
-    echo "cmake=$(cmake --version | head -1)"
-    # The per-instruction-set options (GGML_AVX2, …) are left out: with
-    # GGML_NATIVE=ON they are unused, -march=native decides.
-    grep -E '^(CMAKE_BUILD_TYPE|GGML_NATIVE|GGML_OPENMP|GGML_LLAMAFILE|GGML_CPU_REPACK|GGML_CPU_ALL_VARIANTS|GGML_BACKEND_DL|BUILD_SHARED_LIBS|LLAMA_CURL|OpenMP_C_FLAGS|CMAKE_C_FLAGS_RELEASE|CMAKE_CXX_FLAGS_RELEASE):' "$LS_DIR/build/CMakeCache.txt" |
-      sed 's/:[A-Z]*=/=/'
-    echo "ggml_cpu_compile_flags=$(sed -n 's/^CXX_FLAGS = //p' "$LS_DIR/build/ggml/src/CMakeFiles/ggml-cpu.dir/flags.make" | head -1)"
-    echo "ggml_cpu_defines=$(sed -n 's/^CXX_DEFINES = //p' "$LS_DIR/build/ggml/src/CMakeFiles/ggml-cpu.dir/flags.make" | head -1)"
-    grep '^build_seconds' "$LS_DIR/build-info.txt" 2>/dev/null || true
-    echo "build_seconds[$*]=$secs"
-  } >"$LS_DIR/build-info.txt.tmp"
-  mv "$LS_DIR/build-info.txt.tmp" "$LS_DIR/build-info.txt"
-  log "built $* in ${secs}s; in $LS_BIN; see $LS_DIR/build-info.txt"
-}
-
-# server builds llama-server alone (what the tests run), unless the cache
-# has it: the one target, CPU only, no curl. It prints the binary's path.
-server() {
-  if [ -x "$LS_BIN/llama-server" ]; then
-    log "llama-server cached in $LS_BIN ($(cat "$LS_DIR/source-tag" 2>/dev/null))"
-  else
-    build_targets llama-server
-  fi
-  echo "$LS_BIN/llama-server"
-}
-
-# build builds the three tools the benchmark runs, unless the cache
-# already has them; what llama-server already built is reused.
+# build builds the three tools the benchmark runs in the tree apiary's
+# llama.cpp was built in, unless they are there already.
 build() {
+  "$ROOT/scripts/llamacpp.sh" server >/dev/null
   if [ -x "$LS_BIN/llama-server" ] && [ -x "$LS_BIN/llama-bench" ] && [ -x "$LS_BIN/llama-quantize" ]; then
-    log "llama.cpp tools cached in $LS_BIN ($(cat "$LS_DIR/source-tag" 2>/dev/null))"
     return
   fi
-  build_targets llama-server llama-bench llama-quantize
+  log "building llama-bench and llama-quantize of $(sed -n 's/^tag=//p' "$LS_DIR/pin") with $JOBS jobs"
+  cmake --build "$LS_DIR/build" -j "$JOBS" --target llama-bench llama-quantize >"$LS_DIR/bench-build.log" 2>&1 ||
+    { tail -30 "$LS_DIR/bench-build.log" >&2; die "build failed (log: $LS_DIR/bench-build.log)"; }
+  cp "$LS_DIR/build/bin/llama-bench" "$LS_DIR/build/bin/llama-quantize" "$LS_BIN/"
 }
 
 # model_path prints the benchmark model's path.
@@ -222,7 +122,7 @@ harness() {
   cd "$ROOT"
   BENCH_B=$mode \
   BENCH_LLAMA_SERVER=$LS_BIN/llama-server \
-  BENCH_LLAMA_BUILD_INFO=$LS_DIR/build-info.txt \
+  BENCH_LLAMA_BUILD_INFO=$LS_DIR/pin \
   BENCH_LLAMA_BENCH_MD=$(llama_bench_md) \
   BENCH_LOG_DIR=$LS_DIR/logs \
   BENCH_MODEL=$(model_path) \
@@ -285,12 +185,11 @@ llama_bench() {
 }
 
 case "${1:-all}" in
-  server) server ;;
   build) build ;;
   model) model ;;
   run) harness apiary ;;
   self-test) harness llama-server ;;
   llama-bench) llama_bench ;;
   all) build; model; llama_bench; harness apiary ;;
-  *) die "unknown step ${1} (want server, build, model, run, self-test, llama-bench or all)" ;;
+  *) die "unknown step ${1} (want build, model, run, self-test, llama-bench or all)" ;;
 esac

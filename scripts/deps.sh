@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages apiary's build and tests need, only when
 # they are missing. Go modules are pinned in go.mod and fetched by go itself.
+#
+#   scripts/deps.sh         what the build and the tests need (make test)
+#   scripts/deps.sh build   what the build needs (make build, make demo)
 set -euo pipefail
 
 pkgs=(
-  nlohmann-json3-dev # llama.cpp's common code (Go strips the module's vendor/ copy)
-  libstb-dev         # stb_image.h for llama.cpp's multimodal helper
   gcc g++ make       # cgo
-  postgresql-15      # the store's PostgreSQL tests start throwaway clusters from its binaries
-  openssh-server openssh-client iproute2 # multi-node tests: scripts/netns.sh runs sshd in network namespaces; the queen runs the system ssh
-  qemu-user          # runs the portable build on an emulated CPU without AVX2 (internal/worker's CPU build test)
-  cmake git          # llama.cpp's llama-server, built for the external-engine tests (scripts/bench-llama-server.sh server)
-  systemd            # systemd-analyze verify checks the units of apiary service install (internal/service)
-  chromium           # the dashboard's browser tests (internal/queen) drive it headless through chromedp
+  cmake git          # llama.cpp's own build (scripts/llamacpp.sh): the worker's libraries and llama-server
 )
+if [ "${1:-}" != build ]; then
+  pkgs+=(
+    postgresql-15      # the store's PostgreSQL tests start throwaway clusters from its binaries
+    openssh-server openssh-client iproute2 # multi-node tests: scripts/netns.sh runs sshd in network namespaces; the queen runs the system ssh
+    qemu-user          # runs apiary on an emulated CPU without AVX (internal/worker's CPU backend test)
+    systemd            # systemd-analyze verify checks the units of apiary service install (internal/service)
+    chromium           # the dashboard's browser tests (internal/queen) drive it headless through chromedp
+  )
+fi
 
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# The npm openai client's test (internal/queen) runs node; the test itself
-# installs the pinned openai package with npm into ~/.cache/apiary/npm.
+# scripts/llamacpp.sh fetches llama.cpp's source with npm (the
+# node-llama-cpp package ships it); the npm openai client's test
+# (internal/queen) runs node, and installs the pinned openai package with
+# npm into ~/.cache/apiary/npm.
 # Checked as commands: a node from elsewhere (e.g. NodeSource's nodejs,
 # which brings its own npm) serves as well, and Debian's npm would
 # conflict with it.

@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
-# gpu-proof.sh builds llama.cpp's CUDA backend as a shared library from the
-# same vendored ggml sources apiary links (the pinned ollama module), puts it
-# beside apiary, and proves on a machine with an NVIDIA GPU that a hive
-# offers the GPU, a worker runs on it, NVML's accounting matches the
-# worker's vram_bytes, the driver gives the memory back when the worker
-# stops, and how fast generation and prompt processing are next to
-# llama-server built with CUDA. It writes its figures to OUT/results.md for
-# docs/gpu.md.
+# gpu-proof.sh proves apiary on a machine with an NVIDIA GPU and no Go: it
+# builds llama.cpp's CUDA backend and a CUDA llama-server from the source
+# and commit apiary links (one CMake build, for that GPU's architecture
+# only), places the backend beside apiary, and shows that a hive offers
+# the GPU, a worker runs on it, NVML's accounting matches the worker's
+# vram_bytes, the driver has the memory back soon after a stop, and how
+# fast generation and prompt processing are next to that llama-server,
+# side by side on the same model. It prints one table (OUT/results.md) with
+# the issue's bars, each PASS or FAIL.
 #
-#   scripts/gpu-proof.sh pack OUT    on the machine with Go (this repo): copy
-#                                    bin/apiary*, the vendored ggml and
-#                                    llama.cpp sources, this script and a
-#                                    generated model (>= 1 GiB) into OUT
-#   OUT/gpu-proof.sh build OUT       on the GPU machine (CUDA toolkit, cmake,
-#                                    no Go): build libggml-cuda.so and a CUDA
-#                                    llama-server, place the library beside
-#                                    OUT/bin/apiary
-#   OUT/gpu-proof.sh run OUT         on the GPU machine: the proof and the
-#                                    benchmark; OUT/results.md
-#   OUT/gpu-proof.sh all OUT         build, then run
-#   scripts/gpu-proof.sh cuda        build libggml-cuda.so for this checkout
-#                                    into bin/ (`make cuda`; needs go and nvcc)
+#   scripts/gpu-proof.sh pack OUT    on the machine with Go (after make
+#                                    build): OUT/apiary-proof.tgz, about
+#                                    30 MB: apiary (stripped), its
+#                                    libraries, the llama.cpp source
+#                                    (what its build needs) and this script
+#   scripts/gpu-proof.sh build OUT   on the GPU machine (CUDA toolkit,
+#                                    cmake, g++, python3, curl): unpack and
+#                                    build; the backend beside OUT/bin/apiary
+#   scripts/gpu-proof.sh run OUT     the proof and the benchmark
+#   scripts/gpu-proof.sh all OUT     build, then run
+#   scripts/gpu-proof.sh cuda        `make cuda` on a machine with Go and
+#                                    nvcc (scripts/llamacpp.sh cuda)
 #
 # Knobs (environment):
 #   GPU_PROOF_DIM, GPU_PROOF_LAYERS, GPU_PROOF_HEADS, GPU_PROOF_FF,
@@ -28,12 +28,9 @@
 #                       8000: about 2.4 GiB)
 #   GPU_PROOF_DEVICE    the GPU to use (0)
 #   GPU_PROOF_GEN       tokens generated per generation request (256)
-#   GPU_PROOF_ROUNDS    requests per measurement, median taken (5)
-#   CUDA_ARCHS          CMAKE_CUDA_ARCHITECTURES (this machine's GPUs, from
-#                       nvidia-smi's compute_cap: 90 on an H100; native
-#                       without nvidia-smi)
-#   LLAMA_CPP_SRC       llama.cpp source tree for llama-server (pack: the
-#                       tree scripts/bench-llama-server.sh build fetched, b7347)
+#   GPU_PROOF_ROUNDS    rounds, alternating the two servers; medians (5)
+#   CUDA_ARCHS          CMAKE_CUDA_ARCHITECTURES (default: the GPUs'
+#                       compute capability from nvidia-smi, else native)
 #
 # It has never run here: the machine this repository is developed on has no
 # GPU. See docs/gpu.md for what was tested and what was not.
@@ -49,7 +46,6 @@ DEVICE=${GPU_PROOF_DEVICE:-0}
 GEN=${GPU_PROOF_GEN:-256}
 ROUNDS=${GPU_PROOF_ROUNDS:-5}
 CUDA_ARCHS=${CUDA_ARCHS:-}
-MIN_MODEL_BYTES=$((1 << 30))
 
 log() { printf 'gpu-proof: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -59,38 +55,37 @@ usage() {
   exit 2
 }
 
-# pack copies what the GPU machine needs into $1.
+# The llama.cpp source directories its build needs (the rest — models,
+# docs, tests, Python — stays out of the pack).
+SOURCE_SKIP='^(models|docs|examples|benches|tests|gguf-py|conversion|media|scripts|pocs|requirements|requirements.txt|ci|grammars|prompts|ui|skills|convert_.*[.]py)$'
+
+# pack writes $1/apiary-proof.tgz.
 pack() {
-  local out=$1 root ollama llama
+  local out=$1 root prefix stage
   root=$(cd "$(dirname "$SELF")/.." && pwd)
   [ -x "$root/bin/apiary" ] || die "no $root/bin/apiary: run make build first"
-  command -v go >/dev/null || die "pack needs go (to find the pinned ollama module)"
-  ollama=$(cd "$root" && go list -m -f '{{.Dir}}' github.com/ollama/ollama)
-  llama=${LLAMA_CPP_SRC:-${XDG_CACHE_HOME:-$HOME/.cache}/apiary/llama-server/node-llama-cpp-3.14.5/src}
-  [ -f "$llama/CMakeLists.txt" ] || die "no llama.cpp source at $llama: run scripts/bench-llama-server.sh build, or set LLAMA_CPP_SRC"
-  mkdir -p "$out/bin" "$out/src/ollama" "$out/models"
-  cp "$root"/bin/apiary* "$out/bin/"
-  cp "$SELF" "$out/gpu-proof.sh"
-  # The ollama module's CMakeLists.txt builds its vendored ggml; only that
-  # tree is needed.
-  cp "$ollama/CMakeLists.txt" "$out/src/ollama/"
-  mkdir -p "$out/src/ollama/ml/backend/ggml"
-  cp -r "$ollama/ml/backend/ggml/ggml" "$out/src/ollama/ml/backend/ggml/"
-  chmod -R u+w "$out/src/ollama"
-  rm -rf "$out/src/llama.cpp"
-  cp -r "$llama" "$out/src/llama.cpp"
-  local model=$out/models/proof.gguf
-  "$out/bin/apiary" models testmodel "$model" --force --dim "$DIM" --layers "$LAYERS" --heads "$HEADS" --ff "$FF" --vocab "$VOCAB"
-  local size
-  size=$(stat -c %s "$model")
-  [ "$size" -ge "$MIN_MODEL_BYTES" ] || die "the model is $size bytes, less than 1 GiB: raise GPU_PROOF_DIM/LAYERS/FF"
-  log "packed $out ($(du -sh "$out" | cut -f1)); model $size bytes"
+  prefix=$("$root/scripts/llamacpp.sh" prefix)
+  [ -d "$prefix/src/.git" ] || die "no llama.cpp source at $prefix/src: run make build first"
+  mkdir -p "$out"
+  stage=$(mktemp -d)
+  trap "rm -rf '$stage'; trap - RETURN" RETURN
+  mkdir -p "$stage/bin" "$stage/src/llama.cpp"
+  cp "$root/bin/apiary" "$stage/bin/" && strip "$stage/bin/apiary"
+  # Every library but the CPU backends of desktop CPUs a GPU server does
+  # not have (the CPU backend chosen there is in `apiary version`).
+  cp "$root"/bin/lib*.so "$stage/bin/"
+  rm -f "$stage"/bin/libggml-cpu-{sse42,sandybridge,ivybridge,piledriver,alderlake,cannonlake,cooperlake}.so
+  # shellcheck disable=SC2046
+  git -C "$prefix/src" archive HEAD $(git -C "$prefix/src" ls-tree --name-only HEAD | grep -vE "$SOURCE_SKIP") |
+    tar -x -C "$stage/src/llama.cpp"
+  cp "$prefix/pin" "$stage/src/llama.cpp.pin"
+  cp "$SELF" "$stage/gpu-proof.sh"
+  tar -czf "$out/apiary-proof.tgz" -C "$stage" .
+  log "packed $out/apiary-proof.tgz ($(du -h "$out/apiary-proof.tgz" | cut -f1)); on the GPU machine: scripts/gpu-proof.sh all $out"
 }
 
-# cuda_archs prints the CUDA architectures to build for: $CUDA_ARCHS when
-# set, else those of this machine's GPUs (nvidia-smi's compute_cap, 9.0 ->
-# 90; one build for one architecture takes minutes, for all of them an
-# hour), else native (CMake asks the GPU).
+# cuda_archs is CMAKE_CUDA_ARCHITECTURES: CUDA_ARCHS, else every compute
+# capability nvidia-smi reports (9.0 → 90), else native.
 cuda_archs() {
   if [ -n "$CUDA_ARCHS" ]; then
     printf '%s\n' "$CUDA_ARCHS"
@@ -102,78 +97,43 @@ cuda_archs() {
   printf '%s\n' "${caps:-native}"
 }
 
-# build_backend SRC BUILD BIN builds libggml-cuda.so and the
-# libggml-base.so it links from the ollama sources in SRC, in BUILD, and
-# places both in BIN with the CUDA version it needs
-# (libggml-cuda.cuda-version): three plain files, which internal/sshnode
-# copies to a node beside apiary. libggml-cuda.so finds libggml-base.so in
-# its own directory (run path $ORIGIN), wherever that is; the SONAME is
-# unversioned (CMAKE_PLATFORM_NO_VERSIONED_SONAME), so the file it needs
-# is libggml-base.so itself, not a libggml-base.so.0 symlink.
-build_backend() {
-  local src=$1 build=$2 bin=$3
+# build unpacks $1/apiary-proof.tgz and builds the CUDA backend and a CUDA
+# llama-server in one CMake build of the packed source; the backend goes
+# beside $1/bin/apiary, llama-server stays with its libraries in the build.
+build() {
+  local out=$1
+  [ -f "$out/apiary-proof.tgz" ] || die "no $out/apiary-proof.tgz: run pack first"
   command -v nvcc >/dev/null || die "no nvcc: the CUDA toolkit is needed (its bin/ on PATH)"
   command -v cmake >/dev/null || die "no cmake"
   command -v readelf >/dev/null || die "no readelf (binutils), to check the library's run path"
-  local cuda archs
+  tar -xzf "$out/apiary-proof.tgz" -C "$out"
+  local cuda archs start=$SECONDS b=$out/build
   cuda=$(nvcc --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
   [ -n "$cuda" ] || die "cannot read the CUDA version from nvcc --version"
   archs=$(cuda_archs)
-  log "building libggml-cuda.so with CUDA $cuda, architectures $archs"
-  mkdir -p "$build"
-  # '$ORIGIN' is for the dynamic loader, not the shell.
-  cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="$archs" -DGGML_CPU_ALL_VARIANTS=OFF \
-    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_RPATH='$ORIGIN' \
-    -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON >"$build/build.log" 2>&1 ||
-    { tail -30 "$build/build.log" >&2; die "cmake configure failed (log: $build/build.log)"; }
-  cmake --build "$build" --target ggml-cuda -j "$(nproc)" >>"$build/build.log" 2>&1 ||
-    { tail -30 "$build/build.log" >&2; die "building ggml-cuda failed (log: $build/build.log)"; }
-  local lib base
-  lib=$(find "$build" -name 'libggml-cuda.so' -print -quit)
-  [ -n "$lib" ] || die "the build made no libggml-cuda.so"
-  base=$(find "$build" -name 'libggml-base.so' -print -quit)
-  [ -n "$base" ] || die "the build made no libggml-base.so"
-  local dyn
+  log "building ggml-cuda and llama-server (CUDA $cuda, architectures $archs, $(nproc) jobs)"
+  # The options are scripts/llamacpp.sh's, with CUDA; '$ORIGIN' is for
+  # the dynamic loader, not the shell.
+  cmake -S "$out/src/llama.cpp" -B "$b" -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF \
+    >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; die "cmake configure failed (log: $out/build.log)"; }
+  cmake --build "$b" -j "$(nproc)" --target ggml-cuda llama-server >>"$out/build.log" 2>&1 ||
+    { tail -30 "$out/build.log" >&2; die "the build failed (log: $out/build.log)"; }
+  local lib=$b/bin/libggml-cuda.so dyn
+  [ -f "$lib" ] || die "the build made no libggml-cuda.so"
   dyn=$(readelf -d "$lib")
   grep -Eq '\((RUNPATH|RPATH)\).*\[\$ORIGIN\]' <<<"$dyn" ||
     die "$lib has no run path \$ORIGIN: it would not find libggml-base.so beside it"$'\n'"$dyn"
   grep -q 'NEEDED.*\[libggml-base\.so\]' <<<"$dyn" ||
     die "$lib does not need libggml-base.so by that name"$'\n'"$dyn"
-  # Plain files only; an earlier build's libggml-base.so.0 symlinks go.
-  rm -f "$bin/libggml-cuda.so" "$bin"/libggml-base.so*
-  cp -L "$lib" "$bin/libggml-cuda.so"
-  cp -L "$base" "$bin/libggml-base.so"
-  printf '%s\n' "$cuda" >"$bin/libggml-cuda.cuda-version"
-  log "placed $bin/libggml-cuda.so and libggml-base.so (needs CUDA $cuda)"
-}
-
-# cuda builds the backend for this checkout into bin/ (`make cuda`; needs
-# go and nvcc on the same machine).
-cuda() {
-  local root src
-  root=$(cd "$(dirname "$SELF")/.." && pwd)
-  command -v go >/dev/null || die "cuda needs go (to find the pinned ollama module); on a machine without go use pack, then build"
-  src=$(cd "$root" && go list -m -f '{{.Dir}}' github.com/ollama/ollama)
-  mkdir -p "$root/bin"
-  build_backend "$src" "$root/build/cuda" "$root/bin"
-}
-
-# build makes $1/bin/libggml-cuda.so from the packed ollama sources, and
-# $1/build/llama/bin/llama-server with CUDA.
-build() {
-  local out=$1 jobs
-  [ -f "$out/src/ollama/CMakeLists.txt" ] || die "$out/src/ollama has no sources: run pack first"
-  jobs=$(nproc)
-  build_backend "$out/src/ollama" "$out/build/ggml" "$out/bin"
-
-  log "building llama-server with CUDA from $out/src/llama.cpp"
-  cmake -S "$out/src/llama.cpp" -B "$out/build/llama" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$(cuda_archs)" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF >"$out/build-llama.log" 2>&1 ||
-    { tail -30 "$out/build-llama.log" >&2; die "cmake configure of llama.cpp failed (log: $out/build-llama.log)"; }
-  cmake --build "$out/build/llama" --target llama-server -j "$jobs" >>"$out/build-llama.log" 2>&1 ||
-    { tail -30 "$out/build-llama.log" >&2; die "building llama-server failed (log: $out/build-llama.log)"; }
-  log "built $(find "$out/build/llama" -name llama-server -type f -print -quit)"
+  cp "$lib" "$out/bin/libggml-cuda.so"
+  printf '%s\n' "$cuda" >"$out/bin/libggml-cuda.cuda-version"
+  echo "$((SECONDS - start))" >"$out/build-seconds"
+  log "built in $((SECONDS - start))s; placed $out/bin/libggml-cuda.so (needs CUDA $cuda)"
 }
 
 # http METHOD URL [BODY] prints the answer's body; fails on a non-2xx.
@@ -191,7 +151,7 @@ wait_for() {
   local deadline=$((SECONDS + 120))
   until "$@" >/dev/null 2>&1; do
     [ $SECONDS -lt $deadline ] || die "timed out waiting for: $*"
-    sleep 0.5
+    sleep 0.2
   done
 }
 
@@ -200,54 +160,69 @@ nvml_used() {
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', *' -v p="$1" '$1 == p {print $2}'
 }
 
-# bench URL TOKEN prints "GEN_TOKS_PER_S PROMPT_TOKS_PER_S": the median of
-# ROUNDS generation requests (GEN tokens, ignore_eos) and of ROUNDS prompt
-# requests (a 500-token prompt, one token generated), from wall time.
+# gpu_used prints the memory in use on the GPU (MiB).
+gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "$DEVICE" | tr -d ' '; }
+
+# bench A_URL B_URL compares two servers on the model, alternating them
+# round by round: it prints "GEN_A PROMPT_A GEN_B PROMPT_B SAME" (medians
+# of tokens per second; SAME is how many rounds gave the same greedy text).
 bench() {
   python3 - "$1" "$2" "$GEN" "$ROUNDS" <<'PY'
 import json, statistics, sys, time, urllib.request
-url, token, gen, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-def complete(prompt, n):
+a, b, gen, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def complete(url, prompt, n):
     body = json.dumps({"model": "proof", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True}).encode()
-    req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json", "Authorization": "Bearer " + token})
+    req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json", "Authorization": "Bearer gpu-proof"})
     t = time.monotonic()
     with urllib.request.urlopen(req, timeout=600) as r:
         ans = json.load(r)
-    return ans["usage"], time.monotonic() - t
-complete("warm up", 8)
-gen_rates = []
-for _ in range(rounds):
-    u, dt = complete("Once upon a time", gen)
-    gen_rates.append(u["completion_tokens"] / dt)
+    return ans, time.monotonic() - t
 long = " ".join(["the quick brown fox jumps over the lazy dog"] * 60)
-prompt_rates = []
-for _ in range(rounds):
-    u, dt = complete(long, 1)
-    prompt_rates.append(u["prompt_tokens"] / dt)
-print(f"{statistics.median(gen_rates):.1f} {statistics.median(prompt_rates):.1f}")
+rates = {a: ([], []), b: ([], [])}
+same = 0
+for url in (a, b):
+    complete(url, "warm up", 8)
+for r in range(rounds):
+    texts = {}
+    for url in ((a, b) if r % 2 == 0 else (b, a)):
+        ans, dt = complete(url, "Once upon a time", gen)
+        rates[url][0].append(ans["usage"]["completion_tokens"] / dt)
+        texts[url] = ans["choices"][0]["text"]
+        ans, dt = complete(url, long, 1)
+        rates[url][1].append(ans["usage"]["prompt_tokens"] / dt)
+    same += texts[a] == texts[b]
+m = statistics.median
+print(f"{m(rates[a][0]):.1f} {m(rates[a][1]):.1f} {m(rates[b][0]):.1f} {m(rates[b][1]):.1f} {same}")
 PY
 }
 
+# verdict OK prints PASS or FAIL.
+verdict() { if [ "$1" = 1 ]; then echo PASS; else echo FAIL; fi; }
+
 # run is the proof: hive, worker on the GPU, accounting, release, bench.
 run() {
-  local out=$1 bin model work
+  local out=$1 bin work
   bin=$out/bin/apiary
-  model=$out/models/proof.gguf
-  [ -x "$bin" ] || die "no $bin: run pack first"
+  [ -x "$bin" ] || die "no $bin: run pack and build first"
   [ -f "$out/bin/libggml-cuda.so" ] || die "no $out/bin/libggml-cuda.so: run build first"
   command -v nvidia-smi >/dev/null || die "no nvidia-smi: is the NVIDIA driver installed?"
   work=$(mktemp -d)
   local pids=()
   trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
   mkdir -p "$work/models"
-  ln -s "$model" "$work/models/proof.gguf"
+  local model=$work/models/proof.gguf
+  "$bin" models testmodel "$model" --dim "$DIM" --layers "$LAYERS" --heads "$HEADS" --ff "$FF" --vocab "$VOCAB" >&2
   local res=$out/results.md
   {
     echo "# gpu-proof results"
     echo
     echo "- machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i "$DEVICE"), $(nproc) CPUs"
-    echo "- backend: $out/bin/libggml-cuda.so, CUDA $(cat "$out/bin/libggml-cuda.cuda-version")"
+    echo "- apiary: $("$bin" version | paste -sd ';' | sed 's/;/; /g')"
+    echo "- backend: libggml-cuda.so for CUDA $(cat "$out/bin/libggml-cuda.cuda-version"), built in $(cat "$out/build-seconds" 2>/dev/null || echo ?) s with llama-server from the same source"
     echo "- model: $(stat -c %s "$model") bytes (apiary models testmodel --dim $DIM --layers $LAYERS --heads $HEADS --ff $FF --vocab $VOCAB)"
+    echo
+    echo "| check | measured | bar | verdict |"
+    echo "|---|---|---|---|"
   } >"$res"
 
   log "starting a hive"
@@ -257,59 +232,64 @@ run() {
   wait_for http GET "$hive/health"
   local why
   why=$(http GET "$hive/v2/gpus" | json "next((g.get('unusable', '') for g in j['gpus'] if g['id'] == $DEVICE), 'no such device')")
-  [ -z "$why" ] || die "the hive marks GPU $DEVICE unusable: $why"
-  echo "- the hive offers GPU $DEVICE (GET /v2/gpus: no unusable reason)" >>"$res"
+  echo "| the hive offers GPU $DEVICE | ${why:-usable} | usable | $(verdict "$([ -z "$why" ] && echo 1)") |" >>"$res"
+  [ -z "$why" ] || { cat "$res"; die "the hive marks GPU $DEVICE unusable: $why"; }
 
-  log "starting a worker on GPU $DEVICE through the hive"
-  local id pid
+  local base id pid w vram used
+  base=$(gpu_used)
+  log "starting a worker on GPU $DEVICE through the hive (GPU memory in use before: $base MiB)"
   id=$(http POST "$hive/v2/workers/start" "{\"model_ref\":\"proof\",\"gpu_device\":$DEVICE}" | json "j['worker_id']")
   wait_for sh -c "curl -sf $hive/v2/workers/$id | grep -q '\"status\": *\"ready\"'"
-  local w vram used
   w=$(http GET "$hive/v2/workers/$id")
   pid=$(echo "$w" | json "j['pid']")
   vram=$(echo "$w" | json "j['vram_bytes']")
   used=$(nvml_used "$pid")
-  [ -n "$used" ] || die "NVML lists no memory for the worker's pid $pid: it is not on the GPU"
-  echo "- worker $id (pid $pid) ready on GPU $DEVICE: vram_bytes $vram, NVML $used MiB" >>"$res"
-  [ $((vram / 1048576)) -eq "$used" ] || die "vram_bytes $vram is not NVML's $used MiB"
+  [ -n "$used" ] || { cat "$res"; die "NVML lists no memory for the worker's pid $pid: it is not on the GPU"; }
+  local within
+  within=$(python3 -c "print(1 if abs($vram / 1048576 - $used) <= 0.05 * $used else 0)")
+  echo "| worker's vram_bytes vs NVML's count of its pid | $((vram / 1048576)) MiB vs $used MiB | within 5 % | $(verdict "$within") |" >>"$res"
 
-  log "stopping the worker; the driver must give its memory back"
+  log "stopping the worker; the driver must have the memory back"
+  local t0 back=""
+  t0=$(date +%s.%N)
   http POST "$hive/v2/workers/$id/stop" '{"reason":"gpu-proof"}' >/dev/null
-  wait_for sh -c "[ -z \"\$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -w $pid)\" ]"
-  # The hive's own check: it logs the release, or after 30 s the leak.
   local deadline=$((SECONDS + 60))
-  until grep -q "the driver gave the worker's GPU memory back" "$work/hive.log"; do
-    grep -q "GPU memory not given back" "$work/hive.log" && die "the hive reports leaked memory after the stop: $(grep 'not given back' "$work/hive.log")"
-    [ $SECONDS -lt $deadline ] || die "the hive logged neither the release nor a leak within 60 s"
-    sleep 0.5
+  while [ $SECONDS -lt $deadline ]; do
+    if [ -z "$(nvml_used "$pid")" ] && [ "$(gpu_used)" -le $((base + 64)) ]; then
+      back=$(python3 -c "import time; print(f'{time.time() - $t0:.2f}')")
+      break
+    fi
+    sleep 0.05
   done
-  why=$(http GET "$hive/v2/gpus" | json "next((g.get('unusable', '') for g in j['gpus'] if g['id'] == $DEVICE), 'no such device')")
-  [ -z "$why" ] || die "after the stop GPU $DEVICE is unusable: $why"
-  echo "- after the stop NVML lists no process $pid and the hive keeps GPU $DEVICE usable" >>"$res"
+  echo "| GPU memory back to its baseline ($base MiB, +64) after the stop | ${back:-not within 60} s | within 2 s | $(verdict "$(python3 -c "print(1 if '$back' and float('${back:-99}') <= 2 else 0)")") |" >>"$res"
+  deadline=$((SECONDS + 60))
+  until grep -q "the driver gave the worker's GPU memory back" "$work/hive.log"; do
+    grep -q "GPU memory not given back" "$work/hive.log" && break
+    [ $SECONDS -lt $deadline ] || break
+    sleep 0.2
+  done
+  why=$(grep -o "GPU memory not given back.*" "$work/hive.log" | head -1 || true)
+  echo "| the hive's release check | ${why:-memory given back} | no leak | $(verdict "$([ -z "$why" ] && echo 1)") |" >>"$res"
 
-  log "benchmark: apiary worker vs llama-server, both on GPU $DEVICE"
+  log "benchmark: apiary worker vs llama-server of the same source, both on GPU $DEVICE"
   export APIARY_WORKER_TOKEN=gpu-proof
   CUDA_VISIBLE_DEVICES=$DEVICE "$bin" worker --model "$model" --port 18001 --gpu-device 0 --ctx-size 2048 >"$work/worker.log" 2>&1 &
   pids+=($!)
-  wait_for curl -sf http://127.0.0.1:18001/health
-  local a
-  a=$(bench http://127.0.0.1:18001 gpu-proof)
-  kill "${pids[-1]}"
-  local ls
-  ls=$(find "$out/build/llama" -name llama-server -type f -print -quit)
-  CUDA_VISIBLE_DEVICES=$DEVICE "$ls" -m "$model" --port 18002 -ngl 999 -c 2048 --api-key gpu-proof >"$work/llama-server.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=$DEVICE "$out/build/bin/llama-server" -m "$model" --port 18002 -ngl 999 -c 2048 --api-key gpu-proof >"$work/llama-server.log" 2>&1 &
   pids+=($!)
+  wait_for curl -sf http://127.0.0.1:18001/health
   wait_for curl -sf http://127.0.0.1:18002/health
-  local b
-  b=$(bench http://127.0.0.1:18002 gpu-proof)
+  local r ga pa gb pb same
+  r=$(bench http://127.0.0.1:18001 http://127.0.0.1:18002)
+  read -r ga pa gb pb same <<<"$r"
+  ratio() { python3 -c "print(f'{$1 / $2:.3f}')"; }
+  ok() { python3 -c "print(1 if $1 / $2 >= 0.95 else 0)"; }
   {
+    echo "| generation, apiary / llama-server | $ga / $gb tok/s = $(ratio "$ga" "$gb") | ≥ 0.95 | $(verdict "$(ok "$ga" "$gb")") |"
+    echo "| prompt processing, apiary / llama-server | $pa / $pb tok/s = $(ratio "$pa" "$pb") | ≥ 0.95 | $(verdict "$(ok "$pa" "$pb")") |"
+    echo "| greedy output identical | $same of $ROUNDS rounds | every round | $(verdict "$([ "$same" = "$ROUNDS" ] && echo 1)") |"
     echo
-    echo "| server | generation tok/s | prompt tok/s |"
-    echo "|---|---|---|"
-    echo "| apiary worker | ${a% *} | ${a#* } |"
-    echo "| llama-server (CUDA) | ${b% *} | ${b#* } |"
-    echo
-    echo "Median of $ROUNDS requests each; generation: $GEN tokens, prompt: 500 tokens. Measured by: scripts/gpu-proof.sh run $out"
+    echo "Medians of $ROUNDS rounds, the servers alternating; generation: $GEN tokens, prompt: about 500 tokens. Measured by: scripts/gpu-proof.sh run $out"
   } >>"$res"
   cat "$res"
 }
@@ -319,12 +299,14 @@ cmd=$1
 shift
 case $cmd in
   -h|--help|help) usage ;;
-  cuda) [ $# -eq 0 ] || { log "cuda takes no argument"; usage; }; cuda; exit ;;
+  cuda)
+    [ $# -eq 0 ] || { log "cuda takes no argument"; usage; }
+    exec "$(dirname "$SELF")/llamacpp.sh" cuda ;;
   pack|build|run|all) ;;
   *) log "unknown step $cmd (want pack, build, run, all or cuda)"; usage ;;
 esac
 [ $# -eq 1 ] || { log "$cmd needs one argument: the output directory"; usage; }
-OUT=$1
+OUT=$(mkdir -p "$1" && cd "$1" && pwd)
 case $cmd in
   pack) pack "$OUT" ;;
   build) build "$OUT" ;;

@@ -2,8 +2,10 @@
 # llamacpp.sh builds the llama.cpp that apiary's worker links, once per pin,
 # into a cache outside the tree, and prints where it is.
 #
-#   scripts/llamacpp.sh build    fetch, configure and build (skipped when
-#                                the cache has it); prints the prefix
+#   scripts/llamacpp.sh build    fetch, configure and build the libraries
+#                                (skipped when the cache has them); prints
+#                                the prefix
+#   scripts/llamacpp.sh server   the same, and llama-server
 #   scripts/llamacpp.sh prefix   prints the prefix (built or not)
 #   scripts/llamacpp.sh cuda     build the CUDA backend of the same source
 #                                and commit into the prefix (needs nvcc)
@@ -20,18 +22,22 @@
 # per instruction-set level (GGML_CPU_ALL_VARIANTS=ON), shared libraries
 # with an $ORIGIN run path, no OpenMP (ggml's own threads, as before), no
 # network at configure time (no prebuilt web UI, no OpenSSL). llama-server
-# is built from the same tree: the engine tests and the benchmarks compare
-# like with like. The prefix holds:
+# is built from the same tree (`server`, which `make build` does not need):
+# the engine tests and the benchmarks compare like with like. Shared libraries get unversioned names (one plain file
+# each, nothing to keep in step on a node). The prefix holds:
 #   lib/      libllama.so, libllama-common.so, libggml.so, libggml-base.so,
-#             libggml-cpu-<level>.so (and libggml-cuda.so after `cuda`)
+#             libggml-cpu-<level>.so (and libggml-cuda.so after `cuda`):
+#             what `make build` puts beside bin/apiary
+#   server/   llama-server with every library it loads beside it
 #   include/  llama.h, ggml's headers, common's json-schema-to-grammar.h
 #             and the headers it includes, ggml's private backend header
-#   bin/      llama-server
 #   pin       the package version, tag, commit and commit date
 #
-# Knobs (environment): LLAMA_JOBS (nproc), CUDA_ARCHS (for cuda:
-# CMAKE_CUDA_ARCHITECTURES; default: this machine's GPU's compute
-# capability, else native).
+# Knobs (environment): LLAMA_JOBS (nproc); LLAMA_CPU_LEVELS: all (the
+# default) or host, only the CPU backend this machine loads (`make demo`:
+# a third of the cold build; a later full build adds the others); CUDA_ARCHS
+# (for cuda: CMAKE_CUDA_ARCHITECTURES; default: this machine's GPU's
+# compute capability, else native).
 set -euo pipefail
 
 NLC_VERSION=3.22.1
@@ -39,6 +45,11 @@ COMMIT=de3ff815ea7d559ee917f063901b8986f038abc6
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/apiary
 PREFIX=$CACHE/llama.cpp/nlc-$NLC_VERSION-${COMMIT:0:10}
 JOBS=${LLAMA_JOBS:-$(nproc)}
+# LAYOUT names the build's options and the prefix's layout below: change
+# it with them, so that a cache built otherwise is built again.
+LAYOUT=3
+LEVELS=${LLAMA_CPU_LEVELS:-all}
+case $LEVELS in all | host) ;; *) echo "llamacpp: LLAMA_CPU_LEVELS=$LEVELS: want all or host" >&2; exit 2 ;; esac
 
 log() { printf 'llamacpp: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -67,10 +78,39 @@ fetch() {
   touch "$PREFIX/src.ok"
 }
 
+# host_level prints the CPU level of ggml's x86 backends this CPU runs with
+# the highest score, as ggml_backend_score counts (ggml/src/ggml-cpu/arch/
+# x86/cpu-feats.cpp) from the features each level is built with
+# (ggml/src/CMakeLists.txt).
+host_level() {
+  local flags
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  awk -v flags="$flags" 'BEGIN {
+    w["FMA"]=1; w["F16C"]=2; w["SSE42"]=4; w["BMI2"]=8; w["AVX"]=16; w["AVX2"]=32; w["AVX_VNNI"]=64
+    w["AVX512"]=128; w["AVX512_VBMI"]=256; w["AVX512_BF16"]=512; w["AVX512_VNNI"]=1024; w["AMX_INT8"]=2048; w["AMX_TILE"]=0
+    f["SSE42"]="sse4_2"; f["AVX"]="avx"; f["F16C"]="f16c"; f["FMA"]="fma"; f["AVX2"]="avx2"; f["BMI2"]="bmi2"
+    f["AVX512"]="avx512f avx512cd avx512vl avx512dq avx512bw"; f["AVX512_VBMI"]="avx512vbmi"; f["AVX512_VNNI"]="avx512_vnni"
+    f["AVX512_BF16"]="avx512_bf16"; f["AVX_VNNI"]="avx_vnni"; f["AMX_TILE"]="amx_tile"; f["AMX_INT8"]="amx_int8"
+    n = split("x64:|sse42:SSE42|sandybridge:SSE42 AVX|ivybridge:SSE42 AVX F16C|piledriver:SSE42 AVX F16C FMA|haswell:SSE42 AVX F16C FMA AVX2 BMI2|skylakex:SSE42 AVX F16C FMA AVX2 BMI2 AVX512|cannonlake:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI|cascadelake:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VNNI|icelake:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI|cooperlake:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VNNI AVX512_BF16|zen4:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16|alderlake:SSE42 AVX F16C FMA AVX2 BMI2 AVX_VNNI|sapphirerapids:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AMX_TILE AMX_INT8", levels, "|")
+    best = "x64"; bestScore = 0
+    for (i = 1; i <= n; i++) {
+      split(levels[i], kv, ":"); score = 1; ok = 1
+      m = split(kv[2], feats, " ")
+      for (j = 1; j <= m; j++) {
+        k = split(f[feats[j]], need, " ")
+        for (l = 1; l <= k; l++) if (index(flags, " " need[l] " ") == 0) ok = 0
+        score += w[feats[j]]
+      }
+      if (ok && score > bestScore) { best = kv[1]; bestScore = score }
+    }
+    print best
+  }'
+}
+
 # build configures and builds the libraries and llama-server, and lays out
 # the prefix.
 build() {
-  if [ -f "$PREFIX/built" ]; then
+  if [ -f "$PREFIX/built.$LAYOUT" ] || { [ "$LEVELS" = host ] && [ -f "$PREFIX/built.$LAYOUT.host" ]; }; then
     echo "$PREFIX"
     return
   fi
@@ -80,32 +120,58 @@ build() {
   log "building llama.cpp $(sed -n 's/^tag=//p' "$PREFIX/pin") ($COMMIT) with $JOBS jobs"
   cmake -S "$PREFIX/src" -B "$b" -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
-    -DCMAKE_BUILD_RPATH='$ORIGIN' -DCMAKE_INSTALL_RPATH='$ORIGIN' \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
     -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
     >"$PREFIX/configure.log" 2>&1 || { tail -30 "$PREFIX/configure.log" >&2; die "cmake configure failed (log: $PREFIX/configure.log)"; }
-  cmake --build "$b" -j "$JOBS" --target llama llama-common ggml llama-server \
+  cmake --build "$b" -j "$JOBS" --target llama llama-common ggml \
     >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
-  # The CPU variants are MODULE libraries ggml loads; build them all.
+  # The CPU variants are MODULE libraries ggml loads: all of them, or the
+  # one this machine loads.
   local variants
-  variants=$(sed -n 's/^\(ggml-cpu-[a-z0-9_]*\):.*/\1/p' <(cmake --build "$b" --target help 2>/dev/null) | sort -u)
-  [ -n "$variants" ] || variants=$(cmake --build "$b" --target help | grep -o 'ggml-cpu-[a-z0-9_]*' | sort -u)
+  if [ "$LEVELS" = host ]; then
+    variants=ggml-cpu-$(host_level)
+  else
+    variants=$(cmake --build "$b" --target help | grep -o 'ggml-cpu-[a-z0-9_]*' | sort -u)
+  fi
   # shellcheck disable=SC2086
   cmake --build "$b" -j "$JOBS" --target $variants >>"$PREFIX/build.log" 2>&1 ||
     { tail -30 "$PREFIX/build.log" >&2; die "building the CPU backends failed (log: $PREFIX/build.log)"; }
   rm -rf "$PREFIX/lib" "$PREFIX/include" "$PREFIX/bin"
-  mkdir -p "$PREFIX/lib" "$PREFIX/include" "$PREFIX/bin"
-  find "$b/bin" -maxdepth 1 \( -name 'lib*.so' -o -name 'lib*.so.*' \) -exec cp -P {} "$PREFIX/lib/" \;
-  cp "$b/bin/llama-server" "$PREFIX/bin/"
+  mkdir -p "$PREFIX/lib" "$PREFIX/include"
+  local f
+  for f in libllama.so libllama-common.so libggml.so libggml-base.so $(for v in $variants; do echo "lib$v.so"; done); do
+    cp "$b/bin/$f" "$PREFIX/lib/"
+  done
   cp "$PREFIX/src/include/llama.h" "$PREFIX/src/include/llama-cpp.h" "$PREFIX/include/" 2>/dev/null || cp "$PREFIX/src/include/llama.h" "$PREFIX/include/"
   cp "$PREFIX"/src/ggml/include/*.h "$PREFIX/include/"
   cp "$PREFIX/src/ggml/src/ggml-backend-impl.h" "$PREFIX/src/ggml/src/ggml-impl.h" "$PREFIX/src/ggml/src/ggml-common.h" "$PREFIX/include/" 2>/dev/null || true
   cp "$PREFIX"/src/common/json-schema-to-grammar.h "$PREFIX"/src/common/json-schema.h "$PREFIX"/src/common/json.h "$PREFIX/include/"
   ls "$PREFIX"/lib/libggml-cpu-*.so >/dev/null 2>&1 || die "the build made no CPU backend libraries"
+  sed -i '/^build_seconds=/d' "$PREFIX/pin"
   echo "build_seconds=$((SECONDS - start))" >>"$PREFIX/pin"
-  touch "$PREFIX/built"
+  if [ "$LEVELS" = host ]; then touch "$PREFIX/built.$LAYOUT.host"; else touch "$PREFIX/built.$LAYOUT"; fi
   log "built in $((SECONDS - start))s: $PREFIX"
+  echo "$PREFIX"
+}
+
+# server builds llama-server in the same tree and puts it, with every
+# library it loads, in $PREFIX/server.
+server() {
+  build >/dev/null
+  if [ ! -x "$PREFIX/server/llama-server" ] || [ ! -f "$PREFIX/server.$LAYOUT" ]; then
+    local start=$SECONDS b=$PREFIX/build
+    log "building llama-server with $JOBS jobs"
+    cmake --build "$b" -j "$JOBS" --target llama-server >"$PREFIX/build-server.log" 2>&1 ||
+      { tail -30 "$PREFIX/build-server.log" >&2; die "building llama-server failed (log: $PREFIX/build-server.log)"; }
+    rm -rf "$PREFIX/server"
+    mkdir -p "$PREFIX/server"
+    find "$b/bin" -maxdepth 1 -name 'lib*.so' ! -name 'libggml-cuda.so' -exec cp {} "$PREFIX/server/" \;
+    cp "$b/bin/llama-server" "$PREFIX/server/"
+    touch "$PREFIX/server.$LAYOUT"
+    log "built llama-server in $((SECONDS - start))s"
+  fi
   echo "$PREFIX"
 }
 
@@ -126,7 +192,7 @@ cuda() {
   cmake -S "$PREFIX/src" -B "$b" -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
-    -DCMAKE_BUILD_RPATH='$ORIGIN' -DCMAKE_INSTALL_RPATH='$ORIGIN' \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
     >"$PREFIX/configure-cuda.log" 2>&1 || { tail -30 "$PREFIX/configure-cuda.log" >&2; die "cmake configure failed (log: $PREFIX/configure-cuda.log)"; }
   cmake --build "$b" -j "$JOBS" --target ggml-cuda >"$PREFIX/build-cuda.log" 2>&1 ||
@@ -139,6 +205,7 @@ cuda() {
 
 case ${1:-} in
   build) build ;;
+  server) server ;;
   prefix) echo "$PREFIX" ;;
   cuda) cuda ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;

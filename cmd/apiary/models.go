@@ -315,16 +315,24 @@ func (p *progress) print(now time.Time, final bool) {
 
 func newModelsTestmodelCmd() *cobra.Command {
 	var opts testmodel.Options
+	var arch string
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "testmodel OUT.gguf",
-		Short: "Write a small deterministic llama model with random weights",
-		Long: `Write a small llama-architecture GGUF model with random weights to OUT.gguf.
-llama.cpp loads and runs it (its output is gibberish), which makes it a
-stand-in for a real model in tests and demos. The same options always give
-the same file.`,
+		Use:   "testmodel [--arch ARCH] OUT.gguf",
+		Short: "Write a small deterministic model with random weights",
+		Long: `Write a small GGUF model with random weights to OUT.gguf, of architecture
+--arch (default llama): ` + testmodel.ArchNames() + `.
+Each has the metadata and tensors llama.cpp's loader of that architecture
+requires, and its family's specifics (Qwen2's Q/K/V biases, Qwen3's Q/K
+norms, Qwen3-MoE's experts, Qwen 3.5's linear-attention layers, Gemma's
+sliding-window layers, Phi-3's fused projections, Ministral 3's YaRN
+scaling). llama.cpp loads and runs it (its output is gibberish), which
+makes it a stand-in for a real model in tests and demos. Every architecture
+has the same byte-level vocabulary. The same options always give the same
+file.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.Arch = testmodel.Arch(arch)
 			if err := opts.Validate(); err != nil {
 				return usagef("%v", err)
 			}
@@ -344,11 +352,15 @@ the same file.`,
 		},
 	}
 	fl := cmd.Flags()
+	fl.StringVar(&arch, "arch", string(testmodel.Llama), "architecture: "+testmodel.ArchNames())
 	fl.Int64Var(&opts.Seed, "seed", 1, "seed of the random weights (0 means 1)")
 	fl.IntVar(&opts.Layers, "layers", 2, fmt.Sprintf("transformer blocks, 1 to %d", testmodel.MaxLayers))
 	fl.IntVar(&opts.Dim, "dim", 64, fmt.Sprintf("embedding length from %d to %d, a multiple of 2 × heads", testmodel.MinDim, testmodel.MaxDim))
 	fl.IntVar(&opts.Heads, "heads", testmodel.Heads, fmt.Sprintf("attention heads, 1 to %d", testmodel.MaxHeads))
-	fl.IntVar(&opts.FF, "ff", 0, fmt.Sprintf("feed-forward length, 1 to %d; 0: %d × dim", testmodel.MaxFF, testmodel.FeedForwardFactor))
+	fl.IntVar(&opts.KVHeads, "kv-heads", 0, "K and V heads, a divisor of heads; 0: heads for llama, heads/2 (when even) for the others")
+	fl.IntVar(&opts.FF, "ff", 0, fmt.Sprintf("feed-forward length, 1 to %d; 0: %d × dim (each expert of a MoE: ff / experts-used)", testmodel.MaxFF, testmodel.FeedForwardFactor))
+	fl.IntVar(&opts.Experts, "experts", 0, fmt.Sprintf("experts of each layer of a MoE architecture (%s), 2 to %d; 0: %d", testmodel.Qwen3MoE, testmodel.MaxExperts, testmodel.DefaultExperts))
+	fl.IntVar(&opts.ExpertsUsed, "experts-used", 0, fmt.Sprintf("experts each token uses, 1 to experts; 0: %d", testmodel.DefaultExpertsUsed))
 	fl.IntVar(&opts.Vocab, "vocab", testmodel.VocabSize, fmt.Sprintf("tokens, %d (bytes and printable characters) to %d (and pairs of them)", testmodel.VocabSize, testmodel.MaxVocab))
 	fl.BoolVar(&opts.ToolTemplate, "tool-template", false, "give the model a ChatML chat template with Hermes-style tool calling")
 	fl.BoolVar(&force, "force", false, "replace an existing file")

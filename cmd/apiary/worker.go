@@ -113,18 +113,13 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 
-	// llama.cpp runs in the build made for this CPU: the portable binary
-	// becomes the best build for this CPU here when it can (same pid and
-	// arguments).
-	exe, err := os.Executable()
+	// llama.cpp's CPU backend is the best level this CPU runs, loaded
+	// from beside the binary (or the one APIARY_CPU_VARIANT names).
+	cpuBackend, err := llamacpp.CPUBackend(logger)
 	if err != nil {
-		return fmt.Errorf("worker: find own executable: %w", err)
-	}
-	variant, err := cpuvariant.Choose(exe)
-	if err != nil {
-		return usagef("worker: %w", err)
-	}
-	if err := cpuvariant.Exec(variant, exe); err != nil {
+		if os.Getenv(cpuvariant.Env) != "" {
+			return usagef("worker: %w", err)
+		}
 		return fmt.Errorf("worker: %w", err)
 	}
 
@@ -167,9 +162,9 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 			GPUDevice: f.gpuDevice,
 			GPULayers: f.gpuLayers,
 		},
-		CPUBuild:       variant.Variant,
-		CPUBuildReason: variant.Reason,
-		Logger:         logger,
+		CPUBackend:       cpuBackend.Name,
+		CPUBackendReason: cpuBackend.Reason,
+		Logger:           logger,
 	}
 	load := func(ctx context.Context, opts engine.Options, log *slog.Logger) (engine.Engine, error) {
 		return llamacpp.Load(ctx, opts, log)

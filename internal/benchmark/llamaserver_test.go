@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/gguf"
 )
 
@@ -32,6 +31,8 @@ import (
 //	BENCH_SESSIONS      times both servers are started afresh (4)
 //	BENCH_ROUNDS        A/B rounds a session (3)
 //	BENCH_THREADS, BENCH_CTX, BENCH_GEN_TOKENS, BENCH_PROMPT_TOKENS
+//	BENCH_STREAMS       streams at once for aggregate throughput (16; 0 skips)
+//	BENCH_STREAM_ROUNDS its rounds (5)
 //	BENCH_MAX_FOREIGN   CPUs others may use during a request before its round
 //	                    is run again (0.25; negative: no check)
 //	BENCH_DOCS          markdown file to update (BENCH_B=apiary only)
@@ -141,15 +142,12 @@ func BenchmarkLlamaServer(b *testing.B) {
 	lsVersion := strings.Join(strings.Fields(firstLines(commandOutput(lsBin, "--version"), 2)), " ")
 	nameB, binB, argsB, extraB, versionB := "apiary", apiaryBin, apiaryArgs, map[string]any(nil), ""
 	if mode == "apiary" {
-		// The worker runs the build beside apiary that suits this CPU
-		// (internal/cpuvariant); its flags are the ones that count.
-		workerBin := apiaryBin
-		if c, err := cpuvariant.ForPortable(apiaryBin); err == nil {
-			workerBin = c.Path
-		}
-		versionB = fmt.Sprintf("apiary %s (%s), worker %s, llama.cpp vendored in github.com/ollama/ollama %s, built with %s",
-			strings.TrimSpace(firstLines(commandOutput(apiaryBin, "version"), 1)), sourceOf(apiaryBin), filepath.Base(workerBin),
-			ollamaVersion(), cgoFlags(workerBin))
+		// The worker links llama.cpp of the same source and commit as
+		// the llama-server it is compared with, and loads the same CPU
+		// backend; `apiary version` says which.
+		versionB = fmt.Sprintf("apiary %s (%s), %s",
+			strings.TrimSpace(firstLines(commandOutput(apiaryBin, "version"), 1)), sourceOf(apiaryBin),
+			strings.Join(strings.Split(strings.TrimSpace(commandOutput(apiaryBin, "version")), "\n")[1:], ", "))
 	} else {
 		nameB, binB, argsB, extraB, versionB = "llama-server-2", lsBin, llamaServerArgs, map[string]any{"cache_prompt": false}, lsVersion
 	}
@@ -180,6 +178,47 @@ func BenchmarkLlamaServer(b *testing.B) {
 			}
 		}
 	}
+
+	// Aggregate throughput: both servers again, with BENCH_STREAMS slots,
+	// that many generation streams at once, alternating round by round.
+	var agg Paired
+	aggSame, streams, aggRounds := 0, num("BENCH_STREAMS", 16), num("BENCH_STREAM_ROUNDS", 5)
+	if streams > 0 {
+		slotArgs := func(args func(int) []string, flag string) func(int) []string {
+			return func(port int) []string {
+				a := args(port)
+				for i := range a {
+					switch {
+					case a[i] == "-c" || a[i] == "--ctx-size":
+						a[i+1] = strconv.Itoa(ctxSize * streams)
+					case a[i] == flag:
+						a[i+1] = strconv.Itoa(streams)
+					}
+				}
+				return a
+			}
+		}
+		slotsB := "-np"
+		if mode == "apiary" {
+			slotsB = "--slots"
+		}
+		a, _ := start("llama-server.streams", lsBin, slotArgs(llamaServerArgs, "-np"))
+		bs, _ := start(nameB+".streams", binB, slotArgs(argsB, slotsB))
+		c := cfg
+		c.Rounds, c.FirstRound = aggRounds, 0
+		var err error
+		agg, aggSame, err = Concurrent(ctx, c, streams,
+			Side{Name: sideA.Name, URL: a.URL, Extra: map[string]any{"cache_prompt": false}},
+			Side{Name: sideB.Name, URL: bs.URL, Extra: extraB})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range []*Server{a, bs} {
+			if err := s.Close(); err != nil {
+				b.Errorf("%v (log in %s)", err, logDir)
+			}
+		}
+	}
 	b.StopTimer()
 
 	buildInfo, _ := os.ReadFile(env("BENCH_LLAMA_BUILD_INFO"))
@@ -202,6 +241,14 @@ func BenchmarkLlamaServer(b *testing.B) {
 			sessions, cfg.Rounds, threads, ctxSize, cfg.GenTokens, cfg.PromptTokens),
 	}
 	md := Markdown(ri, res)
+	if streams > 0 {
+		as := agg.Summary()
+		md = strings.Replace(md, "<!-- llama-server:end -->", fmt.Sprintf(
+			"Aggregate throughput, %d generation streams at once (%d slots each, context %d a slot), %d rounds alternating: "+
+				"%s %.1f tok/s, %s %.1f tok/s (medians), ratio %.3f (min %.3f, max %.3f); the same text in every stream in %d of %d rounds.\n\n<!-- llama-server:end -->",
+			streams, streams, ctxSize, as.Rounds, sideA.Name, as.MedianA, sideB.Name, as.MedianB, as.Ratio, as.RatioMin, as.RatioMax, aggSame, aggRounds), 1)
+		b.ReportMetric(as.Ratio, "agg_B/A")
+	}
 	b.Log("\n" + md)
 	gen, pp := res.Generation.Summary(), res.Prompt.Summary()
 	b.ReportMetric(gen.MedianA, "gen_A_tok/s")
@@ -233,40 +280,6 @@ func commandOutput(name string, args ...string) string {
 func firstLines(s string, n int) string {
 	lines := strings.SplitN(strings.TrimSpace(s), "\n", n+1)
 	return strings.Join(lines[:min(n, len(lines))], "\n")
-}
-
-// ollamaVersion is the pinned ollama module's version and its llama.cpp
-// commit (Makefile.sync's FETCH_HEAD).
-func ollamaVersion() string {
-	out := strings.Fields(commandOutput("go", "list", "-m", "-f", "{{.Version}} {{.Dir}}", "github.com/ollama/ollama"))
-	if len(out) != 2 {
-		return "(unknown)"
-	}
-	commit := "?"
-	if b, err := os.ReadFile(filepath.Join(out[1], "Makefile.sync")); err == nil {
-		for line := range strings.SplitSeq(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "FETCH_HEAD="); ok {
-				commit = v
-			}
-		}
-	}
-	return out[0] + " (llama.cpp " + commit + ")"
-}
-
-// cgoFlags are the CGO_CFLAGS and CGO_CXXFLAGS bin was built with, as
-// `go version -m` reports them.
-func cgoFlags(bin string) string {
-	var flags []string
-	for line := range strings.SplitSeq(commandOutput("go", "version", "-m", bin), "\n") {
-		f := strings.TrimSpace(line)
-		if v, ok := strings.CutPrefix(f, "build\t"); ok && (strings.HasPrefix(v, "CGO_CFLAGS=") || strings.HasPrefix(v, "CGO_CXXFLAGS=")) {
-			flags = append(flags, v)
-		}
-	}
-	if len(flags) == 0 {
-		return "(unknown cgo flags)"
-	}
-	return strings.Join(flags, " ")
 }
 
 // sourceOf says what tree bin was built from: the repository's commit if bin

@@ -3,11 +3,8 @@ package chat_test
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,12 +21,13 @@ import (
 // with each conversation here and in llama.cpp's own server (the
 // llama-server `make test` builds, started with --jinja and the template
 // file, asked through /apply-template), and compares them byte for byte
-// after the two differences that are llama.cpp's choices, not a
-// template engine's: llama-server drops a leading BOS text (it adds the
-// BOS token when it tokenizes; the worker's tokenizer keeps one BOS when
-// the text starts with it, so the tokens agree), and it renders Llama
-// 3.x with tools_in_user_message set false (the worker, like Hugging
-// Face's apply_chat_template, leaves the template's default).
+// after the one difference that is llama.cpp's choice, not a template
+// engine's: llama-server drops a leading BOS text (it adds the BOS token
+// when it tokenizes; the worker's tokenizer keeps one BOS when the text
+// starts with it, so the tokens agree). (llama.cpp before v0.5.0 also
+// rendered Llama 3.x with tools_in_user_message set false; v0.5.0 leaves
+// the template's default, as the worker and Hugging Face's
+// apply_chat_template do.)
 func TestTemplatesRenderAsLlamaServerDoes(t *testing.T) {
 	server := testbin.LlamaServer(t)
 	model := filepath.Join(t.TempDir(), "tiny.gguf")
@@ -63,14 +61,10 @@ func TestTemplatesRenderAsLlamaServerDoes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			base := startLlamaServer(t, server, "-m", model, "--jinja", "--chat-template-file", path, "-c", "256", "-t", "1")
-			var vars map[string]bool
-			if chat.SyntaxOf(string(src)) == chat.Llama3 {
-				vars = map[string]bool{"tools_in_user_message": false}
-			}
+			base := testbin.StartLlamaServer(t, server, "-m", model, "--jinja", "--chat-template-file", path, "-c", "256", "-t", "1")
 			for cname, cs := range c.Cases {
 				body := map[string]any{"messages": raw.Cases[cname].Messages}
-				in := chat.Input{AddGenerationPrompt: true, Vars: vars}
+				in := chat.Input{AddGenerationPrompt: true}
 				if cs.Tools {
 					body["tools"] = c.Tools
 					in.Tools = tools
@@ -104,49 +98,6 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-// startLlamaServer starts llama-server with args on a free loopback port
-// and returns its URL once /health answers 200; the test's end stops it.
-func startLlamaServer(t *testing.T, bin string, args ...string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	var out bytes.Buffer
-	cmd := exec.Command(bin, append(args, "--host", "127.0.0.1", "--port", fmt.Sprint(port))...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		resp, err := http.Get(base + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return base
-			}
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("llama-server exited (%v):\n%s", err, out.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("llama-server not healthy within a minute:\n%s", out.String())
-		}
-	}
 }
 
 // applyTemplate asks llama-server to render body's conversation.

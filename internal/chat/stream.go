@@ -46,14 +46,25 @@ func (sp *Splitter) Feed(text string) []Piece {
 
 // Close ends the answer: content still held back, and the calls (or
 // their ends) that could only be read once the answer was whole. When no
-// call was sent, text that looked like one but is not is content.
-func (sp *Splitter) Close() []Piece {
+// call was sent, text that looked like one but is not is content. An
+// answer cut off (CloseCut) inside a call keeps what of the call was
+// sent; the call's unfinished markup is never content.
+func (sp *Splitter) Close() []Piece { return sp.close(false) }
+
+// CloseCut is Close for an answer that was cut off (the token limit, the
+// context) rather than ended by the model.
+func (sp *Splitter) CloseCut() []Piece { return sp.close(true) }
+
+func (sp *Splitter) close(cut bool) []Piece {
 	var out []Piece
 	if sp.inCall {
 		out = sp.progress()
 	}
 	rest, calls := sp.Finish()
 	streamed := sp.cp.index > 0 || sp.cp.named
+	if cut && sp.inCall && sp.syn.opensCall(rest) {
+		rest = "" // an unfinished call, not content
+	}
 	if rest != "" && (len(calls) > 0 || !streamed) {
 		out = append(out, Piece{Content: rest})
 	}

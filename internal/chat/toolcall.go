@@ -122,6 +122,21 @@ func (s Syntax) markers() []string {
 	return []string{"<tool_call>"}
 }
 
+// opensCall reports whether text (past leading spaces) begins a call: a
+// marker, or a bare call's first character.
+func (s Syntax) opensCall(text string) bool {
+	t := strings.TrimLeftFunc(text, unicode.IsSpace)
+	if t == "" {
+		return false
+	}
+	for _, m := range s.markers() {
+		if strings.HasPrefix(t, m) || strings.HasPrefix(m, t) {
+			return true
+		}
+	}
+	return s.bareStart() != 0 && t[0] == s.bareStart()
+}
+
 // bareStart is the first character of calls written without a marker
 // (Llama 3.x's JSON object, Mistral's array when the control token
 // [TOOL_CALLS] is not rendered as text), or 0.

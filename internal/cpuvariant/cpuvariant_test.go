@@ -1,135 +1,72 @@
 package cpuvariant
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
+// level builds dir/libggml-cpu-<name>.so whose ggml_backend_score answers
+// score (none: no score function).
+func level(t *testing.T, dir, name string, score int) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), name+".c")
+	code := "int answer(void) { return 1; }\n"
+	if score >= 0 {
+		code = fmt.Sprintf("int ggml_backend_score(void) { return %d; }\n", score)
+	}
+	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := exec.Command("gcc", "-shared", "-fPIC", "-o", filepath.Join(dir, Prefix+name+Suffix), src).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, b)
+	}
+}
+
 func TestChoose(t *testing.T) {
 	dir := t.TempDir()
-	exe := filepath.Join(dir, "apiary")
-	v3, v4 := exe+"-"+V3, exe+"-"+V4
-	write := func(path string, mode os.FileMode) {
-		t.Helper()
-		if err := os.WriteFile(path, []byte("#!/bin/false\n"), mode); err != nil {
-			t.Fatal(err)
-		}
+	level(t, dir, "x64", 1)
+	level(t, dir, "haswell", 57)
+	level(t, dir, "skylakex", 185)
+	level(t, dir, "zen4", 0)
+	level(t, dir, "broken", -1)
+	if err := os.WriteFile(filepath.Join(dir, Prefix+"garbage"+Suffix), []byte("not a library"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	write(exe, 0o755)
-	defer func(n string) { Name = n }(Name)
 
-	check := func(name, env string, want Choice) {
-		t.Helper()
-		Name = name
+	t.Setenv(Env, "")
+	c, err := Choose(dir)
+	if err != nil || c.Name != "skylakex" || c.Score != 185 || c.Path != filepath.Join(dir, Prefix+"skylakex"+Suffix) ||
+		!strings.Contains(c.Reason, "the best of the 3 CPU backends this CPU runs (score 185)") ||
+		!strings.Contains(c.Reason, "it cannot run zen4, broken (does not load: no ggml_backend_score), garbage (does not load:") {
+		t.Errorf("Choose = %+v, %v", c, err)
+	}
+
+	t.Setenv(Env, "haswell")
+	if c, err := Choose(dir); err != nil || c.Name != "haswell" || c.Reason != Env+"=haswell" {
+		t.Errorf("forced haswell: %+v, %v", c, err)
+	}
+	for env, want := range map[string]string{
+		"zen4":   `APIARY_CPU_VARIANT="zen4": this CPU cannot run it (it runs skylakex, haswell, x64)`,
+		"avx512": `APIARY_CPU_VARIANT="avx512": no such CPU backend in ` + dir + ` (there are broken, garbage, haswell, skylakex, x64, zen4)`,
+	} {
 		t.Setenv(Env, env)
-		got, err := Choose(exe)
-		if err != nil || got.Path != want.Path || got.Variant != want.Variant || !strings.Contains(got.Reason, want.Reason) {
-			t.Errorf("Name %q, %s=%q: %+v %v, want %+v", name, Env, env, got, err, want)
-		}
-	}
-	refuse := func(env, want string) {
-		t.Helper()
-		Name = Portable
-		t.Setenv(Env, env)
-		if c, err := Choose(exe); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s=%q: %+v %v, want an error saying %q", Env, env, c, err, want)
+		if c, err := Choose(dir); err == nil || err.Error() != want {
+			t.Errorf("%s=%s: %+v, %v; want %q", Env, env, c, err, want)
 		}
 	}
 
-	// No siblings: the portable build stays, saying why.
-	switch {
-	case SupportsV4():
-		check(Portable, "", Choice{exe, Portable, "this CPU has x86-64-v4, but there is no executable apiary-x86-64-v4 beside apiary; this CPU has x86-64-v3, but there is no executable apiary-x86-64-v3"})
-	case SupportsV3():
-		check(Portable, "", Choice{exe, Portable, "this CPU lacks x86-64-v4"})
-		check(Portable, "", Choice{exe, Portable, "no executable apiary-x86-64-v3 beside apiary"})
-	default:
-		check(Portable, "", Choice{exe, Portable, "this CPU lacks x86-64-v3"})
+	t.Setenv(Env, "")
+	empty := t.TempDir()
+	if _, err := Choose(empty); err == nil || !strings.Contains(err.Error(), "no CPU backend (libggml-cpu-*.so) in "+empty) {
+		t.Errorf("no backends: %v", err)
 	}
-	write(v3, 0o644) // not executable
-	if SupportsV3() {
-		check(Portable, "", Choice{exe, Portable, "no executable apiary-x86-64-v3"})
-	}
-	if err := os.Chmod(v3, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if SupportsV3() {
-		check(Portable, "", Choice{v3, V3, "this CPU has x86-64-v3"})
-		check(Portable, V3, Choice{v3, V3, Env + "=x86-64-v3"})
-	} else {
-		check(Portable, "", Choice{exe, Portable, "this CPU lacks x86-64-v3"})
-		refuse(V3, "this CPU lacks x86-64-v3 (AVX2, FMA, F16C, BMI2)")
-	}
-	write(v4, 0o755)
-	switch {
-	case SupportsV4():
-		check(Portable, "", Choice{v4, V4, "this CPU has x86-64-v4"})
-		check(Portable, V3, Choice{v3, V3, Env + "=x86-64-v3"})
-		check(Portable, V4, Choice{v4, V4, Env + "=x86-64-v4"})
-	case SupportsV3():
-		check(Portable, "", Choice{v3, V3, "this CPU has x86-64-v3 (AVX2, FMA, F16C, BMI2); this CPU lacks x86-64-v4"})
-		refuse(V4, "this CPU lacks x86-64-v4")
-	}
-	check(Portable, Portable, Choice{exe, Portable, Env + "=portable"})
-	if SupportsV4() {
-		if err := os.Remove(v4); err != nil {
-			t.Fatal(err)
-		}
-		refuse(V4, "but there is no executable apiary-x86-64-v4 beside apiary")
-	}
-	check(V3, "", Choice{exe, V3, "this binary is the x86-64-v3 build"})
-	check(V4, Portable, Choice{exe, V4, "this binary is the x86-64-v4 build"})
-	check("", "", Choice{exe, "", "built without the Makefile"})
-
-	refuse("avx512", `APIARY_CPU_VARIANT="avx512"`)
-}
-
-// The machine this runs on is amd64 with AVX2 in CI; SupportsV3 must agree
-// with what the kernel says of the CPU.
-func TestSupportsV3MatchesCPUInfo(t *testing.T) {
-	info, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var flags []string
-	for line := range strings.SplitSeq(string(info), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "flags" {
-			flags = strings.Fields(v)
-			break
-		}
-	}
-	has := map[string]bool{}
-	for _, f := range flags {
-		has[f] = true
-	}
-	want := has["avx"] && has["avx2"] && has["bmi1"] && has["bmi2"] && has["f16c"] && has["fma"] && has["abm"] && has["movbe"] && has["xsave"]
-	if got := SupportsV3(); got != want {
-		t.Errorf("SupportsV3() = %v; /proc/cpuinfo flags say %v (%v)", got, want, flags)
-	}
-}
-
-// SupportsV4 must agree with what the kernel says of the CPU.
-func TestSupportsV4MatchesCPUInfo(t *testing.T) {
-	info, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	has := map[string]bool{}
-	for line := range strings.SplitSeq(string(info), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "flags" {
-			for _, f := range strings.Fields(v) {
-				has[f] = true
-			}
-			break
-		}
-	}
-	want := SupportsV3() && has["avx512f"] && has["avx512bw"] && has["avx512cd"] && has["avx512dq"] && has["avx512vl"] && has["avx512_vnni"]
-	if got := SupportsV4(); got != want {
-		t.Errorf("SupportsV4() = %v; /proc/cpuinfo flags say %v", got, want)
-	}
-	if want && Best() != V4 || !want && SupportsV3() && Best() != V3 {
-		t.Errorf("Best() = %s", Best())
+	none := t.TempDir()
+	level(t, none, "zen4", 0)
+	if _, err := Choose(none); err == nil || !strings.Contains(err.Error(), "this CPU runs none of the CPU backends in "+none+" (zen4)") {
+		t.Errorf("none this CPU runs: %v", err)
 	}
 }

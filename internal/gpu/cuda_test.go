@@ -159,9 +159,9 @@ func TestGPUProofScriptArguments(t *testing.T) {
 		{[]string{"build"}, 2, "build needs one argument: the output directory"},
 		{[]string{"run", empty, "extra"}, 2, "run needs one argument"},
 		{[]string{"cuda", empty}, 2, "cuda takes no argument"},
-		{[]string{"build", empty}, 1, empty + "/src/ollama has no sources: run pack first"},
-		{[]string{"run", empty}, 1, "no " + empty + "/bin/apiary: run pack first"},
-		{[]string{"all", empty}, 1, "has no sources: run pack first"},
+		{[]string{"build", empty}, 1, "no " + empty + "/apiary-proof.tgz: run pack first"},
+		{[]string{"run", empty}, 1, "no " + empty + "/bin/apiary: run pack and build first"},
+		{[]string{"all", empty}, 1, "apiary-proof.tgz: run pack first"},
 	} {
 		cmd := exec.Command(script, tc.args...)
 		out, err := cmd.CombinedOutput()

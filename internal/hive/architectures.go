@@ -15,10 +15,15 @@ func init() {
 		"olmo", "olmo2", "olmoe", "openelm", "arctic", "deepseek", "deepseek2", "chatglm", "glm4",
 		"glm4moe", "bitnet", "t5", "jais", "nemotron", "nemotron_h", "nemotron_h_moe", "exaone", "exaone4",
 		"rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "granite", "granitemoe", "granitehybrid", "chameleon",
-		"solar", "plm", "bailingmoe", "bailingmoe2", "dots1", "arcee", "afmoe", "ernie4_5", "ernie4_5-moe",
+		"plm", "bailingmoe", "bailingmoe2", "dots1", "arcee", "afmoe", "ernie4_5", "ernie4_5-moe",
 		"hunyuan-moe", "hunyuan-dense", "smollm3", "gpt-oss", "lfm2", "lfm2moe", "dream", "smallthinker",
 		"llada", "llada-moe", "seed_oss", "grovemoe", "apertus", "minimax-m2", "cogvlm", "rnd1",
 		"pangu-embedded", "mistral3",
+		// New in llama.cpp v0.5.0 (de3ff815, 2026-09-28).
+		"bailingmoe3", "cohere2moe", "deepseek32", "deepseek4", "exaone-moe", "gemma4", "glm-dsa", "granite_swa",
+		"graniteswitch", "hy_v3", "hy_v4", "hunyuan_vl", "jais2", "kimi-k3", "kimi-linear", "laguna", "maincoder",
+		"mellum", "mimo2", "minimax-01", "minimax-m3", "mistral4", "nanbeige", "plamo3", "qwen35", "qwen35moe",
+		"qwen4exp", "step35", "hrm_text",
 	} {
 		textArchitectures[a] = true
 	}

@@ -3,7 +3,6 @@ package hive
 import (
 	"testing"
 
-	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
@@ -11,14 +10,9 @@ import (
 // ($APIARY_BIN, or built once per test binary by testbin).
 func apiaryBin(t testing.TB) string { return testbin.Path(t) }
 
-// withReal runs real `apiary worker` processes: the build for this CPU,
-// as a hive running $APIARY_BIN (the portable build) would pick it.
+// withReal runs real `apiary worker` processes of $APIARY_BIN.
 func withReal(t testing.TB) hiveOpt {
-	c, err := cpuvariant.ForPortable(apiaryBin(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := c.Path
+	bin := apiaryBin(t)
 	return func(c *Config) {
 		c.WorkerPath = bin
 		c.WorkerEnv = []string{}

@@ -23,7 +23,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/apiary-llm/apiary/internal/api"
-	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/version"
 )
@@ -84,13 +83,7 @@ func New(cfg Config) (*Hive, error) {
 		if err != nil {
 			return nil, fmt.Errorf("hive: find own executable for workers: %w", err)
 		}
-		// Workers run the build of apiary made for this CPU (the worker
-		// would switch to it itself; starting it directly saves an exec).
-		c, err := cpuvariant.Choose(exe)
-		if err != nil {
-			return nil, fmt.Errorf("hive: %w", err)
-		}
-		cfg.WorkerPath = c.Path
+		cfg.WorkerPath = exe
 	}
 	if cfg.WorkerHost == "" {
 		host, _, _ := net.SplitHostPort(cfg.Addr)

@@ -1,9 +1,12 @@
 package llamacpp
 
 /*
-#cgo LDFLAGS: -rdynamic
+#cgo LDFLAGS: -lllama -lllama-common -lggml -lggml-base -ldl
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdlib.h>
 #include "ggml-backend.h"
+#include "llama.h"
 
 static int gpu_count(void) {
 	int n = 0;
@@ -15,6 +18,13 @@ static int gpu_count(void) {
 }
 
 static int load_backend(const char *path) { return ggml_backend_load(path) != NULL; }
+
+// ggml_file is the path of the loaded libggml, or NULL.
+static const char *ggml_file(void) {
+	Dl_info info;
+	if (dladdr((void *)ggml_backend_load, &info) == 0) return NULL;
+	return info.dli_fname;
+}
 */
 import "C"
 
@@ -25,12 +35,72 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/gpu"
 )
 
-// The binary exports its symbols (-rdynamic above) so that a backend
-// library built from the same ggml sources binds to this binary's ggml,
-// not to a second copy.
+// llama.cpp and ggml are shared libraries beside the binary (bin/, found
+// through its $ORIGIN run path), and so are ggml's backends, which a
+// process loads at run time: one CPU backend, the best of the
+// instruction-set levels this CPU runs (internal/cpuvariant), and the
+// CUDA backend where a worker is asked for a GPU (UseGPU). A backend
+// library binds to the same libggml-base the binary links.
+
+// LibDir is the directory of the llama.cpp libraries this process
+// loaded, where the CPU backends are.
+func LibDir() (string, error) {
+	f := C.ggml_file()
+	if f == nil {
+		return "", fmt.Errorf("llamacpp: cannot tell where libggml was loaded from")
+	}
+	p, err := filepath.EvalSymlinks(C.GoString(f))
+	if err != nil {
+		return "", fmt.Errorf("llamacpp: libggml: %w", err)
+	}
+	return filepath.Dir(p), nil
+}
+
+var cpuBackend struct {
+	once   sync.Once
+	choice cpuvariant.Choice
+	err    error
+}
+
+// CPUBackend loads the CPU backend for this CPU (once a process) and
+// initialises llama.cpp, its log going to log; it says which level it
+// loaded and why.
+func CPUBackend(log *slog.Logger) (cpuvariant.Choice, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	cpuBackend.once.Do(func() {
+		routeLogs(log)
+		dir, err := LibDir()
+		if err != nil {
+			cpuBackend.err = err
+			return
+		}
+		c, err := cpuvariant.Choose(dir)
+		if err != nil {
+			cpuBackend.err = fmt.Errorf("llamacpp: %w", err)
+			return
+		}
+		cpath := C.CString(c.Path)
+		defer C.free(unsafe.Pointer(cpath))
+		if C.load_backend(cpath) == 0 {
+			cpuBackend.err = fmt.Errorf("llamacpp: ggml could not load the CPU backend %s", c.Path)
+			return
+		}
+		C.llama_backend_init()
+		cpuBackend.choice = c
+	})
+	return cpuBackend.choice, cpuBackend.err
+}
+
+func initBackends(log *slog.Logger) error {
+	_, err := CPUBackend(log)
+	return err
+}
 
 // gpuBackends remembers the backend libraries loaded into ggml's registry
 // (a library is loaded once per process).

@@ -739,7 +739,7 @@ func (e *Engine) newSampler(req engine.Request) (sampling, error) {
 		repeat = 1
 	}
 	if req.FrequencyPenalty != 0 || req.PresencePenalty != 0 || repeat != 1 {
-		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(penaltyLastN, C.float(repeat),
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(C.int32_t(e.info.Vocab), penaltyLastN, C.float(repeat),
 			C.float(req.FrequencyPenalty), C.float(req.PresencePenalty)))
 	}
 	if req.Temperature <= 0 {

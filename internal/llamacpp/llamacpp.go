@@ -6,12 +6,26 @@ package llamacpp
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+// The CPU backend is a library ggml loads (one per instruction-set level),
+// so its functions are reached through its registry.
+static void *cpu_proc(const char *name) {
+	ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+	return cpu ? ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(cpu), name) : NULL;
+}
+
 // new_threadpool starts the CPU threads every decode of a context uses, as
 // llama.cpp's own server does; without one ggml creates and joins threads
 // for every decode.
 static struct ggml_threadpool *new_threadpool(int n) {
+	struct ggml_threadpool *(*fn)(struct ggml_threadpool_params *) = cpu_proc("ggml_threadpool_new");
+	if (!fn) return NULL;
 	struct ggml_threadpool_params p = ggml_threadpool_params_default(n);
-	return ggml_threadpool_new(&p);
+	return fn(&p);
+}
+
+static void free_threadpool(struct ggml_threadpool *tp) {
+	void (*fn)(struct ggml_threadpool *) = cpu_proc("ggml_threadpool_free");
+	if (fn) fn(tp);
 }
 
 // batch_add appends one token to a batch allocated for one sequence id per token.
@@ -85,10 +99,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/gpu"
-	ollamallama "github.com/ollama/ollama/llama"
 )
-
-var backendOnce sync.Once
 
 // Engine is a model loaded into one llama.cpp context. One goroutine (run)
 // owns the context and decodes all active sequences together, one batch per
@@ -167,13 +178,15 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 	if _, err := os.Stat(opts.ModelPath); err != nil {
 		return nil, fmt.Errorf("llamacpp: model: %w", err)
 	}
-	backendOnce.Do(ollamallama.BackendInit)
+	if err := initBackends(log); err != nil {
+		return nil, err
+	}
 	routeLogs(log)
 
 	rssBefore := residentBytes()
 
 	mparams := C.llama_model_default_params()
-	mparams.use_mmap = true
+	mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP
 	if opts.GPUDevice >= 0 {
 		if d := C.gpu_device(C.int(opts.GPUDevice)); d != nil {
 			devs := C.device_list(d)
@@ -484,7 +497,7 @@ func (e *Engine) free() {
 		e.abortFlag = nil
 	}
 	if e.pool != nil {
-		C.ggml_threadpool_free(e.pool)
+		C.free_threadpool(e.pool)
 		e.pool = nil
 	}
 	if e.model != nil {

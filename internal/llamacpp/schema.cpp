@@ -1,17 +1,13 @@
 // The JSON-schema-to-grammar converter of llama.cpp's common library
-// (compiled by the pinned ollama module), with its errors as text.
+// (libllama-common), with its errors as text.
 
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "json-schema-to-grammar.h"
 #include "schema.h"
-
-// Declared in llama.cpp's common/json-schema-to-grammar.h.
-std::string json_schema_to_grammar(const nlohmann::ordered_json & schema, bool force_gbnf);
 
 static char *dup(const std::string & s) {
     char *out = static_cast<char *>(malloc(s.size() + 1));
@@ -24,7 +20,7 @@ static char *dup(const std::string & s) {
 char *apiary_schema_to_grammar(const char *schema, size_t len, int *ok) {
     *ok = 0;
     try {
-        auto parsed = nlohmann::ordered_json::parse(schema, schema + len);
+        auto parsed = common_json::parse(std::string(schema, len));
         std::string grammar = json_schema_to_grammar(parsed, false);
         *ok = 1;
         return dup(grammar);

@@ -50,6 +50,9 @@ type clusterOptions struct {
 	model    testmodel.Options // of tiny.gguf
 	apiToken string            // the queen's APIARY_API_TOKEN; the client sends it
 	hiveEnv  []string          // added to the hive's environment
+	// more are models besides tiny.gguf in the hive's models directory,
+	// by name.
+	more map[string]testmodel.Options
 }
 
 func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveArgs ...string) *cluster {
@@ -72,6 +75,11 @@ func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveAr
 	}
 	if err := testmodel.WriteFile(filepath.Join(dir, "models", "tiny.gguf"), o.model); err != nil {
 		t.Fatal(err)
+	}
+	for name, opts := range o.more {
+		if err := testmodel.WriteFile(filepath.Join(dir, "models", name+".gguf"), opts); err != nil {
+			t.Fatal(err)
+		}
 	}
 	hargs := append([]string{"hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1", "--data-dir", dir,
 		"--heartbeat-interval", "500ms", "--worker-ports", "23000-23999", "--worker-threads", "1"}, hiveArgs...)

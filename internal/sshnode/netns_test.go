@@ -21,7 +21,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/apiary-llm/apiary/internal/api"
-	"github.com/apiary-llm/apiary/internal/cpuvariant"
 	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 	"github.com/apiary-llm/apiary/internal/testbin"
@@ -302,16 +301,18 @@ func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testin
 	if got := q.runningPools(t); got["n1"] != 1 || got["n2"] != 0 {
 		t.Errorf("after infer --node n1, running workers by pool: %v, want one on n1", got)
 	}
-	// The node got apiary's x86-64-v3 and x86-64-v4 builds beside apiary,
-	// and its worker runs the build for its CPU.
+	// The node got llama.cpp's libraries and the CPU backends beside
+	// apiary: its worker runs that apiary, with a CPU backend from there.
 	w1 := testbin.AwaitProcess(t, nodeMarker(1), " worker ")
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", w1))
 	want := filepath.Join(nodeDir(1), "bin", "apiary")
-	if best := cpuvariant.Best(); best != cpuvariant.Portable {
-		want += "-" + best
-	}
 	if err != nil || exe != want {
 		t.Errorf("worker on n1 runs %q (%v), want %s", exe, err, want)
+	}
+	if maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", w1)); err != nil ||
+		!bytes.Contains(maps, []byte(filepath.Join(nodeDir(1), "bin", "libggml-cpu-"))) ||
+		!bytes.Contains(maps, []byte(filepath.Join(nodeDir(1), "bin", "libllama.so"))) {
+		t.Errorf("worker on n1 maps no llama.cpp library and CPU backend from the node's bin/ (%v)", err)
 	}
 	q.infer(t, "n2")
 	if got := q.runningPools(t); got["n1"] != 1 || got["n2"] != 1 {
@@ -365,22 +366,23 @@ func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testin
 	testbin.AwaitGone(t, nodeMarker(1)+"bin/", 30*time.Second)
 }
 
-// apiaryWithBackend is testbin's apiary and its CPU builds, linked into a
+// apiaryWithBackend is testbin's apiary and its libraries, linked into a
 // directory of the test's own, with these GPU backend files beside it (a
 // fake `make cuda`); it returns the apiary there. bin/ itself stays as
 // the other tests expect it.
 func apiaryWithBackend(t *testing.T, backend map[string][]byte) string {
 	t.Helper()
 	src, dir := testbin.Path(t), t.TempDir()
+	libs, err := filepath.Glob(filepath.Join(filepath.Dir(src), "lib*.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	names := []string{filepath.Base(src)}
-	for _, v := range cpuvariant.Siblings {
-		names = append(names, filepath.Base(src)+"-"+v)
+	for _, l := range libs {
+		names = append(names, filepath.Base(l))
 	}
 	for _, name := range names {
 		from, to := filepath.Join(filepath.Dir(src), name), filepath.Join(dir, name)
-		if _, err := os.Stat(from); errors.Is(err, os.ErrNotExist) && name != filepath.Base(src) {
-			continue
-		}
 		if err := os.Link(from, to); err != nil {
 			// Another file system: copy.
 			b, rerr := os.ReadFile(from)
@@ -409,10 +411,10 @@ func TestSSHNode_GPUBackendBesideApiary_ArrivesBesideTheNodesApiary(t *testing.T
 	nodes(t)
 	backend := map[string][]byte{
 		sshnode.CUDALibrary:     []byte("\x7fELF fake CUDA backend \x00\x01\xfe\xff"),
-		sshnode.BaseLibrary:     []byte("\x7fELF fake ggml base \x00\xff"),
 		sshnode.CUDAVersionFile: []byte("12.4\n"),
 	}
-	q := startQueenFrom(t, apiaryWithBackend(t, backend), "ssh_config", nil)
+	queenBin := apiaryWithBackend(t, backend)
+	q := startQueenFrom(t, queenBin, "ssh_config", nil)
 	q.addNode(t, "n1", 1)
 
 	hive := testbin.AwaitProcess(t, nodeMarker(1), " hive ")
@@ -424,12 +426,18 @@ func TestSSHNode_GPUBackendBesideApiary_ArrivesBesideTheNodesApiary(t *testing.T
 	if want := filepath.Join(nodeDir(1), "bin"); dir != want {
 		t.Errorf("the node's hive runs %s, want the apiary in %s", exe, want)
 	}
-	for _, name := range sshnode.BackendFiles {
+	sent, _ := filepath.Glob(filepath.Join(filepath.Dir(queenBin), "lib*"))
+	if len(sent) < len(backend)+5 {
+		t.Errorf("beside the queen's apiary: %v; want llama.cpp's libraries, CPU backends and the fake CUDA backend", sent)
+	}
+	for _, from := range sent {
+		name := filepath.Base(from)
+		want, _ := os.ReadFile(from)
 		got, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			t.Errorf("%s did not arrive beside the node's apiary: %v", name, err)
-		} else if !bytes.Equal(got, backend[name]) {
-			t.Errorf("%s on the node is %q, want %q", name, got, backend[name])
+		} else if !bytes.Equal(got, want) {
+			t.Errorf("%s on the node differs from the queen's (%d bytes, want %d)", name, len(got), len(want))
 		}
 	}
 

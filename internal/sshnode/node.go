@@ -16,8 +16,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-
-	"github.com/apiary-llm/apiary/internal/cpuvariant"
 )
 
 // The scripts below are constants; their only inputs are positional
@@ -40,60 +38,56 @@ if [ -x "$d/apiary" ]; then
     echo "sha256=$(sha256sum < "$d/apiary" | cut -d ' ' -f 1)"
   fi
 fi
-for v in ` + siblingList + `; do
-  if [ -x "$d/apiary-$v" ]; then
-    if command -v sha256sum >/dev/null 2>&1; then
-      echo "variant=$v $(sha256sum < "$d/apiary-$v" | cut -d ' ' -f 1)"
-    else
-      echo "variant=$v"
-    fi
-  fi
-done
-for f in ` + backendList + `; do
-  if [ -f "$d/$f" ]; then
-    if command -v sha256sum >/dev/null 2>&1; then
-      echo "backend=$f $(sha256sum < "$d/$f" | cut -d ' ' -f 1)"
-    else
-      echo "backend=$f"
-    fi
+for p in ` + libraryGlobs + `; do
+  [ -f "$p" ] || continue
+  f=${p##*/}
+  if command -v sha256sum >/dev/null 2>&1; then
+    echo "backend=$f $(sha256sum < "$p" | cut -d ' ' -f 1)"
+  else
+    echo "backend=$f"
   fi
 done
 `
 
-// siblingList is the CPU builds that may sit beside apiary (see
-// internal/cpuvariant), for the scripts: a node gets those the local
-// apiary has, or its workers would run the portable build.
-var siblingList = strings.Join(cpuvariant.Siblings, " ")
-
-// The GPU backend files that may sit beside apiary: `make cuda`
-// (scripts/gpu-proof.sh) puts them in bin/, and a node's hive and workers
-// look for them in the directory of their own binary (internal/gpu,
-// BackendDir), so a node gets those the local apiary has, or its GPUs
-// serve nothing. The names are internal/gpu's (CUDALibrary,
-// CUDAVersionFile; a test checks they agree), spelt out here so that the
-// queen's side does not link cgo and NVML for two strings.
+// The libraries that sit beside apiary: llama.cpp and ggml, which apiary
+// links ($ORIGIN run path), ggml's CPU backends, one per instruction-set
+// level, which a worker loads at run time, and the GPU backend files
+// `make cuda` adds; a node's hive and workers look for them in the
+// directory of their own binary, so a node gets those the local apiary
+// has, or its workers cannot start and its GPUs serve nothing. The CUDA
+// names are internal/gpu's (CUDALibrary, CUDAVersionFile; a test checks
+// they agree), spelt out here so that the queen's side does not link cgo
+// and NVML for two strings.
 const (
 	CUDALibrary     = "libggml-cuda.so"           // the CUDA backend, loaded by workers
-	BaseLibrary     = "libggml-base.so"           // ggml's core, which the CUDA backend links ($ORIGIN run path)
+	BaseLibrary     = "libggml-base.so"           // ggml's core, which every backend links
 	CUDAVersionFile = "libggml-cuda.cuda-version" // the CUDA version it was built with
+	// CPUBackends matches ggml's CPU backends (internal/cpuvariant).
+	CPUBackends = "libggml-cpu-*.so"
 )
 
-// BackendFiles lists the backend files by name, and so bounds what a
-// node gets besides apiary: only these, never a pattern, because a node
-// compares them by name and a new apiary removes them by name in an
-// install dir that other programs may share (~/.local/bin). The CPU
-// backend is compiled into apiary; a new GPU backend adds its files here.
-var BackendFiles = []string{CUDALibrary, BaseLibrary, CUDAVersionFile}
+// BackendFiles lists the files by name (and CPUBackends by ggml's own
+// pattern), and so bounds what a node gets besides apiary: only these,
+// because a node compares them by name and a new apiary removes them by
+// name in an install dir that other programs may share (~/.local/bin).
+var BackendFiles = []string{"libllama.so", "libllama-common.so", "libggml.so", BaseLibrary, CUDALibrary, CUDAVersionFile}
 
-// backendList is BackendFiles for the scripts.
-var backendList = strings.Join(BackendFiles, " ")
+// libraryGlobs is BackendFiles and CPUBackends as words of the scripts,
+// in the expanded install dir $d.
+var libraryGlobs = func() string {
+	var w []string
+	for _, f := range append(slices.Clone(BackendFiles), CPUBackends) {
+		w = append(w, `"$d"/`+f)
+	}
+	return strings.Join(w, " ")
+}()
 
-// installScript writes stdin to $d/$2 with mode $3 (apiary, one of its
-// CPU builds or a backend file, never a user's word), through a temp
-// file renamed into place, so that a running process keeps the file it
-// has open or mapped; installing apiary removes the CPU builds and the
-// backend files of the one before, which must not outlive it (a backend
-// binds to the binary's own ggml).
+// installScript writes stdin to $d/$2 with mode $3 (apiary or one of its
+// libraries, never a user's word), through a temp file renamed into
+// place, so that a running process keeps the file it has open or mapped;
+// installing apiary removes the libraries of the one before, which must
+// not outlive it (apiary links its own llama.cpp, and a backend binds to
+// it), and the per-CPU builds older apiaries had beside them.
 var installScript = `set -eu
 ` + expandDir + `mkdir -p "$d"
 t="$d/.apiary.tmp.$$"
@@ -101,8 +95,7 @@ trap 'rm -f "$t"' EXIT
 cat > "$t"
 chmod "$3" "$t"
 if [ "$2" = apiary ]; then
-  for v in ` + siblingList + `; do rm -f "$d/apiary-$v"; done
-  for f in ` + backendList + `; do rm -f "$d/$f"; done
+  rm -f "$d/apiary-x86-64-v3" "$d/apiary-x86-64-v4" ` + libraryGlobs + `
 fi
 mv -f "$t" "$d/$2"
 trap - EXIT
@@ -128,11 +121,8 @@ type Probe struct {
 	// Version and SHA256 of the apiary installed at InstallDir; empty when
 	// there is none.
 	Version, SHA256 string
-	// Variants are apiary's CPU builds beside it (internal/cpuvariant),
-	// by variant: their hashes ("" without sha256sum on the node).
-	Variants map[string]string
-	// Backend is the GPU backend files beside it (BackendFiles), by name:
-	// their hashes ("" without sha256sum on the node).
+	// Backend is the libraries beside it (BackendFiles, CPUBackends), by
+	// name: their hashes ("" without sha256sum on the node).
 	Backend map[string]string
 }
 
@@ -143,16 +133,13 @@ type Binary struct {
 	SHA256  string
 	OS      string
 	Arch    string
-	// Variants are its CPU builds beside it (make build links them), best
-	// first.
-	Variants []VariantFile
-	// Backend is the GPU backend files beside it (make cuda puts them
-	// there), in BackendFiles' order; none for a CPU-only build.
+	// Backend is the libraries beside it (make build and make cuda put
+	// them there), in BackendFiles' order, then the CPU backends by name.
 	Backend []BackendFile
 }
 
-// BackendFile is one GPU backend file beside apiary, Name one of
-// BackendFiles.
+// BackendFile is one library beside apiary, Name one of BackendFiles or
+// matching CPUBackends.
 type BackendFile struct {
 	Name, Path, SHA256 string
 }
@@ -163,12 +150,6 @@ func (f BackendFile) mode() string {
 		return "0755"
 	}
 	return "0644"
-}
-
-// VariantFile is one CPU build of apiary beside it: the file
-// apiary-<Variant>.
-type VariantFile struct {
-	Variant, Path, SHA256 string
 }
 
 // LocalBinary describes the apiary at path (this process's executable
@@ -186,19 +167,6 @@ func LocalBinary(path, version string) (Binary, error) {
 		return Binary{}, err
 	}
 	b := Binary{Path: path, Version: version, SHA256: sum, OS: runtime.GOOS, Arch: runtime.GOARCH}
-	if cpuvariant.Name == cpuvariant.Portable {
-		for _, v := range cpuvariant.Siblings {
-			vp := path + "-" + v
-			if fi, err := os.Stat(vp); err != nil || !fi.Mode().IsRegular() {
-				continue
-			}
-			sum, err := hashFile(vp)
-			if err != nil {
-				return Binary{}, err
-			}
-			b.Variants = append(b.Variants, VariantFile{Variant: v, Path: vp, SHA256: sum})
-		}
-	}
 	b.Backend, err = localBackend(filepath.Dir(path))
 	if err != nil {
 		return Binary{}, err
@@ -206,10 +174,18 @@ func LocalBinary(path, version string) (Binary, error) {
 	return b, nil
 }
 
-// localBackend finds the backend files in dir; those absent are skipped.
+// localBackend finds the libraries in dir; those absent are skipped.
 func localBackend(dir string) ([]BackendFile, error) {
 	var files []BackendFile
-	for _, name := range BackendFiles {
+	cpu, err := filepath.Glob(filepath.Join(dir, CPUBackends))
+	if err != nil {
+		return nil, fmt.Errorf("sshnode: %w", err)
+	}
+	names := slices.Clone(BackendFiles)
+	for _, p := range cpu {
+		names = append(names, filepath.Base(p))
+	}
+	for _, name := range names {
 		p := filepath.Join(dir, name)
 		fi, err := os.Stat(p)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -284,12 +260,6 @@ func parseProbe(out []byte) Probe {
 			p.Version = v
 		case "sha256":
 			p.SHA256 = v
-		case "variant":
-			name, sum, _ := strings.Cut(v, " ")
-			if p.Variants == nil {
-				p.Variants = map[string]string{}
-			}
-			p.Variants[name] = sum
 		case "backend":
 			name, sum, _ := strings.Cut(v, " ")
 			if p.Backend == nil {
@@ -317,8 +287,8 @@ func goArch(m string) string {
 }
 
 // Installed reports whether the node runs exactly b (same hash; the same
-// version when the node has no sha256sum), with exactly b's CPU builds
-// and GPU backend files beside it.
+// version when the node has no sha256sum), with exactly b's libraries
+// beside it.
 func (p Probe) Installed(b Binary) bool { return len(p.differences(b)) == 0 }
 
 // differences names the files of b that the node lacks or has otherwise,
@@ -336,17 +306,6 @@ func (p Probe) differences(b Binary) []string {
 		return ok && (p.SHA256 == "" || got == sum)
 	}
 	want := map[string]bool{}
-	for _, v := range b.Variants {
-		want["apiary-"+v.Variant] = true
-		if !same(p.Variants, v.Variant, v.SHA256) {
-			diff = append(diff, "apiary-"+v.Variant)
-		}
-	}
-	for v := range p.Variants {
-		if !want["apiary-"+v] {
-			extra = append(extra, "apiary-"+v)
-		}
-	}
 	for _, f := range b.Backend {
 		want[f.Name] = true
 		if !same(p.Backend, f.Name, f.SHA256) {
@@ -390,12 +349,6 @@ func (c Client) Ensure(ctx context.Context, t Target, installDir string, b Binar
 	}
 	if err := c.install(ctx, t, installDir, b.Path, "apiary", "0755"); err != nil {
 		return p, false, fmt.Errorf("copy apiary to %s:%s: %w", t, p.InstallDir, err)
-	}
-	for _, v := range b.Variants {
-		name := "apiary-" + v.Variant
-		if err := c.install(ctx, t, installDir, v.Path, name, "0755"); err != nil {
-			return p, true, fmt.Errorf("copy %s to %s:%s: %w", name, t, p.InstallDir, err)
-		}
 	}
 	for _, f := range b.Backend {
 		if err := c.install(ctx, t, installDir, f.Path, f.Name, f.mode()); err != nil {

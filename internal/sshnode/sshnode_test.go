@@ -141,29 +141,6 @@ func TestParseProbe(t *testing.T) {
 	if p.Installed(b) {
 		t.Error("another build counted as installed")
 	}
-	// The CPU builds beside apiary must match too, and be there exactly
-	// when the local apiary has them.
-	b.SHA256 = "abc"
-	b.Variants = []VariantFile{{"x86-64-v4", "/bin/apiary-x86-64-v4", "v4sum"}, {"x86-64-v3", "/bin/apiary-x86-64-v3", "v3sum"}}
-	if p.Installed(b) {
-		t.Error("a node without the CPU builds counted as installed")
-	}
-	p3 := parseProbe([]byte("version=0.1.0\nsha256=abc\nvariant=x86-64-v4 v4sum\nvariant=x86-64-v3 v3sum\n"))
-	if diff := cmp.Diff(map[string]string{"x86-64-v4": "v4sum", "x86-64-v3": "v3sum"}, p3.Variants); diff != "" || !p3.Installed(b) {
-		t.Errorf("probe %+v: the same builds, not installed (%s)", p3, diff)
-	}
-	if b.Variants[1].SHA256 = "other"; p3.Installed(b) {
-		t.Error("another v3 build counted as installed")
-	}
-	if b.Variants = b.Variants[:1]; p3.Installed(b) {
-		t.Error("a node with a stale v3 build counted as installed")
-	}
-	// Without sha256sum on the node, the builds' presence and apiary's
-	// version decide.
-	p4 := parseProbe([]byte("version=0.1.0\nvariant=x86-64-v4\n"))
-	if !p4.Installed(b) {
-		t.Errorf("probe %+v without hashes: not installed", p4)
-	}
 	if err := (Probe{OS: "linux", Arch: "arm64"}).CanCopy(b); err == nil {
 		t.Error("an amd64 binary may be copied to an arm64 node")
 	}
@@ -221,8 +198,8 @@ func TestLocalBinaryTakesTheGPUBackendBesideIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []BackendFile{
-		{CUDALibrary, filepath.Join(dir, CUDALibrary), sha("cuda\x00\xff")},
 		{BaseLibrary, filepath.Join(dir, BaseLibrary), sha("base")},
+		{CUDALibrary, filepath.Join(dir, CUDALibrary), sha("cuda\x00\xff")},
 		{CUDAVersionFile, filepath.Join(dir, CUDAVersionFile), sha("12.4\n")},
 	}
 	if diff := cmp.Diff(want, b.Backend); diff != "" {
@@ -238,7 +215,7 @@ func TestLocalBinaryTakesTheGPUBackendBesideIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(want[:1], b.Backend); diff != "" {
+	if diff := cmp.Diff(want[1:2], b.Backend); diff != "" {
 		t.Errorf("backend with two files absent (-want +got):\n%s", diff)
 	}
 }
@@ -310,6 +287,17 @@ func TestEnsureCopiesTheGPUBackendToTheNode(t *testing.T) {
 	}
 	gpuBackend := map[string]os.FileMode{CUDALibrary: 0o755, BaseLibrary: 0o755, CUDAVersionFile: 0o644}
 
+	ensure(true)
+	nodeHas(nil)
+
+	// llama.cpp's libraries and ggml's CPU backends go along too, and
+	// a CPU backend gone from beside apiary goes from the node.
+	llama := map[string]os.FileMode{"libllama.so": 0o755, "libggml-cpu-haswell.so": 0o755, "libggml-cpu-x64.so": 0o755}
+	writeFiles(t, local, map[string]string{"libllama.so": "llama", "libggml-cpu-haswell.so": "haswell", "libggml-cpu-x64.so": "x64"})
+	ensure(true)
+	nodeHas(llama)
+	ensure(false)
+	writeFiles(t, local, map[string]string{"libllama.so": "", "libggml-cpu-haswell.so": "", "libggml-cpu-x64.so": ""})
 	ensure(true)
 	nodeHas(nil)
 

@@ -121,14 +121,14 @@ func cc(t testing.TB, out, src string, includes ...string) {
 }
 
 // GGMLHeaders are the include directories of the ggml the worker links
-// (public and private headers), for libraries that bind to it.
+// (its public headers and the private backend header), for libraries
+// that bind to it.
 func GGMLHeaders() ([]string, error) {
-	dir, err := moduleDir("github.com/ollama/ollama")
+	prefix, err := LlamaPrefix()
 	if err != nil {
 		return nil, err
 	}
-	ggml := filepath.Join(dir, "ml", "backend", "ggml", "ggml")
-	return []string{filepath.Join(ggml, "include"), filepath.Join(ggml, "src")}, nil
+	return []string{filepath.Join(prefix, "include")}, nil
 }
 
 // moduleDir is where the go tool keeps module mod.

@@ -1,15 +1,17 @@
-// Package testmodel generates small, deterministic llama-architecture GGUF
-// models that llama.cpp loads and generates from. Their weights are random,
-// so what they generate is gibberish, but everything around the weights —
-// tokenizer, hyperparameters, tensor names and shapes — is that of a real
-// model, which lets tests and demos run the whole system without
+// Package testmodel generates small, deterministic GGUF models that
+// llama.cpp loads and generates from, of the architectures Archs lists
+// (llama by default). Their weights are random, so what they generate is
+// gibberish, but everything around the weights — tokenizer,
+// hyperparameters, tensor names and shapes — is that of a real model of the
+// architecture, which lets tests and demos run the whole system without
 // downloading one.
 //
-// The tokenizer is SentencePiece style (tokenizer.ggml.model "llama") with a
-// byte-level vocabulary: <unk>, <s>, </s>, the 256 byte tokens <0x00> …
-// <0xFF>, "▁" (U+2581, SentencePiece's space) and the printable ASCII
-// characters. Plain text therefore tokenizes one character a token, and
-// anything else falls back to its bytes.
+// The tokenizer, the same for every architecture, is SentencePiece style
+// (tokenizer.ggml.model "llama") with a byte-level vocabulary: <unk>, <s>,
+// </s>, the 256 byte tokens <0x00> … <0xFF>, "▁" (U+2581, SentencePiece's
+// space) and the printable ASCII characters. Plain text therefore
+// tokenizes one character a token, and anything else falls back to its
+// bytes.
 package testmodel
 
 import (
@@ -27,16 +29,19 @@ import (
 
 // Hyperparameters of every test model, and the defaults of Options.
 const (
-	// Heads is the default number of attention heads; every model has
-	// as many KV heads as heads (no grouped-query attention).
+	// Heads is the default number of attention heads. Llama models have
+	// as many KV heads as heads by default (no grouped-query attention),
+	// the other architectures half as many when Heads is even.
 	Heads         = 4
 	ContextLength = 2048
-	RopeFreqBase  = 10000
-	RMSEpsilon    = 1e-5
+	// RopeFreqBase and RMSEpsilon are llama's; the other architectures
+	// take their families' (1e6 and 1e-6 for Qwen and Gemma, …).
+	RopeFreqBase = 10000
+	RMSEpsilon   = 1e-5
 	// FeedForwardFactor times Dim is the default feed-forward length.
 	FeedForwardFactor = 4
-	// WeightStdDev is the standard deviation of the random weights; the
-	// norm weights are 1.
+	// WeightStdDev is the standard deviation of llama's random weights
+	// and of every model's random vectors; the norm weights are 1.
 	WeightStdDev = 0.02
 )
 
@@ -61,11 +66,24 @@ var ErrOptions = errors.New("testmodel: invalid options")
 
 // Options choose the model. A zero field takes its default.
 type Options struct {
+	// Arch is the architecture, one of Archs; default Llama.
+	Arch   Arch
 	Seed   int64 // of the random weights; default 1
 	Layers int   // transformer blocks, 1 … MaxLayers; default 2
 	Dim    int   // embedding length, a multiple of Heads in MinDim … MaxDim; default 64
 	Heads  int   // attention heads, 1 … MaxHeads, each of an even size; default 4
-	FF     int   // feed-forward length, 1 … MaxFF; default FeedForwardFactor × Dim
+	// KVHeads is the number of K and V heads, a divisor of Heads;
+	// default Heads for Llama, Heads/2 (when even) for the others. Gemma4's
+	// global layers have half as many (when even).
+	KVHeads int
+	// FF is the feed-forward length, 1 … MaxFF; default FeedForwardFactor
+	// × Dim. Each expert of a mixture of experts has FF / ExpertsUsed.
+	FF int
+	// Experts and ExpertsUsed are the experts of each layer of a mixture
+	// of experts (Qwen3MoE), 2 … MaxExperts and 1 … Experts; default
+	// DefaultExperts and DefaultExpertsUsed. Other architectures take
+	// none.
+	Experts, ExpertsUsed int
 	// Vocab is the number of tokens, VocabSize … MaxVocab; default
 	// VocabSize. Tokens beyond the byte-level ones are pairs of printable
 	// ASCII characters ("th", "e!" …), which the tokenizer merges.
@@ -109,6 +127,9 @@ const ToolChatTemplate = `{%- if tools %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}`
 
 func (o Options) withDefaults() Options {
+	if o.Arch == "" {
+		o.Arch = Llama
+	}
 	if o.Seed == 0 {
 		o.Seed = 1
 	}
@@ -121,20 +142,40 @@ func (o Options) withDefaults() Options {
 	if o.Heads == 0 {
 		o.Heads = Heads
 	}
+	if o.KVHeads == 0 {
+		o.KVHeads = o.Heads
+		if o.Arch != Llama && o.Heads%2 == 0 {
+			o.KVHeads = o.Heads / 2
+		}
+	}
 	if o.FF == 0 {
 		o.FF = FeedForwardFactor * o.Dim
 	}
 	if o.Vocab == 0 {
 		o.Vocab = VocabSize
 	}
+	if o.Arch.moe() {
+		if o.Experts == 0 {
+			o.Experts = DefaultExperts
+		}
+		if o.ExpertsUsed == 0 {
+			o.ExpertsUsed = min(DefaultExpertsUsed, o.Experts)
+		}
+	}
 	return o
 }
 
 // Validate reports options out of range, after defaults are applied.
 func (o Options) Validate() error {
+	if o.Arch != "" && !o.Arch.known() {
+		return fmt.Errorf("%w: unknown architecture %q (known: %s)", ErrOptions, o.Arch, ArchNames())
+	}
 	o = o.withDefaults()
 	if o.Layers < 1 || o.Layers > MaxLayers {
 		return fmt.Errorf("%w: layers %d is not in 1…%d", ErrOptions, o.Layers, MaxLayers)
+	}
+	if o.Layers < 2 && o.Arch.hybrid() {
+		return fmt.Errorf("%w: architecture %s needs at least 2 layers (it alternates two kinds)", ErrOptions, o.Arch)
 	}
 	if o.Heads < 1 || o.Heads > MaxHeads {
 		return fmt.Errorf("%w: heads %d is not in 1…%d", ErrOptions, o.Heads, MaxHeads)
@@ -142,8 +183,19 @@ func (o Options) Validate() error {
 	if o.Dim < MinDim || o.Dim > MaxDim || o.Dim%o.Heads != 0 || (o.Dim/o.Heads)%2 != 0 {
 		return fmt.Errorf("%w: dim %d is not a multiple of %d (2 × heads) in %d…%d", ErrOptions, o.Dim, 2*o.Heads, MinDim, MaxDim)
 	}
+	if o.KVHeads < 1 || o.KVHeads > o.Heads || o.Heads%o.KVHeads != 0 {
+		return fmt.Errorf("%w: KV heads %d do not divide heads %d", ErrOptions, o.KVHeads, o.Heads)
+	}
 	if o.FF < 1 || o.FF > MaxFF {
 		return fmt.Errorf("%w: feed-forward length %d is not in 1…%d", ErrOptions, o.FF, MaxFF)
+	}
+	switch {
+	case !o.Arch.moe() && (o.Experts != 0 || o.ExpertsUsed != 0):
+		return fmt.Errorf("%w: architecture %s has no experts (only %s has)", ErrOptions, o.Arch, Qwen3MoE)
+	case o.Arch.moe() && (o.Experts < 2 || o.Experts > MaxExperts):
+		return fmt.Errorf("%w: experts %d is not in 2…%d", ErrOptions, o.Experts, MaxExperts)
+	case o.Arch.moe() && (o.ExpertsUsed < 1 || o.ExpertsUsed > o.Experts):
+		return fmt.Errorf("%w: experts used %d is not in 1…%d (the experts)", ErrOptions, o.ExpertsUsed, o.Experts)
 	}
 	if o.Vocab < VocabSize || o.Vocab > MaxVocab {
 		return fmt.Errorf("%w: vocab %d is not in %d…%d", ErrOptions, o.Vocab, VocabSize, MaxVocab)
@@ -152,9 +204,31 @@ func (o Options) Validate() error {
 }
 
 // custom reports whether o (with defaults) changes a hyperparameter that
-// models had fixed before it was an option.
+// llama models had fixed before it was an option.
 func (o Options) custom() bool {
-	return o.Heads != Heads || o.FF != FeedForwardFactor*o.Dim || o.Vocab != VocabSize
+	return o.Heads != Heads || o.KVHeads != o.Heads || o.FF != FeedForwardFactor*o.Dim || o.Vocab != VocabSize
+}
+
+// name is the model's general.name. A llama model's names only the seed,
+// layers and dimension unless it changes another hyperparameter; the
+// other architectures' name every hyperparameter. None names the
+// architecture (general.architecture does): llama.cpp gives special
+// tokens of a model whose name contains "phi3" a treatment that needs
+// Phi-3's vocabulary.
+func (o Options) name() string {
+	if o.Arch == Llama && !o.custom() {
+		return fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d)", o.Seed, o.Layers, o.Dim)
+	}
+	heads := fmt.Sprintf("%d heads", o.Heads)
+	if o.KVHeads != o.Heads {
+		heads += fmt.Sprintf(", %d KV heads", o.KVHeads)
+	}
+	experts := ""
+	if o.Arch.moe() {
+		experts = fmt.Sprintf(", %d experts, %d used", o.Experts, o.ExpertsUsed)
+	}
+	return fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d, %s, feed-forward %d, vocab %d%s)",
+		o.Seed, o.Layers, o.Dim, heads, o.FF, o.Vocab, experts)
 }
 
 // token types of llama.cpp (enum llama_token_type).
@@ -208,29 +282,26 @@ var (
 
 // metadata returns the model's metadata, in the order llama.cpp's
 // converters write it.
-func metadata(o Options) gguf.Metadata {
-	tokens, scores, types := vocabulary(o.Vocab)
+func metadata(s shape) gguf.Metadata {
+	tokens, scores, types := vocabulary(s.Vocab)
 	u32 := func(n int) gguf.Value { return gguf.Uint32(uint32(n)) }
 	var md gguf.Metadata
 	add := func(key string, v gguf.Value) { md = append(md, gguf.KV{Key: key, Value: v}) }
-	add("general.architecture", gguf.String("llama"))
-	name := fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d)", o.Seed, o.Layers, o.Dim)
-	if o.custom() {
-		name = fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d, %d heads, feed-forward %d, vocab %d)",
-			o.Seed, o.Layers, o.Dim, o.Heads, o.FF, o.Vocab)
-	}
-	add("general.name", gguf.String(name))
+	key := func(k string) string { return string(s.Arch) + "." + k }
+	add("general.architecture", gguf.String(string(s.Arch)))
+	add("general.name", gguf.String(s.name()))
 	add("general.file_type", gguf.Uint32(0)) // all F32
-	add("llama.vocab_size", u32(len(tokens)))
-	add("llama.context_length", u32(ContextLength))
-	add("llama.embedding_length", u32(o.Dim))
-	add("llama.block_count", u32(o.Layers))
-	add("llama.feed_forward_length", u32(o.FF))
-	add("llama.rope.dimension_count", u32(o.Dim/o.Heads))
-	add("llama.rope.freq_base", gguf.Float32(RopeFreqBase))
-	add("llama.attention.head_count", u32(o.Heads))
-	add("llama.attention.head_count_kv", u32(o.Heads))
-	add("llama.attention.layer_norm_rms_epsilon", gguf.Float32(RMSEpsilon))
+	add(key("vocab_size"), u32(len(tokens)))
+	add(key("context_length"), u32(ContextLength))
+	add(key("embedding_length"), u32(s.Dim))
+	add(key("block_count"), u32(s.Layers))
+	add(key("feed_forward_length"), u32(s.FF))
+	add(key("rope.dimension_count"), u32(s.ropeDims()))
+	add(key("rope.freq_base"), gguf.Float32(s.Arch.ropeFreqBase()))
+	add(key("attention.head_count"), u32(s.Heads))
+	add(key("attention.head_count_kv"), s.headCountKV())
+	add(key("attention.layer_norm_rms_epsilon"), gguf.Float32(s.Arch.rmsEpsilon()))
+	archMetadata(s, add)
 	add("tokenizer.ggml.model", gguf.String("llama"))
 	add("tokenizer.ggml.tokens", gguf.Array(tokens))
 	add("tokenizer.ggml.scores", gguf.Array(scores))
@@ -240,48 +311,19 @@ func metadata(o Options) gguf.Metadata {
 	add("tokenizer.ggml.unknown_token_id", u32(UnknownToken))
 	add("tokenizer.ggml.add_bos_token", gguf.Bool(true))
 	add("tokenizer.ggml.add_eos_token", gguf.Bool(false))
-	if o.ToolTemplate {
+	if s.ToolTemplate {
 		add("tokenizer.chat_template", gguf.String(ToolChatTemplate))
 	}
 	return md
 }
 
-// tensor is one tensor of the model: its layout and whether it is a norm
-// (all ones) or random.
+// tensor is one tensor of the model: its layout and its values, fill(i)
+// for element i, or, when fill is nil, random weights of mean 0 and
+// standard deviation std.
 type tensor struct {
 	gguf.Tensor
-	norm bool
-}
-
-// tensors lists the model's tensors in file order. Shapes are in ggml
-// order, [columns, rows]: a weight that maps n inputs to m outputs is
-// [n, m].
-func tensors(o Options) []tensor {
-	dim, ff, vocab := uint64(o.Dim), uint64(o.FF), uint64(o.Vocab)
-	dimKV := dim // K and V have as many heads as Q
-	mk := func(name string, norm bool, shape ...uint64) tensor {
-		return tensor{Tensor: gguf.Tensor{Name: name, Shape: shape, Type: gguf.TypeF32}, norm: norm}
-	}
-	ts := []tensor{
-		mk("token_embd.weight", false, dim, vocab),
-		mk("output_norm.weight", true, dim),
-		mk("output.weight", false, dim, vocab),
-	}
-	for l := range o.Layers {
-		blk := func(name string) string { return fmt.Sprintf("blk.%d.%s.weight", l, name) }
-		ts = append(ts,
-			mk(blk("attn_norm"), true, dim),
-			mk(blk("attn_q"), false, dim, dim),
-			mk(blk("attn_k"), false, dim, dimKV),
-			mk(blk("attn_v"), false, dim, dimKV),
-			mk(blk("attn_output"), false, dim, dim),
-			mk(blk("ffn_norm"), true, dim),
-			mk(blk("ffn_gate"), false, dim, ff),
-			mk(blk("ffn_up"), false, dim, ff),
-			mk(blk("ffn_down"), false, ff, dim),
-		)
-	}
-	return ts
+	fill func(i int) float32
+	std  float64
 }
 
 // Write writes the model o describes to w. The same options always give
@@ -291,19 +333,19 @@ func Write(w io.Writer, o Options) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	o = o.withDefaults()
-	ts := tensors(o)
+	s := shapeOf(o.withDefaults())
+	ts := tensors(s)
 	layouts := make([]gguf.Tensor, len(ts))
 	for i, t := range ts {
 		layouts[i] = t.Tensor
 	}
-	gw, err := gguf.NewWriter(w, metadata(o), layouts)
+	gw, err := gguf.NewWriter(w, metadata(s), layouts)
 	if err != nil {
 		return fmt.Errorf("testmodel: %w", err)
 	}
 	// One generator for all weights, drawn in file order: the bytes depend
 	// on the seed and the options only.
-	rng := rand.New(rand.NewPCG(uint64(o.Seed), 0x61706961727921)) // "apiary!"
+	rng := rand.New(rand.NewPCG(uint64(s.Seed), 0x61706961727921)) // "apiary!"
 	var buf []byte
 	for _, t := range ts {
 		n := 1
@@ -311,10 +353,12 @@ func Write(w io.Writer, o Options) error {
 			n *= int(d)
 		}
 		buf = buf[:0]
-		for range n {
-			v := float32(1)
-			if !t.norm {
-				v = float32(rng.NormFloat64() * WeightStdDev)
+		for i := range n {
+			var v float32
+			if t.fill != nil {
+				v = t.fill(i)
+			} else {
+				v = float32(rng.NormFloat64() * t.std)
 			}
 			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/chat"
@@ -136,17 +137,27 @@ func (f chatFormat) pieces(i int, ps []chat.Piece) []any {
 }
 
 // last ends choice i: with tools, what was held back goes out first; the
-// finish reason is tool_calls when the answer was calls.
+// finish reason is tool_calls when the answer was calls, length when it
+// was cut off, calls or not (a call cut off is sent as far as it went,
+// its arguments unfinished: the client must not run it).
 func (f chatFormat) last(i int, o outcome) any {
 	finish := o.FinishReason
 	var events []any
 	if f.tools != nil {
-		events = f.pieces(i, f.tools.split[i].Close())
-		if f.tools.split[i].Called() {
+		events = f.pieces(i, closeSplitter(f.tools.split[i], finish))
+		if f.tools.split[i].Called() && finish != openai.FinishLength {
 			finish = openai.FinishToolCalls
 		}
 	}
 	return append(events, f.chunk([]openai.ChatChunkChoice{{Index: i, FinishReason: &finish}}, nil))
+}
+
+// closeSplitter ends an answer that finished for reason.
+func closeSplitter(sp *chat.Splitter, reason string) []chat.Piece {
+	if reason == openai.FinishLength {
+		return sp.CloseCut()
+	}
+	return sp.Close()
 }
 
 func (f chatFormat) usage(u *openai.Usage) any {
@@ -159,12 +170,25 @@ func (f chatFormat) whole(choices []choice, u *openai.Usage) any {
 		msg := openai.ChatMessage{Role: openai.RoleAssistant, Content: c.text}
 		finish := c.finish
 		if f.tools != nil {
-			content, calls := f.tools.syn.Parse(c.text)
-			if len(calls) > 0 {
-				msg.Content, finish = content, openai.FinishToolCalls
-				for _, tc := range calls {
-					msg.ToolCalls = append(msg.ToolCalls, openai.ToolCall{ID: openai.NewToolCallID(), Type: "function",
-						Function: openai.FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
+			// The whole answer is what its stream would add up to.
+			sp := chat.NewSplitter(f.tools.syn)
+			ps := append(sp.Feed(c.text), closeSplitter(sp, finish)...)
+			if sp.Called() {
+				var content strings.Builder
+				for _, p := range ps {
+					switch {
+					case !p.Call:
+						content.WriteString(p.Content)
+					case p.Name != "":
+						msg.ToolCalls = append(msg.ToolCalls, openai.ToolCall{ID: openai.NewToolCallID(), Type: "function",
+							Function: openai.FunctionCall{Name: p.Name}})
+					default:
+						msg.ToolCalls[len(msg.ToolCalls)-1].Function.Arguments += p.Args
+					}
+				}
+				msg.Content = strings.TrimSpace(content.String())
+				if finish != openai.FinishLength {
+					finish = openai.FinishToolCalls
 				}
 			}
 		}

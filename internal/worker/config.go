@@ -73,10 +73,10 @@ type Config struct {
 	// Advertise is the URL others reach the worker at, sent in the ready
 	// callback or the claim; default the scheme and listening address.
 	Advertise string
-	// CPUBuild is the build of apiary this worker runs as (portable,
-	// x86-64-v3, x86-64-v4; see internal/cpuvariant) and CPUBuildReason why; they
-	// only appear in logs.
-	CPUBuild, CPUBuildReason string
+	// CPUBackend is the level of llama.cpp's CPU backend this worker
+	// loaded (haswell, skylakex, …; see internal/cpuvariant) and
+	// CPUBackendReason why; they are logged at start.
+	CPUBackend, CPUBackendReason string
 	// Token authenticates the ready callback, and every request but
 	// /health must carry it (see Handler). It comes from TokenEnv.
 	Token string

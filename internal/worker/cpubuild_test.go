@@ -1,11 +1,10 @@
 package worker
 
 import (
-	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -15,29 +14,39 @@ import (
 	"github.com/apiary-llm/apiary/internal/cpuvariant"
 )
 
-// `make build` links a portable apiary and its x86-64-v3 and x86-64-v4
-// builds beside it; a worker started from the portable one runs as the
-// best build for this CPU (same pid), and APIARY_CPU_VARIANT picks one
-// by name. Every build this CPU runs serves the model.
-func TestBinaryRunsTheBuildForThisCPU(t *testing.T) {
+// completes asks the worker at url for 8 greedy tokens.
+func completes(t *testing.T, url, what string) {
+	t.Helper()
+	client := newOpenAIClient(url)
+	got, err := client.Completions.New(t.Context(), oai.CompletionNewParams{
+		Model: "tiny", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("Once upon a time")},
+		MaxTokens: oai.Int(8), Temperature: oai.Float(0),
+	}, option.WithJSONSet("ignore_eos", true))
+	if err != nil || len(got.Choices) != 1 || got.Usage.CompletionTokens != 8 || got.Choices[0].Text == "" {
+		t.Fatalf("completion with %s: %+v %v", what, got, err)
+	}
+}
+
+// `make build` puts one CPU backend per instruction-set level beside
+// bin/apiary; a worker loads the best one this CPU runs, and
+// APIARY_CPU_VARIANT names another. Every level this CPU runs serves the
+// model; one it cannot run, or no such level, is refused with exit 2.
+func TestBinaryLoadsTheCPUBackendForThisCPU(t *testing.T) {
 	bin := apiaryBin(t)
-	for _, v := range cpuvariant.Siblings {
-		if _, err := os.Stat(bin + "-" + v); err != nil {
-			t.Fatalf("%s has no %s build beside it (%v): build it with `make build`", bin, v, err)
-		}
+	levels, err := cpuvariant.Levels(filepath.Dir(bin))
+	if err != nil || len(levels) < 2 {
+		t.Fatalf("CPU backends beside %s: %+v, %v; build with `make build`", bin, levels, err)
 	}
-	wantAuto, wantAutoExe := cpuvariant.Best(), bin
-	if wantAuto != cpuvariant.Portable {
-		wantAutoExe = bin + "-" + wantAuto
-	}
-	type runCase struct{ name, env, variant, exe string }
-	cases := []runCase{
-		{"by CPU", "", wantAuto, wantAutoExe},
-		{"forced portable", cpuvariant.Env + "=" + cpuvariant.Portable, cpuvariant.Portable, bin},
-	}
-	for _, v := range cpuvariant.Siblings {
-		if cpuvariant.Supports(v) {
-			cases = append(cases, runCase{"forced " + v, cpuvariant.Env + "=" + v, v, bin + "-" + v})
+	best := levels[0]
+	type runCase struct{ name, env, want string }
+	cases := []runCase{{"by CPU", "", best.Name}}
+	var cannot string
+	for _, l := range levels {
+		switch {
+		case l.Score > 0 && (l.Name == "x64" || l.Name == "haswell"):
+			cases = append(cases, runCase{"forced " + l.Name, cpuvariant.Env + "=" + l.Name, l.Name})
+		case l.Score == 0:
+			cannot = l.Name
 		}
 	}
 	for _, tc := range cases {
@@ -48,69 +57,67 @@ func TestBinaryRunsTheBuildForThisCPU(t *testing.T) {
 			}
 			p, url := startWorkerBinary(t, env)
 			rec := p.waitLog(t, "listening", nil)
-			exe, err := os.Readlink("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/exe")
-			if err != nil {
-				t.Fatal(err)
+			if rec["cpu_backend"] != tc.want {
+				t.Errorf("worker loaded the %v CPU backend (%v), want %s", rec["cpu_backend"], rec["cpu_backend_reason"], tc.want)
 			}
-			if rec["cpu_build"] != tc.variant || filepath.Clean(exe) != filepath.Clean(tc.exe) {
-				t.Errorf("worker runs %s as %v (%v), want %s as %s", exe, rec["cpu_build"], rec["cpu_build_reason"], tc.exe, tc.variant)
+			maps := procMaps(t, p.cmd.Process.Pid)
+			if !strings.Contains(maps, filepath.Join(filepath.Dir(bin), cpuvariant.Prefix+tc.want+cpuvariant.Suffix)) {
+				t.Errorf("the worker's memory maps no %s%s%s beside %s", cpuvariant.Prefix, tc.want, cpuvariant.Suffix, bin)
 			}
-			client := newOpenAIClient(url)
-			got, err := client.Completions.New(t.Context(), oai.CompletionNewParams{
-				Model: "tiny", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("Once upon a time")},
-				MaxTokens: oai.Int(16), Temperature: oai.Float(0),
-			}, option.WithJSONSet("ignore_eos", true))
-			if err != nil || len(got.Choices) != 1 || got.Usage.CompletionTokens != 16 || got.Choices[0].Text == "" {
-				t.Fatalf("completion on the %s build: %+v %v", tc.variant, got, err)
-			}
-			t.Logf("%s build: %q", tc.variant, got.Choices[0].Text)
+			completes(t, url, tc.want)
 		})
 	}
 
-	p := startApiary(t, []string{cpuvariant.Env + "=avx512"}, "worker", "--model", testModelPath(t), "--port", "0")
-	if code := p.exitCode(t); code != 2 || !strings.Contains(p.output(), `APIARY_CPU_VARIANT="avx512"`) {
-		t.Errorf("bad %s: exit %d, stderr:\n%s", cpuvariant.Env, code, p.output())
+	refused := map[string]string{"avx512": `APIARY_CPU_VARIANT="avx512": no such CPU backend`}
+	if cannot != "" {
+		refused[cannot] = `APIARY_CPU_VARIANT="` + cannot + `": this CPU cannot run it`
+	}
+	for env, want := range refused {
+		p := startApiary(t, []string{cpuvariant.Env + "=" + env}, "worker", "--model", testModelPath(t), "--port", "0")
+		if code := p.exitCode(t); code != 2 || !strings.Contains(p.output(), want) {
+			t.Errorf("%s=%s: exit %d, want 2 saying %q; stderr:\n%s", cpuvariant.Env, env, code, want, p.output())
+		}
+	}
+
+	out, err := exec.Command(bin, "version").Output()
+	if err != nil || !strings.Contains(string(out), "llama.cpp: v0.5.0 de3ff815ea7d559ee917f063901b8986f038abc6 2026-09-28") ||
+		!strings.Contains(string(out), "CPU backend: "+best.Name+", ") {
+		t.Errorf("apiary version: %v\n%s", err, out)
 	}
 }
 
 // emulatedCPU is a CPU without AVX (SSE4.2 at most), for qemu-x86_64.
 const emulatedCPU = "Nehalem"
 
-// On a CPU without AVX2 (qemu-user emulating a Nehalem) the v3 build does
-// not even start (its C++ static initialisers use AVX: that is why it is
-// never the entry point), while the portable apiary runs, stays portable,
-// and serves the model.
-func TestBinaryRunsWithoutAVX2(t *testing.T) {
+// On a CPU without AVX (qemu-user emulating a Nehalem) the same apiary
+// loads the CPU backend for it (sse42), says so, and serves the model.
+func TestBinaryRunsWithoutAVX(t *testing.T) {
 	qemu, err := exec.LookPath("qemu-x86_64")
 	if err != nil {
-		t.Fatalf("this test runs apiary on an emulated CPU without AVX2 and needs qemu-x86_64 (Debian's qemu-user; scripts/deps.sh installs it): %v", err)
+		t.Fatalf("this test runs apiary on an emulated CPU without AVX and needs qemu-x86_64 (Debian's qemu-user; scripts/deps.sh installs it): %v", err)
 	}
 	bin := apiaryBin(t)
-	for _, v := range cpuvariant.Siblings {
-		out, err := exec.Command(qemu, "-cpu", emulatedCPU, bin+"-"+v, "version").CombinedOutput()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) {
-			t.Fatalf("the %s build ran on an emulated %s (%v): %s; the emulated CPU is not what this test needs", v, emulatedCPU, err, out)
-		}
-	}
 	out, err := exec.Command(qemu, "-cpu", emulatedCPU, bin, "version").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "workers: portable build") || !strings.Contains(string(out), "lacks x86-64-v3") {
+	if err != nil || !strings.Contains(string(out), "CPU backend: sse42,") || !strings.Contains(string(out), "it cannot run") {
 		t.Fatalf("apiary version on an emulated %s: %v\n%s", emulatedCPU, err, out)
 	}
 
 	p := startCommand(t, nil, qemu, "-cpu", emulatedCPU, bin, "worker", "--model", testModelPath(t), "--port", "0", "--log-json", "--threads", "1")
 	rec := p.waitLog(t, "listening", nil)
-	if rec["cpu_build"] != cpuvariant.Portable {
-		t.Errorf("worker on an emulated %s: cpu build %v (%v), want portable", emulatedCPU, rec["cpu_build"], rec["cpu_build_reason"])
+	if rec["cpu_backend"] != "sse42" {
+		t.Errorf("worker on an emulated %s: CPU backend %v (%v), want sse42", emulatedCPU, rec["cpu_backend"], rec["cpu_backend_reason"])
 	}
 	p.waitLog(t, "worker status changed", func(r map[string]any) bool { return r["to"] == "ready" })
 	addr, _ := rec["addr"].(string)
-	client := newOpenAIClient("http://" + addr)
-	got, err := client.Completions.New(t.Context(), oai.CompletionNewParams{
-		Model: "tiny", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("Once upon a time")},
-		MaxTokens: oai.Int(8), Temperature: oai.Float(0),
-	}, option.WithJSONSet("ignore_eos", true))
-	if err != nil || len(got.Choices) != 1 || got.Usage.CompletionTokens != 8 || got.Choices[0].Text == "" {
-		t.Fatalf("completion on an emulated %s: %+v %v", emulatedCPU, got, err)
+	completes(t, "http://"+addr, "an emulated "+emulatedCPU)
+}
+
+// procMaps is the memory map of process pid.
+func procMaps(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
 	}
+	return string(b)
 }

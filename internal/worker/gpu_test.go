@@ -29,14 +29,14 @@ func compileBackend(t *testing.T, dir, src string) {
 	if err := os.WriteFile(c, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("gcc", "-shared", "-fPIC", "-I"+ggml[0], "-I"+ggml[1], "-o", filepath.Join(dir, gpu.CUDALibrary), c)
+	cmd := exec.Command("gcc", "-shared", "-fPIC", "-I"+ggml[0], "-o", filepath.Join(dir, gpu.CUDALibrary), c)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, b)
 	}
 }
 
 // A ggml backend that registers no device; its init calls ggml_time_us,
-// which only the worker binary defines.
+// which the worker's libggml-base defines.
 const noDeviceBackend = `#include "ggml-backend-impl.h"
 static const char *name(ggml_backend_reg_t r) { (void)r; return "NoDevice"; }
 static size_t count(ggml_backend_reg_t r) { (void)r; return 0; }

@@ -176,7 +176,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Unlock()
 	close(w.listening)
 	w.log.Info("listening", "addr", ln.Addr().String(), "model", w.cfg.ModelRef, "model_path", w.cfg.ModelPath,
-		"cpu_build", w.cfg.CPUBuild, "cpu_build_reason", w.cfg.CPUBuildReason)
+		"cpu_backend", w.cfg.CPUBackend, "cpu_backend_reason", w.cfg.CPUBackendReason)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

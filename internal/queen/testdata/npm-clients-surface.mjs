@@ -39,7 +39,10 @@ const schemaAnswer = await openai.chat.completions.create({
 });
 out.json_schema = { content: schemaAnswer.choices[0].message.content, finish: schemaAnswer.choices[0].finish_reason };
 
-// A forced tool call, whole and streamed. Greedy: see the Go test.
+// A forced tool call, whole and streamed, one call (parallel_tool_calls
+// false: the grammar ends after it; with several allowed, the random
+// test model goes on writing calls until max_completion_tokens cuts one,
+// finish_reason length). Greedy: see the Go test.
 const tools = [{
   type: 'function',
   function: {
@@ -48,7 +51,7 @@ const tools = [{
   },
 }];
 const ask = [{ role: 'user', content: 'Weather in Oslo?' }];
-const forced = { model, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, temperature: 0, max_completion_tokens: 200 };
+const forced = { model, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, parallel_tool_calls: false, temperature: 0, max_completion_tokens: 200 };
 const called = await openai.chat.completions.create({ ...forced, messages: ask });
 out.tool_call = { message: called.choices[0].message, finish: called.choices[0].finish_reason };
 

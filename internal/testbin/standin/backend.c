@@ -29,7 +29,6 @@ struct standin_dev {
 	int index;
 	char name[32];
 	char description[128];
-	char uuid[96];
 	size_t total;
 	size_t held; // bytes this process holds on the device
 	struct ggml_backend_device dev;
@@ -124,9 +123,7 @@ static void dev_props(ggml_backend_dev_t d, struct ggml_backend_dev_props *p) {
 	memset(p, 0, sizeof *p);
 	p->name = s->name;
 	p->description = s->description;
-	p->id = s->uuid;
 	p->type = GGML_BACKEND_DEVICE_TYPE_GPU;
-	p->library = "standin";
 	dev_memory(d, &p->memory_free, &p->memory_total);
 }
 
@@ -211,7 +208,6 @@ ggml_backend_reg_t ggml_backend_init(void) {
 		s->index = i;
 		snprintf(s->name, sizeof s->name, "Standin%d", i);
 		snprintf(s->description, sizeof s->description, "%s", specs[i].name);
-		snprintf(s->uuid, sizeof s->uuid, "%s", specs[i].uuid);
 		s->total = specs[i].total;
 		s->dev.iface = dev_iface;
 		s->dev.reg = &reg;
