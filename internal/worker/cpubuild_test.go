@@ -8,24 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	oai "github.com/openai/openai-go"
-	"github.com/openai/openai-go/option"
-
 	"github.com/apiary-llm/apiary/internal/cpuvariant"
 )
-
-// completes asks the worker at url for 8 greedy tokens.
-func completes(t *testing.T, url, what string) {
-	t.Helper()
-	client := newOpenAIClient(url)
-	got, err := client.Completions.New(t.Context(), oai.CompletionNewParams{
-		Model: "tiny", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("Once upon a time")},
-		MaxTokens: oai.Int(8), Temperature: oai.Float(0),
-	}, option.WithJSONSet("ignore_eos", true))
-	if err != nil || len(got.Choices) != 1 || got.Usage.CompletionTokens != 8 || got.Choices[0].Text == "" {
-		t.Fatalf("completion with %s: %+v %v", what, got, err)
-	}
-}
 
 // `make build` puts one CPU backend per instruction-set level beside
 // bin/apiary; a worker loads the best one this CPU runs, and
@@ -64,7 +48,7 @@ func TestBinaryLoadsTheCPUBackendForThisCPU(t *testing.T) {
 			if !strings.Contains(maps, filepath.Join(filepath.Dir(bin), cpuvariant.Prefix+tc.want+cpuvariant.Suffix)) {
 				t.Errorf("the worker's memory maps no %s%s%s beside %s", cpuvariant.Prefix, tc.want, cpuvariant.Suffix, bin)
 			}
-			completes(t, url, tc.want)
+			greedy(t, url, 8, tc.want)
 		})
 	}
 
@@ -109,7 +93,7 @@ func TestBinaryRunsWithoutAVX(t *testing.T) {
 	}
 	p.waitLog(t, "worker status changed", func(r map[string]any) bool { return r["to"] == "ready" })
 	addr, _ := rec["addr"].(string)
-	completes(t, "http://"+addr, "an emulated "+emulatedCPU)
+	greedy(t, "http://"+addr, 8, "an emulated "+emulatedCPU)
 }
 
 // procMaps is the memory map of process pid.

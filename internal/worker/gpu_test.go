@@ -100,16 +100,17 @@ func standinGPUs(t *testing.T) *testbin.Standin {
 		testbin.StandinDevice{TotalBytes: 8 << 30, UUID: "GPU-00000000-standin-1", Name: "Stand-in GPU 8 GiB"})
 }
 
-// greedy is the worker's greedy completion of a fixed prompt.
-func greedy(t *testing.T, url string) string {
+// greedy is the worker's greedy completion of n tokens of a fixed prompt
+// (what is run on is in what, for the failure).
+func greedy(t *testing.T, url string, n int, what string) string {
 	t.Helper()
 	client := newOpenAIClient(url)
 	got, err := client.Completions.New(t.Context(), oai.CompletionNewParams{
 		Model: "tiny", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("Once upon a time")},
-		MaxTokens: oai.Int(32), Temperature: oai.Float(0),
+		MaxTokens: oai.Int(int64(n)), Temperature: oai.Float(0),
 	}, option.WithJSONSet("ignore_eos", true))
-	if err != nil || len(got.Choices) != 1 || got.Usage.CompletionTokens != 32 {
-		t.Fatalf("completion: %+v %v", got, err)
+	if err != nil || len(got.Choices) != 1 || got.Usage.CompletionTokens != int64(n) || got.Choices[0].Text == "" {
+		t.Fatalf("completion with %s: %+v %v", what, got, err)
 	}
 	return got.Choices[0].Text
 }
@@ -123,10 +124,10 @@ func greedy(t *testing.T, url string) string {
 func TestWorkerOffloadsToAGPU(t *testing.T) {
 	s := standinGPUs(t)
 	_, cpuURL := startWorkerBinary(t, nil)
-	want := greedy(t, cpuURL)
+	want := greedy(t, cpuURL, 32, "the CPU")
 
 	p, url := startWorkerBinary(t, s.Env(), "--gpu-device", "1", "--log-level", "debug")
-	if got := greedy(t, url); got != want {
+	if got := greedy(t, url, 32, "GPU 1"); got != want {
 		t.Errorf("greedy output on the GPU %q, on the CPU %q", got, want)
 	}
 	out := p.output()
