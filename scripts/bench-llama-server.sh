@@ -79,6 +79,8 @@ build() {
   cmake --build "$LS_DIR/build" -j "$JOBS" --target llama-bench llama-quantize >"$LS_DIR/bench-build.log" 2>&1 ||
     { tail -30 "$LS_DIR/bench-build.log" >&2; die "build failed (log: $LS_DIR/bench-build.log)"; }
   cp "$LS_DIR/build/bin/llama-bench" "$LS_DIR/build/bin/llama-quantize" "$LS_BIN/"
+  # and the libraries they link ($ORIGIN), but the CUDA backend
+  find "$LS_DIR/build/bin" -maxdepth 1 -name 'lib*.so' ! -name 'libggml-cuda.so' -exec cp {} "$LS_BIN/" \;
 }
 
 # model_path prints the benchmark model's path.
