@@ -125,14 +125,19 @@ build() {
     -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
     -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
     >"$PREFIX/configure.log" 2>&1 || { tail -30 "$PREFIX/configure.log" >&2; die "cmake configure failed (log: $PREFIX/configure.log)"; }
-  cmake --build "$b" -j "$JOBS" --target llama llama-common ggml \
-    >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
   # The CPU variants are MODULE libraries ggml loads: all of them, or the
   # one this machine loads.
   local variants
   if [ "$LEVELS" = host ]; then
     variants=ggml-cpu-$(host_level)
+    # ggml's target depends on every CPU level; Unix Makefiles' target/fast
+    # builds a target without its dependencies, built here first.
+    (cmake --build "$b" -j "$JOBS" --target ggml-base "$variants" cpp-httplib &&
+      for t in ggml llama llama-common-base llama-common; do make -C "$b" -j "$JOBS" "$t/fast" || exit 1; done) \
+      >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
   else
+    cmake --build "$b" -j "$JOBS" --target llama llama-common ggml \
+      >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
     variants=$(cmake --build "$b" --target help | grep -o 'ggml-cpu-[a-z0-9_]*' | sort -u)
   fi
   # shellcheck disable=SC2086
@@ -149,8 +154,6 @@ build() {
   cp "$PREFIX/src/ggml/src/ggml-backend-impl.h" "$PREFIX/src/ggml/src/ggml-impl.h" "$PREFIX/src/ggml/src/ggml-common.h" "$PREFIX/include/" 2>/dev/null || true
   cp "$PREFIX"/src/common/json-schema-to-grammar.h "$PREFIX"/src/common/json-schema.h "$PREFIX"/src/common/json.h "$PREFIX/include/"
   ls "$PREFIX"/lib/libggml-cpu-*.so >/dev/null 2>&1 || die "the build made no CPU backend libraries"
-  sed -i '/^build_seconds=/d' "$PREFIX/pin"
-  echo "build_seconds=$((SECONDS - start))" >>"$PREFIX/pin"
   if [ "$LEVELS" = host ]; then touch "$PREFIX/built.$LAYOUT.host"; else touch "$PREFIX/built.$LAYOUT"; fi
   log "built in $((SECONDS - start))s: $PREFIX"
   echo "$PREFIX"
