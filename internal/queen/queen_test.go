@@ -1,6 +1,7 @@
 package queen
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -543,4 +544,40 @@ func grep(text, word string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// An unknown /v1/ path is 404 naming it, a known path with a method it
+// does not take 405 with Allow (issue #31's item 2: every unknown /v1/
+// path answered 405, telling a client the endpoint existed).
+func TestUnknownOpenAIPaths(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		want, allow  string
+	}{
+		{"POST", "/v1/chat/completion", 404, "no endpoint POST /v1/chat/completion (check the URL for typos)", ""},
+		{"POST", "/v1/responses", 404, "no endpoint POST /v1/responses", ""},
+		{"GET", "/v1/nothing/here", 404, "not_found", ""},
+		{"GET", "/v1/chat/completions", 405, "GET /v1/chat/completions is not allowed; use POST, OPTIONS", "POST, OPTIONS"},
+		{"DELETE", "/v1/models", 405, "method_not_allowed", "GET, OPTIONS"},
+		{"PUT", "/v1/files", 405, "method_not_allowed", "GET, POST, OPTIONS"},
+		{"POST", "/v1/batches/b-1", 405, "method_not_allowed", "GET, OPTIONS"},
+	} {
+		req, err := http.NewRequest(tc.method, x.url+tc.path, strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || !strings.Contains(string(body), tc.want) || resp.Header.Get("Allow") != tc.allow ||
+			!strings.HasPrefix(string(body), `{"error":{"code":`) {
+			t.Errorf("%s %s: %d (Allow %q) %s, want %d with %q (Allow %q)", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), body, tc.status, tc.want, tc.allow)
+		}
+	}
 }

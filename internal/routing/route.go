@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"strings"
 	"net/http"
 	"slices"
 	"strconv"
@@ -35,6 +36,36 @@ func (s *Service) Routes(mux *http.ServeMux) {
 		w.WriteHeader(http.StatusNoContent) // not a CORS preflight: nothing to say
 		return nil
 	}))
+	// Any other /v1/ path, or method: 404 with what was asked, or 405
+	// naming the methods the path takes on this mux (the Batch API's
+	// routes too). Without it, the OPTIONS route above made Go's mux
+	// answer every unknown /v1/ path 405.
+	mux.Handle("/v1/", s.inference("unknown", func(w http.ResponseWriter, r *http.Request, c *call) error {
+		if allow := allowedMethods(mux, r); allow != "" {
+			w.Header().Set("Allow", allow)
+			return &openai.Error{Status: http.StatusMethodNotAllowed, Code: openai.CodeMethodNotAllowed,
+				Message: fmt.Sprintf("%s %s is not allowed; use %s", api.Printable(r.Method, 20), api.Printable(r.URL.Path, 200), allow)}
+		}
+		return &openai.Error{Status: http.StatusNotFound, Code: openai.CodeNotFound,
+			Message: fmt.Sprintf("no endpoint %s %s (check the URL for typos)", api.Printable(r.Method, 20), api.Printable(r.URL.Path, 200))}
+	}))
+}
+
+// allowedMethods lists the methods mux serves r's path with, other than
+// the catch-alls ("" when none).
+func allowedMethods(mux *http.ServeMux, r *http.Request) string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := mux.Handler(probe); pattern != "" && pattern != "/v1/" && pattern != "OPTIONS /v1/" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) == 0 {
+		return ""
+	}
+	return strings.Join(append(allow, http.MethodOptions), ", ")
 }
 
 // call is one OpenAI request as the metrics see it.
