@@ -8,8 +8,15 @@ import (
 // ObjectEmbedding is the "object" of one embedding.
 const ObjectEmbedding = "embedding"
 
-// MaxEmbeddingInputs bounds the strings of one embeddings request.
-const MaxEmbeddingInputs = 256
+// MaxEmbeddingInputs bounds the strings of one embeddings request, as
+// OpenAI's API does.
+const MaxEmbeddingInputs = 2048
+
+// MaxEmbeddingBodyBytes bounds an embeddings request's body where the
+// other endpoints' bound is lower: MaxEmbeddingInputs texts of a few
+// thousand characters (clients send hundreds at once: LangChain 512, the
+// AI SDK up to 2048).
+const MaxEmbeddingBodyBytes = 16 << 20
 
 // EmbeddingRequest is a decoded, validated POST /v1/embeddings body.
 type EmbeddingRequest struct {
@@ -18,6 +25,9 @@ type EmbeddingRequest struct {
 	// EncodingFormat is "float" (the default) or "base64" (little-endian
 	// float32s).
 	EncodingFormat string `json:"encoding_format,omitempty"`
+	// Dimensions, when not 0, is the size the client asked for; only the
+	// model's own can be given (the worker checks it).
+	Dimensions int `json:"dimensions,omitempty"`
 }
 
 // Embedding is one vector of an EmbeddingList. Embedding holds []float32,
@@ -44,8 +54,9 @@ type EmbeddingsUsage struct {
 
 // DecodeEmbeddingRequest decodes and validates a POST /v1/embeddings body:
 // input is a non-empty string or an array of 1..MaxEmbeddingInputs
-// non-empty strings (token arrays are refused), dimensions is refused (the
-// model's size is the only one), encoding_format is float or base64.
+// non-empty strings (token arrays are refused), dimensions is a positive
+// integer (the worker gives only the model's own size), encoding_format is
+// float or base64.
 func DecodeEmbeddingRequest(body []byte) (EmbeddingRequest, error) {
 	var req EmbeddingRequest
 	o, err := parseBody(body)
@@ -97,8 +108,15 @@ func DecodeEmbeddingRequest(body []byte) (EmbeddingRequest, error) {
 	default:
 		return req, Invalid("encoding_format", `encoding_format must be "float" or "base64", got %q`, req.EncodingFormat)
 	}
-	if _, ok := o.raw("dimensions"); ok {
-		return req, Unsupported("dimensions", "dimensions is not supported: embeddings have the model's size")
+	d, err := o.integer("dimensions")
+	if err != nil {
+		return req, err
+	}
+	if d != nil {
+		if *d < 1 || *d > 1<<20 {
+			return req, Invalid("dimensions", "dimensions must be a positive number of dimensions, got %d", *d)
+		}
+		req.Dimensions = int(*d)
 	}
 	return req, nil
 }

@@ -304,7 +304,7 @@ func (s *Service) postChatCompletions(w http.ResponseWriter, r *http.Request, c 
 }
 
 func (s *Service) postEmbeddings(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveInference(w, r, c, "/v1/embeddings", func(body []byte) (string, bool, error) {
+	return s.serveInferenceUpTo(w, r, c, "/v1/embeddings", max(s.cfg.MaxBodyBytes, openai.MaxEmbeddingBodyBytes), func(body []byte) (string, bool, error) {
 		req, err := openai.DecodeEmbeddingRequest(body)
 		return req.Model, false, err
 	})
@@ -325,7 +325,13 @@ func (s *Service) postMessages(w http.ResponseWriter, r *http.Request, c *call) 
 // relays it as it came to a worker of its model.
 func (s *Service) serveInference(w http.ResponseWriter, r *http.Request, c *call, path string,
 	decode func([]byte) (model string, stream bool, err error)) error {
-	body, err := openai.ReadBody(w, r, s.cfg.MaxBodyBytes)
+	return s.serveInferenceUpTo(w, r, c, path, s.cfg.MaxBodyBytes, decode)
+}
+
+// serveInferenceUpTo is serveInference with a body of at most limit bytes.
+func (s *Service) serveInferenceUpTo(w http.ResponseWriter, r *http.Request, c *call, path string, limit int64,
+	decode func([]byte) (model string, stream bool, err error)) error {
+	body, err := openai.ReadBody(w, r, limit)
 	if err != nil {
 		return err
 	}

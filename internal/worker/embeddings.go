@@ -18,7 +18,7 @@ func (w *Worker) handleEmbeddings(rw http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	body, err := openai.ReadBody(rw, r, w.cfg.MaxBodyBytes)
+	body, err := openai.ReadBody(rw, r, max(w.cfg.MaxBodyBytes, openai.MaxEmbeddingBodyBytes))
 	if err != nil {
 		return err
 	}
@@ -53,6 +53,10 @@ func (w *Worker) handleEmbeddings(rw http.ResponseWriter, r *http.Request) error
 		v, err := eng.Embed(r.Context(), ids)
 		if err != nil {
 			return w.generationError(r.Context(), err)
+		}
+		if req.Dimensions != 0 && req.Dimensions != len(v) {
+			return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: "dimensions",
+				Message: fmt.Sprintf("dimensions %d: %s's embeddings have %d dimensions, and no other size can be given", req.Dimensions, w.cfg.ModelRef, len(v))}
 		}
 		out.Data[i] = openai.Embedding{Object: openai.ObjectEmbedding, Index: i, Embedding: v}
 		if req.EncodingFormat == "base64" {

@@ -460,7 +460,8 @@ func TestBinaryEmbeddings(t *testing.T) {
 }
 
 // checkEmbeddings: deterministic, unit norm, distinct for distinct
-// inputs, base64 the same vectors; dimensions refused.
+// inputs, base64 the same vectors; dimensions other than the model's
+// refused.
 func checkEmbeddings(t *testing.T, client oai.Client) {
 	ctx := t.Context()
 	params := oai.EmbeddingNewParams{Model: "tiny", Input: oai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: []string{"The bees", "A queen", "The bees"}}}
@@ -509,5 +510,10 @@ func checkEmbeddings(t *testing.T, client oai.Client) {
 	var apiErr *oai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "dimensions" {
 		t.Errorf("dimensions: %v, want a 400 on dimensions", err)
+	}
+	// The model's own size may be asked for (as clients send it).
+	params.Dimensions = oai.Int(int64(len(res.Data[0].Embedding)))
+	if same, err := client.Embeddings.New(ctx, params); err != nil || !slices.Equal(same.Data[0].Embedding, res.Data[0].Embedding) {
+		t.Errorf("dimensions = the model's %d: %v", len(res.Data[0].Embedding), err)
 	}
 }
