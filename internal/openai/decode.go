@@ -535,8 +535,9 @@ func decodeStop(o object) ([]string, error) {
 	return stops, nil
 }
 
-// decodeResponseFormat reads response_format: text, json_object, or
-// json_schema with a schema in the supported subset (see CheckSchema).
+// decodeResponseFormat reads response_format: text, json_object (with a
+// schema, as llama-server takes it, or none), or json_schema with a schema
+// in the supported subset (see CheckSchema).
 func decodeResponseFormat(o object) (*ResponseFormat, error) {
 	rf, ok, err := o.member("response_format")
 	if err != nil || !ok {
@@ -553,7 +554,16 @@ func decodeResponseFormat(o object) (*ResponseFormat, error) {
 	case FormatText:
 		return nil, nil
 	case FormatJSONObject:
-		return &ResponseFormat{Type: typ}, nil
+		// llama-server's and vLLM's extension (instructor's JSON_SCHEMA
+		// mode sends it): a schema beside json_object is enforced.
+		raw, ok := rf.raw("schema")
+		if !ok {
+			return &ResponseFormat{Type: typ}, nil
+		}
+		if err := CheckSchema(rf.param("schema"), raw, false); err != nil {
+			return nil, err
+		}
+		return &ResponseFormat{Type: typ, JSONSchema: &JSONSchema{Schema: raw}}, nil
 	case FormatJSONSchema:
 	default:
 		return nil, Invalid("response_format.type", `response_format.type must be "text", "json_object" or "json_schema", got %q`, typ)

@@ -56,6 +56,12 @@ func TestDecodeCompletionRequestAccepts(t *testing.T) {
 				JSONSchema: &JSONSchema{Name: "p", Strict: true, Schema: json.RawMessage(`{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}`)}}}},
 		},
 		{
+			name: "json_object with a schema (llama-server's extension)",
+			body: `{"prompt":"a","response_format":{"type":"json_object","schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}}`,
+			want: CompletionRequest{Prompt: "a", Sampling: Sampling{ResponseFormat: &ResponseFormat{Type: FormatJSONObject,
+				JSONSchema: &JSONSchema{Schema: json.RawMessage(`{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}`)}}}},
+		},
+		{
 			name: "unknown fields are ignored",
 			body: `{"prompt":"hi","frobnicate":{"x":[1,2]},"Max_Tokens":"not ours","metadata":{"a":"b"}}`,
 			want: CompletionRequest{Prompt: "hi"},
@@ -215,6 +221,7 @@ func TestDecodeCompletionRequestRejects(t *testing.T) {
 		{"logit_bias wrong type", `{"prompt":"a","logit_bias":[1]}`, bad(CodeInvalidType, "logit_bias")},
 		{"response_format unknown", `{"prompt":"a","response_format":{"type":"yaml"}}`, bad(CodeInvalidValue, "response_format.type")},
 		{"response_format no type", `{"prompt":"a","response_format":{}}`, bad(CodeMissingParameter, "response_format.type")},
+		{"json_object bad schema", `{"prompt":"a","response_format":{"type":"json_object","schema":{"type":"frog"}}}`, bad(CodeInvalidValue, "response_format.schema.type")},
 		{"json_schema missing", `{"prompt":"a","response_format":{"type":"json_schema"}}`, bad(CodeMissingParameter, "response_format.json_schema")},
 		{"json_schema no name", `{"prompt":"a","response_format":{"type":"json_schema","json_schema":{"schema":{}}}}`, bad(CodeMissingParameter, "response_format.json_schema.name")},
 		{"json_schema pattern", `{"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"a+"}}}}`,

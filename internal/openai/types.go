@@ -109,11 +109,14 @@ type JSONSchema struct {
 }
 
 // Schema returns the JSON schema the output must follow, or nil when the
-// format leaves the output free. json_object is {"type":"object"}.
+// format leaves the output free. json_object is {"type":"object"}, or
+// the schema that came with it.
 func (f *ResponseFormat) Schema() json.RawMessage {
 	switch {
 	case f == nil:
 		return nil
+	case f.Type == FormatJSONObject && f.JSONSchema != nil && len(f.JSONSchema.Schema) > 0:
+		return f.JSONSchema.Schema
 	case f.Type == FormatJSONObject:
 		return json.RawMessage(`{"type":"object"}`)
 	case f.Type == FormatJSONSchema && f.JSONSchema != nil:

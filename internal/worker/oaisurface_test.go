@@ -114,6 +114,24 @@ func checkStructuredOutputs(t *testing.T, client oai.Client) {
 	if err := json.Unmarshal([]byte(c.Choices[0].Message.Content), &obj); err != nil || c.Choices[0].FinishReason != "stop" {
 		t.Errorf("json_object: %q (finish %s) is not a JSON object: %v", c.Choices[0].Message.Content, c.Choices[0].FinishReason, err)
 	}
+	// json_object with a schema (llama-server's and vLLM's extension,
+	// which instructor's JSON_SCHEMA mode sends): the schema is enforced
+	// (issue #31's item 6: it was dropped).
+	var withSchema struct {
+		Choices []struct {
+			Message struct{ Content string }
+		}
+	}
+	if err := client.Post(ctx, "chat/completions", map[string]any{"model": "tiny", "temperature": 0, "max_tokens": 300,
+		"messages":        []map[string]string{{"role": "user", "content": "JSON please"}},
+		"response_format": map[string]any{"type": "json_object", "schema": map[string]any{"type": "object", "required": []string{"bees"}, "additionalProperties": false, "properties": map[string]any{"bees": map[string]any{"type": "integer"}}}},
+	}, &withSchema); err != nil {
+		t.Fatalf("json_object with a schema: %v", err)
+	}
+	var bees struct{ Bees *int64 }
+	if err := json.Unmarshal([]byte(withSchema.Choices[0].Message.Content), &bees); err != nil || bees.Bees == nil {
+		t.Errorf("json_object with a schema: %q does not follow it: %v", withSchema.Choices[0].Message.Content, err)
+	}
 
 	// llama.cpp's grammar field, on completions.
 	cp := oai.CompletionNewParams{Model: "tiny", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("Answer:")},
