@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -98,6 +99,28 @@ func TestJSONSchemaConstrainsOutput(t *testing.T) {
 		if got.Name == nil || len([]rune(*got.Name)) > 8 || got.OK == nil || got.N == nil || *got.N < 0 || *got.N > 99 ||
 			got.Color == nil || (*got.Color != "red" && *got.Color != "green") {
 			t.Errorf("temperature %v: output %q breaks the schema", temp, out)
+		}
+	}
+}
+
+// What the schema checker now lets through (issue #31's item 5) and
+// llama.cpp enforces: a pattern, and the uuid and date formats.
+func TestJSONSchemaPatternAndFormats(t *testing.T) {
+	e := load(t, 1)
+	schema := `{"type":"object","properties":{"code":{"type":"string","pattern":"^[A-Z]{3}-[0-9]{2}$"},` +
+		`"id":{"type":"string","format":"uuid"},"day":{"type":"string","format":"date"}},` +
+		`"required":["code","id","day"],"additionalProperties":false}`
+	for _, temp := range []float32{0, 1} {
+		out, _ := text(t, e, engine.Request{Prompt: prompt(t, e, "JSON:"), MaxTokens: 300, Temperature: temp, Seed: 11,
+			JSONSchema: []byte(schema)})
+		var got struct{ Code, ID, Day string }
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("temperature %v: output %q is not the schema's JSON: %v", temp, out, err)
+		}
+		if !regexp.MustCompile(`^[A-Z]{3}-[0-9]{2}$`).MatchString(got.Code) ||
+			!regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`).MatchString(got.ID) ||
+			!regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}$`).MatchString(got.Day) {
+			t.Errorf("temperature %v: output %q breaks the pattern or a format", temp, out)
 		}
 	}
 }

@@ -224,8 +224,8 @@ func TestDecodeCompletionRequestRejects(t *testing.T) {
 		{"json_object bad schema", `{"prompt":"a","response_format":{"type":"json_object","schema":{"type":"frog"}}}`, bad(CodeInvalidValue, "response_format.schema.type")},
 		{"json_schema missing", `{"prompt":"a","response_format":{"type":"json_schema"}}`, bad(CodeMissingParameter, "response_format.json_schema")},
 		{"json_schema no name", `{"prompt":"a","response_format":{"type":"json_schema","json_schema":{"schema":{}}}}`, bad(CodeMissingParameter, "response_format.json_schema.name")},
-		{"json_schema pattern", `{"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"a+"}}}}`,
-			bad(CodeUnsupported, "response_format.json_schema.schema.pattern")},
+		{"json_schema not", `{"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","not":{"const":"a"}}}}}`,
+			bad(CodeUnsupported, "response_format.json_schema.schema.not")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -339,8 +339,8 @@ func TestDecodeChatCompletionRequestRejects(t *testing.T) {
 		{"tool name with a space", `{"messages":[` + user + `],"tools":[{"type":"function","function":{"name":"a b"}}]}`, bad(CodeInvalidValue, "tools[0].function.name")},
 		{"tool named twice", `{"messages":[` + user + `],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]}`, bad(CodeInvalidValue, "tools[1].function.name")},
 		{"tool_choice names no tool", `{"messages":[` + user + `],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}`, bad(CodeInvalidValue, "tool_choice.function.name")},
-		{"forced tool with a schema outside the subset", `{"messages":[` + user + `],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"d":{"type":"string","format":"date"}}}}}],"tool_choice":"required"}`,
-			bad(CodeUnsupported, "tools[0].function.parameters.properties.d.format")},
+		{"forced tool with a schema outside the subset", `{"messages":[` + user + `],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"d":{"type":"string","not":{"const":"x"}}}}}}],"tool_choice":"required"}`,
+			bad(CodeUnsupported, "tools[0].function.parameters.properties.d.not")},
 		{"functions", `{"messages":[` + user + `],"functions":[{"name":"f"}]}`, bad(CodeUnsupported, "functions")},
 		{"functions", `{"messages":[` + user + `],"functions":[{"name":"f"}]}`, bad(CodeUnsupported, "functions")},
 		{"tools wrong type", `{"messages":[` + user + `],"tools":{}}`, bad(CodeInvalidType, "tools")},

@@ -163,17 +163,51 @@ func (c schemaChecker) check(param string, v any, depth int) error {
 				return err
 			}
 		case "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
-			if !slices.Equal(types, []string{"integer"}) {
-				return schemaUnsupported(p, "%s is enforced for \"type\": \"integer\" only", k)
+			// Enforced on integers; on numbers accepted as OpenAI accepts
+			// them, not enforced (llama.cpp's converter bounds integers
+			// only).
+			switch {
+			case slices.Equal(types, []string{"integer"}):
+				n, ok := val.(json.Number)
+				if _, err := strconv.ParseInt(string(n), 10, 64); !ok || err != nil {
+					return Invalid(p, "%s must be an integer", p)
+				}
+			case slices.Equal(types, []string{"number"}):
+				if _, ok := val.(json.Number); !ok {
+					return Invalid(p, "%s must be a number", p)
+				}
+			default:
+				return schemaUnsupported(p, "%s applies to \"type\": \"integer\" or \"number\" only here", k)
 			}
-			n, ok := val.(json.Number)
-			if _, err := strconv.ParseInt(string(n), 10, 64); !ok || err != nil {
-				return Invalid(p, "%s must be an integer", p)
+		case "multipleOf":
+			numeric := slices.Equal(types, []string{"integer"}) || slices.Equal(types, []string{"number"})
+			if n, ok := val.(json.Number); !ok || !numeric || n.String() == "0" {
+				return Invalid(p, "%s must be a non-zero number on an integer or a number", p)
+			}
+		case "pattern":
+			// Enforced (llama.cpp turns the regular expression into
+			// grammar rules; one it cannot is refused when the grammar
+			// is made).
+			if _, ok := val.(string); !ok || !slices.Equal(types, []string{"string"}) {
+				return Invalid(p, "%s must be a regular expression on \"type\": \"string\"", p)
+			}
+		case "format":
+			// date, time, date-time and uuid are enforced; the other
+			// formats OpenAI takes (email, hostname, ipv4, ipv6, uri,
+			// duration, …) are accepted and leave the string free.
+			if _, ok := val.(string); !ok || !slices.Equal(types, []string{"string"}) {
+				return Invalid(p, "%s must be a format name on \"type\": \"string\"", p)
+			}
+		case "propertyNames":
+			// Accepted, not enforced: the names come from properties and
+			// additionalProperties.
+			if err := c.check(p, val, depth+1); err != nil {
+				return err
 			}
 		default:
 			return schemaUnsupported(p, "the JSON schema keyword %q is not supported (supported: type, properties, required, "+
 				"additionalProperties, items, enum, const, anyOf, oneOf, $ref, $defs, minItems, maxItems, minLength, maxLength, "+
-				"and minimum/maximum on integers)", k)
+				"pattern, format, propertyNames, minimum/maximum and multipleOf)", k)
 		}
 	}
 	if c.strict && (slices.Contains(types, "object") || s["properties"] != nil) {
