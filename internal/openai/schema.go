@@ -185,11 +185,16 @@ func (c schemaChecker) check(param string, v any, depth int) error {
 				return Invalid(p, "%s must be a non-zero number on an integer or a number", p)
 			}
 		case "pattern":
-			// Enforced (llama.cpp turns the regular expression into
-			// grammar rules; one it cannot is refused when the grammar
-			// is made).
-			if _, ok := val.(string); !ok || !slices.Equal(types, []string{"string"}) {
+			// Enforced: llama.cpp turns a regular expression anchored at
+			// both ends into grammar rules (one it cannot is refused when
+			// the grammar is made); any other it would leave free, so it
+			// is refused here.
+			re, ok := val.(string)
+			if !ok || !slices.Equal(types, []string{"string"}) {
 				return Invalid(p, "%s must be a regular expression on \"type\": \"string\"", p)
+			}
+			if !strings.HasPrefix(re, "^") || !strings.HasSuffix(re, "$") || strings.HasSuffix(re, `\$`) {
+				return schemaUnsupported(p, "only patterns anchored at both ends (^…$) can be enforced; got %q", re)
 			}
 		case "format":
 			// date, time, date-time and uuid are enforced; the other

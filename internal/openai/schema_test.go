@@ -42,7 +42,9 @@ func TestCheckSchemaNamesWhatItRefuses(t *testing.T) {
 		want   wantErr
 	}{
 		{"pattern not a string", `{"type":"string","pattern":7}`, false, bad(CodeInvalidValue, "s.pattern")},
-		{"pattern on a number", `{"type":"number","pattern":"^1"}`, false, bad(CodeInvalidValue, "s.pattern")},
+		{"pattern on a number", `{"type":"number","pattern":"^1$"}`, false, bad(CodeInvalidValue, "s.pattern")},
+		{"pattern not anchored", `{"type":"string","pattern":"^a"}`, false, bad(CodeUnsupported, "s.pattern")},
+		{"pattern ending in an escaped dollar", `{"type":"string","pattern":"^a\\$"}`, false, bad(CodeUnsupported, "s.pattern")},
 		{"format on an object", `{"type":"object","properties":{"d":{"type":"object","format":"date"}}}`, false, bad(CodeInvalidValue, "s.properties.d.format")},
 		{"allOf", `{"allOf":[{"type":"string"}]}`, false, bad(CodeUnsupported, "s.allOf")},
 		{"not", `{"not":{"type":"string"}}`, false, bad(CodeUnsupported, "s.not")},

@@ -76,11 +76,11 @@ func TestProcessStructuredOutputsLogprobsAndChoices(t *testing.T) {
 		t.Errorf("tokens with logprobs per choice %v, usage %+v; want 5 each and 10 in all", tokens, usage)
 	}
 
-	chat.ResponseFormat.OfJSONSchema.JSONSchema.Schema = map[string]any{"type": "string", "format": "email"}
+	chat.ResponseFormat.OfJSONSchema.JSONSchema.Schema = map[string]any{"type": "string", "not": map[string]any{"const": "x"}}
 	_, err = c.client.Chat.Completions.New(ctx, chat)
 	var apiErr *oai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "response_format.json_schema.schema.format" {
-		t.Errorf("a schema with format: %v, want a 400 naming response_format.json_schema.schema.format", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "response_format.json_schema.schema.not" {
+		t.Errorf("a schema with not: %v, want a 400 naming response_format.json_schema.schema.not", err)
 	}
 	_, err = c.client.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: "tiny",
 		Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("x")}}, option.WithJSONSet("tools", []any{map[string]any{"type": "function"}}))

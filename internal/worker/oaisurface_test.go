@@ -150,8 +150,10 @@ func checkStructuredOutputs(t *testing.T, client oai.Client) {
 		schema string
 		param  string
 	}{
-		{"pattern", `{"type":"object","properties":{"a":{"type":"string","pattern":"^x"}},"required":["a"],"additionalProperties":false}`,
+		{"pattern not anchored", `{"type":"object","properties":{"a":{"type":"string","pattern":"^x"}},"required":["a"],"additionalProperties":false}`,
 			"response_format.json_schema.schema.properties.a.pattern"},
+		{"not", `{"type":"object","properties":{"a":{"type":"string","not":{"const":"x"}}},"required":["a"],"additionalProperties":false}`,
+			"response_format.json_schema.schema.properties.a.not"},
 		{"strict without additionalProperties", `{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}`,
 			"response_format.json_schema.schema.additionalProperties"},
 	} {
