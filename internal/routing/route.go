@@ -5,10 +5,10 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"strings"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode"
 
