@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -539,12 +541,31 @@ func TestReadyCallbackNeverAccepted(t *testing.T) {
 	}
 
 	// Nobody listening at all.
-	dead := httptest.NewServer(http.NotFoundHandler())
-	dead.Close()
-	r = startWorkerWith(t, callbackConfig(t, dead.URL), func(context.Context, engine.Options, *slog.Logger) (engine.Engine, error) {
+	r = startWorkerWith(t, callbackConfig(t, refusingURL(t)), func(context.Context, engine.Options, *slog.Logger) (engine.Engine, error) {
 		return newFakeEngine(), nil
 	})
 	if err := r.wait(t); !errors.Is(err, ErrCallbackFailed) {
 		t.Errorf("Run with no hive = %v, want ErrCallbackFailed", err)
 	}
+}
+
+// refusingURL is an http URL on a loopback port that refuses connections:
+// a socket bound there and never listening holds the port for the test,
+// so that no listener (the worker's own, on port 0) can be given it, as
+// a closed server's port could be.
+func refusingURL(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 }
