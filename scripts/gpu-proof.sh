@@ -80,6 +80,7 @@ pack() {
     tar -x -C "$stage/src/llama.cpp"
   cp "$prefix/pin" "$stage/src/llama.cpp.pin"
   cp "$SELF" "$stage/gpu-proof.sh"
+  cp "$(dirname "$SELF")/llamacpp-options.sh" "$stage/"
   tar -czf "$out/apiary-proof.tgz" -C "$stage" .
   log "packed $out/apiary-proof.tgz ($(du -h "$out/apiary-proof.tgz" | cut -f1)); on the GPU machine: scripts/gpu-proof.sh all $out"
 }
@@ -112,14 +113,10 @@ build() {
   [ -n "$cuda" ] || die "cannot read the CUDA version from nvcc --version"
   archs=$(cuda_archs)
   log "building ggml-cuda and llama-server (CUDA $cuda, architectures $archs, $(nproc) jobs)"
-  # The options are scripts/llamacpp.sh's, with CUDA; '$ORIGIN' is for
-  # the dynamic loader, not the shell.
-  cmake -S "$out/src/llama.cpp" -B "$b" -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
-    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
-    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-    -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF \
+  # scripts/llamacpp.sh's options (beside this script, in the archive
+  # too), with CUDA.
+  . "$(dirname "$SELF")/llamacpp-options.sh"
+  cmake -S "$out/src/llama.cpp" -B "$b" "${OPTIONS[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
     >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; die "cmake configure failed (log: $out/build.log)"; }
   cmake --build "$b" -j "$(nproc)" --target ggml-cuda llama-server >>"$out/build.log" 2>&1 ||
     { tail -30 "$out/build.log" >&2; die "the build failed (log: $out/build.log)"; }

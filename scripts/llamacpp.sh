@@ -48,6 +48,9 @@ JOBS=${LLAMA_JOBS:-$(nproc)}
 # LAYOUT names the build's options and the prefix's layout below: change
 # it with them, so that a cache built otherwise is built again.
 LAYOUT=3
+# OPTIONS is the build's CMake configuration, the CUDA build's too, and
+# scripts/gpu-proof.sh's.
+. "$(dirname "${BASH_SOURCE[0]}")/llamacpp-options.sh"
 LEVELS=${LLAMA_CPU_LEVELS:-all}
 case $LEVELS in all | host) ;; *) echo "llamacpp: LLAMA_CPU_LEVELS=$LEVELS: want all or host" >&2; exit 2 ;; esac
 
@@ -118,12 +121,7 @@ build() {
   command -v cmake >/dev/null || die "cmake is needed (scripts/deps.sh installs it)"
   local start=$SECONDS b=$PREFIX/build
   log "building llama.cpp $(sed -n 's/^tag=//p' "$PREFIX/pin") ($COMMIT) with $JOBS jobs"
-  cmake -S "$PREFIX/src" -B "$b" -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
-    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-    -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-    -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
+  cmake -S "$PREFIX/src" -B "$b" "${OPTIONS[@]}" -DGGML_CUDA=OFF \
     >"$PREFIX/configure.log" 2>&1 || { tail -30 "$PREFIX/configure.log" >&2; die "cmake configure failed (log: $PREFIX/configure.log)"; }
   # The CPU variants are MODULE libraries ggml loads: all of them, or the
   # one this machine loads.
@@ -185,18 +183,16 @@ cuda() {
   command -v nvcc >/dev/null || die "no nvcc: the CUDA toolkit is needed (its bin/ on PATH)"
   local archs=${CUDA_ARCHS:-} cap b=$PREFIX/build-cuda
   if [ -z "$archs" ] && command -v nvidia-smi >/dev/null; then
-    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    # every GPU's compute capability (9.0 → 90), once each
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+      tr -d ' .' | grep -E '^[0-9]+$' | sort -un | paste -sd ';') || true
     [ -n "$cap" ] && archs=$cap
   fi
   archs=${archs:-native}
   local cudav
   cudav=$(nvcc --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
   log "building libggml-cuda.so (CUDA $cudav, architectures $archs)"
-  cmake -S "$PREFIX/src" -B "$b" -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
-    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
-    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+  cmake -S "$PREFIX/src" -B "$b" "${OPTIONS[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
     >"$PREFIX/configure-cuda.log" 2>&1 || { tail -30 "$PREFIX/configure-cuda.log" >&2; die "cmake configure failed (log: $PREFIX/configure-cuda.log)"; }
   cmake --build "$b" -j "$JOBS" --target ggml-cuda >"$PREFIX/build-cuda.log" 2>&1 ||
     { tail -30 "$PREFIX/build-cuda.log" >&2; die "building ggml-cuda failed (log: $PREFIX/build-cuda.log)"; }

@@ -69,26 +69,31 @@ func chooseDevice(devs []gpu.Device, want *int, need uint64, heldOf func(int) he
 	if len(devs) == 0 {
 		return gpu.Device{}, fmt.Errorf("%w: the node reports no device", ErrDeviceNotFound)
 	}
-	// rank orders devices: fits, then a GPU, then more available.
-	rank := func(d gpu.Device) (bool, bool, uint64) {
-		a := available(d, heldOf(d.ID))
-		return a >= need, d.Kind != gpu.KindCPU, a
+	// rank orders devices: fits, then a GPU, then more available; each
+	// device's is made once (heldOf takes the registry's lock).
+	type rank struct {
+		fits, gpu bool
+		avail     uint64
 	}
-	better := func(a, b gpu.Device) bool {
-		fa, ga, aa := rank(a)
-		fb, gb, ab := rank(b)
+	better := func(a, b rank) bool {
 		switch {
-		case fa != fb:
-			return fa
-		case fa && ga != gb:
-			return ga
+		case a.fits != b.fits:
+			return a.fits
+		case a.fits && a.gpu != b.gpu:
+			return a.gpu
 		}
-		return aa > ab
+		return a.avail > b.avail
 	}
 	var best *gpu.Device
+	var bestRank rank
 	for i, d := range devs {
-		if d.Unusable == "" && (best == nil || better(d, *best)) {
-			best = &devs[i]
+		if d.Unusable != "" {
+			continue
+		}
+		a := available(d, heldOf(d.ID))
+		r := rank{fits: a >= need, gpu: d.Kind != gpu.KindCPU, avail: a}
+		if best == nil || better(r, bestRank) {
+			best, bestRank = &devs[i], r
 		}
 	}
 	if best == nil {

@@ -97,11 +97,6 @@ func CPUBackend(log *slog.Logger) (cpuvariant.Choice, error) {
 	return cpuBackend.choice, cpuBackend.err
 }
 
-func initBackends(log *slog.Logger) error {
-	_, err := CPUBackend(log)
-	return err
-}
-
 // gpuBackends remembers the backend libraries loaded into ggml's registry
 // (a library is loaded once per process).
 var gpuBackends struct {

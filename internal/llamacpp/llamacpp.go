@@ -178,7 +178,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 	if _, err := os.Stat(opts.ModelPath); err != nil {
 		return nil, fmt.Errorf("llamacpp: model: %w", err)
 	}
-	if err := initBackends(log); err != nil {
+	if _, err := CPUBackend(log); err != nil {
 		return nil, err
 	}
 	routeLogs(log)

@@ -48,7 +48,7 @@ func TestBinaryLoadsTheCPUBackendForThisCPU(t *testing.T) {
 			if !strings.Contains(maps, filepath.Join(filepath.Dir(bin), cpuvariant.Prefix+tc.want+cpuvariant.Suffix)) {
 				t.Errorf("the worker's memory maps no %s%s%s beside %s", cpuvariant.Prefix, tc.want, cpuvariant.Suffix, bin)
 			}
-			greedy(t, url, 8, tc.want)
+			greedy(t, url, "tiny", "Once upon a time", 8, tc.want)
 		})
 	}
 
@@ -93,7 +93,7 @@ func TestBinaryRunsWithoutAVX(t *testing.T) {
 	}
 	p.waitLog(t, "worker status changed", func(r map[string]any) bool { return r["to"] == "ready" })
 	addr, _ := rec["addr"].(string)
-	greedy(t, "http://"+addr, 8, "an emulated "+emulatedCPU)
+	greedy(t, "http://"+addr, "tiny", "Once upon a time", 8, "an emulated "+emulatedCPU)
 }
 
 // procMaps is the memory map of process pid.

@@ -100,13 +100,14 @@ func standinGPUs(t *testing.T) *testbin.Standin {
 		testbin.StandinDevice{TotalBytes: 8 << 30, UUID: "GPU-00000000-standin-1", Name: "Stand-in GPU 8 GiB"})
 }
 
-// greedy is the worker's greedy completion of n tokens of a fixed prompt
-// (what is run on is in what, for the failure).
-func greedy(t *testing.T, url string, n int, what string) string {
+// greedy is the greedy completion of n tokens of prompt from model by
+// the OpenAI-compatible server at url (a worker, or llama-server), past end
+// of text (what is run on is in what, for the failure).
+func greedy(t *testing.T, url, model, prompt string, n int, what string) string {
 	t.Helper()
 	client := newOpenAIClient(url)
 	got, err := client.Completions.New(t.Context(), oai.CompletionNewParams{
-		Model: "tiny", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("Once upon a time")},
+		Model: oai.CompletionNewParamsModel(model), Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String(prompt)},
 		MaxTokens: oai.Int(int64(n)), Temperature: oai.Float(0),
 	}, option.WithJSONSet("ignore_eos", true))
 	if err != nil || len(got.Choices) != 1 || got.Usage.CompletionTokens != int64(n) || got.Choices[0].Text == "" {
@@ -124,10 +125,10 @@ func greedy(t *testing.T, url string, n int, what string) string {
 func TestWorkerOffloadsToAGPU(t *testing.T) {
 	s := standinGPUs(t)
 	_, cpuURL := startWorkerBinary(t, nil)
-	want := greedy(t, cpuURL, 32, "the CPU")
+	want := greedy(t, cpuURL, "tiny", "Once upon a time", 32, "the CPU")
 
 	p, url := startWorkerBinary(t, s.Env(), "--gpu-device", "1", "--log-level", "debug")
-	if got := greedy(t, url, 32, "GPU 1"); got != want {
+	if got := greedy(t, url, "tiny", "Once upon a time", 32, "GPU 1"); got != want {
 		t.Errorf("greedy output on the GPU %q, on the CPU %q", got, want)
 	}
 	out := p.output()

@@ -1,0 +1,11 @@
+# llamacpp-options.sh, sourced by scripts/llamacpp.sh and
+# scripts/gpu-proof.sh: the CMake configuration of llama.cpp's build, with
+# GGML_CUDA left to each ('$ORIGIN' is for the dynamic loader, not the
+# shell). A change here is a change of scripts/llamacpp.sh's LAYOUT.
+# shellcheck shell=bash disable=SC2034
+OPTIONS=(-DCMAKE_BUILD_TYPE=Release
+  -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+  -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF
+  -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF)
