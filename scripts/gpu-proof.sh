@@ -57,7 +57,7 @@ usage() {
 
 # The llama.cpp source directories its build needs (the rest — models,
 # docs, tests, Python — stays out of the pack).
-SOURCE_SKIP='^(models|docs|examples|benches|tests|gguf-py|conversion|media|scripts|pocs|requirements|requirements.txt|ci|grammars|prompts|ui|skills|convert_.*[.]py)$'
+SOURCE_SKIP='^(models|docs|examples|benches|tests|gguf-py|conversion|media|pocs|requirements|requirements.txt|ci|grammars|prompts|ui|skills|convert_.*[.]py)$'
 
 # pack writes $1/apiary-proof.tgz.
 pack() {
@@ -116,7 +116,9 @@ build() {
   # scripts/llamacpp.sh's options (beside this script, in the archive
   # too), with CUDA.
   . "$(dirname "$SELF")/llamacpp-options.sh"
-  cmake -S "$out/src/llama.cpp" -B "$b" "${OPTIONS[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S "$out/src/llama.cpp" -B "$b" "${gen[@]}" "${OPTIONS[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
     >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; die "cmake configure failed (log: $out/build.log)"; }
   cmake --build "$b" -j "$(nproc)" --target ggml-cuda llama-server >>"$out/build.log" 2>&1 ||
     { tail -30 "$out/build.log" >&2; die "the build failed (log: $out/build.log)"; }
@@ -161,8 +163,9 @@ nvml_used() {
 gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "$DEVICE" | tr -d ' '; }
 
 # bench A_URL B_URL compares two servers on the model, alternating them
-# round by round: it prints "GEN_A PROMPT_A GEN_B PROMPT_B SAME" (medians
-# of tokens per second; SAME is how many rounds gave the same greedy text).
+# round by round: it prints "GEN_A PROMPT_A GEN_B PROMPT_B SAME PROMPT" (medians
+# of tokens per second; SAME is how many rounds gave the same greedy text;
+# PROMPT the long prompt's length in tokens).
 bench() {
   python3 - "$1" "$2" "$GEN" "$ROUNDS" <<'PY'
 import json, statistics, sys, time, urllib.request
@@ -177,6 +180,7 @@ def complete(url, prompt, n):
 long = " ".join(["the quick brown fox jumps over the lazy dog"] * 60)
 rates = {a: ([], []), b: ([], [])}
 same = 0
+prompt_tokens = 0
 for url in (a, b):
     complete(url, "warm up", 8)
 for r in range(rounds):
@@ -185,11 +189,14 @@ for r in range(rounds):
         ans, dt = complete(url, "Once upon a time", gen)
         rates[url][0].append(ans["usage"]["completion_tokens"] / dt)
         texts[url] = ans["choices"][0]["text"]
-        ans, dt = complete(url, long, 1)
+        # A prompt of its own each time: a server's prompt cache would
+        # otherwise skip it.
+        ans, dt = complete(url, f"{2 * r + (url == b)} {long}", 1)
         rates[url][1].append(ans["usage"]["prompt_tokens"] / dt)
+        prompt_tokens = ans["usage"]["prompt_tokens"]
     same += texts[a] == texts[b]
 m = statistics.median
-print(f"{m(rates[a][0]):.1f} {m(rates[a][1]):.1f} {m(rates[b][0]):.1f} {m(rates[b][1]):.1f} {same}")
+print(f"{m(rates[a][0]):.1f} {m(rates[a][1]):.1f} {m(rates[b][0]):.1f} {m(rates[b][1]):.1f} {same} {prompt_tokens}")
 PY
 }
 
@@ -204,8 +211,11 @@ run() {
   [ -f "$out/bin/libggml-cuda.so" ] || die "no $out/bin/libggml-cuda.so: run build first"
   command -v nvidia-smi >/dev/null || die "no nvidia-smi: is the NVIDIA driver installed?"
   work=$(mktemp -d)
-  local pids=()
-  trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+  # The logs stay in OUT/logs for whoever reads a FAIL.
+  # The logs stay in OUT/logs for whoever reads a FAIL (the trap runs
+  # after run's locals are gone: globals only).
+  PROOF_OUT=$out PROOF_WORK=$work PROOF_PIDS=()
+  trap 'for p in "${PROOF_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; mkdir -p "$PROOF_OUT/logs"; cp "$PROOF_WORK"/*.log "$PROOF_OUT/logs/" 2>/dev/null; rm -rf "$PROOF_WORK"' EXIT
   mkdir -p "$work/models"
   local model=$work/models/proof.gguf
   "$bin" models testmodel "$model" --dim "$DIM" --layers "$LAYERS" --heads "$HEADS" --ff "$FF" --vocab "$VOCAB" >&2
@@ -224,9 +234,11 @@ run() {
 
   log "starting a hive"
   "$bin" hive --addr 127.0.0.1:19200 --data-dir "$work/hive" --models-dir "$work/models" >"$work/hive.log" 2>&1 &
-  pids+=($!)
+  PROOF_PIDS+=($!)
   local hive=http://127.0.0.1:19200
   wait_for http GET "$hive/health"
+  # A hive left from an earlier run would answer too.
+  kill -0 "${PROOF_PIDS[-1]}" 2>/dev/null || { cat "$work/hive.log" >&2; die "the hive exited"; }
   local why
   why=$(http GET "$hive/v2/gpus" | json "next((g.get('unusable', '') for g in j['gpus'] if g['id'] == $DEVICE), 'no such device')")
   echo "| the hive offers GPU $DEVICE | ${why:-usable} | usable | $(verdict "$([ -z "$why" ] && echo 1)") |" >>"$res"
@@ -241,15 +253,23 @@ run() {
   pid=$(echo "$w" | json "j['pid']")
   vram=$(echo "$w" | json "j['vram_bytes']")
   used=$(nvml_used "$pid")
-  [ -n "$used" ] || { cat "$res"; die "NVML lists no memory for the worker's pid $pid: it is not on the GPU"; }
-  local within
-  within=$(python3 -c "print(1 if abs($vram / 1048576 - $used) <= 0.05 * $used else 0)")
-  echo "| worker's vram_bytes vs NVML's count of its pid | $((vram / 1048576)) MiB vs $used MiB | within 5 % | $(verdict "$within") |" >>"$res"
+  # What the driver shows with the worker loaded, for whoever reads a FAIL.
+  { nvidia-smi; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; } >"$work/nvidia-smi.log" 2>&1 || true
+  local within=0 grew
+  grew=$(($(gpu_used) - base))
+  if [ -n "$used" ]; then
+    within=$(python3 -c "print(1 if abs($vram / 1048576 - $used) <= 0.05 * $used else 0)")
+  else
+    # Inside a container without the host's process namespace NVML
+    # lists host pids (or none); say so and go on with the device total.
+    used="none listed for pid $pid"
+  fi
+  echo "| worker's vram_bytes vs NVML's count of its pid | $((vram / 1048576)) MiB vs $used MiB (the device's use grew $grew MiB) | within 5 % | $(verdict "$within") |" >>"$res"
 
   log "stopping the worker; the driver must have the memory back"
   local t0 back=""
   t0=$(date +%s.%N)
-  http POST "$hive/v2/workers/$id/stop" '{"reason":"gpu-proof"}' >/dev/null
+  http POST "$hive/v2/workers/$id/stop" '{}' >/dev/null
   local deadline=$((SECONDS + 60))
   while [ $SECONDS -lt $deadline ]; do
     if [ -z "$(nvml_used "$pid")" ] && [ "$(gpu_used)" -le $((base + 64)) ]; then
@@ -260,25 +280,31 @@ run() {
   done
   echo "| GPU memory back to its baseline ($base MiB, +64) after the stop | ${back:-not within 60} s | within 2 s | $(verdict "$(python3 -c "print(1 if '$back' and float('${back:-99}') <= 2 else 0)")") |" >>"$res"
   deadline=$((SECONDS + 60))
-  until grep -q "the driver gave the worker's GPU memory back" "$work/hive.log"; do
-    grep -q "GPU memory not given back" "$work/hive.log" && break
-    [ $SECONDS -lt $deadline ] || break
+  why="no verdict in the hive's log within 60 s"
+  while [ $SECONDS -lt $deadline ]; do
+    if grep -q "the driver gave the worker's GPU memory back" "$work/hive.log"; then
+      why=""
+      break
+    fi
+    if grep -q "GPU memory not given back" "$work/hive.log"; then
+      why=$(grep -o "GPU memory not given back.*" "$work/hive.log" | head -1)
+      break
+    fi
     sleep 0.2
   done
-  why=$(grep -o "GPU memory not given back.*" "$work/hive.log" | head -1 || true)
   echo "| the hive's release check | ${why:-memory given back} | no leak | $(verdict "$([ -z "$why" ] && echo 1)") |" >>"$res"
 
   log "benchmark: apiary worker vs llama-server of the same source, both on GPU $DEVICE"
   export APIARY_WORKER_TOKEN=gpu-proof
-  CUDA_VISIBLE_DEVICES=$DEVICE "$bin" worker --model "$model" --port 18001 --gpu-device 0 --ctx-size 2048 >"$work/worker.log" 2>&1 &
-  pids+=($!)
-  CUDA_VISIBLE_DEVICES=$DEVICE "$out/build/bin/llama-server" -m "$model" --port 18002 -ngl 999 -c 2048 --api-key gpu-proof >"$work/llama-server.log" 2>&1 &
-  pids+=($!)
+  CUDA_VISIBLE_DEVICES=$DEVICE "$bin" worker --model "$model" --port 18001 --gpu-device 0 --ctx-size 4096 >"$work/worker.log" 2>&1 &
+  PROOF_PIDS+=($!)
+  CUDA_VISIBLE_DEVICES=$DEVICE "$out/build/bin/llama-server" -m "$model" --port 18002 -ngl 999 -c 4096 -np 1 --api-key gpu-proof >"$work/llama-server.log" 2>&1 &
+  PROOF_PIDS+=($!)
   wait_for curl -sf http://127.0.0.1:18001/health
   wait_for curl -sf http://127.0.0.1:18002/health
-  local r ga pa gb pb same
+  local r ga pa gb pb same ptok
   r=$(bench http://127.0.0.1:18001 http://127.0.0.1:18002)
-  read -r ga pa gb pb same <<<"$r"
+  read -r ga pa gb pb same ptok <<<"$r"
   ratio() { python3 -c "print(f'{$1 / $2:.3f}')"; }
   ok() { python3 -c "print(1 if $1 / $2 >= 0.95 else 0)"; }
   {
@@ -286,7 +312,7 @@ run() {
     echo "| prompt processing, apiary / llama-server | $pa / $pb tok/s = $(ratio "$pa" "$pb") | ≥ 0.95 | $(verdict "$(ok "$pa" "$pb")") |"
     echo "| greedy output identical | $same of $ROUNDS rounds | every round | $(verdict "$([ "$same" = "$ROUNDS" ] && echo 1)") |"
     echo
-    echo "Medians of $ROUNDS rounds, the servers alternating; generation: $GEN tokens, prompt: about 500 tokens. Measured by: scripts/gpu-proof.sh run $out"
+    echo "Medians of $ROUNDS rounds, the servers alternating; generation: $GEN tokens, prompt: $ptok tokens, one generated. Measured by: scripts/gpu-proof.sh run $out"
   } >>"$res"
   cat "$res"
 }
