@@ -294,6 +294,23 @@ run() {
   done
   echo "| the hive's release check | ${why:-memory given back} | no leak | $(verdict "$([ -z "$why" ] && echo 1)") |" >>"$res"
 
+  # The hive goes (it would register with the queen infer starts).
+  kill "${PROOF_PIDS[0]}" && wait "${PROOF_PIDS[0]}" || true
+
+  log "apiary infer: an ephemeral queen, hive and worker answer a prompt; the worker must be on GPU $DEVICE"
+  local sampler peak answer size ok=0
+  base=$(gpu_used)
+  (while :; do gpu_used; sleep 0.1; done) >"$work/infer-gpu-used" &
+  sampler=$!
+  if answer=$("$bin" infer --model "$model" --prompt "Once upon a time" --max-tokens 16 --debug 2>"$work/infer.log"); then
+    ok=1
+  fi
+  kill "$sampler" 2>/dev/null || true
+  peak=$(($(sort -n "$work/infer-gpu-used" | tail -1) - base))
+  size=$(($(stat -c %s "$model") / 1048576))
+  [ "$ok" = 1 ] && [ -n "$answer" ] && [ "$peak" -ge $((size / 2)) ] || ok=0
+  echo "| apiary infer (ephemeral queen, hive, worker) runs on the GPU | $([ -n "$answer" ] && echo "answered ${#answer} characters" || echo "no answer, see logs/infer.log"); the GPU's use peaked $peak MiB above $base MiB (model $size MiB) | answered, peak ≥ half the model | $(verdict "$ok") |" >>"$res"
+
   log "benchmark: apiary worker vs llama-server of the same source, both on GPU $DEVICE"
   export APIARY_WORKER_TOKEN=gpu-proof
   CUDA_VISIBLE_DEVICES=$DEVICE "$bin" worker --model "$model" --port 18001 --gpu-device 0 --ctx-size 4096 >"$work/worker.log" 2>&1 &
