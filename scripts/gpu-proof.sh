@@ -19,6 +19,13 @@
 #                                    build; the backend beside OUT/bin/apiary
 #   scripts/gpu-proof.sh run OUT     the proof and the benchmark
 #   scripts/gpu-proof.sh all OUT     build, then run
+#   scripts/gpu-proof.sh bench-cpu OUT
+#                                    after build: apiary's worker against
+#                                    that llama-server on the CPU alone
+#                                    (internal/benchmark's harness, packed
+#                                    as bench.test), the figure of
+#                                    docs/benchmarks.md on this machine's
+#                                    CPU; the report in OUT/bench-cpu.md
 #   scripts/gpu-proof.sh cuda        `make cuda` on a machine with Go and
 #                                    nvcc (scripts/llamacpp.sh cuda)
 #
@@ -81,6 +88,9 @@ pack() {
   cp "$prefix/pin" "$stage/src/llama.cpp.pin"
   cp "$SELF" "$stage/gpu-proof.sh"
   cp "$(dirname "$SELF")/llamacpp-options.sh" "$stage/"
+  # The side-by-side harness, for bench-cpu (the GPU machine has no Go).
+  (cd "$root" && CGO_ENABLED=0 go test -c -tags llamaserver -o "$stage/bench.test" ./internal/benchmark) ||
+    die "cannot build internal/benchmark's test binary"
   tar -czf "$out/apiary-proof.tgz" -C "$stage" .
   log "packed $out/apiary-proof.tgz ($(du -h "$out/apiary-proof.tgz" | cut -f1)); on the GPU machine: scripts/gpu-proof.sh all $out"
 }
@@ -120,7 +130,7 @@ build() {
   command -v ninja >/dev/null && gen=(-G Ninja)
   cmake -S "$out/src/llama.cpp" -B "$b" "${gen[@]}" "${OPTIONS[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
     >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; die "cmake configure failed (log: $out/build.log)"; }
-  cmake --build "$b" -j "$(nproc)" --target ggml-cuda llama-server >>"$out/build.log" 2>&1 ||
+  cmake --build "$b" -j "$(nproc)" --target ggml-cuda llama-server llama-quantize >>"$out/build.log" 2>&1 ||
     { tail -30 "$out/build.log" >&2; die "the build failed (log: $out/build.log)"; }
   local lib=$b/bin/libggml-cuda.so dyn
   [ -f "$lib" ] || die "the build made no libggml-cuda.so"
@@ -334,6 +344,29 @@ run() {
   cat "$res"
 }
 
+# bench_cpu runs internal/benchmark's side-by-side harness (the one
+# docs/benchmarks.md's figures come from) with the GPU hidden: apiary's
+# worker against the CUDA build's llama-server, both on the CPU, on the
+# q8_0 model of those figures.
+bench_cpu() {
+  local out=$1
+  local bin=$out/bin/apiary ls=$out/build/bin
+  [ -x "$out/bench.test" ] || die "no $out/bench.test: pack it again (it is new)"
+  [ -x "$ls/llama-server" ] && [ -x "$ls/llama-quantize" ] || die "no llama-server or llama-quantize in $ls: run build first"
+  local models=$out/models shape=d768-l12-h12-ff2048-v4000
+  mkdir -p "$models"
+  if [ ! -f "$models/testmodel-$shape-q8_0.gguf" ]; then
+    "$bin" models testmodel "$models/testmodel-$shape-f32.gguf" --dim 768 --layers 12 --heads 12 --ff 2048 --vocab 4000 >&2
+    "$ls/llama-quantize" "$models/testmodel-$shape-f32.gguf" "$models/testmodel-$shape-q8_0.gguf" q8_0 >"$models/quantize.log" 2>&1 ||
+      { tail -20 "$models/quantize.log" >&2; die "llama-quantize failed"; }
+  fi
+  log "apiary vs llama-server on the CPU ($(nproc) CPUs, ${BENCH_THREADS:=8} threads)"
+  (cd "$out" && CUDA_VISIBLE_DEVICES="" BENCH_THREADS=$BENCH_THREADS \
+    BENCH_LLAMA_SERVER=$ls/llama-server BENCH_LLAMA_BUILD_INFO=$out/src/llama.cpp.pin \
+    BENCH_LOG_DIR=$out/logs BENCH_MODEL=$models/testmodel-$shape-q8_0.gguf BENCH_DOCS=$out/bench-cpu.md \
+    APIARY_BIN=$bin ./bench.test -test.run '^$' -test.bench '^BenchmarkLlamaServer$' -test.benchtime 1x -test.timeout 30m -test.v)
+}
+
 [ $# -ge 1 ] || usage
 cmd=$1
 shift
@@ -342,8 +375,8 @@ case $cmd in
   cuda)
     [ $# -eq 0 ] || { log "cuda takes no argument"; usage; }
     exec "$(dirname "$SELF")/llamacpp.sh" cuda ;;
-  pack|build|run|all) ;;
-  *) log "unknown step $cmd (want pack, build, run, all or cuda)"; usage ;;
+  pack|build|run|all|bench-cpu) ;;
+  *) log "unknown step $cmd (want pack, build, run, all, bench-cpu or cuda)"; usage ;;
 esac
 [ $# -eq 1 ] || { log "$cmd needs one argument: the output directory"; usage; }
 OUT=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -352,4 +385,5 @@ case $cmd in
   build) build "$OUT" ;;
   run) run "$OUT" ;;
   all) build "$OUT"; run "$OUT" ;;
+  bench-cpu) bench_cpu "$OUT" ;;
 esac
