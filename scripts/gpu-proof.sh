@@ -11,7 +11,7 @@
 #
 #   scripts/gpu-proof.sh pack OUT    on the machine with Go (after make
 #                                    build): OUT/apiary-proof.tgz, about
-#                                    30 MB: apiary (stripped), its
+#                                    33 MB: apiary (stripped), its
 #                                    libraries, the llama.cpp source
 #                                    (what its build needs) and this script
 #   scripts/gpu-proof.sh build OUT   on the GPU machine (CUDA toolkit,
@@ -25,7 +25,9 @@
 #                                    (internal/benchmark's harness, packed
 #                                    as bench.test), the figure of
 #                                    docs/benchmarks.md on this machine's
-#                                    CPU; the report in OUT/bench-cpu.md
+#                                    CPU; the report in OUT/bench-cpu.md;
+#                                    GPU_PROOF_CPU_VARIANT=LEVEL holds both
+#                                    sides to that CPU backend
 #   scripts/gpu-proof.sh cuda        `make cuda` on a machine with Go and
 #                                    nvcc (scripts/llamacpp.sh cuda)
 #
@@ -39,8 +41,8 @@
 #   CUDA_ARCHS          CMAKE_CUDA_ARCHITECTURES (default: the GPUs'
 #                       compute capability from nvidia-smi, else native)
 #
-# It has never run here: the machine this repository is developed on has no
-# GPU. See docs/gpu.md for what was tested and what was not.
+# It ran once, on an NVIDIA H200 (2026-11-27, every bar passed): its
+# results, and what has not run on a GPU, are in docs/gpu.md.
 set -euo pipefail
 
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
@@ -360,7 +362,20 @@ bench_cpu() {
     "$ls/llama-quantize" "$models/testmodel-$shape-f32.gguf" "$models/testmodel-$shape-q8_0.gguf" q8_0 >"$models/quantize.log" 2>&1 ||
       { tail -20 "$models/quantize.log" >&2; die "llama-quantize failed"; }
   fi
-  log "apiary vs llama-server on the CPU ($(nproc) CPUs, ${BENCH_THREADS:=8} threads)"
+  local variant=${GPU_PROOF_CPU_VARIANT:-}
+  if [ -n "$variant" ]; then
+    # llama-server loads the best CPU backend beside it: leave it one.
+    [ -f "$ls/libggml-cpu-$variant.so" ] || die "no CPU backend $variant in $ls"
+    local held=$out/llama-server-$variant f
+    rm -rf "$held" && mkdir -p "$held"
+    for f in "$ls"/*; do
+      case $(basename "$f") in libggml-cpu-*) [ "$(basename "$f")" = "libggml-cpu-$variant.so" ] || continue ;; esac
+      cp -r "$f" "$held/"
+    done
+    ls=$held
+    export APIARY_CPU_VARIANT=$variant
+  fi
+  log "apiary vs llama-server on the CPU ($(nproc) CPUs, ${BENCH_THREADS:=8} threads, CPU backend ${variant:-each its best})"
   (cd "$out" && CUDA_VISIBLE_DEVICES="" BENCH_THREADS=$BENCH_THREADS \
     BENCH_LLAMA_SERVER=$ls/llama-server BENCH_LLAMA_BUILD_INFO=$out/src/llama.cpp.pin \
     BENCH_LOG_DIR=$out/logs BENCH_MODEL=$models/testmodel-$shape-q8_0.gguf BENCH_DOCS=$out/bench-cpu.md \

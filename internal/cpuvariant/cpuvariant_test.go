@@ -70,3 +70,57 @@ func TestChoose(t *testing.T) {
 		t.Errorf("none this CPU runs: %v", err)
 	}
 }
+
+// TestChooseSkipsALevelWhoseAMXFails: a level built with AMX that scores
+// best is passed over, with why, when AMX does not run here (as on the
+// H200 machine where it killed the worker with SIGILL), and taken when it
+// does; forced, it is refused with the probe's answer.
+func TestChooseSkipsALevelWhoseAMXFails(t *testing.T) {
+	dir := t.TempDir()
+	level(t, dir, "icelake", 1500)
+	level(t, dir, "sapphirerapids", 4032)
+	t.Setenv(Env, "")
+	defer func(f func() error) { AMXUsable = f }(AMXUsable)
+
+	AMXUsable = func() error { return fmt.Errorf("an AMX instruction killed a probe process") }
+	c, err := Choose(dir)
+	if err != nil || c.Name != "icelake" ||
+		!strings.Contains(c.Reason, "it cannot run sapphirerapids (an AMX instruction killed a probe process)") {
+		t.Errorf("AMX failing: %+v, %v", c, err)
+	}
+	t.Setenv(Env, "sapphirerapids")
+	if _, err := Choose(dir); err == nil || err.Error() !=
+		`APIARY_CPU_VARIANT="sapphirerapids": this CPU cannot run it: an AMX instruction killed a probe process (it runs icelake)` {
+		t.Errorf("forced, AMX failing: %v", err)
+	}
+
+	t.Setenv(Env, "")
+	AMXUsable = func() error { return nil }
+	if c, err := Choose(dir); err != nil || c.Name != "sapphirerapids" || c.Score != 4032 {
+		t.Errorf("AMX working: %+v, %v", c, err)
+	}
+}
+
+// TestAMXProbe runs the real probe: in a process of its own, so the test
+// binary lives whatever AMX does. On a CPU without AMX the instruction
+// kills the probe with SIGILL and the probe says so; asking the kernel
+// first (as ggml does) is refused there, which counts as usable (ggml then
+// uses no AMX). On a CPU with AMX it says what it found.
+func TestAMXProbe(t *testing.T) {
+	info, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hasAMX := strings.Contains(string(info), " amx_tile")
+	forced := probeAMX(false)
+	asked := probeAMX(true)
+	t.Logf("CPU reports AMX: %v; instruction without asking: %v; as ggml asks: %v", hasAMX, forced, asked)
+	if !hasAMX {
+		if forced == nil || !strings.Contains(forced.Error(), "killed a probe process with illegal instruction") {
+			t.Errorf("no AMX here, yet the instruction did not kill the probe with SIGILL: %v", forced)
+		}
+		if asked != nil {
+			t.Errorf("no AMX here: the kernel must refuse the tile state, which counts as usable; got %v", asked)
+		}
+	}
+}

@@ -155,13 +155,14 @@ func TestGPUProofScriptArguments(t *testing.T) {
 		want string
 	}{
 		{nil, 2, "scripts/gpu-proof.sh pack OUT"},
-		{[]string{"frob", empty}, 2, "unknown step frob (want pack, build, run, all or cuda)"},
+		{[]string{"frob", empty}, 2, "unknown step frob (want pack, build, run, all, bench-cpu or cuda)"},
 		{[]string{"build"}, 2, "build needs one argument: the output directory"},
 		{[]string{"run", empty, "extra"}, 2, "run needs one argument"},
 		{[]string{"cuda", empty}, 2, "cuda takes no argument"},
 		{[]string{"build", empty}, 1, "no " + empty + "/apiary-proof.tgz: run pack first"},
 		{[]string{"run", empty}, 1, "no " + empty + "/bin/apiary: run pack and build first"},
 		{[]string{"all", empty}, 1, "apiary-proof.tgz: run pack first"},
+		{[]string{"bench-cpu", empty}, 1, "no " + empty + "/bench.test: pack it again"},
 	} {
 		cmd := exec.Command(script, tc.args...)
 		out, err := cmd.CombinedOutput()
