@@ -581,3 +581,41 @@ func TestUnknownOpenAIPaths(t *testing.T) {
 		}
 	}
 }
+
+// Ollama's paths answer in Ollama's error shape ({"error": "…"}): an
+// unknown one 404, a known one with another method 405, a bad request
+// 400, pulling (apiary's own command) 404 saying so.
+func TestOllamaPathsAnswerInOllamasShape(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		want, allow        string
+	}{
+		{"POST", "/api/chatt", "{}", 404, `{"error":"no endpoint POST /api/chatt"}`, ""},
+		{"GET", "/api/chat", "", 405, `{"error":"GET /api/chat is not allowed; use POST, OPTIONS"}`, "POST, OPTIONS"},
+		{"POST", "/api/pull", `{"model":"x"}`, 404, "apiary models pull", ""},
+		{"POST", "/api/chat", `{"model":"x","messages":[{"role":"user","content":"hi"}],"options":{"temprature":1}}`, 400, "options.temprature is not an Ollama option", ""},
+		{"POST", "/api/chat", `{"messages":[{"role":"user","content":"hi"}]}`, 400, "model is required", ""},
+		{"POST", "/api/chat", `{"model":"nosuch","messages":[{"role":"user","content":"hi"}]}`, 404, `model \"nosuch\"`, ""},
+		{"POST", "/api/show", `{"model":"nosuch"}`, 404, `{"error":"model 'nosuch' not found"}`, ""},
+		{"GET", "/api/tags", "", 200, `{"models":[]}`, ""},
+		{"GET", "/api/ps", "", 200, `{"models":[]}`, ""},
+	} {
+		req, err := http.NewRequest(tc.method, x.url+tc.path, strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || !strings.Contains(string(body), tc.want) || resp.Header.Get("Allow") != tc.allow ||
+			(tc.status != 200 && !strings.HasPrefix(string(body), `{"error":"`)) {
+			t.Errorf("%s %s: %d (Allow %q) %s, want %d with %q (Allow %q)", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), body, tc.status, tc.want, tc.allow)
+		}
+	}
+}

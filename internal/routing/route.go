@@ -32,6 +32,7 @@ func (s *Service) Routes(mux *http.ServeMux) {
 	mux.Handle("POST /v1/chat/completions", s.inference("chat_completions", s.postChatCompletions))
 	mux.Handle("POST /v1/embeddings", s.inference("embeddings", s.postEmbeddings))
 	mux.Handle("POST /v1/messages", s.inferenceAs("messages", s.postMessages, true))
+	s.ollamaRoutes(mux)
 	mux.Handle("OPTIONS /v1/", s.inference("preflight", func(w http.ResponseWriter, r *http.Request, c *call) error {
 		w.WriteHeader(http.StatusNoContent) // not a CORS preflight: nothing to say
 		return nil
@@ -58,7 +59,7 @@ func allowedMethods(mux *http.ServeMux, r *http.Request) string {
 	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
 		probe := r.Clone(r.Context())
 		probe.Method = m
-		if _, pattern := mux.Handler(probe); pattern != "" && pattern != "/v1/" && pattern != "OPTIONS /v1/" && pattern != "/" {
+		if _, pattern := mux.Handler(probe); pattern != "" && pattern != "/v1/" && pattern != "OPTIONS /v1/" && pattern != "/api/" && pattern != "/" {
 			allow = append(allow, m)
 		}
 	}
@@ -93,6 +94,13 @@ func (s *Service) inferenceAs(endpoint string, fn inferenceFunc, anthropicAPI bo
 	if anthropicAPI {
 		writeError = anthropic.WriteError
 	}
+	return s.inferenceWith(endpoint, fn, writeError, anthropicAPI)
+}
+
+// inferenceWith is inference with errors written by writeError; with
+// xAPIKey, Anthropic's x-api-key header is taken as well as a bearer token.
+func (s *Service) inferenceWith(endpoint string, fn inferenceFunc, writeError func(http.ResponseWriter, error) int, xAPIKey bool) http.Handler {
+	anthropicAPI := xAPIKey
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &call{endpoint: endpoint, model: modelUnknown, start: time.Now()}
 		sw := &api.StatusRecorder{ResponseWriter: w}
@@ -179,12 +187,24 @@ func (s *Service) servable() []registry.Pool {
 }
 
 func (s *Service) getModels(w http.ResponseWriter, r *http.Request, _ *call) error {
+	list, err := s.listModels(r)
+	if err != nil {
+		return err
+	}
+	openai.WriteJSON(w, http.StatusOK, list)
+	return nil
+}
+
+// listModels is what GET /v1/models lists for r: every model a pool has
+// or a worker runs, and the config's names and aliases; with
+// X-Apiary-Pool, what that pool can serve.
+func (s *Service) listModels(r *http.Request) (openai.ModelList, error) {
 	pools := s.servable()
 	id := r.Header.Get(api.PoolHeader)
 	if id != "" {
 		// What one pool can serve (its hive's list and its workers).
 		if _, err := s.knownPool(id); err != nil {
-			return err
+			return openai.ModelList{}, err
 		}
 		pools = slices.DeleteFunc(pools, func(p registry.Pool) bool { return p.ID != id })
 	}
@@ -232,8 +252,7 @@ func (s *Service) getModels(w http.ResponseWriter, r *http.Request, _ *call) err
 		}
 		return 0
 	})
-	openai.WriteJSON(w, http.StatusOK, list)
-	return nil
+	return list, nil
 }
 
 func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -335,6 +354,12 @@ func (s *Service) serveInferenceUpTo(w http.ResponseWriter, r *http.Request, c *
 	if err != nil {
 		return err
 	}
+	return s.serveRead(w, r, c, path, body, decode)
+}
+
+// serveRead is serveInference once the body is read.
+func (s *Service) serveRead(w http.ResponseWriter, r *http.Request, c *call, path string, body []byte,
+	decode func([]byte) (model string, stream bool, err error)) error {
 	model, stream, err := decode(body)
 	if err != nil {
 		return err
@@ -365,13 +390,19 @@ func (s *Service) serveInferenceUpTo(w http.ResponseWriter, r *http.Request, c *
 	if body, err = rewriteBody(body, model, res); err != nil {
 		return err
 	}
-	model = res.ref
-	if err := s.knownModel(r.Context(), model, pool); err != nil {
+	return s.serveBody(w, r, c, relayReq{model: res.ref, pool: pool, path: path, body: body, stream: stream, session: session,
+		anthropic: anthropicAPI})
+}
+
+// serveBody relays rr (its model resolved, its body checked) once its
+// model is known: the last part of every inference endpoint.
+func (s *Service) serveBody(w http.ResponseWriter, r *http.Request, c *call, rr relayReq) error {
+	if err := s.knownModel(r.Context(), rr.model, rr.pool); err != nil {
 		return err
 	}
-	c.model = model
-	return s.relay(w, r, relayReq{model: model, pool: pool, path: path, body: body, stream: stream, session: session, start: c.start,
-		anthropic: anthropicAPI})
+	c.model = rr.model
+	rr.start = c.start
+	return s.relay(w, r, rr)
 }
 
 // knownPool returns the registered pool id (from X-Apiary-Pool) names.

@@ -1,0 +1,343 @@
+// Package ollama speaks Ollama's API (/api/chat, /api/generate,
+// /api/embed, /api/embeddings; https://github.com/ollama/ollama/blob/main/docs/api.md)
+// in terms of the OpenAI API the workers serve: a request becomes an
+// OpenAI request, and the worker's OpenAI answer (a whole body, or a
+// stream of SSE events) becomes Ollama's answer (a whole object, or NDJSON
+// lines). The queen does the translating, so every worker — the built-in
+// one and external engines alike — serves Ollama's clients.
+package ollama
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ErrBadRequest marks a request this package refuses; the message says why.
+var ErrBadRequest = errors.New("invalid request")
+
+func badf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
+}
+
+// Message is one message of /api/chat.
+type Message struct {
+	Role      string     `json:"role"`
+	Content   string     `json:"content"`
+	Thinking  string     `json:"thinking,omitempty"`
+	Images    []string   `json:"images,omitempty"`
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	ToolName  string     `json:"tool_name,omitempty"`
+}
+
+// ToolCall is a call the model made; Arguments is a JSON object.
+type ToolCall struct {
+	Function struct {
+		Index     *int            `json:"index,omitempty"`
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	} `json:"function"`
+}
+
+// ChatRequest is the body of POST /api/chat.
+type ChatRequest struct {
+	Model     string            `json:"model"`
+	Messages  []Message         `json:"messages"`
+	Tools     []json.RawMessage `json:"tools,omitempty"`
+	Format    json.RawMessage   `json:"format,omitempty"`
+	Options   map[string]any    `json:"options,omitempty"`
+	Stream    *bool             `json:"stream,omitempty"`
+	KeepAlive json.RawMessage   `json:"keep_alive,omitempty"`
+	Think     json.RawMessage   `json:"think,omitempty"`
+}
+
+// GenerateRequest is the body of POST /api/generate.
+type GenerateRequest struct {
+	Model     string          `json:"model"`
+	Prompt    string          `json:"prompt"`
+	Suffix    string          `json:"suffix,omitempty"`
+	System    string          `json:"system,omitempty"`
+	Template  string          `json:"template,omitempty"`
+	Context   []int           `json:"context,omitempty"`
+	Raw       bool            `json:"raw,omitempty"`
+	Images    []string        `json:"images,omitempty"`
+	Format    json.RawMessage `json:"format,omitempty"`
+	Options   map[string]any  `json:"options,omitempty"`
+	Stream    *bool           `json:"stream,omitempty"`
+	KeepAlive json.RawMessage `json:"keep_alive,omitempty"`
+	Think     json.RawMessage `json:"think,omitempty"`
+}
+
+// EmbedRequest is the body of POST /api/embed; Input is a string or a
+// list of strings.
+type EmbedRequest struct {
+	Model      string          `json:"model"`
+	Input      json.RawMessage `json:"input"`
+	Truncate   *bool           `json:"truncate,omitempty"`
+	Dimensions int             `json:"dimensions,omitempty"`
+	Options    map[string]any  `json:"options,omitempty"`
+	KeepAlive  json.RawMessage `json:"keep_alive,omitempty"`
+}
+
+// EmbeddingsRequest is the body of the older POST /api/embeddings.
+type EmbeddingsRequest struct {
+	Model     string          `json:"model"`
+	Prompt    string          `json:"prompt"`
+	Options   map[string]any  `json:"options,omitempty"`
+	KeepAlive json.RawMessage `json:"keep_alive,omitempty"`
+}
+
+// optionFields maps Ollama's options to the OpenAI request's fields the
+// workers implement.
+var optionFields = map[string]string{
+	"num_predict":       "max_tokens",
+	"temperature":       "temperature",
+	"top_p":             "top_p",
+	"top_k":             "top_k",
+	"min_p":             "min_p",
+	"seed":              "seed",
+	"stop":              "stop",
+	"repeat_penalty":    "repeat_penalty",
+	"presence_penalty":  "presence_penalty",
+	"frequency_penalty": "frequency_penalty",
+}
+
+// ignoredOptions are Ollama's other options: they set how Ollama loads a
+// model (a worker's context and threads are set when it starts) or
+// samplers the workers do not have. Accepted and left out, as Ollama
+// itself leaves out what a model does not take; a name in neither list
+// is refused.
+var ignoredOptions = []string{"numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
+	"vocab_only", "use_mmap", "use_mlock", "num_thread", "num_keep", "typical_p", "repeat_last_n", "mirostat",
+	"mirostat_tau", "mirostat_eta", "penalize_newline", "tfs_z"}
+
+// sampling adds options to an OpenAI request body.
+func sampling(body map[string]any, options map[string]any) error {
+	for name, v := range options {
+		field, ok := optionFields[name]
+		switch {
+		case ok:
+			if name == "num_predict" {
+				n, isNum := v.(float64)
+				if !isNum || n != float64(int(n)) {
+					return badf("options.num_predict must be an integer")
+				}
+				if n < 0 {
+					continue // -1 (and -2): until the model stops, the worker's bound
+				}
+			}
+			if name == "stop" {
+				if s, isStr := v.(string); isStr {
+					v = []string{s}
+				}
+			}
+			body[field] = v
+		case slices.Contains(ignoredOptions, name):
+		default:
+			return badf("options.%s is not an Ollama option", name)
+		}
+	}
+	return nil
+}
+
+// format adds Ollama's format ("json", or a JSON schema) as a
+// response_format.
+func format(body map[string]any, f json.RawMessage) error {
+	f = bytes.TrimSpace(f)
+	if len(f) == 0 || string(f) == "null" || string(f) == `""` {
+		return nil
+	}
+	if string(f) == `"json"` {
+		body["response_format"] = map[string]any{"type": "json_object"}
+		return nil
+	}
+	var schema map[string]any
+	if json.Unmarshal(f, &schema) != nil {
+		return badf(`format must be "json" or a JSON schema object`)
+	}
+	body["response_format"] = map[string]any{"type": "json_schema",
+		"json_schema": map[string]any{"name": "format", "schema": schema, "strict": true}}
+	return nil
+}
+
+// streamOf is Ollama's stream flag: true when absent.
+func streamOf(s *bool) bool { return s == nil || *s }
+
+func streamFields(body map[string]any, stream bool) {
+	body["stream"] = stream
+	if stream {
+		body["stream_options"] = map[string]any{"include_usage": true}
+	}
+}
+
+// Chat turns an /api/chat body into a /v1/chat/completions body.
+func Chat(data []byte) (req ChatRequest, openaiBody []byte, err error) {
+	if err := strict(data, &req); err != nil {
+		return req, nil, err
+	}
+	if len(req.Messages) == 0 {
+		return req, nil, badf("messages is required: at least one message")
+	}
+	msgs := make([]map[string]any, 0, len(req.Messages))
+	for i, m := range req.Messages {
+		if len(m.Images) > 0 {
+			return req, nil, badf("messages[%d].images: the workers take text only", i)
+		}
+		om := map[string]any{"role": m.Role, "content": m.Content}
+		switch m.Role {
+		case "system", "user":
+		case "assistant":
+			if len(m.ToolCalls) > 0 {
+				calls := make([]map[string]any, len(m.ToolCalls))
+				for k, c := range m.ToolCalls {
+					args := bytes.TrimSpace(c.Function.Arguments)
+					if len(args) == 0 {
+						args = []byte("{}")
+					}
+					calls[k] = map[string]any{"id": fmt.Sprintf("call_%d_%d", i, k), "type": "function",
+						"function": map[string]any{"name": c.Function.Name, "arguments": string(args)}}
+				}
+				om["tool_calls"] = calls
+			}
+		case "tool":
+			// Ollama names the tool; OpenAI answers a call by its id, the
+			// one the assistant message before gave it.
+			om["tool_call_id"] = toolCallID(req.Messages[:i], m.ToolName)
+		default:
+			return req, nil, badf("messages[%d].role %q: want system, user, assistant or tool", i, m.Role)
+		}
+		msgs = append(msgs, om)
+	}
+	body := map[string]any{"model": req.Model, "messages": msgs}
+	if len(req.Tools) > 0 {
+		body["tools"] = req.Tools
+	}
+	if err := format(body, req.Format); err != nil {
+		return req, nil, err
+	}
+	if err := sampling(body, req.Options); err != nil {
+		return req, nil, err
+	}
+	streamFields(body, streamOf(req.Stream))
+	b, err := json.Marshal(body)
+	return req, b, err
+}
+
+// toolCallID is the id Chat gave the last call of name among msgs (the
+// last call of any name when name is empty).
+func toolCallID(msgs []Message, name string) string {
+	for i := len(msgs) - 1; i >= 0; i-- {
+		for k := len(msgs[i].ToolCalls) - 1; k >= 0; k-- {
+			if name == "" || msgs[i].ToolCalls[k].Function.Name == name {
+				return fmt.Sprintf("call_%d_%d", i, k)
+			}
+		}
+	}
+	return "call_none"
+}
+
+// Generate turns an /api/generate body into a /v1/chat/completions body
+// (the model's chat template applies, as in Ollama), or with raw into a
+// /v1/completions one; path says which.
+func Generate(data []byte) (req GenerateRequest, path string, openaiBody []byte, err error) {
+	if err := strict(data, &req); err != nil {
+		return req, "", nil, err
+	}
+	switch {
+	case len(req.Images) > 0:
+		return req, "", nil, badf("images: the workers take text only")
+	case req.Template != "":
+		return req, "", nil, badf("template: the worker applies the model's own chat template; send raw with the prompt as it should be")
+	case len(req.Context) > 0:
+		return req, "", nil, badf("context: this server keeps no token context between requests; send the conversation to /api/chat")
+	case req.Suffix != "":
+		return req, "", nil, badf("suffix (fill-in-the-middle) is not served")
+	}
+	body := map[string]any{"model": req.Model}
+	path = "/v1/chat/completions"
+	if req.Raw {
+		path = "/v1/completions"
+		body["prompt"] = req.Prompt
+	} else {
+		var msgs []map[string]any
+		if req.System != "" {
+			msgs = append(msgs, map[string]any{"role": "system", "content": req.System})
+		}
+		body["messages"] = append(msgs, map[string]any{"role": "user", "content": req.Prompt})
+	}
+	if err := format(body, req.Format); err != nil {
+		return req, "", nil, err
+	}
+	if err := sampling(body, req.Options); err != nil {
+		return req, "", nil, err
+	}
+	streamFields(body, streamOf(req.Stream))
+	b, err := json.Marshal(body)
+	return req, path, b, err
+}
+
+// Embed turns an /api/embed body into a /v1/embeddings body.
+func Embed(data []byte) (req EmbedRequest, openaiBody []byte, err error) {
+	if err := strict(data, &req); err != nil {
+		return req, nil, err
+	}
+	var input any
+	var one string
+	var many []string
+	switch {
+	case json.Unmarshal(req.Input, &one) == nil:
+		input = one
+	case json.Unmarshal(req.Input, &many) == nil:
+		input = many
+	default:
+		return req, nil, badf("input must be a string or a list of strings")
+	}
+	// truncate: the worker refuses an input longer than its context
+	// either way (Ollama's truncate:false); true is not honoured.
+	body := map[string]any{"model": req.Model, "input": input, "encoding_format": "float"}
+	if req.Dimensions > 0 {
+		body["dimensions"] = req.Dimensions
+	}
+	if err := sampling(map[string]any{}, req.Options); err != nil {
+		return req, nil, err
+	}
+	b, err := json.Marshal(body)
+	return req, b, err
+}
+
+// Embeddings turns an /api/embeddings body into a /v1/embeddings body.
+func Embeddings(data []byte) (req EmbeddingsRequest, openaiBody []byte, err error) {
+	if err := strict(data, &req); err != nil {
+		return req, nil, err
+	}
+	if err := sampling(map[string]any{}, req.Options); err != nil {
+		return req, nil, err
+	}
+	b, err := json.Marshal(map[string]any{"model": req.Model, "input": req.Prompt, "encoding_format": "float"})
+	return req, b, err
+}
+
+// strict decodes one JSON object into v, refusing unknown fields.
+func strict(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badf("the body is not a valid request: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if dec.More() {
+		return badf("the body holds more than one JSON value")
+	}
+	return nil
+}
+
+// Timestamp is Ollama's created_at.
+func Timestamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// Error is Ollama's error body.
+type Error struct {
+	Error string `json:"error"`
+}

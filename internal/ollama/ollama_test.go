@@ -1,0 +1,184 @@
+package ollama
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func decodeMap(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	return m
+}
+
+// A tool round trip in Ollama's shapes (arguments an object, the tool's
+// answer by tool_name) becomes OpenAI's (arguments a string, the answer
+// by the call's id); options map to sampling fields, Ollama's load
+// options are left out, a misspelt one is refused.
+func TestChatTranslates(t *testing.T) {
+	req, body, err := Chat([]byte(`{"model":"tiny:latest","messages":[
+		{"role":"user","content":"Weather in Paris?"},
+		{"role":"assistant","content":"","tool_calls":[{"function":{"name":"get_weather","arguments":{"city":"Paris"}}}]},
+		{"role":"tool","content":"sunny","tool_name":"get_weather"}],
+		"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],
+		"format":"json","options":{"num_predict":16,"temperature":0,"stop":"\n","num_ctx":4096,"seed":7}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Model != "tiny:latest" || req.Stream != nil {
+		t.Errorf("request %+v", req)
+	}
+	m := decodeMap(t, body)
+	msgs := m["messages"].([]any)
+	call := msgs[1].(map[string]any)["tool_calls"].([]any)[0].(map[string]any)
+	fn := call["function"].(map[string]any)
+	if fn["arguments"] != `{"city":"Paris"}` || fn["name"] != "get_weather" || call["type"] != "function" {
+		t.Errorf("assistant's call %v", call)
+	}
+	if msgs[2].(map[string]any)["tool_call_id"] != call["id"] {
+		t.Errorf("the tool's answer %v does not answer call %v", msgs[2], call["id"])
+	}
+	if m["max_tokens"] != 16.0 || m["temperature"] != 0.0 || m["seed"] != 7.0 || m["num_ctx"] != nil || m["stream"] != true ||
+		m["stream_options"].(map[string]any)["include_usage"] != true {
+		t.Errorf("body %v", m)
+	}
+	if stop := m["stop"].([]any); len(stop) != 1 || stop[0] != "\n" {
+		t.Errorf("stop %v", m["stop"])
+	}
+	if m["response_format"].(map[string]any)["type"] != "json_object" || m["tools"] == nil {
+		t.Errorf("format or tools lost: %v", m)
+	}
+
+	_, body, err = Chat([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false,"format":{"type":"object"},"options":{"num_predict":-1}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = decodeMap(t, body)
+	if m["stream"] != false || m["stream_options"] != nil || m["max_tokens"] != nil ||
+		m["response_format"].(map[string]any)["type"] != "json_schema" {
+		t.Errorf("body %v", m)
+	}
+
+	for in, want := range map[string]string{
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"options":{"temprature":0}}`: "options.temprature is not an Ollama option",
+		`{"model":"m","messages":[]}`:                                                            "messages is required",
+		`{"model":"m","messages":[{"role":"robot","content":"x"}]}`:                              `messages[0].role "robot"`,
+		`{"model":"m","messages":[{"role":"user","content":"x","images":["aGk="]}]}`:             "text only",
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"format":"yaml"}`:               `format must be "json" or a JSON schema`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"options":{"num_predict":1.5}}`: "options.num_predict must be an integer",
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"frobnicate":1}`:                `unknown field "frobnicate"`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}]} {}`:                            "more than one JSON value",
+	} {
+		if _, _, err := Chat([]byte(in)); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", in, err, want)
+		}
+	}
+}
+
+func TestGenerateAndEmbedTranslate(t *testing.T) {
+	_, path, body, err := Generate([]byte(`{"model":"m","prompt":"hi","system":"be brief","stream":false}`))
+	if err != nil || path != "/v1/chat/completions" {
+		t.Fatalf("%s %v", path, err)
+	}
+	if msgs := decodeMap(t, body)["messages"].([]any); len(msgs) != 2 || msgs[0].(map[string]any)["role"] != "system" {
+		t.Errorf("messages %v", msgs)
+	}
+	_, path, body, err = Generate([]byte(`{"model":"m","prompt":"hi","raw":true}`))
+	if err != nil || path != "/v1/completions" || decodeMap(t, body)["prompt"] != "hi" {
+		t.Errorf("raw: %s %s %v", path, body, err)
+	}
+	for in, want := range map[string]string{
+		`{"model":"m","prompt":"x","context":[1,2]}`:   "keeps no token context",
+		`{"model":"m","prompt":"x","template":"{{}}"}`: "model's own chat template",
+		`{"model":"m","prompt":"x","suffix":"y"}`:      "fill-in-the-middle",
+	} {
+		if _, _, _, err := Generate([]byte(in)); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", in, err, want)
+		}
+	}
+	_, body, err = Embed([]byte(`{"model":"m","input":["a","b"],"dimensions":8}`))
+	if m := decodeMap(t, body); err != nil || len(m["input"].([]any)) != 2 || m["dimensions"] != 8.0 || m["encoding_format"] != "float" {
+		t.Errorf("embed: %s %v", body, err)
+	}
+	if _, _, err := Embed([]byte(`{"model":"m","input":3}`)); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("embed of a number: %v", err)
+	}
+}
+
+// A stream of OpenAI chunks (text, a call whose arguments come in
+// pieces, the finish, usage, [DONE]) becomes Ollama's lines: the text,
+// the call in one line with its arguments as an object, then done with
+// the counts; an error event becomes Ollama's error line.
+func TestAnswerStream(t *testing.T) {
+	a := NewAnswer(KindChat, "tiny", time.Now())
+	now := time.Now()
+	var lines []map[string]any
+	last := false
+	for _, ev := range []string{
+		`data: {"choices":[{"delta":{"role":"assistant","content":"Hel"}}]}`,
+		`data: {"choices":[{"delta":{"content":"lo"}}]}`,
+		`data: {"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"ci"}}]}}]}`,
+		`data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"ty\":\"Paris\"}"}}]}}]}`,
+		`data: {"choices":[{"delta":{},"finish_reason":"tool_calls"}]}`,
+		`data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":9}}`,
+		`data: [DONE]`,
+	} {
+		ls, l, err := a.Event([]byte(ev), now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range ls {
+			lines = append(lines, decodeMap(t, b))
+		}
+		last = l
+	}
+	if !last || len(lines) != 4 {
+		t.Fatalf("%d lines %v (last %v)", len(lines), lines, last)
+	}
+	if lines[0]["message"].(map[string]any)["content"] != "Hel" || lines[1]["done"] != false {
+		t.Errorf("text lines %v", lines[:2])
+	}
+	calls := lines[2]["message"].(map[string]any)["tool_calls"].([]any)
+	fn := calls[0].(map[string]any)["function"].(map[string]any)
+	if len(calls) != 1 || fn["name"] != "get_weather" || fn["arguments"].(map[string]any)["city"] != "Paris" {
+		t.Errorf("calls line %v", lines[2])
+	}
+	d := lines[3]
+	if d["done"] != true || d["done_reason"] != "stop" || d["prompt_eval_count"] != 12.0 || d["eval_count"] != 9.0 || d["model"] != "tiny" {
+		t.Errorf("done line %v", d)
+	}
+
+	a = NewAnswer(KindGenerate, "tiny", time.Now())
+	ls, l, err := a.Event([]byte(`data: {"error":{"message":"the worker failed","code":"worker_failed"}}`), now)
+	if err != nil || !l || len(ls) != 1 || decodeMap(t, ls[0])["error"] != "the worker failed" {
+		t.Errorf("error event: %s %v %v", ls, l, err)
+	}
+}
+
+func TestAnswerWhole(t *testing.T) {
+	a := NewAnswer(KindChat, "tiny", time.Now())
+	b, err := a.Whole([]byte(`{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":4}}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := decodeMap(t, b)
+	msg := m["message"].(map[string]any)
+	if msg["content"] != "" || msg["tool_calls"].([]any)[0].(map[string]any)["function"].(map[string]any)["arguments"].(map[string]any)["x"] != 1.0 ||
+		m["done"] != true || m["eval_count"] != 4.0 {
+		t.Errorf("whole %v", m)
+	}
+	a = NewAnswer(KindGenerate, "tiny", time.Now())
+	b, err = a.Whole([]byte(`{"choices":[{"text":"hi","finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`), time.Now())
+	if m := decodeMap(t, b); err != nil || m["response"] != "hi" || m["done_reason"] != "length" {
+		t.Errorf("generate whole %s %v", b, err)
+	}
+	if _, err := NewAnswer(KindChat, "m", time.Now()).Whole([]byte(`<html>`), time.Now()); err == nil {
+		t.Errorf("a page was taken for an answer")
+	}
+}
