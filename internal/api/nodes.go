@@ -87,4 +87,9 @@ const (
 	// BatchHeader (value "1") marks a request the queen sends a worker for
 	// the Batch API: its prompt yields to interactive requests' prompts.
 	BatchHeader = "X-Apiary-Batch"
+	// ModelNameHeader, on a request the queen relays to a worker, is the
+	// model name the client sent when the queen resolved it (a configured
+	// name or alias) to the worker's file: the worker answers with it, as
+	// clients match the answer's model against what they asked for.
+	ModelNameHeader = "X-Apiary-Model-Name"
 )

@@ -161,8 +161,13 @@ type ChatCompletionRequest struct {
 }
 
 // Parallel reports whether the model may make several calls in one
-// answer (parallel_tool_calls, default true).
+// answer (parallel_tool_calls, default true). A named tool_choice is one
+// call of that function, as OpenAI documents, whatever
+// parallel_tool_calls says (the AI SDK ran the tool three times).
 func (r ChatCompletionRequest) Parallel() bool {
+	if r.ToolChoice.Mode == ToolChoiceFunction {
+		return false
+	}
 	return r.ParallelToolCalls == nil || *r.ParallelToolCalls
 }
 
@@ -213,6 +218,19 @@ type ChatMessage struct {
 	ToolCallID string `json:"tool_call_id,omitempty"`
 	// Name is a tool message's function name, when sent.
 	Name string `json:"name,omitempty"`
+}
+
+// MarshalJSON writes an assistant's message of calls alone with content
+// null, as OpenAI does (clients test for null, not "").
+func (m ChatMessage) MarshalJSON() ([]byte, error) {
+	type plain ChatMessage
+	if m.Content == "" && len(m.ToolCalls) > 0 {
+		return json.Marshal(struct {
+			plain
+			Content *string `json:"content"`
+		}{plain: plain(m)})
+	}
+	return json.Marshal(plain(m))
 }
 
 // ToolCall is one function call, in a message or (with Index, and parts

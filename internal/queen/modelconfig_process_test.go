@@ -88,6 +88,26 @@ models:
 	if by != replica || out.Usage.CompletionTokens != 3 {
 		t.Errorf("gpt-4o-mini: %d tokens from %s; want 3 (the file's max_tokens) from the replica %s", out.Usage.CompletionTokens, by, replica)
 	}
+	// The answer names the model as the client did (clients match on it),
+	// not the worker's file.
+	if out.Model != "gpt-4o-mini" {
+		t.Errorf("the answer to gpt-4o-mini names model %q", out.Model)
+	}
+	// A configured name has its file's time, in the list and on its own.
+	var one struct{ Created int64 }
+	getPlainJSON(t, c.url+"/v1/models/small", &one)
+	var list struct {
+		Data []struct {
+			ID      string
+			Created int64
+		}
+	}
+	getPlainJSON(t, c.url+"/v1/models", &list)
+	for _, m := range list.Data {
+		if m.ID == "small" && (m.Created != one.Created || m.Created == 0) {
+			t.Errorf("small: created %d in the list, %d on its own; want its file's time in both", m.Created, one.Created)
+		}
+	}
 	if got := aliasesOf(t, c.url); got["gpt-4o-mini"] != "small" || !has(got, "small") {
 		t.Errorf("/v1/models = %v", got)
 	}
@@ -165,3 +185,18 @@ func TestProcessModelConfigSIGHUP(t *testing.T) {
 }
 
 func has(m map[string]string, k string) bool { _, ok := m[k]; return ok }
+
+func getPlainJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -36,6 +36,9 @@ type relayReq struct {
 	// batch: a Batch API request, sent on the batch requests' own
 	// connections (Service.upBatch).
 	batch bool
+	// name is the model as the client named it, when that is a configured
+	// name or alias of model (the worker answers with it).
+	name string
 	// tl records where the time went, for the Debug log (nil: Debug is off).
 	tl *relayTimeline
 }
@@ -132,6 +135,9 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 	}
 	if rr.batch {
 		req.Header.Set(api.BatchHeader, "1")
+	}
+	if rr.name != "" {
+		req.Header.Set(api.ModelNameHeader, rr.name)
 	}
 	if rr.tl != nil {
 		req = req.WithContext(httptrace.WithClientTrace(ctx, rr.tl.trace()))

@@ -217,8 +217,11 @@ func (s *Service) listModels(r *http.Request) (openai.ModelList, error) {
 		}
 	}
 	if id == "" {
-		// The config's names and aliases.
+		// The config's names and aliases, with their file's time.
 		for _, m := range s.configuredModels() {
+			if info, ok := s.catalog.lookup(pools, s.resolve(m.ID).ref); ok {
+				m.Created = info.ModifiedAt.Unix()
+			}
 			seen[m.ID] = m
 		}
 	}
@@ -257,9 +260,16 @@ func (s *Service) listModels(r *http.Request) (openai.ModelList, error) {
 
 func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("id")
+	// The hives' lists read as for the list, so that a model has the same
+	// time in both.
+	pools := s.servable()
+	s.catalog.ensureRead(r.Context(), answering(pools))
 	for _, m := range s.configuredModels() {
 		if m.ID == id {
 			c.model = s.resolve(id).ref
+			if info, ok := s.catalog.lookup(pools, c.model); ok {
+				m.Created = info.ModifiedAt.Unix()
+			}
 			openai.WriteJSON(w, http.StatusOK, m)
 			return nil
 		}
@@ -390,8 +400,11 @@ func (s *Service) serveRead(w http.ResponseWriter, r *http.Request, c *call, pat
 	if body, err = rewriteBody(body, model, res); err != nil {
 		return err
 	}
-	return s.serveBody(w, r, c, relayReq{model: res.ref, pool: pool, path: path, body: body, stream: stream, session: session,
-		anthropic: anthropicAPI})
+	rr := relayReq{model: res.ref, pool: pool, path: path, body: body, stream: stream, session: session, anthropic: anthropicAPI}
+	if res.configured && model != res.ref {
+		rr.name = model
+	}
+	return s.serveBody(w, r, c, rr)
 }
 
 // serveBody relays rr (its model resolved, its body checked) once its

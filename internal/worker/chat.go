@@ -40,7 +40,7 @@ func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) 
 	if err := forceToolCall(eng, &j, req, syn); err != nil {
 		return err
 	}
-	f := chatFormat{id: openai.NewChatCompletionID(), created: time.Now().Unix(), model: w.cfg.ModelRef, logprobs: req.Logprobs}
+	f := chatFormat{id: openai.NewChatCompletionID(), created: time.Now().Unix(), model: w.answerModel(r), logprobs: req.Logprobs}
 	if req.ToolChoice.Mode != "" && req.ToolChoice.Mode != openai.ToolChoiceNone {
 		f.tools = &toolStream{syn: syn, split: map[int]*chat.Splitter{}}
 	}

@@ -29,7 +29,7 @@ func (w *Worker) handleCompletions(rw http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	f := completionFormat{id: openai.NewCompletionID(), created: time.Now().Unix(), model: w.cfg.ModelRef,
+	f := completionFormat{id: openai.NewCompletionID(), created: time.Now().Unix(), model: w.answerModel(r),
 		logprobs: req.Logprobs, top: req.TopLogprobs}
 	return w.serveGeneration(rw, r, eng, j, req.Sampling, f, "completions")
 }

@@ -47,7 +47,7 @@ func (w *Worker) handleEmbeddings(rw http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	defer release()
-	out := openai.EmbeddingList{Object: openai.ObjectList, Model: w.cfg.ModelRef, Data: make([]openai.Embedding, len(inputs)),
+	out := openai.EmbeddingList{Object: openai.ObjectList, Model: w.answerModel(r), Data: make([]openai.Embedding, len(inputs)),
 		Usage: openai.EmbeddingsUsage{PromptTokens: tokens, TotalTokens: tokens}}
 	for i, ids := range inputs {
 		v, err := eng.Embed(r.Context(), ids)

@@ -382,6 +382,16 @@ func (w *Worker) generationError(ctx context.Context, err error) error {
 	}
 }
 
+// answerModel is the model an answer names: the name the client sent the
+// queen (api.ModelNameHeader: a configured name or alias of this
+// worker's file), else the worker's own.
+func (w *Worker) answerModel(r *http.Request) string {
+	if n := r.Header.Get(api.ModelNameHeader); n != "" && len(n) <= 256 && api.Printable(n, 256) == n {
+		return n
+	}
+	return w.cfg.ModelRef
+}
+
 // checkModel accepts an empty model or the worker's own.
 func (w *Worker) checkModel(model string) error {
 	if model == "" || model == w.cfg.ModelRef {

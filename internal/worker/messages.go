@@ -34,11 +34,7 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	model := req.Model
-	if model == "" {
-		model = w.cfg.ModelRef
-	}
-	f := messagesFormat{id: anthropic.NewMessageID(), model: model, promptTokens: len(j.req.Prompt)}
+	f := messagesFormat{id: anthropic.NewMessageID(), model: w.answerModel(r), promptTokens: len(j.req.Prompt)}
 	return w.serveGeneration(rw, r, eng, j, req.Sampling, f, "messages")
 }
 
