@@ -7,7 +7,6 @@ package routing
 // the same token.
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -211,7 +210,7 @@ func (s *Service) serveOllama(w http.ResponseWriter, r *http.Request, c *call, k
 	if err != nil {
 		return err
 	}
-	name, path, stream, out, err := translate(body)
+	name, path, _, out, err := translate(body)
 	if err != nil {
 		return ollamaBad(err)
 	}
@@ -235,12 +234,30 @@ func (s *Service) serveOllama(w http.ResponseWriter, r *http.Request, c *call, k
 			return req.Model, false, err
 		}
 	}
-	ow := &ollamaWriter{w: w, answer: ollama.NewAnswer(kind, name, c.start), stream: stream}
-	err = s.serveRead(ow, r, c, path, out, decode)
-	if ferr := ow.finish(); ferr != nil && err == nil {
+	tw := &translatingWriter{w: w, answer: ollama.NewAnswer(kind, name, c.start), dialect: ollamaDialect}
+	err = s.serveRead(tw, r, c, path, out, decode)
+	if ferr := tw.finish(); ferr != nil && err == nil {
 		err = ferr
 	}
 	return err
+}
+
+// ollamaDialect: NDJSON lines, errors as {"error": "…"}.
+var ollamaDialect = dialect{
+	contentType: "application/x-ndjson",
+	frame:       func(line []byte) []byte { return append(line, '\n') },
+	errorEvent: func(msg string) []byte {
+		b, _ := json.Marshal(ollama.Error{Error: msg})
+		return append(b, '\n')
+	},
+	heldError: func(w http.ResponseWriter, status int, held []byte) {
+		var e openai.ErrorResponse
+		msg := strings.TrimSpace(string(held))
+		if json.Unmarshal(held, &e) == nil && e.Error.Message != "" {
+			msg = e.Error.Message
+		}
+		openai.WriteJSON(w, status, ollama.Error{Error: msg})
+	},
 }
 
 // setModel puts model in an OpenAI body.
@@ -252,143 +269,4 @@ func setModel(body []byte, model string) ([]byte, error) {
 	m, _ := json.Marshal(model)
 	fields["model"] = m
 	return json.Marshal(fields)
-}
-
-// ollamaWriter is the ResponseWriter the relay writes the worker's
-// OpenAI answer to: it writes Ollama's answer to w instead. An error
-// answer and a whole body are held until finish; a stream's events are
-// translated as they come, each NDJSON line flushed at once.
-type ollamaWriter struct {
-	w      http.ResponseWriter
-	answer *ollama.Answer
-	stream bool
-	header http.Header
-	status int
-	held   bytes.Buffer // an error answer, a whole body, or a part of an event
-	lines  bool         // NDJSON lines went out
-	ended  bool         // the done line (or an error line) went out
-	err    error
-}
-
-// maxHeld bounds what the writer holds of a whole answer (an embedding
-// list of 2048 inputs is the largest: well under this).
-const maxHeld = 256 << 20
-
-func (o *ollamaWriter) Header() http.Header {
-	if o.header == nil {
-		o.header = http.Header{}
-	}
-	return o.header
-}
-
-func (o *ollamaWriter) WriteHeader(status int) {
-	if o.status == 0 {
-		o.status = status
-	}
-}
-
-func (o *ollamaWriter) Write(p []byte) (int, error) {
-	if o.status == 0 {
-		o.status = http.StatusOK
-	}
-	if o.err != nil {
-		return 0, o.err
-	}
-	if o.held.Len()+len(p) > maxHeld {
-		o.err = fmt.Errorf("the worker's answer is over %d bytes", maxHeld)
-		return 0, o.err
-	}
-	o.held.Write(p)
-	if o.status != http.StatusOK || !strings.HasPrefix(o.Header().Get("Content-Type"), "text/event-stream") {
-		return len(p), nil
-	}
-	// Events end with a blank line; translate each whole one.
-	for {
-		buf := o.held.Bytes()
-		i := bytes.Index(buf, []byte("\n\n"))
-		if i < 0 {
-			break
-		}
-		ev := append([]byte(nil), buf[:i]...)
-		o.held.Next(i + 2)
-		if err := o.event(ev); err != nil {
-			o.err = err
-			return 0, err
-		}
-	}
-	return len(p), nil
-}
-
-// event translates one SSE event and writes its lines.
-func (o *ollamaWriter) event(ev []byte) error {
-	if o.ended {
-		return nil
-	}
-	lines, last, err := o.answer.Event(ev, time.Now())
-	if err != nil {
-		b, _ := json.Marshal(ollama.Error{Error: err.Error()})
-		lines, last = [][]byte{b}, true
-	}
-	if len(lines) == 0 {
-		return nil
-	}
-	if !o.lines {
-		o.lines = true
-		o.w.Header().Set("Content-Type", "application/x-ndjson")
-		o.w.Header().Set("Cache-Control", "no-cache")
-		o.w.Header().Set("X-Accel-Buffering", "no")
-		if v := o.Header().Get(api.WorkerHeader); v != "" {
-			o.w.Header().Set(api.WorkerHeader, v)
-		}
-		o.w.WriteHeader(http.StatusOK)
-	}
-	for _, l := range lines {
-		if _, err := o.w.Write(append(l, '\n')); err != nil {
-			return fmt.Errorf("%w: %w", errClientGone, err)
-		}
-	}
-	o.ended = last
-	if err := http.NewResponseController(o.w).Flush(); err != nil {
-		return fmt.Errorf("%w: %w", errClientGone, err)
-	}
-	return nil
-}
-
-// Flush is the relay's flush of each event: the lines are flushed as
-// they are written.
-func (o *ollamaWriter) Flush() {}
-
-// finish writes what was held: an error in Ollama's shape, or the
-// translated whole answer.
-func (o *ollamaWriter) finish() error {
-	switch {
-	case o.status == 0 || o.lines:
-		return nil // nothing came (the caller answers the error), or a stream went out
-	case o.status != http.StatusOK:
-		var e openai.ErrorResponse
-		msg := strings.TrimSpace(o.held.String())
-		if json.Unmarshal(o.held.Bytes(), &e) == nil && e.Error.Message != "" {
-			msg = e.Error.Message
-		}
-		for _, h := range []string{"Retry-After", "WWW-Authenticate"} {
-			if v := o.Header().Get(h); v != "" {
-				o.w.Header().Set(h, v)
-			}
-		}
-		openai.WriteJSON(o.w, o.status, ollama.Error{Error: msg})
-		return nil
-	case o.err != nil:
-		return o.err
-	}
-	out, err := o.answer.Whole(o.held.Bytes(), time.Now())
-	if err != nil {
-		return &openai.Error{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer, Message: err.Error()}
-	}
-	if v := o.Header().Get(api.WorkerHeader); v != "" {
-		o.w.Header().Set(api.WorkerHeader, v)
-	}
-	o.w.Header().Set("Content-Type", "application/json")
-	o.w.WriteHeader(http.StatusOK)
-	_, err = o.w.Write(append(out, '\n'))
-	return err
 }

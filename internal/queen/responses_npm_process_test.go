@@ -1,0 +1,133 @@
+package queen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testmodel"
+)
+
+type responseItem struct {
+	Type, Name, Arguments, Status string
+	CallID                        string `json:"call_id"`
+}
+
+// The npm `openai` client's Responses API through the queen: the text is
+// the chat completion's greedy text, whole and streamed (with the
+// documented event sequence), a forced function call round-trips, a
+// json_schema answer follows its schema, and previous_response_id is
+// refused with the reason.
+func TestProcessResponsesNPMClient(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("this test runs the npm client with node (scripts/deps.sh installs it): %v", err)
+	}
+	prefix := testbin.NPM(t, "openai", npmOpenAIVersion)
+	script, err := filepath.Abs(filepath.Join("testdata", "openai-responses.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const token = "api-0123456789abcdef"
+	c := startClusterWith(t, clusterOptions{model: testmodel.Options{ToolTemplate: true}, apiToken: token}, nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*waitLimit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, script)
+	cmd.Env = append(os.Environ(), "BASE_URL="+c.url, "API_KEY="+token, "MODEL=tiny", "OPENAI_PREFIX="+prefix)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("node %s: %v\nstderr:\n%s", script, err, stderr.String())
+	}
+	type usage struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+		TotalTokens  int `json:"total_tokens"`
+	}
+	var r struct {
+		Version string
+		Text    struct {
+			OutputText string `json:"output_text"`
+			Status     string
+			Incomplete *struct{ Reason string }
+			Usage      usage
+			Model, ID  string
+		}
+		Call struct {
+			Output []responseItem
+			Status string
+		}
+		RoundTrip struct {
+			OutputText string `json:"output_text"`
+			Status     string
+			Usage      usage
+		} `json:"round_trip"`
+		JSONSchema struct {
+			OutputText string `json:"output_text"`
+		} `json:"json_schema"`
+		Streamed struct {
+			Events     []string
+			OutputText string `json:"output_text"`
+			Status     string
+			Usage      usage
+		}
+		CallStreamed struct {
+			Events []string
+			Output []responseItem
+		} `json:"call_streamed"`
+		Previous struct {
+			Status         int
+			Message, Param string
+		}
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
+		t.Fatalf("the script printed %q: %v", stdout.String(), err)
+	}
+	if r.Version != npmOpenAIVersion {
+		t.Errorf("openai %s, want %s", r.Version, npmOpenAIVersion)
+	}
+	want := openAIChatText(t, c.url, token)
+	t.Logf("text %q; streamed events %v; call %+v", r.Text.OutputText, r.Streamed.Events, r.Call.Output)
+	if r.Text.OutputText != want || r.Text.Status != "incomplete" || r.Text.Incomplete == nil || r.Text.Incomplete.Reason != "max_output_tokens" ||
+		r.Text.Usage.OutputTokens != 8 || r.Text.Usage.InputTokens == 0 || r.Text.Usage.TotalTokens != r.Text.Usage.InputTokens+8 ||
+		r.Text.Model != "tiny" || !strings.HasPrefix(r.Text.ID, "resp_") {
+		t.Errorf("text: %+v, want %q, incomplete after 8 tokens", r.Text, want)
+	}
+	var args struct{ City *string }
+	if len(r.Call.Output) != 1 || r.Call.Output[0].Type != "function_call" || r.Call.Output[0].Name != "get_weather" ||
+		r.Call.Output[0].CallID == "" || json.Unmarshal([]byte(r.Call.Output[0].Arguments), &args) != nil || args.City == nil || r.Call.Status != "completed" {
+		t.Errorf("forced call: %+v", r.Call)
+	}
+	if r.RoundTrip.OutputText == "" || r.RoundTrip.Usage.OutputTokens == 0 {
+		t.Errorf("after the tool's output: %+v", r.RoundTrip)
+	}
+	var bee struct {
+		Name *string
+		N    *int
+	}
+	if err := json.Unmarshal([]byte(r.JSONSchema.OutputText), &bee); err != nil || bee.Name == nil || bee.N == nil || *bee.N < 1 || *bee.N > 9 {
+		t.Errorf("json_schema: %q (%v)", r.JSONSchema.OutputText, err)
+	}
+	wantEvents := []string{"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"}
+	if r.Streamed.OutputText != want || r.Streamed.Status != "incomplete" || r.Streamed.Usage.OutputTokens != 8 ||
+		!slices.Equal(r.Streamed.Events[:min(4, len(r.Streamed.Events))], wantEvents) ||
+		!slices.Contains(r.Streamed.Events, "response.output_text.delta") ||
+		!slices.Equal(r.Streamed.Events[max(0, len(r.Streamed.Events)-4):], []string{"response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"}) {
+		t.Errorf("streamed: %+v, want %q", r.Streamed, want)
+	}
+	if len(r.CallStreamed.Output) != 1 || r.CallStreamed.Output[0].Arguments != r.Call.Output[0].Arguments ||
+		!slices.Contains(r.CallStreamed.Events, "response.function_call_arguments.delta") ||
+		r.CallStreamed.Events[len(r.CallStreamed.Events)-1] != "response.completed" {
+		t.Errorf("streamed call: %+v, want the whole answer's call %+v", r.CallStreamed, r.Call.Output)
+	}
+	if r.Previous.Status != 400 || r.Previous.Param != "previous_response_id" || !strings.Contains(r.Previous.Message, "send the conversation in input") {
+		t.Errorf("previous_response_id: %+v", r.Previous)
+	}
+}

@@ -1,0 +1,297 @@
+// Package responses speaks OpenAI's Responses API (POST /v1/responses) in
+// terms of the chat completions the workers serve, as internal/ollama does
+// for Ollama's API: a request becomes a chat completion request, and the
+// worker's answer — a whole body, or a stream of chunks — becomes a
+// response object, or the Responses API's stream of typed events.
+//
+// Not served: stored responses (previous_response_id, GET and DELETE of
+// /v1/responses/{id}), built-in tools (web search, file search, …),
+// images and files in input, reasoning items.
+package responses
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrBadRequest marks a request this package refuses; the message says why.
+var ErrBadRequest = errors.New("invalid request")
+
+// Param names the request field a refusal is about.
+type Param struct {
+	Name string
+	Err  error
+}
+
+func (p *Param) Error() string { return p.Err.Error() }
+func (p *Param) Unwrap() error { return p.Err }
+
+func bad(param, format string, args ...any) error {
+	return &Param{Name: param, Err: fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))}
+}
+
+// Request is what the translation reads of a POST /v1/responses body.
+type Request struct {
+	Model              string          `json:"model"`
+	Input              json.RawMessage `json:"input"`
+	Instructions       *string         `json:"instructions"`
+	Tools              []Tool          `json:"tools"`
+	ToolChoice         json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls  *bool           `json:"parallel_tool_calls"`
+	Text               *TextConfig     `json:"text"`
+	MaxOutputTokens    *int            `json:"max_output_tokens"`
+	Temperature        *float64        `json:"temperature"`
+	TopP               *float64        `json:"top_p"`
+	Stream             bool            `json:"stream"`
+	Store              *bool           `json:"store"`
+	PreviousResponseID *string         `json:"previous_response_id"`
+	Metadata           map[string]any  `json:"metadata"`
+	User               string          `json:"user"`
+	Truncation         string          `json:"truncation"`
+	Reasoning          json.RawMessage `json:"reasoning"`
+	Include            []string        `json:"include"`
+	Background         bool            `json:"background"`
+	ServiceTier        string          `json:"service_tier"`
+	StreamOptions      json.RawMessage `json:"stream_options"`
+	PromptCacheKey     string          `json:"prompt_cache_key"`
+	SafetyIdentifier   string          `json:"safety_identifier"`
+	TopLogprobs        *int            `json:"top_logprobs"`
+	MaxToolCalls       *int            `json:"max_tool_calls"`
+}
+
+// Tool is a tools entry; only functions are served.
+type Tool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+}
+
+// TextConfig is the request's text: its format.
+type TextConfig struct {
+	Format    *Format `json:"format,omitempty"`
+	Verbosity string  `json:"verbosity,omitempty"`
+}
+
+// Format is text.format: text, json_object, or json_schema with its schema.
+type Format struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Schema      json.RawMessage `json:"schema,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+}
+
+// item is an input item: a message (with or without "type": "message"),
+// a function call, or a call's output.
+type item struct {
+	Type      string          `json:"type"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	CallID    string          `json:"call_id"`
+	Name      string          `json:"name"`
+	Arguments string          `json:"arguments"`
+	Output    json.RawMessage `json:"output"`
+	ID        string          `json:"id"`
+	Status    string          `json:"status"`
+}
+
+// Chat turns a POST /v1/responses body into a /v1/chat/completions body.
+func Chat(data []byte) (Request, []byte, error) {
+	var req Request
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, nil, bad("", "the body is not a valid request: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	switch {
+	case req.PreviousResponseID != nil:
+		return req, nil, bad("previous_response_id", "stored responses are not served: send the conversation in input")
+	case req.Background:
+		return req, nil, bad("background", "background responses are not served")
+	case req.Reasoning != nil && string(req.Reasoning) != "null":
+		return req, nil, bad("reasoning", "reasoning options are not served")
+	case req.TopLogprobs != nil && *req.TopLogprobs > 0:
+		return req, nil, bad("top_logprobs", "top_logprobs is not served on /v1/responses; use /v1/chat/completions")
+	}
+	var msgs []map[string]any
+	if req.Instructions != nil && *req.Instructions != "" {
+		msgs = append(msgs, map[string]any{"role": "system", "content": *req.Instructions})
+	}
+	in, err := input(req.Input)
+	if err != nil {
+		return req, nil, err
+	}
+	msgs = append(msgs, in...)
+	if len(msgs) == 0 {
+		return req, nil, bad("input", "input is required")
+	}
+	body := map[string]any{"model": req.Model, "messages": msgs, "stream": req.Stream}
+	if req.Stream {
+		body["stream_options"] = map[string]any{"include_usage": true}
+	}
+	if len(req.Tools) > 0 {
+		tools := make([]map[string]any, len(req.Tools))
+		for i, t := range req.Tools {
+			if t.Type != "function" {
+				return req, nil, bad(fmt.Sprintf("tools[%d].type", i), "tool type %q is not served; only function tools are", t.Type)
+			}
+			fn := map[string]any{"name": t.Name}
+			if t.Description != "" {
+				fn["description"] = t.Description
+			}
+			if len(t.Parameters) > 0 {
+				fn["parameters"] = t.Parameters
+			}
+			if t.Strict != nil {
+				fn["strict"] = *t.Strict
+			}
+			tools[i] = map[string]any{"type": "function", "function": fn}
+		}
+		body["tools"] = tools
+	}
+	if tc := bytes.TrimSpace(req.ToolChoice); len(tc) > 0 && string(tc) != "null" {
+		var mode string
+		var named struct{ Type, Name string }
+		switch {
+		case json.Unmarshal(tc, &mode) == nil:
+			body["tool_choice"] = mode
+		case json.Unmarshal(tc, &named) == nil && named.Type == "function" && named.Name != "":
+			body["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": named.Name}}
+		default:
+			return req, nil, bad("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "name": …}`)
+		}
+	}
+	if req.ParallelToolCalls != nil {
+		body["parallel_tool_calls"] = *req.ParallelToolCalls
+	}
+	if req.Text != nil && req.Text.Format != nil {
+		f := req.Text.Format
+		switch f.Type {
+		case "text":
+		case "json_object":
+			body["response_format"] = map[string]any{"type": "json_object"}
+		case "json_schema":
+			js := map[string]any{"name": f.Name, "schema": f.Schema}
+			if f.Strict != nil {
+				js["strict"] = *f.Strict
+			}
+			if f.Description != "" {
+				js["description"] = f.Description
+			}
+			body["response_format"] = map[string]any{"type": "json_schema", "json_schema": js}
+		default:
+			return req, nil, bad("text.format.type", "text.format.type %q: want text, json_object or json_schema", f.Type)
+		}
+	}
+	if req.MaxOutputTokens != nil {
+		body["max_tokens"] = *req.MaxOutputTokens
+	}
+	if req.Temperature != nil {
+		body["temperature"] = *req.Temperature
+	}
+	if req.TopP != nil {
+		body["top_p"] = *req.TopP
+	}
+	b, err := json.Marshal(body)
+	return req, b, err
+}
+
+// input turns input (a string, or a list of items) into chat messages.
+func input(raw json.RawMessage) ([]map[string]any, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return []map[string]any{{"role": "user", "content": s}}, nil
+	}
+	var items []item
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, bad("input", "input must be a string or a list of items")
+	}
+	var msgs []map[string]any
+	for i, it := range items {
+		p := fmt.Sprintf("input[%d]", i)
+		switch it.Type {
+		case "", "message":
+			role := it.Role
+			switch role {
+			case "developer":
+				role = "system"
+			case "system", "user", "assistant":
+			default:
+				return nil, bad(p+".role", "role %q: want user, assistant, system or developer", it.Role)
+			}
+			text, err := contentText(it.Content, p)
+			if err != nil {
+				return nil, err
+			}
+			msgs = append(msgs, map[string]any{"role": role, "content": text})
+		case "function_call":
+			if it.CallID == "" || it.Name == "" {
+				return nil, bad(p, "a function_call item needs call_id and name")
+			}
+			call := map[string]any{"id": it.CallID, "type": "function", "function": map[string]any{"name": it.Name, "arguments": it.Arguments}}
+			// Calls in a row are one assistant message, as the model made them.
+			if n := len(msgs); n > 0 && msgs[n-1]["role"] == "assistant" && msgs[n-1]["tool_calls"] != nil {
+				msgs[n-1]["tool_calls"] = append(msgs[n-1]["tool_calls"].([]map[string]any), call)
+			} else {
+				msgs = append(msgs, map[string]any{"role": "assistant", "content": nil, "tool_calls": []map[string]any{call}})
+			}
+		case "function_call_output":
+			if it.CallID == "" {
+				return nil, bad(p, "a function_call_output item needs call_id")
+			}
+			out, err := contentText(it.Output, p+".output")
+			if err != nil {
+				return nil, err
+			}
+			msgs = append(msgs, map[string]any{"role": "tool", "tool_call_id": it.CallID, "content": out})
+		case "reasoning":
+			// Reasoning another model made is not the workers' to read.
+		default:
+			return nil, bad(p+".type", "item type %q is not served (message, function_call and function_call_output are)", it.Type)
+		}
+	}
+	return msgs, nil
+}
+
+// contentText is a message's content: a string, or parts of text.
+func contentText(raw json.RawMessage, param string) (string, error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", bad(param, "content must be a string or a list of parts")
+	}
+	var b strings.Builder
+	for k, part := range parts {
+		switch part.Type {
+		case "input_text", "output_text", "text":
+			b.WriteString(part.Text)
+		default:
+			return "", bad(fmt.Sprintf("%s.content[%d].type", param, k), "content part %q is not served: the workers take text", part.Type)
+		}
+	}
+	return b.String(), nil
+}
+
+// NewID is an id with prefix (resp, msg, fc).
+func NewID(prefix string) string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
