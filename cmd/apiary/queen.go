@@ -110,7 +110,7 @@ address only.`,
 	fl.DurationVar(&f.claimTimeout, "claim-timeout", queen.DefaultClaimTimeout, "a row created for a worker run by hand (placement operator) that no worker claims this long is FAILED (unclaimed)")
 	fl.DurationVar(&f.claimHealthInterval, "claim-health-interval", queen.DefaultClaimHealthInterval, "how often the queen checks the health of workers run by hand; "+strconv.Itoa(queen.ClaimHealthFailures)+" failed checks in a row fail their row")
 	fl.DurationVar(&f.auditRetention, "audit-retention", queen.DefaultRetention, "audit entries older than this are pruned (at start, then hourly); 0 keeps them forever")
-	fl.DurationVar(&f.rowsRetention, "rows-retention", queen.DefaultRetention, "stopped and failed worker rows that ended longer ago than this are pruned; live rows never are; 0 keeps them forever")
+	fl.DurationVar(&f.rowsRetention, "rows-retention", queen.DefaultRetention, "stopped and failed worker rows that ended longer ago than this are pruned, and kept Responses API answers this old; live rows never are; 0 keeps them forever")
 	fl.Int64Var(&f.maxBody, "max-body-bytes", queen.DefaultMaxBodyBytes, "request body limit; larger bodies get 413")
 	fl.StringVar(&f.sshConfig, "ssh-config", "", "ssh client configuration file for the nodes (ssh -F; default the user's ~/.ssh/config)")
 	fl.DurationVar(&f.sshTimeout, "ssh-timeout", 10*time.Second, "how long ssh may take to connect to a node (ssh -o ConnectTimeout)")

@@ -197,5 +197,6 @@ func (q *Queen) routingConfig() routing.Config {
 		src = NewHTTPHiveClient(q.cfg.Tokens.Cluster, q.cfg.HiveTimeout).(routing.HiveModels)
 	}
 	rc.Models = src
+	rc.Responses = q.st
 	return rc
 }

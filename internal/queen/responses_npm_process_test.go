@@ -82,10 +82,23 @@ func TestProcessResponsesNPMClient(t *testing.T) {
 			Events []string
 			Output []responseItem
 		} `json:"call_streamed"`
-		Previous struct {
+		Next struct {
+			OutputText string `json:"output_text"`
+			Previous   string
+			Store      bool
+		}
+		Retrieved struct {
+			ID         string
+			OutputText string `json:"output_text"`
+		}
+		RetrieveDeleted struct {
 			Status         int
 			Message, Param string
-		}
+		} `json:"retrieve_deleted"`
+		PreviousDeleted struct {
+			Status         int
+			Message, Param string
+		} `json:"previous_deleted"`
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
 		t.Fatalf("the script printed %q: %v", stdout.String(), err)
@@ -127,7 +140,23 @@ func TestProcessResponsesNPMClient(t *testing.T) {
 		r.CallStreamed.Events[len(r.CallStreamed.Events)-1] != "response.completed" {
 		t.Errorf("streamed call: %+v, want the whole answer's call %+v", r.CallStreamed, r.Call.Output)
 	}
-	if r.Previous.Status != 400 || r.Previous.Param != "previous_response_id" || !strings.Contains(r.Previous.Message, "send the conversation in input") {
-		t.Errorf("previous_response_id: %+v", r.Previous)
+	// previous_response_id: the kept conversation, then the new input,
+	// is what the model continues: the chat completion of the same
+	// messages gives the same greedy text.
+	var cont struct {
+		Choices []struct{ Message struct{ Content string } }
+	}
+	conv, _ := json.Marshal([]map[string]string{{"role": "user", "content": "Say hello to the bees."},
+		{"role": "assistant", "content": r.Text.OutputText}, {"role": "user", "content": "Again."}})
+	postJSON(t, c.url+"/v1/chat/completions", token, `{"model":"tiny","max_tokens":8,"temperature":0,"messages":`+string(conv)+`}`, &cont)
+	if r.Next.OutputText != cont.Choices[0].Message.Content || r.Next.Previous != r.Text.ID || !r.Next.Store {
+		t.Errorf("continued: %+v, want %q after the kept conversation", r.Next, cont.Choices[0].Message.Content)
+	}
+	if r.Retrieved.ID != r.Text.ID || r.Retrieved.OutputText != r.Text.OutputText {
+		t.Errorf("retrieved %+v, want %s", r.Retrieved, r.Text.ID)
+	}
+	if r.RetrieveDeleted.Status != 404 || r.PreviousDeleted.Status != 400 || r.PreviousDeleted.Param != "previous_response_id" ||
+		!strings.Contains(r.PreviousDeleted.Message, "not found") {
+		t.Errorf("after the delete: retrieve %+v, continue %+v", r.RetrieveDeleted, r.PreviousDeleted)
 	}
 }

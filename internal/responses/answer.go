@@ -58,6 +58,9 @@ type Answer struct {
 	args    map[int]*strings.Builder
 	finish  string
 	in, out int
+	// Stored says the response is kept (store, and a store to keep it in).
+	Stored bool
+	final  []byte // the response object once it ended
 }
 
 // NewAnswer starts the response for model (the name the client sent) to
@@ -100,7 +103,7 @@ func (a *Answer) object(status string) map[string]any {
 	return map[string]any{"id": a.id, "object": "response", "created_at": a.created, "status": status, "error": nil,
 		"incomplete_details": incomplete, "instructions": a.req.Instructions, "max_output_tokens": a.req.MaxOutputTokens,
 		"model": a.model, "output": output, "parallel_tool_calls": a.req.ParallelToolCalls == nil || *a.req.ParallelToolCalls,
-		"previous_response_id": nil, "reasoning": map[string]any{"effort": nil, "summary": nil}, "store": false,
+		"previous_response_id": a.req.PreviousResponseID, "reasoning": map[string]any{"effort": nil, "summary": nil}, "store": a.Stored,
 		"temperature": a.req.Temperature, "text": text, "tool_choice": toolChoice, "tools": tools, "top_p": a.req.TopP,
 		"truncation": "disabled", "usage": usage, "user": nilIfEmpty(a.req.User), "metadata": metadata}
 }
@@ -197,7 +200,9 @@ func (a *Answer) Event(ev []byte, now time.Time) (out [][]byte, last bool, err e
 				a.event("response.output_item.done", map[string]any{"output_index": k, "item": a.output[k]}))
 		}
 		st := a.status()
-		out = append(out, a.event("response."+st, map[string]any{"response": a.object(st)}))
+		obj := a.object(st)
+		a.final, _ = json.Marshal(obj)
+		out = append(out, a.event("response."+st, map[string]any{"response": obj}))
 		return out, true, nil
 	}
 	var c chunk
@@ -284,5 +289,45 @@ func (a *Answer) Whole(data []byte, _ time.Time) ([]byte, error) {
 		}
 		a.output = append(a.output, callItem(NewID("fc"), callID, p.Function.Name, p.Function.Arguments, "completed"))
 	}
-	return json.Marshal(a.object(a.status()))
+	b, err := json.Marshal(a.object(a.status()))
+	if err == nil {
+		a.final = b
+	}
+	return b, err
+}
+
+// Final is the response object once the answer ended well (nil before,
+// or after a failure).
+func (a *Answer) Final() []byte { return a.final }
+
+// ID is the response's id.
+func (a *Answer) ID() string { return a.id }
+
+// Created is when the response was created.
+func (a *Answer) Created() int64 { return a.created }
+
+// Messages is the response's output as chat messages: one assistant
+// message with its text and its calls.
+func (a *Answer) Messages() []map[string]any {
+	var text strings.Builder
+	var calls []map[string]any
+	for _, it := range a.output {
+		switch it["type"] {
+		case "message":
+			for _, c := range it["content"].([]map[string]any) {
+				text.WriteString(c["text"].(string))
+			}
+		case "function_call":
+			calls = append(calls, map[string]any{"id": it["call_id"], "type": "function",
+				"function": map[string]any{"name": it["name"], "arguments": it["arguments"]}})
+		}
+	}
+	m := map[string]any{"role": "assistant", "content": text.String()}
+	if len(calls) > 0 {
+		m["tool_calls"] = calls
+		if text.Len() == 0 {
+			m["content"] = nil
+		}
+	}
+	return []map[string]any{m}
 }

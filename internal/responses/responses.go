@@ -4,9 +4,10 @@
 // worker's answer — a whole body, or a stream of chunks — becomes a
 // response object, or the Responses API's stream of typed events.
 //
-// Not served: stored responses (previous_response_id, GET and DELETE of
-// /v1/responses/{id}), built-in tools (web search, file search, …),
-// images and files in input, reasoning items.
+// The queen keeps answers (store) and continues a conversation from one
+// (previous_response_id) with Build's prior messages and Answer.Messages.
+// Not served: built-in tools (web search, file search, …), images and
+// files in input, reasoning items, background responses.
 package responses
 
 import (
@@ -102,23 +103,44 @@ type item struct {
 	Status    string          `json:"status"`
 }
 
-// Chat turns a POST /v1/responses body into a /v1/chat/completions body.
-func Chat(data []byte) (Request, []byte, error) {
+// Parse reads a POST /v1/responses body.
+func Parse(data []byte) (Request, error) {
 	var req Request
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return req, nil, bad("", "the body is not a valid request: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return req, bad("", "the body is not a valid request: %s", strings.TrimPrefix(err.Error(), "json: "))
 	}
-	switch {
-	case req.PreviousResponseID != nil:
+	return req, nil
+}
+
+// Chat turns a POST /v1/responses body into a /v1/chat/completions body;
+// previous_response_id is refused (nothing is stored).
+func Chat(data []byte) (Request, []byte, error) {
+	req, err := Parse(data)
+	if err != nil {
+		return req, nil, err
+	}
+	if req.PreviousResponseID != nil {
 		return req, nil, bad("previous_response_id", "stored responses are not served: send the conversation in input")
+	}
+	body, _, err := Build(req, nil)
+	return req, body, err
+}
+
+// Build turns req into a /v1/chat/completions body, the conversation of
+// the response it answers (prior, the messages of the previous
+// response's conversation, then req's input) coming first; conversation
+// is those messages without the instructions (which a later response
+// does not inherit), for keeping.
+func Build(req Request, prior []map[string]any) (body []byte, conversation []map[string]any, err error) {
+	switch {
 	case req.Background:
-		return req, nil, bad("background", "background responses are not served")
+		return nil, nil, bad("background", "background responses are not served")
 	case req.Reasoning != nil && string(req.Reasoning) != "null":
-		return req, nil, bad("reasoning", "reasoning options are not served")
+		return nil, nil, bad("reasoning", "reasoning options are not served")
 	case req.TopLogprobs != nil && *req.TopLogprobs > 0:
-		return req, nil, bad("top_logprobs", "top_logprobs is not served on /v1/responses; use /v1/chat/completions")
+		return nil, nil, bad("top_logprobs", "top_logprobs is not served on /v1/responses; use /v1/chat/completions")
 	}
 	var msgs []map[string]any
 	if req.Instructions != nil && *req.Instructions != "" {
@@ -126,21 +148,22 @@ func Chat(data []byte) (Request, []byte, error) {
 	}
 	in, err := input(req.Input)
 	if err != nil {
-		return req, nil, err
+		return nil, nil, err
 	}
-	msgs = append(msgs, in...)
-	if len(msgs) == 0 {
-		return req, nil, bad("input", "input is required")
+	if len(in) == 0 && len(prior) == 0 {
+		return nil, nil, bad("input", "input is required")
 	}
-	body := map[string]any{"model": req.Model, "messages": msgs, "stream": req.Stream}
+	conversation = append(append([]map[string]any{}, prior...), in...)
+	msgs = append(msgs, conversation...)
+	fields := map[string]any{"model": req.Model, "messages": msgs, "stream": req.Stream}
 	if req.Stream {
-		body["stream_options"] = map[string]any{"include_usage": true}
+		fields["stream_options"] = map[string]any{"include_usage": true}
 	}
 	if len(req.Tools) > 0 {
 		tools := make([]map[string]any, len(req.Tools))
 		for i, t := range req.Tools {
 			if t.Type != "function" {
-				return req, nil, bad(fmt.Sprintf("tools[%d].type", i), "tool type %q is not served; only function tools are", t.Type)
+				return nil, nil, bad(fmt.Sprintf("tools[%d].type", i), "tool type %q is not served; only function tools are", t.Type)
 			}
 			fn := map[string]any{"name": t.Name}
 			if t.Description != "" {
@@ -154,29 +177,29 @@ func Chat(data []byte) (Request, []byte, error) {
 			}
 			tools[i] = map[string]any{"type": "function", "function": fn}
 		}
-		body["tools"] = tools
+		fields["tools"] = tools
 	}
 	if tc := bytes.TrimSpace(req.ToolChoice); len(tc) > 0 && string(tc) != "null" {
 		var mode string
 		var named struct{ Type, Name string }
 		switch {
 		case json.Unmarshal(tc, &mode) == nil:
-			body["tool_choice"] = mode
+			fields["tool_choice"] = mode
 		case json.Unmarshal(tc, &named) == nil && named.Type == "function" && named.Name != "":
-			body["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": named.Name}}
+			fields["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": named.Name}}
 		default:
-			return req, nil, bad("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "name": …}`)
+			return nil, nil, bad("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "name": …}`)
 		}
 	}
 	if req.ParallelToolCalls != nil {
-		body["parallel_tool_calls"] = *req.ParallelToolCalls
+		fields["parallel_tool_calls"] = *req.ParallelToolCalls
 	}
 	if req.Text != nil && req.Text.Format != nil {
 		f := req.Text.Format
 		switch f.Type {
 		case "text":
 		case "json_object":
-			body["response_format"] = map[string]any{"type": "json_object"}
+			fields["response_format"] = map[string]any{"type": "json_object"}
 		case "json_schema":
 			js := map[string]any{"name": f.Name, "schema": f.Schema}
 			if f.Strict != nil {
@@ -185,22 +208,22 @@ func Chat(data []byte) (Request, []byte, error) {
 			if f.Description != "" {
 				js["description"] = f.Description
 			}
-			body["response_format"] = map[string]any{"type": "json_schema", "json_schema": js}
+			fields["response_format"] = map[string]any{"type": "json_schema", "json_schema": js}
 		default:
-			return req, nil, bad("text.format.type", "text.format.type %q: want text, json_object or json_schema", f.Type)
+			return nil, nil, bad("text.format.type", "text.format.type %q: want text, json_object or json_schema", f.Type)
 		}
 	}
 	if req.MaxOutputTokens != nil {
-		body["max_tokens"] = *req.MaxOutputTokens
+		fields["max_tokens"] = *req.MaxOutputTokens
 	}
 	if req.Temperature != nil {
-		body["temperature"] = *req.Temperature
+		fields["temperature"] = *req.Temperature
 	}
 	if req.TopP != nil {
-		body["top_p"] = *req.TopP
+		fields["top_p"] = *req.TopP
 	}
-	b, err := json.Marshal(body)
-	return req, b, err
+	body, err = json.Marshal(fields)
+	return body, conversation, err
 }
 
 // input turns input (a string, or a list of items) into chat messages.

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"log/slog"
 
 	"sort"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/config"
+	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -102,6 +104,10 @@ type Config struct {
 	// Models reads a hive's model list; HiveTimeout bounds one read.
 	Models      HiveModels
 	HiveTimeout time.Duration
+	// Responses keeps the Responses API's answers (store: true) for
+	// previous_response_id and GET /v1/responses/{id}; nil keeps none
+	// (previous_response_id is refused).
+	Responses ResponseStore
 	// Placer picks a pool for a worker placed on demand; default
 	// MostFreeMemory.
 	Placer  Placer
@@ -189,4 +195,13 @@ func (c Config) maxWorkers(model string, r Replica) int {
 // crashLoop is the crash loop policy of c.
 func (c Config) crashLoop() crashLoopPolicy {
 	return crashLoopPolicy{Failures: c.CrashLoopFailures, Window: c.CrashLoopWindow, Backoff: c.CrashLoopBackoff}
+}
+
+// ResponseStore keeps the Responses API's answers (the queen's store).
+type ResponseStore interface {
+	PutResponse(ctx context.Context, r store.StoredResponse) error
+	// Response reads one; store.ErrNotFound when there is none.
+	Response(ctx context.Context, id string) (store.StoredResponse, error)
+	// DeleteResponse removes one; store.ErrNotFound when there is none.
+	DeleteResponse(ctx context.Context, id string) error
 }

@@ -34,7 +34,7 @@ func (s *Service) Routes(mux *http.ServeMux) {
 	mux.Handle("POST /v1/messages", s.inferenceAs("messages", s.postMessages, true))
 	mux.Handle("POST /v1/responses", s.inference("responses", s.postResponses))
 	mux.Handle("GET /v1/responses/{id}", s.inference("responses", s.getResponse))
-	mux.Handle("DELETE /v1/responses/{id}", s.inference("responses", s.getResponse))
+	mux.Handle("DELETE /v1/responses/{id}", s.inference("responses", s.deleteResponse))
 	s.ollamaRoutes(mux)
 	mux.Handle("OPTIONS /v1/", s.inference("preflight", func(w http.ResponseWriter, r *http.Request, c *call) error {
 		w.WriteHeader(http.StatusNoContent) // not a CORS preflight: nothing to say

@@ -33,8 +33,9 @@ func (r Retention) enabled() bool { return r.Audit > 0 || r.Rows > 0 }
 
 // Pruned is what one Prune removed.
 type Pruned struct {
-	Audit int // audit entries
-	Rows  int // ended lifecycle rows
+	Audit     int // audit entries
+	Rows      int // ended lifecycle rows
+	Responses int // kept responses of the Responses API, as old as those rows
 }
 
 // Prune removes audit entries with ts before auditBefore and ended
@@ -58,6 +59,12 @@ func (s *Store) Prune(ctx context.Context, auditBefore, rowsBefore time.Time) (P
 		p.Rows = n
 		if err != nil {
 			return p, fmt.Errorf("store: prune ended worker rows: %w", err)
+		}
+		n, err = s.pruneBatches(ctx, `DELETE FROM responses WHERE id IN
+			(SELECT id FROM responses WHERE created_at < ? LIMIT ?)`, micros(rowsBefore))
+		p.Responses = n
+		if err != nil {
+			return p, fmt.Errorf("store: prune kept responses: %w", err)
 		}
 	}
 	return p, nil
@@ -120,8 +127,8 @@ func (s *Store) pruneOnce(ctx context.Context, r Retention) {
 		s.log.Error("prune failed; will retry at the next interval", "err", err, "audit_removed", p.Audit, "rows_removed", p.Rows)
 		return
 	}
-	if p.Audit > 0 || p.Rows > 0 {
-		s.log.Info("pruned", "audit_removed", p.Audit, "rows_removed", p.Rows,
+	if p.Audit > 0 || p.Rows > 0 || p.Responses > 0 {
+		s.log.Info("pruned", "audit_removed", p.Audit, "rows_removed", p.Rows, "responses_removed", p.Responses,
 			"audit_retention", r.Audit, "rows_retention", r.Rows, "took", time.Since(start).Round(time.Millisecond))
 	}
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"sort"
 	"sync"
@@ -167,6 +168,43 @@ func TestRetentionPrunesAtOpenAndLogsCounts(t *testing.T) {
 		}
 		if diff := cmp.Diff(wantAudit, audit); diff != "" {
 			t.Errorf("audit left (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// Kept responses of the Responses API: read back as written, deleted
+// once, pruned with the rows' cutoff (an old one goes, a new one stays).
+func TestResponsesKeptAndPruned(t *testing.T) {
+	eachBackend(t, func(t *testing.T, cfg store.Config) {
+		s := open(t, cfg)
+		now := time.Now()
+		old := store.StoredResponse{ID: "resp_old", CreatedAt: now.Add(-1000 * time.Hour), Response: []byte(`{"id":"resp_old"}`), Messages: []byte(`[]`)}
+		recent := store.StoredResponse{ID: "resp_new", CreatedAt: now, Response: []byte(`{"id":"resp_new"}`), Messages: []byte(`[{"role":"user","content":"hi"}]`)}
+		for _, r := range []store.StoredResponse{old, recent} {
+			if err := s.PutResponse(t.Context(), r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.PutResponse(t.Context(), recent); err == nil {
+			t.Errorf("a second response with a taken id was kept")
+		}
+		got, err := s.Response(t.Context(), "resp_new")
+		if err != nil || string(got.Response) != string(recent.Response) || string(got.Messages) != string(recent.Messages) ||
+			got.CreatedAt.UnixMicro() != recent.CreatedAt.UnixMicro() {
+			t.Errorf("read back %+v %v", got, err)
+		}
+		p, err := s.Prune(t.Context(), time.Time{}, now.Add(-720*time.Hour))
+		if err != nil || p.Responses != 1 {
+			t.Errorf("prune: %+v %v, want the old response removed", p, err)
+		}
+		if _, err := s.Response(t.Context(), "resp_old"); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("the pruned response: %v", err)
+		}
+		if err := s.DeleteResponse(t.Context(), "resp_new"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.DeleteResponse(t.Context(), "resp_new"); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("a second delete: %v", err)
 		}
 	})
 }

@@ -47,10 +47,20 @@ cs.on('event', (e) => callEvents.push(e.type));
 const csFinal = await cs.finalResponse();
 out.call_streamed = { events: callEvents, output: csFinal.output };
 
-try {
-  await openai.responses.create({ model, input: 'again', previous_response_id: text.id });
-  out.previous = { message: 'no error' };
-} catch (e) {
-  out.previous = { status: e.status, message: e.message, param: e.param };
-}
+// A conversation continued from the kept response, read back, deleted.
+const next = await openai.responses.create({ model, input: 'Again.', previous_response_id: text.id, max_output_tokens: 8, temperature: 0 });
+out.next = { output_text: next.output_text, previous: next.previous_response_id, store: next.store };
+const retrieved = await openai.responses.retrieve(text.id);
+out.retrieved = { id: retrieved.id, output_text: retrieved.output_text };
+await openai.responses.delete(text.id);
+const failure = async (what, fn) => {
+  try {
+    await fn();
+    out[what] = { message: 'no error' };
+  } catch (e) {
+    out[what] = { status: e.status, message: e.message, param: e.param };
+  }
+};
+await failure('retrieve_deleted', () => openai.responses.retrieve(text.id));
+await failure('previous_deleted', () => openai.responses.create({ model, input: 'x', previous_response_id: text.id }));
 console.log(JSON.stringify(out));
