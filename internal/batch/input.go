@@ -10,13 +10,15 @@ import (
 	"net/http"
 
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/responses"
 )
 
-// The endpoints a batch may name: OpenAI's list, less /v1/responses.
+// The endpoints a batch may name: OpenAI's list.
 const (
 	EndpointChat        = "/v1/chat/completions"
 	EndpointCompletions = "/v1/completions"
 	EndpointEmbeddings  = "/v1/embeddings"
+	EndpointResponses   = "/v1/responses"
 )
 
 // MaxRequests bounds the requests of one batch, as OpenAI does.
@@ -35,13 +37,13 @@ type Request struct {
 }
 
 // endpointList names the endpoints a batch can run, for messages.
-const endpointList = "/v1/chat/completions, /v1/completions or /v1/embeddings"
+const endpointList = "/v1/chat/completions, /v1/completions, /v1/embeddings or /v1/responses"
 
 // checkEndpoint refuses what a batch cannot run: anything but the two
 // completion endpoints and embeddings; param names the field at fault.
 func checkEndpoint(param, url string) error {
 	switch url {
-	case EndpointChat, EndpointCompletions, EndpointEmbeddings:
+	case EndpointChat, EndpointCompletions, EndpointEmbeddings, EndpointResponses:
 		return nil
 	}
 	return openai.Invalid(param, "%q is not an endpoint a batch can run: use %s", url, endpointList)
@@ -153,6 +155,19 @@ func decodeBody(url string, body []byte) (model string, stream bool, err error) 
 	case EndpointEmbeddings:
 		req, err := openai.DecodeEmbeddingRequest(body)
 		return req.Model, false, err
+	case EndpointResponses:
+		// Checked as the queen checks one: translated, then the chat
+		// completion it becomes.
+		req, err := responses.Parse(body)
+		if err != nil {
+			return "", false, err
+		}
+		chat, _, err := responses.Build(req, nil)
+		if err != nil {
+			return req.Model, req.Stream, err
+		}
+		_, err = openai.DecodeChatCompletionRequest(chat, openai.Limits{})
+		return req.Model, req.Stream, err
 	}
 	req, err := openai.DecodeCompletionRequest(body, openai.Limits{})
 	return req.Model, req.Stream, err

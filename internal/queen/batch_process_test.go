@@ -459,3 +459,51 @@ func TestProcessJobsCLI(t *testing.T) {
 		t.Fatalf("cancel of an ended batch: %v", err)
 	}
 }
+
+// A batch of /v1/responses lines: each result is a response object whose
+// text is the chat completion's greedy text for the same input.
+func TestProcessBatchResponses(t *testing.T) {
+	c := startCluster(t, nil)
+	const n = 3
+	var in strings.Builder
+	for i := range n {
+		fmt.Fprintf(&in, `{"custom_id":"req-%d","method":"POST","url":"/v1/responses","body":{"model":"tiny","input":"Say hello to the bees.","max_output_tokens":8,"temperature":0}}`+"\n", i)
+	}
+	f, err := upload(t, c.client, in.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1Responses,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = c.waitBatch(t, b.ID)
+	if b.Status != oai.BatchStatusCompleted || b.RequestCounts.Completed != n || b.ErrorFileID != "" {
+		t.Fatalf("ended batch: status %s, counts %+v, errors %+v", b.Status, b.RequestCounts, b.Errors)
+	}
+	chat, err := c.client.Chat.Completions.New(t.Context(), oai.ChatCompletionNewParams{Model: "tiny", MaxTokens: oai.Int(8), Temperature: oai.Float(0),
+		Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("Say hello to the bees.")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := results(t, c.client, b.OutputFileID)
+	onceEach(t, n, out)
+	for _, l := range out {
+		var r struct {
+			Object, Status string
+			Output         []struct {
+				Type    string
+				Content []struct{ Type, Text string }
+			}
+			Usage struct {
+				OutputTokens int `json:"output_tokens"`
+			}
+		}
+		if l.Response == nil || l.Response.StatusCode != http.StatusOK || json.Unmarshal(l.Response.Body, &r) != nil || r.Object != "response" ||
+			r.Status != "incomplete" || len(r.Output) != 1 || len(r.Output[0].Content) != 1 ||
+			r.Output[0].Content[0].Text != chat.Choices[0].Message.Content || r.Usage.OutputTokens != 8 {
+			t.Fatalf("result line of %s: %+v (%s)", l.CustomID, r, l.Response.Body)
+		}
+	}
+}

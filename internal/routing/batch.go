@@ -3,11 +3,15 @@ package routing
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/responses"
 )
 
 // Answer is a worker's answer to one request of a batch job: an OpenAI
@@ -32,7 +36,9 @@ func (e *AttemptError) Error() string {
 func (e *AttemptError) Unwrap() error { return e.Err }
 
 // Serve sends one request of a batch job (body as the batch's file has
-// it, to path /v1/completions, /v1/chat/completions or /v1/embeddings)
+// it, to path /v1/completions, /v1/chat/completions, /v1/embeddings or
+// /v1/responses, which goes as a chat completion and is answered as a
+// response object)
 // through the same routing as an interactive request (the same checks,
 // leases, relay, strikes), at lower priority: it waits in its target's
 // batch queue, which the router serves only when no interactive request
@@ -58,6 +64,7 @@ func (e *AttemptError) Unwrap() error { return e.Err }
 func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte) (Answer, error) {
 	var model string
 	var err error
+	var translated *responses.Answer // a /v1/responses request's answer
 	switch path {
 	case "/v1/completions":
 		var req openai.CompletionRequest
@@ -71,8 +78,33 @@ func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte)
 		var req openai.EmbeddingRequest
 		req, err = openai.DecodeEmbeddingRequest(body)
 		model = req.Model
+	case "/v1/responses":
+		// A chat completion, its answer a response object (not kept;
+		// previous_response_id continues a kept one).
+		var rq responses.Request
+		if rq, err = responses.Parse(body); err != nil {
+			return Answer{}, openai.Invalid("body", "%v", err)
+		}
+		var prior []map[string]any
+		if rq.PreviousResponseID != nil && s.cfg.Responses != nil {
+			prev, perr := s.cfg.Responses.Response(ctx, *rq.PreviousResponseID)
+			if perr != nil {
+				return Answer{}, openai.Invalid("previous_response_id", "previous response with id '%s': %v", api.Printable(*rq.PreviousResponseID, 100), perr)
+			}
+			if perr := json.Unmarshal(prev.Messages, &prior); perr != nil {
+				return Answer{}, perr
+			}
+		}
+		if body, _, err = responses.Build(rq, prior); err != nil {
+			return Answer{}, openai.Invalid("body", "%v", err)
+		}
+		translated = responses.NewAnswer(rq, rq.Model, time.Now())
+		path = "/v1/chat/completions"
+		var req openai.ChatCompletionRequest
+		req, err = openai.DecodeChatCompletionRequest(body, openai.Limits{})
+		model = req.Model
 	default:
-		return Answer{}, openai.Invalid("url", "%s is not an endpoint a batch runs (/v1/chat/completions, /v1/completions, /v1/embeddings)", path)
+		return Answer{}, openai.Invalid("url", "%s is not an endpoint a batch runs (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses)", path)
 	}
 	if err != nil {
 		return Answer{}, err
@@ -126,7 +158,13 @@ func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte)
 	case rec.status == 0:
 		return Answer{}, &AttemptError{LifecycleID: l.cand.LifecycleID, Err: errors.New("the worker sent no answer")}
 	}
-	return Answer{Status: rec.status, Body: rec.body.Bytes(), LifecycleID: l.cand.LifecycleID}, nil
+	out := rec.body.Bytes()
+	if translated != nil && rec.status == http.StatusOK {
+		if out, err = translated.Whole(out, time.Now()); err != nil {
+			return Answer{}, &AttemptError{LifecycleID: l.cand.LifecycleID, Err: err}
+		}
+	}
+	return Answer{Status: rec.status, Body: out, LifecycleID: l.cand.LifecycleID}, nil
 }
 
 // recorder keeps the answer the relay writes for a batch request.
