@@ -15,6 +15,23 @@ import (
 // MaxStopSequences bounds stop_sequences.
 const MaxStopSequences = openai.MaxStop
 
+// DecodeCountTokens decodes a POST /v1/messages/count_tokens body: a
+// messages body without max_tokens (and without streaming).
+func DecodeCountTokens(body []byte) (Request, error) {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(bytes.TrimSpace(body), &members) != nil || members == nil {
+		return Request{}, invalid("", "the request body must be a JSON object")
+	}
+	if _, ok := members["max_tokens"]; !ok {
+		members["max_tokens"] = json.RawMessage("1")
+	}
+	b, err := json.Marshal(members)
+	if err != nil {
+		return Request{}, err
+	}
+	return Decode(b)
+}
+
 // Decode decodes and validates a POST /v1/messages body. The first field
 // that is wrong, or asks for something not served (tools, images,
 // documents, extended thinking), is a 400 naming it. Unknown fields are

@@ -74,6 +74,9 @@ type npmSurfaceRun struct {
 			OutputTokens int `json:"output_tokens"`
 		}
 	} `json:"messages_streamed"`
+	CountTokens struct {
+		InputTokens int `json:"input_tokens"`
+	} `json:"count_tokens"`
 }
 
 type npmToolAnswer struct {
@@ -236,6 +239,10 @@ func checkNPMSurface(t *testing.T, how string, r npmSurfaceRun) {
 	if !strings.HasPrefix(m.ID, "msg_") || m.Type != "message" || m.Role != "assistant" || len(m.Content) != 1 || m.Content[0].Type != "text" ||
 		m.Usage.InputTokens == 0 || m.Usage.OutputTokens == 0 || (m.StopReason != "max_tokens" && m.StopReason != "end_turn") {
 		t.Errorf("%s: messages %+v", how, m)
+	}
+	// count_tokens counts the prompt the same messages make.
+	if r.CountTokens.InputTokens != m.Usage.InputTokens {
+		t.Errorf("%s: count_tokens %d, the message's input_tokens %d", how, r.CountTokens.InputTokens, m.Usage.InputTokens)
 	}
 	ms := r.MessagesStreamed
 	if len(ms.Events) < 5 || ms.Events[0] != "message_start" || ms.Events[len(ms.Events)-1] != "message_stop" ||

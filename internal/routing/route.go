@@ -32,6 +32,12 @@ func (s *Service) Routes(mux *http.ServeMux) {
 	mux.Handle("POST /v1/chat/completions", s.inference("chat_completions", s.postChatCompletions))
 	mux.Handle("POST /v1/embeddings", s.inference("embeddings", s.postEmbeddings))
 	mux.Handle("POST /v1/messages", s.inferenceAs("messages", s.postMessages, true))
+	mux.Handle("POST /v1/messages/count_tokens", s.inferenceAs("count_tokens", func(w http.ResponseWriter, r *http.Request, c *call) error {
+		return s.serveInference(w, r, c, "/v1/messages/count_tokens", func(body []byte) (string, bool, error) {
+			req, err := anthropic.DecodeCountTokens(body)
+			return req.Model, false, err
+		})
+	}, true))
 	mux.Handle("POST /v1/responses", s.inference("responses", s.postResponses))
 	mux.Handle("GET /v1/responses/{id}", s.inference("responses", s.getResponse))
 	mux.Handle("DELETE /v1/responses/{id}", s.inference("responses", s.deleteResponse))
@@ -396,7 +402,7 @@ func (s *Service) serveRead(w http.ResponseWriter, r *http.Request, c *call, pat
 	// model's sampling defaults; routing, affinity and placement see the
 	// file.
 	res := s.resolve(model)
-	anthropicAPI := path == "/v1/messages"
+	anthropicAPI := strings.HasPrefix(path, "/v1/messages")
 	if anthropicAPI {
 		res.model.Defaults = modelconfig.Defaults{}
 	}

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"fmt"
 	"net/http"
 
 	"github.com/apiary-llm/apiary/internal/anthropic"
@@ -104,4 +105,35 @@ func stopSequence(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// handleCountTokens serves Anthropic's POST /v1/messages/count_tokens:
+// the tokens the messages' prompt is, as /v1/messages would render and
+// count it.
+func (w *Worker) handleCountTokens(rw http.ResponseWriter, r *http.Request) error {
+	eng, info, err := w.serving()
+	if err != nil {
+		return err
+	}
+	body, err := openai.ReadBody(rw, r, w.cfg.MaxBodyBytes)
+	if err != nil {
+		return err
+	}
+	req, err := anthropic.DecodeCountTokens(body)
+	if err != nil {
+		return err
+	}
+	if err := w.checkModel(req.Model); err != nil {
+		return err
+	}
+	prompt, _, err := w.chatPrompt(eng, info, openai.ChatCompletionRequest{Messages: req.Messages})
+	if err != nil {
+		return err
+	}
+	ids, err := eng.Tokenize(prompt, true)
+	if err != nil {
+		return fmt.Errorf("worker: tokenize messages: %w", err)
+	}
+	openai.WriteJSON(rw, http.StatusOK, map[string]int{"input_tokens": len(ids)})
+	return nil
 }

@@ -21,6 +21,7 @@ import (
 //	POST /v1/completions         OpenAI completions, streamed or not
 //	POST /v1/chat/completions    OpenAI chat completions, streamed or not
 //	POST /v1/messages            Anthropic messages, streamed or not
+//	POST /v1/messages/count_tokens  the tokens of a messages body's prompt
 //	POST /v1/admin/shutdown      graceful shutdown
 //
 // With a token (APIARY_WORKER_TOKEN; a hive gives each worker its own)
@@ -47,6 +48,7 @@ func (w *Worker) Handler() http.Handler {
 		{http.MethodPost, "/v1/chat/completions", w.handleChatCompletions, false},
 		{http.MethodPost, "/v1/embeddings", w.handleEmbeddings, false},
 		{http.MethodPost, "/v1/messages", w.handleMessages, true},
+		{http.MethodPost, "/v1/messages/count_tokens", w.handleCountTokens, true},
 		{http.MethodPost, "/v1/admin/shutdown", w.handleShutdown, false},
 	}
 	for _, rt := range routes {

@@ -101,5 +101,7 @@ const events = [];
 ms.on('streamEvent', (ev) => events.push(ev.type));
 const final = await ms.finalMessage();
 out.messages_streamed = { events, content: final.content, stop_reason: final.stop_reason, usage: final.usage };
+const { max_tokens: _m, temperature: _t, ...counted } = msg;
+out.count_tokens = await anthropic.messages.countTokens(counted);
 
 process.stdout.write(JSON.stringify(out));
