@@ -34,8 +34,18 @@ const (
 type Request struct {
 	Model    string
 	Messages []openai.ChatMessage
+	// Tools and ToolChoice are the request's tools as chat completions
+	// take them (input_schema as parameters; tool_choice any is required,
+	// tool a named function); ParallelToolCalls is false with
+	// disable_parallel_tool_use.
+	Tools             []openai.Tool
+	ToolChoice        openai.ToolChoice
+	ParallelToolCalls *bool
 	openai.Sampling
 }
+
+// StopToolUse is the stop_reason of an answer that is tool calls.
+const StopToolUse = "tool_use"
 
 // Usage counts tokens.
 type Usage struct {
@@ -43,10 +53,46 @@ type Usage struct {
 	OutputTokens int `json:"output_tokens"`
 }
 
-// ContentBlock is one block of an answer.
+// ContentBlock is one block of an answer: text, or a tool_use (a call).
 type ContentBlock struct {
-	Type string `json:"type"` // "text"
-	Text string `json:"text"`
+	Type  string          `json:"type"` // "text" or "tool_use"
+	Text  string          `json:"text"`
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
+
+// Block types.
+const (
+	ContentTypeToolUse = "tool_use"
+)
+
+// MarshalJSON writes a text block as {type, text} and a tool_use block as
+// {type, id, name, input}.
+func (b ContentBlock) MarshalJSON() ([]byte, error) {
+	if b.Type == ContentTypeToolUse {
+		input := b.Input
+		if len(input) == 0 {
+			input = json.RawMessage("{}")
+		}
+		return json.Marshal(struct {
+			Type  string          `json:"type"`
+			ID    string          `json:"id"`
+			Name  string          `json:"name"`
+			Input json.RawMessage `json:"input"`
+		}{b.Type, b.ID, b.Name, input})
+	}
+	return json.Marshal(struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}{b.Type, b.Text})
+}
+
+// NewToolUseID returns a fresh "toolu_…" id.
+func NewToolUseID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "toolu_" + hex.EncodeToString(b[:])
 }
 
 // Message is the answer of POST /v1/messages, and the message of a

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/apiary-llm/apiary/internal/openai"
@@ -33,7 +34,7 @@ func DecodeCountTokens(body []byte) (Request, error) {
 }
 
 // Decode decodes and validates a POST /v1/messages body. The first field
-// that is wrong, or asks for something not served (tools, images,
+// that is wrong, or asks for something not served (server tools, images,
 // documents, extended thinking), is a 400 naming it. Unknown fields are
 // ignored.
 func Decode(body []byte) (Request, error) {
@@ -50,10 +51,8 @@ func Decode(body []byte) (Request, error) {
 		}
 		return r, true
 	}
-	for _, name := range []string{"tools", "tool_choice"} {
-		if _, ok := get(name); ok {
-			return req, unsupported(name, "%s: tool use is not supported on /v1/messages yet; use /v1/chat/completions with tools", name)
-		}
+	if err := decodeTools(get, &req); err != nil {
+		return req, err
 	}
 	if r, ok := get("thinking"); ok {
 		var t struct {
@@ -109,16 +108,166 @@ func Decode(body []byte) (Request, error) {
 		if !ok {
 			return req, invalid(p+".content", "%s.content: field required", p)
 		}
-		text, err := decodeText(p+".content", c)
+		msgs, err := decodeMessage(p+".content", role, c)
 		if err != nil {
 			return req, err
 		}
-		req.Messages = append(req.Messages, openai.ChatMessage{Role: role, Content: text})
+		req.Messages = append(req.Messages, msgs...)
 	}
 	if err := decodeSampling(get, &req); err != nil {
 		return req, err
 	}
 	return req, nil
+}
+
+// decodeTools reads tools ({name, description, input_schema}; server
+// tools are not served) and tool_choice ({type: auto|any|tool|none,
+// name, disable_parallel_tool_use}).
+func decodeTools(get func(string) (json.RawMessage, bool), req *Request) error {
+	if r, ok := get("tools"); ok {
+		var tools []map[string]json.RawMessage
+		if json.Unmarshal(r, &tools) != nil {
+			return invalid("tools", "tools: must be an array of tools")
+		}
+		for i, t := range tools {
+			p := fmt.Sprintf("tools.%d", i)
+			var typ, name, desc string
+			if raw, ok := t["type"]; ok && string(raw) != "null" {
+				if json.Unmarshal(raw, &typ) != nil || (typ != "custom" && typ != "") {
+					return unsupported(p+".type", "%s.type: %s tools are not served (server tools); only your own tools (name, input_schema)", p, raw)
+				}
+			}
+			if json.Unmarshal(t["name"], &name) != nil || name == "" {
+				return invalid(p+".name", "%s.name: field required", p)
+			}
+			if raw, ok := t["description"]; ok && json.Unmarshal(raw, &desc) != nil {
+				return invalid(p+".description", "%s.description: must be a string", p)
+			}
+			schema, ok := t["input_schema"]
+			if !ok {
+				return invalid(p+".input_schema", "%s.input_schema: field required", p)
+			}
+			var obj map[string]any
+			if json.Unmarshal(schema, &obj) != nil {
+				return invalid(p+".input_schema", "%s.input_schema: must be a JSON schema object", p)
+			}
+			fn := map[string]any{"name": name, "parameters": obj}
+			if desc != "" {
+				fn["description"] = desc
+			}
+			raw, _ := json.Marshal(map[string]any{"type": "function", "function": fn})
+			req.Tools = append(req.Tools, openai.Tool{Type: "function", Raw: raw,
+				Function: openai.FunctionDef{Name: name, Description: desc, Parameters: schema}})
+		}
+		if len(req.Tools) > 0 {
+			req.ToolChoice = openai.ToolChoice{Mode: openai.ToolChoiceAuto}
+		}
+	}
+	r, ok := get("tool_choice")
+	if !ok {
+		return nil
+	}
+	var tc struct {
+		Type                   string `json:"type"`
+		Name                   string `json:"name"`
+		DisableParallelToolUse *bool  `json:"disable_parallel_tool_use"`
+	}
+	if json.Unmarshal(r, &tc) != nil {
+		return invalid("tool_choice", "tool_choice: must be an object")
+	}
+	switch tc.Type {
+	case "auto":
+		req.ToolChoice = openai.ToolChoice{Mode: openai.ToolChoiceAuto}
+	case "any":
+		req.ToolChoice = openai.ToolChoice{Mode: openai.ToolChoiceRequired}
+	case "none":
+		req.ToolChoice = openai.ToolChoice{Mode: openai.ToolChoiceNone}
+	case "tool":
+		if !slices.ContainsFunc(req.Tools, func(t openai.Tool) bool { return t.Function.Name == tc.Name }) {
+			return invalid("tool_choice.name", "tool_choice.name: %q is none of the tools", tc.Name)
+		}
+		req.ToolChoice = openai.ToolChoice{Mode: openai.ToolChoiceFunction, Function: tc.Name}
+	default:
+		return invalid("tool_choice.type", `tool_choice.type: must be "auto", "any", "tool" or "none"`)
+	}
+	if tc.Type != "none" && len(req.Tools) == 0 {
+		return invalid("tool_choice", "tool_choice: there are no tools to choose from")
+	}
+	if tc.DisableParallelToolUse != nil && *tc.DisableParallelToolUse {
+		no := false
+		req.ParallelToolCalls = &no
+	}
+	return nil
+}
+
+// decodeMessage reads one message's content into chat messages: its text
+// (text blocks joined with "\n"); an assistant's tool_use blocks as its
+// tool calls; a user's tool_result blocks as tool messages, before the
+// user's text.
+func decodeMessage(param, role string, r json.RawMessage) ([]openai.ChatMessage, error) {
+	var s string
+	if json.Unmarshal(r, &s) == nil {
+		return []openai.ChatMessage{{Role: role, Content: s}}, nil
+	}
+	var blocks []map[string]json.RawMessage
+	if json.Unmarshal(r, &blocks) != nil {
+		return nil, invalid(param, "%s: must be a string or an array of content blocks", param)
+	}
+	var out []openai.ChatMessage
+	var texts []string
+	var calls []openai.ToolCall
+	for i, b := range blocks {
+		p := fmt.Sprintf("%s.%d", param, i)
+		var typ string
+		if json.Unmarshal(b["type"], &typ) != nil {
+			return nil, invalid(p+".type", "%s.type: field required", p)
+		}
+		switch {
+		case typ == "text":
+			var text string
+			if json.Unmarshal(b["text"], &text) != nil {
+				return nil, invalid(p+".text", "%s.text: must be a string", p)
+			}
+			texts = append(texts, text)
+		case typ == "tool_use" && role == "assistant":
+			var id, name string
+			if json.Unmarshal(b["id"], &id) != nil || id == "" || json.Unmarshal(b["name"], &name) != nil || name == "" {
+				return nil, invalid(p, "%s: a tool_use block needs id and name", p)
+			}
+			var input map[string]any
+			if json.Unmarshal(b["input"], &input) != nil {
+				return nil, invalid(p+".input", "%s.input: must be an object", p)
+			}
+			args, _ := json.Marshal(input)
+			calls = append(calls, openai.ToolCall{ID: id, Type: "function", Function: openai.FunctionCall{Name: name, Arguments: string(args)}})
+		case typ == "tool_result" && role == "user":
+			var id string
+			if json.Unmarshal(b["tool_use_id"], &id) != nil || id == "" {
+				return nil, invalid(p+".tool_use_id", "%s.tool_use_id: field required", p)
+			}
+			content := ""
+			if c, ok := b["content"]; ok && string(c) != "null" {
+				text, err := decodeText(p+".content", c)
+				if err != nil {
+					return nil, err
+				}
+				content = text
+			}
+			var isError bool
+			if raw, ok := b["is_error"]; ok && json.Unmarshal(raw, &isError) == nil && isError {
+				content = "Error: " + content
+			}
+			out = append(out, openai.ChatMessage{Role: openai.RoleTool, ToolCallID: id, Content: content})
+		case typ == "tool_use" || typ == "tool_result":
+			return nil, invalid(p+".type", "%s.type: %q blocks belong in %s messages", p, typ, map[string]string{"tool_use": "assistant", "tool_result": "user"}[typ])
+		default:
+			return nil, unsupported(p+".type", "%s.type: %q blocks are not supported; only text, tool_use and tool_result", p, typ)
+		}
+	}
+	if len(texts) > 0 || len(calls) > 0 || len(out) == 0 {
+		out = append(out, openai.ChatMessage{Role: role, Content: strings.Join(texts, "\n"), ToolCalls: calls})
+	}
+	return out, nil
 }
 
 // decodeText reads a string, or an array of content blocks of which only
@@ -142,7 +291,7 @@ func decodeText(param string, r json.RawMessage) (string, error) {
 		switch typ {
 		case "text":
 		case "tool_use", "tool_result", "server_tool_use":
-			return "", unsupported(p+".type", "%s.type: %q blocks are not supported: tool use is not supported on /v1/messages yet", p, typ)
+			return "", unsupported(p+".type", "%s.type: %q blocks are not supported here", p, typ)
 		default:
 			return "", unsupported(p+".type", "%s.type: %q blocks are not supported; only text", p, typ)
 		}

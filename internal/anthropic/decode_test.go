@@ -29,6 +29,32 @@ func TestDecodeMapsToChat(t *testing.T) {
 	}
 }
 
+// Tools: input_schema as a function's parameters; tool_choice any is
+// required, tool a named function, disable_parallel_tool_use no parallel
+// calls; an assistant's tool_use blocks its calls, a user's tool_result
+// blocks tool messages before the user's text.
+func TestDecodeTools(t *testing.T) {
+	got, err := anthropic.Decode([]byte(`{"model":"m","max_tokens":9,
+		"tools":[{"name":"get_weather","description":"Weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}],
+		"tool_choice":{"type":"tool","name":"get_weather","disable_parallel_tool_use":true},
+		"messages":[{"role":"user","content":"Oslo?"},
+		{"role":"assistant","content":[{"type":"text","text":"Looking."},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Oslo"}}]},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"rain"}]},{"type":"text","text":"And now?"}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Tools) != 1 || got.Tools[0].Function.Name != "get_weather" || string(got.Tools[0].Function.Parameters) == "" ||
+		got.ToolChoice != (openai.ToolChoice{Mode: openai.ToolChoiceFunction, Function: "get_weather"}) || got.ParallelToolCalls == nil || *got.ParallelToolCalls {
+		t.Errorf("tools %+v choice %+v parallel %v", got.Tools, got.ToolChoice, got.ParallelToolCalls)
+	}
+	want := []openai.ChatMessage{{Role: "user", Content: "Oslo?"},
+		{Role: "assistant", Content: "Looking.", ToolCalls: []openai.ToolCall{{ID: "toolu_1", Type: "function", Function: openai.FunctionCall{Name: "get_weather", Arguments: `{"city":"Oslo"}`}}}},
+		{Role: "tool", ToolCallID: "toolu_1", Content: "rain"}, {Role: "user", Content: "And now?"}}
+	if diff := cmp.Diff(want, got.Messages); diff != "" {
+		t.Errorf("messages (-want +got):\n%s", diff)
+	}
+}
+
 func TestDecodeRefuses(t *testing.T) {
 	const msgs = `"messages":[{"role":"user","content":"x"}]`
 	for _, tt := range []struct {
@@ -43,9 +69,11 @@ func TestDecodeRefuses(t *testing.T) {
 		{"system role", `{"max_tokens":5,"messages":[{"role":"system","content":"x"}]}`, "messages.0.role", false},
 		{"temperature 2", `{"max_tokens":5,"temperature":2,` + msgs + `}`, "temperature", false},
 		{"five stop sequences", `{"max_tokens":5,"stop_sequences":["a","b","c","d","e"],` + msgs + `}`, "stop_sequences", false},
-		{"tools", `{"max_tokens":5,"tools":[],` + msgs + `}`, "tools", true},
-		{"tool_choice", `{"max_tokens":5,"tool_choice":{"type":"auto"},` + msgs + `}`, "tool_choice", true},
-		{"tool_result block", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"x"}]}]}`, "messages.0.content.0.type", true},
+		{"a server tool", `{"max_tokens":5,"tools":[{"type":"web_search_20250305","name":"web_search"}],` + msgs + `}`, "tools.0.type", true},
+		{"a tool without input_schema", `{"max_tokens":5,"tools":[{"name":"f"}],` + msgs + `}`, "tools.0.input_schema", false},
+		{"tool_choice without tools", `{"max_tokens":5,"tool_choice":{"type":"auto"},` + msgs + `}`, "tool_choice", false},
+		{"tool_choice of no tool", `{"max_tokens":5,"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"g"},` + msgs + `}`, "tool_choice.name", false},
+		{"tool_result from the assistant", `{"max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"x"}]}]}`, "messages.0.content.0.type", false},
 		{"image block", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]}`, "messages.0.content.0.type", true},
 		{"thinking", `{"max_tokens":5,"thinking":{"type":"enabled","budget_tokens":1024},` + msgs + `}`, "thinking", true},
 	} {

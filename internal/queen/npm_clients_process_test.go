@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -77,6 +78,18 @@ type npmSurfaceRun struct {
 	CountTokens struct {
 		InputTokens int `json:"input_tokens"`
 	} `json:"count_tokens"`
+	MessagesTools struct {
+		Called, Streamed, Answered struct {
+			Content    []anthropicBlock
+			StopReason string `json:"stop_reason"`
+			Events     []string
+		}
+	} `json:"messages_tools"`
+}
+
+type anthropicBlock struct {
+	Type, Text, ID, Name string
+	Input                map[string]any
 }
 
 type npmToolAnswer struct {
@@ -239,6 +252,39 @@ func checkNPMSurface(t *testing.T, how string, r npmSurfaceRun) {
 	if !strings.HasPrefix(m.ID, "msg_") || m.Type != "message" || m.Role != "assistant" || len(m.Content) != 1 || m.Content[0].Type != "text" ||
 		m.Usage.InputTokens == 0 || m.Usage.OutputTokens == 0 || (m.StopReason != "max_tokens" && m.StopReason != "end_turn") {
 		t.Errorf("%s: messages %+v", how, m)
+	}
+	// Anthropic tool use: a forced call is one tool_use block with an
+	// input of the schema, stop_reason tool_use; streamed the same input
+	// (input_json_delta events); after its tool_result the model answers.
+	mt := r.MessagesTools
+	for name, a := range map[string][]anthropicBlock{"whole": mt.Called.Content, "streamed": mt.Streamed.Content} {
+		var uses []anthropicBlock
+		for _, b := range a {
+			if b.Type == "tool_use" {
+				uses = append(uses, b)
+			}
+		}
+		city, _ := func() (string, bool) {
+			if len(uses) != 1 {
+				return "", false
+			}
+			c, ok := uses[0].Input["city"].(string)
+			return c, ok
+		}()
+		if len(uses) != 1 || uses[0].Name != "get_weather" || !strings.HasPrefix(uses[0].ID, "toolu_") || city == "" || len([]rune(city)) > 10 {
+			t.Errorf("%s: messages %s forced tool use: %+v", how, name, a)
+		}
+	}
+	if mt.Called.StopReason != "tool_use" || mt.Streamed.StopReason != "tool_use" || !slices.Contains(mt.Streamed.Events, "content_block_delta:input_json_delta") ||
+		!slices.Contains(mt.Streamed.Events, "content_block_start:tool_use") {
+		t.Errorf("%s: tool use stop reasons %q/%q, streamed events %v", how, mt.Called.StopReason, mt.Streamed.StopReason, mt.Streamed.Events)
+	}
+	if len(mt.Called.Content) > 0 && len(mt.Streamed.Content) > 0 &&
+		fmt.Sprint(mt.Called.Content[len(mt.Called.Content)-1].Input) != fmt.Sprint(mt.Streamed.Content[len(mt.Streamed.Content)-1].Input) {
+		t.Errorf("%s: streamed input %v, whole %v", how, mt.Streamed.Content, mt.Called.Content)
+	}
+	if len(mt.Answered.Content) == 0 || (mt.Answered.StopReason != "max_tokens" && mt.Answered.StopReason != "end_turn" && mt.Answered.StopReason != "tool_use") {
+		t.Errorf("%s: after the tool_result: %+v", how, mt.Answered)
 	}
 	// count_tokens counts the prompt the same messages make.
 	if r.CountTokens.InputTokens != m.Usage.InputTokens {

@@ -101,6 +101,23 @@ const events = [];
 ms.on('streamEvent', (ev) => events.push(ev.type));
 const final = await ms.finalMessage();
 out.messages_streamed = { events, content: final.content, stop_reason: final.stop_reason, usage: final.usage };
+// Anthropic tool use: a forced call, whole and streamed, then the round
+// trip with its result.
+const atools = [{ name: 'get_weather', description: 'The weather in a city',
+  input_schema: { type: 'object', properties: { city: { type: 'string', maxLength: 10 } }, required: ['city'], additionalProperties: false } }];
+const aforced = { model, max_tokens: 200, temperature: 0, tools: atools, tool_choice: { type: 'tool', name: 'get_weather' }, messages: [{ role: 'user', content: 'Weather in Oslo?' }] };
+const aCalled = await anthropic.messages.create(aforced);
+const aStream = anthropic.messages.stream(aforced);
+const aEvents = [];
+aStream.on('streamEvent', (ev) => aEvents.push(ev.type + (ev.delta?.type ? ':' + ev.delta.type : '') + (ev.content_block?.type ? ':' + ev.content_block.type : '')));
+const aStreamed = await aStream.finalMessage();
+const use = aCalled.content.find((b) => b.type === 'tool_use');
+const aAnswered = await anthropic.messages.create({ model, max_tokens: 12, temperature: 0, tools: atools,
+  messages: [...aforced.messages, { role: 'assistant', content: aCalled.content },
+    { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: JSON.stringify({ celsius: 7 }) }] }] });
+out.messages_tools = { called: { content: aCalled.content, stop_reason: aCalled.stop_reason },
+  streamed: { content: aStreamed.content, stop_reason: aStreamed.stop_reason, events: aEvents },
+  answered: { content: aAnswered.content, stop_reason: aAnswered.stop_reason } };
 const { max_tokens: _m, temperature: _t, ...counted } = msg;
 out.count_tokens = await anthropic.messages.countTokens(counted);
 
