@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/translate"
 )
 
 // Kind is the Ollama endpoint an answer is for.
@@ -284,4 +288,23 @@ func (a *Answer) Event(ev []byte, now time.Time) (lines [][]byte, last bool, err
 	m["done"] = false
 	b, err := json.Marshal(m)
 	return [][]byte{b}, false, err
+}
+
+// Dialect frames the translation for the client: NDJSON lines, errors
+// as {"error": "…"}.
+var Dialect = translate.Dialect{
+	ContentType: "application/x-ndjson",
+	Frame:       func(line []byte) []byte { return append(line, '\n') },
+	ErrorEvent: func(msg string) []byte {
+		b, _ := json.Marshal(Error{Error: msg})
+		return append(b, '\n')
+	},
+	HeldError: func(w http.ResponseWriter, status int, held []byte) {
+		var e openai.ErrorResponse
+		msg := strings.TrimSpace(string(held))
+		if json.Unmarshal(held, &e) == nil && e.Error.Message != "" {
+			msg = e.Error.Message
+		}
+		openai.WriteJSON(w, status, Error{Error: msg})
+	},
 }

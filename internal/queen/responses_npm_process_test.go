@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
@@ -140,6 +143,37 @@ func TestProcessResponsesNPMClient(t *testing.T) {
 		r.CallStreamed.Events[len(r.CallStreamed.Events)-1] != "response.completed" {
 		t.Errorf("streamed call: %+v, want the whole answer's call %+v", r.CallStreamed, r.Call.Output)
 	}
+	// Straight to the worker: the same response, whole and streamed (a
+	// worker keeps none: previous_response_id is refused there).
+	rows, err := c.admin.Workers(t.Context(), keeper.WorkerFilter{})
+	if err != nil || len(rows) != 1 || rows[0].PID == nil {
+		t.Fatalf("workers %+v %v", rows, err)
+	}
+	wtok := testbin.WorkerToken(t, *rows[0].PID)
+	var direct struct {
+		Output []struct {
+			Content []struct{ Text string }
+		}
+		Status string
+	}
+	postJSON(t, rows[0].URI+"/v1/responses", wtok, `{"model":"tiny","input":"Say hello to the bees.","max_output_tokens":8,"temperature":0}`, &direct)
+	if len(direct.Output) != 1 || len(direct.Output[0].Content) != 1 || direct.Output[0].Content[0].Text != want || direct.Status != "incomplete" {
+		t.Errorf("straight to the worker: %+v, want %q", direct, want)
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, rows[0].URI+"/v1/responses",
+		strings.NewReader(`{"model":"tiny","input":"Say hello to the bees.","max_output_tokens":8,"temperature":0,"stream":true}`))
+	req.Header.Set("Authorization", "Bearer "+wtok)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sse, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(sse), "event: response.output_text.delta") || !strings.Contains(string(sse), "event: response.incomplete") {
+		t.Errorf("streamed straight to the worker: %s", sse)
+	}
+
 	// previous_response_id: the kept conversation, then the new input,
 	// is what the model continues: the chat completion of the same
 	// messages gives the same greedy text.

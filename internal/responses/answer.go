@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
+
+	"github.com/apiary-llm/apiary/internal/translate"
 )
 
 // chunk is what the translation reads of a chat completion or a chunk of
@@ -330,4 +333,21 @@ func (a *Answer) Messages() []map[string]any {
 		}
 	}
 	return []map[string]any{m}
+}
+
+// Dialect frames the translation for the client: the Responses API's
+// typed SSE events (framed by Answer); a worker's error answer passes as
+// it came (OpenAI's shape).
+var Dialect = translate.Dialect{
+	ContentType: "text/event-stream",
+	Frame:       func(ev []byte) []byte { return ev },
+	ErrorEvent: func(msg string) []byte {
+		b, _ := json.Marshal(map[string]any{"type": "error", "code": "worker_failed", "message": msg, "param": nil})
+		return []byte("event: error\ndata: " + string(b) + "\n\n")
+	},
+	HeldError: func(w http.ResponseWriter, status int, held []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = w.Write(held)
+	},
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/ollama"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/registry"
+	"github.com/apiary-llm/apiary/internal/translate"
 	"github.com/apiary-llm/apiary/internal/version"
 )
 
@@ -205,12 +206,12 @@ func (s *Service) postOllamaEmbeddings(w http.ResponseWriter, r *http.Request, c
 // request of path, checks that as the OpenAI endpoint would, and relays
 // it, the worker's answer translated back on its way to the client.
 func (s *Service) serveOllama(w http.ResponseWriter, r *http.Request, c *call, kind ollama.Kind, limit int64,
-	translate func([]byte) (model, path string, stream bool, openaiBody []byte, err error)) error {
+	convert func([]byte) (model, path string, stream bool, openaiBody []byte, err error)) error {
 	body, err := openai.ReadBody(w, r, limit)
 	if err != nil {
 		return err
 	}
-	name, path, _, out, err := translate(body)
+	name, path, _, out, err := convert(body)
 	if err != nil {
 		return ollamaBad(err)
 	}
@@ -234,30 +235,12 @@ func (s *Service) serveOllama(w http.ResponseWriter, r *http.Request, c *call, k
 			return req.Model, false, err
 		}
 	}
-	tw := &translatingWriter{w: w, answer: ollama.NewAnswer(kind, name, c.start), dialect: ollamaDialect}
+	tw := translate.New(w, ollama.NewAnswer(kind, name, c.start), ollama.Dialect)
 	err = s.serveRead(tw, r, c, path, out, decode)
-	if ferr := tw.finish(); ferr != nil && err == nil {
+	if ferr := tw.Finish(); ferr != nil && err == nil {
 		err = ferr
 	}
 	return err
-}
-
-// ollamaDialect: NDJSON lines, errors as {"error": "…"}.
-var ollamaDialect = dialect{
-	contentType: "application/x-ndjson",
-	frame:       func(line []byte) []byte { return append(line, '\n') },
-	errorEvent: func(msg string) []byte {
-		b, _ := json.Marshal(ollama.Error{Error: msg})
-		return append(b, '\n')
-	},
-	heldError: func(w http.ResponseWriter, status int, held []byte) {
-		var e openai.ErrorResponse
-		msg := strings.TrimSpace(string(held))
-		if json.Unmarshal(held, &e) == nil && e.Error.Message != "" {
-			msg = e.Error.Message
-		}
-		openai.WriteJSON(w, status, ollama.Error{Error: msg})
-	},
 }
 
 // setModel puts model in an OpenAI body.

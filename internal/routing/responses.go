@@ -12,6 +12,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/responses"
 	"github.com/apiary-llm/apiary/internal/store"
+	"github.com/apiary-llm/apiary/internal/translate"
 )
 
 // postResponses serves OpenAI's POST /v1/responses as a chat completion
@@ -64,9 +65,9 @@ func (s *Service) postResponses(w http.ResponseWriter, r *http.Request, c *call)
 	}
 	answer := responses.NewAnswer(req, req.Model, c.start)
 	answer.Stored = keep != nil && (req.Store == nil || *req.Store)
-	tw := &translatingWriter{w: w, answer: answer, dialect: responsesDialect}
+	tw := translate.New(w, answer, responses.Dialect)
 	err = s.serveRead(tw, r, c, "/v1/chat/completions", out, decode)
-	if ferr := tw.finish(); ferr != nil && err == nil {
+	if ferr := tw.Finish(); ferr != nil && err == nil {
 		err = ferr
 	}
 	if final := answer.Final(); answer.Stored && final != nil {
@@ -79,22 +80,6 @@ func (s *Service) postResponses(w http.ResponseWriter, r *http.Request, c *call)
 		}
 	}
 	return err
-}
-
-// responsesDialect: the Responses API's typed SSE events (framed by the
-// translation); a worker's error answer passes as it came (OpenAI's shape).
-var responsesDialect = dialect{
-	contentType: "text/event-stream",
-	frame:       func(ev []byte) []byte { return ev },
-	errorEvent: func(msg string) []byte {
-		b, _ := json.Marshal(map[string]any{"type": "error", "code": "worker_failed", "message": msg, "param": nil})
-		return []byte("event: error\ndata: " + string(b) + "\n\n")
-	},
-	heldError: func(w http.ResponseWriter, status int, held []byte) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		_, _ = w.Write(held)
-	},
 }
 
 // getResponse answers GET /v1/responses/{id}: a kept response.

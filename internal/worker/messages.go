@@ -1,15 +1,21 @@
 package worker
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/apiary-llm/apiary/internal/anthropic"
 	"github.com/apiary-llm/apiary/internal/chat"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/responses"
+	"github.com/apiary-llm/apiary/internal/translate"
 )
 
 // handleMessages serves Anthropic's POST /v1/messages: the same
@@ -250,4 +256,30 @@ func (w *Worker) handleCountTokens(rw http.ResponseWriter, r *http.Request) erro
 	}
 	openai.WriteJSON(rw, http.StatusOK, map[string]int{"input_tokens": len(ids)})
 	return nil
+}
+
+// handleResponses serves OpenAI's POST /v1/responses as a chat completion
+// (internal/responses translates both ways), as the queen does; a worker
+// keeps no responses, so previous_response_id is refused.
+func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) error {
+	body, err := openai.ReadBody(rw, r, w.cfg.MaxBodyBytes)
+	if err != nil {
+		return err
+	}
+	req, chatBody, err := responses.Chat(body)
+	if err != nil {
+		oe := &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Message: err.Error(), Err: openai.ErrInvalidRequest}
+		var p *responses.Param
+		if errors.As(err, &p) {
+			oe.Param = p.Name
+		}
+		return oe
+	}
+	cr := r.Clone(r.Context())
+	cr.Body, cr.ContentLength = io.NopCloser(bytes.NewReader(chatBody)), int64(len(chatBody))
+	tw := translate.New(rw, responses.NewAnswer(req, w.answerModel(r), time.Now()), responses.Dialect)
+	if err := w.handleChatCompletions(tw, cr); err != nil {
+		return err
+	}
+	return tw.Finish()
 }

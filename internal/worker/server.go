@@ -22,6 +22,7 @@ import (
 //	POST /v1/chat/completions    OpenAI chat completions, streamed or not
 //	POST /v1/messages            Anthropic messages, streamed or not
 //	POST /v1/messages/count_tokens  the tokens of a messages body's prompt
+//	POST /v1/responses           OpenAI's Responses API, as a chat completion
 //	POST /v1/admin/shutdown      graceful shutdown
 //
 // With a token (APIARY_WORKER_TOKEN; a hive gives each worker its own)
@@ -49,6 +50,7 @@ func (w *Worker) Handler() http.Handler {
 		{http.MethodPost, "/v1/embeddings", w.handleEmbeddings, false},
 		{http.MethodPost, "/v1/messages", w.handleMessages, true},
 		{http.MethodPost, "/v1/messages/count_tokens", w.handleCountTokens, true},
+		{http.MethodPost, "/v1/responses", w.handleResponses, false},
 		{http.MethodPost, "/v1/admin/shutdown", w.handleShutdown, false},
 	}
 	for _, rt := range routes {

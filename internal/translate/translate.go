@@ -1,7 +1,13 @@
-package routing
+// Package translate serves another API's answers from a worker's OpenAI
+// answer: a Writer is the http.ResponseWriter a chat completion (or
+// completion, or embeddings) answer is written to, and it writes the
+// other API's answer — Ollama's (internal/ollama), the Responses API's
+// (internal/responses) — to the real one, a stream event by event.
+package translate
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -11,29 +17,29 @@ import (
 	"github.com/apiary-llm/apiary/internal/openai"
 )
 
-// translator turns a worker's OpenAI answer into another API's: each
+// Translator turns a worker's OpenAI answer into another API's: each
 // event of a stream, or a whole body (internal/ollama, internal/responses).
-type translator interface {
+type Translator interface {
 	Event(ev []byte, now time.Time) (out [][]byte, last bool, err error)
 	Whole(data []byte, now time.Time) ([]byte, error)
 }
 
-// dialect is how a translated answer is framed.
-type dialect struct {
-	contentType string                                               // of a stream
-	frame       func([]byte) []byte                                  // one translated piece as written
-	errorEvent  func(msg string) []byte                              // a stream's closing error, framed
-	heldError   func(w http.ResponseWriter, status int, held []byte) // the worker's error answer, rewritten
+// Dialect is how a translated answer is framed.
+type Dialect struct {
+	ContentType string                                               // of a stream
+	Frame       func([]byte) []byte                                  // one translated piece as written
+	ErrorEvent  func(msg string) []byte                              // a stream's closing error, framed
+	HeldError   func(w http.ResponseWriter, status int, held []byte) // the worker's error answer, rewritten
 }
 
-// translatingWriter is the ResponseWriter the relay writes the worker's
+// Writer is the ResponseWriter the relay writes the worker's
 // OpenAI answer to: it writes the translated answer to w instead. An
 // error answer and a whole body are held until finish; a stream's events
 // are translated as they come, each flushed at once.
-type translatingWriter struct {
+type Writer struct {
 	w       http.ResponseWriter
-	answer  translator
-	dialect dialect
+	answer  Translator
+	dialect Dialect
 	header  http.Header
 	status  int
 	held    bytes.Buffer // an error answer, a whole body, or a part of an event
@@ -42,24 +48,32 @@ type translatingWriter struct {
 	err     error
 }
 
+// New is the Writer of answer's translation to w, framed as d.
+func New(w http.ResponseWriter, answer Translator, d Dialect) *Writer {
+	return &Writer{w: w, answer: answer, dialect: d}
+}
+
+// ErrClientGone wraps a failed write to the client.
+var ErrClientGone = errors.New("translate: the client went away")
+
 // maxHeld bounds what the writer holds of a whole answer (an embedding
 // list of 2048 inputs is the largest: well under this).
 const maxHeld = 256 << 20
 
-func (o *translatingWriter) Header() http.Header {
+func (o *Writer) Header() http.Header {
 	if o.header == nil {
 		o.header = http.Header{}
 	}
 	return o.header
 }
 
-func (o *translatingWriter) WriteHeader(status int) {
+func (o *Writer) WriteHeader(status int) {
 	if o.status == 0 {
 		o.status = status
 	}
 }
 
-func (o *translatingWriter) Write(p []byte) (int, error) {
+func (o *Writer) Write(p []byte) (int, error) {
 	if o.status == 0 {
 		o.status = http.StatusOK
 	}
@@ -92,24 +106,24 @@ func (o *translatingWriter) Write(p []byte) (int, error) {
 }
 
 // event translates one SSE event and writes what it makes.
-func (o *translatingWriter) event(ev []byte) error {
+func (o *Writer) event(ev []byte) error {
 	if o.ended {
 		return nil
 	}
 	pieces, last, err := o.answer.Event(ev, time.Now())
 	var framed [][]byte
 	for _, p := range pieces {
-		framed = append(framed, o.dialect.frame(p))
+		framed = append(framed, o.dialect.Frame(p))
 	}
 	if err != nil {
-		framed, last = append(framed, o.dialect.errorEvent(err.Error())), true
+		framed, last = append(framed, o.dialect.ErrorEvent(err.Error())), true
 	}
 	if len(framed) == 0 {
 		return nil
 	}
 	if !o.lines {
 		o.lines = true
-		o.w.Header().Set("Content-Type", o.dialect.contentType)
+		o.w.Header().Set("Content-Type", o.dialect.ContentType)
 		o.w.Header().Set("Cache-Control", "no-cache")
 		o.w.Header().Set("X-Accel-Buffering", "no")
 		if v := o.Header().Get(api.WorkerHeader); v != "" {
@@ -119,23 +133,27 @@ func (o *translatingWriter) event(ev []byte) error {
 	}
 	for _, f := range framed {
 		if _, err := o.w.Write(f); err != nil {
-			return fmt.Errorf("%w: %w", errClientGone, err)
+			return fmt.Errorf("%w: %w", ErrClientGone, err)
 		}
 	}
 	o.ended = last
 	if err := http.NewResponseController(o.w).Flush(); err != nil {
-		return fmt.Errorf("%w: %w", errClientGone, err)
+		return fmt.Errorf("%w: %w", ErrClientGone, err)
 	}
 	return nil
 }
 
+// Unwrap lets http.ResponseController reach the client's writer (write
+// deadlines).
+func (o *Writer) Unwrap() http.ResponseWriter { return o.w }
+
 // Flush is the relay's flush of each event: the translation flushes
 // what it writes.
-func (o *translatingWriter) Flush() {}
+func (o *Writer) Flush() {}
 
-// finish writes what was held: the worker's error, or the translated
+// Finish writes what was held: the worker's error, or the translated
 // whole answer.
-func (o *translatingWriter) finish() error {
+func (o *Writer) Finish() error {
 	switch {
 	case o.status == 0 || o.lines:
 		return nil // nothing came (the caller answers the error), or a stream went out
@@ -145,7 +163,7 @@ func (o *translatingWriter) finish() error {
 				o.w.Header().Set(h, v)
 			}
 		}
-		o.dialect.heldError(o.w, o.status, o.held.Bytes())
+		o.dialect.HeldError(o.w, o.status, o.held.Bytes())
 		return nil
 	case o.err != nil:
 		return o.err
