@@ -558,6 +558,7 @@ func TestUnknownOpenAIPaths(t *testing.T) {
 	}{
 		{"POST", "/v1/chat/completion", 404, "no endpoint POST /v1/chat/completion (check the URL for typos)", ""},
 		{"POST", "/v1/responsez", 404, "no endpoint POST /v1/responsez", ""},
+		{"POST", "/v1/nope", 404, "no endpoint POST /v1/nope", ""},
 		{"GET", "/v1/nothing/here", 404, "not_found", ""},
 		{"GET", "/v1/chat/completions", 405, "GET /v1/chat/completions is not allowed; use POST, OPTIONS", "POST, OPTIONS"},
 		{"DELETE", "/v1/models", 405, "method_not_allowed", "GET, OPTIONS"},
