@@ -61,7 +61,9 @@ func (q *Queen) poolCandidates(model, pool string) []routing.Candidate {
 		out = make([]routing.Candidate, 0, q.reg.ServingCount(model)) // a worker each, mostly
 	}
 	add := func(id string, status registry.Status, workers []api.Worker) {
-		if status != registry.Healthy {
+		// A drained pool gets no new workers; its running workers serve
+		// on (an unhealthy pool's are not trusted).
+		if status != registry.Healthy && status != registry.Draining {
 			return
 		}
 		first := len(out)
@@ -125,7 +127,7 @@ func (c controlPlane) Count(model, pool string, healthyOnly bool) routing.Count 
 				return true
 			}
 			p, ok := q.reg.Get(id)
-			return ok && p.Status == registry.Healthy
+			return ok && (p.Status == registry.Healthy || p.Status == registry.Draining)
 		}
 	}
 	n := q.rows.targetCounts(model, pool, keep)

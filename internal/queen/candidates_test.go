@@ -84,10 +84,11 @@ func TestCandidatesFollowEveryChange(t *testing.T) {
 	beat("a", worker(rowA, "ready", 1), "tok-a1")
 	check("a ready again", seen{"a", "tok-a1", 1}, seen{"b", "tok-b2", 0})
 
+	// Drained means no new workers: b's running worker serves on.
 	x.ok("POST", "/v2/pools/b/drain", api.PoolAction{Reason: "test"}, http.StatusOK, nil)
-	check("pool b drained", seen{"a", "tok-a1", 1})
-	if n := cp.Count("tiny", "", true); n.Running != 1 {
-		t.Fatalf("healthy count with b drained %+v, want 1 running", n)
+	check("pool b drained", seen{"a", "tok-a1", 1}, seen{"b", "tok-b2", 0})
+	if n := cp.Count("tiny", "", true); n.Running != 2 {
+		t.Fatalf("serving count with b drained %+v, want 2 running", n)
 	}
 	x.ok("POST", "/v2/pools/b/undrain", api.PoolAction{Reason: "test"}, http.StatusOK, nil)
 	check("pool b back", seen{"a", "tok-a1", 1}, seen{"b", "tok-b2", 0})

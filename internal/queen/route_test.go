@@ -615,10 +615,10 @@ func TestRouteNoPoolCanPlace(t *testing.T) {
 	}
 }
 
-// Degraded workers and the workers of a drained pool get no new requests;
-// with no other worker, the controller places one on a healthy pool (the
-// drained pool's workers do not count against max workers).
-func TestRouteDegradedAndDrainedGetNothingNew(t *testing.T) {
+// Degraded workers get no new requests; a drained pool's running workers
+// serve on (drained means no new workers), and no worker is placed
+// elsewhere for them.
+func TestRouteDegradedGetNothingNewDrainedServesOn(t *testing.T) {
 	x, mh := routeQueen(t, map[string][]api.Model{"http://hive-a": {tinyModel}, "http://hive-b": {tinyModel}})
 	x.registerAt("a", "http://hive-a")
 	x.registerAt("b", "http://hive-b")
@@ -646,11 +646,15 @@ func TestRouteDegradedAndDrainedGetNothingNew(t *testing.T) {
 		<-mh.started // the operator's starts above
 	}
 	x.ok("POST", "/v2/pools/a/drain", api.PoolAction{Reason: "maintenance"}, http.StatusOK, nil)
-	fresh := newFakeWorker(t, tokens(1))
-	resp, req := x.servedByPlacement(mh, "b", fresh.URL)
+	resp := x.post(t.Context(), "/v1/completions", streamBody)
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.Header.Get(api.WorkerHeader) != req.LifecycleID || well.count() != 3 {
-		t.Errorf("served by %s, want the new worker %s", resp.Header.Get(api.WorkerHeader), req.LifecycleID)
+	if resp.Header.Get(api.WorkerHeader) != wellID || well.count() != 4 {
+		t.Errorf("after the drain served by %s, want %s", resp.Header.Get(api.WorkerHeader), wellID)
+	}
+	select {
+	case req := <-mh.started:
+		t.Errorf("a worker was placed for the drained pool's model: %+v", req)
+	default:
 	}
 }

@@ -372,8 +372,9 @@ func (c *controller) weighDemand(now time.Time, stats []queueStat, replicas map[
 	pending map[string]int, state func(target) *placing, noPlace func(*placing, target, string) (string, bool), launch func(placeOrder)) time.Duration {
 	rt := c.s
 	rt.m.rounds.Inc()
-	// Workers on pools that are not healthy (drained, silent) take no
-	// requests: they do not count against the model's max workers.
+	// Workers on pools that are silent take no requests: they do not
+	// count against the model's max workers. A drained pool's running
+	// workers serve on, and count.
 	var demand []modelDemand
 	for _, s := range stats {
 		st := state(s.target)

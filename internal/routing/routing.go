@@ -45,13 +45,15 @@ type ControlPlane interface {
 	// Candidates returns the workers of model (on pool, when it is not
 	// "") that take requests now: ready or busy, with a URI, on a healthy
 	// pool, with a RUNNING row, by key (routing's ties go to the first).
+	// (A drained pool's workers serve on: drained means no new workers.)
 	// The slice may be shared between calls: callers read it, never
 	// change it.
 	Candidates(model, pool string) []Candidate
 	// Running reports whether the worker still has a RUNNING row.
 	Running(pool, lifecycleID, workerID string) bool
 	// Count counts the live rows of model (on pool, when it is not "");
-	// with healthyOnly, only those on healthy pools.
+	// with healthyOnly, only those on pools that serve (healthy or
+	// drained).
 	Count(model, pool string, healthyOnly bool) Count
 	// LiveModels returns the models that have a live (STARTING or
 	// RUNNING) row, each once: the models of workers run by hand, which
