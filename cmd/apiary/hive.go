@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/hive"
 	"github.com/apiary-llm/apiary/internal/sdnotify"
 	"github.com/apiary-llm/apiary/internal/secret"
@@ -26,6 +27,7 @@ type hiveFlags struct {
 	callbackTimeout, healthInterval        time.Duration
 	stopGrace, shutdownAck                 time.Duration
 	idleTimeout, heartbeatInterval         time.Duration
+	cpuMemory                              string
 	logRetention                           time.Duration
 	log                                    logFlags
 	owner, lifeline, workerPath            string
@@ -91,6 +93,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.DurationVar(&f.stopGrace, "stop-grace", hive.DefaultStopGrace, "graceful stop budget before SIGTERM")
 	fl.DurationVar(&f.shutdownAck, "shutdown-ack", hive.DefaultShutdownAck, "wait for a worker's shutdown acknowledgement, and from SIGTERM to SIGKILL")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", hive.DefaultIdleTimeout, "stop a ready worker without requests for this long (0: never)")
+	fl.StringVar(&f.cpuMemory, "cpu-memory", "", "memory the CPU device offers workers, e.g. 24GiB (default: the machine's); the queen evicts idle workers to make room within it")
 	fl.DurationVar(&f.logRetention, "log-retention", hive.DefaultLogRetention, "remove ended workers' log files last written longer ago, hourly (0: keep forever)")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", hive.DefaultHeartbeatInterval, "period of heartbeats to the queen")
 	fl.StringVar(&f.owner, "owner", hive.OwnerOperator, "who started this hive: operator, or queen/keeper (then it must not outlive them)")
@@ -145,6 +148,15 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 			return hive.Config{}, usagef("--models-dir %q: %v", f.modelsDir, err)
 		}
 	}
+	var cpuMemory uint64
+	if f.cpuMemory != "" {
+		if cpuMemory, err = api.ParseBytes(f.cpuMemory); err != nil || cpuMemory == 0 {
+			if err == nil {
+				err = fmt.Errorf("0 leaves the CPU no memory for a worker")
+			}
+			return hive.Config{}, usagef("--cpu-memory: %v", err)
+		}
+	}
 	var engines map[string]hive.Engine
 	if f.engines != "" {
 		if engines, err = hive.LoadEngines(f.engines); err != nil {
@@ -157,8 +169,8 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads, WorkerSlots: f.slots,
 		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
 		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle, LogRetention: logRetention,
-		HeartbeatInterval: f.heartbeatInterval,
-		QueenURL:          f.queen, PoolID: f.poolID, NodeID: f.nodeID,
+		HeartbeatInterval: f.heartbeatInterval, CPUMemory: cpuMemory,
+		QueenURL: f.queen, PoolID: f.poolID, NodeID: f.nodeID,
 		ClusterToken: os.Getenv(secret.ClusterTokenEnv),
 		TLS:          f.tls,
 		Owner:        f.owner, LeaseTimeout: f.leaseTimeout, WorkerPath: f.workerPath,

@@ -176,6 +176,11 @@ type Model struct {
 	SizeBytes    int64     `json:"size_bytes"`
 	ModifiedAt   time.Time `json:"modified_at"`
 	Architecture string    `json:"architecture,omitempty"`
+	// EstimateBytes is the memory a worker of the model needs at the
+	// hive's context size, as the hive checks it before a start (weights,
+	// KV cache, compute buffers); absent from an older hive. Placement
+	// counts the larger of it and SizeBytes.
+	EstimateBytes int64 `json:"estimate_bytes,omitempty"`
 	// Engines are the hive's engines that can be asked to run the model
 	// (every engine the hive has); absent from an older hive: builtin
 	// only.

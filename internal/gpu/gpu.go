@@ -159,3 +159,24 @@ var cpuName = sync.OnceValue(func() string {
 	}
 	return "cpu"
 })
+
+// CapCPU is inv with its CPU device offering at most limit bytes: its
+// total is limit (or the machine's, when smaller) and its free memory no
+// more than that (the hive subtracts what its workers hold).
+func CapCPU(inv Inventory, limit uint64) Inventory { return cappedCPU{inv, limit} }
+
+type cappedCPU struct {
+	Inventory
+	limit uint64
+}
+
+func (c cappedCPU) Devices(ctx context.Context) ([]Device, error) {
+	devs, err := c.Inventory.Devices(ctx)
+	for i := range devs {
+		if devs[i].Kind == KindCPU {
+			devs[i].TotalBytes = min(devs[i].TotalBytes, c.limit)
+			devs[i].FreeBytes = min(devs[i].FreeBytes, c.limit)
+		}
+	}
+	return devs, err
+}

@@ -102,6 +102,10 @@ type Config struct {
 	ReleasePoll      time.Duration
 	ReleaseTolerance uint64
 
+	// CPUMemory caps the memory the CPU device offers workers (0: the
+	// machine's), so that a CPU node behaves as a GPU of that size.
+	CPUMemory uint64
+
 	Devices gpu.Inventory // default gpu.Detect
 	Logger  *slog.Logger  // default slog.Default()
 }

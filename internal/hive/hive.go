@@ -109,6 +109,9 @@ func New(cfg Config) (*Hive, error) {
 	if h.devices == nil {
 		h.devices = gpu.Detect(h.log)
 	}
+	if cfg.CPUMemory > 0 {
+		h.devices = gpu.CapCPU(h.devices, cfg.CPUMemory)
+	}
 	h.checkCtx, h.stopChecks = context.WithCancel(context.Background())
 	h.metrics = newMetrics(h)
 	h.pulls = newPulls(h)

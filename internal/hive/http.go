@@ -182,7 +182,7 @@ func (h *Hive) getGPUs(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *Hive) getModels(w http.ResponseWriter, _ *http.Request) error {
-	models, err := listModels(h.cfg.ModelsDir)
+	models, err := listModels(h.cfg.ModelsDir, h.cfg.CtxSize)
 	if err != nil {
 		return err
 	}
@@ -203,8 +203,9 @@ func (h *Hive) postShutdown(w http.ResponseWriter, _ *http.Request) error {
 // listModels lists the models dir through the shared model store: what
 // `apiary models ls` shows, less the files the GGUF reader rejects (a
 // truncated file, a split model that lacks a part): the queen never
-// places a worker on those.
-func listModels(dir string) ([]api.Model, error) {
+// places a worker on those. Each carries the estimate a start is checked
+// against at ctxSize (the hive's --worker-ctx-size).
+func listModels(dir string, ctxSize int) ([]api.Model, error) {
 	models, err := modelstore.List(dir)
 	if err != nil {
 		return nil, fmt.Errorf("hive: list models: %w", err)
@@ -217,6 +218,7 @@ func listModels(dir string) ([]api.Model, error) {
 		am := api.Model{Ref: m.Ref, SizeBytes: m.Size, ModifiedAt: m.ModTime.UTC()}
 		if m.Info != nil {
 			am.Architecture = m.Info.Architecture
+			am.EstimateBytes = int64(m.Info.EstimateMemory(ctxSize).Total)
 		}
 		out = append(out, am)
 	}

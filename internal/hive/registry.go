@@ -221,9 +221,15 @@ func (r *registry) devices(devs []gpu.Device) []api.GPU {
 	out := make([]api.GPU, 0, len(devs))
 	for _, d := range devs {
 		h := r.heldLocked(d.ID)
+		free := d.FreeBytes
+		if d.Kind == gpu.KindCPU {
+			// The machine's free memory need not show what the workers
+			// hold within a --cpu-memory cap: the cap less theirs.
+			free = min(free, d.TotalBytes-min(d.TotalBytes, h.total()))
+		}
 		g := api.GPU{
 			ID: d.ID, Kind: d.Kind, Name: d.Name, UUID: d.UUID,
-			TotalBytes: d.TotalBytes, FreeBytes: d.FreeBytes, TemperatureC: d.TemperatureC,
+			TotalBytes: d.TotalBytes, FreeBytes: free, TemperatureC: d.TemperatureC,
 			AllocatedBytes: h.allocated, ReservedBytes: h.reserved, Workers: []string{}, Unusable: d.Unusable,
 		}
 		for _, w := range r.live {

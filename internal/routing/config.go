@@ -18,6 +18,7 @@ const (
 	DefaultAffinityTTL   = 5 * time.Minute
 	DefaultQueueSize     = 256
 	DefaultQueueTimeout  = 90 * time.Second
+	DefaultEvictWait     = 60 * time.Second
 	DefaultScaleUpAfter  = 2 * time.Second
 	DefaultMaxWorkers    = 1
 	DefaultWorkerSlots   = 1
@@ -55,6 +56,9 @@ type Config struct {
 	// QueueTimeout is the longest a request waits for a worker; then it is
 	// answered 504 (--queue-timeout).
 	QueueTimeout time.Duration
+	// EvictWait bounds how long a placement that evicted idle workers
+	// waits for their memory to be reported back (DefaultEvictWait).
+	EvictWait time.Duration
 	// ScaleUpAfter: when the oldest waiting request of a model has waited
 	// this long, the controller places one more worker of it, up to its
 	// max workers (--scale-up-after).
@@ -119,6 +123,7 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	config.Default(&c.AffinityTTL, DefaultAffinityTTL)
 	config.Default(&c.QueueTimeout, DefaultQueueTimeout)
+	config.Default(&c.EvictWait, DefaultEvictWait)
 	config.Default(&c.ScaleUpAfter, DefaultScaleUpAfter)
 	config.Default(&c.ModelsRefresh, DefaultModelsRefresh)
 	config.Default(&c.CrashLoopWindow, DefaultCrashLoopWindow)

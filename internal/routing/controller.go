@@ -302,6 +302,11 @@ func (c *controller) run(ctx context.Context) {
 			if err == nil {
 				return "", false
 			}
+			if need := c.s.needOf(t.model); need > 0 {
+				if _, ok := c.s.planEviction(t.model, t.pool, need); ok {
+					return "", false // idle workers of other models can make room: the placement evicts them
+				}
+			}
 			if src := c.s.pullSource(t.model); src != "" {
 				running, backoff := rt.pulls.forModel(t.model, now)
 				pd := planPull(c.s.cfg.Placer, pools, req, running, backoff)
@@ -494,9 +499,17 @@ func later(a, b time.Time) time.Time {
 func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 	start := time.Now()
 	exclude := map[string]string{}
+	evicted := false
 	for {
-		d, err := c.s.Place(ctx, PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude})
+		req := PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude}
+		d, err := c.s.placeWith(ctx, req, false)
+		if err != nil && len(exclude) == 0 && !evicted && c.evict(ctx, o.Model, o.Pool) {
+			// Idle workers of other models made room: place again.
+			evicted = true
+			continue
+		}
 		if err != nil {
+			c.s.placeFailed(ctx, req, err)
 			c.s.m.placements.WithLabelValues(o.Model, "failed").Inc()
 			return placeResult{target: o.target(), err: err}
 		}
@@ -528,6 +541,11 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 // placement that finds no pool is audited with every pool's reason. The
 // queen places an operator's start without a pool with it.
 func (s *Service) Place(ctx context.Context, req PlaceRequest) (Decision, error) {
+	return s.placeWith(ctx, req, true)
+}
+
+// placeWith is Place; a failure is audited only with audit.
+func (s *Service) placeWith(ctx context.Context, req PlaceRequest, audit bool) (Decision, error) {
 	if req.Pools == nil {
 		req.Pools = s.allowedPools(req.Model)
 	}
@@ -547,7 +565,9 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest) (Decision, error)
 	if err == nil {
 		return d, nil
 	}
-	s.placeFailed(ctx, req, err)
+	if audit {
+		s.placeFailed(ctx, req, err)
+	}
 	return Decision{}, err
 }
 

@@ -15,6 +15,7 @@ type routeMetrics struct {
 	queueWait    *prometheus.HistogramVec // model
 	rejected     *prometheus.CounterVec   // model, reason
 	placements   *prometheus.CounterVec   // model, result
+	evictions    *prometheus.CounterVec   // model (evicted), for (the model placed)
 	affinity     *prometheus.CounterVec   // result
 	retries      *prometheus.CounterVec   // model, reason
 	broken       *prometheus.CounterVec   // model
@@ -53,6 +54,9 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "apiary_queen_queue_rejected_total", Help: "Requests the queue refused or gave up on: queue_full (429), timeout (504), no_capacity (503)."},
 			[]string{"model", "reason"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_evictions_total", Help: "Idle workers the controller stopped to make room for a worker of another model (model: the one stopped; for: the one placed)."},
+			[]string{"model", "for"}),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "apiary_queen_placements_total", Help: "Workers the controller placed on demand: started (the hive accepted), failed (no pool, or every hive refused)."},
 			[]string{"model", "result"}),
@@ -82,7 +86,7 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 		sessionsDesc: prometheus.NewDesc("apiary_queen_affinity_sessions", "Sessions pinned to a worker.", nil, nil),
 		sessions:     sessions,
 	}
-	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.affinity,
+	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.evictions, m.affinity,
 		m.retries, m.broken, m.preempted, m.strikes, m.degraded, m.strikeStops, m.rounds, m.crashLoop, sessionGauge{m})
 	return m
 }

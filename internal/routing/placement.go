@@ -96,9 +96,11 @@ type Placer interface {
 // and that has the most free memory; a GPU where it fits comes before any
 // node's CPU (a GPU node offers its CPU too, with more memory than any
 // GPU); ties go to the smaller pool id, then the smaller device id. The model fits a device whose free memory is at
-// least the GGUF's size (the hive checks its finer estimate, weights plus
-// KV cache, and refuses a start that does not fit; the controller then
-// places again without that pool). Every pool not chosen gets a reason.
+// least what it needs: the hive's estimate (weights, KV cache, buffers at
+// its context size) from its model list, never less than the GGUF's size
+// (the hive checks the estimate for the start's own context and refuses
+// a start that does not fit; the controller then places again without
+// that pool). Every pool not chosen gets a reason.
 type MostFreeMemory struct{}
 
 // Place implements Placer.
@@ -114,7 +116,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 	var need uint64
 	for _, p := range pools {
 		if m, ok := req.Models[p.ID][req.Model]; ok && m.SizeBytes > 0 {
-			need = uint64(m.SizeBytes)
+			need = modelNeed(m)
 			break
 		}
 	}
@@ -150,7 +152,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			reject("has no engine %s (its hive declares %s)", req.Engine, strings.Join(engines(m), ", "))
 			continue
 		}
-		size := uint64(max(m.SizeBytes, 0))
+		size := modelNeed(m)
 		best, bestFree, bestGPU, found := 0, uint64(0), false, false
 		var roomiest api.GPU
 		seen := false
@@ -163,6 +165,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 				unusable = append(unusable, fmt.Sprintf("device %d is unusable: %s", g.ID, g.Unusable))
 				continue
 			}
+			g.FreeBytes = deviceFree(p, g)
 			if !seen || g.FreeBytes > roomiest.FreeBytes {
 				roomiest = g
 			}
@@ -207,6 +210,32 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		}
 	}
 	return Decision{Pool: win.pool, GPU: win.gpu, FreeBytes: win.free, NeedBytes: need, Rejected: rejected}, nil
+}
+
+// deviceFree is the memory device g of pool p has free as the queen
+// knows it now: the hive's last reading, but never more than the device's
+// total less what the pool's live workers on it report holding (a worker
+// that became ready since that reading is already in p.Workers).
+func deviceFree(p registry.Pool, g api.GPU) uint64 {
+	var held uint64
+	for _, w := range p.Workers {
+		if w.GPUDevice == g.ID && w.StoppedAt == nil {
+			held += w.VRAMBytes
+		}
+	}
+	switch {
+	case held == 0 || g.TotalBytes == 0: // nothing held, or no total reported
+		return g.FreeBytes
+	case held >= g.TotalBytes:
+		return 0
+	}
+	return min(g.FreeBytes, g.TotalBytes-held)
+}
+
+// modelNeed is the memory a worker of m needs: the hive's estimate when
+// it gives one (weights, KV cache, buffers), never less than the file.
+func modelNeed(m api.Model) uint64 {
+	return uint64(max(m.SizeBytes, m.EstimateBytes, 0))
 }
 
 // hasEngine says whether a pool's model entry offers engine ("": the

@@ -222,14 +222,17 @@ type router struct {
 	batches map[target][]*waiter // guarded by mu
 	// holds are the slots batch requests hold, by worker, oldest first;
 	// bounded by the batch dispatcher's concurrency.
-	holds  map[WorkerKey][]*batchHold // guarded by mu
-	closed bool                       // guarded by mu
+	holds map[WorkerKey][]*batchHold // guarded by mu
+	// lastUsed is when each worker last finished a request of this
+	// queen's, for eviction (least recently used first).
+	lastUsed map[WorkerKey]time.Time // guarded by mu
+	closed   bool                    // guarded by mu
 }
 
 func newRouter(cfg Config, log *slog.Logger, source func(target) []Candidate, aff *affinity, m *routeMetrics, demand func()) *router {
 	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
 		inflight: map[WorkerKey]*int{}, views: map[target]candidateView{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}, batches: map[target][]*waiter{},
-		holds: map[WorkerKey][]*batchHold{}}
+		holds: map[WorkerKey][]*batchHold{}, lastUsed: map[WorkerKey]time.Time{}}
 }
 
 // acquire returns a lease on a worker of req.model: at once when one has a
@@ -607,6 +610,14 @@ func (r *router) settle(l lease, v verdict, cause error) strikeStep {
 		r.dropHoldLocked(h)
 		r.freeLocked(l.cand.Key)
 	}
+	if len(r.lastUsed) > maxLastUsed {
+		for k, t := range r.lastUsed {
+			if now.Sub(t) > time.Hour {
+				delete(r.lastUsed, k)
+			}
+		}
+	}
+	r.lastUsed[l.cand.Key] = now
 	step := stepNone
 	switch v {
 	case verdictServed:
@@ -754,4 +765,27 @@ func sessionKey(model, session string) string {
 	b.WriteByte(0)
 	b.WriteString(session)
 	return b.String()
+}
+
+// maxLastUsed is how many workers' last use the router keeps before it
+// forgets those unused for an hour (they are evicted first either way).
+const maxLastUsed = 4096
+
+// usage is a worker's requests in flight through this queen and when it
+// last finished one (zero: never).
+func (r *router) usage(k WorkerKey) (inflight int, last time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := r.inflight[k]; n != nil {
+		inflight = *n
+	}
+	return inflight, r.lastUsed[k]
+}
+
+// waiting reports whether requests (interactive or batch) wait for model
+// on any pool, or pinned to pool.
+func (r *router) waiting(model, pool string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.waitingLocked(target{model, ""}) || r.waitingLocked(target{model, pool})
 }
