@@ -104,6 +104,8 @@ func TestConfigProblemsNameTheFlags(t *testing.T) {
 				"--strike-limit must be at least 1, got -1", "--crashloop-window must be positive, got -1m0s"}},
 		{[]string{"hive", "--lease-timeout", "1s", "--worker-ports", "9-3", "--queen", "http://127.0.0.1:1"},
 			[]string{"--worker-ports 9-3 is not a range", "--lease-timeout 1s must be longer than --heartbeat-interval 10s"}},
+		{[]string{"hive", "--cpu-memory", "24 gigs"}, []string{`--cpu-memory: "24 gigs" is not a size: want bytes, or a number with KiB`}},
+		{[]string{"hive", "--cpu-memory", "0"}, []string{"--cpu-memory: 0 leaves the CPU no memory for a worker"}},
 		{[]string{"infer", "--model", "", "--prompt", "", "--max-tokens", "-1"},
 			[]string{"--model is required", "--prompt is required", "--max-tokens must not be negative, got -1"}},
 	} {
