@@ -138,7 +138,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		return queen.Config{}, err
 	}
 	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes", "claim-timeout", "claim-health-interval",
-		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
+		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "swap-wait", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
 		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after", "config-poll",
 		"batch-max-file-bytes", "batch-max-attempts", "batch-concurrency"); err != nil {
 		return queen.Config{}, err

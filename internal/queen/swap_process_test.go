@@ -1,9 +1,14 @@
 package queen
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	oai "github.com/openai/openai-go"
 
@@ -32,9 +37,10 @@ func TestProcessSwapOnDemand(t *testing.T) {
 	}
 	// Room for one worker (the hive's estimate at its context size), not
 	// for one more beside a loaded one.
-	capacity := info.EstimateMemory(256).Total * 6 / 5
-	c := startClusterWith(t, clusterOptions{model: shape, more: map[string]testmodel.Options{"b": other}}, nil,
-		"--cpu-memory", fmt.Sprint(capacity), "--worker-ctx-size", "256")
+	capacity := info.EstimateMemory(1024).Total * 6 / 5
+	const swapWait = 2 * time.Second
+	c := startClusterWith(t, clusterOptions{model: shape, more: map[string]testmodel.Options{"b": other}}, []string{"--swap-wait", swapWait.String()},
+		"--cpu-memory", fmt.Sprint(capacity), "--worker-ctx-size", "1024")
 
 	ask := func(model string) string {
 		t.Helper()
@@ -97,5 +103,53 @@ func TestProcessSwapOnDemand(t *testing.T) {
 	ask("tiny") // and back
 	if now := running(); now["tiny"].ID == "" || now["b"].ID != "" {
 		t.Errorf("after tiny again: running %+v", now)
+	}
+
+	// A busy worker is never cut: a request for the other model waits for
+	// its stream to end (within --swap-wait), then evicts it and is served.
+	long := func() (stop func()) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(t.Context())
+		first := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p := completion(100000)
+			p.Model = "tiny"
+			c.stream(ctx, p, first)
+		}()
+		<-first
+		return func() { cancel(); <-done }
+	}
+	stop := long()
+	answered := make(chan error, 1)
+	go func() {
+		_, err := c.client.Chat.Completions.New(t.Context(), oai.ChatCompletionNewParams{Model: "b", MaxTokens: oai.Int(4),
+			Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("Hi")}})
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("b was answered while tiny's only worker was busy: %v", err)
+	case <-time.After(swapWait / 2):
+	}
+	stop()
+	if err := <-answered; err != nil {
+		t.Fatalf("b after tiny's stream ended: %v", err)
+	}
+
+	// Past --swap-wait: 503 with the reason.
+	ask("tiny")
+	stop = long()
+	defer stop()
+	start := time.Now()
+	_, err = c.client.Chat.Completions.New(t.Context(), oai.ChatCompletionNewParams{Model: "b", MaxTokens: oai.Int(4),
+		Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("Hi")}})
+	var apiErr *oai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable || !strings.Contains(apiErr.Message, "--swap-wait") {
+		t.Errorf("b while tiny streams past --swap-wait: %v", err)
+	}
+	if took := time.Since(start); took < swapWait {
+		t.Errorf("refused after %s, before --swap-wait %s", took, swapWait)
 	}
 }

@@ -19,6 +19,7 @@ const (
 	DefaultQueueSize     = 256
 	DefaultQueueTimeout  = 90 * time.Second
 	DefaultEvictWait     = 60 * time.Second
+	DefaultSwapWait      = 30 * time.Second
 	DefaultScaleUpAfter  = 2 * time.Second
 	DefaultMaxWorkers    = 1
 	DefaultWorkerSlots   = 1
@@ -56,6 +57,10 @@ type Config struct {
 	// QueueTimeout is the longest a request waits for a worker; then it is
 	// answered 504 (--queue-timeout).
 	QueueTimeout time.Duration
+	// SwapWait is how long a request waits for busy workers of other
+	// models to finish when only they hold the memory its model needs;
+	// then it is refused 503 with why (--swap-wait).
+	SwapWait time.Duration
 	// EvictWait bounds how long a placement that evicted idle workers
 	// waits for their memory to be reported back (DefaultEvictWait).
 	EvictWait time.Duration
@@ -124,6 +129,7 @@ func (c Config) WithDefaults() Config {
 	config.Default(&c.AffinityTTL, DefaultAffinityTTL)
 	config.Default(&c.QueueTimeout, DefaultQueueTimeout)
 	config.Default(&c.EvictWait, DefaultEvictWait)
+	config.Default(&c.SwapWait, DefaultSwapWait)
 	config.Default(&c.ScaleUpAfter, DefaultScaleUpAfter)
 	config.Default(&c.ModelsRefresh, DefaultModelsRefresh)
 	config.Default(&c.CrashLoopWindow, DefaultCrashLoopWindow)

@@ -293,7 +293,7 @@ func (c *controller) run(ctx context.Context) {
 		// that no pool has, it starts a pull of it instead (planPull),
 		// need saying what needs the worker, and reports pulling: the
 		// target waits for the pull.
-		noPlace := func(st *placing, t target, need string) (why string, pulling bool) {
+		noPlace := func(st *placing, t target, need string, waited time.Duration) (why string, pulling bool) {
 			if pools == nil {
 				pools, models = c.s.cp.Pools(registry.Filter{}), rt.catalog.snapshot()
 			}
@@ -303,8 +303,14 @@ func (c *controller) run(ctx context.Context) {
 				return "", false
 			}
 			if need := c.s.needOf(t.model); need > 0 {
-				if _, ok := c.s.planEviction(t.model, t.pool, need); ok {
+				if _, ok := c.s.planEviction(t.model, t.pool, need, false); ok {
 					return "", false // idle workers of other models can make room: the placement evicts them
+				}
+				if _, ok := c.s.planEviction(t.model, t.pool, need, true); ok {
+					if waited < c.s.cfg.SwapWait {
+						return "", true // busy workers hold the room: they are waited for (SwapWait)
+					}
+					err = fmt.Errorf("%w; busy workers of other models hold the room it needs, and their requests did not end within --swap-wait %s", err, c.s.cfg.SwapWait)
 				}
 			}
 			if src := c.s.pullSource(t.model); src != "" {
@@ -347,7 +353,7 @@ func (c *controller) run(ctx context.Context) {
 			need := replicaNeed{Model: model, Min: replicas[model].Min, Live: n.Live() + pending[model], Starting: n.Starting + pending[model],
 				RetryAt: later(rs.retry, st.failRetry), CrashLoop: rs.loop != nil}
 			if need.Live < need.Min && need.Starting == 0 && !now.Before(need.RetryAt) {
-				need.NoPlace, need.Pulling = noPlace(st, t, fmt.Sprintf("replicas: %d of min_workers %d of %s live", need.Live, need.Min, model))
+				need.NoPlace, need.Pulling = noPlace(st, t, fmt.Sprintf("replicas: %d of min_workers %d of %s live", need.Live, need.Min, model), 0)
 			}
 			needs = append(needs, need)
 		}
@@ -374,7 +380,7 @@ func (c *controller) run(ctx context.Context) {
 // requests waiting: it refuses those no worker will serve and places
 // workers for the others; it returns when to decide again.
 func (c *controller) weighDemand(now time.Time, stats []queueStat, replicas map[string]Replica, reps map[string]*replicaState,
-	pending map[string]int, state func(target) *placing, noPlace func(*placing, target, string) (string, bool), launch func(placeOrder)) time.Duration {
+	pending map[string]int, state func(target) *placing, noPlace func(*placing, target, string, time.Duration) (string, bool), launch func(placeOrder)) time.Duration {
 	rt := c.s
 	rt.m.rounds.Inc()
 	// Workers on pools that are silent take no requests: they do not
@@ -403,7 +409,7 @@ func (c *controller) weighDemand(now time.Time, stats []queueStat, replicas map[
 		}
 		if m.Live == 0 && m.Routable == 0 && m.MaxWorkers > 0 {
 			// Nothing serves or starts: can a worker be placed at all?
-			m.NoPlace, m.Pulling = noPlace(st, s.target, fmt.Sprintf("demand: %d requests for %s waiting", s.queued, s.target))
+			m.NoPlace, m.Pulling = noPlace(st, s.target, fmt.Sprintf("demand: %d requests for %s waiting", s.queued, s.target), now.Sub(s.oldest))
 		}
 		demand = append(demand, m)
 	}

@@ -37,9 +37,10 @@ type eviction struct {
 // first) frees need bytes; ties go to the device whose newest victim was
 // used longest ago. A worker is idle when it is ready with no request in
 // flight (the hive's count and the queen's) and none waiting for its
-// model; a model's workers up to its replica minimum are kept. ok is
-// false when no device can be freed.
-func (s *Service) planEviction(model, pool string, need uint64) (eviction, bool) {
+// model; a model's workers up to its replica minimum are kept. With
+// busyToo, busy workers count as well: would room come once they are
+// done? ok is false when no device can be freed.
+func (s *Service) planEviction(model, pool string, need uint64, busyToo bool) (eviction, bool) {
 	allowed := s.allowedPools(model)
 	cat := s.catalog.snapshot()
 	replicas := s.cp.Replicas()
@@ -68,12 +69,14 @@ func (s *Service) planEviction(model, pool string, need uint64) (eviction, bool)
 			}
 			var cands []victim
 			for _, w := range p.Workers {
-				if w.GPUDevice != g.ID || w.ModelRef == model || w.ModelRef == "" || lifecycle.State(w.Status) != lifecycle.Ready || w.InFlight > 0 {
+				st := lifecycle.State(w.Status)
+				if w.GPUDevice != g.ID || w.ModelRef == model || w.ModelRef == "" || w.LifecycleID == "" ||
+					st != lifecycle.Ready && !(busyToo && st == lifecycle.Busy) {
 					continue
 				}
 				k := WorkerKey{Pool: p.ID, Worker: w.WorkerID}
 				inflight, last := s.router.usage(k)
-				if inflight > 0 || w.LifecycleID == "" || s.router.waiting(w.ModelRef, p.ID) {
+				if !busyToo && (w.InFlight > 0 || inflight > 0 || s.router.waiting(w.ModelRef, p.ID)) {
 					continue // busy, or its own model's requests wait for it: served first
 				}
 				cands = append(cands, victim{key: k, lifecycleID: w.LifecycleID, model: w.ModelRef, bytes: w.VRAMBytes, last: last})
@@ -126,7 +129,7 @@ func (c *controller) evict(ctx context.Context, model, pool string) bool {
 	if need == 0 {
 		return false
 	}
-	ev, ok := c.s.planEviction(model, pool, need)
+	ev, ok := c.s.planEviction(model, pool, need, false)
 	if !ok {
 		c.log.Info("no idle workers to evict make room", "for", model, "need", api.FormatBytes(need))
 		return false
