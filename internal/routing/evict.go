@@ -82,7 +82,7 @@ func (s *Service) planEviction(model, pool string, need uint64, busyToo bool) (e
 				cands = append(cands, victim{key: k, lifecycleID: w.LifecycleID, model: w.ModelRef, bytes: w.VRAMBytes, last: last})
 			}
 			slices.SortFunc(cands, func(a, b victim) int { return a.last.Compare(b.last) })
-			free := deviceFree(p, g)
+			free := deviceFree(p, g, cat[p.ID])
 			taken := map[string]int{}
 			var chosen []victim
 			for _, v := range cands {
@@ -148,7 +148,7 @@ func (c *controller) evict(ctx context.Context, model, pool string) bool {
 	for {
 		if p, ok := c.s.cp.Pool(ev.pool); ok {
 			for _, g := range p.GPUs {
-				if g.ID == ev.gpu && deviceFree(p, g) >= need {
+				if g.ID == ev.gpu && deviceFree(p, g, c.s.catalog.snapshot()[ev.pool]) >= need {
 					return true
 				}
 			}

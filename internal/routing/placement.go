@@ -165,7 +165,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 				unusable = append(unusable, fmt.Sprintf("device %d is unusable: %s", g.ID, g.Unusable))
 				continue
 			}
-			g.FreeBytes = deviceFree(p, g)
+			g.FreeBytes = deviceFree(p, g, models)
 			if !seen || g.FreeBytes > roomiest.FreeBytes {
 				roomiest = g
 			}
@@ -213,23 +213,36 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 }
 
 // deviceFree is the memory device g of pool p has free as the queen
-// knows it now: the hive's last reading, but never more than the device's
-// total less what the pool's live workers on it report holding (a worker
-// that became ready since that reading is already in p.Workers).
-func deviceFree(p registry.Pool, g api.GPU) uint64 {
-	var held uint64
+// knows it now. The hive's last reading is up to a heartbeat old: a worker
+// that was starting then (its estimate reserved) may be ready now with
+// less, one that ran may have stopped. So what the reading shows held by
+// anything but the hive's workers (another process on a GPU) is kept, and
+// the workers' share is taken from p.Workers as it is now: what each
+// reports holding, or for one still starting its model's estimate (from
+// models, the pool's model list).
+func deviceFree(p registry.Pool, g api.GPU, models map[string]api.Model) uint64 {
+	if g.TotalBytes == 0 {
+		return g.FreeBytes // no total reported: the reading is all there is
+	}
+	var foreign uint64
+	if used := g.FreeBytes + g.AllocatedBytes + g.ReservedBytes; used < g.TotalBytes {
+		foreign = g.TotalBytes - used
+	}
+	held := foreign
 	for _, w := range p.Workers {
-		if w.GPUDevice == g.ID && w.StoppedAt == nil {
+		if w.GPUDevice != g.ID || w.StoppedAt != nil {
+			continue
+		}
+		if w.VRAMBytes > 0 {
 			held += w.VRAMBytes
+		} else if m, ok := models[w.ModelRef]; ok {
+			held += modelNeed(m)
 		}
 	}
-	switch {
-	case held == 0 || g.TotalBytes == 0: // nothing held, or no total reported
-		return g.FreeBytes
-	case held >= g.TotalBytes:
+	if held >= g.TotalBytes {
 		return 0
 	}
-	return min(g.FreeBytes, g.TotalBytes-held)
+	return g.TotalBytes - held
 }
 
 // modelNeed is the memory a worker of m needs: the hive's estimate when
