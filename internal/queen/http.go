@@ -3,6 +3,7 @@ package queen
 import (
 	"crypto/subtle"
 	"fmt"
+	"net"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -149,6 +150,9 @@ func (q *Queen) handleBody(fn handlerFunc, limit bool, roles ...role) http.Handl
 		}
 		c, ok := q.authenticate(r, roles)
 		if !ok {
+			if len(roles) == 1 && roles[0] == roleCluster {
+				q.hiveRefused(r)
+			}
 			writeError(w, fmt.Errorf("%w: missing or wrong bearer token (%s)", ErrUnauthorized, tokenNames(roles)))
 			return
 		}
@@ -290,4 +294,35 @@ func parseLimit(s string, def, maxN int) (int, error) {
 		return 0, api.BadRequest("limit %q must be a number from 1 to %d", s, maxN)
 	}
 	return n, nil
+}
+
+// hiveRefused records a call to a hive endpoint refused for its token: a
+// hive with a wrong or missing APIARY_CLUSTER_TOKEN would otherwise run
+// "standalone" with a warning only in its own log. Counted
+// (apiary_queen_hive_calls_refused_total) and logged, once a minute per
+// caller address.
+func (q *Queen) hiveRefused(r *http.Request) {
+	pattern := r.Pattern
+	if _, p, ok := strings.Cut(pattern, " "); ok {
+		pattern = p
+	}
+	q.metrics.refusedHiveCalls.WithLabelValues(pattern).Inc()
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	now := time.Now()
+	q.refusedMu.Lock()
+	last, seen := q.refusedAt[host]
+	if !seen || now.Sub(last) >= time.Minute {
+		if len(q.refusedAt) >= 1024 {
+			clear(q.refusedAt)
+		}
+		q.refusedAt[host] = now
+	}
+	q.refusedMu.Unlock()
+	if !seen || now.Sub(last) >= time.Minute {
+		q.log.Warn("refused a hive's call: missing or wrong cluster token (APIARY_CLUSTER_TOKEN must be the queen's); logged once a minute per address",
+			"remote", host, "endpoint", pattern, "pool_id", api.Printable(r.PathValue("id"), 100))
+	}
 }

@@ -26,6 +26,7 @@ type metrics struct {
 	events              prometheus.Counter
 	rowTransitions      *prometheus.CounterVec
 	rowRefused          prometheus.Counter
+	refusedHiveCalls    *prometheus.CounterVec // path
 	unknownStopped      prometheus.Counter
 	requests            *prometheus.CounterVec
 	requestsOK          func() prometheus.Counter // requests' code="200", looked up once
@@ -52,6 +53,9 @@ func newMetrics() *metrics {
 			Name: "apiary_queen_worker_events_total", Help: "Worker transitions pushed by hives."}),
 		rowTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "apiary_queen_row_transitions_total", Help: "Lifecycle row status changes, by new status."}, []string{"status"}),
+		refusedHiveCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_hive_calls_refused_total", Help: "Calls to the hives' endpoints (registration, heartbeats, events, claims) refused for a missing or wrong cluster token."},
+			[]string{"endpoint"}),
 		rowRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "apiary_queen_row_transitions_refused_total", Help: "Lifecycle row changes refused by the transition table."}),
 		unknownStopped: prometheus.NewCounter(prometheus.CounterOpts{
@@ -64,7 +68,7 @@ func newMetrics() *metrics {
 		rowsDesc:  prometheus.NewDesc("apiary_queen_worker_rows", "Lifecycle rows by status.", []string{"status"}, nil),
 	}
 	m.requestsOK = sync.OnceValue(func() prometheus.Counter { return m.requests.WithLabelValues("200") })
-	m.reg.MustRegister(m.heartbeats, m.unchangedBeats, m.heartbeatSeconds, m.registrations, m.events, m.rowTransitions, m.rowRefused,
+	m.reg.MustRegister(m.heartbeats, m.unchangedBeats, m.heartbeatSeconds, m.registrations, m.events, m.rowTransitions, m.rowRefused, m.refusedHiveCalls,
 		m.unknownStopped, m.requests, m.storeErrors, gauges{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -48,10 +48,14 @@ const (
 
 // Queen is a running orchestrator. Create it with New, run it with Run.
 type Queen struct {
-	cfg     Config
-	log     *slog.Logger
-	hives   HiveClient
-	metrics *metrics
+	// refusedAt is when a refused hive call from each address was last
+	// logged (hiveRefused).
+	refusedMu sync.Mutex
+	refusedAt map[string]time.Time // guarded by refusedMu
+	cfg       Config
+	log       *slog.Logger
+	hives     HiveClient
+	metrics   *metrics
 
 	// Set by Run before Ready is closed; never changed after.
 	st   *store.Store
@@ -112,6 +116,7 @@ func New(cfg Config) (*Queen, error) {
 		log:         cfg.Logger.With("component", "queen"),
 		hives:       cfg.Hives,
 		metrics:     newMetrics(),
+		refusedAt:   map[string]time.Time{},
 		tasks:       make(chan func(context.Context), taskQueue),
 		tokens:      newWorkerTokens(),
 		cands:       newCandidateCache(),

@@ -435,6 +435,18 @@ func TestTokens(t *testing.T) {
 			t.Errorf("401 body %s", body)
 		}
 	}
+	// The hive calls refused for their token are counted and logged (once
+	// a minute per address): a hive with the wrong token is not silent at
+	// the queen.
+	for endpoint, want := range map[string]string{"/v2/pools/register": "3", "/v2/internal/workers/events": "1"} {
+		if got := metricLineWith(x, `apiary_queen_hive_calls_refused_total{endpoint="`+endpoint+`"}`, "admin-t-0123456789"); got != want {
+			t.Errorf("refused hive calls at %s: %q, want %s", endpoint, got, want)
+		}
+	}
+	if n := x.logs.Count("refused a hive's call: missing or wrong cluster token (APIARY_CLUSTER_TOKEN must be the queen's); logged once a minute per address",
+		map[string]string{"remote": "127.0.0.1", "endpoint": "/v2/pools/register"}); n != 1 {
+		t.Errorf("the refused hive calls were logged %d times, want once", n)
+	}
 	logs := x.logs.String()
 	_, audit := x.do("GET", "/api/admin/audit", "admin-t-0123456789", nil)
 	for _, secret := range []string{"admin-t-0123456789", "cluster-t-0123456789", "api-t-0123456789"} {
@@ -619,4 +631,15 @@ func TestOllamaPathsAnswerInOllamasShape(t *testing.T) {
 			t.Errorf("%s %s: %d (Allow %q) %s, want %d with %q (Allow %q)", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), body, tc.status, tc.want, tc.allow)
 		}
 	}
+}
+
+// metricLineWith is metricLine for a queen whose /metrics needs a token.
+func metricLineWith(x *tq, prefix, token string) string {
+	_, body := x.do("GET", "/metrics", token, nil)
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			return line[strings.LastIndexByte(line, ' ')+1:]
+		}
+	}
+	return ""
 }
