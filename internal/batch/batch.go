@@ -118,6 +118,10 @@ type Service struct {
 	st   *store.Store
 	log  *slog.Logger
 	wake chan struct{} // buffered 1: work may be waiting
+	// cancelled carries the batches just cancelled, for the dispatcher to
+	// finish at once those with no job running (buffered; a full channel
+	// leaves it to the resync tick).
+	cancelled chan string
 	done chan jobDone  // the dispatcher's jobs report here
 	ends chan *jobEnd  // the jobs' ends, to the writer
 
@@ -177,7 +181,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("batch: Config.Store, Router and Dir are required")
 	}
 	return &Service{cfg: cfg, st: cfg.Store, log: cfg.Logger.With("component", "batch"),
-		wake: make(chan struct{}, 1), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}}, nil
+		wake: make(chan struct{}, 1), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}}, nil
 }
 
 // signal wakes the dispatcher; it never blocks.

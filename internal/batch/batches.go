@@ -236,6 +236,10 @@ func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.withdraw(id)
+	select {
+	case s.cancelled <- id:
+	default:
+	}
 	s.signal()
 	openai.WriteJSON(w, http.StatusOK, o)
 	return nil

@@ -105,6 +105,15 @@ func (s *Service) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		case <-s.wake:
 			drained = false
+		case id := <-s.cancelled:
+			// A batch cancelled with none of its jobs under way (one
+			// queued behind an older batch) ends now, not when the queen
+			// restarts.
+			if perBatch[id] <= 0 {
+				if settled, err := s.settled(ctx, id); err == nil && settled {
+					finishAll([]string{id})
+				}
+			}
 		case id := <-finished:
 			delete(finishing, id)
 			delete(endpoints, id)
@@ -132,6 +141,13 @@ func (s *Service) Run(ctx context.Context) error {
 			if time.Since(lastSweep) >= sweepEvery {
 				lastSweep = time.Now()
 				s.sweep(ctx)
+				// Active batches whose jobs all ended that nothing else
+				// finished (a cancel the channel had no room for).
+				for _, id := range s.settledBatches(ctx) {
+					if perBatch[id] <= 0 {
+						finishAll([]string{id})
+					}
+				}
 			}
 		}
 	}

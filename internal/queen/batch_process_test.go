@@ -507,3 +507,39 @@ func TestProcessBatchResponses(t *testing.T) {
 		}
 	}
 }
+
+// A batch cancelled while queued behind an older one (none of its jobs
+// under way: the dispatcher runs one at a time here) is cancelled within
+// seconds, while the older batch runs on — before, it stayed cancelling
+// until the queen restarted.
+func TestProcessBatchCancelledWhileQueuedEnds(t *testing.T) {
+	c := startCluster(t, []string{"--batch-concurrency", "1", "--log-level", "debug"})
+	ctx := t.Context()
+	older := newBatch(t, c.client, 20, 64)
+	c.queen.logs.wait(t, 0, "job attempt ended", map[string]string{"batch_id": older, "state": "succeeded"})
+	newer := newBatch(t, c.client, 3, 8)
+	cancelled := time.Now()
+	if _, err := c.client.Batches.Cancel(ctx, newer); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		b, err := c.client.Batches.Get(ctx, newer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Status == oai.BatchStatusCancelled {
+			if b.RequestCounts.Failed != 3 || b.ErrorFileID == "" {
+				t.Errorf("cancelled batch: counts %+v, error file %q", b.RequestCounts, b.ErrorFileID)
+			}
+			t.Logf("cancelled %s after the cancel", time.Since(cancelled).Round(time.Millisecond))
+			break
+		}
+		if time.Since(cancelled) > 5*time.Second {
+			t.Fatalf("the batch is %s 5 s after its cancel; want cancelled", b.Status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if b, err := c.client.Batches.Get(ctx, older); err != nil || b.Status != oai.BatchStatusInProgress {
+		t.Errorf("the older batch: %v %v, want still in progress", b, err)
+	}
+}
