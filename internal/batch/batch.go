@@ -122,8 +122,8 @@ type Service struct {
 	// finish at once those with no job running (buffered; a full channel
 	// leaves it to the resync tick).
 	cancelled chan string
-	done chan jobDone  // the dispatcher's jobs report here
-	ends chan *jobEnd  // the jobs' ends, to the writer
+	done      chan jobDone // the dispatcher's jobs report here
+	ends      chan *jobEnd // the jobs' ends, to the writer
 
 	mu sync.Mutex
 	// withdrawals holds, by batch with jobs under way, what takes those
