@@ -120,7 +120,7 @@ type Service struct {
 	wake chan struct{} // buffered 1: work may be waiting
 	// cancelled carries the batches just cancelled, for the dispatcher to
 	// finish at once those with no job running (buffered; a full channel
-	// leaves it to the resync tick).
+	// leaves it to the hourly sweep).
 	cancelled chan string
 	done      chan jobDone // the dispatcher's jobs report here
 	ends      chan *jobEnd // the jobs' ends, to the writer
