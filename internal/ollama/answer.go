@@ -1,7 +1,6 @@
 package ollama
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -227,14 +226,7 @@ func (a *Answer) embeddings(data []byte, now time.Time) ([]byte, error) {
 // Event turns one SSE event of the worker's stream into the NDJSON
 // lines (each without its newline) it makes; last is true for the line
 // that ends the stream (the done line, or an error).
-func (a *Answer) Event(ev []byte, now time.Time) (lines [][]byte, last bool, err error) {
-	var data []byte
-	for _, l := range bytes.Split(ev, []byte("\n")) {
-		l = bytes.TrimRight(l, "\r")
-		if d, ok := bytes.CutPrefix(l, []byte("data:")); ok {
-			data = append(data, bytes.TrimSpace(d)...)
-		}
-	}
+func (a *Answer) Event(data []byte, now time.Time) (lines [][]byte, last bool, err error) {
 	if len(data) == 0 {
 		return nil, false, nil
 	}

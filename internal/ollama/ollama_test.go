@@ -121,13 +121,13 @@ func TestAnswerStream(t *testing.T) {
 	var lines []map[string]any
 	last := false
 	for _, ev := range []string{
-		`data: {"choices":[{"delta":{"role":"assistant","content":"Hel"}}]}`,
-		`data: {"choices":[{"delta":{"content":"lo"}}]}`,
-		`data: {"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"ci"}}]}}]}`,
-		`data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"ty\":\"Paris\"}"}}]}}]}`,
-		`data: {"choices":[{"delta":{},"finish_reason":"tool_calls"}]}`,
-		`data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":9}}`,
-		`data: [DONE]`,
+		`{"choices":[{"delta":{"role":"assistant","content":"Hel"}}]}`,
+		`{"choices":[{"delta":{"content":"lo"}}]}`,
+		`{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"ci"}}]}}]}`,
+		`{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"ty\":\"Paris\"}"}}]}}]}`,
+		`{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}`,
+		`{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":9}}`,
+		`[DONE]`,
 	} {
 		ls, l, err := a.Event([]byte(ev), now)
 		if err != nil {
@@ -155,7 +155,7 @@ func TestAnswerStream(t *testing.T) {
 	}
 
 	a = NewAnswer(KindGenerate, "tiny", time.Now())
-	ls, l, err := a.Event([]byte(`data: {"error":{"message":"the worker failed","code":"worker_failed"}}`), now)
+	ls, l, err := a.Event([]byte(`{"error":{"message":"the worker failed","code":"worker_failed"}}`), now)
 	if err != nil || !l || len(ls) != 1 || decodeMap(t, ls[0])["error"] != "the worker failed" {
 		t.Errorf("error event: %s %v %v", ls, l, err)
 	}

@@ -256,6 +256,12 @@ func Response(err error) ErrorResponse {
 // status, Retry-After when set, and {"error":{…}}. It returns the status it
 // wrote, for access logs.
 func WriteError(w http.ResponseWriter, err error) int {
+	return WriteErrorAs(w, err, func(e *Error) any { return Response(e) })
+}
+
+// WriteErrorAs is WriteError with the body in another API's shape (body
+// builds it from the error).
+func WriteErrorAs(w http.ResponseWriter, err error, body func(*Error) any) int {
 	e := AsError(err)
 	if e.RetryAfter > 0 {
 		secs := int64((e.RetryAfter + time.Second - 1) / time.Second)
@@ -265,7 +271,7 @@ func WriteError(w http.ResponseWriter, err error) int {
 	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
 	}
-	WriteJSON(w, status, Response(e))
+	WriteJSON(w, status, body(e))
 	return status
 }
 

@@ -38,27 +38,10 @@ type ollamaFailure struct {
 // and whole alike, the embeddings are /v1/embeddings', and its errors
 // read as messages (not "[object Object]").
 func TestProcessOllamaNPMClient(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("this test runs the npm client with node (scripts/deps.sh installs it): %v", err)
-	}
 	prefix := testbin.NPM(t, "ollama", npmOllamaVersion)
-	script, err := filepath.Abs(filepath.Join("testdata", "ollama-npm.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const token = "api-0123456789abcdef"
 	c := startClusterWith(t, clusterOptions{apiToken: token}, nil)
-
-	ctx, cancel := context.WithTimeout(t.Context(), 3*waitLimit)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, script)
-	cmd.Env = append(os.Environ(), "BASE_URL="+c.url, "API_KEY="+token, "MODEL=tiny", "OLLAMA_PREFIX="+prefix)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node %s: %v\nstderr:\n%s", script, err, stderr.String())
-	}
+	stdout := runNodeScript(t, "ollama-npm.mjs", "BASE_URL="+c.url, "API_KEY="+token, "MODEL=tiny", "OLLAMA_PREFIX="+prefix)
 	var r struct {
 		Version string
 		List    struct {
@@ -102,8 +85,8 @@ func TestProcessOllamaNPMClient(t *testing.T) {
 		Pull       ollamaFailure
 		NoToken    ollamaFailure `json:"no_token"`
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
-		t.Fatalf("the script printed %q: %v", stdout.String(), err)
+	if err := json.Unmarshal(stdout, &r); err != nil {
+		t.Fatalf("the script printed %q: %v", string(stdout), err)
 	}
 	if r.Version != npmOllamaVersion {
 		t.Errorf("the script loaded ollama %s, want %s", r.Version, npmOllamaVersion)
@@ -213,4 +196,29 @@ func postJSON(t *testing.T, url, token, body string, v any) {
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// runNodeScript runs testdata/script under node with env added to this
+// process's environment, bounded by 3 × waitLimit, and returns what it
+// printed on stdout; a failed run fails the test with its stderr.
+func runNodeScript(t *testing.T, script string, env ...string) []byte {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("this test runs an npm client with node (scripts/deps.sh installs it): %v", err)
+	}
+	path, err := filepath.Abs(filepath.Join("testdata", script))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*waitLimit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, path)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("node %s: %v\nstderr:\n%s", path, err, stderr.String())
+	}
+	return stdout.Bytes()
 }

@@ -1,14 +1,9 @@
 package queen
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -29,26 +24,10 @@ type responseItem struct {
 // json_schema answer follows its schema, and previous_response_id is
 // refused with the reason.
 func TestProcessResponsesNPMClient(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("this test runs the npm client with node (scripts/deps.sh installs it): %v", err)
-	}
 	prefix := testbin.NPM(t, "openai", npmOpenAIVersion)
-	script, err := filepath.Abs(filepath.Join("testdata", "openai-responses.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const token = "api-0123456789abcdef"
 	c := startClusterWith(t, clusterOptions{model: testmodel.Options{ToolTemplate: true}, apiToken: token}, nil)
-	ctx, cancel := context.WithTimeout(t.Context(), 3*waitLimit)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, script)
-	cmd.Env = append(os.Environ(), "BASE_URL="+c.url, "API_KEY="+token, "MODEL=tiny", "OPENAI_PREFIX="+prefix)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node %s: %v\nstderr:\n%s", script, err, stderr.String())
-	}
+	stdout := runNodeScript(t, "openai-responses.mjs", "BASE_URL="+c.url, "API_KEY="+token, "MODEL=tiny", "OPENAI_PREFIX="+prefix)
 	type usage struct {
 		InputTokens  int `json:"input_tokens"`
 		OutputTokens int `json:"output_tokens"`
@@ -103,8 +82,8 @@ func TestProcessResponsesNPMClient(t *testing.T) {
 			Message, Param string
 		} `json:"previous_deleted"`
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
-		t.Fatalf("the script printed %q: %v", stdout.String(), err)
+	if err := json.Unmarshal(stdout, &r); err != nil {
+		t.Fatalf("the script printed %q: %v", string(stdout), err)
 	}
 	if r.Version != npmOpenAIVersion {
 		t.Errorf("openai %s, want %s", r.Version, npmOpenAIVersion)

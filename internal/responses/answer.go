@@ -1,7 +1,6 @@
 package responses
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -169,13 +168,7 @@ func callItem(id, callID, name, args, status string) map[string]any {
 // Event turns one SSE event of the worker's chat stream into the
 // response's events (each framed); last is true for the one that ends
 // the stream.
-func (a *Answer) Event(ev []byte, now time.Time) (out [][]byte, last bool, err error) {
-	var data []byte
-	for _, l := range bytes.Split(ev, []byte("\n")) {
-		if d, ok := bytes.CutPrefix(bytes.TrimRight(l, "\r"), []byte("data:")); ok {
-			data = append(data, bytes.TrimSpace(d)...)
-		}
-	}
+func (a *Answer) Event(data []byte, now time.Time) (out [][]byte, last bool, err error) {
 	if len(data) == 0 {
 		return nil, false, nil
 	}

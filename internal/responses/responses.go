@@ -17,24 +17,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
+
+	"github.com/apiary-llm/apiary/internal/openai"
 )
 
-// ErrBadRequest marks a request this package refuses; the message says why.
+// ErrBadRequest marks a request this package refuses; the error is an
+// *openai.Error, a 400 whose message says why and whose Param names the
+// field.
 var ErrBadRequest = errors.New("invalid request")
 
-// Param names the request field a refusal is about.
-type Param struct {
-	Name string
-	Err  error
+// Refuse is the 400 refusing field param, with why.
+func Refuse(param, format string, args ...any) error {
+	return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: param,
+		Message: fmt.Sprintf(format, args...), Err: errors.Join(openai.ErrInvalidRequest, ErrBadRequest)}
 }
 
-func (p *Param) Error() string { return p.Err.Error() }
-func (p *Param) Unwrap() error { return p.Err }
-
-func bad(param, format string, args ...any) error {
-	return &Param{Name: param, Err: fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))}
-}
+func bad(param, format string, args ...any) error { return Refuse(param, format, args...) }
 
 // Request is what the translation reads of a POST /v1/responses body.
 type Request struct {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/apiary-llm/apiary/internal/openai"
 )
 
 // Input items become chat messages: developer is system, calls in a row
@@ -66,8 +68,7 @@ func TestChatTranslates(t *testing.T) {
 		`{"model":"m"}`: "input",
 		`{"model":"m","input":[{"type":"function_call_output","output":"x"}]}`: "input[0]",
 	} {
-		var p *Param
-		if _, _, err := Chat([]byte(in)); !errors.Is(err, ErrBadRequest) || !errors.As(err, &p) || p.Name != param {
+		if _, _, err := Chat([]byte(in)); !errors.Is(err, ErrBadRequest) || openai.AsError(err).Param != param || openai.AsError(err).Status != 400 {
 			t.Errorf("%s: %v, want a refusal of %s", in, err, param)
 		}
 	}
@@ -85,12 +86,12 @@ func TestAnswerEvents(t *testing.T) {
 	var final map[string]any
 	seq := 0
 	for _, ev := range []string{
-		`data: {"choices":[{"delta":{"role":"assistant","content":"Hi"}}]}`,
-		`data: {"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"f","arguments":"{\"a\""}}]}}]}`,
-		`data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}}]}`,
-		`data: {"choices":[{"delta":{},"finish_reason":"tool_calls"}]}`,
-		`data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}`,
-		`data: [DONE]`,
+		`{"choices":[{"delta":{"role":"assistant","content":"Hi"}}]}`,
+		`{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"f","arguments":"{\"a\""}}]}}]}`,
+		`{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}}]}`,
+		`{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}`,
+		`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}`,
+		`[DONE]`,
 	} {
 		out, _, err := a.Event([]byte(ev), time.Now())
 		if err != nil {

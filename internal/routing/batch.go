@@ -83,7 +83,7 @@ func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte)
 		// previous_response_id continues a kept one).
 		var rq responses.Request
 		if rq, err = responses.Parse(body); err != nil {
-			return Answer{}, openai.Invalid("body", "%v", err)
+			return Answer{}, err
 		}
 		var prior []map[string]any
 		if rq.PreviousResponseID != nil && s.cfg.Responses != nil {
@@ -96,7 +96,7 @@ func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte)
 			}
 		}
 		if body, _, err = responses.Build(rq, prior); err != nil {
-			return Answer{}, openai.Invalid("body", "%v", err)
+			return Answer{}, err
 		}
 		translated = responses.NewAnswer(rq, rq.Model, time.Now())
 		path = "/v1/chat/completions"

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -62,19 +61,7 @@ func (s *Service) ollamaRoutes(mux *http.ServeMux) {
 
 // writeOllamaError writes err in Ollama's shape, {"error": "…"}.
 func writeOllamaError(w http.ResponseWriter, err error) int {
-	e := openai.AsError(err)
-	status := e.Status
-	if status == 0 {
-		status = http.StatusInternalServerError
-	}
-	if e.RetryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
-	}
-	if status == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
-	}
-	openai.WriteJSON(w, status, ollama.Error{Error: e.Message})
-	return status
+	return openai.WriteErrorAs(w, err, func(e *openai.Error) any { return ollama.Error{Error: e.Message} })
 }
 
 // ollamaModel is a model name as an Ollama client sends it: "name" or

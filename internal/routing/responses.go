@@ -23,25 +23,16 @@ func (s *Service) postResponses(w http.ResponseWriter, r *http.Request, c *call)
 	if err != nil {
 		return err
 	}
-	refused := func(err error) error {
-		oe := &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Message: err.Error(), Err: openai.ErrInvalidRequest}
-		var p *responses.Param
-		if errors.As(err, &p) {
-			oe.Param = p.Name
-		}
-		return oe
-	}
 	req, err := responses.Parse(body)
 	if err != nil {
-		return refused(err)
+		return err
 	}
 	keep := s.cfg.Responses
 	// The conversation a previous response ended.
 	var prior []map[string]any
 	if id := req.PreviousResponseID; id != nil {
 		if keep == nil {
-			return refused(&responses.Param{Name: "previous_response_id",
-				Err: fmt.Errorf("%w: responses are not kept here: send the conversation in input", responses.ErrBadRequest)})
+			return responses.Refuse("previous_response_id", "responses are not kept here: send the conversation in input")
 		}
 		prev, err := keep.Response(r.Context(), *id)
 		if errors.Is(err, store.ErrNotFound) {
@@ -57,7 +48,7 @@ func (s *Service) postResponses(w http.ResponseWriter, r *http.Request, c *call)
 	}
 	out, conversation, err := responses.Build(req, prior)
 	if err != nil {
-		return refused(err)
+		return err
 	}
 	decode := func(b []byte) (string, bool, error) {
 		req, err := openai.DecodeChatCompletionRequest(b, openai.Limits{})

@@ -18,9 +18,10 @@ import (
 )
 
 // Translator turns a worker's OpenAI answer into another API's: each
-// event of a stream, or a whole body (internal/ollama, internal/responses).
+// event of a stream (its data: the event's data lines, joined), or a whole
+// body (internal/ollama, internal/responses).
 type Translator interface {
-	Event(ev []byte, now time.Time) (out [][]byte, last bool, err error)
+	Event(data []byte, now time.Time) (out [][]byte, last bool, err error)
 	Whole(data []byte, now time.Time) ([]byte, error)
 }
 
@@ -110,7 +111,16 @@ func (o *Writer) event(ev []byte) error {
 	if o.ended {
 		return nil
 	}
-	pieces, last, err := o.answer.Event(ev, time.Now())
+	var data []byte
+	for _, l := range bytes.Split(ev, []byte("\n")) {
+		if d, ok := bytes.CutPrefix(bytes.TrimRight(l, "\r"), []byte("data:")); ok {
+			data = append(data, bytes.TrimSpace(d)...)
+		}
+	}
+	if len(data) == 0 {
+		return nil // a comment or a named event without data
+	}
+	pieces, last, err := o.answer.Event(data, time.Now())
 	var framed [][]byte
 	for _, p := range pieces {
 		framed = append(framed, o.dialect.Frame(p))

@@ -3,7 +3,6 @@ package worker
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -268,12 +267,7 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) error 
 	}
 	req, chatBody, err := responses.Chat(body)
 	if err != nil {
-		oe := &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Message: err.Error(), Err: openai.ErrInvalidRequest}
-		var p *responses.Param
-		if errors.As(err, &p) {
-			oe.Param = p.Name
-		}
-		return oe
+		return err
 	}
 	cr := r.Clone(r.Context())
 	cr.Body, cr.ContentLength = io.NopCloser(bytes.NewReader(chatBody)), int64(len(chatBody))
