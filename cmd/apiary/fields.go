@@ -18,7 +18,7 @@ var (
 		"RowsRetention": "--rows-retention", "ModelsFile": "--config", "ModelsPoll": "--config-poll", "MaxBodyBytes": "--max-body-bytes", "TLS": "--tls-cert/--tls-key",
 		"CORSOrigins": "--cors-origin", "Tokens": "the tokens (APIARY_API_TOKEN, APIARY_ADMIN_TOKEN, APIARY_CLUSTER_TOKEN)",
 		"Ownership.Owner": "--owner", "Ownership.HiveArgs": "--hive-arg", "Ownership.HiveStopTimeout": "--hive-stop-timeout",
-		"Routing.AffinityTTL": "--affinity-ttl", "Routing.QueueSize": "--queue-size", "Routing.QueueTimeout": "--queue-timeout", "Routing.SwapWait": "--swap-wait",
+		"Routing.AffinityTTL": "--affinity-ttl", "Routing.QueueSize": "--queue-size", "Routing.QueueTimeout": "--queue-timeout", "Routing.SwapWait": "--swap-wait", "Routing.MinResidency": "--min-residency",
 		"Routing.ScaleUpAfter": "--scale-up-after", "Routing.MaxWorkers": "--max-workers", "Routing.ModelMaxWorkers": "--model-max-workers",
 		"Routing.WorkerSlots": "--worker-slots", "Routing.ModelsRefresh": "--models-refresh", "Routing.MaxBodyBytes": "--max-body-bytes",
 		"Routing.StrikeLimit":       "--strike-limit",

@@ -28,6 +28,7 @@ type hiveFlags struct {
 	stopGrace, shutdownAck                 time.Duration
 	idleTimeout, heartbeatInterval         time.Duration
 	cpuMemory                              string
+	maxLoaded                              int
 	logRetention                           time.Duration
 	log                                    logFlags
 	owner, lifeline, workerPath            string
@@ -94,6 +95,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.DurationVar(&f.shutdownAck, "shutdown-ack", hive.DefaultShutdownAck, "wait for a worker's shutdown acknowledgement, and from SIGTERM to SIGKILL")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", hive.DefaultIdleTimeout, "stop a ready worker without requests for this long (0: never)")
 	fl.StringVar(&f.cpuMemory, "cpu-memory", "", "memory the CPU device offers workers, e.g. 24GiB (default: the machine's); the queen evicts idle workers to make room within it")
+	fl.IntVar(&f.maxLoaded, "max-loaded", 0, "most workers this hive runs at once, of any models (0: no limit but memory); the queen evicts idle workers to make room within it")
 	fl.DurationVar(&f.logRetention, "log-retention", hive.DefaultLogRetention, "remove ended workers' log files last written longer ago, hourly (0: keep forever)")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", hive.DefaultHeartbeatInterval, "period of heartbeats to the queen")
 	fl.StringVar(&f.owner, "owner", hive.OwnerOperator, "who started this hive: operator, or queen/keeper (then it must not outlive them)")
@@ -157,6 +159,9 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 			return hive.Config{}, usagef("--cpu-memory: %v", err)
 		}
 	}
+	if f.maxLoaded < 0 || f.maxLoaded > hive.MaxMaxLoaded {
+		return hive.Config{}, usagef("--max-loaded must be from 0 (no limit) to %d, got %d", hive.MaxMaxLoaded, f.maxLoaded)
+	}
 	var engines map[string]hive.Engine
 	if f.engines != "" {
 		if engines, err = hive.LoadEngines(f.engines); err != nil {
@@ -169,7 +174,7 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads, WorkerSlots: f.slots,
 		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
 		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle, LogRetention: logRetention,
-		HeartbeatInterval: f.heartbeatInterval, CPUMemory: cpuMemory,
+		HeartbeatInterval: f.heartbeatInterval, CPUMemory: cpuMemory, MaxLoaded: f.maxLoaded,
 		QueenURL: f.queen, PoolID: f.poolID, NodeID: f.nodeID,
 		ClusterToken: os.Getenv(secret.ClusterTokenEnv),
 		TLS:          f.tls,

@@ -100,7 +100,7 @@ func newPoolActionCmd(a *adminFlags, use, short string,
 
 // printPools writes the table of `apiary pools ls`.
 func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
-	t := newTable(w, "POOL", "STATUS", "ENDPOINT", "VERSION", "DEVICES", "MOST FREE", "WORKERS", "LAST BEAT", "PULLING")
+	t := newTable(w, "POOL", "STATUS", "ENDPOINT", "VERSION", "DEVICES", "MOST FREE", "WORKERS", "LOADED (LAST USE)", "LAST EVICTION", "LAST BEAT", "PULLING")
 	for _, p := range pools {
 		var free uint64
 		for _, g := range p.GPUs {
@@ -110,10 +110,43 @@ func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
 		if p.LastHeartbeatAt != nil {
 			beat = age(now, *p.LastHeartbeatAt) + " ago"
 		}
+		workers := strconv.Itoa(len(p.Workers))
+		if p.MaxLoaded > 0 {
+			workers += fmt.Sprintf(" (max %d)", p.MaxLoaded)
+		}
 		t.row(p.PoolID, p.Status, p.Endpoint, orDash(p.Version),
-			devicesCell(p.GPUs), api.FormatBytes(free), strconv.Itoa(len(p.Workers)), beat, pulling(p.Pulls))
+			devicesCell(p.GPUs), api.FormatBytes(free), workers, loadedCell(p.Workers, now), evictionCell(p.Evictions, now), beat, pulling(p.Pulls))
 	}
 	return t.flush()
+}
+
+// loadedCell is what a pool's live workers run, with when each last
+// served a request through the queen: "tiny 3s ago, b unused".
+func loadedCell(ws []api.Worker, now time.Time) string {
+	var parts []string
+	for _, w := range ws {
+		if w.StoppedAt != nil {
+			continue
+		}
+		used := "unused"
+		if w.LastUsedAt != nil {
+			used = age(now, *w.LastUsedAt) + " ago"
+		}
+		parts = append(parts, w.ModelRef+" "+used)
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// evictionCell is a pool's latest eviction: "tiny for b 2m ago".
+func evictionCell(evs []api.Eviction, now time.Time) string {
+	if len(evs) == 0 {
+		return "-"
+	}
+	e := evs[0]
+	return fmt.Sprintf("%s for %s %s ago", e.Model, e.For, age(now, e.At))
 }
 
 // devicesCell is a pool's device count for a table, with how many of

@@ -218,3 +218,25 @@ func TestPoolsTableCountsUnusableDevices(t *testing.T) {
 		t.Errorf("table:\n%s", b.String())
 	}
 }
+
+// `pools ls` shows what is loaded with its last use, the latest eviction
+// and the hive's --max-loaded.
+func TestPoolsTableShowsLoadedAndEvictions(t *testing.T) {
+	var b strings.Builder
+	now := time.Now()
+	used, stopped := now.Add(-3*time.Second), now
+	pools := []api.Pool{{PoolID: "box", Status: "healthy", MaxLoaded: 1,
+		Workers: []api.Worker{{ModelRef: "b", LastUsedAt: &used}, {ModelRef: "tiny", StoppedAt: &stopped}},
+		Evictions: []api.Eviction{{Model: "tiny", For: "b", At: now.Add(-2 * time.Minute)}, {Model: "b", For: "tiny", At: now.Add(-time.Hour)}}}}
+	if err := printPools(&b, pools, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"2 (max 1)", "b 3s ago", "tiny for b 2m ago"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in the table:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "tiny unused") {
+		t.Errorf("a stopped worker is shown loaded:\n%s", b.String())
+	}
+}

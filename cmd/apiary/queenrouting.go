@@ -11,7 +11,7 @@ import (
 // placement on demand; config turns them into a routing.Config.
 type routingFlags struct {
 	affinityTTL, queueTimeout    time.Duration
-	swapWait                     time.Duration
+	swapWait, minResidency       time.Duration
 	scaleUpAfter, modelsRefresh  time.Duration
 	queueSize, maxWorkers, slots int
 	strikeLimit                  int
@@ -26,6 +26,7 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 	fl.IntVar(&r.queueSize, "queue-size", routing.DefaultQueueSize, "requests of one model that may wait for a worker; one more gets 429")
 	fl.DurationVar(&r.queueTimeout, "queue-timeout", routing.DefaultQueueTimeout, "longest wait for a worker (cold starts included); then 504")
 	fl.DurationVar(&r.swapWait, "swap-wait", routing.DefaultSwapWait, "how long a request waits for busy workers of other models to finish when only they hold the memory its model needs (then 503)")
+	fl.DurationVar(&r.minResidency, "min-residency", routing.DefaultMinResidency, "on a device that swapped models twice within a minute, a worker is not evicted before it has been ready as long as it took to load, and at least this long (at most half of --swap-wait): requests for the other model wait")
 	fl.DurationVar(&r.scaleUpAfter, "scale-up-after", routing.DefaultScaleUpAfter, "place one more worker of a model when its oldest waiting request waited this long")
 	fl.IntVar(&r.maxWorkers, "max-workers", routing.DefaultMaxWorkers, "live workers of each model at most (operators' included) when placing on demand")
 	fl.StringToIntVar(&r.modelMaxWorkers, "model-max-workers", nil, "max workers per model, e.g. tiny=2,big=1 (0: never placed on demand)")
@@ -41,7 +42,7 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 // config is the routing settings as the flags give them; the queen
 // checks them (routing.Config.Validate).
 func (r *routingFlags) config() routing.Config {
-	return routing.Config{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout, SwapWait: r.swapWait,
+	return routing.Config{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout, SwapWait: r.swapWait, MinResidency: r.minResidency,
 		ScaleUpAfter: r.scaleUpAfter, MaxWorkers: r.maxWorkers, ModelMaxWorkers: r.modelMaxWorkers,
 		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh, StrikeLimit: r.strikeLimit, CrashLoopFailures: r.crashLoopFailures,
 		CrashLoopWindow: r.crashLoopWindow, CrashLoopBackoff: r.crashLoopBackoff, StableAfter: r.stable}

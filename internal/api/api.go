@@ -120,6 +120,9 @@ type Worker struct {
 	StartedAt   time.Time  `json:"started_at"`
 	ReadyAt     *time.Time `json:"ready_at,omitempty"`
 	StoppedAt   *time.Time `json:"stopped_at,omitempty"`
+	// LastUsedAt is when the worker last finished a request through the
+	// queen (its listings only; absent: never since the queen started).
+	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
 	// History is the worker's last transitions (lifecycle.HistoryLimit at
 	// most), in the hive's own API only: heartbeats and events leave it
 	// out. Transitions counts them all.
@@ -199,6 +202,10 @@ type RegisterPool struct {
 	NodeID   string `json:"node_id"`
 	Version  string `json:"version"`
 	GPUs     []GPU  `json:"gpus"`
+	// MaxLoaded is the most live workers the hive runs at once (its
+	// --max-loaded; 0 or absent: no limit but memory). The queen places
+	// no more there, and evicts idle ones to make room.
+	MaxLoaded int `json:"max_loaded,omitempty"`
 }
 
 // Heartbeat is the body of the queen's POST /v2/pools/{id}/heartbeat.

@@ -28,6 +28,28 @@ type Pool struct {
 	// started (an operator's, or its own for a configured model), with
 	// their progress as the hive last said.
 	Pulls []ModelPull `json:"pulls,omitempty"`
+	// MaxLoaded is the hive's --max-loaded (absent: no limit but memory).
+	MaxLoaded int `json:"max_loaded,omitempty"`
+	// Evictions are the pool's latest workers the queen evicted to make
+	// room for another model's, newest first (at most MaxEvictionsShown).
+	Evictions []Eviction `json:"evictions,omitempty"`
+}
+
+// MaxEvictionsShown bounds Pool.Evictions.
+const MaxEvictionsShown = 10
+
+// Eviction is one worker the queen stopped to make room: which, of what
+// model, for what model, when.
+type Eviction struct {
+	At          time.Time `json:"at"`
+	WorkerID    string    `json:"worker_id"`
+	LifecycleID string    `json:"lifecycle_id"`
+	GPUDevice   int       `json:"gpu_device"`
+	Model       string    `json:"model"`
+	For         string    `json:"for"`
+	// LastUsedAt is when the worker last finished a request (absent:
+	// never, through this queen).
+	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
 }
 
 // PoolList is the answer of GET /v2/pools.

@@ -105,10 +105,17 @@ type Config struct {
 	// CPUMemory caps the memory the CPU device offers workers (0: the
 	// machine's), so that a CPU node behaves as a GPU of that size.
 	CPUMemory uint64
+	// MaxLoaded is the most live workers the hive runs at once (0: no
+	// limit but memory); a start past it is refused (ErrMaxLoaded), and
+	// the queen, told at registration, evicts idle workers instead.
+	MaxLoaded int
 
 	Devices gpu.Inventory // default gpu.Detect
 	Logger  *slog.Logger  // default slog.Default()
 }
+
+// MaxMaxLoaded bounds --max-loaded.
+const MaxMaxLoaded = 10000
 
 // Defaults from the contract's timing table.
 const (

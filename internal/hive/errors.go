@@ -27,6 +27,7 @@ var (
 	ErrNotStarting      = openai.Sentinel(http.StatusConflict, "worker_not_starting", "hive: worker is not starting")
 	ErrImplausibleReady = openai.Sentinel(http.StatusUnprocessableEntity, "implausible_ready", "hive: implausible ready callback")
 	ErrWorkerEnded      = openai.Sentinel(http.StatusConflict, "worker_ended", "hive: worker has ended")
+	ErrMaxLoaded        = openai.Sentinel(http.StatusConflict, "max_loaded", "hive: the hive runs its --max-loaded workers")
 	ErrSpawn            = errors.New("hive: cannot start worker process") // an internal error
 )
 

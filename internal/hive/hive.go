@@ -100,7 +100,7 @@ func New(cfg Config) (*Hive, error) {
 		launcher: newSpawner(),
 		client:   newHTTPWorkerClient(),
 		models:   ggufInspector{},
-		reg:      newRegistry(cfg.PortMin),
+		reg:      newRegistry(cfg.PortMin, cfg.MaxLoaded),
 		ready:    make(chan struct{}),
 		settled:  make(chan struct{}),
 		done:     make(chan struct{}),

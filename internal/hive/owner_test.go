@@ -117,7 +117,7 @@ func ownerHive(t *testing.T) (*Hive, *fakeProc, *fakeClient) {
 	proc := newFakeProc()
 	client := &fakeClient{proc: proc, health: api.WorkerHealth{Status: "ready"}}
 	h := &Hive{cfg: cfg, log: cfg.Logger, devices: cfg.Devices, launcher: &fakeLauncher{proc: proc},
-		client: client, models: fakeInspector{}, reg: newRegistry(cfg.PortMin),
+		client: client, models: fakeInspector{}, reg: newRegistry(cfg.PortMin, cfg.MaxLoaded),
 		addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9200}}
 	h.metrics = newMetrics(h)
 	var err error

@@ -154,7 +154,7 @@ func (q *queenClient) register(ctx context.Context) error {
 	}
 	return q.post(ctx, "/v2/pools/register", api.RegisterPool{
 		PoolID: q.h.cfg.PoolID, Endpoint: q.h.URL(), NodeID: q.h.cfg.NodeID,
-		Version: version.Version, GPUs: gpus,
+		Version: version.Version, GPUs: gpus, MaxLoaded: q.h.cfg.MaxLoaded,
 	})
 }
 

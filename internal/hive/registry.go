@@ -30,10 +30,12 @@ type registry struct {
 	nextPort int                // guarded by mu
 	closing  bool               // guarded by mu
 	leaks    leakMarks          // guarded by mu
+	// maxLoaded bounds the live workers (0: no bound); set before use.
+	maxLoaded int
 }
 
-func newRegistry(portMin int) *registry {
-	return &registry{live: map[string]*worker{}, ports: map[int]bool{}, nextPort: portMin}
+func newRegistry(portMin, maxLoaded int) *registry {
+	return &registry{live: map[string]*worker{}, ports: map[int]bool{}, nextPort: portMin, maxLoaded: maxLoaded}
 }
 
 // heldLocked sums what the live workers hold on device id.
@@ -57,6 +59,9 @@ func (r *registry) admit(w *worker, host string, portMin, portMax int) error {
 	defer r.mu.Unlock()
 	if r.closing {
 		return ErrShuttingDown
+	}
+	if r.maxLoaded > 0 && len(r.live) >= r.maxLoaded {
+		return fmt.Errorf("%w: %d workers live (starting, running or stopping), --max-loaded %d; stop one first", ErrMaxLoaded, len(r.live), r.maxLoaded)
 	}
 	if err := checkFit(w.device, r.heldLocked(w.device.ID), w.estimate); err != nil {
 		return err

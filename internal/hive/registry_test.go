@@ -15,7 +15,7 @@ import (
 // now and then). Lists and heartbeats leave such a worker out, and a
 // heartbeat's tokens are those of its listed workers.
 func TestRegistryLeavesOutWorkersNotSpawnedYet(t *testing.T) {
-	r := newRegistry(41000)
+	r := newRegistry(41000, 0)
 	dev := deviceInfo{ID: 0, Kind: "cpu", TotalBytes: 1 << 30, FreeBytes: 1 << 30}
 	admit := func(id string) *worker {
 		w := &worker{id: id, device: dev, estimate: 1 << 20, token: "token-of-" + id}
@@ -49,7 +49,7 @@ func TestRegistryLeavesOutWorkersNotSpawnedYet(t *testing.T) {
 // check took the first's claim from the total but not from the stale
 // free reading, and both passed.
 func TestConcurrentStartsCannotOvercommitADevice(t *testing.T) {
-	r := newRegistry(41000)
+	r := newRegistry(41000, 0)
 	// 16 GiB, 10 GiB free: another process holds 6 GiB.
 	reading := deviceInfo{ID: 0, Kind: "cuda", TotalBytes: 16 << 30, FreeBytes: 10 << 30}
 	admitted, refused := 0, 0

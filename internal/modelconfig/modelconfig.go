@@ -47,9 +47,25 @@ type File struct {
 	// Models are the configured models, by name: the name clients send
 	// as "model" (besides the model's aliases).
 	Models map[string]Model `yaml:"models"`
+	// Groups are sets of models that may share a device, by group name
+	// (llama-swap's groups): a model of a group shares a device with the
+	// models of its group and with models in no group, never with a
+	// model of another group; a model of an exclusive group shares one
+	// with its group only. Placement evicts idle workers to keep that
+	// (see Apart).
+	Groups map[string]Group `yaml:"groups"`
 
-	byName map[string]string // a model's name and each alias → the model's name
-	byFile map[string]string // a model's file → its name
+	byName  map[string]string // a model's name and each alias → the model's name
+	byFile  map[string]string // a model's file → its name
+	byGroup map[string]string // a model's name → its group's name
+}
+
+// Group is one entry of groups: the models (names or aliases) it holds.
+type Group struct {
+	Models []string `yaml:"models"`
+	// Exclusive: a device that runs a model of the group runs no model
+	// outside it, not even one in no group.
+	Exclusive bool `yaml:"exclusive"`
 }
 
 // Model is one configured model. Zero fields mean the hive's or the
@@ -91,6 +107,9 @@ type Model struct {
 	// Defaults are sampling parameters that a request for the model gets
 	// when it does not set them.
 	Defaults Defaults `yaml:"defaults"`
+	// Pin keeps the model's workers from being evicted to make room for
+	// another model's (they still stop when idle for idle_timeout).
+	Pin bool `yaml:"pin"`
 }
 
 // Defaults are sampling parameters, with the OpenAI request's names and
@@ -253,7 +272,65 @@ func (f *File) Validate() error {
 			p.Add("models."+name, "is the file of models.%s; name the model after its file, or give models.%s another file", other, other)
 		}
 	}
+	f.validateGroups(&p, aliases)
 	return p.Err()
+}
+
+// validateGroups checks groups: each names configured models (by name or
+// alias), a model in one group at most.
+func (f *File) validateGroups(p *config.Problems, aliases map[string]string) {
+	member := map[string]string{} // model name → its group
+	for _, g := range slices.Sorted(maps.Keys(f.Groups)) {
+		path := "groups." + g
+		if why := checkName(g); why != "" {
+			p.Add(path, "%s", why)
+		}
+		if len(f.Groups[g].Models) == 0 {
+			p.Add(path+".models", "names no model; list the models (their names in models) that may share a device")
+		}
+		for i, m := range f.Groups[g].Models {
+			key := fmt.Sprintf("%s.models[%d]", path, i)
+			name := m
+			if a, ok := aliases[m]; ok {
+				name = a
+			}
+			switch other, dup := member[name]; {
+			case !hasModel(f.Models, name):
+				p.Add(key, "is %q, which is not a model of models", api.Printable(m, 60))
+			case dup && other == g:
+				p.Add(key, "is %q again", m)
+			case dup:
+				p.Add(key, "is %q, which is already in groups.%s: a model is in one group at most", m, other)
+			default:
+				member[name] = g
+			}
+		}
+	}
+}
+
+func hasModel(models map[string]Model, name string) bool {
+	_, ok := models[name]
+	return ok
+}
+
+// Apart says why a worker of model a and one of model b (names) may not
+// share a device under groups; "" when they may.
+func (f *File) Apart(a, b string) string {
+	if f == nil || len(f.byGroup) == 0 {
+		return ""
+	}
+	ga, gb := f.byGroup[a], f.byGroup[b]
+	switch {
+	case ga == gb:
+		return ""
+	case ga != "" && gb != "":
+		return fmt.Sprintf("%s is in group %s and %s in group %s: models of two groups do not share a device", a, ga, b, gb)
+	case ga != "" && f.Groups[ga].Exclusive:
+		return fmt.Sprintf("%s is in group %s, which is exclusive: no model outside it shares its device", a, ga)
+	case gb != "" && f.Groups[gb].Exclusive:
+		return fmt.Sprintf("%s is in group %s, which is exclusive: no model outside it shares its device", b, gb)
+	}
+	return ""
 }
 
 // check validates d as a request's sampling parameters are validated.
@@ -283,6 +360,7 @@ func (m Model) file(name string) string {
 func (f *File) index() {
 	f.byName = map[string]string{}
 	f.byFile = map[string]string{}
+	f.byGroup = map[string]string{}
 	for name, m := range f.Models {
 		m.File = m.file(name)
 		m.Engine = cmpOr(m.Engine, EngineBuiltin)
@@ -292,6 +370,11 @@ func (f *File) index() {
 			f.byName[a] = name
 		}
 		f.byFile[m.File] = name
+	}
+	for g, grp := range f.Groups {
+		for _, m := range grp.Models {
+			f.byGroup[f.byName[m]] = g
+		}
 	}
 }
 
@@ -355,7 +438,25 @@ func (f *File) Diff(old *File) []string {
 			out = append(out, "changed models."+name+": "+strings.Join(keys, ", "))
 		}
 	}
+	var oldGroups, newGroups map[string]Group
+	if old != nil {
+		oldGroups = old.Groups
+	}
+	if f != nil {
+		newGroups = f.Groups
+	}
+	if a, b := groupsJSON(oldGroups), groupsJSON(newGroups); a != b {
+		out = append(out, "changed groups")
+	}
 	return out
+}
+
+func groupsJSON(g map[string]Group) string {
+	if len(g) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(g)
+	return string(b)
 }
 
 // changedKeys names the keys whose values differ between a and b.

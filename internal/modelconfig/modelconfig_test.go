@@ -112,7 +112,7 @@ func TestValidationNamesEveryProblemByPath(t *testing.T) {
 		yaml string
 		want []string // "path: part of the problem"
 	}{
-		{"unknown top key", "model:\n  a: {}\n", []string{"model: is not a known key (line 1); the keys are models"}},
+		{"unknown top key", "model:\n  a: {}\n", []string{"model: is not a known key (line 1); the keys are models, groups"}},
 		{"unknown model key", "models:\n  a:\n    ctx_sise: 5\n    enigne: x\n", []string{
 			"models.a.ctx_sise: is not a known key (line 3)", "models.a.enigne: is not a known key (line 4)"}},
 		{"unknown defaults key", "models:\n  a:\n    defaults: {temp: 1}\n", []string{"models.a.defaults.temp: is not a known key"}},
@@ -137,6 +137,13 @@ func TestValidationNamesEveryProblemByPath(t *testing.T) {
 			`models.a.aliases[3]: is "b", which is the name of models.b`, `models.b.aliases[0]: is "x", which is already an alias of models.a`}},
 		{"files", "models:\n  a:\n    file: f\n  b:\n    file: f\n  f:\n    file: g\n", []string{
 			`models.b.file: is "f", which is already the file of models.a`, "models.f: is the file of models.a"}},
+		{"groups", "models:\n  a:\n    aliases: [x]\n  b: {}\ngroups:\n  g1:\n    models: [a, nosuch, a]\n  g2:\n    models: [x]\n  g3: {}\n  -g:\n    models: [b]\n", []string{
+			`groups.g1.models[1]: is "nosuch", which is not a model of models`, `groups.g1.models[2]: is "a" again`,
+			`groups.g2.models[0]: is "x", which is already in groups.g1`, "groups.g3.models: names no model",
+			`groups.-g: "-g" is not a model name`}},
+		{"group types", "models:\n  a: {}\ngroups:\n  g:\n    models: a\n    exclusive: maybe\n", []string{
+			"groups.g.models: has the wrong type", "groups.g.exclusive: has the wrong type"}},
+		{"pin", "models:\n  a:\n    pin: yes please\n", []string{"models.a.pin: has the wrong type"}},
 		{"source and engine", "models:\n  a:\n    source: s3://x/y\n    engine: v/llm\n", []string{
 			`models.a.source: "s3://x/y" is not a source`, `models.a.engine: engine "v/llm" is not valid`}},
 		{"pools", "models:\n  a:\n    pools: [p, 'bad pool', p]\n", []string{
@@ -217,5 +224,36 @@ func TestDiff(t *testing.T) {
 	}
 	if d := next.Diff(next); len(d) != 0 {
 		t.Errorf("Diff of itself = %v", d)
+	}
+}
+
+// TestApart: models of one group share a device, as do models in no
+// group; two groups never do, and an exclusive group shares with nothing
+// outside it.
+func TestApart(t *testing.T) {
+	f, err := Parse([]byte("models:\n  a: {pin: true}\n  b: {aliases: [bee]}\n  c: {}\n  d: {}\n  e: {}\n" +
+		"groups:\n  small:\n    models: [a, bee]\n  big:\n    models: [c]\n    exclusive: true\n  other:\n    models: [d]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, m, _ := f.Resolve("a"); !m.Pin {
+		t.Error("pin: true was not kept")
+	}
+	for _, c := range []struct {
+		a, b string
+		want string // part of why; "" they may share
+	}{
+		{"a", "b", ""}, {"a", "e", ""}, {"e", "e", ""},
+		{"a", "d", "models of two groups"}, {"c", "a", "models of two groups"},
+		{"c", "e", "group big, which is exclusive"}, {"e", "c", "group big, which is exclusive"},
+		{"d", "e", ""},
+	} {
+		got := f.Apart(c.a, c.b)
+		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
+			t.Errorf("Apart(%s, %s) = %q, want %q", c.a, c.b, got, c.want)
+		}
+	}
+	if got := (*File)(nil).Apart("a", "b"); got != "" {
+		t.Errorf("a nil file keeps models apart: %q", got)
 	}
 }

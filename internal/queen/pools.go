@@ -123,6 +123,9 @@ func sanitizeWorkers(ws []api.Worker) {
 	}
 }
 
+// maxMaxLoaded bounds a registration's max_loaded (the hive's own bound).
+const maxMaxLoaded = 10000
+
 func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) error {
 	var reg api.RegisterPool
 	if err := api.Decode(r, &reg, false); err != nil {
@@ -150,6 +153,9 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 	}
 	if err := checkGPUs(reg.GPUs); err != nil {
 		return err
+	}
+	if reg.MaxLoaded < 0 || reg.MaxLoaded > maxMaxLoaded {
+		return api.BadRequest("max_loaded must be from 0 (no limit) to %d, got %d", maxMaxLoaded, reg.MaxLoaded)
 	}
 	p, err := q.reg.Register(r.Context(), reg, "hive:"+reg.PoolID)
 	if err != nil {
@@ -455,8 +461,27 @@ func (q *Queen) getPools(w http.ResponseWriter, r *http.Request, _ caller) error
 		out.Pools = append(out.Pools, poolWire(p))
 	}
 	q.addPulls(r.Context(), out.Pools)
+	q.addUsage(out.Pools)
 	api.WriteJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// addUsage adds to each of pools when each live worker last served a
+// request through this queen, and the pool's latest evictions.
+func (q *Queen) addUsage(pools []api.Pool) {
+	for i := range pools {
+		p := &pools[i]
+		p.Evictions = q.routing.Evictions(p.PoolID)
+		// The registry lends its workers: change a copy.
+		p.Workers = slices.Clone(p.Workers)
+		for j := range p.Workers {
+			w := &p.Workers[j]
+			if last := q.routing.LastUsed(p.PoolID, w.WorkerID); !last.IsZero() && w.StoppedAt == nil {
+				t := last.UTC()
+				w.LastUsedAt = &t
+			}
+		}
+	}
 }
 
 func (q *Queen) getPool(w http.ResponseWriter, r *http.Request, _ caller) error {
@@ -468,7 +493,9 @@ func (q *Queen) getPool(w http.ResponseWriter, r *http.Request, _ caller) error 
 	if !ok {
 		return fmt.Errorf("%w: %s", registry.ErrNotFound, id)
 	}
-	api.WriteJSON(w, http.StatusOK, poolWire(p))
+	out := []api.Pool{poolWire(p)}
+	q.addUsage(out)
+	api.WriteJSON(w, http.StatusOK, out[0])
 	return nil
 }
 
@@ -546,7 +573,7 @@ func (q *Queen) deregister(w http.ResponseWriter, r *http.Request, actor, def st
 func poolWire(p registry.Pool) api.Pool {
 	out := api.Pool{PoolID: p.ID, Endpoint: p.Endpoint, NodeID: p.NodeID, Version: p.Version, Status: string(p.Status),
 		Drained: p.Drained, RegisteredAt: p.RegisteredAt.UTC(), StatusChangedAt: p.StatusChangedAt.UTC(),
-		GPUs: p.GPUs, Workers: p.Workers}
+		GPUs: p.GPUs, Workers: p.Workers, MaxLoaded: p.MaxLoaded}
 	if !p.LastHeartbeatAt.IsZero() {
 		t := p.LastHeartbeatAt.UTC()
 		out.LastHeartbeatAt = &t

@@ -1,6 +1,7 @@
 package queen
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -169,6 +170,20 @@ type uiPool struct {
 	StatusChangedAt time.Time  `json:"status_changed_at"`
 	Devices         []uiDevice `json:"devices"`
 	Workers         int        `json:"workers"`
+	MaxLoaded       int        `json:"max_loaded,omitempty"`
+	// Loaded are the models its live workers run, with their last use;
+	// Evictions what the queen stopped there to make room, newest first.
+	Loaded    []uiLoaded     `json:"loaded"`
+	Evictions []api.Eviction `json:"evictions,omitempty"`
+}
+
+// uiLoaded is one live worker of a pool card: its row's id, its model,
+// its state and when it last served (to the page's time grain).
+type uiLoaded struct {
+	ID         string     `json:"id"`
+	Model      string     `json:"model"`
+	Status     string     `json:"status"`
+	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
 }
 
 // uiDevice is a pool's device, with whether a new worker can go there.
@@ -205,7 +220,20 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 	catalog := q.routing.Catalog()
 	pools := q.reg.Query(registry.Filter{})
 	for _, p := range pools {
-		s["pool/"+p.ID] = uiPoolOf(p, catalog[p.ID])
+		up := uiPoolOf(p, catalog[p.ID])
+		up.Evictions = q.routing.Evictions(p.ID)
+		for _, w := range p.Workers {
+			if w.StoppedAt != nil || lifecycle.State(w.Status).Terminal() {
+				continue
+			}
+			l := uiLoaded{ID: cmp.Or(w.LifecycleID, w.WorkerID), Model: w.ModelRef, Status: w.Status}
+			if last := q.routing.LastUsed(p.ID, w.WorkerID); !last.IsZero() {
+				t := last.UTC().Truncate(uiTimeGrain)
+				l.LastUsedAt = &t
+			}
+			up.Loaded = append(up.Loaded, l)
+		}
+		s["pool/"+p.ID] = up
 	}
 
 	q.ui.mu.Lock()
@@ -333,7 +361,15 @@ func (q *Queen) uiRow(r store.Row, cache, fresh map[string]cachedRow) any {
 // has).
 func uiPoolOf(p registry.Pool, files map[string]api.Model) uiPool {
 	out := uiPool{ID: p.ID, Status: string(p.Status), Drained: p.Drained, NodeID: p.NodeID, Endpoint: p.Endpoint, Version: p.Version,
-		StatusChangedAt: p.StatusChangedAt.UTC(), Devices: make([]uiDevice, 0, len(p.GPUs)), Workers: len(p.Workers)}
+		StatusChangedAt: p.StatusChangedAt.UTC(), Devices: make([]uiDevice, 0, len(p.GPUs)), Workers: len(p.Workers), MaxLoaded: p.MaxLoaded,
+		Loaded: []uiLoaded{}}
+	// A person sees a worker by its row's id (wk-…), as in the table.
+	rowID := map[string]string{}
+	for _, w := range p.Workers {
+		if w.LifecycleID != "" {
+			rowID[w.WorkerID] = w.LifecycleID
+		}
+	}
 	if !p.LastHeartbeatAt.IsZero() {
 		t := p.LastHeartbeatAt.UTC().Truncate(uiTimeGrain)
 		out.LastHeartbeatAt = &t
@@ -346,8 +382,9 @@ func uiPoolOf(p registry.Pool, files map[string]api.Model) uiPool {
 	}
 	for _, g := range p.GPUs {
 		d := uiDevice{GPU: g, Usable: true}
-		if d.Workers == nil {
-			d.Workers = []string{}
+		d.Workers = make([]string, 0, len(g.Workers))
+		for _, id := range g.Workers {
+			d.Workers = append(d.Workers, cmp.Or(rowID[id], id))
 		}
 		switch {
 		case p.Status != registry.Healthy:

@@ -208,6 +208,10 @@ func TestDashboardInBrowser(t *testing.T) {
 	b.wait("the pool", `[data-pool="node-1"][data-status="healthy"] [data-device="0"]`)
 	b.wait("the model", `tr[data-model="tiny"]`)
 	b.wait("the worker", fmt.Sprintf(`tr[data-worker=%q][data-status="RUNNING"]`, id))
+	// The pool card names its workers as the table does (wk-…), and what
+	// is loaded with its last use.
+	b.waitText("the card's worker", `[data-pool="node-1"] [data-device="0"]`, func(s string) bool { return strings.Contains(s, "workers: "+id) })
+	b.waitText("what is loaded", `[data-pool="node-1"] [data-loaded]`, func(s string) bool { return strings.Contains(s, "tiny used ") })
 	var firstRender string
 	b.eval(`document.body.dataset.firstRender`, &firstRender)
 	t.Logf("the page drew the queen's state %s ms after it was asked for (a fresh browser)", firstRender)

@@ -123,6 +123,10 @@ type Pool struct {
 	LastHeartbeatAt time.Time
 	GPUs            []api.GPU
 	Workers         []api.Worker
+	// MaxLoaded is the hive's --max-loaded as it last registered (0: no
+	// limit, or not registered since the queen started: it is not
+	// stored, and the hive refuses a start past it either way).
+	MaxLoaded int
 }
 
 // entry is a pool with its lease. Every field is guarded by Registry.mu;
@@ -399,7 +403,7 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 		reason = "registered again"
 	}
 	next.Endpoint, next.NodeID, next.Version = reg.Endpoint, reg.NodeID, reg.Version
-	next.RegisteredAt, next.LastHeartbeatAt, next.GPUs = now, now, reg.GPUs
+	next.RegisteredAt, next.LastHeartbeatAt, next.GPUs, next.MaxLoaded = now, now, reg.GPUs, reg.MaxLoaded
 	err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.register", reason: reason,
 		meta: map[string]any{"endpoint": reg.Endpoint, "version": reg.Version, "node_id": reg.NodeID}}, false)
 	if err != nil {

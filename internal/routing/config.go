@@ -15,11 +15,14 @@ import (
 
 // Routing defaults (the contract's --affinity-ttl, and apiary's own).
 const (
-	DefaultAffinityTTL   = 5 * time.Minute
-	DefaultQueueSize     = 256
-	DefaultQueueTimeout  = 90 * time.Second
-	DefaultEvictWait     = 60 * time.Second
-	DefaultSwapWait      = 30 * time.Second
+	DefaultAffinityTTL  = 5 * time.Minute
+	DefaultQueueSize    = 256
+	DefaultQueueTimeout = 90 * time.Second
+	DefaultEvictWait    = 60 * time.Second
+	DefaultSwapWait     = 30 * time.Second
+	// DefaultMinResidency is the queen's --min-residency: see
+	// Config.MinResidency (0: a worker's own load time alone).
+	DefaultMinResidency  = 0
 	DefaultScaleUpAfter  = 2 * time.Second
 	DefaultMaxWorkers    = 1
 	DefaultWorkerSlots   = 1
@@ -61,6 +64,17 @@ type Config struct {
 	// models to finish when only they hold the memory its model needs;
 	// then it is refused 503 with why (--swap-wait).
 	SwapWait time.Duration
+	// MinResidency keeps a device from thrashing between models asked for
+	// in turn: once the queen has evicted workers on a device
+	// ThrashEvictions times within a minute, a worker there is not evicted
+	// until it has been ready as long as it took to load (started to
+	// ready), and at least MinResidency; never more than half of SwapWait.
+	// The other model's requests wait for it as for a busy one. Under
+	// alternating demand a device then spends at most about half its time
+	// loading, and swaps at most ThrashEvictions + 60s/max(load time,
+	// MinResidency) times a minute (--min-residency; default
+	// DefaultMinResidency).
+	MinResidency time.Duration
 	// EvictWait bounds how long a placement that evicted idle workers
 	// waits for their memory to be reported back (DefaultEvictWait).
 	EvictWait time.Duration
@@ -173,6 +187,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1 {
 		p.Add("MaxBodyBytes", "must be positive, got %d", c.MaxBodyBytes)
+	}
+	switch {
+	case c.MinResidency < 0:
+		p.Add("MinResidency", "must not be negative (0: no such rule), got %s", c.MinResidency)
+	case c.MinResidency > c.SwapWait/2:
+		p.Add("MinResidency", "is %s, more than half the swap wait (%s): a request waiting for a young worker would be refused before it may be evicted", c.MinResidency, c.SwapWait)
 	}
 	models := make([]string, 0, len(c.ModelMaxWorkers))
 	for m := range c.ModelMaxWorkers {

@@ -81,6 +81,10 @@ type scaleDecision struct {
 // must learn that what they waited for is not coming.
 const demandResync = time.Second
 
+// swapRecheck is how often the controller looks again at requests that
+// wait for busy workers of other models to make room.
+const swapRecheck = 200 * time.Millisecond
+
 // noPlaceAuditEvery is how often a target that no pool can take is
 // audited again (worker.place_failed) while its reason stays the same.
 const noPlaceAuditEvery = time.Minute
@@ -297,7 +301,8 @@ func (c *controller) run(ctx context.Context) {
 			if pools == nil {
 				pools, models = c.s.cp.Pools(registry.Filter{}), rt.catalog.snapshot()
 			}
-			req := PlaceRequest{Model: t.model, Pool: t.pool, Models: models, Pools: c.s.allowedPools(t.model), Engine: c.s.engineOf(t.model)}
+			req := PlaceRequest{Model: t.model, Pool: t.pool, Models: models, Pools: c.s.allowedPools(t.model), Engine: c.s.engineOf(t.model),
+				Apart: c.s.apartFrom(t.model)}
 			err := unplaceable(c.s.cfg.Placer, pools, req)
 			if err == nil {
 				return "", false
@@ -308,9 +313,13 @@ func (c *controller) run(ctx context.Context) {
 				}
 				if _, ok := c.s.planEviction(t.model, t.pool, need, true); ok {
 					if waited < c.s.cfg.SwapWait {
-						return "", true // busy workers hold the room: they are waited for (SwapWait)
+						// Busy (or young) workers hold the room: they are
+						// waited for (SwapWait), looked at again soon.
+						recheck = minPositive(recheck, swapRecheck)
+						return "", true
 					}
-					err = fmt.Errorf("%w; busy workers of other models hold the room it needs, and their requests did not end within --swap-wait %s", err, c.s.cfg.SwapWait)
+					err = fmt.Errorf("%w; workers of other models hold the room it needs, busy (or loaded less than --min-residency %s ago on a device that swaps often), and did not come free within --swap-wait %s",
+						err, c.s.cfg.MinResidency, c.s.cfg.SwapWait)
 				}
 			}
 			if src := c.s.pullSource(t.model); src != "" {
@@ -557,6 +566,9 @@ func (s *Service) placeWith(ctx context.Context, req PlaceRequest, audit bool) (
 	}
 	if req.Engine == "" {
 		req.Engine = s.engineOf(req.Model)
+	}
+	if req.Apart == nil {
+		req.Apart = s.apartFrom(req.Model)
 	}
 	pools := s.cp.Pools(registry.Filter{})
 	var healthy []registry.Pool

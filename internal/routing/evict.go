@@ -9,6 +9,7 @@ package routing
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -16,34 +17,49 @@ import (
 	"github.com/apiary-llm/apiary/internal/registry"
 )
 
-// victim is an idle worker eviction may stop.
+// victim is a worker eviction may stop.
 type victim struct {
 	key         WorkerKey
 	lifecycleID string
 	model       string
+	gpu         int
 	bytes       uint64
 	last        time.Time // its last request through this queen (zero: none)
+	wait        bool      // busy or young: only a patient plan takes it
 }
 
-// eviction is a device and the workers to stop there.
+// eviction is a device and the workers to stop there (and, for a pool at
+// its --max-loaded, on its other devices).
 type eviction struct {
 	pool    string
 	gpu     int
 	victims []victim
 }
 
+// ThrashEvictions is how many eviction rounds on one device within a
+// minute turn Config.MinResidency on for it.
+const ThrashEvictions = 2
+
 // planEviction finds, among the pools model may run on, the device where
-// stopping the fewest idle workers of other models (least recently used
-// first) frees need bytes; ties go to the device whose newest victim was
-// used longest ago. A worker is idle when it is ready with no request in
-// flight (the hive's count and the queen's) and none waiting for its
-// model; a model's workers up to its replica minimum are kept. With
-// busyToo, busy workers count as well: would room come once they are
-// done? ok is false when no device can be freed.
-func (s *Service) planEviction(model, pool string, need uint64, busyToo bool) (eviction, bool) {
+// stopping the fewest workers of other models makes room for one of
+// model: every worker there that the config's groups keep apart from it,
+// then the least recently used ones until need bytes are free, then, on
+// a pool at its --max-loaded, the least recently used of its other
+// devices' until one more fits. Ties go to the device whose newest victim
+// was used longest ago. A worker may be taken when it is ready with no
+// request in flight (the hive's count and the queen's) and none waiting
+// for its model, its model is not pinned, it is not one its model's
+// replica minimum keeps, and it is not protected by MinResidency on a
+// device that thrashes. With patient, workers that are only busy or
+// young count as well: would room come once they are done? A worker
+// already stopping counts as gone. ok is false when no device can be
+// freed; ok with no victims: room comes from workers already stopping.
+func (s *Service) planEviction(model, pool string, need uint64, patient bool) (eviction, bool) {
 	allowed := s.allowedPools(model)
 	cat := s.catalog.snapshot()
 	replicas := s.cp.Replicas()
+	apart := s.apartFrom(model)
+	now := time.Now()
 	spare := map[string]int{} // workers of a model eviction may take, by model
 	spareOf := func(m string) int {
 		if n, ok := spare[m]; ok {
@@ -63,49 +79,142 @@ func (s *Service) planEviction(model, pool string, need uint64, busyToo bool) (e
 		if _, ok := cat[p.ID][model]; !ok {
 			continue
 		}
+		// Every worker of the pool that could be taken, least recently
+		// used first; what leaves soon on its own is counted apart.
+		var cands []victim
+		takeable := map[string]bool{} // worker id → may be taken
+		leaving := map[int]uint64{}   // device → bytes of workers stopping
+		nLive := 0
+		for _, w := range p.Workers {
+			if !live(w) {
+				continue
+			}
+			st := lifecycle.State(w.Status)
+			if st == lifecycle.Draining {
+				leaving[w.GPUDevice] += w.VRAMBytes
+				continue
+			}
+			nLive++
+			if s.evictable(p.ID, w, model, now, patient) {
+				_, last := s.router.usage(WorkerKey{Pool: p.ID, Worker: w.WorkerID})
+				cands = append(cands, victim{key: WorkerKey{Pool: p.ID, Worker: w.WorkerID}, lifecycleID: w.LifecycleID,
+					model: w.ModelRef, gpu: w.GPUDevice, bytes: w.VRAMBytes, last: last,
+					wait: patient && !s.evictable(p.ID, w, model, now, false)})
+				takeable[w.WorkerID] = true
+			}
+		}
+		// Idle ones first, then the least recently used.
+		slices.SortFunc(cands, func(a, b victim) int {
+			if a.wait != b.wait {
+				if a.wait {
+					return 1
+				}
+				return -1
+			}
+			return a.last.Compare(b.last)
+		})
+	devices:
 		for _, g := range p.GPUs {
 			if g.Unusable != "" {
 				continue
 			}
-			var cands []victim
+			taken := map[string]int{}
+			chosen := map[WorkerKey]bool{}
+			var order []victim
+			take := func(v victim) bool {
+				if taken[v.model] >= spareOf(v.model) {
+					return false // its replica minimum keeps it
+				}
+				taken[v.model]++
+				chosen[v.key] = true
+				order = append(order, v)
+				return true
+			}
+			// The workers the groups keep apart must all go.
 			for _, w := range p.Workers {
-				st := lifecycle.State(w.Status)
-				if w.GPUDevice != g.ID || w.ModelRef == model || w.ModelRef == "" || w.LifecycleID == "" ||
-					st != lifecycle.Ready && !(busyToo && st == lifecycle.Busy) {
+				if w.GPUDevice != g.ID || !live(w) || lifecycle.State(w.Status) == lifecycle.Draining || apart == nil || apart(w.ModelRef) == "" {
 					continue
 				}
-				k := WorkerKey{Pool: p.ID, Worker: w.WorkerID}
-				inflight, last := s.router.usage(k)
-				if !busyToo && (w.InFlight > 0 || inflight > 0 || s.router.waiting(w.ModelRef, p.ID)) {
-					continue // busy, or its own model's requests wait for it: served first
+				i := slices.IndexFunc(cands, func(v victim) bool { return v.key.Worker == w.WorkerID })
+				if !takeable[w.WorkerID] || i < 0 || !take(cands[i]) {
+					continue devices
 				}
-				cands = append(cands, victim{key: k, lifecycleID: w.LifecycleID, model: w.ModelRef, bytes: w.VRAMBytes, last: last})
 			}
-			slices.SortFunc(cands, func(a, b victim) int { return a.last.Compare(b.last) })
-			free := deviceFree(p, g, cat[p.ID])
-			taken := map[string]int{}
-			var chosen []victim
+			free := deviceFree(p, g, cat[p.ID]) + leaving[g.ID]
+			for _, v := range order {
+				free += v.bytes
+			}
 			for _, v := range cands {
 				if free >= need {
 					break
 				}
-				if taken[v.model] >= spareOf(v.model) {
-					continue // its replica minimum keeps it
+				if v.gpu == g.ID && !chosen[v.key] && take(v) {
+					free += v.bytes
 				}
-				taken[v.model]++
-				chosen = append(chosen, v)
-				free += v.bytes
 			}
-			if free < need || len(chosen) == 0 {
+			if free < need {
 				continue
 			}
-			newest := chosen[len(chosen)-1].last
-			if !found || len(chosen) < len(best.victims) || len(chosen) == len(best.victims) && newest.Before(bestNewest) {
-				best, bestNewest, found = eviction{pool: p.ID, gpu: g.ID, victims: chosen}, newest, true
+			for _, v := range cands {
+				if p.MaxLoaded <= 0 || nLive-len(order) < p.MaxLoaded {
+					break
+				}
+				if !chosen[v.key] {
+					take(v)
+				}
+			}
+			if p.MaxLoaded > 0 && nLive-len(order) >= p.MaxLoaded {
+				continue
+			}
+			if len(order) == 0 && deviceFree(p, g, cat[p.ID]) >= need && (p.MaxLoaded <= 0 || loaded(p) < p.MaxLoaded) {
+				continue // neither memory nor --max-loaded stands in the way: placement refused the device for another reason
+			}
+			var newest time.Time
+			for _, v := range order {
+				if v.last.After(newest) {
+					newest = v.last
+				}
+			}
+			if !found || len(order) < len(best.victims) || len(order) == len(best.victims) && newest.Before(bestNewest) {
+				best, bestNewest, found = eviction{pool: p.ID, gpu: g.ID, victims: order}, newest, true
 			}
 		}
 	}
 	return best, found
+}
+
+// evictable says whether worker w of pool may be stopped to make room for
+// a worker of model (see planEviction; patient: busy and young ones too).
+func (s *Service) evictable(pool string, w api.Worker, model string, now time.Time, patient bool) bool {
+	st := lifecycle.State(w.Status)
+	if w.ModelRef == model || w.ModelRef == "" || w.LifecycleID == "" || s.pinned(w.ModelRef) {
+		return false
+	}
+	if st != lifecycle.Ready && !(patient && st == lifecycle.Busy) {
+		return false
+	}
+	if patient {
+		return true
+	}
+	inflight, _ := s.router.usage(WorkerKey{Pool: pool, Worker: w.WorkerID})
+	if w.InFlight > 0 || inflight > 0 || s.router.waiting(w.ModelRef, pool) {
+		return false // busy, or its own model's requests wait for it: served first
+	}
+	return !s.young(pool, w, now)
+}
+
+// young says whether the thrash rule protects w now: on a device that
+// has had ThrashEvictions eviction rounds within the last minute, it has
+// been ready less than its residency (see Config.MinResidency).
+func (s *Service) young(pool string, w api.Worker, now time.Time) bool {
+	if w.ReadyAt == nil || w.StartedAt.IsZero() {
+		return false
+	}
+	residency := min(max(w.ReadyAt.Sub(w.StartedAt), s.cfg.MinResidency), s.cfg.SwapWait/2)
+	if now.Sub(*w.ReadyAt) >= residency {
+		return false
+	}
+	return s.evictions.roundsSince(pool, w.GPUDevice, now.Add(-time.Minute)) >= ThrashEvictions
 }
 
 // needOf is the memory a worker of model needs, from the first model list
@@ -122,8 +231,9 @@ func (s *Service) needOf(model string) uint64 {
 // evict makes room for a worker of model (on pool when it is not ""): it
 // plans an eviction, stops its victims (reason "evicted for MODEL",
 // audited as any stop, counted in apiary_queen_evictions_total) and waits
-// until the hive reports the device with need bytes free, at most
-// EvictWait. It reports whether the room is there.
+// until a placement of model on that device would succeed (the memory
+// reported back, the workers gone), at most EvictWait. It reports
+// whether the room is there.
 func (c *controller) evict(ctx context.Context, model, pool string) bool {
 	need := c.s.needOf(model)
 	if need == 0 {
@@ -135,26 +245,40 @@ func (c *controller) evict(ctx context.Context, model, pool string) bool {
 		return false
 	}
 	reason := "evicted for " + model
+	now := time.Now()
+	var done []api.Eviction
 	for _, v := range ev.victims {
-		if err := c.s.cp.StopWorker(ctx, v.lifecycleID, reason); err != nil {
-			c.log.Warn("eviction could not stop a worker", "lifecycle_id", v.lifecycleID, "model_ref", v.model, "for", model, "err", err)
-			return false
+		err := c.s.cp.StopWorker(ctx, v.lifecycleID, reason)
+		if err == nil {
+			e := api.Eviction{At: now.UTC(), WorkerID: v.key.Worker, LifecycleID: v.lifecycleID, GPUDevice: v.gpu, Model: v.model, For: model}
+			if !v.last.IsZero() {
+				t := v.last.UTC()
+				e.LastUsedAt = &t
+			}
+			done = append(done, e)
+			c.s.m.evictions.WithLabelValues(v.model, model).Inc()
+			c.log.Info("worker evicted", "lifecycle_id", v.lifecycleID, "model_ref", v.model, "for", model, "pool_id", ev.pool,
+				"gpu_device", v.gpu, "bytes", api.FormatBytes(v.bytes), "last_used", v.last)
+			continue
 		}
-		c.s.m.evictions.WithLabelValues(v.model, model).Inc()
-		c.log.Info("worker evicted", "lifecycle_id", v.lifecycleID, "model_ref", v.model, "for", model, "pool_id", ev.pool,
-			"gpu_device", ev.gpu, "bytes", api.FormatBytes(v.bytes), "last_used", v.last)
+		c.log.Warn("eviction could not stop a worker", "lifecycle_id", v.lifecycleID, "model_ref", v.model, "for", model, "err", err)
+		break
 	}
+	if len(done) > 0 {
+		c.s.evictions.add(ev.pool, ev.gpu, now, done)
+	}
+	if len(done) < len(ev.victims) {
+		return false
+	}
+	gpu := ev.gpu
+	req := PlaceRequest{Model: model, Pool: ev.pool, GPU: &gpu, Pools: c.s.allowedPools(model), Engine: c.s.engineOf(model), Apart: c.s.apartFrom(model)}
 	deadline := time.Now().Add(c.s.cfg.EvictWait)
 	for {
-		if p, ok := c.s.cp.Pool(ev.pool); ok {
-			for _, g := range p.GPUs {
-				if g.ID == ev.gpu && deviceFree(p, g, c.s.catalog.snapshot()[ev.pool]) >= need {
-					return true
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			c.log.Warn("evicted workers' memory not back in time", "for", model, "pool_id", ev.pool, "gpu_device", ev.gpu, "wait", c.s.cfg.EvictWait)
+		req.Models = c.s.catalog.snapshot()
+		if _, err := c.s.cfg.Placer.Place(c.s.cp.Pools(registry.Filter{}), req); err == nil {
+			return true
+		} else if time.Now().After(deadline) {
+			c.log.Warn("evicted workers' room not back in time", "for", model, "pool_id", ev.pool, "gpu_device", ev.gpu, "wait", c.s.cfg.EvictWait, "err", err)
 			return false
 		}
 		select {
@@ -167,3 +291,68 @@ func (c *controller) evict(ctx context.Context, model, pool string) bool {
 
 // evictPoll is how often eviction looks for the memory back.
 const evictPoll = 50 * time.Millisecond
+
+// evictionLog is what the queen remembers of its evictions: the rounds on
+// each device within the last minute (for MinResidency), and each pool's
+// latest evicted workers (for its listing).
+type evictionLog struct {
+	mu     sync.Mutex
+	rounds map[deviceKey][]time.Time // by device, oldest first, the last minute's
+	recent map[string][]api.Eviction // by pool, newest first, MaxEvictionsShown at most
+}
+
+type deviceKey struct {
+	pool string
+	gpu  int
+}
+
+// add records one eviction round on a device: the workers it stopped.
+func (l *evictionLog) add(pool string, gpu int, at time.Time, evs []api.Eviction) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rounds == nil {
+		l.rounds, l.recent = map[deviceKey][]time.Time{}, map[string][]api.Eviction{}
+	}
+	k := deviceKey{pool, gpu}
+	kept := l.rounds[k][:0]
+	for _, t := range l.rounds[k] {
+		if at.Sub(t) < time.Minute {
+			kept = append(kept, t)
+		}
+	}
+	l.rounds[k] = append(kept, at)
+	for k, ts := range l.rounds {
+		if len(ts) > 0 && at.Sub(ts[len(ts)-1]) >= time.Minute {
+			delete(l.rounds, k) // a device not swapped for a minute
+		}
+	}
+	rec := append(slices.Clone(evs), l.recent[pool]...)
+	l.recent[pool] = rec[:min(len(rec), api.MaxEvictionsShown)]
+}
+
+// roundsSince counts the eviction rounds on a device since since.
+func (l *evictionLog) roundsSince(pool string, gpu int, since time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, t := range l.rounds[deviceKey{pool, gpu}] {
+		if t.After(since) {
+			n++
+		}
+	}
+	return n
+}
+
+// Evictions returns pool's latest evicted workers, newest first.
+func (s *Service) Evictions(pool string) []api.Eviction {
+	s.evictions.mu.Lock()
+	defer s.evictions.mu.Unlock()
+	return slices.Clone(s.evictions.recent[pool])
+}
+
+// LastUsed is when the worker last finished a request through this
+// queen (zero: never since it started).
+func (s *Service) LastUsed(pool, worker string) time.Time {
+	_, last := s.router.usage(WorkerKey{Pool: pool, Worker: worker})
+	return last
+}

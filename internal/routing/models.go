@@ -128,3 +128,32 @@ func (s *Service) configuredModels() []openai.Model {
 	}
 	return out
 }
+
+// pinned says whether model's workers are kept from eviction (its
+// config's pin).
+func (s *Service) pinned(model string) bool {
+	m, ok := s.modelFile(model)
+	return ok && m.Pin
+}
+
+// apartFrom is the placement's Apart for a worker of model: why it may
+// not share a device with a worker of another model under the config's
+// groups; nil when the config has none.
+func (s *Service) apartFrom(model string) func(other string) string {
+	f := s.models.Load()
+	if f == nil || len(f.Groups) == 0 {
+		return nil
+	}
+	// A model the config does not name is in no group: a name no
+	// configured model can have (names start with a letter or digit).
+	name := func(ref string) string {
+		if n, _, ok := f.ByFile(ref); ok {
+			return n
+		}
+		return " " + ref
+	}
+	self := name(model)
+	return func(other string) string {
+		return f.Apart(self, name(other))
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/registry"
 )
 
@@ -27,6 +28,9 @@ type PlaceRequest struct {
 	// Exclude names pools this placement must not use, with why (a hive
 	// that refused the same start a moment ago).
 	Exclude map[string]string
+	// Apart says why a worker of Model may not share a device with one of
+	// model other (the queen's groups); nil or "": it may.
+	Apart func(other string) string
 }
 
 // Rejection is a pool a placement did not choose, and why.
@@ -152,6 +156,10 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			reject("has no engine %s (its hive declares %s)", req.Engine, strings.Join(engines(m), ", "))
 			continue
 		}
+		if n := loaded(p); p.MaxLoaded > 0 && n >= p.MaxLoaded {
+			reject("runs %d workers, its hive's --max-loaded", n)
+			continue
+		}
 		size := modelNeed(m)
 		best, bestFree, bestGPU, found := 0, uint64(0), false, false
 		var roomiest api.GPU
@@ -163,6 +171,10 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			}
 			if g.Unusable != "" {
 				unusable = append(unusable, fmt.Sprintf("device %d is unusable: %s", g.ID, g.Unusable))
+				continue
+			}
+			if why := apartOn(p, g.ID, req.Apart); why != "" {
+				unusable = append(unusable, fmt.Sprintf("device %d runs %s", g.ID, why))
 				continue
 			}
 			g.FreeBytes = deviceFree(p, g, models)
@@ -243,6 +255,39 @@ func deviceFree(p registry.Pool, g api.GPU, models map[string]api.Model) uint64 
 		return 0
 	}
 	return g.TotalBytes - held
+}
+
+// loaded is how many workers pool p runs: every one not ended, those
+// still starting or stopping too (they hold memory).
+func loaded(p registry.Pool) int {
+	n := 0
+	for _, w := range p.Workers {
+		if live(w) {
+			n++
+		}
+	}
+	return n
+}
+
+// live says whether a worker of a pool's list holds its device: not ended.
+func live(w api.Worker) bool {
+	return w.StoppedAt == nil && !lifecycle.State(w.Status).Terminal()
+}
+
+// apartOn says why the worker a placement is for may not go on device gpu
+// of p: a worker there whose model apart keeps away; "" when none.
+func apartOn(p registry.Pool, gpu int, apart func(string) string) string {
+	if apart == nil {
+		return ""
+	}
+	for _, w := range p.Workers {
+		if w.GPUDevice == gpu && live(w) {
+			if why := apart(w.ModelRef); why != "" {
+				return fmt.Sprintf("a worker of %s (%s)", w.ModelRef, why)
+			}
+		}
+	}
+	return ""
 }
 
 // modelNeed is the memory a worker of m needs: the hive's estimate when

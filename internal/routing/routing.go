@@ -142,6 +142,8 @@ type Service struct {
 
 	loopsMu sync.Mutex
 	loops   map[string]CrashLoop // guarded by loopsMu; the models in a crash loop, as the controller last published them
+
+	evictions evictionLog
 }
 
 // New checks cfg (after defaults) and builds the routing over cp.

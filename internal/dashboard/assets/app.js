@@ -311,7 +311,11 @@ function overview() {
           h('div', { class: 'line muted' }, h('span', { text: bytes(used) + ' used' }), h('span', { text: bytes(d.free_vram_bytes) + ' free of ' + bytes(d.total_vram_bytes) })),
           d.why ? h('div', { class: 'line muted', text: d.why }) : null,
           (d.workers || []).length ? h('div', { class: 'line muted', text: 'workers: ' + d.workers.join(', ') }) : null);
-      })))) : h('p', { class: 'muted', text: 'No pool has registered.' });
+      }),
+      h('div', { class: 'line', 'data-loaded': '' }, h('span', { class: 'muted', text: 'loaded' + (p.max_loaded ? ' (at most ' + p.max_loaded + ')' : '') + ': ' }),
+        h('span', { text: (p.loaded || []).length ? p.loaded.map(l => l.model + ' ' + (l.last_used_at ? 'used ' + ago(l.last_used_at) : 'unused') + ' (' + l.status + ')').join(', ') : 'nothing' })),
+      (p.evictions || []).length ? h('div', { class: 'line muted', 'data-evictions': '' },
+        'evicted: ' + p.evictions.slice(0, 3).map(e => e.model + ' for ' + e.for + ' ' + ago(e.at)).join(', ')) : null))) : h('p', { class: 'muted', text: 'No pool has registered.' });
 
     const workerTable = workers.length ? h('div', { class: 'scroll' }, h('table', { id: 'workers' },
       h('thead', {}, h('tr', {}, ['lifecycle id', 'model', 'pool', 'device', 'state', 'reason', 'memory', 'created', ''].map((t, i) => h('th', { class: i === 5 || i === 7 ? 'hide-narrow' : null, text: t })))),
