@@ -208,6 +208,12 @@ type RegisterPool struct {
 	MaxLoaded int `json:"max_loaded,omitempty"`
 }
 
+// WorkerTokens is the answer of a hive's GET /v2/workers/tokens: its live
+// workers' own bearer tokens by worker id, for the queen only.
+type WorkerTokens struct {
+	WorkerTokens map[string]string `json:"worker_tokens"`
+}
+
 // Heartbeat is the body of the queen's POST /v2/pools/{id}/heartbeat.
 type Heartbeat struct {
 	GPUs    []GPU    `json:"gpus"`

@@ -30,6 +30,7 @@ func (h *Hive) routes() http.Handler {
 	}))
 	mux.Handle("GET /v2/workers", auth(h.listWorkers))
 	mux.Handle("GET /v2/workers/{id}", auth(h.getWorker))
+	mux.Handle("GET /v2/workers/tokens", auth(h.getWorkerTokens))
 	mux.Handle("GET /v2/workers/{id}/logs", auth(h.getWorkerLogs))
 	mux.Handle("POST /v2/workers/start", auth(h.postStart))
 	mux.Handle("POST /v2/workers/{id}/stop", auth(h.postStop))
@@ -89,6 +90,15 @@ func (h *Hive) getHealth(w http.ResponseWriter, _ *http.Request) error {
 func (h *Hive) listWorkers(w http.ResponseWriter, r *http.Request) error {
 	all, _ := strconv.ParseBool(r.URL.Query().Get("all"))
 	api.WriteJSON(w, http.StatusOK, api.WorkerList{Workers: h.reg.list(all)})
+	return nil
+}
+
+// getWorkerTokens gives the live workers' own tokens, as a heartbeat
+// does: a queen that restarted (or took over) asks for them at once
+// instead of waiting for the next beat.
+func (h *Hive) getWorkerTokens(w http.ResponseWriter, r *http.Request) error {
+	_, tokens := h.reg.heartbeat()
+	api.WriteJSON(w, http.StatusOK, api.WorkerTokens{WorkerTokens: tokens})
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
 )
 
 type deviceInfo = gpu.Device
@@ -60,8 +61,8 @@ func (r *registry) admit(w *worker, host string, portMin, portMax int) error {
 	if r.closing {
 		return ErrShuttingDown
 	}
-	if r.maxLoaded > 0 && len(r.live) >= r.maxLoaded {
-		return fmt.Errorf("%w: %d workers live (starting, running or stopping), --max-loaded %d; stop one first", ErrMaxLoaded, len(r.live), r.maxLoaded)
+	if n := r.loadedLocked(); r.maxLoaded > 0 && n >= r.maxLoaded {
+		return fmt.Errorf("%w: %d workers live (starting, running or stopping), --max-loaded %d; stop one first", ErrMaxLoaded, n, r.maxLoaded)
 	}
 	if err := checkFit(w.device, r.heldLocked(w.device.ID), w.estimate); err != nil {
 		return err
@@ -74,6 +75,19 @@ func (r *registry) admit(w *worker, host string, portMin, portMax int) error {
 	w.hold = held{reserved: w.estimate}
 	r.live[w.id] = w
 	return nil
+}
+
+// loadedLocked counts the workers --max-loaded bounds: those not ended (a
+// worker that has ended leaves the table once its output is drained, a
+// moment after the queen hears it stopped).
+func (r *registry) loadedLocked() int {
+	n := 0
+	for _, w := range r.live {
+		if !lifecycle.State(w.snap.Status).Terminal() {
+			n++
+		}
+	}
+	return n
 }
 
 // takePortLocked walks the range from where it last stopped and binds the

@@ -99,11 +99,24 @@ func (q *Queen) poolCandidates(model, pool string) []routing.Candidate {
 	}
 	out = running
 	q.rows.mu.RUnlock()
+	// A worker whose token the queen lacks since it started (or since the
+	// worker refused it) would refuse the relay (401): it is left out
+	// while its hive is asked for it.
 	q.tokens.mu.Lock()
-	for i := range out {
-		out[i].Token = q.tokens.byPool[out[i].Key.Pool][out[i].Key.Worker]
+	withToken := out[:0]
+	var lacking []string
+	for _, c := range out {
+		if c.Token = q.tokens.byPool[c.Key.Pool][c.Key.Worker]; c.Token != "" || q.tokens.knownLocked(c.Key.Pool) {
+			withToken = append(withToken, c)
+		} else if !slices.Contains(lacking, c.Key.Pool) {
+			lacking = append(lacking, c.Key.Pool)
+		}
 	}
+	out = withToken
 	q.tokens.mu.Unlock()
+	for _, pool := range lacking {
+		q.fetchTokens(pool)
+	}
 	return out
 }
 

@@ -59,7 +59,8 @@ func (c controlPlane) StartWorker(ctx context.Context, s routing.Start) (store.R
 	switch {
 	case err == nil:
 	case errors.As(err, &he):
-		return row, &routing.StartRefused{Why: fmt.Sprintf("its hive refused the start: %s %s", he.Code, he.Message), Err: err}
+		return row, &routing.StartRefused{Why: fmt.Sprintf("its hive refused the start: %s %s", he.Code, he.Message), Err: err,
+			NoRoomYet: he.Code == "max_loaded" || he.Code == "insufficient_memory"}
 	case errors.Is(err, ErrHiveUnreachable), errors.Is(err, ErrPoolUnavailable):
 		return row, &routing.StartRefused{Why: "its hive did not answer the start: " + err.Error(), Err: err}
 	}
@@ -119,6 +120,16 @@ func (c controlPlane) LogTail(ctx context.Context, lifecycleID string, n int) ([
 
 // LiveModels returns the models that have a STARTING or RUNNING row.
 func (c controlPlane) LiveModels() []string { return c.q.rows.liveModels() }
+
+// TokenRefused drops the worker's token and asks its hive for it again.
+func (c controlPlane) TokenRefused(pool, workerID string) {
+	if pool == HandRunPool {
+		return
+	}
+	c.q.tokens.drop(pool, workerID)
+	c.q.tokens.unknownPool(pool)
+	c.q.fetchTokens(pool)
+}
 
 // liveModels returns the models of the STARTING and RUNNING rows, each
 // once.

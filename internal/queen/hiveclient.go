@@ -73,6 +73,19 @@ func hiveCode(err error, code string) bool {
 	return errors.As(err, &he) && he.Code == code
 }
 
+// tokenSource is a HiveClient that can ask a hive for its workers'
+// tokens (the HTTP one; test hives may not).
+type tokenSource interface {
+	WorkerTokens(ctx context.Context, endpoint string) (map[string]string, error)
+}
+
+// WorkerTokens implements tokenSource: GET /v2/workers/tokens.
+func (c *httpHiveClient) WorkerTokens(ctx context.Context, endpoint string) (map[string]string, error) {
+	var out api.WorkerTokens
+	err := c.call(ctx, rpc.Call{URL: strings.TrimSuffix(endpoint, "/") + "/v2/workers/tokens", Out: &out, MaxAnswer: maxHiveAnswer})
+	return out.WorkerTokens, err
+}
+
 // Models implements routing.HiveModels: GET /v2/models.
 func (c *httpHiveClient) Models(ctx context.Context, endpoint string) ([]api.Model, error) {
 	var list api.ModelList

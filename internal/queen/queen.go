@@ -77,6 +77,8 @@ type Queen struct {
 	batch *batch.Service
 	// tokens are the workers' own tokens, from their hives, for routing.
 	tokens *workerTokens
+	// tokenFetch keeps the fetches of tokens from hives (fetchTokens).
+	tokenFetch tokenFetches
 	// cands keeps each model's candidates and counts for routing.
 	cands *candidateCache
 	// handRun is what the queen knows of the workers run by hand that
@@ -214,6 +216,9 @@ func (q *Queen) run(ctx context.Context) error {
 		return err
 	}
 	q.routing.SetModels(q.models.file())
+	// The workers the store knows run on: their tokens come from their
+	// hives now, not at each hive's next heartbeat.
+	q.fetchAllTokens()
 	bcfg := q.cfg.Batch
 	bcfg.Store, bcfg.Router, bcfg.Logger = st, q.routing, q.cfg.Logger
 	bcfg.Dir = filepath.Join(cmp.Or(q.cfg.DataDir, DefaultDataDir()), "files")

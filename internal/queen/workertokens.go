@@ -17,21 +17,41 @@ import (
 type workerTokens struct {
 	mu     sync.Mutex
 	byPool map[string]map[string]string // guarded by mu
-	gen    atomic.Uint64                // counts the changes (each under mu), for candidateCache
+	// unknown holds the pools whose tokens the queen does not hold yet:
+	// loaded from the store at start, or one of whose workers refused its
+	// token. Their workers without a token are not routed to until the
+	// hive's list (fill) or a full heartbeat (replace) comes.
+	unknown map[string]bool // guarded by mu
+	gen     atomic.Uint64   // counts the changes (each under mu), for candidateCache
 }
 
 func newWorkerTokens() *workerTokens {
-	return &workerTokens{byPool: map[string]map[string]string{}}
+	return &workerTokens{byPool: map[string]map[string]string{}, unknown: map[string]bool{}}
 }
+
+// unknownPool marks pool's tokens as not held (see workerTokens.unknown).
+func (t *workerTokens) unknownPool(pool string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.unknown[pool] && len(t.unknown) < maxTokenFetches {
+		t.unknown[pool] = true
+		t.gen.Add(1)
+	}
+}
+
+// knownLocked says whether a worker of pool without a token may be routed
+// to (its hive sent its tokens since the queen started; it gave none).
+func (t *workerTokens) knownLocked(pool string) bool { return !t.unknown[pool] }
 
 // replace sets a pool's tokens from its heartbeat.
 func (t *workerTokens) replace(pool string, tokens map[string]string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if maps.Equal(t.byPool[pool], tokens) {
+	if maps.Equal(t.byPool[pool], tokens) && !t.unknown[pool] {
 		return // nearly every heartbeat
 	}
 	t.gen.Add(1)
+	delete(t.unknown, pool)
 	if len(tokens) == 0 {
 		delete(t.byPool, pool)
 		return
@@ -55,12 +75,51 @@ func (t *workerTokens) event(ev api.WorkerEvent, ended bool) {
 	}
 }
 
+// fill adds the tokens of a pool's workers that it lacks (from the hive's
+// own list, asked for at once); it reports how many it added.
+func (t *workerTokens) fill(pool string, tokens map[string]string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := t.byPool[pool]
+	n := 0
+	if t.unknown[pool] {
+		delete(t.unknown, pool)
+		t.gen.Add(1)
+	}
+	for id, tok := range tokens {
+		if _, ok := m[id]; ok || len(m) >= maxWorkers {
+			continue
+		}
+		if m == nil {
+			m = map[string]string{}
+			t.byPool[pool] = m
+		}
+		m[id] = tok
+		n++
+	}
+	if n > 0 {
+		t.gen.Add(1)
+	}
+	return n
+}
+
+// drop forgets one worker's token (the worker refused it).
+func (t *workerTokens) drop(pool, workerID string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.byPool[pool][workerID]; ok {
+		delete(t.byPool[pool], workerID)
+		t.gen.Add(1)
+	}
+}
+
 // forget drops a pool's tokens (removed, offline).
 func (t *workerTokens) forget(pool string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.gen.Add(1)
 	delete(t.byPool, pool)
+	delete(t.unknown, pool)
 }
 
 func checkWorkerToken(tok string) error {

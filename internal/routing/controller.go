@@ -515,12 +515,13 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 	start := time.Now()
 	exclude := map[string]string{}
 	evicted := false
+	var roomBy time.Time // after an eviction: when a hive's "no room yet" is final
 	for {
 		req := PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude}
 		d, err := c.s.placeWith(ctx, req, false)
 		if err != nil && len(exclude) == 0 && !evicted && c.evict(ctx, o.Model, o.Pool) {
 			// Idle workers of other models made room: place again.
-			evicted = true
+			evicted, roomBy = true, time.Now().Add(c.s.cfg.EvictWait)
 			continue
 		}
 		if err != nil {
@@ -540,6 +541,15 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 			return placeResult{target: o.target(), row: row}
 		case ctx.Err() != nil:
 			return placeResult{target: o.target(), err: err}
+		case errors.As(err, &refused) && refused.NoRoomYet && evicted && time.Now().Before(roomBy):
+			// The evicted workers have not left the hive's table yet.
+			select {
+			case <-ctx.Done():
+				return placeResult{target: o.target(), err: ctx.Err()}
+			case <-c.s.changes.wait():
+			case <-time.After(evictPoll):
+			}
+			continue
 		case errors.As(err, &refused):
 			exclude[d.Pool.ID] = refused.Why
 		default:

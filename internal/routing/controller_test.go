@@ -98,6 +98,7 @@ func (p *rowsPlane) Pools(registry.Filter) []registry.Pool {
 func (p *rowsPlane) Candidates(string, string) []Candidate            { return nil }
 func (p *rowsPlane) Running(string, string, string) bool              { return false }
 func (p *rowsPlane) LiveModels() []string                             { return nil }
+func (p *rowsPlane) TokenRefused(string, string)                      {}
 func (p *rowsPlane) WorkerLost(context.Context, string, string) error { return nil }
 func (p *rowsPlane) StopWorker(context.Context, string, string) error { return nil }
 func (p *rowsPlane) Audit(context.Context, store.AuditEntry)          {}

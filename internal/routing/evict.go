@@ -54,6 +54,7 @@ const ThrashEvictions = 2
 // young count as well: would room come once they are done? A worker
 // already stopping counts as gone. ok is false when no device can be
 // freed; ok with no victims: room comes from workers already stopping.
+// A patient plan waits for starting workers too.
 func (s *Service) planEviction(model, pool string, need uint64, patient bool) (eviction, bool) {
 	allowed := s.allowedPools(model)
 	cat := s.catalog.snapshot()
@@ -190,8 +191,8 @@ func (s *Service) evictable(pool string, w api.Worker, model string, now time.Ti
 	if w.ModelRef == model || w.ModelRef == "" || w.LifecycleID == "" || s.pinned(w.ModelRef) {
 		return false
 	}
-	if st != lifecycle.Ready && !(patient && st == lifecycle.Busy) {
-		return false
+	if st != lifecycle.Ready && !(patient && (st == lifecycle.Busy || st == lifecycle.Starting)) {
+		return false // a starting one is waited for: it serves what waits for it, then may go
 	}
 	if patient {
 		return true
@@ -274,6 +275,7 @@ func (c *controller) evict(ctx context.Context, model, pool string) bool {
 	req := PlaceRequest{Model: model, Pool: ev.pool, GPU: &gpu, Pools: c.s.allowedPools(model), Engine: c.s.engineOf(model), Apart: c.s.apartFrom(model)}
 	deadline := time.Now().Add(c.s.cfg.EvictWait)
 	for {
+		changed := c.s.changes.wait() // before the look: an event after it wakes the next wait
 		req.Models = c.s.catalog.snapshot()
 		if _, err := c.s.cfg.Placer.Place(c.s.cp.Pools(registry.Filter{}), req); err == nil {
 			return true
@@ -284,12 +286,14 @@ func (c *controller) evict(ctx context.Context, model, pool string) bool {
 		select {
 		case <-ctx.Done():
 			return false
+		case <-changed:
 		case <-time.After(evictPoll):
 		}
 	}
 }
 
-// evictPoll is how often eviction looks for the memory back.
+// evictPoll is how often eviction looks for the room without an event
+// (a GPU's memory comes back with a heartbeat).
 const evictPoll = 50 * time.Millisecond
 
 // evictionLog is what the queen remembers of its evictions: the rounds on

@@ -172,6 +172,13 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 		// answer, when it is one. Anything else (a redirect, a page, a
 		// body of another shape) is not the worker's to send on.
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if resp.StatusCode == http.StatusUnauthorized {
+			// The queen's token for it is stale or lost: its hive is
+			// asked for it again (a strike still: a worker that refuses
+			// every token is stopped as any failing one).
+			s.cp.TokenRefused(l.cand.Key.Pool, l.cand.Key.Worker)
+			return outcome{retry: true, verdict: verdictFailed, err: fmt.Errorf("worker %s refused the queen's token for it (401); its hive is asked for it again", l.cand.LifecycleID)}
+		}
 		if rr.anthropic {
 			ae, ok := anthropicClientError(resp.StatusCode, data)
 			if !ok {

@@ -87,6 +87,10 @@ type ControlPlane interface {
 	// through Service.PullEnded. A model the hive already has is answered
 	// as a pull in state pulled.
 	PullModel(ctx context.Context, poolID string, req api.PullModelRequest) (api.ModelPull, error)
+	// TokenRefused tells the control plane that a worker refused the
+	// token it was sent (401): the token is dropped (the worker is not a
+	// candidate without one) and asked of its hive again at once.
+	TokenRefused(pool, workerID string)
 }
 
 // Count is the live rows of a target.
@@ -109,6 +113,10 @@ type Start struct {
 type StartRefused struct {
 	Why string // "its hive refused the start: …"
 	Err error
+	// NoRoomYet: the hive had no room at that moment (its memory or its
+	// --max-loaded): workers just evicted or stopped may not have left
+	// its table yet. After an eviction the start is tried again shortly.
+	NoRoomYet bool
 }
 
 func (e *StartRefused) Error() string { return e.Err.Error() }
@@ -144,6 +152,34 @@ type Service struct {
 	loops   map[string]CrashLoop // guarded by loopsMu; the models in a crash loop, as the controller last published them
 
 	evictions evictionLog
+	// changes fires at each Poke: an eviction waiting for its room looks
+	// again at once when a worker's event lands.
+	changes broadcast
+}
+
+// broadcast wakes every waiter at once, each time it fires.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{} // guarded by mu; closed by fire
+}
+
+// wait returns a channel that fire closes.
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) fire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
 }
 
 // New checks cfg (after defaults) and builds the routing over cp.
@@ -212,6 +248,7 @@ func (s *Service) Run(ctx context.Context) {
 func (s *Service) Poke() {
 	s.router.poke()
 	s.ctl.signal()
+	s.changes.fire()
 }
 
 // Registered tells routing that a hive (re)registered: its model list is
