@@ -50,7 +50,7 @@ worker does. A hive starts it for the engines of its --engines file
 (docs/engines.md).
 
 The worker's token comes from $` + secret.WorkerTokenEnv + `: every request but
-/health must carry it. The engine's own bearer, if any, comes from
+GET (or HEAD) /health must carry it. The engine's own bearer, if any, comes from
 $` + secret.EngineKeyEnv + `; neither reaches PROGRAM's environment. SIGTERM,
 SIGINT or POST /v1/admin/shutdown drain: requests in flight get
 --shutdown-grace, then PROGRAM gets SIGTERM, and SIGKILL after --stop-wait.

@@ -60,7 +60,7 @@ type Config struct {
 	// Listener is the socket to serve on (the hive's, inherited);
 	// required.
 	Listener net.Listener
-	// Token is the worker's token: every request but GET /health must
+	// Token is the worker's token: every request but GET (or HEAD) /health must
 	// carry it as a bearer. Without one the front answers only requests
 	// addressed to a loopback host, as the built-in worker does.
 	Token string
