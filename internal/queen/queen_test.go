@@ -435,6 +435,22 @@ func TestTokens(t *testing.T) {
 			t.Errorf("401 body %s", body)
 		}
 	}
+	// The scheme is case-insensitive (RFC 7235): "bearer T" was once 401.
+	for _, scheme := range []string{"bearer", "BEARER"} {
+		req, err := http.NewRequest("GET", x.url+"/api/admin/workers", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", scheme+" admin-t-0123456789")
+		resp, err := x.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("the admin token with the scheme %q: %d, want 200", scheme, resp.StatusCode)
+		}
+	}
 	// The hive calls refused for their token are counted and logged (once
 	// a minute per address): a hive with the wrong token is not silent at
 	// the queen.

@@ -180,8 +180,10 @@ func TestAdmitWorkerRequestExemptsOnlyTheHealthProbe(t *testing.T) {
 		{"DELETE", "/health", "", false},
 		{"OPTIONS", "/health", "", false},
 		{"POST", "/health", "Bearer " + token, true},
+		{"POST", "/health", "bearer " + token, true}, // the scheme in any case (RFC 7235)
 		{"GET", "/v1/models", "", false},
 		{"GET", "/v1/models", "Bearer " + token, true},
+		{"GET", "/v1/models", "BEARER " + token, true},
 		{"POST", "/v1/chat/completions", "Bearer wrong", false},
 	} {
 		r := httptest.NewRequest(c.method, "http://127.0.0.1:8001"+c.path, nil)
