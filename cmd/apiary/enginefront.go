@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/front"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -115,7 +116,12 @@ func runEngineFront(ctx context.Context, f engineFrontFlags, args []string, stde
 	if err != nil {
 		ln.Close()
 		if errors.Is(err, front.ErrInvalidConfig) {
-			return usagef("engine-front: %w", err)
+			// Each problem by the flag or variable it came from.
+			var problems []error
+			for _, fe := range config.Fields(err) {
+				problems = append(problems, fe)
+			}
+			return usagef("engine-front: %v", config.Rename(errors.Join(problems...), frontFields))
 		}
 		return err
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/rpc"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -132,6 +133,11 @@ func (c Config) Validate() error {
 	}
 	if c.Slots < 1 {
 		p.Add("Slots", "must be at least 1, got %d", c.Slots)
+	}
+	for _, tok := range []struct{ field, v string }{{"Token", c.Token}, {"EngineKey", c.EngineKey}} {
+		if err := secret.CheckToken(tok.v); err != nil {
+			p.Add(tok.field, "%v", err)
+		}
 	}
 	if err := p.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -30,12 +30,13 @@ const waitLimit = 20 * time.Second
 
 func TestValidateNamesEveryProblem(t *testing.T) {
 	err := Config{EngineURL: "http://10.0.0.1:80", HealthPath: "health", Slots: -1, StopWait: -time.Second,
-		CallbackURL: "http://127.0.0.1:1/cb"}.withDefaults().Validate()
+		CallbackURL: "http://127.0.0.1:1/cb", Token: "worker-token\n", EngineKey: "   "}.withDefaults().Validate()
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("err = %v", err)
 	}
 	for _, w := range []string{"Listener is required", "Engine is empty", `EngineURL "http://10.0.0.1:80" must be http://LOOPBACK-HOST:PORT`,
-		`HealthPath "health" must be a path`, "WorkerID is required", "StopWait must be positive", "Slots must be at least 1"} {
+		`HealthPath "health" must be a path`, "WorkerID is required", "StopWait must be positive", "Slots must be at least 1",
+		"Token has a newline at byte 13", "EngineKey is blank"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error %q lacks %q", err, w)
 		}

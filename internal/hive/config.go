@@ -13,6 +13,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -180,6 +181,9 @@ func (c Config) Validate() error {
 		p.Add("Addr", "%q: %v", c.Addr, err)
 	} else if c.ClusterToken == "" && !transport.IsLoopback(host) {
 		p.Add("Addr", "%q is not a loopback address; set APIARY_CLUSTER_TOKEN to serve on it", c.Addr)
+	}
+	if err := secret.CheckToken(c.ClusterToken); err != nil {
+		p.Add("ClusterToken", "%v", err)
 	}
 	if c.Advertise != "" {
 		if _, err := transport.CheckBaseURL("", c.Advertise); err != nil {

@@ -477,23 +477,29 @@ func TestNonLoopbackAddressNeedsAllTokens(t *testing.T) {
 		addr   string
 		tokens Tokens
 		ok     bool
+		names  string // what the error names: the missing tokens' variables, or the field of the token at fault
 	}{
-		{"127.0.0.1:0", Tokens{}, true},
-		{"[::1]:0", Tokens{}, true},
-		{"localhost:0", Tokens{}, true},
-		{"0.0.0.0:8080", Tokens{}, false},
-		{":8080", Tokens{}, false},
-		{"0.0.0.0:8080", Tokens{Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false},
-		{"127.0.0.1:0", Tokens{Admin: "admin-0123456789"}, false},                                           // a partial set leaves roles open: refused
-		{"0.0.0.0:8080", Tokens{API: "x", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false}, // too short
-		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, true},
+		{"127.0.0.1:0", Tokens{}, true, ""},
+		{"[::1]:0", Tokens{}, true, ""},
+		{"localhost:0", Tokens{}, true, ""},
+		{"0.0.0.0:8080", Tokens{}, false, "APIARY_"},
+		{":8080", Tokens{}, false, "APIARY_"},
+		{"0.0.0.0:8080", Tokens{Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false, "APIARY_API_TOKEN"},
+		{"127.0.0.1:0", Tokens{Admin: "admin-0123456789"}, false, "APIARY_API_TOKEN"},                                                // a partial set leaves roles open: refused
+		{"0.0.0.0:8080", Tokens{API: "x", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false, "Tokens.API is 1 bytes"}, // too short
+		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, true, ""},
+		// Tokens no request can carry (cmd/apiary names each by its
+		// variable: TestTokensThatCanNeverWorkAreRefused).
+		{"0.0.0.0:8080", Tokens{API: strings.Repeat(" ", 20), Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false, "Tokens.API is blank"},
+		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789\n", Cluster: "cluster-0123456789"}, false, "Tokens.Admin has a newline"},
+		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789", Cluster: "cluster 0123456789"}, false, "Tokens.Cluster has a space"},
 	} {
 		_, err := New(Config{Addr: tc.addr, Tokens: tc.tokens, DataDir: t.TempDir()})
 		if (err == nil) != tc.ok {
 			t.Errorf("%s with %+v: err %v, want ok=%v", tc.addr, tc.tokens, err, tc.ok)
 		}
-		if err != nil && !strings.Contains(err.Error(), "APIARY_") {
-			t.Errorf("error does not name the missing tokens: %v", err)
+		if err != nil && !strings.Contains(err.Error(), tc.names) {
+			t.Errorf("error does not name %q: %v", tc.names, err)
 		}
 	}
 }

@@ -4,6 +4,7 @@
 package secret
 
 import (
+	"fmt"
 	"net/url"
 	"os"
 	"slices"
@@ -184,6 +185,50 @@ func passwords(u string) []string {
 	}
 	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return slices.Compact(out)
+}
+
+// MinTokenLen is the shortest token the queen accepts for a role: 16
+// bytes resist guessing over the network.
+const MinTokenLen = 16
+
+// CheckToken says what makes tok a token no request can carry, or nil.
+// A token travels as "Authorization: Bearer <token>", so it must be
+// printable ASCII without white space, the bytes '!' to '~': a blank
+// one matches nothing a client sends (the spaces around a bearer are
+// not part of it), and a newline, another control byte or a non-ASCII
+// byte cannot be sent in a header at all. The error says what is wrong
+// and where, never the token; the caller names the token (its variable,
+// flag or file). It does not check the length: see MinTokenLen.
+func CheckToken(tok string) error {
+	if strings.TrimSpace(tok) == "" && tok != "" {
+		return fmt.Errorf("is blank (only white space)%s", tokenForm)
+	}
+	for i := 0; i < len(tok); i++ {
+		if c := tok[i]; c < '!' || c > '~' {
+			return fmt.Errorf("has %s at byte %d%s", byteName(c), i+1, tokenForm)
+		}
+	}
+	return nil
+}
+
+// tokenForm ends CheckToken's errors: what a token must be.
+const tokenForm = "; a token must be printable ASCII without spaces, as it is sent in an HTTP header (e.g. openssl rand -hex 32)"
+
+// byteName names a byte a token must not hold.
+func byteName(c byte) string {
+	switch {
+	case c == ' ':
+		return "a space"
+	case c == '\t':
+		return "a tab"
+	case c == '\n':
+		return "a newline"
+	case c == '\r':
+		return "a carriage return"
+	case c >= 0x80:
+		return "a non-ASCII byte"
+	}
+	return fmt.Sprintf("the control byte 0x%02x", c)
 }
 
 // Tokens are the three bearer tokens of a cluster, one per kind of

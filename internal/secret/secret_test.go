@@ -78,3 +78,38 @@ func TestRedactError(t *testing.T) {
 		t.Error("an error without the secret should come back as it is")
 	}
 }
+
+// A token no header can carry, or one no client's bearer can match, is
+// refused, with what is wrong and where but never the token: 20 spaces
+// once passed the length check, and a token with a newline was taken.
+func TestCheckToken(t *testing.T) {
+	for tok, want := range map[string]string{
+		"0123456789abcdef0123":            "",
+		"A-Za-z0-9._~+/=!#$%&'*^`|{}()<>": "",
+		"":                                "", // no token: the daemons' own rules
+		strings.Repeat(" ", 20):           "is blank (only white space)",
+		"\t\n ":                           "is blank (only white space)",
+		"0123456789abcdef\n":              "has a newline at byte 17",
+		"0123456789\r\nabcdef":            "has a carriage return at byte 11",
+		"01234567 89abcdef":               "has a space at byte 9",
+		" 0123456789abcdef":               "has a space at byte 1",
+		"0123456789abcdef\t":              "has a tab at byte 17",
+		"0123456789abcdef\x00":            "has the control byte 0x00 at byte 17",
+		"0123456789abcdef\x7f":            "has the control byte 0x7f at byte 17",
+		"0123456789abcdéf":                "has a non-ASCII byte at byte 15",
+	} {
+		err := CheckToken(tok)
+		if want == "" {
+			if err != nil {
+				t.Errorf("CheckToken(%q) = %v, want nil", tok, err)
+			}
+			continue
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), want+"; a token must be printable ASCII without spaces") {
+			t.Errorf("CheckToken(%q) = %v, want %q…", tok, err, want)
+		}
+		if strings.TrimSpace(tok) != "" && strings.Contains(err.Error(), strings.TrimSpace(tok)) {
+			t.Errorf("CheckToken(%q) shows the token: %v", tok, err)
+		}
+	}
+}
