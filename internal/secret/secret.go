@@ -1,6 +1,8 @@
 // Package secret names the secrets apiary knows and keeps them out of what
-// others can read: the environment of child processes (Scrub) and the
-// text of flags' help, logs and errors (RedactURL, RedactError).
+// others can read: the environment of child processes (ChildEnv, an
+// allow-list, for the processes that serve; Scrub for the ones that act
+// for the operator) and the text of flags' help, logs and errors
+// (RedactURL, RedactError).
 package secret
 
 import (
@@ -32,15 +34,19 @@ const (
 )
 
 // EnvNames lists every environment variable that holds a secret; Scrub
-// removes them all. A new secret variable is added here, and only here.
+// removes them all, and ChildEnv never passes one. A new secret variable
+// is added here, and only here.
 func EnvNames() []string {
 	return []string{APITokenEnv, AdminTokenEnv, ClusterTokenEnv, WorkerTokenEnv, DatabaseURLEnv, PGPasswordEnv, HFTokenEnv, EngineKeyEnv}
 }
 
 // Scrub returns env ("KEY=value" entries, as os.Environ gives them)
-// without any variable EnvNames lists. Every child process apiary starts
-// gets a scrubbed environment; a child that needs one secret gets exactly
-// that one added back by its parent.
+// without any variable EnvNames lists. It is for the processes that act
+// for the operator with the operator's environment: the ssh client (its
+// agent's SSH_AUTH_SOCK, whatever a ProxyCommand reads) and the queen
+// that apiary infer starts (which runs ssh for --node). The processes
+// that serve get ChildEnv's allow-list instead. A child that needs one
+// secret gets exactly that one added back by its parent.
 func Scrub(env []string) []string {
 	names := EnvNames()
 	out := make([]string, 0, len(env))
