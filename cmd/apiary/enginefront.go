@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/front"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -34,6 +35,7 @@ type engineFrontFlags struct {
 	slots         int
 	shutdownGrace time.Duration
 	stopWait      time.Duration
+	passEnv       []string
 	log           logFlags
 }
 
@@ -50,8 +52,10 @@ worker does. A hive starts it for the engines of its --engines file
 (docs/engines.md).
 
 The worker's token comes from $` + secret.WorkerTokenEnv + `: every request but
-/health must carry it. The engine's own bearer, if any, comes from
-$` + secret.EngineKeyEnv + `; neither reaches PROGRAM's environment. SIGTERM,
+GET (or HEAD) /health must carry it. The engine's own bearer, if any, comes from
+$` + secret.EngineKeyEnv + `; neither reaches PROGRAM's environment, which holds
+only PATH, HOME, locale, CUDA_* and the rest of the allow-list
+(docs/security.md) and what --pass-env names. SIGTERM,
 SIGINT or POST /v1/admin/shutdown drain: requests in flight get
 --shutdown-grace, then PROGRAM gets SIGTERM, and SIGKILL after --stop-wait.
 When PROGRAM exits on its own, this command ends as it did (the same exit
@@ -74,6 +78,7 @@ code, or killed by the same signal).`,
 	fl.IntVar(&f.slots, "slots", 1, "generations PROGRAM runs at once, reported on /health")
 	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", front.DefaultShutdownGrace, "time requests in flight get to finish on shutdown")
 	fl.DurationVar(&f.stopWait, "stop-wait", front.DefaultStopWait, "SIGTERM to SIGKILL of PROGRAM")
+	fl.StringSliceVar(&f.passEnv, "pass-env", nil, "variables PROGRAM gets besides the allow-list: NAME or PREFIX*, comma-separated or repeated (a hive sets them)")
 	addTLSFlags(fl, &f.tls)
 	f.log.add(fl)
 	return cmd
@@ -88,6 +93,9 @@ func runEngineFront(ctx context.Context, f engineFrontFlags, args []string, stde
 	}
 	if f.port < 0 || f.port > 65535 {
 		return usagef("engine-front: --port %d is not a port number", f.port)
+	}
+	if err := secret.CheckPassEnv(f.passEnv); err != nil {
+		return usagef("engine-front: --pass-env: %w", err)
 	}
 	var ln net.Listener
 	if f.listenFD != 0 {
@@ -107,7 +115,7 @@ func runEngineFront(ctx context.Context, f engineFrontFlags, args []string, stde
 		WorkerID: f.workerID, ModelRef: f.modelRef, Listener: ln,
 		Token:       os.Getenv(secret.WorkerTokenEnv),
 		CallbackURL: f.callbackURL,
-		Engine:      front.Command{Path: args[0], Args: args[1:], Env: secret.Scrub(os.Environ())},
+		Engine:      front.Command{Path: args[0], Args: args[1:], Env: secret.ChildEnv(os.Environ(), f.passEnv)},
 		EngineURL:   f.engineURL, HealthPath: f.health, EngineKey: os.Getenv(secret.EngineKeyEnv),
 		MemoryBytes: f.memoryBytes, Slots: f.slots, ShutdownGrace: f.shutdownGrace, StopWait: f.stopWait,
 		TLS: f.tls, Logger: logger,
@@ -115,7 +123,12 @@ func runEngineFront(ctx context.Context, f engineFrontFlags, args []string, stde
 	if err != nil {
 		ln.Close()
 		if errors.Is(err, front.ErrInvalidConfig) {
-			return usagef("engine-front: %w", err)
+			// Each problem by the flag or variable it came from.
+			var problems []error
+			for _, fe := range config.Fields(err) {
+				problems = append(problems, fe)
+			}
+			return usagef("engine-front: %v", config.Rename(errors.Join(problems...), frontFields))
 		}
 		return err
 	}

@@ -17,7 +17,8 @@ var (
 		"ClaimTimeout": "--claim-timeout", "ClaimHealthInterval": "--claim-health-interval", "AuditRetention": "--audit-retention",
 		"RowsRetention": "--rows-retention", "ModelsFile": "--config", "ModelsPoll": "--config-poll", "MaxBodyBytes": "--max-body-bytes", "TLS": "--tls-cert/--tls-key",
 		"CORSOrigins": "--cors-origin", "Tokens": "the tokens (APIARY_API_TOKEN, APIARY_ADMIN_TOKEN, APIARY_CLUSTER_TOKEN)",
-		"Ownership.Owner": "--owner", "Ownership.HiveArgs": "--hive-arg", "Ownership.HiveStopTimeout": "--hive-stop-timeout",
+		"Tokens.API": "APIARY_API_TOKEN", "Tokens.Admin": "APIARY_ADMIN_TOKEN", "Tokens.Cluster": "APIARY_CLUSTER_TOKEN",
+		"Ownership.Owner": "--owner", "Ownership.HiveArgs": "--hive-arg", "Ownership.PassEnv": "--pass-env", "Ownership.HiveStopTimeout": "--hive-stop-timeout",
 		"Routing.AffinityTTL": "--affinity-ttl", "Routing.QueueSize": "--queue-size", "Routing.QueueTimeout": "--queue-timeout", "Routing.SwapWait": "--swap-wait", "Routing.MinResidency": "--min-residency",
 		"Routing.ScaleUpAfter": "--scale-up-after", "Routing.MaxWorkers": "--max-workers", "Routing.ModelMaxWorkers": "--model-max-workers",
 		"Routing.WorkerSlots": "--worker-slots", "Routing.ModelsRefresh": "--models-refresh", "Routing.MaxBodyBytes": "--max-body-bytes",
@@ -36,7 +37,12 @@ var (
 		"PortMin": "--worker-ports", "CallbackTimeout": "--callback-timeout", "HealthInterval": "--health-interval",
 		"StopGrace": "--stop-grace", "ShutdownAck": "--shutdown-ack", "HeartbeatInterval": "--heartbeat-interval",
 		"WorkerSlots": "--worker-slots", "WorkerThreads": "--worker-threads", "CtxSize": "--worker-ctx-size",
-		"Owner": "--owner", "LeaseTimeout": "--lease-timeout",
+		"Owner": "--owner", "LeaseTimeout": "--lease-timeout", "ClusterToken": "APIARY_CLUSTER_TOKEN",
+		"PassEnv": "--pass-env",
+	}
+	frontFields = map[string]string{
+		"EngineURL": "--engine-url", "HealthPath": "--health", "WorkerID": "--worker-id", "Slots": "--slots",
+		"ShutdownGrace": "--shutdown-grace", "StopWait": "--stop-wait", "Token": "APIARY_WORKER_TOKEN", "EngineKey": "APIARY_ENGINE_KEY",
 	}
 )
 

@@ -34,6 +34,7 @@ type hiveFlags struct {
 	owner, lifeline, workerPath            string
 	engines                                string
 	leaseTimeout                           time.Duration
+	passEnv                                []string
 }
 
 func newHiveCmd() *cobra.Command {
@@ -101,6 +102,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.StringVar(&f.owner, "owner", hive.OwnerOperator, "who started this hive: operator, or queen/keeper (then it must not outlive them)")
 	fl.StringVar(&f.lifeline, "lifeline", "", `"stdin": the parent holds this hive's stdin; its end shuts the hive down (with --owner queen|keeper)`)
 	fl.StringVar(&f.engines, "engines", "", "YAML file of the external engines this hive can run besides the built-in one (docs/engines.md)")
+	fl.StringSliceVar(&f.passEnv, "pass-env", nil, "variables of this hive's environment its workers and engines get besides PATH, HOME, locale, CUDA_* and the rest of the allow-list (docs/security.md): NAME or PREFIX*, comma-separated or repeated, e.g. --pass-env 'HF_HOME,VLLM_*'")
 	fl.StringVar(&f.workerPath, "worker-path", "", "binary run as a worker with the worker's flags (default: this apiary; tests use it)")
 	_ = fl.MarkHidden("worker-path")
 	fl.DurationVar(&f.leaseTimeout, "lease-timeout", 0, "shut down when the queen answered no heartbeat for this long (with --owner queen|keeper; 0: never)")
@@ -177,8 +179,8 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		HeartbeatInterval: f.heartbeatInterval, CPUMemory: cpuMemory, MaxLoaded: f.maxLoaded,
 		QueenURL: f.queen, PoolID: f.poolID, NodeID: f.nodeID,
 		ClusterToken: os.Getenv(secret.ClusterTokenEnv),
-		TLS:          f.tls,
-		Owner:        f.owner, LeaseTimeout: f.leaseTimeout, WorkerPath: f.workerPath,
+		TLS:          f.tls, PassEnv: f.passEnv,
+		Owner: f.owner, LeaseTimeout: f.leaseTimeout, WorkerPath: f.workerPath,
 		Logger: logger,
 	}, nil
 }

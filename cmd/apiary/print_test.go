@@ -226,7 +226,7 @@ func TestPoolsTableShowsLoadedAndEvictions(t *testing.T) {
 	now := time.Now()
 	used, stopped := now.Add(-3*time.Second), now
 	pools := []api.Pool{{PoolID: "box", Status: "healthy", MaxLoaded: 1,
-		Workers: []api.Worker{{ModelRef: "b", LastUsedAt: &used}, {ModelRef: "tiny", StoppedAt: &stopped}},
+		Workers:   []api.Worker{{ModelRef: "b", LastUsedAt: &used}, {ModelRef: "tiny", StoppedAt: &stopped}},
 		Evictions: []api.Eviction{{Model: "tiny", For: "b", At: now.Add(-2 * time.Minute)}, {Model: "b", For: "tiny", At: now.Add(-time.Hour)}}}}
 	if err := printPools(&b, pools, now); err != nil {
 		t.Fatal(err)

@@ -40,6 +40,7 @@ type queenFlags struct {
 	owner, lifeline, sshConfig            string
 	localHive                             bool
 	hiveArgs                              []string
+	passEnv                               []string
 	hiveStopTimeout, sshTimeout           time.Duration
 	routing                               routingFlags
 	modelsFile                            string
@@ -118,6 +119,7 @@ address only.`,
 	fl.StringVar(&f.lifeline, "lifeline", "", `"stdin": the parent holds this queen's stdin; its end shuts the queen down with every hive it started`)
 	fl.BoolVar(&f.localHive, "local-hive", false, "start a hive on this machine as the queen's child (pool \"local\")")
 	fl.StringArrayVar(&f.hiveArgs, "hive-arg", nil, "extra flag for every hive the queen starts, e.g. --hive-arg=--worker-threads=1 (repeatable)")
+	fl.StringSliceVar(&f.passEnv, "pass-env", nil, "variables of this queen's environment its local hive gets besides PATH, HOME, locale, CUDA_* and the rest of the allow-list, and every hive it starts passes on to its workers (docs/security.md): NAME or PREFIX*, comma-separated or repeated")
 	fl.DurationVar(&f.hiveStopTimeout, "hive-stop-timeout", queen.DefaultHiveStopTimeout, "how long a hive the queen started may take to stop its workers and exit; then it is killed")
 	fl.StringVar(&f.modelsFile, "config", "", "the cluster's models (YAML: names, aliases, files, worker options, replicas, pools, sampling defaults); read again on SIGHUP and when it changes")
 	fl.DurationVar(&f.modelsPoll, "config-poll", queen.DefaultModelsPoll, "how often the --config file is looked at for changes")
@@ -167,7 +169,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention, ModelsFile: f.modelsFile, ModelsPoll: f.modelsPoll,
 		Tokens: secret.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
 		Batch: batch.Config{MaxFileBytes: f.batchMaxFile, FileRetention: f.batchRetention, MaxAttempts: f.batchAttempts, Concurrency: f.batchConcurrency},
-		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: f.localHive, HiveArgs: f.hiveArgs,
+		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: f.localHive, HiveArgs: f.hiveArgs, PassEnv: f.passEnv,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout}},
 		Logger: logger,
 	}, nil

@@ -184,3 +184,30 @@ func TestLineDecoder(t *testing.T) {
 		t.Errorf("an unchanged heartbeat: %+v, %v", hb, err)
 	}
 }
+
+// The scheme of an Authorization header is case-insensitive (RFC 7235):
+// "bearer T" was once refused by every token check.
+func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
+	for header, want := range map[string]string{
+		"Bearer tok":      "tok",
+		"bearer tok":      "tok",
+		"BEARER tok":      "tok",
+		"bEaReR tok":      "tok",
+		"Bearer   tok  ":  "tok",
+		"Bearer":          "",
+		"Bearer ":         "",
+		"Basic dG9rCg==":  "",
+		"Bearertok":       "",
+		"tok":             "",
+		"":                "",
+		"Bearer tok more": "tok more", // compared whole, so never a match
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		if header != "" {
+			r.Header.Set("Authorization", header)
+		}
+		if got := Bearer(r); got != want {
+			t.Errorf("Bearer of %q = %q, want %q", header, got, want)
+		}
+	}
+}

@@ -13,11 +13,15 @@ import (
 )
 
 // Bearer is the token of r's "Authorization: Bearer …" header, or "".
+// The scheme is matched in any case, as RFC 7235 has it ("bearer T" and
+// "BEARER T" carry T too), and the spaces around the token are not part
+// of it. Every daemon's token check reads the bearer here.
 func Bearer(r *http.Request) string {
-	if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		return strings.TrimSpace(t)
+	scheme, token, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
 	}
-	return ""
+	return strings.TrimSpace(token)
 }
 
 // Decode reads r's body as one JSON object, strictly: unknown fields are

@@ -70,6 +70,12 @@ type Hives struct {
 	// starts (e.g. --worker-threads=1, --models-dir=DIR); they come after
 	// the queen's own flags, so they override them.
 	HiveArgs []string
+	// PassEnv names the variables of the queen's environment that its
+	// local hive gets besides the allow-list of secret.ChildEnv (NAME or
+	// PREFIX*, secret.CheckPassEnv); every hive the queen starts gets
+	// them as its own --pass-env, so that its workers and engines get
+	// them from its environment too. Default none.
+	PassEnv []string
 	// Binary is the apiary run locally and copied to nodes; default this
 	// executable.
 	Binary string
@@ -109,6 +115,9 @@ func (h Hives) Validate() error {
 		if !strings.HasPrefix(a, "--") || strings.ContainsAny(a, "\x00\r\n") {
 			p.Add("HiveArgs", "%q: want one --flag or --flag=value", a)
 		}
+	}
+	if err := secret.CheckPassEnv(h.PassEnv); err != nil {
+		p.Add("PassEnv", "%v", err)
 	}
 	for _, d := range []struct {
 		field string
@@ -356,6 +365,9 @@ func (f *Fleet) hiveArgs(spec Spec, addr string) []string {
 		"--heartbeat-interval", interval.String(),
 		"--log-json",
 	}
+	if len(f.cfg.PassEnv) > 0 {
+		args = append(args, "--pass-env", strings.Join(f.cfg.PassEnv, ","))
+	}
 	if spec.local() {
 		args = append(args, "--data-dir", filepath.Join(f.cfg.DataDir, "local-hive"))
 		// The queen's own machine: its certificate and CA serve the
@@ -380,10 +392,19 @@ func (f *Fleet) lifelineEnv() []string {
 	return env
 }
 
-// childEnviron is the environment of the processes the fleet starts: the
-// queen's, without any secret (secret.Scrub). A hive gets the cluster
-// token on its lifeline, never in its environment; ssh needs none.
-func childEnviron() []string { return secret.Scrub(os.Environ()) }
+// childEnviron is the environment of a process the fleet starts. The
+// local hive gets the allow-list of the queen's environment and what
+// the operator named (secret.ChildEnv with PassEnv); ssh, which acts for
+// the operator (its agent's SSH_AUTH_SOCK, what a ProxyCommand reads),
+// the queen's without any secret (secret.Scrub), which an ssh config's
+// SendEnv cannot send. A hive gets the cluster token on its lifeline,
+// never in its environment.
+func (f *Fleet) childEnviron(local bool) []string {
+	if local {
+		return secret.ChildEnv(os.Environ(), f.cfg.PassEnv)
+	}
+	return secret.Scrub(os.Environ())
+}
 
 // reachable checks that a hive on a node with address nodeAddr can reach
 // the queen and be reached by it: a loopback queen serves only its own

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -128,24 +129,41 @@ func TestHiveArgs(t *testing.T) {
 }
 
 // The lifeline carries the cluster token and the queen's HF_TOKEN, and
-// nothing else; the children's environment has neither.
+// nothing else; the children's environment has neither. The local hive
+// gets the allow-list and what PassEnv names (and passes PassEnv on to
+// its workers); ssh, acting for the operator, keeps what is not a
+// secret, its agent's socket first.
 func TestSecretsGoOnTheLifelineOnly(t *testing.T) {
 	t.Setenv(secret.HFTokenEnv, "hf_secret")
 	t.Setenv(secret.ClusterTokenEnv, "cluster_secret")
-	t.Setenv("APIARY_TEST_PLAIN", "kept")
-	f := newFleet(t, Config{ClusterToken: "cluster_secret"}, "http://127.0.0.1:1")
+	t.Setenv("APIARY_TEST_PLAIN", "named")
+	t.Setenv("SSH_AUTH_SOCK", "/tmp/agent.sock")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "aws_secret")
+	t.Setenv("HUGGING_FACE_HUB_TOKEN", "hub_secret")
+	f := newFleet(t, Config{ClusterToken: "cluster_secret", Hives: Hives{PassEnv: []string{"APIARY_TEST_*"}}}, "http://127.0.0.1:1")
 	want := []string{secret.ClusterTokenEnv + "=cluster_secret", secret.HFTokenEnv + "=hf_secret"}
 	if got := f.lifelineEnv(); !slices.Equal(got, want) {
 		t.Errorf("lifeline %q, want %q", got, want)
 	}
-	env := childEnviron()
-	for _, kv := range env {
+	local, ssh := f.childEnviron(true), f.childEnviron(false)
+	for _, kv := range append(slices.Clone(local), ssh...) {
 		if strings.Contains(kv, "hf_secret") || strings.Contains(kv, "cluster_secret") {
 			t.Errorf("a child's environment holds %q", kv)
 		}
 	}
-	if !slices.Contains(env, "APIARY_TEST_PLAIN=kept") {
-		t.Error("the children's environment lost a plain variable")
+	for _, kv := range local {
+		if strings.Contains(kv, "agent.sock") || strings.Contains(kv, "aws_secret") || strings.Contains(kv, "hub_secret") {
+			t.Errorf("the local hive's environment holds %q, which no one named", kv)
+		}
+	}
+	if !slices.Contains(local, "APIARY_TEST_PLAIN=named") || !slices.Contains(local, "PATH="+os.Getenv("PATH")) {
+		t.Errorf("the local hive's environment lost a named or an allowed variable: %q", local)
+	}
+	if !slices.Contains(ssh, "SSH_AUTH_SOCK=/tmp/agent.sock") {
+		t.Error("ssh lost the agent's socket")
+	}
+	if args := f.hiveArgs(Spec{name: "n"}, "a:1"); !slices.Contains(args, "--pass-env") || !slices.Contains(args, "APIARY_TEST_*") {
+		t.Errorf("a hive's command line without the queen's --pass-env: %q", args)
 	}
 	t.Setenv(secret.HFTokenEnv, "")
 	if got := newFleet(t, Config{}, "http://127.0.0.1:1").lifelineEnv(); len(got) != 0 {

@@ -192,7 +192,7 @@ func (h *ownedHive) launch(path string, args []string) (*session, error) {
 		return nil, err
 	}
 	out := newHiveOutput(h.log)
-	proc, err := h.f.spawner.Start(h.ctx, procs.Spec{Path: path, Args: args, Env: childEnviron(), Stdin: line.Child,
+	proc, err := h.f.spawner.Start(h.ctx, procs.Spec{Path: path, Args: args, Env: h.f.childEnviron(h.spec.local()), Stdin: line.Child,
 		Output: out, DeathSignal: syscall.SIGTERM, WaitDelay: 2 * time.Second})
 	line.CloseChildEnd()
 	if err != nil {

@@ -33,6 +33,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/rpc"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -60,7 +61,7 @@ type Config struct {
 	// Listener is the socket to serve on (the hive's, inherited);
 	// required.
 	Listener net.Listener
-	// Token is the worker's token: every request but GET /health must
+	// Token is the worker's token: every request but GET (or HEAD) /health must
 	// carry it as a bearer. Without one the front answers only requests
 	// addressed to a loopback host, as the built-in worker does.
 	Token string
@@ -132,6 +133,11 @@ func (c Config) Validate() error {
 	}
 	if c.Slots < 1 {
 		p.Add("Slots", "must be at least 1, got %d", c.Slots)
+	}
+	for _, tok := range []struct{ field, v string }{{"Token", c.Token}, {"EngineKey", c.EngineKey}} {
+		if err := secret.CheckToken(tok.v); err != nil {
+			p.Add(tok.field, "%v", err)
+		}
 	}
 	if err := p.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -30,12 +30,13 @@ const waitLimit = 20 * time.Second
 
 func TestValidateNamesEveryProblem(t *testing.T) {
 	err := Config{EngineURL: "http://10.0.0.1:80", HealthPath: "health", Slots: -1, StopWait: -time.Second,
-		CallbackURL: "http://127.0.0.1:1/cb"}.withDefaults().Validate()
+		CallbackURL: "http://127.0.0.1:1/cb", Token: "worker-token\n", EngineKey: "   "}.withDefaults().Validate()
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("err = %v", err)
 	}
 	for _, w := range []string{"Listener is required", "Engine is empty", `EngineURL "http://10.0.0.1:80" must be http://LOOPBACK-HOST:PORT`,
-		`HealthPath "health" must be a path`, "WorkerID is required", "StopWait must be positive", "Slots must be at least 1"} {
+		`HealthPath "health" must be a path`, "WorkerID is required", "StopWait must be positive", "Slots must be at least 1",
+		"Token has a newline at byte 13", "EngineKey is blank"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error %q lacks %q", err, w)
 		}
@@ -46,12 +47,19 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 // with the fake engine in mode, and waits until it serves.
 func startFront(t *testing.T, mode string, extra ...string) (f *Front, url string, ran chan error) {
 	t.Helper()
+	return startFrontWithToken(t, "", mode, extra...)
+}
+
+// startFrontWithToken is startFront with the worker's token token ("":
+// none).
+func startFrontWithToken(t *testing.T, token, mode string, extra ...string) (f *Front, url string, ran chan error) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := testbin.FreePort(t)
-	f, err = New(Config{Listener: ln, ModelRef: "tiny", EngineURL: "http://127.0.0.1:" + strconv.Itoa(port), ShutdownGrace: 5 * time.Second,
+	f, err = New(Config{Listener: ln, ModelRef: "tiny", Token: token, EngineURL: "http://127.0.0.1:" + strconv.Itoa(port), ShutdownGrace: 5 * time.Second,
 		StopWait: time.Second, Engine: Command{Path: testbin.FakeEngine(t), Args: append([]string{"-port", strconv.Itoa(port), "-mode", mode}, extra...),
 			Env: os.Environ()}})
 	if err != nil {
@@ -186,6 +194,47 @@ func TestFrontRefusesForeignOrigins(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusForbidden {
 		t.Errorf("a request from another origin: %d %s, want 403", resp.StatusCode, b)
+	}
+}
+
+// Only a health probe (GET or HEAD /health) goes without the worker's
+// token. A POST /health was once admitted like the probe and relayed to
+// the engine with the engine's key, counted as a request: anyone who
+// reached the worker could keep it from ever going idle.
+func TestFrontHealthNeedsTheTokenButForAProbe(t *testing.T) {
+	const token = "worker-token-0123456789"
+	_, url, _ := startFrontWithToken(t, token, "")
+	for _, c := range []struct {
+		method, bearer string
+		want           int
+	}{
+		{http.MethodGet, "", http.StatusOK},
+		{http.MethodHead, "", http.StatusOK},
+		{http.MethodPost, "", http.StatusUnauthorized},
+		{http.MethodPut, "", http.StatusUnauthorized},
+		{http.MethodDelete, "", http.StatusUnauthorized},
+		{http.MethodPost, "wrong-token-0123456789", http.StatusUnauthorized},
+	} {
+		req, err := http.NewRequest(c.method, url+"/health", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if c.bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+c.bearer)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s /health (bearer %q): %d %s, want %d", c.method, c.bearer, resp.StatusCode, b, c.want)
+		}
+	}
+	if h := waitHealth(t, url, func(healthBody) bool { return true }); h.LastRequestAt != nil {
+		t.Errorf("refused requests reached the engine: last_request_at %v", h.LastRequestAt)
 	}
 }
 

@@ -27,7 +27,8 @@ const (
 //	anything else            relayed to the engine as it came, but for the bearer
 //
 // The token rule is the built-in worker's: with a token every request
-// but /health needs it as its bearer; without one only requests
+// but GET (or HEAD) /health needs it as its bearer (a POST /health is
+// relayed, so it needs the token too); without one only requests
 // addressed to a loopback host are served, and a shutdown must be one a
 // browser cannot forge. A relayed POST counts as a request in flight
 // until its answer has been sent, and sets the last request time when

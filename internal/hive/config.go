@@ -13,6 +13,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -26,10 +27,16 @@ type Config struct {
 
 	// WorkerPath is the binary run as a worker (default: this executable)
 	// with WorkerArgs before the worker flags (default: ["worker"]) and
-	// WorkerEnv added to the hive's environment.
+	// WorkerEnv added to the worker's environment (see PassEnv).
 	WorkerPath string
 	WorkerArgs []string
 	WorkerEnv  []string
+	// PassEnv names the variables of the hive's environment that its
+	// workers, engine fronts and engines get besides the allow-list of
+	// secret.ChildEnv (PATH, HOME, locale, CUDA_*, …): NAME, or PREFIX*
+	// for every variable that starts with PREFIX (secret.CheckPassEnv);
+	// default none. No secret of apiary's passes, whatever it names.
+	PassEnv []string
 	// FrontPath is the apiary binary run as an external engine's front
 	// (default: this executable), with FrontArgs before its flags
 	// (default: ["engine-front"]).
@@ -187,6 +194,12 @@ func (c Config) Validate() error {
 		p.Add("Addr", "%q: %v", c.Addr, err)
 	} else if c.ClusterToken == "" && !transport.IsLoopback(host) {
 		p.Add("Addr", "%q is not a loopback address; set APIARY_CLUSTER_TOKEN to serve on it", c.Addr)
+	}
+	if err := secret.CheckToken(c.ClusterToken); err != nil {
+		p.Add("ClusterToken", "%v", err)
+	}
+	if err := secret.CheckPassEnv(c.PassEnv); err != nil {
+		p.Add("PassEnv", "%v", err)
 	}
 	if c.Advertise != "" {
 		if _, err := transport.CheckBaseURL("", c.Advertise); err != nil {

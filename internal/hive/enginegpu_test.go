@@ -1,12 +1,10 @@
 package hive
 
 import (
-	"bytes"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -100,15 +98,5 @@ func processEnv(t *testing.T, pidFile string) map[string]string {
 			t.Fatalf("the engine wrote no pid: %v", err)
 		}
 	}
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{}
-	for _, kv := range bytes.Split(b, []byte{0}) {
-		if k, v, ok := strings.Cut(string(kv), "="); ok {
-			env[k] = v
-		}
-	}
-	return env
+	return environOf(t, pid)
 }

@@ -106,7 +106,8 @@ func checkEngines(engines map[string]Engine) error {
 			}
 		}
 		for _, k := range slices.Sorted(maps.Keys(e.Env)) {
-			if k == "" || strings.ContainsAny(k, "=\x00") {
+			// The front passes the engine its env by name (--pass-env NAME,…).
+			if k == "" || strings.ContainsAny(k, "=,*") || strings.ContainsFunc(k, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 				p.Add(field+".env", "%q is not a variable name", k)
 			}
 			if u := unknownPlaceholders(e.Env[k]); len(u) > 0 {

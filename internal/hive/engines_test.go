@@ -30,6 +30,9 @@ func TestLoadEnginesRefusesBadFilesNamingThePath(t *testing.T) {
 			[]string{`engines.x.command[1] unknown placeholder "modle"`, `engines.x.env.K unknown placeholder "prot"`}},
 		{"builtin redeclared", "engines:\n  builtin:\n    command: [a]\n", []string{`engines.builtin "builtin" is the built-in engine`}},
 		{"health not a path", "engines:\n  x:\n    command: [a]\n    health: health\n", []string{`engines.x.health "health" must be a path`}},
+		// The front passes the engine its env by name: a list of names.
+		{"env name not a name", "engines:\n  x:\n    command: [a]\n    env: {'A,B': x, 'C D': y, 'E*': z}\n",
+			[]string{`engines.x.env "A,B" is not a variable name`, `engines.x.env "C D" is not a variable name`, `engines.x.env "E*" is not a variable name`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "engines.yaml")

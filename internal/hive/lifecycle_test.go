@@ -282,15 +282,18 @@ func TestClusterTokenGuardsAPI(t *testing.T) {
 	if code := th.do("GET", "/v2/workers", nil, &e); code != 401 || e.Error.Code != "unauthorized" {
 		t.Errorf("no token = %d %+v", code, e)
 	}
-	req, _ := http.NewRequest("GET", th.url+"/v2/workers", nil)
-	req.Header.Set("Authorization", "Bearer s3cret")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Errorf("with token = %d", resp.StatusCode)
+	// The scheme is case-insensitive (RFC 7235): "bearer" was once 401.
+	for _, scheme := range []string{"Bearer", "bearer", "BEARER"} {
+		req, _ := http.NewRequest("GET", th.url+"/v2/workers", nil)
+		req.Header.Set("Authorization", scheme+" s3cret")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("with token (scheme %q) = %d", scheme, resp.StatusCode)
+		}
 	}
 	if code := th.do("GET", "/health", nil, nil); code != 200 {
 		t.Errorf("health needs no token, got %d", code)

@@ -246,8 +246,10 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 	if ca := transport.CAFile(); ca != "" {
 		args = append(args, "--ca-file", ca) // to trust the hive in its callback
 	}
-	// No secret of the hive's reaches the worker but its own token.
-	env := append(secret.Scrub(os.Environ()), h.cfg.WorkerEnv...)
+	// The worker gets the allow-list of the hive's environment and what
+	// the operator named (PassEnv); no secret of the hive's but its own
+	// token.
+	env := append(secret.ChildEnv(os.Environ(), h.cfg.PassEnv), h.cfg.WorkerEnv...)
 	env = append(env, secret.WorkerTokenEnv+"="+w.token)
 	if w.device.Kind == gpu.KindCUDA {
 		// CUDA numbers GPUs fastest first by default; NVML, which the
@@ -263,8 +265,10 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 // same token, /health, shutdown and ready callback) and starts the
 // engine's command line, given after "--" with its placeholders
 // replaced, on a loopback port of the engine's own that only the front
-// reaches. No secret of the hive's reaches the engine: the front gets
-// the worker's token and the engine's key, if its command uses
+// reaches. The front, and through it the engine, gets the allow-list of
+// the hive's environment, what the operator named (PassEnv) and the
+// engine's env; no secret of the hive's reaches the engine: the front
+// gets the worker's token and the engine's key, if its command uses
 // {api_key}, and keeps both out of the engine's environment.
 func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) (procs.Spec, error) {
 	port, err := loopbackPort()
@@ -302,11 +306,14 @@ func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) (
 	if ca := transport.CAFile(); ca != "" {
 		args = append(args, "--ca-file", ca) // to trust the hive in its callback
 	}
+	if pass := h.enginePassEnv(e); len(pass) > 0 {
+		args = append(args, "--pass-env", strings.Join(pass, ","))
+	}
 	args = append(args, "--", expand(e.Command[0], vals))
 	for _, a := range e.Command[1:] {
 		args = append(args, expand(a, vals))
 	}
-	env := secret.Scrub(os.Environ())
+	env := secret.ChildEnv(os.Environ(), h.cfg.PassEnv)
 	for _, k := range slices.Sorted(maps.Keys(e.Env)) {
 		env = append(env, k+"="+expand(e.Env[k], vals))
 	}
@@ -318,6 +325,21 @@ func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) (
 		env = append(env, secret.EngineKeyEnv+"="+key)
 	}
 	return procs.Spec{Path: h.cfg.FrontPath, Args: args, Env: env, Output: w.out}, nil
+}
+
+// enginePassEnv is what an engine's front passes its engine besides the
+// allow-list (its --pass-env): what the operator named (PassEnv) and the
+// engine's own env of the engines file, which the hive adds to the
+// front's environment. A secret of apiary's the engines file sets never
+// reaches the engine.
+func (h *Hive) enginePassEnv(e Engine) []string {
+	pass := slices.Clone(h.cfg.PassEnv)
+	for _, k := range slices.Sorted(maps.Keys(e.Env)) {
+		if !slices.Contains(secret.EnvNames(), k) {
+			pass = append(pass, k)
+		}
+	}
+	return pass
 }
 
 // engineHost is where an external engine listens: loopback, behind its

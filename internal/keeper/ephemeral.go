@@ -238,7 +238,10 @@ func (e *ephemeral) addNode(ctx context.Context, deadline <-chan time.Time) erro
 // without any secret but the tokens the keeper itself sends (so that the
 // queen expects those) and HF_TOKEN (the queen hands it to its local hive
 // for pulls); a database URL of the environment is not the throwaway
-// queen's.
+// queen's. The queen acts for the operator, as the keeper does (it runs
+// ssh for --node, which needs the agent and what the operator's ssh
+// config reads), so it keeps the rest (secret.Scrub); the hives it
+// starts get the allow-list (secret.ChildEnv).
 func (e *ephemeral) queenEnviron() []string {
 	env := secret.Scrub(os.Environ())
 	for name, tok := range map[string]string{secret.APITokenEnv: e.k.cfg.Tokens.API,

@@ -26,10 +26,6 @@ const (
 	ClusterTokenEnv = secret.ClusterTokenEnv
 )
 
-// minTokenLen is the shortest token accepted: 16 bytes resist guessing
-// over the network.
-const minTokenLen = 16
-
 // Config is everything a queen needs. Zero values take the contract's
 // defaults; Validate says what is wrong with the rest.
 type Config struct {
@@ -172,9 +168,13 @@ func (c Config) Validate() error {
 		// reaches the ones that are guarded.
 		p.Add("Tokens", "are set but %v is not: set all three tokens, or none (then the queen serves loopback only)", sortedStrings(missing))
 	}
-	for env, v := range map[string]string{APITokenEnv: c.Tokens.API, AdminTokenEnv: c.Tokens.Admin, ClusterTokenEnv: c.Tokens.Cluster} {
-		if v != "" && len(v) < minTokenLen {
-			p.Add("Tokens", "%s is %d bytes; a token needs at least %d (e.g. openssl rand -hex 32)", env, len(v), minTokenLen)
+	// Each token's problem is its own field's (Tokens.API, …), which
+	// cmd/apiary names by its variable, once.
+	for _, tok := range []struct{ field, v string }{{"Tokens.API", c.Tokens.API}, {"Tokens.Admin", c.Tokens.Admin}, {"Tokens.Cluster", c.Tokens.Cluster}} {
+		if err := secret.CheckToken(tok.v); err != nil {
+			p.Add(tok.field, "%v", err)
+		} else if tok.v != "" && len(tok.v) < secret.MinTokenLen {
+			p.Add(tok.field, "is %d bytes; a token needs at least %d (e.g. openssl rand -hex 32)", len(tok.v), secret.MinTokenLen)
 		}
 	}
 	if err := c.TLS.Validate(); err != nil {

@@ -26,7 +26,9 @@ func TestProcessGPUPath(t *testing.T) {
 	s := testbin.NewStandin(t,
 		testbin.StandinDevice{TotalBytes: 1 << 30, UUID: "GPU-5a0d3c1e-0000-4000-8000-000000000000", Name: "Stand-in 1 GiB"},
 		testbin.StandinDevice{TotalBytes: 2 << 30, UUID: "GPU-5a0d3c1e-0000-4000-8000-000000000001", Name: "Stand-in 2 GiB"})
-	c := startClusterWith(t, clusterOptions{hiveEnv: s.Env()}, nil, "--log-level", "debug")
+	// The stand-in's libraries in the workers read its directory: the
+	// hive passes it on by name, as an operator's flag would.
+	c := startClusterWith(t, clusterOptions{hiveEnv: s.Env()}, nil, "--log-level", "debug", "--pass-env", testbin.StandinEnv)
 	ctx := t.Context()
 
 	pools, err := c.admin.Pools(ctx, keeper.PoolFilter{})

@@ -132,7 +132,11 @@ func (q *Queen) putModel(w http.ResponseWriter, r *http.Request, c caller) error
 	if err := q.settings.put(r.Context(), ms, c.actor); err != nil {
 		return err
 	}
-	q.log.Info("model scaled", "model_ref", model, "min_workers", ms.MinWorkers, "max_workers", ms.MaxWorkers, "actor", c.actor, "reason", reason)
+	attrs := []any{"model_ref", model, "min_workers", ms.MinWorkers}
+	if ms.MaxWorkers != nil { // the number, not the pointer's address; none: the queen's bound
+		attrs = append(attrs, "max_workers", *ms.MaxWorkers)
+	}
+	q.log.Info("model scaled", append(attrs, "actor", c.actor, "reason", reason)...)
 	q.routing.Poke()
 	api.WriteJSON(w, http.StatusOK, q.modelWire(ms, q.routing.CrashLoops()))
 	return nil

@@ -435,6 +435,22 @@ func TestTokens(t *testing.T) {
 			t.Errorf("401 body %s", body)
 		}
 	}
+	// The scheme is case-insensitive (RFC 7235): "bearer T" was once 401.
+	for _, scheme := range []string{"bearer", "BEARER"} {
+		req, err := http.NewRequest("GET", x.url+"/api/admin/workers", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", scheme+" admin-t-0123456789")
+		resp, err := x.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("the admin token with the scheme %q: %d, want 200", scheme, resp.StatusCode)
+		}
+	}
 	// The hive calls refused for their token are counted and logged (once
 	// a minute per address): a hive with the wrong token is not silent at
 	// the queen.
@@ -461,23 +477,29 @@ func TestNonLoopbackAddressNeedsAllTokens(t *testing.T) {
 		addr   string
 		tokens Tokens
 		ok     bool
+		names  string // what the error names: the missing tokens' variables, or the field of the token at fault
 	}{
-		{"127.0.0.1:0", Tokens{}, true},
-		{"[::1]:0", Tokens{}, true},
-		{"localhost:0", Tokens{}, true},
-		{"0.0.0.0:8080", Tokens{}, false},
-		{":8080", Tokens{}, false},
-		{"0.0.0.0:8080", Tokens{Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false},
-		{"127.0.0.1:0", Tokens{Admin: "admin-0123456789"}, false},                                           // a partial set leaves roles open: refused
-		{"0.0.0.0:8080", Tokens{API: "x", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false}, // too short
-		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, true},
+		{"127.0.0.1:0", Tokens{}, true, ""},
+		{"[::1]:0", Tokens{}, true, ""},
+		{"localhost:0", Tokens{}, true, ""},
+		{"0.0.0.0:8080", Tokens{}, false, "APIARY_"},
+		{":8080", Tokens{}, false, "APIARY_"},
+		{"0.0.0.0:8080", Tokens{Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false, "APIARY_API_TOKEN"},
+		{"127.0.0.1:0", Tokens{Admin: "admin-0123456789"}, false, "APIARY_API_TOKEN"},                                                // a partial set leaves roles open: refused
+		{"0.0.0.0:8080", Tokens{API: "x", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false, "Tokens.API is 1 bytes"}, // too short
+		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, true, ""},
+		// Tokens no request can carry (cmd/apiary names each by its
+		// variable: TestTokensThatCanNeverWorkAreRefused).
+		{"0.0.0.0:8080", Tokens{API: strings.Repeat(" ", 20), Admin: "admin-0123456789", Cluster: "cluster-0123456789"}, false, "Tokens.API is blank"},
+		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789\n", Cluster: "cluster-0123456789"}, false, "Tokens.Admin has a newline"},
+		{"0.0.0.0:8080", Tokens{API: "api-0123456789ab", Admin: "admin-0123456789", Cluster: "cluster 0123456789"}, false, "Tokens.Cluster has a space"},
 	} {
 		_, err := New(Config{Addr: tc.addr, Tokens: tc.tokens, DataDir: t.TempDir()})
 		if (err == nil) != tc.ok {
 			t.Errorf("%s with %+v: err %v, want ok=%v", tc.addr, tc.tokens, err, tc.ok)
 		}
-		if err != nil && !strings.Contains(err.Error(), "APIARY_") {
-			t.Errorf("error does not name the missing tokens: %v", err)
+		if err != nil && !strings.Contains(err.Error(), tc.names) {
+			t.Errorf("error does not name %q: %v", tc.names, err)
 		}
 	}
 }

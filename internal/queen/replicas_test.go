@@ -96,6 +96,9 @@ func TestReplicasPlacedWithoutRequestsAndReplaced(t *testing.T) {
 	if set.MinWorkers != 1 || set.MaxWorkers == nil || *set.MaxWorkers != 2 || set.Reason != "keep one warm" {
 		t.Errorf("PUT answered %+v", set)
 	}
+	// The log shows max_workers' value: it once showed the address of
+	// the pointer that holds it (max_workers=0x1bfd9c828938).
+	x.logs.wait(t, 0, "model scaled", map[string]string{"model_ref": "tiny", "min_workers": "1", "max_workers": "2"})
 	first := x.nextStart(mh)
 	fw := newFakeWorker(t, tokens(1))
 	x.workerReady("a", first, x.row(first).WorkerID, fw.URL)
@@ -124,6 +127,9 @@ func TestReplicasPlacedWithoutRequestsAndReplaced(t *testing.T) {
 
 	// Scaled to 0: a worker that fails is not replaced.
 	x.scale("tiny", api.ModelScaleRequest{MinWorkers: intp(0), Reason: "done"}, http.StatusOK)
+	if rec, _ := x.logs.wait(t, 0, "model scaled", map[string]string{"model_ref": "tiny", "min_workers": "0"}); rec.Attrs["max_workers"] != "" {
+		t.Errorf("scaled without max_workers, the log shows max_workers=%s", rec.Attrs["max_workers"])
+	}
 	x.workerReady("a", second, x.row(second).WorkerID, fw.URL)
 	if acts := x.audit("model:tiny"); len(acts) != 2 {
 		t.Errorf("audit of model:tiny after scaling down: %v", acts)

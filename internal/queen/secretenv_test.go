@@ -20,7 +20,11 @@ import (
 // hive (which still gets the cluster token and HF_TOKEN, on its lifeline,
 // registers with the one and pulls a gated model with the other) and the
 // hive a worker: neither environment holds a secret of the queen's; the
-// worker has only its own worker token.
+// worker has only its own worker token. Nor do they hold what the
+// operator's environment has for other programs (an ssh agent's socket,
+// cloud credentials, another tool's Hugging Face token: the deny-list of
+// apiary's own secrets let them all through) unless the operator names
+// it: --pass-env HUGGING_FACE_HUB_TOKEN reaches the hive and its worker.
 func TestChildrenInheritNoSecretOfTheQueen(t *testing.T) {
 	const admin, cluster, hfToken = "admin-s3cret-0123456789", "cluster-s3cret-0123456789", "hf-s3cret-0123456789"
 	var gguf bytes.Buffer
@@ -37,11 +41,15 @@ func TestChildrenInheritNoSecretOfTheQueen(t *testing.T) {
 		"APIARY_WORKER_TOKEN":  "worker-s3cret-0123456789",
 		"APIARY_DATABASE_URL":  "postgres://u:db-s3cret@127.0.0.1:1/db",
 		"PGPASSWORD":           "pg-s3cret",
+		// Not apiary's: only what the allow-list or --pass-env names.
+		"SSH_AUTH_SOCK":          "/tmp/agent-s3cret.sock",
+		"AWS_SECRET_ACCESS_KEY":  "aws-s3cret",
+		"HUGGING_FACE_HUB_TOKEN": "hub-named-0123456789",
 	} {
 		t.Setenv(k, v)
 	}
 	dir := t.TempDir()
-	q, url := startQueenProc(t, filepath.Join(dir, "queen"), "", "--database-url=", "--local-hive",
+	q, url := startQueenProc(t, filepath.Join(dir, "queen"), "", "--database-url=", "--local-hive", "--pass-env=HUGGING_FACE_HUB_TOKEN",
 		"--hive-arg=--models-dir="+ownModelsDir(t, dir), "--hive-arg=--worker-threads=1", "--hive-arg=--worker-ports=26000-26499")
 	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": LocalPoolID, "to": "healthy"})
 	resp, err := keeper.NewClient(url, admin, cluster).StartWorker(t.Context(), "tiny", LocalPoolID, nil, "secret env test")
@@ -66,6 +74,9 @@ func TestChildrenInheritNoSecretOfTheQueen(t *testing.T) {
 			if strings.Contains(string(kv), "s3cret") {
 				t.Errorf("the %s (pid %d) inherited %s", who.name, pid, kv)
 			}
+		}
+		if !bytes.Contains(append([]byte{0}, data...), []byte("\x00HUGGING_FACE_HUB_TOKEN=hub-named-0123456789\x00")) {
+			t.Errorf("the %s (pid %d) lacks HUGGING_FACE_HUB_TOKEN, which --pass-env names", who.name, pid)
 		}
 		if who.name == "worker" && !bytes.Contains(append([]byte{0}, data...), []byte("\x00APIARY_WORKER_TOKEN=")) {
 			t.Errorf("the worker (pid %d) has no worker token of its own", pid)

@@ -1,9 +1,12 @@
 // Package secret names the secrets apiary knows and keeps them out of what
-// others can read: the environment of child processes (Scrub) and the
-// text of flags' help, logs and errors (RedactURL, RedactError).
+// others can read: the environment of child processes (ChildEnv, an
+// allow-list, for the processes that serve; Scrub for the ones that act
+// for the operator) and the text of flags' help, logs and errors
+// (RedactURL, RedactError).
 package secret
 
 import (
+	"fmt"
 	"net/url"
 	"os"
 	"slices"
@@ -31,15 +34,19 @@ const (
 )
 
 // EnvNames lists every environment variable that holds a secret; Scrub
-// removes them all. A new secret variable is added here, and only here.
+// removes them all, and ChildEnv never passes one. A new secret variable
+// is added here, and only here.
 func EnvNames() []string {
 	return []string{APITokenEnv, AdminTokenEnv, ClusterTokenEnv, WorkerTokenEnv, DatabaseURLEnv, PGPasswordEnv, HFTokenEnv, EngineKeyEnv}
 }
 
 // Scrub returns env ("KEY=value" entries, as os.Environ gives them)
-// without any variable EnvNames lists. Every child process apiary starts
-// gets a scrubbed environment; a child that needs one secret gets exactly
-// that one added back by its parent.
+// without any variable EnvNames lists. It is for the processes that act
+// for the operator with the operator's environment: the ssh client (its
+// agent's SSH_AUTH_SOCK, whatever a ProxyCommand reads) and the queen
+// that apiary infer starts (which runs ssh for --node). The processes
+// that serve get ChildEnv's allow-list instead. A child that needs one
+// secret gets exactly that one added back by its parent.
 func Scrub(env []string) []string {
 	names := EnvNames()
 	out := make([]string, 0, len(env))
@@ -184,6 +191,50 @@ func passwords(u string) []string {
 	}
 	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return slices.Compact(out)
+}
+
+// MinTokenLen is the shortest token the queen accepts for a role: 16
+// bytes resist guessing over the network.
+const MinTokenLen = 16
+
+// CheckToken says what makes tok a token no request can carry, or nil.
+// A token travels as "Authorization: Bearer <token>", so it must be
+// printable ASCII without white space, the bytes '!' to '~': a blank
+// one matches nothing a client sends (the spaces around a bearer are
+// not part of it), and a newline, another control byte or a non-ASCII
+// byte cannot be sent in a header at all. The error says what is wrong
+// and where, never the token; the caller names the token (its variable,
+// flag or file). It does not check the length: see MinTokenLen.
+func CheckToken(tok string) error {
+	if strings.TrimSpace(tok) == "" && tok != "" {
+		return fmt.Errorf("is blank (only white space)%s", tokenForm)
+	}
+	for i := 0; i < len(tok); i++ {
+		if c := tok[i]; c < '!' || c > '~' {
+			return fmt.Errorf("has %s at byte %d%s", byteName(c), i+1, tokenForm)
+		}
+	}
+	return nil
+}
+
+// tokenForm ends CheckToken's errors: what a token must be.
+const tokenForm = "; a token must be printable ASCII without spaces, as it is sent in an HTTP header (e.g. openssl rand -hex 32)"
+
+// byteName names a byte a token must not hold.
+func byteName(c byte) string {
+	switch {
+	case c == ' ':
+		return "a space"
+	case c == '\t':
+		return "a tab"
+	case c == '\n':
+		return "a newline"
+	case c == '\r':
+		return "a carriage return"
+	case c >= 0x80:
+		return "a non-ASCII byte"
+	}
+	return fmt.Sprintf("the control byte 0x%02x", c)
 }
 
 // Tokens are the three bearer tokens of a cluster, one per kind of

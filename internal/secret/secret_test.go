@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strings"
 	"testing"
 
@@ -76,5 +77,96 @@ func TestRedactError(t *testing.T) {
 	plain := errors.New("no secret here")
 	if RedactError(plain, "postgres://u:s3cret@h/db") != plain {
 		t.Error("an error without the secret should come back as it is")
+	}
+}
+
+// A token no header can carry, or one no client's bearer can match, is
+// refused, with what is wrong and where but never the token: 20 spaces
+// once passed the length check, and a token with a newline was taken.
+func TestCheckToken(t *testing.T) {
+	for tok, want := range map[string]string{
+		"0123456789abcdef0123":            "",
+		"A-Za-z0-9._~+/=!#$%&'*^`|{}()<>": "",
+		"":                                "", // no token: the daemons' own rules
+		strings.Repeat(" ", 20):           "is blank (only white space)",
+		"\t\n ":                           "is blank (only white space)",
+		"0123456789abcdef\n":              "has a newline at byte 17",
+		"0123456789\r\nabcdef":            "has a carriage return at byte 11",
+		"01234567 89abcdef":               "has a space at byte 9",
+		" 0123456789abcdef":               "has a space at byte 1",
+		"0123456789abcdef\t":              "has a tab at byte 17",
+		"0123456789abcdef\x00":            "has the control byte 0x00 at byte 17",
+		"0123456789abcdef\x7f":            "has the control byte 0x7f at byte 17",
+		"0123456789abcdéf":                "has a non-ASCII byte at byte 15",
+	} {
+		err := CheckToken(tok)
+		if want == "" {
+			if err != nil {
+				t.Errorf("CheckToken(%q) = %v, want nil", tok, err)
+			}
+			continue
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), want+"; a token must be printable ASCII without spaces") {
+			t.Errorf("CheckToken(%q) = %v, want %q…", tok, err, want)
+		}
+		if strings.TrimSpace(tok) != "" && strings.Contains(err.Error(), strings.TrimSpace(tok)) {
+			t.Errorf("CheckToken(%q) shows the token: %v", tok, err)
+		}
+	}
+}
+
+// A child that serves gets the allow-list of its parent's environment and
+// what the operator names, never a secret: the fixed deny-list it
+// replaced let SSH_AUTH_SOCK, AWS_* and HUGGING_FACE_HUB_TOKEN through.
+func TestChildEnvPassesTheAllowListAndWhatIsNamed(t *testing.T) {
+	env := []string{"PATH=/bin", "HOME=/root", "LANG=C.UTF-8", "LC_ALL=C", "TZ=UTC", "TMPDIR=/tmp", "USER=apiary",
+		"LD_LIBRARY_PATH=/usr/local/cuda/lib64", "CUDA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute",
+		"HIP_VISIBLE_DEVICES=1", "ROCR_VISIBLE_DEVICES=1", "GGML_CUDA_NO_PINNED=1", "LLAMA_CACHE=/c", "OMP_NUM_THREADS=4",
+		"HF_ENDPOINT=http://hub", "HTTPS_PROXY=http://proxy:3128", "APIARY_CPU_VARIANT=haswell", "APIARY_LOG_LEVEL=debug",
+		"SSH_AUTH_SOCK=/tmp/agent", "AWS_SECRET_ACCESS_KEY=aws-s3cret", "AWS_REGION=eu-west-1", "HUGGING_FACE_HUB_TOKEN=hf-s3cret",
+		"APIARY_QUEEN=http://q:8080", "NOTIFY_SOCKET=/run/systemd/notify", "VLLM_USE_V1=1", "VLLM_LOGGING_LEVEL=DEBUG", "NOEQUALS"}
+	for _, name := range EnvNames() {
+		env = append(env, name+"=s3cret")
+	}
+	allowed := []string{"PATH=/bin", "HOME=/root", "LANG=C.UTF-8", "LC_ALL=C", "TZ=UTC", "TMPDIR=/tmp", "USER=apiary",
+		"LD_LIBRARY_PATH=/usr/local/cuda/lib64", "CUDA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute",
+		"HIP_VISIBLE_DEVICES=1", "ROCR_VISIBLE_DEVICES=1", "GGML_CUDA_NO_PINNED=1", "LLAMA_CACHE=/c", "OMP_NUM_THREADS=4",
+		"HF_ENDPOINT=http://hub", "HTTPS_PROXY=http://proxy:3128", "APIARY_CPU_VARIANT=haswell", "APIARY_LOG_LEVEL=debug"}
+	if diff := cmp.Diff(allowed, ChildEnv(env, nil)); diff != "" {
+		t.Errorf("ChildEnv without names (-want +got)\n%s", diff)
+	}
+	named := append(slices.Clone(allowed), "AWS_SECRET_ACCESS_KEY=aws-s3cret", "AWS_REGION=eu-west-1",
+		"HUGGING_FACE_HUB_TOKEN=hf-s3cret", "VLLM_USE_V1=1", "VLLM_LOGGING_LEVEL=DEBUG")
+	if diff := cmp.Diff(named, ChildEnv(env, []string{"AWS_*", "HUGGING_FACE_HUB_TOKEN", "VLLM_*", "NOT_SET"})); diff != "" {
+		t.Errorf("ChildEnv with AWS_*, HUGGING_FACE_HUB_TOKEN, VLLM_* (-want +got)\n%s", diff)
+	}
+	// "*" passes everything but apiary's secrets.
+	for _, kv := range ChildEnv(env, []string{"*"}) {
+		if strings.HasSuffix(kv, "=s3cret") {
+			t.Errorf("ChildEnv with * passed the secret %s", kv)
+		}
+	}
+	if got := ChildEnv(env, []string{"*"}); !slices.Contains(got, "SSH_AUTH_SOCK=/tmp/agent") {
+		t.Errorf("ChildEnv with * lost SSH_AUTH_SOCK: %q", got)
+	}
+}
+
+func TestCheckPassEnv(t *testing.T) {
+	if err := CheckPassEnv([]string{"HF_HOME", "AWS_*", "*", "vllm_x", "A"}); err != nil {
+		t.Errorf("good names refused: %v", err)
+	}
+	for _, bad := range []struct{ entry, says string }{
+		{"", "an empty name"},
+		{"A=B", `"A=B" is not a variable name`},
+		{"A B", `"A B" is not a variable name`},
+		{"A*B", `"A*B" is not a variable name`},
+		{"A**", `"A**" is not a variable name`},
+		{"A\nB", `is not a variable name`},
+		{"HF_TOKEN", "HF_TOKEN is a secret of apiary's"},
+		{"APIARY_WORKER_TOKEN", "APIARY_WORKER_TOKEN is a secret of apiary's"},
+	} {
+		if err := CheckPassEnv([]string{"OK", bad.entry}); err == nil || !strings.Contains(err.Error(), bad.says) {
+			t.Errorf("CheckPassEnv(%q) = %v, want %q", bad.entry, err, bad.says)
+		}
 	}
 }

@@ -125,16 +125,22 @@ func CheckOrigins(origins []string) error {
 
 // AdmitWorkerRequest is nil when r may reach a worker's handlers (the
 // built-in worker's, or an engine's front): with a worker token, every
-// path but /health needs it as the bearer; without one, only requests
-// addressed to loopback are served, and a shutdown must not be forgeable
-// by a browser. Either way a request a browser could forge from another
-// origin is refused. The error is in OpenAI's shape.
+// request but a health probe (GET or HEAD /health) needs it as the
+// bearer; without one, only requests addressed to loopback are served,
+// and a shutdown must not be forgeable by a browser. Either way a
+// request a browser could forge from another origin is refused. The
+// error is in OpenAI's shape.
+//
+// Only the probe goes without the token: an engine's front relays any
+// other request to /health (POST /health, say) to the engine with the
+// engine's key, and counts it as a request, which would keep an idle
+// worker alive.
 func AdmitWorkerRequest(r *http.Request, token string) error {
 	if token == "" {
 		if err := CheckHost(r); err != nil {
 			return openAIError(err)
 		}
-	} else if r.URL.Path != "/health" && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(token)) != 1 {
+	} else if !isHealthProbe(r) && subtle.ConstantTimeCompare([]byte(api.Bearer(r)), []byte(token)) != 1 {
 		return &openai.Error{Status: http.StatusUnauthorized, Code: openai.CodeUnauthorized,
 			Message: "this worker needs its token as a bearer token (APIARY_WORKER_TOKEN); send requests through the queen"}
 	}
@@ -147,6 +153,12 @@ func AdmitWorkerRequest(r *http.Request, token string) error {
 		return openAIError(CheckNotForged(r2))
 	}
 	return nil
+}
+
+// isHealthProbe reports whether r is GET or HEAD /health, the one
+// request a worker answers without its token.
+func isHealthProbe(r *http.Request) bool {
+	return r.URL.Path == "/health" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
 }
 
 // openAIError turns a refusal of this package into OpenAI's error shape.

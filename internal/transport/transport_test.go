@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/openai"
 )
 
 func TestCheckBaseURL(t *testing.T) {
@@ -160,5 +161,42 @@ func TestLoadClientTLS(t *testing.T) {
 	}
 	if err := (ServerTLS{CertFile: "/etc/hostname", KeyFile: "/etc/hostname"}).Validate(); err == nil {
 		t.Error("a bad pair passed")
+	}
+}
+
+// With a worker token only a health probe, GET or HEAD /health, goes
+// without it: any other method on /health (which an engine's front
+// relays to its engine) needs the token as every other path does.
+func TestAdmitWorkerRequestExemptsOnlyTheHealthProbe(t *testing.T) {
+	const token = "worker-token-0123456789"
+	for _, c := range []struct {
+		method, path, auth string
+		ok                 bool
+	}{
+		{"GET", "/health", "", true},
+		{"HEAD", "/health", "", true},
+		{"POST", "/health", "", false},
+		{"PUT", "/health", "", false},
+		{"DELETE", "/health", "", false},
+		{"OPTIONS", "/health", "", false},
+		{"POST", "/health", "Bearer " + token, true},
+		{"POST", "/health", "bearer " + token, true}, // the scheme in any case (RFC 7235)
+		{"GET", "/v1/models", "", false},
+		{"GET", "/v1/models", "Bearer " + token, true},
+		{"GET", "/v1/models", "BEARER " + token, true},
+		{"POST", "/v1/chat/completions", "Bearer wrong", false},
+	} {
+		r := httptest.NewRequest(c.method, "http://127.0.0.1:8001"+c.path, nil)
+		if c.auth != "" {
+			r.Header.Set("Authorization", c.auth)
+		}
+		err := AdmitWorkerRequest(r, token)
+		if (err == nil) != c.ok {
+			t.Errorf("%s %s (%q): %v, want ok=%v", c.method, c.path, c.auth, err, c.ok)
+		}
+		var oe *openai.Error
+		if err != nil && (!errors.As(err, &oe) || oe.Status != http.StatusUnauthorized) {
+			t.Errorf("%s %s: %v, want a 401", c.method, c.path, err)
+		}
 	}
 }

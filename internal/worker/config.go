@@ -150,6 +150,11 @@ func (c *Config) Validate() error {
 	if c.Token == "" && !transport.IsLoopback(host) {
 		return fmt.Errorf("%w: without %s the worker binds loopback only; %q is not a loopback address", ErrInvalidConfig, TokenEnv, host)
 	}
+	for _, tok := range []struct{ env, v string }{{TokenEnv, c.Token}, {secret.ClusterTokenEnv, c.ClusterToken}} {
+		if err := secret.CheckToken(tok.v); err != nil {
+			return fmt.Errorf("%w: %s %w", ErrInvalidConfig, tok.env, err)
+		}
+	}
 	if err := c.TLS.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

@@ -26,7 +26,7 @@ import (
 //	POST /v1/admin/shutdown      graceful shutdown
 //
 // With a token (APIARY_WORKER_TOKEN; a hive gives each worker its own)
-// every endpoint but /health needs it as a bearer token: a worker listens
+// every request but GET (or HEAD) /health needs it as a bearer token: a worker listens
 // on its node's network, and only its hive and the queen may use it.
 // Without one the worker listens on loopback and answers only requests
 // addressed there (transport.CheckHost, against DNS rebinding), and a
@@ -66,7 +66,7 @@ func (w *Worker) Handler() http.Handler {
 }
 
 // guard refuses, before any handler runs, a request without the worker's
-// token (but for /health), one addressed to a foreign host while the
+// token (but for GET or HEAD /health), one addressed to a foreign host while the
 // worker has no token, and what a browser can forge.
 func (w *Worker) guard(next http.Handler) http.Handler {
 	refuse := w.adapt(func(rw http.ResponseWriter, r *http.Request) error {
