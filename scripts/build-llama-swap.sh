@@ -6,8 +6,10 @@
 #   APIARY_LLAMA_SWAP=$(scripts/build-llama-swap.sh)
 #
 # LLAMA_SWAP_VERSION  the tag to build (default v250)
-# LLAMA_SWAP_SRC      a git repository holding that tag: a local clone or a
-#                     URL (default the project's public repository on GitHub)
+# LLAMA_SWAP_SRC      a git repository holding that tag: a URL, or a local
+#                     clone or bare git directory (a mirror, for a machine
+#                     without access to GitHub); default the project's
+#                     public repository on GitHub
 #
 # The binary goes to ${XDG_CACHE_HOME:-~/.cache}/apiary/llama-swap-<version>/
 # llama-swap and is built once per version. Only the Go binary is built:
@@ -26,6 +28,12 @@ bin=$cache/llama-swap
 if [[ -x $bin ]]; then
 	echo "$bin"
 	exit 0
+fi
+
+# A local repository is cloned through file://, where --depth applies
+# (git ignores it, with a warning, for a plain path).
+if [[ -d $src ]]; then
+	src=file://$(cd "$src" && pwd)
 fi
 
 work=$(mktemp -d)

@@ -29,14 +29,13 @@ const llamaSwapEnv = "APIARY_LLAMA_SWAP"
 // the worker at workerURI; its cmd is a process that only sleeps (the
 // worker is the queen's, already running), and llama-swap checks the
 // worker's /health (which needs no token) before it relays. It returns
-// llama-swap's base URL once llama-swap answers.
+// llama-swap's base URL once llama-swap answers, and its pid.
 func startLlamaSwap(b *testing.B, bin, workerURI string) (string, int) {
 	b.Helper()
-	dir := b.TempDir()
 	// concurrencyLimit: llama-swap's default, 10 requests at once a model,
 	// answers the rest 429. performance: its CPU and GPU sampling is not on
 	// the relay path and would only add noise. The rest is its default.
-	config := fmt.Sprintf(`healthCheckTimeout: 15
+	return runLlamaSwap(b, bin, fmt.Sprintf(`healthCheckTimeout: 15
 logLevel: warn
 performance:
   disabled: true
@@ -46,7 +45,32 @@ models:
     proxy: %s
     checkEndpoint: /health
     concurrencyLimit: 512
-`, strings.TrimSuffix(workerURI, "/"))
+`, strings.TrimSuffix(workerURI, "/")))
+}
+
+// llamaSwapBin is the llama-swap binary named by APIARY_LLAMA_SWAP; the
+// benchmark fails, saying how to build one, when there is none.
+func llamaSwapBin(b *testing.B) string {
+	b.Helper()
+	bin := os.Getenv(llamaSwapEnv)
+	if bin == "" {
+		b.Fatalf("%s is not set: build llama-swap with scripts/build-llama-swap.sh (it prints the binary's path) and set %s to it",
+			llamaSwapEnv, llamaSwapEnv)
+	}
+	if _, err := exec.LookPath(bin); err != nil {
+		b.Fatalf("%s=%s: %v", llamaSwapEnv, bin, err)
+	}
+	return bin
+}
+
+// runLlamaSwap runs llama-swap with the configuration config on a free
+// loopback port, in its own process group (so that the processes it
+// starts go with it), until the benchmark ends. It returns llama-swap's
+// base URL once llama-swap answers /health, and its pid; its log is
+// llama-swap.log in a temporary directory, shown when it does not answer.
+func runLlamaSwap(b *testing.B, bin, config string) (string, int) {
+	b.Helper()
+	dir := b.TempDir()
 	cfg := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 		b.Fatal(err)
@@ -58,7 +82,6 @@ models:
 	}
 	cmd := exec.Command(bin, "-config", cfg, "-listen", addr)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own process group, so that the sleeping cmd goes with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		b.Fatalf("%s=%s: %v", llamaSwapEnv, bin, err)
@@ -132,14 +155,7 @@ func (s spread) String() string {
 // the run falls on all three sides alike; and the CPU time each proxy
 // process ran during its own waves, per stream relayed.
 func BenchmarkRelayVsLlamaSwap(b *testing.B) {
-	bin := os.Getenv(llamaSwapEnv)
-	if bin == "" {
-		b.Fatalf("%s is not set: build llama-swap with scripts/build-llama-swap.sh (it prints the binary's path) and set %s to it",
-			llamaSwapEnv, llamaSwapEnv)
-	}
-	if _, err := exec.LookPath(bin); err != nil {
-		b.Fatalf("%s=%s: %v", llamaSwapEnv, bin, err)
-	}
+	bin := llamaSwapBin(b)
 	qURL, qPID, direct, token := relayCluster(b)
 	ctx := context.Background()
 	swap, swapPID := startLlamaSwap(b, bin, direct)

@@ -114,8 +114,15 @@ func benchClusterIn(b *testing.B, dir string, env []string, certs testbin.TLSFil
 // bearer token when set: a worker asked straight needs its own) and
 // returns the time to its first event and the gaps between its events.
 func streamTimes(ctx context.Context, hc *http.Client, base, token, body string) (time.Duration, []time.Duration, error) {
+	return streamTimesAt(ctx, hc, base, "/v1/completions", token, body)
+}
+
+// streamTimesAt is streamTimes for the streamed endpoint path (e.g.
+// /v1/chat/completions). An answer other than 200 is an error naming its
+// status.
+func streamTimesAt(ctx context.Context, hc *http.Client, base, path, token, body string) (time.Duration, []time.Duration, error) {
 	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, strings.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
