@@ -81,7 +81,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "addr", hive.DefaultAddr, "address the hive listens on")
 	fl.StringVar(&f.advertise, "advertise", "", "URL the queen and workers use to reach this hive (default http://ADDR)")
-	fl.StringVar(&f.queen, "queen", defaultQueenURL(), `queen URL to register with ("" for standalone)`)
+	fl.StringVar(&f.queen, "queen", defaultQueenURL(), `queen URL to register with ("" for standalone); URL1,URL2 for queens sharing one PostgreSQL database: the active one is followed`)
 	fl.StringVar(&f.poolID, "pool-id", "", "pool id reported to the queen (default: --node-id)")
 	fl.StringVar(&f.nodeID, "node-id", "", "node id reported to the queen (default: host name)")
 	fl.StringVar(&f.dataDir, "data-dir", hive.DefaultDataDir(), "directory for the hive's records and worker logs")

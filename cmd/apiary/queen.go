@@ -36,6 +36,7 @@ type queenFlags struct {
 	claimTimeout, claimHealthInterval     time.Duration
 	auditRetention, rowsRetention         time.Duration
 	maxBody                               int64
+	standby                               bool
 	log                                   logFlags
 	owner, lifeline, sshConfig            string
 	localHive                             bool
@@ -64,7 +65,9 @@ func newQueenCmd() *cobra.Command {
 heartbeat here), the worker lifecycle rows and the audit log, and the admin API.
 
 State lives in SQLite in --data-dir, or in PostgreSQL with --database-url
-(default $` + databaseURLEnv + `). One queen owns a database at a time.
+(default $` + databaseURLEnv + `). One queen owns a database at a time; on
+PostgreSQL more queens started on the same database stand by (--standby):
+they answer 503 with the active queen's URL and take over when it goes.
 
 Tokens come from the environment: APIARY_API_TOKEN (inference),
 APIARY_ADMIN_TOKEN (/api/admin/…, pool drain and removal) and
@@ -103,6 +106,7 @@ address only.`,
 	fl.StringVar(&f.advertise, "advertise", "", "URL hives and clients use to reach this queen (default http://ADDR)")
 	fl.StringVar(&f.dataDir, "data-dir", queen.DefaultDataDir(), "directory of the queen's SQLite database")
 	fl.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL (postgres://…) instead of SQLite "+envDefault(databaseURLEnv))
+	fl.BoolVar(&f.standby, "standby", true, "with --database-url: when another queen holds the database, stand by (503 with the active queen's URL) and take over when it goes; false: exit")
 	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", registry.DefaultHeartbeatTimeout, "a pool without a heartbeat this long is unhealthy")
 	fl.DurationVar(&f.unhealthyGrace, "unhealthy-grace", 0, "a pool unhealthy this long has its workers' rows FAILED (default: --heartbeat-timeout)")
 	fl.DurationVar(&f.offlineRetention, "offline-retention", registry.DefaultOfflineRetention, "offline (deregistered) pools are removed after this")
@@ -163,7 +167,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	}
 	routing := f.routing.config()
 	return queen.Config{
-		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL,
+		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL, Standby: f.standby,
 		HeartbeatTimeout: f.heartbeatTimeout, UnhealthyGrace: f.unhealthyGrace, OfflineRetention: f.offlineRetention,
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout, ClaimTimeout: f.claimTimeout, ClaimHealthInterval: f.claimHealthInterval,
 		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention, ModelsFile: f.modelsFile, ModelsPoll: f.modelsPoll,

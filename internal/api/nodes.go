@@ -92,4 +92,7 @@ const (
 	// name or alias) to the worker's file: the worker answers with it, as
 	// clients match the answer's model against what they asked for.
 	ModelNameHeader = "X-Apiary-Model-Name"
+	// ActiveQueenHeader, on a standby queen's 503, is the advertised URL
+	// of the queen that holds the database.
+	ActiveQueenHeader = "X-Apiary-Active-Queen"
 )

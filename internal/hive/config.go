@@ -75,7 +75,7 @@ type Config struct {
 	LogRetention      time.Duration
 	HeartbeatInterval time.Duration
 
-	QueenURL     string // empty: standalone
+	QueenURL     string // empty: standalone; URL1,URL2…: queens on one database, the active one followed
 	PoolID       string // default: NodeID
 	NodeID       string // default: host name
 	ClusterToken string // bearer for the queen and for the hive's own API
@@ -207,8 +207,10 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.QueenURL != "" {
-		if _, err := transport.CheckBaseURL("", c.QueenURL); err != nil {
-			p.Add("QueenURL", "%s", strings.TrimSpace(err.Error()))
+		for _, u := range strings.Split(c.QueenURL, ",") {
+			if _, err := transport.CheckBaseURL("", u); err != nil {
+				p.Add("QueenURL", "%s", strings.TrimSpace(err.Error()))
+			}
 		}
 	}
 	if err := c.TLS.Validate(); err != nil {

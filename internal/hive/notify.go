@@ -27,7 +27,7 @@ func (h *Hive) Alive(ctx context.Context) error {
 func (h *Hive) Summary() string {
 	queen := "none (standalone)"
 	if h.queen != nil {
-		base := secret.RedactURL(h.queen.base)
+		base := secret.RedactURL(h.queen.base())
 		queen = "registered at " + base
 		if !h.queen.up.Load() {
 			queen = "standalone, " + base + " does not take this hive's messages"

@@ -23,8 +23,12 @@ import (
 // every worker transition as it happens. The queen being away is not an
 // error: the hive keeps working, and registers again when it answers.
 type queenClient struct {
-	h      *Hive
-	base   string
+	h *Hive
+	// bases are the queens' URLs (one, or those of queens sharing a
+	// PostgreSQL database); cur is the one spoken to: the next when it
+	// stops answering or answers as a standby.
+	bases  []string
+	cur    atomic.Int32
 	token  string
 	hc     *http.Client
 	log    *slog.Logger
@@ -37,8 +41,9 @@ type queenClient struct {
 	// stream is the open heartbeat stream (nil: none), on streamHC (no
 	// time limit of its own); noStream is set when the queen has none (an
 	// older queen): one POST a beat then.
-	stream   *rpc.Stream
-	streamHC *http.Client
+	stream     *rpc.Stream
+	streamBase string // the base stream was opened on
+	streamHC   *http.Client
 	noStream bool
 	// up says whether the last registration or heartbeat was taken.
 	up atomic.Bool
@@ -53,9 +58,13 @@ var errQueenForgot = errors.New("hive: queen does not know this pool")
 
 func newQueenClient(h *Hive) *queenClient {
 	hc := transport.NewClient(nil, max(h.cfg.HeartbeatInterval, time.Second))
+	var bases []string
+	for _, u := range strings.Split(h.cfg.QueenURL, ",") {
+		bases = append(bases, strings.TrimSuffix(strings.TrimSpace(u), "/"))
+	}
 	return &queenClient{
 		h:     h,
-		base:  strings.TrimSuffix(h.cfg.QueenURL, "/"),
+		bases: bases,
 		token: h.cfg.ClusterToken,
 		hc:    hc,
 		// The stream shares the connections' pool, without the limit on
@@ -64,6 +73,21 @@ func newQueenClient(h *Hive) *queenClient {
 		log:      h.log.With("queen", h.cfg.QueenURL),
 		events:   make(chan api.WorkerEvent, eventQueue),
 	}
+}
+
+// base is the URL of the queen spoken to now.
+func (q *queenClient) base() string { return q.bases[int(q.cur.Load())%len(q.bases)] }
+
+// follow moves to the next queen of the list after err from the current
+// one: no answer, or a standby's 503. With one queen it does nothing.
+func (q *queenClient) follow(err error) {
+	var qe *queenAnswer
+	if len(q.bases) < 2 || !(errors.Is(err, rpc.ErrUnreachable) || errors.As(err, &qe) && qe.status == http.StatusServiceUnavailable) {
+		return
+	}
+	from := q.base()
+	q.cur.Add(1)
+	q.log.Info("following the queens: trying the next", "from", from, "to", q.base(), "err", err)
 }
 
 // enqueue never blocks a worker's owner: a full queue drops the event.
@@ -130,6 +154,9 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 			}
 		}
 		q.up.Store(registered && err == nil)
+		if err != nil && ctx.Err() == nil {
+			q.follow(err)
+		}
 		q.h.settle()
 		switch {
 		case err != nil && ctx.Err() == nil && !down:
@@ -207,8 +234,13 @@ func (q *queenClient) beat(ctx context.Context, hb api.Heartbeat, ans *api.Heart
 		return q.postFor(ctx, pool+"/heartbeat", hb, ans)
 	}
 	timeout := max(q.h.cfg.HeartbeatInterval, time.Second)
+	if q.stream != nil && q.streamBase != q.base() {
+		q.stream.Close() // opened on a queen no longer followed
+		q.stream = nil
+	}
 	if q.stream == nil {
-		s, err := rpc.OpenStream(ctx, q.streamHC, rpc.Call{URL: q.base + pool + "/beats", Token: q.token, MaxAnswer: 64 << 10}, timeout)
+		base := q.base()
+		s, err := rpc.OpenStream(ctx, q.streamHC, rpc.Call{URL: base + pool + "/beats", Token: q.token, MaxAnswer: 64 << 10}, timeout)
 		var se *rpc.StatusError
 		switch {
 		case errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusMethodNotAllowed):
@@ -218,7 +250,7 @@ func (q *queenClient) beat(ctx context.Context, hb api.Heartbeat, ans *api.Heart
 		case err != nil:
 			return q.answer(pool+"/beats", err)
 		}
-		q.stream = s
+		q.stream, q.streamBase = s, base
 	}
 	err := q.stream.Round(hb, ans, timeout)
 	if errors.Is(err, rpc.ErrUnreachable) {
@@ -337,7 +369,7 @@ func (q *queenClient) post(ctx context.Context, path string, body any) error {
 // postFor posts body and decodes a 2xx answer into out (when not nil); a
 // non-2xx answer is a *queenAnswer.
 func (q *queenClient) postFor(ctx context.Context, path string, body, out any) error {
-	err := rpc.Do(ctx, q.hc, rpc.Call{Method: http.MethodPost, URL: q.base + path, Token: q.token, In: body, Out: out, MaxAnswer: 64 << 10})
+	err := rpc.Do(ctx, q.hc, rpc.Call{Method: http.MethodPost, URL: q.base() + path, Token: q.token, In: body, Out: out, MaxAnswer: 64 << 10})
 	return q.answer(path, err)
 }
 

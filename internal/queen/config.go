@@ -33,6 +33,10 @@ type Config struct {
 	Advertise   string // URL others use to reach the queen; default http://Addr
 	DataDir     string // holds the SQLite database when DatabaseURL is empty
 	DatabaseURL string // postgres://… selects PostgreSQL
+	// Standby: on PostgreSQL, when another queen holds the database, wait
+	// as its standby and take over when it goes (standby.go); false: exit
+	// with store.ErrLocked.
+	Standby bool
 
 	HeartbeatTimeout time.Duration // a pool without a heartbeat this long is unhealthy
 	UnhealthyGrace   time.Duration // unhealthy this long: its workers' rows become FAILED

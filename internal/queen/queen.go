@@ -138,6 +138,15 @@ func (q *Queen) Done() <-chan struct{} { return q.done }
 // Addr is the address the queen listens on; valid after Ready.
 func (q *Queen) Addr() net.Addr { return q.addr }
 
+// advertised is the URL the queen gives others before it listens: its
+// --advertise, else its address as configured.
+func (q *Queen) advertised() string {
+	if q.cfg.Advertise != "" {
+		return q.cfg.Advertise
+	}
+	return q.cfg.TLS.Scheme() + "://" + q.cfg.Addr
+}
+
 // URL is the queen's base URL for others; valid after Ready.
 func (q *Queen) URL() string {
 	if q.cfg.Advertise != "" {
@@ -170,8 +179,15 @@ func (q *Queen) run(ctx context.Context) error {
 		Retention: store.Retention{Audit: max(q.cfg.AuditRetention, 0), Rows: max(q.cfg.RowsRetention, 0)}}
 	if q.cfg.DatabaseURL == "" {
 		scfg.Path = filepath.Join(q.cfg.DataDir, store.SQLiteFile)
+	} else {
+		scfg.Holder = q.advertised()
 	}
 	st, err := store.Open(ctx, scfg)
+	tookOver := false
+	if errors.Is(err, store.ErrLocked) && q.cfg.Standby {
+		st, err = q.standBy(ctx, scfg)
+		tookOver = err == nil
+	}
 	if err != nil {
 		return err
 	}
@@ -274,6 +290,12 @@ func (q *Queen) run(ctx context.Context) error {
 	q.log.Info("queen serving", "addr", q.addr.String(), "url", q.URL(), "store", string(st.Dialect()),
 		"heartbeat_timeout", q.cfg.HeartbeatTimeout, "unhealthy_grace", q.cfg.UnhealthyGrace, "offline_retention", q.cfg.OfflineRetention)
 	close(q.ready)
+	if tookOver {
+		q.log.Info("queen took over the database from standby", "epoch", st.Epoch())
+		controlPlane{q}.Audit(ctx, store.AuditEntry{Actor: registry.ActorQueen, Action: "queen.takeover", Target: "queen:" + q.URL(),
+			Reason: fmt.Sprintf("the active queen's session ended; this standby holds the database now (fencing epoch %d)", st.Epoch()),
+			Metadata: map[string]any{"epoch": st.Epoch()}})
+	}
 
 	<-ctx.Done()
 	q.log.Info("queen shutting down")

@@ -2,11 +2,15 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/apiary-llm/apiary/internal/secret"
 )
 
 // pgLockKey is the advisory lock id of a queen on PostgreSQL ("apiary" in
@@ -122,4 +126,68 @@ func (s *Store) LockErr() error {
 	default:
 		return nil
 	}
+}
+
+// takeEpoch raises the fencing epoch for this store, which holds the
+// advisory lock: from now on a write of any store with an older epoch
+// fails (proveEpoch).
+func (s *Store) takeEpoch(ctx context.Context, holder string) error {
+	if holder == "" {
+		holder = fmt.Sprintf("backend pid %d", s.lock.pid)
+	}
+	err := s.db.QueryRowContext(ctx, `INSERT INTO queen_lease (id, epoch, holder, taken_at) VALUES (1, 1, $1, $2)
+		ON CONFLICT (id) DO UPDATE SET epoch = queen_lease.epoch + 1, holder = EXCLUDED.holder, taken_at = EXCLUDED.taken_at
+		RETURNING epoch`, holder, time.Now().UnixMilli()).Scan(&s.epoch)
+	if err != nil {
+		return fmt.Errorf("store: take the fencing epoch: %w", classifyPG(err))
+	}
+	s.log.Info("fencing epoch taken", "epoch", s.epoch)
+	return nil
+}
+
+// proveEpoch is the first statement of every write transaction on
+// PostgreSQL: the lease row read FOR SHARE must hold this store's epoch.
+// The share lock keeps another queen from raising the epoch until the
+// transaction ends, so no write of this store lands after another queen
+// took the lock. A newer epoch means the lock is lost: the store is marked
+// so and writes nothing more.
+func (s *Store) proveEpoch(ctx context.Context, tx *sql.Tx) error {
+	var epoch int64
+	err := tx.QueryRowContext(ctx, "SELECT epoch FROM queen_lease WHERE id = 1 FOR SHARE").Scan(&epoch)
+	if err != nil {
+		return fmt.Errorf("store: prove the fencing epoch: %w", classifyPG(err))
+	}
+	if epoch != s.epoch {
+		s.markLost(fmt.Errorf("another queen took the database (fencing epoch %d, this queen's %d)", epoch, s.epoch))
+		return s.lostErr
+	}
+	return nil
+}
+
+// Epoch is the fencing epoch this store took (0 on SQLite).
+func (s *Store) Epoch() int64 { return s.epoch }
+
+// ActiveHolder reads who holds the PostgreSQL database at url: the
+// Holder the active queen gave, and its epoch; "" when no queen has held
+// it yet. It takes no lock: a standby asks it while it waits.
+func ActiveHolder(ctx context.Context, url string) (holder string, epoch int64, err error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "", 0, secret.RedactError(fmt.Errorf("store: PostgreSQL URL: %w", err), url)
+	}
+	withPGDefaults(cfg)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return "", 0, secret.RedactError(fmt.Errorf("store: connect to PostgreSQL: %w", err), url)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	err = conn.QueryRow(ctx, "SELECT holder, epoch FROM queen_lease WHERE id = 1").Scan(&holder, &epoch)
+	var pe *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pe) && pe.Code == "42P01": // no row, no table yet
+		return "", 0, nil
+	case err != nil:
+		return "", 0, secret.RedactError(fmt.Errorf("store: read the queen lease: %w", err), url)
+	}
+	return holder, epoch, nil
 }

@@ -64,8 +64,52 @@ func TestPostgresLockLossIsDetectedAndAnotherStoreTakesOver(t *testing.T) {
 	}
 }
 
-// Audit ids come from the database: two stores on one database, even one
-// that has not yet noticed it lost the lock, never hand out the same id.
+// The lock fences writes: a queen whose lock session ended, and that has
+// not noticed yet (its check interval is an hour here), cannot write one
+// more row once another queen took the lock, even on its pooled
+// connections that stayed open: every write transaction proves the
+// fencing epoch the lock gave, and the second queen raised it.
+func TestPostgresLostLockFencesWritesAtOnce(t *testing.T) {
+	u := newPG(t)
+	db := admin(t, u)
+	a := open(t, store.Config{URL: u, LockCheckInterval: time.Hour})
+	if _, err := appendEntry(t.Context(), a, "before"); err != nil {
+		t.Fatal(err)
+	}
+	terminate(t, db, lockHolder(t, db))
+	var b *store.Store
+	for deadline := time.Now().Add(waitLimit); ; time.Sleep(20 * time.Millisecond) {
+		s, err := store.Open(t.Context(), store.Config{URL: u})
+		if err == nil {
+			b = s
+			t.Cleanup(func() { b.Close() })
+			break
+		}
+		if !errors.Is(err, store.ErrLocked) || time.Now().After(deadline) {
+			t.Fatalf("the second store cannot take the freed lock: %v", err)
+		}
+	}
+	if _, err := appendEntry(t.Context(), a, "from the old queen"); !errors.Is(err, store.ErrLockLost) {
+		t.Fatalf("a write of the queen that lost the lock: got %v, want ErrLockLost", err)
+	}
+	select {
+	case <-a.LockLost():
+	default:
+		t.Error("the fenced store did not mark its lock lost")
+	}
+	mustContain(t, a.LockErr(), "another queen took the database")
+	if _, err := appendEntry(t.Context(), b, "from the new queen"); err != nil {
+		t.Errorf("the new owner cannot write: %v", err)
+	}
+	var n int
+	if err := db.QueryRowContext(t.Context(), "SELECT count(*) FROM audit_log WHERE target = 'from the old queen'").Scan(&n); err != nil || n != 0 {
+		t.Errorf("rows of the fenced queen in the table: %d, %v", n, err)
+	}
+}
+
+// Audit ids come from the database: two stores on one database never hand
+// out the same id (one that has not yet noticed it lost the lock writes
+// nothing at all).
 func TestPostgresAuditIDsUniqueAcrossStores(t *testing.T) {
 	u := newPG(t)
 	db := admin(t, u)
@@ -87,10 +131,13 @@ func TestPostgresAuditIDsUniqueAcrossStores(t *testing.T) {
 	terminate(t, db, lockHolder(t, db))
 	b := open(t, store.Config{URL: u})
 	add(b, "b")
-	add(a, "a, not yet aware")
+	// The store that has not noticed is fenced (TestPostgresLostLockFencesWritesAtOnce).
+	if _, err := appendEntry(t.Context(), a, "a, not yet aware"); !errors.Is(err, store.ErrLockLost) {
+		t.Errorf("a write of the store that lost the lock: %v, want ErrLockLost", err)
+	}
 	add(b, "b")
-	if len(ids) != 5 {
-		t.Errorf("ids %v, want 5 distinct", ids)
+	if len(ids) != 4 {
+		t.Errorf("ids %v, want 4 distinct", ids)
 	}
 }
 

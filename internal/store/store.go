@@ -81,6 +81,10 @@ type Config struct {
 	// Retention is what the store prunes in the background; the zero
 	// value prunes nothing.
 	Retention Retention
+	// Holder names the queen that holds the database (its advertised
+	// URL), kept with the fencing epoch for standbys to point at
+	// (ActiveHolder); PostgreSQL only.
+	Holder string
 }
 
 // PostgreSQL timeouts, each overridden by the parameter of the same name
@@ -96,7 +100,7 @@ const (
 	DefaultLockTimeout = 5 * time.Second
 	// DefaultLockCheckInterval is how often the one-queen lock is
 	// re-checked.
-	DefaultLockCheckInterval = 5 * time.Second
+	DefaultLockCheckInterval = time.Second
 )
 
 // SQLiteFile is the name of the queen's SQLite database in its data dir.
@@ -118,6 +122,9 @@ type Store struct {
 
 	unlock func() error // releases the owner lock
 	lock   *pgLock      // PostgreSQL's lock connection; nil on SQLite
+	// epoch is the fencing epoch this store took with the lock
+	// (PostgreSQL; 0 on SQLite): every write transaction proves it.
+	epoch int64
 	// lost is closed when the owner lock is gone; lostErr says why.
 	lost     chan struct{}
 	lostOnce sync.Once
@@ -165,6 +172,12 @@ func open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, err
+	}
+	if s.lock != nil {
+		if err := s.takeEpoch(ctx, cfg.Holder); err != nil {
+			s.Close()
+			return nil, err
+		}
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.bgCancel = cancel
@@ -389,6 +402,12 @@ func (s *Store) runTx(ctx context.Context, readOnly bool, fn func(*Tx) error) (e
 			panic(p)
 		}
 	}()
+	if !readOnly && s.epoch != 0 {
+		if err := s.proveEpoch(ctx, tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+	}
 	if err := fn(&Tx{ctx: ctx, tx: tx, s: s}); err != nil {
 		_ = tx.Rollback()
 		return err
