@@ -44,7 +44,7 @@ type queenClient struct {
 	stream     *rpc.Stream
 	streamBase string // the base stream was opened on
 	streamHC   *http.Client
-	noStream bool
+	noStream   bool
 	// up says whether the last registration or heartbeat was taken.
 	up atomic.Bool
 }

@@ -293,7 +293,7 @@ func (q *Queen) run(ctx context.Context) error {
 	if tookOver {
 		q.log.Info("queen took over the database from standby", "epoch", st.Epoch())
 		controlPlane{q}.Audit(ctx, store.AuditEntry{Actor: registry.ActorQueen, Action: "queen.takeover", Target: "queen:" + q.URL(),
-			Reason: fmt.Sprintf("the active queen's session ended; this standby holds the database now (fencing epoch %d)", st.Epoch()),
+			Reason:   fmt.Sprintf("the active queen's session ended; this standby holds the database now (fencing epoch %d)", st.Epoch()),
 			Metadata: map[string]any{"epoch": st.Epoch()}})
 	}
 
