@@ -17,6 +17,7 @@ if [ "${1:-}" != build ]; then
     qemu-user          # runs apiary on an emulated CPU without AVX (internal/worker's CPU backend test)
     systemd            # systemd-analyze verify checks the units of apiary service install (internal/service)
     chromium           # the dashboard's browser tests (internal/queen) drive it headless through chromedp
+    haproxy            # the failover test puts it in front of two queens, as docs/deploy.md does
   )
 fi
 

@@ -3,8 +3,13 @@ package queen
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -15,6 +20,61 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/keeper"
 )
+
+// startHAProxy runs HAProxy (Debian's package; scripts/deps.sh installs
+// it) in front of the queens at addrs, as docs/deploy.md configures it:
+// a server is used while its GET /health answers 200 (a standby answers
+// 503), checked every 300 ms. It returns HAProxy's base URL.
+func startHAProxy(t *testing.T, addrs ...string) string {
+	t.Helper()
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		t.Fatalf("haproxy is not installed (scripts/deps.sh installs it): %v", err)
+	}
+	front := listenAddr(t)
+	var servers strings.Builder
+	for i, a := range addrs {
+		fmt.Fprintf(&servers, "    server queen%d %s check\n", i+1, a)
+	}
+	cfg := filepath.Join(t.TempDir(), "haproxy.cfg")
+	conf := fmt.Sprintf(haproxyConfig, front, servers.String())
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-db", "-f", cfg)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("haproxy:\n%s", out.String())
+		}
+	})
+	return "http://" + front
+}
+
+// haproxyConfig is docs/deploy.md's HAProxy configuration with the
+// addresses left to fill in (the frontend's, then the server lines).
+const haproxyConfig = `defaults
+    mode http
+    timeout connect 1s
+    timeout client 60s
+    timeout server 60s
+    retries 3
+    option redispatch
+frontend apiary
+    bind %s
+    default_backend queens
+backend queens
+    option httpchk
+    http-check send meth GET uri /health ver HTTP/1.1 hdr Host localhost
+    http-check expect status 200
+    default-server inter 300ms fall 1 rise 1
+%s`
 
 // listenAddr is a loopback address free a moment ago.
 func listenAddr(t *testing.T) string {
@@ -28,8 +88,8 @@ func listenAddr(t *testing.T) string {
 }
 
 // Two queens on one PostgreSQL database, one hive configured with both,
-// 4 streams of steady load through a stand-in for a load balancer (the
-// first queen, else the second): the second queen stands by (its /health
+// 4 streams of steady load through HAProxy in front of both: the second
+// queen stands by (its /health
 // 503 "standby" naming the active one), and when the active is SIGKILLed
 // it takes over within 5 s, requests are served again within 10 s of the
 // kill by the same worker (not restarted: same row, same process), and
@@ -75,10 +135,16 @@ func TestProcessQueenFailover(t *testing.T) {
 		t.Fatalf("rows before: %+v, %v", before, err)
 	}
 
-	// The load balancer's stand-in: the first queen, else the second.
-	clients := []oai.Client{
-		oai.NewClient(option.WithBaseURL(url1+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0)),
-		oai.NewClient(option.WithBaseURL(url2+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0)),
+	// Clients go through HAProxy, which sends them to the queen whose
+	// /health answers 200.
+	lb := startHAProxy(t, a1, a2)
+	clients := []oai.Client{oai.NewClient(option.WithBaseURL(lb+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))}
+	for deadline := time.Now().Add(waitLimit); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := clients[0].Completions.New(t.Context(), completion(2)); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no request served through HAProxy: %v", err)
+		}
 	}
 	var mu sync.Mutex
 	var served []time.Time
@@ -164,8 +230,15 @@ func TestProcessQueenFailover(t *testing.T) {
 	}
 	rec, _ = q3.logs.wait(t, 0, "queen serving", nil)
 	t.Logf("cut off: the other queen was active %s after", logTime(t, rec).Sub(cut).Round(time.Millisecond))
-	if _, err := clients[0].Completions.New(t.Context(), completion(2)); err != nil {
-		t.Errorf("a request to the queen that took over again: %v", err)
+	for deadline := cut.Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := clients[0].Completions.New(t.Context(), completion(2))
+		if err == nil {
+			t.Logf("cut off: served through HAProxy again %s after", time.Since(cut).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no request served through HAProxy within 10s of the cut: %v", err)
+		}
 	}
 	final, err := keeper.NewClient(url1, "", "").Workers(t.Context(), keeper.WorkerFilter{})
 	if err != nil || len(final) != 1 || final[0].ID != started.LifecycleID || final[0].Status != "RUNNING" || *final[0].PID != *before[0].PID {
