@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -46,6 +49,10 @@ func StatusOf(err error) (int, string) {
 // log of who has the details.
 func Fail(w http.ResponseWriter, err error, who string) {
 	e := FailLine(err, who)
+	var r interface{ RetryAfter() time.Duration }
+	if errors.As(err, &r) && r.RetryAfter() > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(r.RetryAfter().Seconds()))))
+	}
 	WriteError(w, e.Status, e.Error.Code, e.Error.Message)
 }
 

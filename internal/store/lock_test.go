@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
@@ -234,4 +238,52 @@ func TestUpgradeKeepsAuditIDsAndContinuesAfterThem(t *testing.T) {
 			t.Errorf("audit after the upgrade (-want +got):\n%s", diff)
 		}
 	})
+}
+
+// A database that goes away (its connections cut, new ones refused) while
+// the queen holds the lock: a write fails as ErrUnavailable, which the
+// daemons answer 503 with Retry-After, not 500; when the database takes
+// connections again, writes succeed.
+func TestPostgresOutageIsAnsweredAsUnavailable(t *testing.T) {
+	u := newPG(t)
+	db := admin(t, u)
+	s := open(t, store.Config{URL: u, LockCheckInterval: time.Hour})
+	if _, err := appendEntry(t.Context(), s, "before"); err != nil {
+		t.Fatal(err)
+	}
+	lock := lockHolder(t, db)
+	var name string
+	if err := db.QueryRowContext(t.Context(), "SELECT current_database()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	// From the cluster's postgres database: a database's own connections
+	// cannot refuse connections to it.
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.Path = "/postgres"
+	other := admin(t, pu.String())
+	if _, err := other.ExecContext(t.Context(), `ALTER DATABASE "`+name+`" WITH ALLOW_CONNECTIONS false`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND pid <> $1`, lock); err != nil {
+		t.Fatal(err)
+	}
+	_, err = appendEntry(t.Context(), s, "during the outage")
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("a write during the outage: %v, want ErrUnavailable", err)
+	}
+	rec := httptest.NewRecorder()
+	api.Fail(rec, err, "queen")
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), "database_unavailable") {
+		t.Errorf("answered %d, Retry-After %q: %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body.String())
+	}
+	if _, err := other.ExecContext(t.Context(), `ALTER DATABASE "`+name+`" WITH ALLOW_CONNECTIONS true`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := appendEntry(t.Context(), s, "after the outage"); err != nil {
+		t.Errorf("a write after the outage: %v", err)
+	}
 }

@@ -22,9 +22,12 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -50,12 +53,21 @@ var (
 	ErrExists   = errors.New("store: already exists")
 	ErrLocked   = openai.Sentinel(http.StatusServiceUnavailable, "store_locked", "store: database is in use by another queen")
 	// ErrLockLost: the one-queen lock is gone (its connection dropped or
-	// it was released); the queen must step down.
-	ErrLockLost = errors.New("store: lost the one-queen lock")
+	// it was released); the queen must step down. A write refused for it
+	// is answered 503: another queen serves.
+	ErrLockLost = &openai.CodedError{Status: http.StatusServiceUnavailable, Code: "not_active_queen",
+		Message: "store: lost the one-queen lock", Retry: time.Second}
 	// ErrTimeout: PostgreSQL cancelled a statement that ran past
 	// statement_timeout or waited past lock_timeout, or the transaction
-	// ran past its client-side limit.
-	ErrTimeout = errors.New("store: the database did not answer in time")
+	// ran past its client-side limit. Answered 503 with Retry-After.
+	ErrTimeout = &openai.CodedError{Status: http.StatusServiceUnavailable, Code: "database_timeout",
+		Message: "store: the database did not answer in time", Retry: 2 * time.Second}
+	// ErrUnavailable: the database cannot be reached, dropped the
+	// connection, is shutting down, has no connection left, or is busy
+	// (SQLite's write lock held past its busy timeout; a serialization
+	// failure). Nothing was written; answered 503 with Retry-After.
+	ErrUnavailable = &openai.CodedError{Status: http.StatusServiceUnavailable, Code: "database_unavailable",
+		Message: "store: the database is unavailable or busy; nothing was written, try again", Retry: 2 * time.Second}
 )
 
 // Dialect is the database behind a Store.
@@ -357,7 +369,7 @@ func (s *Store) run(ctx context.Context, readOnly bool, fn func(*Tx) error) erro
 		}
 	}
 	if s.txTimeout == 0 {
-		return s.runTx(ctx, readOnly, fn)
+		return classify(s.runTx(ctx, readOnly, fn))
 	}
 	tctx, cancel := context.WithTimeoutCause(ctx, s.txTimeout, errTxTimeout)
 	defer cancel()
@@ -365,7 +377,40 @@ func (s *Store) run(ctx context.Context, readOnly bool, fn func(*Tx) error) erro
 	if err != nil && ctx.Err() == nil && context.Cause(tctx) == errTxTimeout {
 		return fmt.Errorf("%w (a transaction ran past %s): %w", ErrTimeout, s.txTimeout, err)
 	}
-	return classifyPG(err)
+	return classify(err)
+}
+
+// classify marks the errors that say the database is away or busy, not
+// that the write was wrong: timeouts (ErrTimeout), a connection that
+// cannot be made or broke, a server shutting down or out of connections,
+// a serialization failure or deadlock, SQLite's busy lock
+// (ErrUnavailable). Clients are answered 503 with Retry-After for them.
+func classify(err error) error {
+	err = classifyPG(err)
+	if err == nil || errors.Is(err, ErrTimeout) || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLocked) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err // the caller's own deadline or cancel is not the database's
+	}
+	var pe *pgconn.PgError
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	switch {
+	case errors.As(err, &pe):
+		switch {
+		case strings.HasPrefix(pe.Code, "08"), // connection exception
+			pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03", // admin shutdown, crash shutdown, cannot connect now
+			pe.Code == "53300",                    // too many connections
+			pe.Code == "40001", pe.Code == "40P01": // serialization failure, deadlock
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return err
+	case errors.As(err, &ce), errors.As(err, &ne), errors.Is(err, driver.ErrBadConn), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case strings.Contains(err.Error(), "SQLITE_BUSY"), strings.Contains(err.Error(), "database is locked"),
+		strings.Contains(err.Error(), "conn closed"), strings.Contains(err.Error(), "connection reset"):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
 }
 
 var errTxTimeout = errors.New("store: transaction timeout")
