@@ -399,7 +399,7 @@ func classify(err error) error {
 		switch {
 		case strings.HasPrefix(pe.Code, "08"), // connection exception
 			pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03", // admin shutdown, crash shutdown, cannot connect now
-			pe.Code == "53300",                    // too many connections
+			pe.Code == "53300",                     // too many connections
 			pe.Code == "40001", pe.Code == "40P01": // serialization failure, deadlock
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
