@@ -18,8 +18,8 @@ func newPoolsCmd() *cobra.Command {
 	a := &adminFlags{}
 	cmd := groupCmd("pools", "List, drain, undrain and remove pools",
 		`List, drain, undrain and remove the pools (hives) registered with the queen. A
-drained pool gets no new workers (its running workers stay) until it is
-undrained; a removed pool is offline until its hive registers again. Uses $APIARY_ADMIN_TOKEN ($APIARY_CLUSTER_TOKEN may list pools).`,
+drained pool gets no new workers (its running workers serve on until they
+stop or idle out; drain --now stops them) until it is undrained; a removed pool is offline until its hive registers again. Uses $APIARY_ADMIN_TOKEN ($APIARY_CLUSTER_TOKEN may list pools).`,
 		newPoolsLsCmd(a), newPoolsDrainCmd(a), newPoolsUndrainCmd(a), newPoolsRmCmd(a))
 	a.register(cmd)
 	return cmd
@@ -49,28 +49,23 @@ func newPoolsLsCmd(a *adminFlags) *cobra.Command {
 }
 
 func newPoolsDrainCmd(a *adminFlags) *cobra.Command {
-	return newPoolActionCmd(a, "drain POOL_ID [--reason TEXT]", "Drain a pool: it gets no new workers",
-		(*keeper.Client).DrainPool)
-}
-
-func newPoolsUndrainCmd(a *adminFlags) *cobra.Command {
-	cmd := newPoolActionCmd(a, "undrain POOL_ID --reason TEXT", "Take a drained pool back: it gets new workers again",
-		(*keeper.Client).UndrainPool)
-	pre := cmd.PreRunE
-	cmd.PreRunE = func(c *cobra.Command, args []string) error {
-		if r, _ := c.Flags().GetString("reason"); strings.TrimSpace(r) == "" {
-			return usagef("pools undrain: --reason is required (it goes to the audit log)")
-		}
-		if pre != nil {
-			return pre(c, args)
-		}
-		return nil
-	}
+	var now bool
+	cmd := newPoolActionCmd(a, "drain POOL_ID --reason TEXT [--now]",
+		"Drain a pool: it gets no new workers; its running workers serve on until they stop or idle out (--now: stopped gracefully now)",
+		func(c *keeper.Client, ctx context.Context, id, reason string) (api.Pool, error) {
+			return c.DrainPoolNow(ctx, id, reason, now)
+		})
+	cmd.Flags().BoolVar(&now, "now", false, "also stop the pool's running workers now, gracefully (requests in flight finish)")
 	return cmd
 }
 
+func newPoolsUndrainCmd(a *adminFlags) *cobra.Command {
+	return newPoolActionCmd(a, "undrain POOL_ID --reason TEXT", "Take a drained pool back: it gets new workers again",
+		(*keeper.Client).UndrainPool)
+}
+
 func newPoolsRmCmd(a *adminFlags) *cobra.Command {
-	return newPoolActionCmd(a, "rm POOL_ID [--reason TEXT]", "Deregister a pool (offline; its hive may register again)",
+	return newPoolActionCmd(a, "rm POOL_ID --reason TEXT", "Deregister a pool (offline; its hive may register again)",
 		(*keeper.Client).RemovePool)
 }
 
@@ -94,7 +89,13 @@ func newPoolActionCmd(a *adminFlags, use, short string,
 			return printLine(cmd.OutOrStdout(), "%s: %s", p.PoolID, p.Status)
 		},
 	}
-	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	cmd.PreRunE = func(c *cobra.Command, args []string) error {
+		if strings.TrimSpace(reason) == "" {
+			return usagef("pools %s: --reason is required (it goes to the audit log)", c.Name())
+		}
+		return nil
+	}
 	return cmd
 }
 

@@ -81,7 +81,7 @@ func TestDaemonTextIsEscapedInTablesAndMessages(t *testing.T) {
 		{"audit", q},
 		{"nodes", "ls", q},
 		{"nodes", "rm", "n1", q},
-		{"pools", "drain", "p1", q},
+		{"pools", "drain", "p1", "--reason", "r", q},
 		{"workers", "start", "--model", "tiny", "--reason", "r", q},
 		{"workers", "stop", "wk-1", "--reason", "r", q},
 	} {

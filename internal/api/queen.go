@@ -61,6 +61,10 @@ type PoolList struct {
 // DELETE /v2/pools/{id}: why, for the audit log.
 type PoolAction struct {
 	Reason string `json:"reason,omitempty"`
+	// Now, on a drain, also stops the pool's running workers (gracefully:
+	// their requests in flight finish); without it they serve on until
+	// they stop or idle out.
+	Now bool `json:"now,omitempty"`
 }
 
 // LifecycleRow is one worker lifecycle row of the queen, the source of

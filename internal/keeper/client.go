@@ -123,8 +123,14 @@ func (c *Client) Pools(ctx context.Context, f PoolFilter) ([]api.Pool, error) {
 
 // DrainPool drains a pool: it gets no new workers.
 func (c *Client) DrainPool(ctx context.Context, id, reason string) (api.Pool, error) {
+	return c.DrainPoolNow(ctx, id, reason, false)
+}
+
+// DrainPoolNow drains a pool; with now its running workers are stopped
+// too (gracefully).
+func (c *Client) DrainPoolNow(ctx context.Context, id, reason string, now bool) (api.Pool, error) {
 	var out api.Pool
-	err := c.do(ctx, http.MethodPost, "/v2/pools/"+url.PathEscape(id)+"/drain", nil, api.PoolAction{Reason: reason}, &out, c.adminToken)
+	err := c.do(ctx, http.MethodPost, "/v2/pools/"+url.PathEscape(id)+"/drain", nil, api.PoolAction{Reason: reason, Now: now}, &out, c.adminToken)
 	return out, err
 }
 

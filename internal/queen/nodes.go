@@ -183,7 +183,7 @@ func (q *Queen) deleteNode(w http.ResponseWriter, r *http.Request, c caller) err
 	if err := checkNodeName(name); err != nil {
 		return err
 	}
-	reason, err := poolAction(r, "node removed")
+	reason, _, err := poolAction(r, "node removed")
 	if err != nil {
 		return err
 	}

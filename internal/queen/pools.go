@@ -2,6 +2,7 @@ package queen
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -499,22 +500,54 @@ func (q *Queen) getPool(w http.ResponseWriter, r *http.Request, _ caller) error 
 	return nil
 }
 
-// poolAction reads the optional {"reason"} of drain and removal.
-func poolAction(r *http.Request, def string) (string, error) {
+// poolAction reads the {"reason", "now"} of a pool's drain, undrain or
+// removal; def is the reason when the body gives none.
+func poolAction(r *http.Request, def string) (reason string, now bool, err error) {
 	var a api.PoolAction
 	if err := api.Decode(r, &a, true); err != nil {
-		return "", err
+		return "", false, err
 	}
 	if strings.TrimSpace(a.Reason) == "" {
-		return def, nil
+		return def, a.Now, nil
 	}
-	return checkReason(a.Reason)
+	reason, err = checkReason(a.Reason)
+	return reason, a.Now, err
 }
 
+// postDrain drains a pool: no new workers there; its running workers
+// serve on, or with "now" are stopped gracefully. The reason is required
+// (audit), and a drain of a drained pool is audited too.
 func (q *Queen) postDrain(w http.ResponseWriter, r *http.Request, c caller) error {
-	return q.poolChange(w, r, "drain requested", func(ctx context.Context, id, reason string) (registry.Pool, error) {
-		return q.reg.Drain(ctx, id, c.actor, reason)
+	return q.poolChange(w, r, "", func(ctx context.Context, id, reason string) (registry.Pool, error) {
+		if reason == "" {
+			return registry.Pool{}, api.BadRequest("reason is required: say why the pool takes no new work, for the audit log")
+		}
+		before, known := q.reg.Get(id)
+		p, err := q.reg.Drain(ctx, id, c.actor, reason)
+		if err != nil {
+			return p, err
+		}
+		if known && before.Drained {
+			controlPlane{q}.Audit(ctx, store.AuditEntry{Actor: c.actor, Action: "pool.drain", Target: id, Reason: reason + " (already drained)"})
+		}
+		if ctx.Value(drainNowKey{}) == true {
+			q.stopPoolWorkers(ctx, id, c.actor, "pool drained now: "+reason)
+		}
+		return p, nil
 	})
+}
+
+// drainNowKey marks a drain request's context as one with "now".
+type drainNowKey struct{}
+
+// stopPoolWorkers stops every live worker of pool gracefully, as an
+// operator's stop each (audited), for a drain with "now".
+func (q *Queen) stopPoolWorkers(ctx context.Context, pool, actor, reason string) {
+	for _, id := range q.rows.livePoolRows(pool) {
+		if _, err := q.StopWorker(ctx, id, true, reason, actor); err != nil && !errors.Is(err, ErrRowEnded) {
+			q.log.Warn("drain now: cannot stop a worker", "lifecycle_id", id, "pool_id", pool, "err", err)
+		}
+	}
 }
 
 // postUndrain takes a drained pool back; the reason is required (audit).
@@ -537,11 +570,18 @@ func (q *Queen) poolChange(w http.ResponseWriter, r *http.Request, def string,
 	if err := checkID("pool id", id); err != nil {
 		return err
 	}
-	reason, err := poolAction(r, def)
+	reason, now, err := poolAction(r, def)
 	if err != nil {
 		return err
 	}
-	p, err := change(r.Context(), id, reason)
+	ctx := r.Context()
+	if now {
+		if !strings.HasSuffix(r.URL.Path, "/drain") {
+			return api.BadRequest("now applies to a drain only")
+		}
+		ctx = context.WithValue(ctx, drainNowKey{}, true)
+	}
+	p, err := change(ctx, id, reason)
 	if err != nil {
 		return err
 	}
@@ -549,8 +589,16 @@ func (q *Queen) poolChange(w http.ResponseWriter, r *http.Request, def string,
 	return nil
 }
 
+// deletePool is an operator's removal: the reason is required (audit).
 func (q *Queen) deletePool(w http.ResponseWriter, r *http.Request, c caller) error {
-	return q.deregister(w, r, c.actor, "deregistered")
+	return q.poolChange(w, r, "", func(ctx context.Context, id, reason string) (registry.Pool, error) {
+		if reason == "" {
+			return registry.Pool{}, api.BadRequest("reason is required: say why the pool is removed, for the audit log")
+		}
+		p, err := q.reg.Deregister(ctx, id, c.actor, reason)
+		q.tokens.forget(id)
+		return p, err
+	})
 }
 
 // postOffline is a hive saying it stops (POST /v2/pools/{id}/offline,

@@ -3,6 +3,7 @@ package queen
 import (
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,7 +92,7 @@ func TestHiveRefusalFailsTheRow(t *testing.T) {
 func TestStartOnUnavailablePoolWritesNothing(t *testing.T) {
 	x := startQueen(t, sqliteDir(t), "")
 	x.register("a")
-	x.ok("POST", "/v2/pools/a/drain", nil, http.StatusOK, nil)
+	x.ok("POST", "/v2/pools/a/drain", `{"reason":"test"}`, http.StatusOK, nil)
 	for _, tc := range []struct {
 		pool   string
 		status int
@@ -338,7 +339,7 @@ func TestDrainDeregisterAndComeBack(t *testing.T) {
 		t.Errorf("drained pool: %+v", p)
 	}
 	x.beat("a", worker("worker-1", id, "ready"))
-	x.ok("DELETE", "/v2/pools/a", nil, http.StatusOK, &p)
+	x.ok("DELETE", "/v2/pools/a", `{"reason":"deregistered for the test"}`, http.StatusOK, &p)
 	if p.Status != "offline" {
 		t.Errorf("deregistered pool: %+v", p)
 	}
@@ -664,4 +665,40 @@ func metricLineWith(x *tq, prefix, token string) string {
 		}
 	}
 	return ""
+}
+
+// One reason rule for a pool's state changes: drain and removal need a
+// reason as undrain does; a drain of a drained pool is audited too; a
+// drain with "now" stops the pool's running workers gracefully, one
+// without leaves them serving.
+func TestDrainNeedsAReasonAndNowStopsWorkers(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	id := x.start("tiny", "a").LifecycleID
+	x.beat("a", worker("worker-1", id, "ready"))
+	for _, c := range []struct{ method, path string }{{"POST", "/v2/pools/a/drain"}, {"DELETE", "/v2/pools/a"}, {"POST", "/v2/pools/a/undrain"}} {
+		if status, body := x.do(c.method, c.path, "", nil); status != http.StatusBadRequest || !strings.Contains(string(body), "reason is required") {
+			t.Errorf("%s %s without a reason: %d %s", c.method, c.path, status, body)
+		}
+	}
+	if status, body := x.do("POST", "/v2/pools/a/undrain", "", api.PoolAction{Reason: "x", Now: true}); status != http.StatusBadRequest || !strings.Contains(string(body), "now applies to a drain only") {
+		t.Errorf("undrain with now: %d %s", status, body)
+	}
+	x.ok("POST", "/v2/pools/a/drain", api.PoolAction{Reason: "maintenance"}, http.StatusOK, nil)
+	if r := x.row(id); r.Status != "RUNNING" {
+		t.Errorf("a drain without now stopped the worker: %+v", r)
+	}
+	x.ok("POST", "/v2/pools/a/drain", api.PoolAction{Reason: "maintenance, now", Now: true}, http.StatusOK, nil)
+	if r := x.row(id); r.Status != "DRAINING" || !strings.Contains(r.Reason, "pool drained now: maintenance, now") {
+		t.Errorf("the worker after a drain with now: %+v", r)
+	}
+	var list api.AuditList
+	x.ok("GET", "/api/admin/audit?action=pool.drain", nil, http.StatusOK, &list)
+	var reasons []string
+	for _, e := range list.Entries {
+		reasons = append(reasons, e.Reason)
+	}
+	if !slices.Contains(reasons, "maintenance") || !slices.Contains(reasons, "maintenance, now (already drained)") {
+		t.Errorf("pool.drain entries: %q, want both drains", reasons)
+	}
 }

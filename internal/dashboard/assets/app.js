@@ -249,7 +249,7 @@ function startWorker(model, pool) {
 
 function drainPool(id, drain) {
   confirmAction((drain ? 'Drain' : 'Undrain') + ' pool ' + id + '?',
-    drain ? 'Its workers get no new requests and nothing new is placed there.' : 'It takes requests and placements again.',
+    drain ? 'Nothing new is placed there; its running workers serve on until they stop or idle out.' : 'It takes new workers again.',
     reason => call('POST', '/v2/pools/' + encodeURIComponent(id) + (drain ? '/drain' : '/undrain'), { reason }));
 }
 
