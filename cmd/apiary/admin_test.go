@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -94,6 +95,8 @@ func TestAdminCommands(t *testing.T) {
 		{[]string{"pools", "drain", "nope", "--reason", "x", q}, 1, nil, []string{"pool_not_found"}},
 		{[]string{"audit", "--limit", "3", q}, 0, []string{"ACTION", "pool.offline", "pool.drain", "maintenance"}, nil},
 		{[]string{"audit", "--since", "yesterday", q}, 2, nil, []string{"--since"}},
+		{[]string{"audit", "--until", "soon", q}, 2, nil, []string{"--until"}},
+		{[]string{"audit", "--action", "pool.undrain", "--target", "p1", "--until", "1ms", q}, 0, []string{"pool.undrain", "maintenance done"}, nil},
 		{[]string{"pools", "ls", "--queen=http://127.0.0.1:1"}, 1, nil, []string{"queen unreachable", "apiary queen"}},
 		{[]string{"pools", "ls", "--queen=http://127.0.0.1:1/?x"}, 2, nil, []string{"--queen", "query"}},
 		{[]string{"workers", "ls", "--queen=http://admin:pw@127.0.0.1:1"}, 2, nil, []string{"user info"}},
@@ -188,5 +191,37 @@ func TestModelsScaleCommand(t *testing.T) {
 	var list api.ModelSettingList
 	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list.Models) != 1 || list.Models[0].MaxWorkers == nil || *list.Models[0].MaxWorkers != 2 {
 		t.Errorf("models scale --json: %v %s", err, out)
+	}
+}
+
+// A start of a model no pool has is a model not found (404), named, not
+// a pool unavailable: the hives answered their model lists.
+func TestStartOfAModelNoPoolHasIsNotFound(t *testing.T) {
+	hive := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v2/models" {
+			api.WriteJSON(w, http.StatusOK, api.ModelList{Models: []api.Model{{Ref: "tiny", SizeBytes: 1 << 20}}})
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(hive.Close)
+	q, err := queen.New(queen.Config{Addr: "127.0.0.1:0", DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- q.Run(context.Background()) }()
+	<-q.Ready()
+	t.Cleanup(func() { q.Close(); <-errc })
+	body, _ := json.Marshal(api.RegisterPool{PoolID: "p1", Endpoint: hive.URL, NodeID: "n1", Version: "t",
+		GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 6 << 30}}})
+	resp, err := http.Post(q.URL()+"/v2/pools/register", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	code, _, errOut := apiary(t, "workers", "start", "--model", "nosuch", "--reason", "x", "--queen="+q.URL())
+	if code != 1 || !strings.Contains(errOut, "model_not_found") || !strings.Contains(errOut, "no pool has model nosuch") {
+		t.Errorf("start of a model no pool has: exit %d, %q", code, errOut)
 	}
 }

@@ -28,7 +28,7 @@ type poolFlags struct {
 }
 
 func (f *poolFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.queen, "queen", defaultQueenURL(), "queen URL, with --pool or --all (default $APIARY_QUEEN or http://127.0.0.1:8080)")
+	cmd.Flags().StringVar(&f.queen, "queen", defaultQueenURL(), "queen URL, with --pool or --all (from $APIARY_QUEEN when set)")
 }
 
 func (f *poolFlags) client() (*keeper.Client, error) {

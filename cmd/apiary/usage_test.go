@@ -1,14 +1,18 @@
 package main
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/apiary-llm/apiary/internal/api"
 )
@@ -231,5 +235,49 @@ func TestHiveRefusesABadEnginesFile(t *testing.T) {
 		if !strings.Contains(out, w) {
 			t.Errorf("output lacks %q:\n%s", w, out)
 		}
+	}
+}
+
+// Every command answers --help (exit 0, its usage on stdout) and refuses
+// a wrong use — an unknown flag, and for a command that takes no argument
+// an argument — with exit 2 and a message that names what was wrong, on
+// stderr, without a package prefix. One exit-code rule: usage 2.
+func TestEveryCommandHelpsAndRefusesAWrongUse(t *testing.T) {
+	var walk func(c *cobra.Command)
+	var paths [][]string
+	walk = func(c *cobra.Command) {
+		if c.Hidden || c.Name() == "help" || c.Name() == "completion" {
+			return
+		}
+		path := strings.Fields(c.CommandPath())[1:]
+		paths = append(paths, path)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd(io.Discard, io.Discard))
+	if len(paths) < 30 {
+		t.Fatalf("only %d commands found", len(paths))
+	}
+	prefix := regexp.MustCompile(`^apiary: (keeper|registry|store|routing|queen|hive):`)
+	for _, p := range paths {
+		code, out, errOut := apiary(t, append(slices.Clone(p), "--help")...)
+		if code != 0 || !strings.Contains(out, "Usage:") {
+			t.Errorf("apiary %s --help: exit %d, stdout %q, stderr %q", strings.Join(p, " "), code, out, errOut)
+		}
+		code, _, errOut = apiary(t, append(slices.Clone(p), "--no-such-flag")...)
+		if code != 2 || !strings.Contains(errOut, "unknown flag: --no-such-flag") || prefix.MatchString(errOut) {
+			t.Errorf("apiary %s --no-such-flag: exit %d, stderr %q; want 2 naming the flag", strings.Join(p, " "), code, errOut)
+		}
+	}
+	for _, args := range [][]string{{"worker", "ls"}, {"workers", "stop", "foo", "--reason", "x"}, {"workers", "logs", "bad"},
+		{"pools", "drain", "p1"}, {"audit", "--until", "soon"}} {
+		code, _, errOut := apiary(t, args...)
+		if code != 2 || prefix.MatchString(errOut) {
+			t.Errorf("apiary %s: exit %d, stderr %q; want 2 (usage)", strings.Join(args, " "), code, errOut)
+		}
+	}
+	if _, _, errOut := apiary(t, "worker", "ls"); !strings.Contains(errOut, "did you mean `apiary workers ls`") {
+		t.Errorf("apiary worker ls: %q, want a pointer to apiary workers ls", errOut)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/cpuvariant"
@@ -60,7 +61,13 @@ queen routes to it; the cluster token comes from $` + secret.ClusterTokenEnv + `
 neither it serves standalone. The worker's token comes from $` + worker.TokenEnv + `, never from
 the command line; without one the worker binds a loopback address only.
 SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`,
-		Args: cobra.NoArgs,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("worker: unexpected argument %q: `apiary worker` runs one worker process; to list or manage workers, did you mean `apiary workers %s`?",
+					args[0], strings.Join(args, " "))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runWorker(cmd.Context(), f, cmd.ErrOrStderr())
 		},

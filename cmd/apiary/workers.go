@@ -25,7 +25,7 @@ type adminFlags struct {
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
-	cmd.PersistentFlags().StringVar(&a.queen, "queen", defaultQueenURL(), "queen URL (default $APIARY_QUEEN or http://127.0.0.1:8080)")
+	cmd.PersistentFlags().StringVar(&a.queen, "queen", defaultQueenURL(), "queen URL (from $APIARY_QUEEN when set)")
 	cmd.PersistentFlags().BoolVar(&a.asJSON, "json", false, "print JSON instead of a table")
 	root := cmd.PersistentPreRunE
 	cmd.PersistentPreRunE = func(c *cobra.Command, args []string) error {
@@ -213,6 +213,9 @@ in-flight requests finish first.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if strings.TrimSpace(reason) == "" {
 				return usagef("workers stop: --reason is required (it goes to the audit log)")
+			}
+			if !strings.HasPrefix(args[0], "wk-") {
+				return usagef("workers stop: %q is not a lifecycle id: give the wk-… id that apiary workers ls shows", args[0])
 			}
 			resp, err := a.client().StopWorker(cmd.Context(), args[0], drain, reason)
 			if err != nil {

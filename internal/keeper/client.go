@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -22,7 +24,39 @@ import (
 )
 
 // ErrUnreachable means no queen answered at the URL.
-var ErrUnreachable = errors.New("keeper: queen unreachable")
+var ErrUnreachable = errors.New("queen unreachable")
+
+// unreachable says that nothing answered at base, and why in the
+// network's words (connection refused, no such host, a timeout), once.
+func unreachable(base string, err error, hint bool) error {
+	why := err.Error()
+	var errno syscall.Errno
+	var dns *net.DNSError
+	var ne net.Error
+	switch {
+	case errors.As(err, &errno):
+		why = errno.Error()
+	case errors.As(err, &dns):
+		why = dns.Error()
+	case errors.As(err, &ne) && ne.Timeout():
+		why = "no answer in time"
+	}
+	msg := ErrUnreachable.Error() + " at " + base + ": " + why
+	if hint {
+		msg += " (start one with `apiary queen`, or point --queen / APIARY_QUEEN at one)"
+	}
+	return &unreachableError{msg: msg, err: err}
+}
+
+// unreachableError is ErrUnreachable with where and why; it wraps the
+// network error too.
+type unreachableError struct {
+	msg string
+	err error
+}
+
+func (e *unreachableError) Error() string   { return e.msg }
+func (e *unreachableError) Unwrap() []error { return []error{ErrUnreachable, e.err} }
 
 // APIError is the queen's error answer.
 type APIError struct {
@@ -151,10 +185,27 @@ func (c *Client) RemovePool(ctx context.Context, id, reason string) (api.Pool, e
 // Audit lists audit entries, newest first. since is a duration ("1h") or
 // an RFC 3339 time; "" for all.
 func (c *Client) Audit(ctx context.Context, since string, limit int) ([]api.AuditEntry, error) {
+	return c.AuditQuery(ctx, AuditFilter{Since: since, Limit: limit})
+}
+
+// AuditFilter selects audit entries as GET /api/admin/audit does: Since
+// and Until are durations or RFC 3339 times; Actor, Action and Target
+// exact values; Limit at most this many (0: the queen's default).
+type AuditFilter struct {
+	Since, Until, Actor, Action, Target string
+	Limit                               int
+}
+
+// AuditQuery reads the audit entries f selects, newest first.
+func (c *Client) AuditQuery(ctx context.Context, f AuditFilter) ([]api.AuditEntry, error) {
 	v := url.Values{}
-	set(v, "since", since)
-	if limit > 0 {
-		v.Set("limit", strconv.Itoa(limit))
+	set(v, "since", f.Since)
+	set(v, "until", f.Until)
+	set(v, "actor", f.Actor)
+	set(v, "action", f.Action)
+	set(v, "target", f.Target)
+	if f.Limit > 0 {
+		v.Set("limit", strconv.Itoa(f.Limit))
 	}
 	var out api.AuditList
 	err := c.do(ctx, http.MethodGet, "/api/admin/audit", v, nil, &out, c.adminToken)
@@ -187,9 +238,9 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	case errors.As(err, &se):
 		return apiError(se.Status, se.Body)
 	case errors.Is(err, rpc.ErrUnreachable):
-		return fmt.Errorf("%w at %s (start one with `apiary queen`, or point --queen / APIARY_QUEEN at one): %w", ErrUnreachable, c.base, err)
+		return unreachable(c.base, err, true)
 	}
-	return fmt.Errorf("keeper: %w", err)
+	return err
 }
 
 // apiError is the queen's error answer data with status, its text as it

@@ -50,13 +50,13 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 	cfg := e.k.cfg
 	dir, err := os.MkdirTemp(cfg.TempDir, "apiary-infer-")
 	if err != nil {
-		return "", fmt.Errorf("keeper: throwaway data dir: %w", err)
+		return "", fmt.Errorf("throwaway data dir: %w", err)
 	}
 	e.dir = dir
 	bin := cfg.Binary
 	if bin == "" {
 		if bin, err = os.Executable(); err != nil {
-			return "", fmt.Errorf("keeper: find own executable: %w", err)
+			return "", fmt.Errorf("find own executable: %w", err)
 		}
 	}
 	timeout := time.NewTimer(cfg.StartTimeout)
@@ -103,7 +103,7 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 		Output: e.out, DeathSignal: syscall.SIGTERM, WaitDelay: 2 * time.Second})
 	e.line.CloseChildEnd()
 	if err != nil {
-		return "", fmt.Errorf("keeper: start a queen: %w", err)
+		return "", fmt.Errorf("start a queen: %w", err)
 	}
 	e.k.log.Debug("ephemeral queen started", "pid", e.proc.PID(), "data_dir", dir)
 	if node == nil {
@@ -116,11 +116,11 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 	case addr := <-e.out.serving:
 		e.url = "http://" + addr
 	case <-e.proc.Done():
-		return "", fmt.Errorf("keeper: the queen it started exited (%s): %s", e.proc.Exit(), e.out.tail())
+		return "", fmt.Errorf("the queen it started exited (%s): %s", e.proc.Exit(), e.out.tail())
 	case <-ctx.Done():
 		return "", context.Cause(ctx)
 	case <-timeout.C:
-		return "", fmt.Errorf("keeper: the queen it started did not serve within %s: %s", cfg.StartTimeout, e.out.tail())
+		return "", fmt.Errorf("the queen it started did not serve within %s: %s", cfg.StartTimeout, e.out.tail())
 	}
 	if node != nil {
 		if err := e.addNode(ctx, timeout.C); err != nil {
@@ -182,15 +182,15 @@ func (e *ephemeral) probeNode(ctx context.Context, deadline <-chan time.Time) (*
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		return nil, fmt.Errorf("keeper: node %s: %w", cfg.Node, err)
+		return nil, fmt.Errorf("node %s: %w", cfg.Node, err)
 	}
 	if probe.ClientAddr == "" {
-		return nil, fmt.Errorf("keeper: node %s (%s) did not say which address it sees this machine at ($SSH_CONNECTION is empty there); "+
+		return nil, fmt.Errorf("node %s (%s) did not say which address it sees this machine at ($SSH_CONNECTION is empty there); "+
 			"start a queen on an address it reaches and add the node to it (apiary queen --addr, apiary nodes add)", cfg.Node, cfg.SSH)
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(probe.ClientAddr, "0"))
 	if err != nil {
-		return nil, fmt.Errorf("keeper: node %s sees this machine at %s, which is no address of this machine (a ProxyJump or NAT in between?): "+
+		return nil, fmt.Errorf("node %s sees this machine at %s, which is no address of this machine (a ProxyJump or NAT in between?): "+
 			"start a queen on an address the node reaches and add the node to it (apiary queen --addr --advertise, apiary nodes add): %w", cfg.Node, probe.ClientAddr, err)
 	}
 	ln.Close()
@@ -229,7 +229,7 @@ func (e *ephemeral) addNode(ctx context.Context, deadline <-chan time.Time) erro
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		return fmt.Errorf("keeper: start a hive on node %s over SSH: %w", cfg.Node, err)
+		return fmt.Errorf("start a hive on node %s over SSH: %w", cfg.Node, err)
 	}
 	return nil
 }
@@ -275,7 +275,7 @@ func (e *ephemeral) awaitPool(ctx context.Context, id string, deadline <-chan ti
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-e.proc.Done():
-			return fmt.Errorf("keeper: the queen it started exited (%s): %s", e.proc.Exit(), e.out.tail())
+			return fmt.Errorf("the queen it started exited (%s): %s", e.proc.Exit(), e.out.tail())
 		case <-deadline:
 			msg := e.out.tail()
 			if nodes, err := c.Nodes(context.WithoutCancel(ctx)); err == nil {
@@ -285,7 +285,7 @@ func (e *ephemeral) awaitPool(ctx context.Context, id string, deadline <-chan ti
 					}
 				}
 			}
-			return fmt.Errorf("keeper: the hive of pool %s did not register within %s: %s", id, e.k.cfg.StartTimeout, msg)
+			return fmt.Errorf("the hive of pool %s did not register within %s: %s", id, e.k.cfg.StartTimeout, msg)
 		case <-tick.C:
 		}
 	}
@@ -305,13 +305,13 @@ func (e *ephemeral) teardown(interrupted bool) error {
 		phase, serr := procs.Stop(context.Background(), e.proc, procs.Escalation{TermWait: e.k.cfg.StopTimeout})
 		<-e.proc.Done()
 		if phase == procs.PhaseKill {
-			err = fmt.Errorf("keeper: the queen it started did not stop within %s; killed it: %s", e.k.cfg.StopTimeout, e.out.tail())
+			err = fmt.Errorf("the queen it started did not stop within %s; killed it: %s", e.k.cfg.StopTimeout, e.out.tail())
 		}
 		if serr != nil {
-			err = errors.Join(err, fmt.Errorf("keeper: stop the queen it started: %w", serr))
+			err = errors.Join(err, fmt.Errorf("stop the queen it started: %w", serr))
 		}
 		if x := e.proc.Exit(); err == nil && x.Code != 0 {
-			err = fmt.Errorf("keeper: the queen it started exited with %s: %s", x, e.out.tail())
+			err = fmt.Errorf("the queen it started exited with %s: %s", x, e.out.tail())
 		}
 		e.k.log.Debug("ephemeral queen stopped", "took", time.Since(start).Round(time.Millisecond).String(), "exit", e.proc.Exit().String())
 	}
@@ -320,7 +320,7 @@ func (e *ephemeral) teardown(interrupted bool) error {
 	}
 	if e.dir != "" {
 		if rerr := os.RemoveAll(e.dir); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("keeper: remove %s: %w", e.dir, rerr))
+			err = errors.Join(err, fmt.Errorf("remove %s: %w", e.dir, rerr))
 		}
 	}
 	return err
@@ -339,20 +339,20 @@ func resolveModel(model, modelsDir, linkDir string) (ref, dir string, err error)
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 			return "", "", fmt.Errorf("%w: model %s is not in %s: pass a path to a .gguf file, or put it there (apiary models pull URL)", ErrUsage, ref, modelsDir)
 		} else if err != nil {
-			return "", "", fmt.Errorf("keeper: model %s: %w", ref, err)
+			return "", "", fmt.Errorf("model %s: %w", ref, err)
 		}
 		return ref, modelsDir, nil
 	}
 	abs, err := filepath.Abs(model)
 	if err != nil {
-		return "", "", fmt.Errorf("keeper: --model %q: %w", model, err)
+		return "", "", fmt.Errorf("--model %q: %w", model, err)
 	}
 	st, err := os.Stat(abs)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return "", "", fmt.Errorf("%w: --model %s: no such file", ErrUsage, model)
 	case err != nil:
-		return "", "", fmt.Errorf("keeper: --model %s: %w", model, err)
+		return "", "", fmt.Errorf("--model %s: %w", model, err)
 	case !st.Mode().IsRegular():
 		return "", "", fmt.Errorf("%w: --model %s is not a regular file", ErrUsage, model)
 	}
@@ -361,10 +361,10 @@ func resolveModel(model, modelsDir, linkDir string) (ref, dir string, err error)
 		return "", "", fmt.Errorf("%w: --model %s: the file name %q cannot be a model ref (letters, digits, '.', '_', '+', '-')", ErrUsage, model, ref)
 	}
 	if err := os.MkdirAll(linkDir, 0o755); err != nil {
-		return "", "", fmt.Errorf("keeper: %w", err)
+		return "", "", fmt.Errorf("%w", err)
 	}
 	if err := os.Symlink(abs, filepath.Join(linkDir, ref+".gguf")); err != nil {
-		return "", "", fmt.Errorf("keeper: make %s available to the local hive: %w", model, err)
+		return "", "", fmt.Errorf("make %s available to the local hive: %w", model, err)
 	}
 	return ref, linkDir, nil
 }

@@ -310,7 +310,7 @@ func (k *Infer) generate(ctx context.Context, url, ref string) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		return fmt.Errorf("%w at %s: %w", ErrUnreachable, url, err)
+		return unreachable(url, err, false)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -108,7 +108,7 @@ func (j *Jobs) raw(ctx context.Context, method, path string, body io.Reader, con
 	}
 	resp, err := j.c.hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, j.c.base, err)
+		return nil, unreachable(j.c.base, err, false)
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()

@@ -35,7 +35,7 @@ func (c *Client) WorkerLogs(ctx context.Context, id string, q api.LogQuery, w io
 		if perr := ctx.Err(); perr != nil {
 			return perr // Ctrl+C
 		}
-		return fmt.Errorf("%w at %s (start one with `apiary queen`, or point --queen / APIARY_QUEEN at one): %w", ErrUnreachable, c.base, err)
+		return unreachable(c.base, err, true)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -442,6 +442,10 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 	} else {
 		d, err := q.routing.Place(ctx, routing.PlaceRequest{Model: req.Model, GPU: req.GPU})
 		if err != nil {
+			if q.noPoolHas(req.Model) {
+				return store.Row{}, &api.RequestError{Status: http.StatusNotFound, Code: "model_not_found",
+					Err: fmt.Errorf("no pool has model %s: `apiary models ls --all` lists the models the hives have (%w)", req.Model, err)}
+			}
 			return store.Row{}, err
 		}
 		pool = d.Pool
@@ -760,4 +764,17 @@ func lowerStatus(s lifecycle.Status) string {
 	default:
 		return "failed"
 	}
+}
+
+// noPoolHas says whether the hives answered with their model lists
+// (placement has just read them) and none has model: a start of it is a
+// model not found, not a pool unavailable.
+func (q *Queen) noPoolHas(model string) bool {
+	cat := q.routing.Catalog()
+	for _, models := range cat {
+		if _, ok := models[model]; ok {
+			return false
+		}
+	}
+	return len(cat) > 0
 }

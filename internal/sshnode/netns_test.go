@@ -768,7 +768,7 @@ func TestSSHNode_EphemeralInferNode_HiveOverSSH_NothingLeftBehind(t *testing.T) 
 
 	// sshd refuses: the keeper says so before it starts any queen.
 	k = infer("root@" + nodeAddr(1) + ":2222")
-	if code := k.Wait(t); code != 1 || !strings.Contains(k.Lines.String(), "keeper: node n1: ") || !strings.Contains(k.Lines.String(), "sshd runs there") {
+	if code := k.Wait(t); code != 1 || !strings.Contains(k.Lines.String(), "node n1: ") || !strings.Contains(k.Lines.String(), "sshd runs there") {
 		t.Errorf("infer --ssh to a closed port: exit %d; stderr:\n%s", code, k.Lines.String())
 	}
 	nothingLeft("after a refused ssh")
