@@ -240,3 +240,18 @@ func TestPoolsTableShowsLoadedAndEvictions(t *testing.T) {
 		t.Errorf("a stopped worker is shown loaded:\n%s", b.String())
 	}
 }
+
+// `workers ls` shows a worker's model by the name clients send (its
+// --config name) with the file that serves it; a model the config does
+// not name by its file.
+func TestWorkersTableShowsTheConfiguredName(t *testing.T) {
+	var b strings.Builder
+	rows := []api.LifecycleRow{{ID: "wk-1", ModelRef: "qwen2.5-0.5b-instruct-q4_k_m", ModelName: "qwen", Status: "RUNNING"},
+		{ID: "wk-2", ModelRef: "tiny", Status: "RUNNING"}}
+	if err := printWorkers(&b, nil, rows, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "qwen (qwen2.5-0.5b-instruct-q4_k_m)") || !strings.Contains(b.String(), "tiny") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}

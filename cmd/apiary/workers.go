@@ -320,7 +320,11 @@ func printWorkers(w io.Writer, pulls []api.ModelPull, rows []api.LifecycleRow, n
 		if r.Strikes != nil && r.Strikes.Degraded {
 			status += " (degraded)"
 		}
-		t.row(r.ID, status, r.ModelRef, r.PoolID, gpu, vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
+		model := r.ModelRef
+		if r.ModelName != "" {
+			model = r.ModelName + " (" + r.ModelRef + ")" // the name clients send, and the file that serves it
+		}
+		t.row(r.ID, status, model, r.PoolID, gpu, vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
 	}
 	return t.flush()
 }

@@ -74,6 +74,9 @@ type LifecycleRow struct {
 	PoolID    string `json:"pool_id"`
 	WorkerID  string `json:"worker_id,omitempty"` // the hive's id, once it accepted
 	ModelRef  string `json:"model_ref"`
+	// ModelName is the name the queen's --config gives the model (what
+	// clients send); absent when the config names none for model_ref.
+	ModelName string `json:"model_name,omitempty"`
 	GPUDevice *int   `json:"gpu_device"`
 	// DeviceKind is the kind of device gpu_device names (DeviceCPU: the
 	// CPU, not a GPU; DeviceCUDA), from its pool's inventory; empty when

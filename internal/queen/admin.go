@@ -208,6 +208,9 @@ func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
 		DeviceKind: q.deviceKind(r.PoolID, r.GPUDevice), Status: string(r.Status), Reason: r.Reason, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, ReadyAt: r.ReadyAt,
 		StoppedAt: r.StoppedAt, LastHeartbeatAt: r.LastHeartbeatAt, VRAMBytes: r.VRAMBytes, URI: r.URI, PID: r.PID,
 		ExitCode: r.ExitCode, Owner: r.Owner}
+	if name, _, ok := q.models.file().ByFile(r.ModelRef); ok && name != r.ModelRef {
+		w.ModelName = name
+	}
 	if r.Status == rowRunning && q.routing != nil {
 		if s, ok := q.routing.Strikes(r.ID); ok {
 			w.Strikes = &s

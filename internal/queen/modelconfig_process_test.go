@@ -72,6 +72,10 @@ models:
 	if n := c.queen.logs.Count("request queued", nil); n != 0 {
 		t.Errorf("%d requests queued; the file's min_workers must bring the worker with none", n)
 	}
+	// A person sees the model by the name clients send, beside its file.
+	if rows := c.rows(); len(rows) != 1 || rows[0].ModelName != "small" || rows[0].ModelRef != "tiny" {
+		t.Errorf("rows: %+v, want the replica's model_name small, model_ref tiny", rows)
+	}
 
 	ask := func(model string) (*oai.Completion, string) {
 		t.Helper()

@@ -321,7 +321,7 @@ function overview() {
       h('thead', {}, h('tr', {}, ['lifecycle id', 'model', 'pool', 'device', 'state', 'reason', 'memory', 'created', ''].map((t, i) => h('th', { class: i === 5 || i === 7 ? 'hide-narrow' : null, text: t })))),
       h('tbody', {}, workers.map(w => h('tr', { 'data-worker': w.id, 'data-status': w.status },
         h('td', {}, h('a', { class: 'mono', href: '#/worker/' + w.id, text: w.id })),
-        h('td', { text: w.model_ref }), h('td', { text: w.pool_id }),
+        h('td', { text: w.model_name ? w.model_name + ' (' + w.model_ref + ')' : w.model_ref }), h('td', { text: w.pool_id }),
         h('td', { text: w.gpu_device === undefined || w.gpu_device === null ? '–' : (w.device_kind || '') + ' ' + w.gpu_device }),
         h('td', {}, badge(w.status), w.strikes && w.strikes.degraded ? h('span', { class: 'muted', text: ' degraded' }) : null),
         h('td', { class: 'hide-narrow', text: w.reason || '' }),
