@@ -70,10 +70,10 @@ type PoolAction struct {
 // LifecycleRow is one worker lifecycle row of the queen, the source of
 // truth about a worker it asked for.
 type LifecycleRow struct {
-	ID        string `json:"id"` // wk-…
-	PoolID    string `json:"pool_id"`
-	WorkerID  string `json:"worker_id,omitempty"` // the hive's id, once it accepted
-	ModelRef  string `json:"model_ref"`
+	ID       string `json:"id"` // wk-…
+	PoolID   string `json:"pool_id"`
+	WorkerID string `json:"worker_id,omitempty"` // the hive's id, once it accepted
+	ModelRef string `json:"model_ref"`
 	// ModelName is the name the queen's --config gives the model (what
 	// clients send); absent when the config names none for model_ref.
 	ModelName string `json:"model_name,omitempty"`
