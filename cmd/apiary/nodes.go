@@ -79,6 +79,12 @@ func newNodesLsCmd(a *adminFlags) *cobra.Command {
 			if a.asJSON {
 				return printJSON(cmd.OutOrStdout(), api.NodeList{Nodes: nodes})
 			}
+			if len(nodes) == 0 {
+				// Nodes are the machines the queen starts hives on (over
+				// SSH); hives an operator started are pools.
+				_, err := fmt.Fprintln(cmd.ErrOrStderr(), "no node: the queen starts hives on none (apiary nodes add NAME --ssh HOST); hives started by an operator are pools: apiary pools ls")
+				return err
+			}
 			return printNodes(cmd.OutOrStdout(), nodes, time.Now())
 		},
 	}
