@@ -82,7 +82,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.StringVar(&f.addr, "addr", hive.DefaultAddr, "address the hive listens on")
 	fl.StringVar(&f.advertise, "advertise", "", "URL the queen and workers use to reach this hive (default http://ADDR)")
 	fl.StringVar(&f.queen, "queen", defaultQueenURL(), `queen URL to register with ("" for standalone)`)
-	fl.StringVar(&f.poolID, "pool-id", "", "pool id reported to the queen (default: --node-id)")
+	fl.StringVar(&f.poolID, "pool-id", "", "pool id reported to the queen, one per live hive (default: --node-id when given, else the host name and a hash of the machine id)")
 	fl.StringVar(&f.nodeID, "node-id", "", "node id reported to the queen (default: host name)")
 	fl.StringVar(&f.dataDir, "data-dir", hive.DefaultDataDir(), "directory for the hive's records and worker logs")
 	fl.StringVar(&f.modelsDir, "models-dir", "", "directory of GGUF models (default DATA_DIR/models)")

@@ -75,8 +75,13 @@ type Config struct {
 	LogRetention      time.Duration
 	HeartbeatInterval time.Duration
 
-	QueenURL     string // empty: standalone
-	PoolID       string // default: NodeID
+	QueenURL string // empty: standalone
+	// PoolID is the pool the hive registers; default NodeID when NodeID
+	// is set, else the host name and a hash of the machine id
+	// (defaultPoolID): the host name alone is shared by cloned machines
+	// and containers, and a queen refuses a second live hive with the
+	// same pool id.
+	PoolID       string
 	NodeID       string // default: host name
 	ClusterToken string // bearer for the queen and for the hive's own API
 	// HFToken is the Hugging Face token of the hive's pulls, handed on
@@ -177,6 +182,7 @@ func (c Config) withDefaults() Config {
 		if c.NodeID == "" {
 			c.NodeID = "localhost"
 		}
+		config.Default(&c.PoolID, defaultPoolID(c.NodeID, machineID()))
 	}
 	config.Default(&c.PoolID, c.NodeID)
 	config.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
