@@ -13,6 +13,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
@@ -74,6 +75,10 @@ type Config struct {
 	// negative keeps them forever.
 	LogRetention      time.Duration
 	HeartbeatInterval time.Duration
+	// PullStallTimeout drops a model pull's connection that sends no byte
+	// for this long, and resumes the download from where it was; default
+	// modelstore.DefaultStallTimeout (60s).
+	PullStallTimeout time.Duration
 
 	QueenURL string // empty: standalone
 	// PoolID is the pool the hive registers; default NodeID when NodeID
@@ -173,6 +178,7 @@ func (c Config) withDefaults() Config {
 	config.Default(&c.IdleTimeout, DefaultIdleTimeout)
 	config.Default(&c.LogRetention, DefaultLogRetention)
 	config.Default(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	config.Default(&c.PullStallTimeout, modelstore.DefaultStallTimeout)
 	config.Default(&c.HealthFailures, DefaultHealthFailures)
 	config.Default(&c.ReleaseTimeout, DefaultReleaseTimeout)
 	config.Default(&c.ReleasePoll, DefaultReleasePoll)
@@ -227,7 +233,7 @@ func (c Config) Validate() error {
 		field string
 		v     time.Duration
 	}{{"CallbackTimeout", c.CallbackTimeout}, {"HealthInterval", c.HealthInterval}, {"StopGrace", c.StopGrace},
-		{"ShutdownAck", c.ShutdownAck}, {"HeartbeatInterval", c.HeartbeatInterval},
+		{"ShutdownAck", c.ShutdownAck}, {"HeartbeatInterval", c.HeartbeatInterval}, {"PullStallTimeout", c.PullStallTimeout},
 		{"ReleaseTimeout", c.ReleaseTimeout}, {"ReleasePoll", c.ReleasePoll}} {
 		if d.v <= 0 {
 			p.Add(d.field, "must be positive, got %s", d.v)
