@@ -786,6 +786,38 @@ func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Po
 	return p, nil
 }
 
+// MarkUnhealthy makes a live (healthy or draining) pool unhealthy at once,
+// as its lease expiring would, for a reason found on the way: its hive did
+// not take a connection the queen opened. Placement and routing stop
+// choosing it now rather than after the heartbeat timeout, with every
+// request meanwhile failing against it. As after a lease expiry the change
+// is audited (pool.unhealthy, actor queen, with reason), the pool's
+// workers are presumed lost after the unhealthy grace, and its hive's
+// next full heartbeat brings it back. A pool that is not live is left as
+// it is (false).
+func (r *Registry) MarkUnhealthy(ctx context.Context, id, reason string) (bool, error) {
+	defer r.lockWrite()()
+	if r.closed {
+		return false, ErrClosed
+	}
+	e := r.pools[id]
+	switch {
+	case e == nil:
+		return false, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case e.Status != Healthy && e.Status != Draining:
+		return false, nil
+	}
+	next := e.lend()
+	next.Status = Unhealthy
+	// As the lease timer's change: memory changes even when the store
+	// write fails (Flush retries it): a pool that does not answer must
+	// not be routed to because a disk was full.
+	_ = r.changeLocked(ctx, e, next, change{actor: ActorQueen, action: "pool.unhealthy", reason: reason}, true)
+	e.lostPending, e.current = true, false // it comes back with a full heartbeat
+	r.armLocked(e, r.cfg.UnhealthyGrace)
+	return true, nil
+}
+
 // fire runs e's timer job: lease expiry, end of the unhealthy grace, or end
 // of the offline retention. A timer that was re-armed after it fired finds
 // its deadline in the future and does nothing.
