@@ -147,6 +147,11 @@ func TestPoolOfASilentHiveIsTakenOver(t *testing.T) {
 			t.Errorf("the old holder's POST %s: %d %s", c.path, code, body)
 		}
 	}
+	// A hive older than the queen names no instance: refused too, while a
+	// hive that names one holds the pool.
+	if code, body := x.hiveCall("POST", "/v2/pools/node/heartbeat", "", api.Heartbeat{}); code != http.StatusConflict {
+		t.Errorf("a heartbeat without an instance: %d %s", code, body)
+	}
 	if r := x.row(lc.LifecycleID); r.Status != "RUNNING" {
 		t.Errorf("the new holder's worker's row: %+v", r)
 	}

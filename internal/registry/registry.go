@@ -475,13 +475,12 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 // CheckHolder refuses (*HeldError) a message of hive instance for pool id
 // when another hive holds the pool now: a hive that was taken over must
 // not report its workers (its heartbeats would mark the holder's workers
-// lost). A message that names no instance (an older hive), for a pool
-// whose holder is not known by instance (it registered before the queen
-// started), or for an unknown pool is not refused here.
+// lost). A message that names no instance comes from a hive older than
+// the queen, which is refused only when the holder has one. A message
+// for a pool whose holder is not known by instance (an older hive, or one
+// that registered before the queen started) or for an unknown pool is not
+// refused here.
 func (r *Registry) CheckHolder(id, instance string) error {
-	if instance == "" {
-		return nil
-	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	e := r.pools[id]
