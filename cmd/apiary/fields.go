@@ -38,7 +38,7 @@ var (
 		"StopGrace": "--stop-grace", "ShutdownAck": "--shutdown-ack", "HeartbeatInterval": "--heartbeat-interval",
 		"WorkerSlots": "--worker-slots", "WorkerThreads": "--worker-threads", "CtxSize": "--worker-ctx-size",
 		"Owner": "--owner", "LeaseTimeout": "--lease-timeout", "ClusterToken": "APIARY_CLUSTER_TOKEN",
-		"PassEnv": "--pass-env",
+		"PassEnv": "--pass-env", "PullStallTimeout": "--pull-stall-timeout",
 	}
 	frontFields = map[string]string{
 		"EngineURL": "--engine-url", "HealthPath": "--health", "WorkerID": "--worker-id", "Slots": "--slots",

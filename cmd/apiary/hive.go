@@ -12,6 +12,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/hive"
+	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/sdnotify"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -27,6 +28,7 @@ type hiveFlags struct {
 	callbackTimeout, healthInterval        time.Duration
 	stopGrace, shutdownAck                 time.Duration
 	idleTimeout, heartbeatInterval         time.Duration
+	pullStallTimeout                       time.Duration
 	cpuMemory                              string
 	maxLoaded                              int
 	logRetention                           time.Duration
@@ -82,7 +84,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.StringVar(&f.addr, "addr", hive.DefaultAddr, "address the hive listens on")
 	fl.StringVar(&f.advertise, "advertise", "", "URL the queen and workers use to reach this hive (default http://ADDR)")
 	fl.StringVar(&f.queen, "queen", defaultQueenURL(), `queen URL to register with ("" for standalone); URL1,URL2 for queens sharing one PostgreSQL database: the active one is followed`)
-	fl.StringVar(&f.poolID, "pool-id", "", "pool id reported to the queen (default: --node-id)")
+	fl.StringVar(&f.poolID, "pool-id", "", "pool id reported to the queen, one per live hive (default: --node-id when given, else the host name and a hash of the machine id)")
 	fl.StringVar(&f.nodeID, "node-id", "", "node id reported to the queen (default: host name)")
 	fl.StringVar(&f.dataDir, "data-dir", hive.DefaultDataDir(), "directory for the hive's records and worker logs")
 	fl.StringVar(&f.modelsDir, "models-dir", "", "directory of GGUF models (default DATA_DIR/models)")
@@ -99,6 +101,8 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.IntVar(&f.maxLoaded, "max-loaded", 0, "most workers this hive runs at once, of any models (0: no limit but memory); the queen evicts idle workers to make room within it")
 	fl.DurationVar(&f.logRetention, "log-retention", hive.DefaultLogRetention, "remove ended workers' log files last written longer ago, hourly (0: keep forever)")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", hive.DefaultHeartbeatInterval, "period of heartbeats to the queen")
+	fl.DurationVar(&f.pullStallTimeout, "pull-stall-timeout", modelstore.DefaultStallTimeout,
+		"a model pull's connection that sends no byte for this long is dropped and the download resumed from where it was")
 	fl.StringVar(&f.owner, "owner", hive.OwnerOperator, "who started this hive: operator, or queen/keeper (then it must not outlive them)")
 	fl.StringVar(&f.lifeline, "lifeline", "", `"stdin": the parent holds this hive's stdin; its end shuts the hive down (with --owner queen|keeper)`)
 	fl.StringVar(&f.engines, "engines", "", "YAML file of the external engines this hive can run besides the built-in one (docs/engines.md)")
@@ -129,7 +133,8 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 	if err != nil {
 		return hive.Config{}, err
 	}
-	if err := notZero(cmd.Flags(), "callback-timeout", "health-interval", "stop-grace", "shutdown-ack", "heartbeat-interval"); err != nil {
+	if err := notZero(cmd.Flags(), "callback-timeout", "health-interval", "stop-grace", "shutdown-ack", "heartbeat-interval",
+		"pull-stall-timeout"); err != nil {
 		return hive.Config{}, err
 	}
 	idle, logRetention := f.idleTimeout, f.logRetention
@@ -176,7 +181,7 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads, WorkerSlots: f.slots,
 		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
 		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle, LogRetention: logRetention,
-		HeartbeatInterval: f.heartbeatInterval, CPUMemory: cpuMemory, MaxLoaded: f.maxLoaded,
+		HeartbeatInterval: f.heartbeatInterval, CPUMemory: cpuMemory, MaxLoaded: f.maxLoaded, PullStallTimeout: f.pullStallTimeout,
 		QueenURL: f.queen, PoolID: f.poolID, NodeID: f.nodeID,
 		ClusterToken: os.Getenv(secret.ClusterTokenEnv),
 		TLS:          f.tls, PassEnv: f.passEnv,

@@ -121,6 +121,7 @@ func printModels(w io.Writer, models []modelstore.Model) error {
 func newModelsPullCmd() *cobra.Command {
 	var dir, name, pool, reason string
 	var force, detach, status bool
+	var stall time.Duration
 	pf := &poolFlags{}
 	cmd := &cobra.Command{
 		Use:   "pull REF | pull --pool POOL --status",
@@ -135,7 +136,8 @@ saved as REF.gguf, REF being --name or the file name without ".gguf" (a
 split model's parts as NAME-0000i-of-0000N.gguf; its ref is the first's).
 
 Each file is written to FILE.gguf.partial: a broken connection is resumed
-where it stopped, and so is a pull run again after a failure or Ctrl-C.
+where it stopped, and so is one that sends nothing for --stall-timeout
+while it stays open, and a pull run again after a failure or Ctrl-C.
 The sha256 the Hub publishes is checked, the GGUF header read, and the free
 disk space checked first; only then does the file take its name. The Hub is
 $HF_ENDPOINT (default https://huggingface.co); $HF_TOKEN is sent for gated
@@ -156,6 +158,9 @@ $APIARY_ADMIN_TOKEN.`,
 			if pool != "" {
 				if fl.Changed("models-dir") {
 					return usagef("models pull: %v", errPoolFlags)
+				}
+				if fl.Changed("stall-timeout") {
+					return usagef("models pull: --stall-timeout does not go with --pool: the pool's hive has its own (apiary hive --pull-stall-timeout)")
 				}
 				c, err := pf.client()
 				if err != nil {
@@ -180,6 +185,9 @@ $APIARY_ADMIN_TOKEN.`,
 			if len(args) == 0 {
 				return usagef("models pull: missing REF")
 			}
+			if stall <= 0 {
+				return usagef("models pull: --stall-timeout must be positive, got %s", stall)
+			}
 			dir, err := modelsDir(dir)
 			if err != nil {
 				return err
@@ -198,7 +206,7 @@ $APIARY_ADMIN_TOKEN.`,
 			}
 			p := newProgress(cmd.ErrOrStderr(), label)
 			m, err := modelstore.Pull(cmd.Context(), dir, args[0], modelstore.PullOptions{
-				Ref: name, Overwrite: force, Hub: hub, Source: &src, Progress: p.report,
+				Ref: name, Overwrite: force, Hub: hub, Source: &src, Progress: p.report, StallTimeout: stall, Retrying: p.retry,
 			})
 			if err != nil {
 				return pullError(cmd, err, name)
@@ -214,6 +222,8 @@ $APIARY_ADMIN_TOKEN.`,
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the queen's audit log (with --pool)")
 	cmd.Flags().BoolVar(&detach, "detach", false, "with --pool: return once the pull started")
 	cmd.Flags().BoolVar(&status, "status", false, "with --pool: list the pulls of the pool's hive")
+	cmd.Flags().DurationVar(&stall, "stall-timeout", modelstore.DefaultStallTimeout,
+		"a connection that sends no byte for this long is dropped and the download resumed from where it was")
 	pf.register(cmd)
 	return cmd
 }
@@ -281,6 +291,15 @@ func (p *progress) report(pr modelstore.Progress) {
 		p.last = now
 		p.print(now, false)
 	}
+}
+
+// retry says, on a line of its own, why the download is tried again and
+// from where ("pull tiny: no bytes for 60s; resuming at 41943040 bytes").
+func (p *progress) retry(r modelstore.Retry) {
+	if p.tty && !p.start.IsZero() {
+		fmt.Fprint(p.w, "\r\033[K") // the progress line is drawn again after it
+	}
+	fmt.Fprintf(p.w, "pull %s: %s\n", p.label, r)
 }
 
 // done prints the final line, once something was reported.

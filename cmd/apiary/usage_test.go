@@ -110,6 +110,11 @@ func TestConfigProblemsNameTheFlags(t *testing.T) {
 			[]string{"--worker-ports 9-3 is not a range", "--lease-timeout 1s must be longer than --heartbeat-interval 10s"}},
 		{[]string{"hive", "--cpu-memory", "24 gigs"}, []string{`--cpu-memory: "24 gigs" is not a size: want bytes, or a number with KiB`}},
 		{[]string{"hive", "--cpu-memory", "0"}, []string{"--cpu-memory: 0 leaves the CPU no memory for a worker"}},
+		{[]string{"hive", "--pull-stall-timeout", "-1s"}, []string{"--pull-stall-timeout must be positive, got -1s"}},
+		{[]string{"hive", "--pull-stall-timeout", "0"}, []string{"--pull-stall-timeout must be positive, got 0s"}},
+		{[]string{"models", "pull", "--stall-timeout", "0", "hf://org/repo:Q4_K_M"}, []string{"--stall-timeout must be positive, got 0s"}},
+		{[]string{"models", "pull", "--stall-timeout", "5s", "--pool", "p1", "hf://org/repo:Q4_K_M"},
+			[]string{"--stall-timeout does not go with --pool: the pool's hive has its own (apiary hive --pull-stall-timeout)"}},
 		{[]string{"infer", "--model", "", "--prompt", "", "--max-tokens", "-1"},
 			[]string{"--model is required", "--prompt is required", "--max-tokens must not be negative, got -1"}},
 	} {

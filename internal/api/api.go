@@ -206,7 +206,19 @@ type RegisterPool struct {
 	// --max-loaded; 0 or absent: no limit but memory). The queen places
 	// no more there, and evicts idle ones to make room.
 	MaxLoaded int `json:"max_loaded,omitempty"`
+	// Instance is drawn at random when the hive process starts (absent
+	// from an older hive): the queen tells the same hive registering
+	// again from another hive that claims the same pool id by it (and by
+	// the endpoint). Every later call of the hive to the queen carries it
+	// in the HiveInstanceHeader.
+	Instance string `json:"instance,omitempty"`
 }
+
+// HiveInstanceHeader carries a hive's Instance on its calls to the queen
+// after the registration (heartbeats, the heartbeat stream, events, going
+// offline): the queen refuses them (409 pool_id_in_use) when another
+// hive holds the pool now.
+const HiveInstanceHeader = "X-Apiary-Hive-Instance"
 
 // WorkerTokens is the answer of a hive's GET /v2/workers/tokens: its live
 // workers' own bearer tokens by worker id, for the queen only.

@@ -13,6 +13,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
@@ -74,9 +75,18 @@ type Config struct {
 	// negative keeps them forever.
 	LogRetention      time.Duration
 	HeartbeatInterval time.Duration
+	// PullStallTimeout drops a model pull's connection that sends no byte
+	// for this long, and resumes the download from where it was; default
+	// modelstore.DefaultStallTimeout (60s).
+	PullStallTimeout time.Duration
 
-	QueenURL     string // empty: standalone; URL1,URL2…: queens on one database, the active one followed
-	PoolID       string // default: NodeID
+	QueenURL string // empty: standalone; URL1,URL2…: queens on one database, the active one followed
+	// PoolID is the pool the hive registers; default NodeID when NodeID
+	// is set, else the host name and a hash of the machine id
+	// (defaultPoolID): the host name alone is shared by cloned machines
+	// and containers, and a queen refuses a second live hive with the
+	// same pool id.
+	PoolID       string
 	NodeID       string // default: host name
 	ClusterToken string // bearer for the queen and for the hive's own API
 	// HFToken is the Hugging Face token of the hive's pulls, handed on
@@ -168,6 +178,7 @@ func (c Config) withDefaults() Config {
 	config.Default(&c.IdleTimeout, DefaultIdleTimeout)
 	config.Default(&c.LogRetention, DefaultLogRetention)
 	config.Default(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	config.Default(&c.PullStallTimeout, modelstore.DefaultStallTimeout)
 	config.Default(&c.HealthFailures, DefaultHealthFailures)
 	config.Default(&c.ReleaseTimeout, DefaultReleaseTimeout)
 	config.Default(&c.ReleasePoll, DefaultReleasePoll)
@@ -177,6 +188,7 @@ func (c Config) withDefaults() Config {
 		if c.NodeID == "" {
 			c.NodeID = "localhost"
 		}
+		config.Default(&c.PoolID, defaultPoolID(c.NodeID, machineID()))
 	}
 	config.Default(&c.PoolID, c.NodeID)
 	config.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
@@ -223,7 +235,7 @@ func (c Config) Validate() error {
 		field string
 		v     time.Duration
 	}{{"CallbackTimeout", c.CallbackTimeout}, {"HealthInterval", c.HealthInterval}, {"StopGrace", c.StopGrace},
-		{"ShutdownAck", c.ShutdownAck}, {"HeartbeatInterval", c.HeartbeatInterval},
+		{"ShutdownAck", c.ShutdownAck}, {"HeartbeatInterval", c.HeartbeatInterval}, {"PullStallTimeout", c.PullStallTimeout},
 		{"ReleaseTimeout", c.ReleaseTimeout}, {"ReleasePoll", c.ReleasePoll}} {
 		if d.v <= 0 {
 			p.Add(d.field, "must be positive, got %s", d.v)

@@ -121,6 +121,10 @@ func (p *pulls) start(ctx context.Context, req api.PullModelRequest) (st api.Mod
 func (p *pulls) run(id string, src modelstore.Source, opts modelstore.PullOptions) {
 	log := p.h.log.With("pull_id", id, "ref", src.Ref)
 	log.Info("model pull started")
+	opts.StallTimeout = p.h.cfg.PullStallTimeout
+	opts.Retrying = func(r modelstore.Retry) {
+		log.Warn("model pull resuming: "+r.String(), "file", r.File, "resume_at", r.Resume, "delay", r.Delay.String(), "err", r.Err)
+	}
 	opts.Progress = func(pr modelstore.Progress) {
 		p.mu.Lock()
 		defer p.mu.Unlock()

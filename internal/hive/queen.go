@@ -2,6 +2,7 @@ package hive
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,7 +48,20 @@ type queenClient struct {
 	noStream   bool
 	// up says whether the last registration or heartbeat was taken.
 	up atomic.Bool
+	// instance is this hive process's, drawn at random when it starts:
+	// sent at registration and, in api.HiveInstanceHeader (header), with
+	// every later call, so that the queen tells it from another hive with
+	// the same pool id.
+	instance string
+	header   http.Header
+	// heldLogged is when the heartbeat loop last logged that another hive
+	// holds the pool (the heartbeat loop's alone).
+	heldLogged time.Time
 }
+
+// heldLogEvery is how often a hive that the queen refuses because another
+// hive holds its pool id says so again while it retries.
+const heldLogEvery = 5 * time.Minute
 
 // eventQueue bounds the events waiting for an unreachable queen; beyond it
 // the oldest news is dropped (the next heartbeat carries the full state).
@@ -56,17 +70,25 @@ const eventQueue = 1024
 // errQueenForgot means the queen answered that it does not know this pool.
 var errQueenForgot = errors.New("hive: queen does not know this pool")
 
+// errPoolHeld means the queen answered that another live hive holds this
+// hive's pool id (409 pool_id_in_use): at registration, or, for a hive
+// that was taken over, at any later call.
+var errPoolHeld = errors.New("hive: another hive holds this pool id")
+
 func newQueenClient(h *Hive) *queenClient {
 	hc := transport.NewClient(nil, max(h.cfg.HeartbeatInterval, time.Second))
 	var bases []string
 	for _, u := range strings.Split(h.cfg.QueenURL, ",") {
 		bases = append(bases, strings.TrimSuffix(strings.TrimSpace(u), "/"))
 	}
+	instance := rand.Text()[:16]
 	return &queenClient{
-		h:     h,
-		bases: bases,
-		token: h.cfg.ClusterToken,
-		hc:    hc,
+		instance: instance,
+		header:   http.Header{api.HiveInstanceHeader: {instance}},
+		h:        h,
+		bases:    bases,
+		token:    h.cfg.ClusterToken,
+		hc:       hc,
 		// The stream shares the connections' pool, without the limit on
 		// each request's time: a stream lives as long as the hive.
 		streamHC: transport.NewClient(hc.Transport.(*http.Transport), 0),
@@ -149,7 +171,7 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 		if registered {
 			if err = q.heartbeat(ctx); err == nil {
 				q.h.renewLease()
-			} else if errors.Is(err, errQueenForgot) {
+			} else if errors.Is(err, errQueenForgot) || errors.Is(err, errPoolHeld) {
 				registered = false // register again, then beat
 			}
 		}
@@ -159,6 +181,17 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 		}
 		q.h.settle()
 		switch {
+		case errors.Is(err, errPoolHeld) && ctx.Err() == nil:
+			// Not a passing fault: an operator must act (or the other
+			// hive stop). Said at once, and again every heldLogEvery
+			// while it lasts.
+			down = true
+			if now := time.Now(); now.Sub(q.heldLogged) >= heldLogEvery {
+				q.heldLogged = now
+				q.log.Error("the queen refuses this hive: another live hive holds its pool id; working standalone and "+
+					"registering again every heartbeat interval until that hive stops, or give this hive its own --pool-id",
+					"pool_id", q.h.cfg.PoolID, "err", err)
+			}
 		case err != nil && ctx.Err() == nil && !down:
 			down = true
 			if qe := (*queenAnswer)(nil); errors.As(err, &qe) {
@@ -167,7 +200,7 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 				q.log.Warn("queen unreachable; working standalone until it answers", "err", err)
 			}
 		case err == nil && down:
-			down = false
+			down, q.heldLogged = false, time.Time{}
 			q.log.Info("queen takes this hive's messages again")
 		}
 		t.Reset(q.h.cfg.HeartbeatInterval)
@@ -181,7 +214,7 @@ func (q *queenClient) register(ctx context.Context) error {
 	}
 	return q.post(ctx, "/v2/pools/register", api.RegisterPool{
 		PoolID: q.h.cfg.PoolID, Endpoint: q.h.URL(), NodeID: q.h.cfg.NodeID,
-		Version: version.Version, GPUs: gpus, MaxLoaded: q.h.cfg.MaxLoaded,
+		Version: version.Version, GPUs: gpus, MaxLoaded: q.h.cfg.MaxLoaded, Instance: q.instance,
 	})
 }
 
@@ -240,7 +273,8 @@ func (q *queenClient) beat(ctx context.Context, hb api.Heartbeat, ans *api.Heart
 	}
 	if q.stream == nil {
 		base := q.base()
-		s, err := rpc.OpenStream(ctx, q.streamHC, rpc.Call{URL: base + pool + "/beats", Token: q.token, MaxAnswer: 64 << 10}, timeout)
+		s, err := rpc.OpenStream(ctx, q.streamHC, rpc.Call{URL: base + pool + "/beats", Token: q.token, MaxAnswer: 64 << 10,
+			Header: q.header}, timeout)
 		var se *rpc.StatusError
 		switch {
 		case errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusMethodNotAllowed):
@@ -350,6 +384,7 @@ func (q *queenClient) sendFinal(ev api.WorkerEvent) {
 type queenAnswer struct {
 	path    string
 	status  int
+	code    string
 	message string
 }
 
@@ -357,9 +392,16 @@ func (e *queenAnswer) Error() string {
 	return fmt.Sprintf("POST %s: %d %s: %s", e.path, e.status, http.StatusText(e.status), e.message)
 }
 
-// Is makes a 404 or 410 errQueenForgot: the queen does not know this pool.
+// Is makes a 404 or 410 errQueenForgot (the queen does not know this
+// pool), and a 409 pool_id_in_use errPoolHeld.
 func (e *queenAnswer) Is(target error) bool {
-	return target == errQueenForgot && (e.status == http.StatusNotFound || e.status == http.StatusGone)
+	switch target {
+	case errQueenForgot:
+		return e.status == http.StatusNotFound || e.status == http.StatusGone
+	case errPoolHeld:
+		return e.status == http.StatusConflict && e.code == "pool_id_in_use"
+	}
+	return false
 }
 
 func (q *queenClient) post(ctx context.Context, path string, body any) error {
@@ -369,7 +411,8 @@ func (q *queenClient) post(ctx context.Context, path string, body any) error {
 // postFor posts body and decodes a 2xx answer into out (when not nil); a
 // non-2xx answer is a *queenAnswer.
 func (q *queenClient) postFor(ctx context.Context, path string, body, out any) error {
-	err := rpc.Do(ctx, q.hc, rpc.Call{Method: http.MethodPost, URL: q.base() + path, Token: q.token, In: body, Out: out, MaxAnswer: 64 << 10})
+	err := rpc.Do(ctx, q.hc, rpc.Call{Method: http.MethodPost, URL: q.base() + path, Token: q.token, In: body, Out: out, MaxAnswer: 64 << 10,
+		Header: q.header})
 	return q.answer(path, err)
 }
 
@@ -377,7 +420,7 @@ func (q *queenClient) postFor(ctx context.Context, path string, body, out any) e
 func (q *queenClient) answer(path string, err error) error {
 	var se *rpc.StatusError
 	if errors.As(err, &se) {
-		return &queenAnswer{path: path, status: se.Status, message: se.Message}
+		return &queenAnswer{path: path, status: se.Status, code: se.Code, message: se.Message}
 	}
 	return err
 }

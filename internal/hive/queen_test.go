@@ -39,7 +39,15 @@ type fakeQueen struct {
 	// does; streams and posts count the heartbeats that came each way.
 	noStreams      bool
 	streams, posts int
-	change         chan struct{}
+	// held, when set, refuses registrations and heartbeats 409
+	// pool_id_in_use with it as the message, as a queen does when
+	// another live hive holds the pool id; refusals counts them.
+	held     string
+	refusals int
+	// instances are the hive instances the heartbeats named (the
+	// api.HiveInstanceHeader of the stream or the post).
+	instances map[string]bool
+	change    chan struct{}
 }
 
 func newFakeQueen(t testing.TB, token string) *fakeQueen {
@@ -77,6 +85,11 @@ func (q *fakeQueen) serve(w http.ResponseWriter, r *http.Request) {
 		return true
 	}
 	switch {
+	case r.URL.Path == "/v2/pools/register" && q.held != "":
+		q.refusals++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "pool_id_in_use", "message": q.held}})
 	case r.URL.Path == "/v2/pools/register":
 		var reg api.RegisterPool
 		if dec(&reg) {
@@ -87,6 +100,7 @@ func (q *fakeQueen) serve(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(r.URL.Path, "/v2/pools/") && strings.HasSuffix(r.URL.Path, "/heartbeat"):
 		id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v2/pools/"), "/heartbeat")
 		q.posts++
+		q.sawInstance(r)
 		status, answer := q.beat(id, b)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
@@ -107,6 +121,11 @@ func (q *fakeQueen) serve(w http.ResponseWriter, r *http.Request) {
 // beat takes one heartbeat of pool id (under mu): the status and body of
 // the answer.
 func (q *fakeQueen) beat(id string, b []byte) (int, string) {
+	if q.held != "" {
+		q.refusals++
+		m, _ := json.Marshal(q.held)
+		return http.StatusConflict, `{"error":{"code":"pool_id_in_use","message":` + string(m) + `}}`
+	}
 	if !q.known[id] {
 		return http.StatusNotFound, `{"error":{"code":"pool_not_found","message":"unknown pool"}}`
 	}
@@ -145,6 +164,7 @@ func (q *fakeQueen) serveBeats(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
+	q.set(func() { q.sawInstance(r) })
 	rc := http.NewResponseController(w)
 	_ = rc.EnableFullDuplex()
 	w.WriteHeader(http.StatusContinue) // as the queen does: see its postBeats
@@ -172,6 +192,14 @@ func (q *fakeQueen) serveBeats(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// sawInstance records the hive instance r names (under mu).
+func (q *fakeQueen) sawInstance(r *http.Request) {
+	if q.instances == nil {
+		q.instances = map[string]bool{}
+	}
+	q.instances[r.Header.Get(api.HiveInstanceHeader)] = true
 }
 
 // until waits for cond (checked under the lock) to hold.
@@ -284,6 +312,58 @@ func TestQueenAwayThenBackReregisters(t *testing.T) {
 	q.set(func() { q.known = map[string]bool{} })
 	q.until(t, "a second registration", func() bool { return len(q.registers) >= 2 })
 	q.until(t, "heartbeats after re-registering", func() bool { return len(q.heartbeats) > 0 && q.known["pool-test"] })
+}
+
+// A queen that refuses the hive because another live hive holds its pool
+// id (409 pool_id_in_use) is not a passing fault: the hive says so at
+// once, as an error naming the pool id, the queen's reason and
+// --pool-id, not again at each retry, keeps serving standalone and
+// registering again every heartbeat interval, and registers when the
+// holder is gone. Its registration and heartbeats name its instance. A
+// hive whose heartbeats are refused so (it was taken over) registers
+// again, and says so again.
+func TestQueenRefusesAHeldPoolID(t *testing.T) {
+	const held = `pool id "pool-test" is held by the hive at http://127.0.0.1:1 (node "other"), which is alive; start this hive with its own --pool-id`
+	q := newFakeQueen(t, "tok")
+	q.set(func() { q.held = held })
+	th := startHive(t, withQueen(q))
+	q.until(t, "three refused registrations", func() bool { return q.refusals >= 3 })
+	id := th.startAuthed("tok") // standalone meanwhile
+	th.rec.wait(t, id, lifecycle.Ready)
+	const said = "the queen refuses this hive: another live hive holds its pool id"
+	if n := strings.Count(th.logs.String(), said); n != 1 {
+		t.Errorf("the refusal logged %d times in %d refusals, want once:\n%s", n, q.refusals, th.logs.String())
+	}
+	for _, want := range []string{"level=ERROR", "pool_id=pool-test", "--pool-id", `http://127.0.0.1:1`} {
+		if line := grepLine(th.logs.String(), said); !strings.Contains(line, want) {
+			t.Errorf("the refusal's log line lacks %s: %s", want, line)
+		}
+	}
+
+	q.set(func() { q.held = "" })
+	q.until(t, "a registration once the holder is gone", func() bool { return len(q.registers) == 1 })
+	q.until(t, "a heartbeat", func() bool { return len(q.heartbeats) > 0 })
+	q.set(func() {
+		inst := q.registers[0].Instance
+		if len(inst) != 16 || len(q.instances) != 1 || !q.instances[inst] {
+			t.Errorf("registered as instance %q; heartbeats named %v", inst, q.instances)
+		}
+	})
+
+	// Taken over: its heartbeats are refused, and it registers again.
+	q.set(func() { q.held, q.refusals = held, 0 })
+	q.until(t, "a refused registration after a refused heartbeat", func() bool { return q.refusals >= 2 })
+	q.until(t, "the second refusal logged", func() bool { return strings.Count(th.logs.String(), said) == 2 })
+}
+
+// grepLine is the first line of text that contains s.
+func grepLine(text, s string) string {
+	for line := range strings.Lines(text) {
+		if strings.Contains(line, s) {
+			return line
+		}
+	}
+	return ""
 }
 
 // startAuthed starts a worker with the cluster token.

@@ -126,9 +126,10 @@ func (d *download) close(remove bool) {
 	}
 }
 
-// run fetches the rest of the file, retrying after a broken connection
-// or a server error with a back-off, each time from the bytes written so
-// far. It gives up after opts.Retries attempts in a row that wrote nothing.
+// run fetches the rest of the file, retrying after a broken or stalled
+// connection or a server error with a back-off, each time from the bytes
+// written so far. It gives up after opts.Retries attempts in a row that
+// wrote nothing.
 func (d *download) run(ctx context.Context) error {
 	client := d.opts.Client
 	if client == nil {
@@ -154,6 +155,9 @@ func (d *download) run(ctx context.Context) error {
 			return err
 		}
 		delay := d.opts.retryDelay() << min(failures-1, 5)
+		if d.opts.Retrying != nil {
+			d.opts.Retrying(Retry{File: d.file.URL, Err: err, Resume: d.off, Delay: delay})
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -164,15 +168,32 @@ func (d *download) run(ctx context.Context) error {
 	}
 }
 
+// errStalled cancels an attempt that received no byte for the stall
+// timeout.
+var errStalled = errors.New("modelstore: no bytes within the stall timeout")
+
 // attempt is one GET of the rest of the file (Range: bytes=off-). done
 // reports that err is final: nil when the file is complete, or a refusal
-// that trying again would not change.
+// that trying again would not change. An attempt that receives no byte
+// for the stall timeout (no answer, or a body that stops coming while the
+// connection stays open) is canceled and fails with a *StallError, to be
+// resumed as a broken connection is.
 func (d *download) attempt(ctx context.Context, client *http.Client, buf []byte) (done bool, err error) {
 	u := d.file.URL
 	if d.size >= 0 && d.off == d.size {
 		return true, nil
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	stall := d.opts.stallTimeout()
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watch := time.AfterFunc(stall, func() { cancel(errStalled) })
+	defer watch.Stop()
+	defer func() {
+		if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errStalled) {
+			done, err = false, fmt.Errorf("%w: %w", ErrDownload, &StallError{URL: u, Timeout: stall, At: d.off})
+		}
+	}()
+	req, err := http.NewRequestWithContext(actx, http.MethodGet, u, nil)
 	if err != nil {
 		return true, fmt.Errorf("%w: %w", ErrDownload, err)
 	}
@@ -229,9 +250,9 @@ func (d *download) attempt(ctx context.Context, client *http.Client, buf []byte)
 	if err := d.checkSpace(); err != nil {
 		return true, err
 	}
-	body := io.Reader(resp.Body)
+	body := io.Reader(&watchedReader{r: resp.Body, watch: watch, stall: stall})
 	if d.off == 0 {
-		br := bufio.NewReaderSize(resp.Body, 64<<10)
+		br := bufio.NewReaderSize(body, 64<<10)
 		if err := checkMagic(br, u, resp.Header.Get("Content-Type")); err != nil {
 			return true, err
 		}
@@ -245,6 +266,22 @@ func (d *download) attempt(ctx context.Context, client *http.Client, buf []byte)
 	}
 	d.size = d.off
 	return true, nil
+}
+
+// watchedReader re-arms an attempt's stall watch at every read that
+// brings bytes.
+type watchedReader struct {
+	r     io.Reader
+	watch *time.Timer
+	stall time.Duration
+}
+
+func (w *watchedReader) Read(p []byte) (int, error) {
+	n, err := w.r.Read(p)
+	if n > 0 {
+		w.watch.Reset(w.stall)
+	}
+	return n, err
 }
 
 // copyBuffers is how many buffers of copyBuffer bytes a download uses:

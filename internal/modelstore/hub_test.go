@@ -189,6 +189,64 @@ func TestPullHubResumesABrokenConnection(t *testing.T) {
 	}
 }
 
+// A download that stops coming while its connection stays open hung
+// forever (stuck at 40% for 200 s): only broken connections were
+// retried. Now an attempt that receives no byte for the stall timeout is
+// aborted and resumed from where it was, with Range, and Retrying says so:
+// here a connection that sends its head and no byte, then one that stalls
+// after 1000 bytes.
+func TestPullHubResumesAStalledDownload(t *testing.T) {
+	tiny := model(t, 1)
+	h := testhub.New(t, "org/tiny-GGUF", map[string][]byte{"tiny-Q4_K_M.gguf": tiny})
+	h.StallAfter("tiny-Q4_K_M.gguf", 0, 1000)
+	var retries []string
+	opts := fastRetries
+	opts.StallTimeout = 200 * time.Millisecond
+	opts.Retrying = func(r modelstore.Retry) {
+		if _, ok := errors.AsType[*modelstore.StallError](r.Err); !ok || !errors.Is(r.Err, modelstore.ErrDownload) {
+			t.Errorf("retry after %v, want a stall", r.Err)
+		}
+		retries = append(retries, r.String())
+	}
+	start := time.Now()
+	m, err := modelstore.Pull(t.Context(), t.TempDir(), "hf://org/tiny-GGUF:Q4_K_M", opts)
+	if err != nil {
+		t.Fatalf("Pull: %v", err)
+	}
+	t.Logf("pulled in %s through two stalls of %s", time.Since(start).Round(time.Millisecond), opts.StallTimeout)
+	if got, _ := os.ReadFile(m.Path); !bytes.Equal(got, tiny) {
+		t.Error("the resumed file differs from the Hub's")
+	}
+	want := []string{"no bytes for 200ms; resuming at 0 bytes", "no bytes for 200ms; resuming at 1000 bytes"}
+	if diff := cmp.Diff(want, retries); diff != "" {
+		t.Errorf("retries (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"", "", "bytes=1000-"}, h.Ranges()); diff != "" {
+		t.Errorf("Range headers (-want +got):\n%s", diff)
+	}
+	if n := h.Served.Load(); n != int64(len(tiny)) {
+		t.Errorf("the CDN served %d bytes, want %d: the download was restarted, not resumed", n, len(tiny))
+	}
+}
+
+// A download that stalls at every attempt fails once the retries are
+// spent, saying that no bytes came, and keeps what it wrote to resume.
+func TestPullHubGivesUpOnADownloadThatAlwaysStalls(t *testing.T) {
+	tiny := model(t, 1)
+	h := testhub.New(t, "org/tiny-GGUF", map[string][]byte{"tiny-Q4_K_M.gguf": tiny})
+	h.StallAfter("tiny-Q4_K_M.gguf", 1000, 0, 0)
+	opts := fastRetries
+	opts.StallTimeout, opts.Retries = 100*time.Millisecond, 2
+	dir := t.TempDir()
+	_, err := modelstore.Pull(t.Context(), dir, "hf://org/tiny-GGUF:Q4_K_M", opts)
+	if !errors.Is(err, modelstore.ErrDownload) || !strings.Contains(err.Error(), "no bytes for 100ms after 1000 bytes") {
+		t.Fatalf("Pull of a download that always stalls = %v", err)
+	}
+	if diff := cmp.Diff([]string{"tiny-Q4_K_M.gguf.partial"}, dirEntries(t, dir)); diff != "" {
+		t.Errorf("after the failed pull (-want +got):\n%s", diff)
+	}
+}
+
 func TestPullHubResumesAcrossRuns(t *testing.T) {
 	tiny := model(t, 1)
 	h := testhub.New(t, "org/tiny-GGUF", map[string][]byte{"tiny-Q4_K_M.gguf": tiny})

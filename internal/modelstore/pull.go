@@ -52,6 +52,14 @@ type PullOptions struct {
 	// RetryDelay is the back-off after the first failed attempt, doubled
 	// after each (at most 32 times); default 1s.
 	RetryDelay time.Duration
+	// StallTimeout aborts an attempt that receives no byte for this long
+	// (a connection that stays open and sends nothing, before or during
+	// the body), which is then retried as a broken one, resumed from the
+	// bytes written; default DefaultStallTimeout.
+	StallTimeout time.Duration
+	// Retrying, when set, is called before each attempt after a failed
+	// one, with why and where it resumes.
+	Retrying func(Retry)
 	// FreeSpace returns the bytes free for dir; FreeSpace (statfs) when nil.
 	FreeSpace func(dir string) (uint64, error)
 }
@@ -61,6 +69,47 @@ func (o *PullOptions) retries() int {
 		return 5
 	}
 	return o.Retries
+}
+
+// DefaultStallTimeout is PullOptions.StallTimeout's default.
+const DefaultStallTimeout = 60 * time.Second
+
+func (o *PullOptions) stallTimeout() time.Duration {
+	if o.StallTimeout <= 0 {
+		return DefaultStallTimeout
+	}
+	return o.StallTimeout
+}
+
+// Retry is an attempt of a file's download that failed and is tried
+// again.
+type Retry struct {
+	File   string        // the file's URL
+	Err    error         // why the attempt failed (a *StallError for a stall)
+	Resume int64         // the byte the next attempt starts from
+	Delay  time.Duration // the pause before it
+}
+
+// String says why and where the download resumes, as a log line does:
+// "no bytes for 60s; resuming at 41943040 bytes".
+func (r Retry) String() string {
+	why := r.Err.Error()
+	if se, ok := errors.AsType[*StallError](r.Err); ok {
+		why = fmt.Sprintf("no bytes for %s", se.Timeout)
+	}
+	return fmt.Sprintf("%s; resuming at %d bytes", why, r.Resume)
+}
+
+// StallError is an attempt that received no byte for Timeout (the
+// connection stayed open); it wraps into ErrDownload.
+type StallError struct {
+	URL     string
+	Timeout time.Duration
+	At      int64 // the bytes of the file on disk when it stalled
+}
+
+func (e *StallError) Error() string {
+	return fmt.Sprintf("GET %s: no bytes for %s after %d bytes", e.URL, e.Timeout, e.At)
 }
 
 func (o *PullOptions) retryDelay() time.Duration {
@@ -102,8 +151,8 @@ func RefFromURL(rawURL string) (string, error) {
 // dir, and returns the placed model.
 //
 // Each file goes to FILE.gguf.partial beside its final name, which a
-// broken connection (retried with a back-off) and a later pull resume
-// with a Range request. Its sha256 is computed while it is written (from
+// broken or stalled connection (retried with a back-off) and a later pull
+// resume with a Range request. Its sha256 is computed while it is written (from
 // the partial file, read once, on resume) and must be the one the Hub
 // publishes; a mismatch deletes the partial file. The download must fit
 // in the free disk space, checked before it starts. Complete files are

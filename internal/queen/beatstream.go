@@ -67,6 +67,7 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 	// those it replaced), which the next beat is decoded into, and the
 	// worker URIs checked.
 	var st beatStream
+	instance := hiveInstance(r) // the stream's hive, checked at each beat
 	for {
 		// The deadline first, the shutdown check after: a shutdown that
 		// comes between them still ends the read.
@@ -93,7 +94,7 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 		st.spares = registry.Spares{} // filled again by the registry
 		ans, err := api.HeartbeatAnswer{}, dec.Decode(line, &hb)
 		if err == nil {
-			ans, err = q.takeBeat(r.Context(), id, hb, &st)
+			ans, err = q.takeBeat(r.Context(), id, instance, hb, &st)
 		}
 		var ok bool
 		switch plain := len(ans.Refused) == 0; {

@@ -61,6 +61,8 @@ func (c controlPlane) StartWorker(ctx context.Context, s routing.Start) (store.R
 	case errors.As(err, &he):
 		return row, &routing.StartRefused{Why: fmt.Sprintf("its hive refused the start: %s %s", he.Code, he.Message), Err: err,
 			NoRoomYet: he.Code == "max_loaded" || he.Code == "insufficient_memory"}
+	case errors.As(err, new(*poolDownError)):
+		return row, &routing.StartRefused{Why: err.Error(), Err: err}
 	case errors.Is(err, ErrHiveUnreachable), errors.Is(err, ErrPoolUnavailable):
 		return row, &routing.StartRefused{Why: "its hive did not answer the start: " + err.Error(), Err: err}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -66,6 +67,33 @@ func (c *httpHiveClient) call(ctx context.Context, rc rpc.Call) error {
 	}
 	return err
 }
+
+// hiveDown reports whether err is a call to a hive that could not
+// connect (refused, unreachable, no route, a dial that timed out): no
+// hive listens there. A hive that answered, even with an error, or that
+// took the connection and then failed to answer in time, is not down.
+func hiveDown(err error) bool {
+	var oe *net.OpError
+	return errors.Is(err, ErrHiveUnreachable) && errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// poolDownError answers a start whose hive did not take the connection:
+// the caller learns the pool, that it is unhealthy now and the row that
+// failed, never the hive's address or the network's error (which the
+// log, the audit entry and the row's reason keep).
+type poolDownError struct {
+	pool, row string
+}
+
+func (e *poolDownError) Error() string {
+	return fmt.Sprintf("pool %s did not answer (marked unhealthy); lifecycle row %s is FAILED", e.pool, e.row)
+}
+
+// Is makes a poolDownError an ErrHiveUnreachable; HTTPStatus and
+// ErrorCode are that one's (502 hive_unreachable).
+func (e *poolDownError) Is(target error) bool { return target == ErrHiveUnreachable }
+func (e *poolDownError) HTTPStatus() int      { return ErrHiveUnreachable.Status }
+func (e *poolDownError) ErrorCode() string    { return ErrHiveUnreachable.Code }
 
 // hiveCode reports whether err is the hive's refusal with code.
 func hiveCode(err error, code string) bool {

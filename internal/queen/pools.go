@@ -158,6 +158,13 @@ func (q *Queen) postRegister(w http.ResponseWriter, r *http.Request, c caller) e
 	if reg.MaxLoaded < 0 || reg.MaxLoaded > maxMaxLoaded {
 		return api.BadRequest("max_loaded must be from 0 (no limit) to %d, got %d", maxMaxLoaded, reg.MaxLoaded)
 	}
+	if reg.Instance != "" {
+		if err := checkID("instance", reg.Instance); err != nil {
+			return err
+		}
+	}
+	// Another live hive holding the pool id refuses it (409
+	// pool_id_in_use, naming the holder): see registry.Register.
 	p, err := q.reg.Register(r.Context(), reg, "hive:"+reg.PoolID)
 	if err != nil {
 		return err
@@ -179,7 +186,7 @@ func (q *Queen) postHeartbeat(w http.ResponseWriter, r *http.Request, c caller) 
 	if err := api.Decode(r, &hb, false); err != nil {
 		return err
 	}
-	ans, err := q.takeBeat(r.Context(), id, hb, nil)
+	ans, err := q.takeBeat(r.Context(), id, hiveInstance(r), hb, nil)
 	if err != nil {
 		return err
 	}
@@ -223,14 +230,22 @@ func (m *uriMemo) add(uri string) {
 	}
 }
 
-// takeBeat takes one heartbeat of pool id, whether it came alone (POST
-// /v2/pools/{id}/heartbeat, st nil) or on the pool's heartbeat stream
-// (st is the stream's: the arrays nothing holds after this beat are put
-// into its spares).
-func (q *Queen) takeBeat(ctx context.Context, id string, hb api.Heartbeat, st *beatStream) (api.HeartbeatAnswer, error) {
+// hiveInstance is the hive process a hive's call comes from (its
+// api.HiveInstanceHeader; "" from an older hive).
+func hiveInstance(r *http.Request) string { return r.Header.Get(api.HiveInstanceHeader) }
+
+// takeBeat takes one heartbeat of pool id from hive instance, whether it
+// came alone (POST /v2/pools/{id}/heartbeat, st nil) or on the pool's
+// heartbeat stream (st is the stream's: the arrays nothing holds after
+// this beat are put into its spares). A hive that no longer holds the pool
+// is refused (409): its beats would mark the holder's workers lost.
+func (q *Queen) takeBeat(ctx context.Context, id, instance string, hb api.Heartbeat, st *beatStream) (api.HeartbeatAnswer, error) {
 	start := time.Now()
 	defer func() { q.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds()) }()
 	q.metrics.heartbeats.Inc()
+	if err := q.reg.CheckHolder(id, instance); err != nil {
+		return api.HeartbeatAnswer{}, err
+	}
 	spares := st.sparesOf()
 	if hb.Unchanged {
 		return q.unchangedBeat(ctx, id, hb, spares)
@@ -329,6 +344,9 @@ func (q *Queen) postEvent(w http.ResponseWriter, r *http.Request, c caller) erro
 	q.metrics.events.Inc()
 	if err := checkID("pool_id", ev.PoolID); err != nil {
 		return err
+	}
+	if err := q.reg.CheckHolder(ev.PoolID, hiveInstance(r)); err != nil {
+		return err // a hive that was taken over: its workers are not the pool's
 	}
 	if err := checkID("worker_id", ev.WorkerID); err != nil {
 		return err
@@ -605,7 +623,11 @@ func (q *Queen) deletePool(w http.ResponseWriter, r *http.Request, c caller) err
 // cluster token): after stopping its workers and sending their last
 // events, it takes its pool offline at once rather than leaving it
 // healthy until its heartbeats time out.
+// A hive that was taken over is refused (409): the pool is another's.
 func (q *Queen) postOffline(w http.ResponseWriter, r *http.Request, c caller) error {
+	if err := q.reg.CheckHolder(r.PathValue("id"), hiveInstance(r)); err != nil {
+		return err
+	}
 	return q.deregister(w, r, "hive:"+r.PathValue("id"), "the hive stopped")
 }
 

@@ -476,14 +476,30 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err != nil {
-		failed, _, ferr := q.rows.apply(wctx, row.ID, rowChange{to: rowFailed, reason: "start refused: " + err.Error(),
+		down := hiveDown(err)
+		reason := "start refused: " + err.Error()
+		if down {
+			reason = fmt.Sprintf("start failed: pool %s did not answer: %v", pool.ID, err)
+		}
+		_, _, ferr := q.rows.apply(wctx, row.ID, rowChange{to: rowFailed, reason: reason,
 			actor: registry.ActorQueen, action: "worker.start_failed"})
 		if ferr != nil && !errors.Is(ferr, ErrRefused) && !errors.Is(ferr, ErrRowEnded) {
 			q.log.Error("cannot record failed start", "lifecycle_id", row.ID, "err", ferr)
 		}
-		q.log.Warn("hive refused to start worker", "lifecycle_id", row.ID, "pool_id", pool.ID, "model_ref", req.Model, "err", err)
-		_ = failed
-		return store.Row{}, fmt.Errorf("start %s on pool %s (lifecycle row %s is FAILED): %w", req.Model, pool.ID, row.ID, err)
+		if !down {
+			q.log.Warn("hive refused to start worker", "lifecycle_id", row.ID, "pool_id", pool.ID, "model_ref", req.Model, "err", err)
+			return store.Row{}, fmt.Errorf("start %s on pool %s (lifecycle row %s is FAILED): %w", req.Model, pool.ID, row.ID, err)
+		}
+		// No hive listens at the pool's endpoint (it died, and its lease
+		// has not run out yet): the pool is unhealthy now, so that no
+		// other start or request is sent there. The log and the audit
+		// entry keep the error; the caller gets the pool, not the address.
+		q.log.Warn("hive did not answer a start; pool marked unhealthy", "lifecycle_id", row.ID, "pool_id", pool.ID,
+			"model_ref", req.Model, "err", err)
+		if _, merr := q.reg.MarkUnhealthy(wctx, pool.ID, "its hive did not answer a start: "+err.Error()); merr != nil {
+			q.log.Error("cannot mark the pool unhealthy", "pool_id", pool.ID, "err", merr)
+		}
+		return store.Row{}, &poolDownError{pool: pool.ID, row: row.ID}
 	}
 	started, _, err := q.rows.apply(wctx, row.ID, rowChange{reason: "hive accepted the start", actor: registry.ActorQueen, action: "worker.spawned",
 		meta: map[string]any{"hive_status": resp.Status},

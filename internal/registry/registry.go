@@ -127,6 +127,47 @@ type Pool struct {
 	// limit, or not registered since the queen started: it is not
 	// stored, and the hive refuses a start past it either way).
 	MaxLoaded int
+	// Instance is the hive process that holds the pool, as it last
+	// registered ("" for an older hive, or not registered since the queen
+	// started: it is not stored, and the endpoint tells hives apart
+	// meanwhile).
+	Instance string
+}
+
+// HeldError refuses a hive's registration, or its later messages, for a
+// pool that another hive holds: two hives with one pool id (the clones of
+// one machine, or one --pool-id given twice) would otherwise take turns
+// at it, and each one's heartbeats would mark the other's workers lost.
+// The queen answers it 409 pool_id_in_use.
+type HeldError struct {
+	PoolID string
+	Holder Pool // the holder as it last registered and beat
+	// Registering is true for a refused registration, false for a
+	// message of a hive that no longer holds the pool.
+	Registering bool
+}
+
+func (e *HeldError) Error() string {
+	h := e.Holder
+	holder := fmt.Sprintf("the hive at %s (node %q, last heartbeat %s ago)", h.Endpoint, h.NodeID,
+		time.Since(h.LastHeartbeatAt).Round(time.Millisecond))
+	if e.Registering {
+		return fmt.Sprintf("pool id %q is held by %s, which is alive; two hives cannot share a pool id: "+
+			"start this hive with its own --pool-id (the pool can be taken over once its holder stops beating)", e.PoolID, holder)
+	}
+	return fmt.Sprintf("pool id %q is held by another hive now, %s; this hive's messages for it are refused: "+
+		"it must register again, and needs its own --pool-id while that one is alive", e.PoolID, holder)
+}
+
+// HTTPStatus and ErrorCode make a HeldError a 409 pool_id_in_use.
+func (e *HeldError) HTTPStatus() int   { return http.StatusConflict }
+func (e *HeldError) ErrorCode() string { return "pool_id_in_use" }
+
+// sameHive reports whether reg comes from the hive that holds p: the same
+// hive process (instance), or a hive at the same endpoint (the same hive
+// restarted: two live hives cannot listen at one address).
+func sameHive(p Pool, reg api.RegisterPool) bool {
+	return reg.Instance != "" && reg.Instance == p.Instance || reg.Endpoint == p.Endpoint
 }
 
 // entry is a pool with its lease. Every field is guarded by Registry.mu;
@@ -384,6 +425,11 @@ func (r *Registry) lockWrite() func() {
 // Register records a hive's registration (an upsert): new and offline
 // pools become healthy, an unhealthy one comes back (draining if it was
 // drained), and its lease starts. The next heartbeat is its full inventory.
+//
+// A pool that another hive holds while it is alive (healthy or draining:
+// its lease runs) is refused with a *HeldError; the same hive registering
+// again (its instance, or its endpoint after a restart) is not. A pool
+// whose holder stopped beating (unhealthy, offline) is taken over.
 func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor string) (Pool, error) {
 	defer r.lockWrite()()
 	if r.closed {
@@ -393,7 +439,14 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 	e := r.pools[reg.PoolID]
 	next := Pool{ID: reg.PoolID, Status: Healthy, RegisteredAt: now, StatusChangedAt: now}
 	reason := "registered"
+	meta := map[string]any{"endpoint": reg.Endpoint, "version": reg.Version, "node_id": reg.NodeID}
 	if e != nil {
+		if (e.Status == Healthy || e.Status == Draining) && !sameHive(e.Pool, reg) {
+			err := &HeldError{PoolID: reg.PoolID, Holder: e.lend(), Registering: true}
+			r.log.Warn("registration refused: another live hive holds the pool id", "pool_id", reg.PoolID,
+				"endpoint", reg.Endpoint, "node_id", reg.NodeID, "holder_endpoint", e.Endpoint, "holder_node_id", e.NodeID)
+			return Pool{}, err
+		}
 		next = e.lend()
 		if next.Status == Offline {
 			next.Drained = false
@@ -401,11 +454,15 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 		next.Status = live(next.Drained)
 		next.Workers = nil // unknown until the inventory heartbeat
 		reason = "registered again"
+		if !sameHive(e.Pool, reg) {
+			reason = fmt.Sprintf("taken over by another hive (the one at %s stopped beating %s ago)", e.Endpoint,
+				now.Sub(e.LastHeartbeatAt).Round(time.Millisecond))
+			meta["previous_endpoint"], meta["previous_node_id"] = e.Endpoint, e.NodeID
+		}
 	}
-	next.Endpoint, next.NodeID, next.Version = reg.Endpoint, reg.NodeID, reg.Version
+	next.Endpoint, next.NodeID, next.Version, next.Instance = reg.Endpoint, reg.NodeID, reg.Version, reg.Instance
 	next.RegisteredAt, next.LastHeartbeatAt, next.GPUs, next.MaxLoaded = now, now, reg.GPUs, reg.MaxLoaded
-	err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.register", reason: reason,
-		meta: map[string]any{"endpoint": reg.Endpoint, "version": reg.Version, "node_id": reg.NodeID}}, false)
+	err := r.changeLocked(ctx, e, next, change{actor: actor, action: "pool.register", reason: reason, meta: meta}, false)
 	if err != nil {
 		return Pool{}, err
 	}
@@ -413,6 +470,26 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 	e.awaitInventory, e.lostPending, e.beatDirty, e.current = true, false, false, false
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
 	return e.lend(), nil
+}
+
+// CheckHolder refuses (*HeldError) a message of hive instance for pool id
+// when another hive holds the pool now: a hive that was taken over must
+// not report its workers (its heartbeats would mark the holder's workers
+// lost). A message that names no instance comes from a hive older than
+// the queen, which is refused only when the holder has one. A message
+// for a pool whose holder is not known by instance (an older hive, or one
+// that registered before the queen started) or for an unknown pool is not
+// refused here.
+func (r *Registry) CheckHolder(id, instance string) error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e := r.pools[id]
+	if e == nil || e.Instance == "" || e.Instance == instance {
+		return nil
+	}
+	e.beat.Lock() // LastHeartbeatAt is a lease field
+	defer e.beat.Unlock()
+	return &HeldError{PoolID: id, Holder: e.lend()}
 }
 
 // Beat is what the queen learns from a heartbeat beyond the pool itself.
@@ -706,6 +783,38 @@ func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Po
 	defer r.hooks.Done()
 	r.cfg.OnLost(id, "pool deregistered: "+reason)
 	return p, nil
+}
+
+// MarkUnhealthy makes a live (healthy or draining) pool unhealthy at once,
+// as its lease expiring would, for a reason found on the way: its hive did
+// not take a connection the queen opened. Placement and routing stop
+// choosing it now rather than after the heartbeat timeout, with every
+// request meanwhile failing against it. As after a lease expiry the change
+// is audited (pool.unhealthy, actor queen, with reason), the pool's
+// workers are presumed lost after the unhealthy grace, and its hive's
+// next full heartbeat brings it back. A pool that is not live is left as
+// it is (false).
+func (r *Registry) MarkUnhealthy(ctx context.Context, id, reason string) (bool, error) {
+	defer r.lockWrite()()
+	if r.closed {
+		return false, ErrClosed
+	}
+	e := r.pools[id]
+	switch {
+	case e == nil:
+		return false, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case e.Status != Healthy && e.Status != Draining:
+		return false, nil
+	}
+	next := e.lend()
+	next.Status = Unhealthy
+	// As the lease timer's change: memory changes even when the store
+	// write fails (Flush retries it): a pool that does not answer must
+	// not be routed to because a disk was full.
+	_ = r.changeLocked(ctx, e, next, change{actor: ActorQueen, action: "pool.unhealthy", reason: reason}, true)
+	e.lostPending, e.current = true, false // it comes back with a full heartbeat
+	r.armLocked(e, r.cfg.UnhealthyGrace)
+	return true, nil
 }
 
 // fire runs e's timer job: lease expiry, end of the unhealthy grace, or end

@@ -40,6 +40,17 @@ type Call struct {
 	// MaxAnswer bounds the bytes read of the answer; default
 	// DefaultMaxAnswer.
 	MaxAnswer int64
+	// Header is added to the request's headers (nil: none).
+	Header http.Header
+}
+
+// setHeader adds c.Header to req's headers.
+func (c Call) setHeader(req *http.Request) {
+	for k, vs := range c.Header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
 }
 
 // StatusError is an answer that is not 2xx: its status and the error
@@ -89,6 +100,7 @@ func Do(ctx context.Context, hc *http.Client, c Call) error {
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
+	c.setHeader(req)
 	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("%w: %s %s: %w", ErrUnreachable, method, c.URL, err)

@@ -57,6 +57,7 @@ func OpenStream(ctx context.Context, hc *http.Client, c Call, timeout time.Durat
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
+	c.setHeader(req)
 	s := &Stream{method: method, url: c.URL, pw: pw, cancel: cancel}
 	t := time.AfterFunc(timeout, s.timeOut)
 	resp, err := hc.Do(req)

@@ -38,19 +38,25 @@ type Hub struct {
 	sha    map[string]string // guarded by mu; published sha256 by path
 	noLFS  map[string]bool   // guarded by mu; paths listed without lfs info
 	cuts   map[string][]int  // guarded by mu; by path: connections to cut after this many bytes, in order
+	stalls map[string][]int  // guarded by mu; by path: connections that stop sending after this many bytes, in order
 	ranges []string          // guarded by mu; Range headers the CDN saw
+	done   chan struct{}     // closed when the test ends
 }
 
 // New serves repo (ORG/REPO) holding files (by path) until the test ends,
 // and points HF_ENDPOINT at it (HF_TOKEN is emptied).
 func New(t testing.TB, repo string, files map[string][]byte) *Hub {
-	h := &Hub{repo: repo, files: files, sha: map[string]string{}, noLFS: map[string]bool{}, cuts: map[string][]int{}}
+	h := &Hub{repo: repo, files: files, sha: map[string]string{}, noLFS: map[string]bool{}, cuts: map[string][]int{},
+		stalls: map[string][]int{}}
 	for p, b := range files { // the Hub publishes each file's sha256: computed once
 		sum := sha256.Sum256(b)
 		h.sha[p] = hex.EncodeToString(sum[:])
 	}
 	h.CDN = httptest.NewServer(http.HandlerFunc(h.serveBlob))
 	t.Cleanup(h.CDN.Close)
+	h.done = make(chan struct{})
+	t.Cleanup(func() { close(h.done) }) // before the CDN closes: stalled answers end
+
 	// The Hub's two routes overlap as ServeMux patterns: split by hand.
 	mux := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rest, ok := strings.CutPrefix(r.URL.Path, "/api/models/"); ok {
@@ -158,9 +164,12 @@ func (h *Hub) serveBlob(w http.ResponseWriter, r *http.Request) {
 	}
 	h.mu.Lock()
 	h.ranges = append(h.ranges, r.Header.Get("Range"))
-	cut := -1
+	cut, stall := -1, -1
 	if c := h.cuts[p]; len(c) > 0 {
 		cut, h.cuts[p] = c[0], c[1:]
+	}
+	if c := h.stalls[p]; len(c) > 0 {
+		stall, h.stalls[p] = c[0], c[1:]
 	}
 	h.mu.Unlock()
 	start := 0
@@ -186,8 +195,29 @@ func (h *Hub) serveBlob(w http.ResponseWriter, r *http.Request) {
 	if cut >= 0 && cut < len(body) {
 		body = body[:cut] // the handler returns early: the connection is closed mid-body
 	}
+	if stall >= 0 && stall < len(body) {
+		// The head and stall bytes go out, then nothing, on a connection
+		// that stays open until the client gives up on it.
+		n, _ := w.Write(body[:stall])
+		h.Served.Add(int64(n))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-h.done:
+		}
+		return
+	}
 	n, _ := w.Write(body)
 	h.Served.Add(int64(n))
+}
+
+// StallAfter makes the next connections for path send n[0], n[1] … bytes
+// of the body, then nothing, holding the connection open until the
+// client closes it.
+func (h *Hub) StallAfter(path string, n ...int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stalls[path] = n
 }
 
 // CutAfter makes the next connections for path end after n[0], n[1] …
