@@ -1,6 +1,8 @@
 package routing
 
 import (
+	"syscall"
+	"net"
 	"bufio"
 	"bytes"
 	"context"
@@ -154,7 +156,9 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 		if ctx.Err() != nil {
 			return outcome{err: fmt.Errorf("%w: %w", errClientGone, context.Cause(ctx))}
 		}
-		return outcome{retry: true, verdict: verdictBroken, err: fmt.Errorf("worker %s: %w", l.cand.LifecycleID, err)}
+		// Clients read this reason (a refusal names the last one): the
+		// network's words, not the worker's address.
+		return outcome{retry: true, verdict: verdictBroken, err: fmt.Errorf("worker %s did not answer: %s", l.cand.LifecycleID, netReason(err))}
 	}
 	defer resp.Body.Close()
 	switch {
@@ -464,4 +468,21 @@ func (s *Service) checkSuspects(ctx context.Context) {
 func probeHealth(ctx context.Context, hc *http.Client, uri string) error {
 	_, err := rpc.WorkerHealth(ctx, hc, uri)
 	return err
+}
+
+// netReason is why a connection failed in the network's words
+// (connection refused, connection reset by peer, a timeout), without the
+// address it was to.
+func netReason(err error) string {
+	var errno syscall.Errno
+	var ne net.Error
+	switch {
+	case errors.As(err, &errno):
+		return errno.Error()
+	case errors.As(err, &ne) && ne.Timeout():
+		return "no answer in time"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "the connection closed"
+	}
+	return "the connection failed"
 }
