@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -39,15 +40,19 @@ func startTestQueen(t *testing.T) string {
 		}
 		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	})
-	body, _ := json.Marshal(api.RegisterPool{PoolID: "p1", Endpoint: "http://127.0.0.1:1", NodeID: "n1", Version: "t",
-		GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 6 << 30}}})
-	resp, err := http.Post(q.URL()+"/v2/pools/register", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("register: %s", resp.Status)
+	// p2's hive never answers: a start there fails and makes it
+	// unhealthy; p1 stays healthy for the pool commands.
+	for _, id := range []string{"p1", "p2"} {
+		body, _ := json.Marshal(api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:1", NodeID: "n1", Version: "t",
+			GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 6 << 30}}})
+		resp, err := http.Post(q.URL()+"/v2/pools/register", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("register %s: %s", id, resp.Status)
+		}
 	}
 	return q.URL()
 }
@@ -70,15 +75,15 @@ func TestAdminCommands(t *testing.T) {
 		stderr []string // substrings of stderr
 	}{
 		{[]string{"pools", "ls", q}, 0, []string{"POOL", "p1", "healthy", "6.0 GiB"}, nil},
-		{[]string{"workers", "start", "--model", "tiny", "--pool", "p1", q}, 2, nil, []string{"--reason is required"}},
+		{[]string{"workers", "start", "--model", "tiny", "--pool", "p2", q}, 2, nil, []string{"--reason is required"}},
 		{[]string{"workers", "start", "--reason", "x", q}, 2, nil, []string{"--model is required"}},
-		{[]string{"workers", "start", "--model", "tiny", "--pool", "p1", "--reason", "cli test", q}, 1, nil, []string{"hive_unreachable", "is FAILED"}},
-		{[]string{"workers", "ls", q}, 0, []string{"STATUS", "FAILED", "tiny", "p1", "operator"}, nil},
+		{[]string{"workers", "start", "--model", "tiny", "--pool", "p2", "--reason", "cli test", q}, 1, nil, []string{"hive_unreachable", "is FAILED", "did not answer (marked unhealthy)"}},
+		{[]string{"workers", "ls", q}, 0, []string{"STATUS", "FAILED", "tiny", "p2", "operator"}, nil},
 		{[]string{"workers", "ls", "--status", "RUNNING", q}, 0, []string{"ID"}, nil},
 		{[]string{"workers", "create", "--model", "tiny", "--placement", "operator", "--reason", "run by hand", q}, 0, []string{"wk-"}, []string{"STARTING on pool manual"}},
 		{[]string{"workers", "create", "--model", "tiny", "--placement", "operator", "--pool", "p1", "--reason", "x", q}, 2, nil, []string{"--pool belongs to --placement auto"}},
 		{[]string{"workers", "create", "--model", "tiny", "--placement", "elsewhere", "--reason", "x", q}, 2, nil, []string{"--placement must be"}},
-		{[]string{"workers", "create", "--model", "tiny", "--pool", "p1", "--reason", "auto", q}, 1, nil, []string{"hive_unreachable", "is FAILED"}},
+		{[]string{"workers", "create", "--model", "tiny", "--pool", "p2", "--reason", "auto", q}, 1, nil, []string{"pool_unavailable", "pool p2 is unhealthy"}},
 		{[]string{"workers", "ls", "--pool", "manual", q}, 0, []string{"STARTING", "tiny", "manual", "operator"}, nil},
 		{[]string{"workers", "stop", "wk-0000000000000000", "--reason", "x", q}, 1, nil, []string{"worker_not_found"}},
 		{[]string{"workers", "stop", "--reason", "x", q}, 2, nil, []string{"accepts 1 arg"}},
@@ -125,7 +130,7 @@ func TestAdminCommandsJSON(t *testing.T) {
 	q := "--queen=" + url
 	_, out, _ := apiary(t, "pools", "ls", "--json", q)
 	var pools api.PoolList
-	if err := json.Unmarshal([]byte(out), &pools); err != nil || len(pools.Pools) != 1 || pools.Pools[0].PoolID != "p1" {
+	if err := json.Unmarshal([]byte(out), &pools); err != nil || len(pools.Pools) != 2 || pools.Pools[0].PoolID != "p1" {
 		t.Errorf("pools ls --json: %v %s", err, out)
 	}
 	apiary(t, "workers", "start", "--model", "tiny", "--pool", "p1", "--reason", "json", q)
@@ -136,8 +141,9 @@ func TestAdminCommandsJSON(t *testing.T) {
 	}
 	_, out, _ = apiary(t, "audit", "--json", q)
 	var audit api.AuditList
-	if err := json.Unmarshal([]byte(out), &audit); err != nil || len(audit.Entries) != 3 {
-		t.Errorf("audit --json: %v %s", err, out)
+	if err := json.Unmarshal([]byte(out), &audit); err != nil || !slices.ContainsFunc(audit.Entries, func(e api.AuditEntry) bool { return e.Action == "pool.unhealthy" }) ||
+		!slices.ContainsFunc(audit.Entries, func(e api.AuditEntry) bool { return e.Action == "worker.start" }) {
+		t.Errorf("audit --json: %v %s; want the start and the pool marked unhealthy", err, out)
 	}
 }
 

@@ -17,7 +17,7 @@ func TestNodesAndInferCommands(t *testing.T) {
 		stdout []string
 		stderr []string
 	}{
-		{[]string{"nodes", "ls", q}, 0, []string{"NODE", "SSH", "HIVE"}, nil},
+		{[]string{"nodes", "ls", q}, 0, nil, []string{"no node:", "apiary pools ls"}},
 		{[]string{"nodes", "add", "gpu1", q}, 2, nil, []string{"--ssh USER@HOST[:PORT] is required"}},
 		{[]string{"nodes", "add", "gpu1", "--ssh", "root@-oProxyCommand=x", q}, 1, nil, []string{"invalid ssh target"}},
 		{[]string{"nodes", "add", "bad/name", "--ssh", "root@h", q}, 1, nil, []string{"node name"}},

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -87,65 +88,103 @@ func listenAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// Two queens on one PostgreSQL database, one hive configured with both,
-// 4 streams of steady load through HAProxy in front of both: the second
-// queen stands by (its /health
-// 503 "standby" naming the active one), and when the active is SIGKILLed
-// it takes over within 5 s, requests are served again within 10 s of the
-// kill by the same worker (not restarted: same row, same process), and
-// the audit shows the takeover.
+// failoverRoundsEnv sets the rounds of TestProcessQueenFailover (default
+// 2: one SIGKILL, one cut-off; docs/deploy.md's soak ran 20).
+const failoverRoundsEnv = "APIARY_FAILOVER_ROUNDS"
+
+// Two queens on one PostgreSQL database (sharing a data dir for batch
+// files), one hive configured with both, 4 streams of steady load through
+// HAProxy in front of both and a running batch. The second queen stands
+// by (its /health 503 "standby" naming the active one). Then rounds, each
+// ending the active queen — SIGKILL in even rounds, its database session
+// terminated while it runs in odd ones — and starting it again as the
+// standby: the standby is active within 5 s of a kill (the cut-off queen
+// steps down within 2 s), requests are served through HAProxy again
+// within 10 s, by the same worker (same row, same process), the batch
+// ends with every request once, and the audit has one queen.takeover a
+// round.
 func TestProcessQueenFailover(t *testing.T) {
+	rounds := 2
+	if v := os.Getenv(failoverRoundsEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want a number of rounds", failoverRoundsEnv, v)
+		}
+		rounds = n
+	}
 	u, err := pg.NewDatabase(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	a1, a2 := listenAddr(t), listenAddr(t)
-	url1, url2 := "http://"+a1, "http://"+a2
-	q1, _ := startQueenProc(t, "", u, "--addr", a1)
-	q2 := startProc(t, "queen 2", nil, "queen", "--addr", a2, "--flush-interval", "100ms", "--database-url", u)
-	q2.logs.wait(t, 0, "queen standing by: another queen holds the database", map[string]string{"active": url1})
-	resp, err := http.Get(url2 + "/health")
+	dir := t.TempDir()
+	addrs := []string{listenAddr(t), listenAddr(t)}
+	urls := []string{"http://" + addrs[0], "http://" + addrs[1]}
+	startStandby := func(i int, active string) *proc {
+		t.Helper()
+		q := startProc(t, fmt.Sprintf("queen %d", i+1), nil, "queen", "--addr", addrs[i], "--flush-interval", "100ms",
+			"--database-url", u, "--data-dir", dir)
+		q.logs.wait(t, 0, "queen standing by: another queen holds the database", map[string]string{"active": active})
+		return q
+	}
+	q1, _ := startQueenProc(t, "", u, "--addr", addrs[0], "--data-dir", dir)
+	queens := []*proc{q1, startStandby(1, urls[0])}
+	t.Cleanup(func() {
+		for _, q := range queens {
+			_ = q.stop(t, syscall.SIGTERM)
+		}
+	})
+	resp, err := http.Get(urls[1] + "/health")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var health map[string]string
 	_ = json.NewDecoder(resp.Body).Decode(&health)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || health["status"] != "standby" || health["active"] != url1 || resp.Header.Get("Retry-After") == "" {
+	if resp.StatusCode != http.StatusServiceUnavailable || health["status"] != "standby" || health["active"] != urls[0] || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("the standby's /health: %d %v (Retry-After %q)", resp.StatusCode, health, resp.Header.Get("Retry-After"))
 	}
 
-	hive := startHiveProc(t, url1+","+url2, "node-1", 300*time.Millisecond)
+	hive := startHiveProc(t, urls[0]+","+urls[1], "node-1", 300*time.Millisecond)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("hive logs:\n%s", hive.logs.String())
-			t.Logf("queen 2 logs:\n%s", q2.logs.String())
+			for i, q := range queens {
+				t.Logf("queen %d logs:\n%s", i+1, q.logs.String())
+			}
 		}
 		_ = hive.stop(t, syscall.SIGTERM)
-		_ = q2.stop(t, syscall.SIGTERM)
 	})
 	q1.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
-	started, err := keeper.NewClient(url1, "", "").StartWorker(t.Context(), "tiny", "node-1", nil, "failover test")
+	started, err := keeper.NewClient(urls[0], "", "").StartWorker(t.Context(), "tiny", "node-1", nil, "failover test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	q1.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": started.LifecycleID, "to": "RUNNING"})
-	before, err := keeper.NewClient(url1, "", "").Workers(t.Context(), keeper.WorkerFilter{})
+	before, err := keeper.NewClient(urls[0], "", "").Workers(t.Context(), keeper.WorkerFilter{})
 	if err != nil || len(before) != 1 || before[0].PID == nil {
 		t.Fatalf("rows before: %+v, %v", before, err)
 	}
 
 	// Clients go through HAProxy, which sends them to the queen whose
 	// /health answers 200.
-	lb := startHAProxy(t, a1, a2)
-	clients := []oai.Client{oai.NewClient(option.WithBaseURL(lb+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))}
-	for deadline := time.Now().Add(waitLimit); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := clients[0].Completions.New(t.Context(), completion(2)); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("no request served through HAProxy: %v", err)
+	lb := startHAProxy(t, addrs...)
+	client := oai.NewClient(option.WithBaseURL(lb+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	// HAProxy takes a queen as up until its next check: wait until it
+	// sends nothing to a standby (its requests take turns, so six answered
+	// in a row means the standby is out).
+	settle := func() {
+		t.Helper()
+		for inARow, deadline := 0, time.Now().Add(waitLimit); inARow < 6; time.Sleep(20 * time.Millisecond) {
+			if _, err := client.Completions.New(t.Context(), completion(2)); err == nil {
+				inARow++
+			} else if inARow = 0; time.Now().After(deadline) {
+				t.Fatalf("requests through HAProxy still fail: %v", err)
+			}
 		}
 	}
+	settle()
+	const n = 40
+	batch := newBatch(t, client, n, 8)
 	var mu sync.Mutex
 	var served []time.Time
 	stop := make(chan struct{})
@@ -158,90 +197,92 @@ func TestProcessQueenFailover(t *testing.T) {
 					return
 				default:
 				}
-				for _, c := range clients {
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					_, err := c.Completions.New(ctx, completion(2))
-					cancel()
-					if err == nil {
-						mu.Lock()
-						served = append(served, time.Now())
-						mu.Unlock()
-						break
-					}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				_, err := client.Completions.New(ctx, completion(2))
+				cancel()
+				if err == nil {
+					mu.Lock()
+					served = append(served, time.Now())
+					mu.Unlock()
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
 		})
 	}
-	time.Sleep(time.Second)
-	_ = q1.stop(t, syscall.SIGKILL)
-	killed := time.Now() // the process is gone: nothing it answered counts after this
-	rec, _ := q2.logs.wait(t, 0, "queen serving", nil)
-	active := logTime(t, rec).Sub(killed)
-	var again time.Duration
-	for deadline := time.Now().Add(20 * time.Second); again == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		mu.Lock()
-		for _, at := range served {
-			if at.After(killed) {
-				again = at.Sub(killed)
-				break
+	defer func() { close(stop); wg.Wait() }()
+	servedAfter := func(from time.Time) time.Duration {
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			mu.Lock()
+			for _, at := range served {
+				if at.After(from) {
+					mu.Unlock()
+					return at.Sub(from)
+				}
 			}
+			mu.Unlock()
 		}
-		mu.Unlock()
+		return 0
 	}
-	close(stop)
-	wg.Wait()
-	t.Logf("the standby was active %s after the kill; requests were served again %s after the kill", active.Round(time.Millisecond), again.Round(time.Millisecond))
-	if active > 5*time.Second {
-		t.Errorf("the standby took over %s after the kill, want within 5s", active)
-	}
-	if again == 0 || again > 10*time.Second {
-		t.Errorf("requests served again %s after the kill, want within 10s", again)
-	}
-	after, err := keeper.NewClient(url2, "", "").Workers(t.Context(), keeper.WorkerFilter{})
-	if err != nil || len(after) != 1 || after[0].ID != started.LifecycleID || after[0].Status != "RUNNING" || *after[0].PID != *before[0].PID {
-		t.Errorf("rows after the takeover: %+v, %v; want %s RUNNING, pid %d (not restarted)", after, err, started.LifecycleID, *before[0].PID)
-	}
-	entries, err := keeper.NewClient(url2, "", "").Audit(t.Context(), "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	took := 0
-	for _, e := range entries {
-		if e.Action == "queen.takeover" {
-			took++
+	time.Sleep(500 * time.Millisecond)
+
+	active := 0
+	for round := range rounds {
+		old, next := active, 1-active
+		cut := round%2 == 1
+		var from time.Time
+		if cut {
+			killQueenLock(t, u)
+			from = time.Now()
+			rec, _ := queens[old].logs.wait(t, 0, "queen stepping down", nil)
+			if down := logTime(t, rec).Sub(from); down > 2*time.Second {
+				t.Errorf("round %d: the queen cut off from the database stepped down %s after, want within 2s", round, down)
+			}
+			select {
+			case <-queens[old].done:
+			case <-time.After(waitLimit):
+				t.Fatalf("round %d: the queen that stepped down still runs", round)
+			}
+		} else {
+			_ = queens[old].stop(t, syscall.SIGKILL)
+			from = time.Now() // the process is gone: nothing it answered counts after this
 		}
-	}
-	if took != 1 {
-		t.Errorf("%d queen.takeover entries in the audit, want 1", took)
+		rec, _ := queens[next].logs.wait(t, 0, "queen serving", nil)
+		took := logTime(t, rec).Sub(from)
+		again := servedAfter(from)
+		how := map[bool]string{false: "SIGKILL", true: "cut off"}[cut]
+		t.Logf("round %d (%s of queen %d): queen %d active %s after, served through HAProxy again %s after",
+			round, how, old+1, next+1, took.Round(time.Millisecond), again.Round(time.Millisecond))
+		if took > 5*time.Second {
+			t.Errorf("round %d: the standby took over %s after, want within 5s", round, took)
+		}
+		if again == 0 || again > 10*time.Second {
+			t.Errorf("round %d: requests served again %s after, want within 10s", round, again)
+		}
+		rows, err := keeper.NewClient(urls[next], "", "").Workers(t.Context(), keeper.WorkerFilter{})
+		if err != nil || len(rows) != 1 || rows[0].ID != started.LifecycleID || rows[0].Status != "RUNNING" || *rows[0].PID != *before[0].PID {
+			t.Fatalf("round %d: rows after the takeover: %+v, %v; want %s RUNNING, pid %d (not restarted)", round, rows, err, started.LifecycleID, *before[0].PID)
+		}
+		queens[old] = startStandby(old, urls[next])
+		active = next
 	}
 
-	// The first queen comes back as the standby; the active one is cut off
-	// from the database (its lock session terminated while it runs): it
-	// steps down within 2 s and the standby takes over again.
-	q3 := startProc(t, "queen 3", nil, "queen", "--addr", a1, "--flush-interval", "100ms", "--database-url", u)
-	t.Cleanup(func() { _ = q3.stop(t, syscall.SIGTERM) })
-	q3.logs.wait(t, 0, "queen standing by: another queen holds the database", map[string]string{"active": url2})
-	killQueenLock(t, u)
-	cut := time.Now()
-	rec, _ = q2.logs.wait(t, 0, "queen stepping down", nil)
-	if down := logTime(t, rec).Sub(cut); down > 2*time.Second {
-		t.Errorf("the queen cut off from the database stepped down %s after, want within 2s", down)
-	}
-	rec, _ = q3.logs.wait(t, 0, "queen serving", nil)
-	t.Logf("cut off: the other queen was active %s after", logTime(t, rec).Sub(cut).Round(time.Millisecond))
-	for deadline := cut.Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := clients[0].Completions.New(t.Context(), completion(2))
-		if err == nil {
-			t.Logf("cut off: served through HAProxy again %s after", time.Since(cut).Round(time.Millisecond))
+	// The batch ends with every request once, whoever finished it.
+	settle()
+	var b *oai.Batch
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if b, err = client.Batches.Get(t.Context(), batch); err == nil && (b.Status == oai.BatchStatusCompleted || b.Status == oai.BatchStatusFailed) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no request served through HAProxy within 10s of the cut: %v", err)
+			t.Fatalf("the batch did not end: %+v, %v", b, err)
 		}
 	}
-	final, err := keeper.NewClient(url1, "", "").Workers(t.Context(), keeper.WorkerFilter{})
-	if err != nil || len(final) != 1 || final[0].ID != started.LifecycleID || final[0].Status != "RUNNING" || *final[0].PID != *before[0].PID {
-		t.Errorf("rows after the second takeover: %+v, %v", final, err)
+	completedOnce(t, client, b, n)
+	entries, err := keeper.NewClient(urls[active], "", "").AuditQuery(t.Context(), keeper.AuditFilter{Action: "queen.takeover", Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != rounds {
+		t.Errorf("%d queen.takeover entries in the audit after %d rounds", len(entries), rounds)
 	}
 }
