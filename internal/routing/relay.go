@@ -1,8 +1,6 @@
 package routing
 
 import (
-	"syscall"
-	"net"
 	"bufio"
 	"bytes"
 	"context"
@@ -11,10 +9,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/anthropic"
