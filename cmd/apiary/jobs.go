@@ -37,19 +37,21 @@ func (a *adminFlags) jobs() *keeper.Jobs {
 func newJobsSubmitCmd(a *adminFlags) *cobra.Command {
 	var endpoint, model string
 	cmd := &cobra.Command{
-		Use:   "submit FILE.jsonl --endpoint PATH [--model M]",
+		Use:   "submit FILE.jsonl [--endpoint PATH] [--model M]",
 		Short: "Upload a JSONL file of requests and start a batch over it",
 		Long: `Upload a JSONL file of requests and start a batch over it; prints the
 batch id. --endpoint is /v1/chat/completions, /v1/completions or /v1/embeddings (every line's
-url must be it); --model sets body.model on every line.`,
+url must be it); without it, the first line's url; --model sets body.model on every line.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if endpoint == "" {
-				return usagef("jobs submit: --endpoint is required (/v1/chat/completions, /v1/completions or /v1/embeddings)")
-			}
 			data, err := os.ReadFile(args[0])
 			if err != nil {
 				return fmt.Errorf("jobs submit: %w", err)
+			}
+			if endpoint == "" {
+				if endpoint = firstURL(data); endpoint == "" {
+					return usagef("jobs submit: %s: its first line names no url; give --endpoint (/v1/chat/completions, /v1/completions or /v1/embeddings)", args[0])
+				}
 			}
 			if model != "" {
 				if data, err = setModel(data, model); err != nil {
@@ -222,4 +224,22 @@ with its custom_id.`,
 			return nil
 		},
 	}
+}
+
+// firstURL is the "url" of the first request line of a batch file ("":
+// none, or not a JSON object).
+func firstURL(data []byte) string {
+	for line := range bytes.Lines(data) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var l struct {
+			URL string `json:"url"`
+		}
+		if json.Unmarshal(line, &l) != nil {
+			return ""
+		}
+		return l.URL
+	}
+	return ""
 }

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -253,5 +255,27 @@ func TestWorkersTableShowsTheConfiguredName(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "qwen (qwen2.5-0.5b-instruct-q4_k_m)") || !strings.Contains(b.String(), "tiny") {
 		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+// `jobs submit` without --endpoint takes the first line's url.
+func TestJobsSubmitTakesTheFirstLinesURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"\n{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{}}\n{\"url\":\"/v1/completions\"}\n": "/v1/embeddings",
+		"{\"custom_id\":\"a\"}\n": "",
+		"not json\n":              "",
+		"":                        "",
+	} {
+		if got := firstURL([]byte(in)); got != want {
+			t.Errorf("firstURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(file, []byte("{\"custom_id\":\"a\"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := apiary(t, "jobs", "submit", file, "--queen=http://127.0.0.1:1"); code != 2 || !strings.Contains(errOut, "names no url; give --endpoint") {
+		t.Errorf("submit of a file without url: exit %d, %q", code, errOut)
 	}
 }

@@ -424,7 +424,8 @@ func TestProcessJobsCLI(t *testing.T) {
 	if err := os.WriteFile(file, []byte(strings.ReplaceAll(batchFile(n, 2), `"model":"tiny"`, `"model":"not-served"`)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := runApiary(t, "jobs", "submit", file, "--endpoint", "/v1/chat/completions", "--model", "tiny", "--queen", c.url)
+	// No --endpoint: the lines name their url.
+	out, err := runApiary(t, "jobs", "submit", file, "--model", "tiny", "--queen", c.url)
 	if err != nil {
 		t.Fatal(err)
 	}
