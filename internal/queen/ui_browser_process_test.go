@@ -255,6 +255,15 @@ func TestDashboardInBrowser(t *testing.T) {
 	if got := b.text(`#audit-entries tbody`); !strings.Contains(got, "stopped from the dashboard test") || strings.Contains(got, "worker.start") {
 		t.Errorf("the filtered audit view: %q", got)
 	}
+	// The whole audit log, its placement metadata the widest column:
+	// nothing wider than the window.
+	b.run("the whole audit log", chromedp.Navigate(c.url+"/ui/#/audit"))
+	b.wait("a start entry", `tr[data-action="worker.start"]`)
+	var wide bool
+	b.eval(`document.documentElement.scrollWidth > window.innerWidth + 1`, &wide)
+	if wide {
+		t.Error("the audit log is wider than the window (its metadata column overflows)")
+	}
 	b.screenshot("audit")
 
 	// A worker killed with SIGKILL turns FAILED on the open page.

@@ -315,7 +315,7 @@ function overview() {
       h('div', { class: 'line', 'data-loaded': '' }, h('span', { class: 'muted', text: 'loaded' + (p.max_loaded ? ' (at most ' + p.max_loaded + ')' : '') + ': ' }),
         h('span', { text: (p.loaded || []).length ? p.loaded.map(l => l.model + ' ' + (l.last_used_at ? 'used ' + ago(l.last_used_at) : 'unused') + ' (' + l.status + ')').join(', ') : 'nothing' })),
       (p.evictions || []).length ? h('div', { class: 'line muted', 'data-evictions': '' },
-        'evicted: ' + p.evictions.slice(0, 3).map(e => e.model + ' for ' + e.for + ' ' + ago(e.at)).join(', ')) : null))) : h('p', { class: 'muted', text: 'No pool has registered.' });
+        'evicted: ' + p.evictions.slice(0, 3).map(e => e.model + ' for ' + e.for + ' ' + ago(e.at)).join(', ')) : null))) : h('p', { class: 'muted', text: 'No pool has registered: start a hive that points here, e.g. apiary hive --queen ' + location.origin + ' (or apiary nodes add NAME --ssh HOST to have the queen start one over SSH).' });
 
     const workerTable = workers.length ? h('div', { class: 'scroll' }, h('table', { id: 'workers' },
       h('thead', {}, h('tr', {}, ['lifecycle id', 'model', 'pool', 'device', 'state', 'reason', 'memory', 'created', ''].map((t, i) => h('th', { class: i === 5 || i === 7 ? 'hide-narrow' : null, text: t })))),
@@ -488,7 +488,7 @@ function audit() {
           h('td', { class: 'mono', text: e.action }),
           h('td', {}, /^wk-[0-9a-f]{16}$/.test(e.target) ? h('a', { class: 'mono', href: '#/worker/' + e.target, text: e.target }) : h('span', { class: 'mono', text: e.target })),
           h('td', { text: e.reason || '' }),
-          h('td', { class: 'mono hide-narrow', text: e.metadata ? JSON.stringify(e.metadata) : '' })))))));
+          h('td', { class: 'mono hide-narrow meta', title: e.metadata ? JSON.stringify(e.metadata, null, 1) : '', text: e.metadata ? JSON.stringify(e.metadata) : '' })))))));
   }).catch(e => out.replaceChildren(h('div', { class: 'error', id: 'audit-error', text: e.message })));
   return { name: 'audit' };
 }
