@@ -1,5 +1,6 @@
 // The first hour of a newcomer (issue #34), tested as the newcomer meets
-// it: what `make demo` installs and runs.
+// it: what `make demo` installs and runs, and every block of README.md,
+// run as written.
 package apiary_test
 
 import (
@@ -10,8 +11,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -168,7 +171,7 @@ func TestDemoInstallsOnlyWhatTheBuildNeeds(t *testing.T) {
 		}
 		return strings.Fields(string(out))
 	}
-	testOnly := []string{"chromium", "qemu-user", "openssh-server", "postgresql-15", "systemd"}
+	testOnly := []string{"chromium", "qemu-user", "openssh-server", "postgresql-15", "systemd", "curl"}
 	tests := list("")
 	for _, p := range testOnly {
 		if !slices.Contains(tests, p) {
@@ -191,4 +194,203 @@ func TestDemoInstallsOnlyWhatTheBuildNeeds(t *testing.T) {
 func sameSet(a, b []string) bool {
 	a, b = slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b))
 	return slices.Equal(a, b)
+}
+
+// block is one fenced block of README.md.
+type block struct {
+	lang string // the info string: sh, text, …
+	line int    // of its opening fence
+	body string
+}
+
+func readmeBlocks(t *testing.T) []block {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []block
+	var cur *block
+	for i, line := range strings.Split(string(b), "\n") {
+		switch {
+		case cur == nil && strings.HasPrefix(line, "```"):
+			cur = &block{lang: strings.TrimPrefix(line, "```"), line: i + 1}
+		case cur != nil && line == "```":
+			blocks = append(blocks, *cur)
+			cur = nil
+		case cur != nil:
+			cur.body += line + "\n"
+		}
+	}
+	if cur != nil {
+		t.Fatalf("README.md:%d: a block is never closed", cur.line)
+	}
+	return blocks
+}
+
+// TestREADMERunsAsWritten runs every block of README.md but the first
+// (make demo and make test, which TestDemoAnswersInWords and CI run) as
+// written, in order, in one bash, as a newcomer pastes them: sh blocks are
+// run, the URLs of text blocks are opened (GET). It runs them in a network
+// namespace of their own, so that the blocks' fixed default ports (queen
+// 8080, hive 9200, worker 8001) are free whatever else runs on this
+// machine, with a fresh HOME and bin/apiary in a fresh directory.
+func TestREADMERunsAsWritten(t *testing.T) {
+	blocks := readmeBlocks(t)
+	if len(blocks) < 2 || !strings.Contains(blocks[0].body, "make demo") || !strings.Contains(blocks[0].body, "make test") {
+		t.Fatalf("README.md's first block is not make demo and make test: %+v", blocks)
+	}
+	work, home := t.TempDir(), t.TempDir()
+	if err := os.Mkdir(filepath.Join(work, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(testbin.Path(t), filepath.Join(work, "bin", "apiary")); err != nil {
+		t.Fatal(err)
+	}
+
+	// The script: the test's own lines set up the namespace's loopback
+	// and mark where each block's output begins; the blocks are as
+	// written.
+	var script strings.Builder
+	script.WriteString("set -eo pipefail\nip link set lo up\n")
+	var urls []string
+	for i, b := range blocks[1:] {
+		fmt.Fprintf(&script, "echo '=== %d'\n", i)
+		switch b.lang {
+		case "sh":
+			script.WriteString(b.body)
+		case "text":
+			for _, u := range strings.Fields(b.body) {
+				if !strings.HasPrefix(u, "http://") {
+					t.Fatalf("README.md:%d: text block holds %q, which is no URL: what does a newcomer do with it?", b.line, u)
+				}
+				fmt.Fprintf(&script, "curl -fsS --max-time 10 %q -o url-%d.html\n", u, len(urls))
+				urls = append(urls, u)
+			}
+		default:
+			t.Fatalf("README.md:%d: a %q block: this test runs sh and opens the URLs of text blocks", b.line, b.lang)
+		}
+	}
+	script.WriteString("echo '=== end'\n")
+
+	unshare := []string{"--net"}
+	if os.Getuid() != 0 {
+		unshare = append(unshare, "--map-root-user")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cmd := command(t, ctx, "unshare", append(unshare, "bash", "-c", script.String())...)
+	cmd.Dir = work
+	cmd.Env = []string{"HOME=" + home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8"} // no APIARY_*, no XDG_*
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	logs := func() string {
+		var b strings.Builder
+		for _, f := range []string{"queen.log", "hive.log"} {
+			if data, err := os.ReadFile(filepath.Join(work, f)); err == nil {
+				fmt.Fprintf(&b, "\n%s:\n%s", f, data)
+			}
+		}
+		return fmt.Sprintf("stdout:\n%s\nstderr:\n%s%s", stdout.String(), stderr.String(), b.String())
+	}
+	if err != nil {
+		t.Fatalf("README.md's blocks: %v\n%s\nscript:\n%s", err, logs(), script.String())
+	}
+
+	// What each block wrote.
+	outs := strings.Split(stdout.String(), "=== ")
+	if len(outs) != len(blocks)+1 || !strings.HasPrefix(outs[len(outs)-1], "end") {
+		t.Fatalf("the blocks' output is not in %d parts:\n%s", len(blocks), logs())
+	}
+	outOf := func(i int) []string {
+		_, rest, _ := strings.Cut(outs[i+1], "\n")
+		return strings.Split(strings.TrimSuffix(rest, "\n"), "\n")
+	}
+	answers := 0
+	for i, b := range blocks[1:] {
+		lines := outOf(i)
+		where := fmt.Sprintf("README.md:%d", b.line)
+		switch {
+		case strings.Contains(b.body, "bin/apiary infer"):
+			// The answer is the line infer writes (none when the model
+			// ended it at once), after what models testmodel writes and
+			// before the workers table.
+			if j := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "ID ") }); j >= 0 {
+				if table := strings.Join(lines[j:], "\n"); !strings.Contains(table, "RUNNING") || !strings.Contains(table, "tiny") {
+					t.Errorf("%s: workers ls shows no running worker of tiny:\n%s", where, table)
+				}
+				lines = lines[:j]
+			}
+			lines = slices.DeleteFunc(lines, func(l string) bool { return l == "" || strings.HasPrefix(l, "wrote ") })
+			if len(lines) > 1 {
+				t.Errorf("%s: more than the answer's line: %q", where, lines)
+			}
+			checkWords(t, where, strings.Join(lines, ""))
+			answers++
+		case strings.Contains(b.body, "/v1/completions"):
+			text := regexp.MustCompile(`"text":"([^"]*)"`).FindStringSubmatch(strings.Join(lines, "\n"))
+			if text == nil {
+				t.Errorf("%s: no completion in %q", where, lines)
+				continue
+			}
+			checkWords(t, where, text[1])
+			answers++
+		}
+	}
+	if answers != 3 {
+		t.Errorf("%d blocks answered a prompt, want 3 (two apiary infer, one curl)", answers)
+	}
+	for i, u := range urls {
+		page, err := os.ReadFile(filepath.Join(work, "url-"+strconv.Itoa(i)+".html"))
+		if err != nil || !bytes.Contains(page, []byte("<title>apiary</title>")) {
+			t.Errorf("%s is not the dashboard: %v\n%.300s", u, err, page)
+		}
+	}
+
+	// The blocks stop what they start: nothing of the shell's process
+	// group (the daemons the blocks start in the background) and no
+	// worker (its own group, its model under HOME) is left.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		left := append(inGroup(cmd.Process.Pid), testbin.Matching(home)...)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes left 30s after the last block: %v\n%s", cmdlines(left), logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// inGroup lists the processes of process group pgid.
+func inGroup(pgid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp …; comm may hold anything, so
+		// fields are counted after its closing parenthesis.
+		i := bytes.LastIndexByte(stat, ')')
+		if f := strings.Fields(string(stat[i+1:])); len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func cmdlines(pids []int) []string {
+	var out []string
+	for _, p := range pids {
+		out = append(out, fmt.Sprintf("%d %s", p, testbin.Cmdline(p)))
+	}
+	return out
 }

@@ -43,7 +43,8 @@ done
 if [ $mode = test ]; then
   pkgs+=(
     postgresql-15      # the store's PostgreSQL tests start throwaway clusters from its binaries
-    openssh-server openssh-client iproute2 # multi-node tests: scripts/netns.sh runs sshd in network namespaces; the queen runs the system ssh
+    openssh-server openssh-client iproute2 # multi-node tests: scripts/netns.sh runs sshd in network namespaces; the queen runs the system ssh; the README's test runs its blocks in a network namespace of their own
+    curl               # the README's and the docs' blocks, which tests run as written
     qemu-user          # runs apiary on an emulated CPU without AVX (internal/worker's CPU backend test)
     systemd            # systemd-analyze verify checks the units of apiary service install (internal/service)
     chromium           # the dashboard's browser tests (internal/queen) drive it headless through chromedp
