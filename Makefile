@@ -33,7 +33,9 @@ TEST_FLAGS ?= -count=1 -timeout 60m
 all: build
 
 # deps installs what the build and the tests need on Debian 12 (skipped
-# when present); deps-build what the build alone needs.
+# when present); deps-build what the build alone needs: the compiler, and
+# llama.cpp's build tools (CMake, git, npm) only until its libraries are
+# in the cache. `make demo` needs nothing more (TestDemoInstallsOnlyWhatTheBuildNeeds).
 deps:
 	@./scripts/deps.sh
 
@@ -79,7 +81,8 @@ test: deps build lint llama-server
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
 
 # The demo builds only the CPU backend this machine loads (a later
-# `make build` adds the others).
+# `make build` adds the others), then runs scripts/demo.sh: the test
+# model answers a prompt through apiary infer --ephemeral.
 demo: export LLAMA_CPU_LEVELS := host
 demo: build
 	@./scripts/demo.sh

@@ -101,7 +101,7 @@ model() {
   local f32="$MODEL_DIR/testmodel-${MODEL_SHAPE}-f32.gguf"
   if [ ! -f "$f32" ]; then
     log "generating $f32"
-    "$APIARY_BIN" models testmodel "$f32" --dim "$BENCH_DIM" --layers "$BENCH_LAYERS" \
+    "$APIARY_BIN" models testmodel "$f32" --text=false --dim "$BENCH_DIM" --layers "$BENCH_LAYERS" \
       --heads "$BENCH_HEADS" --ff "$BENCH_FF" --vocab "$BENCH_VOCAB" >&2
   fi
   log "quantizing to q8_0"

@@ -230,7 +230,7 @@ run() {
   trap 'for p in "${PROOF_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; mkdir -p "$PROOF_OUT/logs"; cp "$PROOF_WORK"/*.log "$PROOF_OUT/logs/" 2>/dev/null; rm -rf "$PROOF_WORK"' EXIT
   mkdir -p "$work/models"
   local model=$work/models/proof.gguf
-  "$bin" models testmodel "$model" --dim "$DIM" --layers "$LAYERS" --heads "$HEADS" --ff "$FF" --vocab "$VOCAB" >&2
+  "$bin" models testmodel "$model" --text=false --dim "$DIM" --layers "$LAYERS" --heads "$HEADS" --ff "$FF" --vocab "$VOCAB" >&2
   local res=$out/results.md
   {
     echo "# gpu-proof results"
@@ -238,7 +238,7 @@ run() {
     echo "- machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i "$DEVICE"), $(nproc) CPUs"
     echo "- apiary: $("$bin" version | paste -sd ';' | sed 's/;/; /g')"
     echo "- backend: libggml-cuda.so for CUDA $(cat "$out/bin/libggml-cuda.cuda-version"), built in $(cat "$out/build-seconds" 2>/dev/null || echo ?) s with llama-server from the same source"
-    echo "- model: $(stat -c %s "$model") bytes (apiary models testmodel --dim $DIM --layers $LAYERS --heads $HEADS --ff $FF --vocab $VOCAB)"
+    echo "- model: $(stat -c %s "$model") bytes (apiary models testmodel --text=false --dim $DIM --layers $LAYERS --heads $HEADS --ff $FF --vocab $VOCAB)"
     echo
     echo "| check | measured | bar | verdict |"
     echo "|---|---|---|---|"
@@ -358,7 +358,7 @@ bench_cpu() {
   local models=$out/models shape=d768-l12-h12-ff2048-v4000
   mkdir -p "$models"
   if [ ! -f "$models/testmodel-$shape-q8_0.gguf" ]; then
-    "$bin" models testmodel "$models/testmodel-$shape-f32.gguf" --dim 768 --layers 12 --heads 12 --ff 2048 --vocab 4000 >&2
+    "$bin" models testmodel "$models/testmodel-$shape-f32.gguf" --text=false --dim 768 --layers 12 --heads 12 --ff 2048 --vocab 4000 >&2
     "$ls/llama-quantize" "$models/testmodel-$shape-f32.gguf" "$models/testmodel-$shape-q8_0.gguf" q8_0 >"$models/quantize.log" 2>&1 ||
       { tail -20 "$models/quantize.log" >&2; die "llama-quantize failed"; }
   fi

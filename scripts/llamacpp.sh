@@ -7,6 +7,10 @@
 #                                the prefix
 #   scripts/llamacpp.sh server   the same, and llama-server
 #   scripts/llamacpp.sh prefix   prints the prefix (built or not)
+#   scripts/llamacpp.sh needs    prints the tools `build` still needs, one a
+#                                line (git, npm, cmake; nothing when the
+#                                libraries are built): what scripts/deps.sh
+#                                installs for it
 #   scripts/llamacpp.sh cuda     build the CUDA backend of the same source
 #                                and commit into the prefix (needs nvcc)
 #
@@ -57,9 +61,23 @@ case $LEVELS in all | host) ;; *) echo "llamacpp: LLAMA_CPU_LEVELS=$LEVELS: want
 log() { printf 'llamacpp: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
+# fetched reports whether the pinned source is in $PREFIX/src.
+fetched() { [ -f "$PREFIX/src/CMakeLists.txt" ] && [ -f "$PREFIX/src.ok" ]; }
+
+# built reports whether the libraries of $LEVELS are in the prefix.
+built() { [ -f "$PREFIX/built.$LAYOUT" ] || { [ "$LEVELS" = host ] && [ -f "$PREFIX/built.$LAYOUT.host" ]; }; }
+
+# needs prints the tools build still needs: git and npm to fetch the
+# source, cmake to build it; none once the libraries are built.
+needs() {
+  built && return
+  fetched || printf '%s\n' git npm
+  echo cmake
+}
+
 # fetch clones the pinned source into $PREFIX/src, unless it is there.
 fetch() {
-  [ -f "$PREFIX/src/CMakeLists.txt" ] && [ -f "$PREFIX/src.ok" ] && return
+  fetched && return
   command -v npm >/dev/null || die "npm is needed to fetch node-llama-cpp (scripts/deps.sh installs it)"
   command -v git >/dev/null || die "git is needed (scripts/deps.sh installs it)"
   local tmp
@@ -113,7 +131,7 @@ host_level() {
 # build configures and builds the libraries and llama-server, and lays out
 # the prefix.
 build() {
-  if [ -f "$PREFIX/built.$LAYOUT" ] || { [ "$LEVELS" = host ] && [ -f "$PREFIX/built.$LAYOUT.host" ]; }; then
+  if built; then
     echo "$PREFIX"
     return
   fi
@@ -162,6 +180,7 @@ build() {
 server() {
   build >/dev/null
   if [ ! -x "$PREFIX/server/llama-server" ] || [ ! -f "$PREFIX/server.$LAYOUT" ]; then
+    command -v cmake >/dev/null || die "cmake is needed to build llama-server (scripts/deps.sh installs it)"
     local start=$SECONDS b=$PREFIX/build
     log "building llama-server with $JOBS jobs"
     cmake --build "$b" -j "$JOBS" --target llama-server >"$PREFIX/build-server.log" 2>&1 ||
@@ -206,6 +225,7 @@ case ${1:-} in
   build) build ;;
   server) server ;;
   prefix) echo "$PREFIX" ;;
+  needs) needs ;;
   cuda) cuda ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

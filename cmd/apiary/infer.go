@@ -21,7 +21,7 @@ func newInferCmd() *cobra.Command {
 	cfg := keeper.InferConfig{}
 	var debug bool
 	cmd := &cobra.Command{
-		Use:   "infer --model REF --prompt TEXT [--max-tokens N] [--node NAME [--ssh USER@HOST[:PORT] [--ssh-config FILE] [--install-dir DIR]]] [--queen URL]",
+		Use:   "infer --model REF --prompt TEXT [--max-tokens N] [--node NAME [--ssh USER@HOST[:PORT] [--ssh-config FILE] [--install-dir DIR]]] [--queen URL | --ephemeral]",
 		Short: "Answer a prompt (starting a throwaway queen and hive when none runs)",
 		Long: `Answer one prompt, token by token on stdout; progress goes to stderr.
 
@@ -29,12 +29,13 @@ Persistent mode: a queen answers at --queen (default $APIARY_QUEEN or
 http://127.0.0.1:8080). The prompt goes to it; the queen, its hives and
 workers keep running afterwards. --model is then a model ref of the hives'
 models dirs: a path is refused (the queen cannot load a file of this
-machine).
+machine). stderr names the queen it asks.
 
-Ephemeral mode: no queen answers. apiary starts a queen with a hive on this
-machine (free ports, a throwaway data dir), answers, then stops everything it
-started. --model is then a model ref from the models dir
-($XDG_DATA_HOME/apiary/models) or a path to a .gguf file.
+Ephemeral mode: no queen answers, or --ephemeral. apiary starts a queen with
+a hive on this machine (free ports, a throwaway data dir), answers, then
+stops everything it started; with --ephemeral it never asks --queen, so a
+queen running there is left alone. --model is then a model ref from the
+models dir ($XDG_DATA_HOME/apiary/models) or a path to a .gguf file.
 
 Ctrl+C or SIGTERM at any moment stops what this command started (never a
 queen it found running) and exits 130 or 143.
@@ -49,6 +50,9 @@ down with it. --model is then a ref of the node's models dir.
 Tokens come from APIARY_API_TOKEN and APIARY_ADMIN_TOKEN.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Ephemeral && cmd.Flags().Changed("queen") {
+				return usagef("infer: --ephemeral starts a queen of its own and --queen names one to ask: give one of them")
+			}
 			return runInfer(cmd, cfg, debug)
 		},
 	}
@@ -61,6 +65,7 @@ Tokens come from APIARY_API_TOKEN and APIARY_ADMIN_TOKEN.`,
 	fl.StringVar(&cfg.SSHConfig, "ssh-config", "", "ephemeral mode with --node: ssh client configuration file (ssh -F; default ~/.ssh/config)")
 	fl.StringVar(&cfg.InstallDir, "install-dir", "", "ephemeral mode with --node: where apiary lives on the node (default ~/.local/bin)")
 	fl.StringVar(&cfg.QueenURL, "queen", defaultQueenURL(), "queen URL (from $APIARY_QUEEN when set)")
+	fl.BoolVar(&cfg.Ephemeral, "ephemeral", false, "start a throwaway queen and hive for this prompt even when a queen answers at --queen (never asking it)")
 	fl.StringVar(&cfg.ModelsDir, "models-dir", keeper.DefaultModelsDir(), "ephemeral mode: where a model ref is looked up")
 	fl.IntVar(&cfg.WorkerThreads, "worker-threads", 0, "ephemeral mode: CPU threads of the local worker (0: one per CPU)")
 	fl.StringArrayVar(&cfg.QueenArgs, "queen-arg", nil, "ephemeral mode: extra flag for the queen it starts (repeatable)")

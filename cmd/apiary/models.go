@@ -345,10 +345,13 @@ Each has the metadata and tensors llama.cpp's loader of that architecture
 requires, and its family's specifics (Qwen2's Q/K/V biases, Qwen3's Q/K
 norms, Qwen3-MoE's experts, Qwen 3.5's linear-attention layers, Gemma's
 sliding-window layers, Phi-3's fused projections, Ministral 3's YaRN
-scaling). llama.cpp loads and runs it (its output is gibberish), which
-makes it a stand-in for a real model in tests and demos. Every architecture
-has the same byte-level vocabulary. The same options always give the same
-file.`,
+scaling). llama.cpp loads and runs it, which makes it a stand-in for a
+real model in tests and demos. Every architecture has the same
+SentencePiece vocabulary: one token a printable ASCII character, byte
+tokens for the rest, and (--text, the default) words, which are all the
+model writes: random words, but text. --text=false writes the byte-level
+model the tests use, whose answers are mostly bytes that are no text
+(shown as U+FFFD). The same options always give the same file.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Arch = testmodel.Arch(arch)
@@ -380,7 +383,9 @@ file.`,
 	fl.IntVar(&opts.FF, "ff", 0, fmt.Sprintf("feed-forward length, 1 to %d; 0: %d × dim (each expert of a MoE: ff / experts-used)", testmodel.MaxFF, testmodel.FeedForwardFactor))
 	fl.IntVar(&opts.Experts, "experts", 0, fmt.Sprintf("experts of each layer of a MoE architecture (%s), 2 to %d; 0: %d", testmodel.Qwen3MoE, testmodel.MaxExperts, testmodel.DefaultExperts))
 	fl.IntVar(&opts.ExpertsUsed, "experts-used", 0, fmt.Sprintf("experts each token uses, 1 to experts; 0: %d", testmodel.DefaultExpertsUsed))
-	fl.IntVar(&opts.Vocab, "vocab", testmodel.VocabSize, fmt.Sprintf("tokens, %d (bytes and printable characters) to %d (and pairs of them)", testmodel.VocabSize, testmodel.MaxVocab))
+	fl.IntVar(&opts.Vocab, "vocab", 0, fmt.Sprintf("tokens, %d (bytes, printable characters and words; %d without --text) to %d (and pairs of characters); 0: the least",
+		testmodel.TextVocabSize, testmodel.VocabSize, testmodel.MaxVocab+testmodel.TextVocabSize-testmodel.VocabSize))
+	fl.BoolVar(&opts.Text, "text", true, "words in the vocabulary and weights that write only those (--text=false: the byte-level model of the tests)")
 	fl.BoolVar(&opts.ToolTemplate, "tool-template", false, "give the model a ChatML chat template with Hermes-style tool calling")
 	fl.BoolVar(&force, "force", false, "replace an existing file")
 	return cmd

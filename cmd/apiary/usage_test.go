@@ -51,7 +51,7 @@ func TestPersistentInferRefusesAModelPath(t *testing.T) {
 		if code != 2 || out != "" {
 			t.Errorf("infer --model %s: exit %d, stdout %q; want 2 and nothing", model, code, out)
 		}
-		for _, s := range []string{"--model " + model + " is a path", "--model small", "ephemeral mode"} {
+		for _, s := range []string{"--model " + model + " is a path", "--model small", "pass --ephemeral", "ephemeral mode"} {
 			if !strings.Contains(errOut, s) {
 				t.Errorf("infer --model %s: stderr lacks %q: %s", model, s, errOut)
 			}

@@ -106,10 +106,14 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("start a queen: %w", err)
 	}
 	e.k.log.Debug("ephemeral queen started", "pid", e.proc.PID(), "data_dir", dir)
+	why := fmt.Sprintf("no queen at %s: starting one", cfg.QueenURL)
+	if cfg.Ephemeral {
+		why = "--ephemeral: starting a queen"
+	}
 	if node == nil {
-		fmt.Fprintf(cfg.Stderr, "no queen at %s: starting one with a local hive for this prompt…\n", cfg.QueenURL)
+		fmt.Fprintf(cfg.Stderr, "%s with a local hive for this prompt…\n", why)
 	} else {
-		fmt.Fprintf(cfg.Stderr, "no queen at %s: starting one that starts a hive on node %s (%s) over SSH for this prompt…\n", cfg.QueenURL, cfg.Node, cfg.SSH)
+		fmt.Fprintf(cfg.Stderr, "%s that starts a hive on node %s (%s) over SSH for this prompt…\n", why, cfg.Node, cfg.SSH)
 	}
 
 	select {

@@ -31,14 +31,19 @@ const (
 	// ModePersistent: a queen answers at the URL; the keeper uses it and
 	// leaves it (and its hives and workers) running.
 	ModePersistent = "persistent"
-	// ModeEphemeral: none answers; the keeper starts a queen with a local
-	// hive, answers the prompt, and stops everything it started.
+	// ModeEphemeral: none answers, or InferConfig.Ephemeral asks for it;
+	// the keeper starts a queen with a local hive, answers the prompt, and
+	// stops everything it started.
 	ModeEphemeral = "ephemeral"
 )
 
 // InferConfig is one `apiary infer`.
 type InferConfig struct {
-	QueenURL  string
+	QueenURL string
+	// Ephemeral starts a queen and a local hive for the prompt (on free
+	// ports) whether or not a queen answers at QueenURL, which it never
+	// asks; default false: ephemeral mode only when none answers.
+	Ephemeral bool
 	Model     string // a model ref, or (ephemeral mode) a path to a .gguf file
 	Prompt    string
 	MaxTokens int    // 0: the worker's default
@@ -179,9 +184,11 @@ func (k *Infer) Mode() <-chan string { return k.mode }
 // failed, or ctx cancelled (Ctrl+C, SIGTERM). In persistent mode it leaves
 // everything running.
 func (k *Infer) Run(ctx context.Context) (err error) {
-	mode, err := k.detect(ctx)
-	if err != nil {
-		return err
+	mode := ModeEphemeral
+	if !k.cfg.Ephemeral {
+		if mode, err = k.detect(ctx); err != nil {
+			return err
+		}
 	}
 	k.mode <- mode
 	k.log.Debug("mode", "mode", mode, "queen", k.cfg.QueenURL)
@@ -189,6 +196,9 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 	var ref string
 	if mode == ModeEphemeral {
 		if k.cfg.Node != "" && k.cfg.SSH == "" {
+			if k.cfg.Ephemeral {
+				return fmt.Errorf("%w: --node %s with --ephemeral: give the node's --ssh USER@HOST[:PORT] to start a hive there for this prompt", ErrUsage, k.cfg.Node)
+			}
 			return fmt.Errorf("%w: --node %s: no queen answers at %s; give the node's --ssh USER@HOST[:PORT] to start a hive there for this prompt, "+
 				"or start a queen that knows the node (apiary queen, apiary nodes add)", ErrUsage, k.cfg.Node, k.cfg.QueenURL)
 		}
@@ -207,8 +217,19 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 			ErrUsage, k.cfg.QueenURL)
 	} else if ref, err = persistentRef(k.cfg.Model); err != nil {
 		return err
+	} else {
+		// The queen may be one the person never started (anything at the
+		// default address): say which it is, and how to choose.
+		fmt.Fprintf(k.cfg.Stderr, "a queen answers at %s: asking it (it keeps running; --ephemeral starts a throwaway queen and hive for this prompt instead, --queen URL asks another queen)\n",
+			k.cfg.QueenURL)
 	}
-	return k.generate(ctx, url, ref)
+	if err = k.generate(ctx, url, ref); err != nil && mode == ModePersistent {
+		var ae *APIError
+		if errors.As(err, &ae) && (ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden) {
+			err = fmt.Errorf("%w; the queen at %s wants a token (APIARY_API_TOKEN); if it is not yours, pass --ephemeral to start a throwaway queen and hive for this prompt", err, k.cfg.QueenURL)
+		}
+	}
+	return err
 }
 
 // persistentRef is the ref to ask a running queen for. A path is
@@ -221,7 +242,7 @@ func persistentRef(model string) (string, error) {
 		ref := strings.TrimSuffix(filepath.Base(model), ".gguf")
 		return "", fmt.Errorf("%w: --model %s is a path, but a queen answers at --queen: it serves models by ref from its hives' models dirs, "+
 			"cannot load this file and cannot tell whether its pools' %s is the same file. Use the ref (--model %s: %s.gguf in the hives' models dir), "+
-			"or run without a queen (ephemeral mode: --queen at a free address) to load the file itself",
+			"or pass --ephemeral to load the file itself (ephemeral mode: a throwaway queen and hive of its own)",
 			ErrUsage, model, ref, ref, ref)
 	}
 	if !validRef(model) {

@@ -107,8 +107,14 @@ type keeper struct {
 
 func startKeeper(t *testing.T, args ...string) *keeper {
 	t.Helper()
+	return startKeeperEnv(t, nil, args...)
+}
+
+// startKeeperEnv is startKeeper with env added to the keeper's.
+func startKeeperEnv(t *testing.T, env []string, args ...string) *keeper {
+	t.Helper()
 	marker := t.TempDir()
-	p := testbin.Start(t, "keeper", []string{"TMPDIR=" + marker}, append([]string{"infer"}, args...)...)
+	p := testbin.Start(t, "keeper", append([]string{"TMPDIR=" + marker}, env...), append([]string{"infer"}, args...)...)
 	return &keeper{Proc: p, marker: marker}
 }
 

@@ -74,8 +74,9 @@ func (a Arch) moe() bool { return a == Qwen3MoE }
 // attention (Qwen 3.5). llama.cpp needs both kinds present.
 func (a Arch) hybrid() bool { return a == Gemma3 || a == Gemma4 || a == Qwen35 }
 
-// tied reports whether the model has no output.weight: llama.cpp then
-// uses token_embd as the output, as the real models of the family do.
+// tied reports whether the architecture's models have no output.weight
+// (but a text model, which needs one): llama.cpp then uses token_embd as
+// the output, as the real models of the family do.
 func (a Arch) tied() bool { return a == Gemma3 || a == Gemma4 }
 
 // Hyperparameters of the architectures other than llama.
@@ -282,7 +283,7 @@ func tensors(s shape) []tensor {
 	}
 	mk("token_embd.weight", nil, dim, vocab)
 	mk("output_norm.weight", ones, dim)
-	if !s.Arch.tied() {
+	if !s.Arch.tied() || s.Text {
 		mk("output.weight", nil, dim, vocab)
 	}
 	if s.Arch == Gemma4 {
@@ -379,6 +380,12 @@ func tensors(s shape) []tensor {
 		}
 		if s.Arch == Gemma3 || s.Arch == Gemma4 {
 			norm("post_ffw_norm", dim)
+		}
+	}
+	if s.Text {
+		tokens, _, _ := vocabulary(s.Vocab, true)
+		for i := range ts {
+			ts[i].adjust = textAdjust(s, ts[i], tokens)
 		}
 	}
 	return ts

@@ -11,7 +11,8 @@
 // </s>, the 256 byte tokens <0x00> … <0xFF>, "▁" (U+2581, SentencePiece's
 // space) and the printable ASCII characters. Plain text therefore
 // tokenizes one character a token, and anything else falls back to its
-// bytes.
+// bytes. Such a model writes mostly byte tokens, which are no text; a text
+// model (Options.Text) has words besides, and writes only those.
 package testmodel
 
 import (
@@ -86,8 +87,16 @@ type Options struct {
 	Experts, ExpertsUsed int
 	// Vocab is the number of tokens, VocabSize … MaxVocab; default
 	// VocabSize. Tokens beyond the byte-level ones are pairs of printable
-	// ASCII characters ("th", "e!" …), which the tokenizer merges.
+	// ASCII characters ("th", "e!" …), which the tokenizer merges. A text
+	// model's are TextVocabSize … MaxVocab+TextVocabSize-VocabSize
+	// (default TextVocabSize): its words come before the pairs.
 	Vocab int
+	// Text makes a text model: words in its vocabulary (after the
+	// byte-level tokens, which keep their ids), and weights that let it
+	// write nothing else (text.go), so that what it generates reads as
+	// words, not bytes. Default false: the byte-level model that other
+	// packages' tests rely on.
+	Text bool
 	// ToolTemplate gives the model ToolChatTemplate as its
 	// tokenizer.chat_template; without, it has none (and chats get the
 	// worker's fallback).
@@ -152,7 +161,7 @@ func (o Options) withDefaults() Options {
 		o.FF = FeedForwardFactor * o.Dim
 	}
 	if o.Vocab == 0 {
-		o.Vocab = VocabSize
+		o.Vocab, _ = o.vocabRange()
 	}
 	if o.Arch.moe() {
 		if o.Experts == 0 {
@@ -197,16 +206,26 @@ func (o Options) Validate() error {
 	case o.Arch.moe() && (o.ExpertsUsed < 1 || o.ExpertsUsed > o.Experts):
 		return fmt.Errorf("%w: experts used %d is not in 1…%d (the experts)", ErrOptions, o.ExpertsUsed, o.Experts)
 	}
-	if o.Vocab < VocabSize || o.Vocab > MaxVocab {
-		return fmt.Errorf("%w: vocab %d is not in %d…%d", ErrOptions, o.Vocab, VocabSize, MaxVocab)
+	if least, most := o.vocabRange(); o.Vocab < least || o.Vocab > most {
+		return fmt.Errorf("%w: vocab %d is not in %d…%d", ErrOptions, o.Vocab, least, most)
 	}
 	return nil
+}
+
+// vocabRange is the least and the most tokens of the model's vocabulary;
+// the least is the default.
+func (o Options) vocabRange() (least, most int) {
+	if o.Text {
+		return TextVocabSize, MaxVocab + TextVocabSize - VocabSize
+	}
+	return VocabSize, MaxVocab
 }
 
 // custom reports whether o (with defaults) changes a hyperparameter that
 // llama models had fixed before it was an option.
 func (o Options) custom() bool {
-	return o.Heads != Heads || o.KVHeads != o.Heads || o.FF != FeedForwardFactor*o.Dim || o.Vocab != VocabSize
+	least, _ := o.vocabRange()
+	return o.Heads != Heads || o.KVHeads != o.Heads || o.FF != FeedForwardFactor*o.Dim || o.Vocab != least
 }
 
 // name is the model's general.name. A llama model's names only the seed,
@@ -214,10 +233,14 @@ func (o Options) custom() bool {
 // other architectures' name every hyperparameter. None names the
 // architecture (general.architecture does): llama.cpp gives special
 // tokens of a model whose name contains "phi3" a treatment that needs
-// Phi-3's vocabulary.
+// Phi-3's vocabulary. A text model's name says so at the end.
 func (o Options) name() string {
+	text := ""
+	if o.Text {
+		text = ", text"
+	}
 	if o.Arch == Llama && !o.custom() {
-		return fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d)", o.Seed, o.Layers, o.Dim)
+		return fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d%s)", o.Seed, o.Layers, o.Dim, text)
 	}
 	heads := fmt.Sprintf("%d heads", o.Heads)
 	if o.KVHeads != o.Heads {
@@ -227,8 +250,8 @@ func (o Options) name() string {
 	if o.Arch.moe() {
 		experts = fmt.Sprintf(", %d experts, %d used", o.Experts, o.ExpertsUsed)
 	}
-	return fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d, %s, feed-forward %d, vocab %d%s)",
-		o.Seed, o.Layers, o.Dim, heads, o.FF, o.Vocab, experts)
+	return fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d, %s, feed-forward %d, vocab %d%s%s)",
+		o.Seed, o.Layers, o.Dim, heads, o.FF, o.Vocab, experts, text)
 }
 
 // token types of llama.cpp (enum llama_token_type).
@@ -240,8 +263,9 @@ const (
 )
 
 // vocabulary returns the tokens, their scores and their types: the
-// byte-level vocabulary, then n - VocabSize pairs of printable characters.
-func vocabulary(n int) (tokens []string, scores []float32, types []int32) {
+// byte-level vocabulary, a text model's words, then pairs of printable
+// characters up to n tokens.
+func vocabulary(n int, text bool) (tokens []string, scores []float32, types []int32) {
 	add := func(tok string, typ int32) {
 		tokens = append(tokens, tok)
 		types = append(types, typ)
@@ -256,6 +280,11 @@ func vocabulary(n int) (tokens []string, scores []float32, types []int32) {
 	add("▁", tokenNormal)
 	for c := '!'; c <= '~'; c++ {
 		add(string(c), tokenNormal)
+	}
+	if text {
+		for _, w := range textWords {
+			add("▁"+w, tokenNormal)
+		}
 	}
 	for a := '!'; a <= '~' && len(tokens) < n; a++ {
 		for b := '!'; b <= '~' && len(tokens) < n; b++ {
@@ -273,17 +302,17 @@ func vocabulary(n int) (tokens []string, scores []float32, types []int32) {
 }
 
 // VocabSize is the number of tokens of the byte-level vocabulary: the
-// default and least Options.Vocab. MaxVocab adds every pair of printable
-// ASCII characters.
+// default and least Options.Vocab of a byte-level model. MaxVocab adds
+// every pair of printable ASCII characters.
 var (
-	VocabSize = func() int { t, _, _ := vocabulary(0); return len(t) }()
+	VocabSize = func() int { t, _, _ := vocabulary(0, false); return len(t) }()
 	MaxVocab  = VocabSize + 94*94
 )
 
 // metadata returns the model's metadata, in the order llama.cpp's
 // converters write it.
 func metadata(s shape) gguf.Metadata {
-	tokens, scores, types := vocabulary(s.Vocab)
+	tokens, scores, types := vocabulary(s.Vocab, s.Text)
 	u32 := func(n int) gguf.Value { return gguf.Uint32(uint32(n)) }
 	var md gguf.Metadata
 	add := func(key string, v gguf.Value) { md = append(md, gguf.KV{Key: key, Value: v}) }
@@ -319,11 +348,13 @@ func metadata(s shape) gguf.Metadata {
 
 // tensor is one tensor of the model: its layout and its values, fill(i)
 // for element i, or, when fill is nil, random weights of mean 0 and
-// standard deviation std.
+// standard deviation std; adjust, when set, changes value v of element i
+// after that (a text model's, text.go).
 type tensor struct {
 	gguf.Tensor
-	fill func(i int) float32
-	std  float64
+	fill   func(i int) float32
+	std    float64
+	adjust func(i int, v float32) float32
 }
 
 // Write writes the model o describes to w. The same options always give
@@ -359,6 +390,9 @@ func Write(w io.Writer, o Options) error {
 				v = t.fill(i)
 			} else {
 				v = float32(rng.NormFloat64() * t.std)
+			}
+			if t.adjust != nil {
+				v = t.adjust(i, v)
 			}
 			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
 		}
