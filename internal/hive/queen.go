@@ -63,6 +63,10 @@ type queenClient struct {
 // hive holds its pool id says so again while it retries.
 const heldLogEvery = 5 * time.Minute
 
+// registerRetryMin is the first wait before a queen that did not answer is
+// tried again; it doubles up to the heartbeat interval.
+const registerRetryMin = 250 * time.Millisecond
+
 // eventQueue bounds the events waiting for an unreachable queen; beyond it
 // the oldest news is dropped (the next heartbeat carries the full state).
 const eventQueue = 1024
@@ -155,6 +159,7 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	registered, down := false, false
+	var retry time.Duration // the wait before the next try of an unreachable queen
 	for {
 		select {
 		case <-ctx.Done():
@@ -203,6 +208,16 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 			down, q.heldLogged = false, time.Time{}
 			q.log.Info("queen takes this hive's messages again")
 		}
+		// A queen that does not answer (not yet started, restarting) is
+		// tried again soon, then less often, up to the heartbeat
+		// interval: a hive started before its queen registers within a
+		// second or so of the queen serving.
+		if err != nil && errors.Is(err, rpc.ErrUnreachable) {
+			retry = min(max(2*retry, registerRetryMin), q.h.cfg.HeartbeatInterval)
+			t.Reset(retry)
+			continue
+		}
+		retry = 0
 		t.Reset(q.h.cfg.HeartbeatInterval)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -554,4 +555,35 @@ func TestQueenWithoutStreamGetsPosts(t *testing.T) {
 			t.Errorf("%d heartbeats on a stream the queen does not have", q.streams)
 		}
 	})
+}
+
+// A hive started before its queen (nothing listens at --queen yet) tries
+// again soon, then less often: it registers within a second or so of the
+// queen serving, not at its next heartbeat (an hour here).
+func TestHiveStartedBeforeItsQueenRegistersSoonAfterIt(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there until the queen starts
+	q := newFakeQueen(t, "tok")
+	startHive(t, func(c *Config) {
+		c.QueenURL = "http://" + addr
+		c.ClusterToken = "tok"
+		c.HeartbeatInterval = time.Hour
+	})
+	time.Sleep(600 * time.Millisecond) // a few tries against no queen
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(q.serve)}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	up := time.Now()
+	q.until(t, "a registration", func() bool { return len(q.registers) == 1 })
+	if took := time.Since(up); took > 5*time.Second {
+		t.Errorf("registered %s after the queen served, with a heartbeat interval of an hour", took)
+	}
 }
