@@ -33,6 +33,10 @@ type ErrorDetail struct {
 type Health struct {
 	Status  string `json:"status"`
 	Version string `json:"version,omitempty"`
+	// Tokens says that the queen's admin and API endpoints want tokens
+	// (the dashboard asks for one before it calls them, instead of after
+	// a 401).
+	Tokens bool `json:"tokens,omitempty"`
 }
 
 // StartWorkerRequest is the body of the hive's POST /v2/workers/start.

@@ -262,7 +262,7 @@ func checkReason(s string) (string, error) {
 }
 
 func (q *Queen) getHealth(w http.ResponseWriter, _ *http.Request, _ caller) error {
-	api.WriteJSON(w, http.StatusOK, api.Health{Status: "ok", Version: version.Version})
+	api.WriteJSON(w, http.StatusOK, api.Health{Status: "ok", Version: version.Version, Tokens: !q.cfg.Tokens.None()})
 	return nil
 }
 

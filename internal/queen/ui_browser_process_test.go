@@ -348,6 +348,13 @@ func TestDashboardNeedsTheAdminToken(t *testing.T) {
 	if shown != 0 {
 		t.Errorf("%d items shown without the token", shown)
 	}
+	// The page asked /health whether the queen wants a token, and sent
+	// nothing to be refused: no 401 in the console before the sign-in.
+	var refused int
+	b.eval(`performance.getEntriesByType('resource').filter(e => e.responseStatus === 401).length`, &refused)
+	if refused != 0 {
+		t.Errorf("%d requests answered 401 before the sign-in", refused)
+	}
 	b.run("a wrong token", chromedp.SendKeys("#admin-token", "wrong", chromedp.ByQuery), chromedp.Click("#signin-submit", chromedp.ByQuery))
 	b.waitText("the refusal", "#signin-error", func(s string) bool { return strings.Contains(s, "bearer token") })
 

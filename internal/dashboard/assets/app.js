@@ -579,8 +579,16 @@ function route() {
   if (v.update) v.update();
 }
 
-function start() {
+async function start() {
   document.getElementById('signout').hidden = !sessionStorage.getItem(KEY_ADMIN);
+  // A queen with tokens is asked for one first: no request goes out
+  // without it only to be refused (a 401 in the browser's console).
+  if (!sessionStorage.getItem(KEY_ADMIN)) {
+    try {
+      const h = await (await fetch('/health', { cache: 'no-store' })).json();
+      if (h.tokens) { signIn(); return; }
+    } catch (e) { /* the stream's own errors say what is wrong */ }
+  }
   route();
   follow();
 }
