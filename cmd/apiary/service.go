@@ -36,6 +36,7 @@ func newServiceCmd() *cobra.Command {
 
 type serviceFlags struct {
 	user, dataDir, modelsDir, unitDir, envFile string
+	installDir                                 string
 	dryRun, now                                bool
 	watchdog                                   time.Duration
 }
@@ -93,16 +94,36 @@ systemctl: it prints the line to run.`,
 					}
 				}
 			}
+			// A unit systemd runs gets a binary (and its libraries) where
+			// the sandbox lets it see them, and only paths it can see.
+			real := filepath.Clean(f.unitDir) == service.DefaultUnitDir || cmd.Flags().Changed("install-dir")
+			if real && filepath.Dir(bin) != filepath.Clean(f.installDir) {
+				u.Binary = filepath.Join(f.installDir, "apiary")
+			}
 			u = u.WithDefaults()
 			if err := u.Validate(); err != nil {
 				return configError(err, serviceFields)
 			}
+			if real {
+				if err := u.CheckSandbox(); err != nil {
+					return configError(err, serviceFields)
+				}
+			}
 			if f.dryRun {
+				if u.Binary != bin {
+					fmt.Fprintf(cmd.ErrOrStderr(), "would copy %s and its libraries to %s\n", bin, filepath.Dir(u.Binary))
+				}
 				_, err := fmt.Fprint(cmd.OutOrStdout(), u.Render())
 				return err
 			}
 			in := service.Installer{Unit: u, UnitDir: f.unitDir, Now: f.now, Out: cmd.OutOrStdout()}
-			err = in.Install(cmd.Context())
+			err = in.Preflight()
+			if err == nil && u.Binary != bin {
+				err = service.InstallBinary(bin, filepath.Dir(u.Binary), cmd.OutOrStdout())
+			}
+			if err == nil {
+				err = in.Install(cmd.Context())
+			}
 			if errors.Is(err, service.ErrNeedsRoot) {
 				return fmt.Errorf("%w; run it as root (sudo), or --dry-run to print the unit, or --unit-dir DIR (with --user NAME of an existing user) to write it elsewhere", err)
 			}
@@ -114,6 +135,7 @@ systemctl: it prints the line to run.`,
 	fl.StringVar(&f.dataDir, "data-dir", "", "the daemon's data directory (default /var/lib/apiary/ROLE)")
 	fl.StringVar(&f.modelsDir, "models-dir", "", "the hive's models directory (default "+service.DefaultModelsDir+")")
 	fl.StringVar(&f.unitDir, "unit-dir", service.DefaultUnitDir, "directory the unit file is written to")
+	fl.StringVar(&f.installDir, "install-dir", service.DefaultInstallDir, "where this binary and its libraries are copied for the service (a path its sandbox lets it see); with --unit-dir, only when given")
 	fl.StringVar(&f.envFile, "env-file", "", "file of the daemon's tokens, KEY=VALUE lines, mode 0600 (default /etc/apiary/ROLE.env)")
 	fl.DurationVar(&f.watchdog, "watchdog", service.DefaultWatchdog, "WatchdogSec: systemd restarts the daemon when it misses its pings this long (0: no watchdog)")
 	fl.BoolVar(&f.dryRun, "dry-run", false, "print the unit; create and write nothing")

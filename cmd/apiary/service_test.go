@@ -146,21 +146,46 @@ func TestProcessNotifyProtocol(t *testing.T) {
 	}
 }
 
-// The real binary prints a unit whose ExecStart is its own absolute path,
-// and refuses a daemon flag it would not take.
+// The real binary, run from wherever it was built (here a copy under
+// /tmp, which the unit's PrivateTmp hides), prints a unit whose ExecStart
+// is the copy it would install in /usr/local/lib/apiary, says so, and
+// refuses a daemon flag it would not take and a file the sandbox hides.
 func TestProcessServiceInstallDryRun(t *testing.T) {
 	bin := testbin.Path(t)
 	abs, err := filepath.EvalSymlinks(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	abs, _ = filepath.Abs(abs)
-	out, err := exec.Command(bin, "service", "install", "queen", "--dry-run", "--", "--config", "/etc/apiary/models.yaml").Output()
+	tmp, err := os.MkdirTemp("/tmp", "apiary-service-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "ExecStart=" + abs + " queen --data-dir /var/lib/apiary/queen --config /etc/apiary/models.yaml\n"; !strings.Contains(string(out), want) {
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	data, err := os.ReadFile(abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "apiary"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	libs, _ := filepath.Glob(filepath.Join(filepath.Dir(abs), "lib*.so"))
+	for _, l := range libs {
+		if err := os.Symlink(l, filepath.Join(tmp, filepath.Base(l))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(filepath.Join(tmp, "apiary"), "service", "install", "queen", "--dry-run", "--", "--config", "/etc/apiary/models.yaml")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr.String())
+	}
+	if want := "ExecStart=/usr/local/lib/apiary/apiary queen --data-dir /var/lib/apiary/queen --config /etc/apiary/models.yaml\n"; !strings.Contains(string(out), want) {
 		t.Errorf("dry run:\n%s\nwant the line %q", out, want)
+	}
+	if want := "would copy " + filepath.Join(tmp, "apiary") + " and its libraries to /usr/local/lib/apiary"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("dry run said %q, want %q", stderr.String(), want)
 	}
 	if !strings.Contains(string(out), "ExecReload=") {
 		t.Error("a queen with --config reloads on SIGHUP: ExecReload= missing")
@@ -173,6 +198,8 @@ func TestProcessServiceInstallDryRun(t *testing.T) {
 		{[]string{"service", "install", "hive", "--dry-run", "--", "--data-dir", "/x"}, "--data-dir goes before --"},
 		{[]string{"service", "install", "worker", "--dry-run"}, "not a service role"},
 		{[]string{"service", "install", "hive", "--dry-run", "--data-dir", "/a b"}, "--data-dir"},
+		{[]string{"service", "install", "queen", "--dry-run", "--", "--config", "/home/me/models.yaml"}, "--config \"/home/me/models.yaml\" is under /home, which the service cannot see (ProtectHome=yes"},
+		{[]string{"service", "install", "hive", "--dry-run", "--env-file", "/tmp/hive.env"}, "is under /tmp, which the service cannot see (PrivateTmp=yes"},
 	} {
 		code, _, errOut := apiary(t, tc.args...)
 		if code != 2 || !strings.Contains(errOut, tc.says) {

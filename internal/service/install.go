@@ -237,11 +237,85 @@ func StartLine(r Role) string {
 	return "systemctl daemon-reload && systemctl enable --now " + r.UnitName()
 }
 
+// startLine is StartLine for a unit written to dir: systemctl finds a
+// unit outside its own directories only by its whole path (it links it).
+func startLine(r Role, dir string) string {
+	if filepath.Clean(dir) == DefaultUnitDir {
+		return StartLine(r)
+	}
+	return "systemctl enable --now " + filepath.Join(dir, r.UnitName())
+}
+
+// Preflight fails as Install would when the unit directory cannot be
+// written (ErrNeedsRoot without root), before anything is copied.
+func (in Installer) Preflight() error { return checkWritable(in.unitDir()) }
+
+// DefaultInstallDir is where apiary service install copies the binary and
+// the libraries beside it (llama.cpp's, found through $ORIGIN).
+const DefaultInstallDir = "/usr/local/lib/apiary"
+
+// InstallBinary copies the apiary binary bin and the shared libraries
+// beside it (lib*.so, and CUDA's version file) into dir, replacing what
+// is there, each through a temporary file and a rename.
+func InstallBinary(bin, dir string, out io.Writer) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		if errors.Is(err, fs.ErrPermission) {
+			return fmt.Errorf("%w: cannot create %s", ErrNeedsRoot, dir)
+		}
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	files := []string{bin}
+	libs, _ := filepath.Glob(filepath.Join(filepath.Dir(bin), "lib*.so*"))
+	files = append(files, libs...)
+	if v, err := filepath.Glob(filepath.Join(filepath.Dir(bin), "*.cuda-version")); err == nil {
+		files = append(files, v...)
+	}
+	for _, f := range files {
+		if err := copyFile(f, filepath.Join(dir, filepath.Base(f))); err != nil {
+			if errors.Is(err, fs.ErrPermission) {
+				return fmt.Errorf("%w: cannot write %s", ErrNeedsRoot, dir)
+			}
+			return err
+		}
+	}
+	fmt.Fprintf(out, "copied %s and %d libraries to %s\n", filepath.Base(bin), len(files)-1, dir)
+	return nil
+}
+
+// copyFile copies src to dst (mode 0755) through a temporary file.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, in); err != nil {
+		tmp.Close()
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
+}
+
 func (in Installer) start(ctx context.Context) error {
 	name := in.Unit.Role.UnitName()
 	if !in.Now {
-		in.say("to start it now and at every boot, run:\n  %s", StartLine(in.Unit.Role))
+		in.say("to start it now and at every boot, run:\n  %s", startLine(in.Unit.Role, in.unitDir()))
 		return nil
+	}
+	if filepath.Clean(in.unitDir()) != DefaultUnitDir {
+		name = filepath.Join(in.unitDir(), name) // systemctl links a unit by its whole path
 	}
 	for _, args := range [][]string{{"daemon-reload"}, {"enable", "--now", name}} {
 		if err := systemctl(ctx, args...); err != nil {

@@ -135,6 +135,51 @@ func (u Unit) Validate() error {
 	return p.Err()
 }
 
+// CheckSandbox reports every path of u that the unit's sandbox hides from
+// the service (Hidden): the binary, the directories, the environment file
+// and the files the daemon's flags name. A unit systemd runs must pass.
+func (u Unit) CheckSandbox() error {
+	var p config.Problems
+	bad := p.Add
+	for field, path := range map[string]string{"Binary": u.Binary, "DataDir": u.DataDir, "ModelsDir": u.ModelsDir, "EnvFile": u.EnvFile} {
+		if why := Hidden(path); why != "" {
+			bad(field, "%s", why)
+		}
+	}
+	for i, a := range u.Args {
+		for _, f := range pathFlags {
+			v, ok := strings.CutPrefix(a, f+"=")
+			if !ok && a == f && i+1 < len(u.Args) {
+				v, ok = u.Args[i+1], true
+			}
+			if ok && filepath.IsAbs(v) {
+				if why := Hidden(v); why != "" {
+					bad("Args", "%s %s", f, why)
+				}
+			}
+		}
+	}
+	return p.Err()
+}
+
+// pathFlags are the daemons' flags that name a file the service reads.
+var pathFlags = []string{"--config", "--engines", "--tls-cert", "--tls-key", "--ssh-config"}
+
+// Hidden says why the unit's sandbox keeps the service from path ("":
+// it does not): ProtectHome=yes hides /home, /root and /run/user;
+// PrivateTmp=yes gives the service a /tmp and /var/tmp of its own.
+func Hidden(path string) string {
+	for _, h := range []struct{ dir, how string }{
+		{"/home", "ProtectHome=yes hides /home"}, {"/root", "ProtectHome=yes hides /root"}, {"/run/user", "ProtectHome=yes hides /run/user"},
+		{"/tmp", "PrivateTmp=yes gives the service a /tmp of its own"}, {"/var/tmp", "PrivateTmp=yes gives the service a /var/tmp of its own"},
+	} {
+		if path == h.dir || strings.HasPrefix(path, h.dir+"/") {
+			return fmt.Sprintf("%q is under %s, which the service cannot see (%s): put it elsewhere (e.g. under /etc/apiary or /var/lib/apiary)", path, h.dir, h.how)
+		}
+	}
+	return ""
+}
+
 func validUser(s string) bool {
 	if s == "" || len(s) > 32 {
 		return false

@@ -220,7 +220,7 @@ func TestInstallUninstall(t *testing.T) {
 			t.Errorf("a new env file holds only comments, got %q", line)
 		}
 	}
-	for _, want := range []string{"user " + me.Username + " exists", "created " + u.EnvFile, "wrote " + unitPath, StartLine(Hive)} {
+	for _, want := range []string{"user " + me.Username + " exists", "created " + u.EnvFile, "wrote " + unitPath, "systemctl enable --now " + unitPath} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("install said %q, want %q", out.String(), want)
 		}
@@ -301,5 +301,39 @@ func TestInstallCreatesSystemUser(t *testing.T) {
 	}
 	if uid := fmt.Sprint(st.Sys().(*syscall.Stat_t).Uid); uid != usr.Uid {
 		t.Errorf("%s is owned by uid %s, want %s's %s", u.DataDir, uid, name, usr.Uid)
+	}
+}
+
+// InstallBinary copies the binary and the libraries beside it (what its
+// $ORIGIN run path finds) into the install directory, replacing what is
+// there.
+func TestInstallBinaryCopiesTheLibrariesBesideIt(t *testing.T) {
+	src, dst := t.TempDir(), filepath.Join(t.TempDir(), "lib", "apiary")
+	for name, body := range map[string]string{"apiary": "binary", "libllama.so": "llama", "libggml-cpu-haswell.so": "cpu", "notes.txt": "no"} {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dst, "apiary"), []byte("old"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := InstallBinary(filepath.Join(src, "apiary"), dst, &out); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"apiary": "binary", "libllama.so": "llama", "libggml-cpu-haswell.so": "cpu"} {
+		got, err := os.ReadFile(filepath.Join(dst, name))
+		if st, _ := os.Stat(filepath.Join(dst, name)); err != nil || string(got) != want || st.Mode().Perm() != 0o755 {
+			t.Errorf("%s: %q, %v", name, got, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dst, "notes.txt")); err == nil {
+		t.Error("a file that is no library was copied")
+	}
+	if !strings.Contains(out.String(), "copied apiary and 2 libraries to "+dst) {
+		t.Errorf("said %q", out.String())
 	}
 }
