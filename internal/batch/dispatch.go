@@ -67,7 +67,6 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Go(func() { s.writeEnds(stopWriter) })
 	defer close(stopWriter)
 	paused := map[string]time.Time{} // by model: no job taken before
-	endpoints := map[string]string{} // by batch
 	perBatch := map[string]int{}     // jobs under way, by batch
 	running := 0
 	// drained: the last fill found fewer queued jobs than it asked for;
@@ -94,7 +93,7 @@ func (s *Service) Run(ctx context.Context) error {
 		if free := s.cfg.Concurrency - running; !drained && free > 0 && (free >= group || running == 0) {
 			now := time.Now()
 			maps.DeleteFunc(paused, func(_ string, until time.Time) bool { return !now.Before(until) })
-			taken := s.fill(ctx, &wg, free, slices.Collect(maps.Keys(paused)), endpoints)
+			taken := s.fill(ctx, &wg, free, slices.Collect(maps.Keys(paused)), perBatch)
 			for _, j := range taken {
 				perBatch[j.BatchID]++
 			}
@@ -116,7 +115,6 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		case id := <-finished:
 			delete(finishing, id)
-			delete(endpoints, id)
 		case d := <-s.done:
 			running--
 			b := d.job.BatchID
@@ -165,24 +163,57 @@ func (s *Service) requeue(ctx context.Context) (int, error) {
 }
 
 // fill takes up to free queued jobs (none of a paused model) in one
-// transaction and starts them; it returns the jobs it started.
-func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused []string, endpoints map[string]string) []store.BatchJob {
+// transaction and starts them; it returns the jobs it started. The
+// batches in progress share the free places fairly: those with the
+// fewest jobs under way (perBatch) get them first, oldest first among
+// equals, so a batch created behind a large one starts at once instead
+// of waiting for it to end.
+func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused []string, perBatch map[string]int) []store.BatchJob {
 	var taken []store.BatchJob
+	endpoints := map[string]string{}
 	err := s.st.Update(ctx, func(tx *store.Tx) error {
-		jobs, err := tx.ClaimBatchJobs(string(JobQueued), string(JobRunning), free, time.Now(), paused...)
+		taken = taken[:0]
+		bs, err := tx.Batches("", listAll, string(StatusInProgress))
 		if err != nil {
 			return err
 		}
-		for _, j := range jobs {
-			if _, ok := endpoints[j.BatchID]; !ok {
-				b, err := tx.Batch(j.BatchID)
+		slices.Reverse(bs) // oldest first
+		ids := make([]string, 0, len(bs))
+		under := make([]int, 0, len(bs))
+		for _, b := range bs {
+			if b.ExpiredAt != nil {
+				continue
+			}
+			ids = append(ids, b.ID)
+			under = append(under, perBatch[b.ID])
+			endpoints[b.ID] = b.Endpoint
+		}
+		// Rounds: a batch that had fewer queued jobs than its share is out
+		// of the next round, whose shares split what it left.
+		open := slices.Repeat([]bool{true}, len(ids))
+		for left := free; left > 0; {
+			shares := fairShares(left, under, open)
+			got := 0
+			for i, n := range shares {
+				if n == 0 {
+					continue
+				}
+				jobs, err := tx.ClaimBatchJobs(ids[i], string(JobQueued), string(JobRunning), n, time.Now(), paused...)
 				if err != nil {
 					return err
 				}
-				endpoints[j.BatchID] = b.Endpoint
+				taken = append(taken, jobs...)
+				under[i] += len(jobs)
+				got += len(jobs)
+				if len(jobs) < n {
+					open[i] = false
+				}
 			}
+			if got == 0 {
+				break
+			}
+			left -= got
 		}
-		taken = jobs
 		return nil
 	})
 	if err != nil {
@@ -199,6 +230,30 @@ func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused
 		})
 	}
 	return taken
+}
+
+// listAll bounds the batches one read of those of a status lists.
+const listAll = 10000
+
+// fairShares splits free places among the batches still open (open[i]):
+// one at a time to the batch with the fewest jobs under way (under[i]
+// plus what it got so far), the first such one on a tie. It returns each
+// batch's share; pure.
+func fairShares(free int, under []int, open []bool) []int {
+	shares := make([]int, len(under))
+	for range free {
+		best := -1
+		for i := range under {
+			if open[i] && (best < 0 || under[i]+shares[i] < under[best]+shares[best]) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		shares[best]++
+	}
+	return shares
 }
 
 // jobEnd is a job's attempt, ended, on its way to the store.

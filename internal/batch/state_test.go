@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,5 +103,32 @@ func TestDecide(t *testing.T) {
 	}
 	if _, pause := decide(job, routing.Answer{}, &openai.CodedError{Status: 503, Code: "no_capacity", Retry: 7 * time.Second}, false, 3); pause != 7*time.Second {
 		t.Errorf("pause %s, want the error's Retry-After 7s", pause)
+	}
+}
+
+// fairShares: the places go to the batches with the fewest jobs under
+// way first, the oldest first among equals, none to a batch out of the
+// round.
+func TestFairShares(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		free  int
+		under []int
+		open  []bool
+		want  []int
+	}{
+		{"one batch takes all", 8, []int{0}, []bool{true}, []int{8}},
+		{"two new batches split", 8, []int{0, 0}, []bool{true, true}, []int{4, 4}},
+		{"odd: the oldest gets the extra", 5, []int{0, 0}, []bool{true, true}, []int{3, 2}},
+		{"a new batch catches up first", 4, []int{62, 0}, []bool{true, true}, []int{0, 4}},
+		{"then both grow", 10, []int{6, 0}, []bool{true, true}, []int{2, 8}},
+		{"a batch out of the round gets none", 6, []int{0, 0, 0}, []bool{true, false, true}, []int{3, 0, 3}},
+		{"none open", 3, []int{1, 2}, []bool{false, false}, []int{0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := fairShares(tc.free, tc.under, tc.open); !slices.Equal(got, tc.want) {
+				t.Fatalf("fairShares(%d, %v, %v) = %v, want %v", tc.free, tc.under, tc.open, got, tc.want)
+			}
+		})
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -279,25 +278,12 @@ func (t *Tx) BatchJobs(batchID string, after, limit int) ([]BatchJob, error) {
 	return t.batchJobs("WHERE batch_id = ? AND line > ? ORDER BY line LIMIT ?", batchID, after, limit)
 }
 
-// BatchJobsIn reads at most limit jobs in state, oldest batch first,
-// then by line, leaving out the models skip names.
-func (t *Tx) BatchJobsIn(state string, limit int, skip ...string) ([]BatchJob, error) {
-	q, args := "WHERE state = ?", []any{state}
-	if len(skip) > 0 {
-		q += " AND model_ref NOT IN (?" + repeat(", ?", len(skip)-1) + ")"
-		for _, s := range skip {
-			args = append(args, s)
-		}
-	}
-	return t.batchJobs(q+" ORDER BY batch_id, line LIMIT ?", append(args, limit)...)
-}
-
-// ClaimBatchJobs moves at most limit jobs in state from to state to, an
-// attempt counted, in one statement (a compare-and-set: a job is claimed
-// once), and returns them as they are now, oldest batch first, then by
-// line; the models skip names are left out.
-func (t *Tx) ClaimBatchJobs(from, to string, limit int, now time.Time, skip ...string) ([]BatchJob, error) {
-	sub, args := "SELECT batch_id, line FROM batch_jobs WHERE state = ?", []any{to, micros(now), from}
+// ClaimBatchJobs moves at most limit jobs of batch batchID in state from
+// to state to, an attempt counted, in one statement (a compare-and-set: a
+// job is claimed once), and returns them as they are now, by line; the
+// models skip names are left out.
+func (t *Tx) ClaimBatchJobs(batchID, from, to string, limit int, now time.Time, skip ...string) ([]BatchJob, error) {
+	sub, args := "SELECT batch_id, line FROM batch_jobs WHERE batch_id = ? AND state = ?", []any{to, micros(now), batchID, from}
 	if len(skip) > 0 {
 		sub += " AND model_ref NOT IN (?" + repeat(", ?", len(skip)-1) + ")"
 		for _, s := range skip {
@@ -305,13 +291,11 @@ func (t *Tx) ClaimBatchJobs(from, to string, limit int, now time.Time, skip ...s
 		}
 	}
 	out, err := queryAll(t, "claim jobs", scanBatchJob, `UPDATE batch_jobs SET state = ?, attempts = attempts + 1, updated_at = ?
-		WHERE (batch_id, line) IN (`+sub+` ORDER BY batch_id, line LIMIT ?) RETURNING `+batchJobCols, append(args, limit)...)
+		WHERE (batch_id, line) IN (`+sub+` ORDER BY line LIMIT ?) RETURNING `+batchJobCols, append(args, limit)...)
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(out, func(a, b BatchJob) int {
-		return cmp.Or(strings.Compare(a.BatchID, b.BatchID), cmp.Compare(a.Line, b.Line))
-	})
+	slices.SortFunc(out, func(a, b BatchJob) int { return cmp.Compare(a.Line, b.Line) })
 	return out, nil
 }
 
