@@ -27,6 +27,7 @@ var (
 		"Routing.CrashLoopBackoff": "--crashloop-backoff", "Routing.StableAfter": "--stable-after",
 		"Batch.MaxFileBytes": "--batch-max-file-bytes", "Batch.FileRetention": "--batch-file-retention",
 		"Batch.MaxAttempts": "--batch-max-attempts", "Batch.Concurrency": "--batch-concurrency",
+		"Batch.MaxLineBytes": "--max-body-bytes",
 	}
 	inferFields = map[string]string{
 		"Model": "--model", "Prompt": "--prompt", "MaxTokens": "--max-tokens", "WorkerThreads": "--worker-threads",

@@ -43,6 +43,9 @@ const (
 	// DefaultConcurrency bounds the jobs under way (waiting for a slot or
 	// running) at once.
 	DefaultConcurrency = 64
+	// DefaultMaxLineBytes bounds a line of an input file when the queen
+	// gives no limit of its own (it gives its request body limit).
+	DefaultMaxLineBytes = 1 << 20
 	// CompletionWindow is the one completion window, as OpenAI has it.
 	CompletionWindow = "24h"
 	completionWindow = 24 * time.Hour
@@ -80,7 +83,10 @@ type Config struct {
 	// Concurrency bounds the jobs under way at once; default
 	// DefaultConcurrency.
 	Concurrency int
-	Logger      *slog.Logger
+	// MaxLineBytes bounds one line of an input file: the queen's request
+	// body limit; default DefaultMaxLineBytes.
+	MaxLineBytes int64
+	Logger       *slog.Logger
 }
 
 // WithDefaults fills the zero fields.
@@ -89,6 +95,7 @@ func (c Config) WithDefaults() Config {
 	config.Default(&c.FileRetention, DefaultFileRetention)
 	config.Default(&c.MaxAttempts, DefaultMaxAttempts)
 	config.Default(&c.Concurrency, DefaultConcurrency)
+	config.Default(&c.MaxLineBytes, DefaultMaxLineBytes)
 	config.Default(&c.Logger, slog.Default())
 	return c
 }
@@ -107,6 +114,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 1 {
 		p.Add("Concurrency", "must be at least 1, got %d", c.Concurrency)
+	}
+	if c.MaxLineBytes < 64 || c.MaxLineBytes > 1<<30 {
+		p.Add("MaxLineBytes", "must be from 64 bytes to 1 GiB, got %d", c.MaxLineBytes)
 	}
 	return p.Err()
 }

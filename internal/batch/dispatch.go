@@ -39,6 +39,12 @@ func (s *Service) Run(ctx context.Context) error {
 	if n > 0 {
 		s.log.Warn("jobs that were running when the queen stopped are queued again", "jobs", n)
 	}
+	if err := s.removeUnfinished(ctx); err != nil {
+		return err
+	}
+	if err := s.endAllQueued(ctx); err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	finishing := map[string]bool{} // batches being finalized; owned by this loop
@@ -139,6 +145,9 @@ func (s *Service) Run(ctx context.Context) error {
 			if time.Since(lastSweep) >= sweepEvery {
 				lastSweep = time.Now()
 				s.sweep(ctx)
+				if err := s.endAllQueued(ctx); err != nil && ctx.Err() == nil {
+					s.log.Error("cannot end the queued jobs of cancelled and expired batches; will retry", "err", err)
+				}
 				// Active batches whose jobs all ended that nothing else
 				// finished (a cancel the channel had no room for).
 				for _, id := range s.settledBatches(ctx) {
@@ -160,6 +169,26 @@ func (s *Service) requeue(ctx context.Context) (int, error) {
 		return err
 	})
 	return n, err
+}
+
+// removeUnfinished removes the batches whose creation the queen's end
+// cut short (still validating: their clients were never answered), with
+// the jobs they had written.
+func (s *Service) removeUnfinished(ctx context.Context) error {
+	var bs []store.Batch
+	if err := s.st.View(ctx, func(tx *store.Tx) (err error) {
+		bs, err = tx.Batches("", listAll, string(StatusValidating))
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, b := range bs {
+		if err := s.removeBatch(ctx, b.ID); err != nil {
+			return err
+		}
+		s.log.Warn("removed a batch whose creation the queen's end cut short; its client was never answered and may create it again", "batch_id", b.ID)
+	}
+	return nil
 }
 
 // fill takes up to free queued jobs (none of a paused model) in one
@@ -455,7 +484,7 @@ func (s *Service) settled(ctx context.Context, id string) (bool, error) {
 func (s *Service) settledBatches(ctx context.Context) []string {
 	var out []string
 	err := s.st.View(ctx, func(tx *store.Tx) error {
-		bs, err := tx.Batches("", MaxRequests, activeStatuses...)
+		bs, err := tx.Batches("", listAll, activeStatuses...)
 		if err != nil {
 			return err
 		}

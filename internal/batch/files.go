@@ -34,7 +34,7 @@ func (s *Service) expiry(now time.Time) *time.Time {
 }
 
 // postFile takes a multipart upload (purpose, file) of a batch input
-// file, checks it line by line (ParseInput) and keeps it.
+// file, checks it line by line (ScanInput, as a stream) and keeps it.
 func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if ct != "multipart/form-data" {
@@ -89,7 +89,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fmt.Errorf("batch: read the upload: %w", err)
 	}
-	_, perr := ParseInput(f)
+	_, perr := ScanInput(f, s.inputLimits(), nil)
 	f.Close()
 	if perr != nil {
 		return perr
@@ -124,6 +124,11 @@ func (s *Service) copyPart(path string, part io.Reader) (int64, error) {
 		return n, s.tooLarge()
 	}
 	return n, nil
+}
+
+// inputLimits are the bounds of an input file.
+func (s *Service) inputLimits() InputLimits {
+	return InputLimits{MaxLines: MaxRequests, MaxLineBytes: int(s.cfg.MaxLineBytes)}
 }
 
 func (s *Service) tooLarge() error {

@@ -4,11 +4,14 @@ package queen
 // queen on SQLite or PostgreSQL, fake workers scripted by each test.
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,6 +108,124 @@ func createBatch(t *testing.T, client oai.Client, content string) (*oai.Batch, e
 	}
 	return client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
 		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+}
+
+// A batch's jobs are written a chunk a transaction while other writes go
+// in between: the batch is listed as validating while its jobs are
+// written, and admin writes sent all along the creation of a batch of
+// 40 000 requests each succeed, none waiting as long as the whole
+// creation's writes (a one-transaction creation held the write lock for
+// seconds, and writes beside it failed "database is locked").
+func TestBatchCreationLetsAdminWritesIn(t *testing.T) {
+	x, _ := routeQueen(t, nil)
+	client := oai.NewClient(option.WithBaseURL(x.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	const n = 40000
+	var b strings.Builder
+	pad := strings.Repeat("p", 600)
+	for i := range n {
+		fmt.Fprintf(&b, `{"custom_id":"req-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"nomodel","messages":[{"role":"user","content":"%s"}]}}`+"\n", i, pad)
+	}
+	f, err := upload(t, client, b.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	type write struct {
+		status  int
+		took    time.Duration
+		endedAt time.Time
+		body    string
+	}
+	var (
+		mu         sync.Mutex
+		writes     []write
+		validating int // GET /v1/batches answers that listed it validating
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	hc := &http.Client{Timeout: waitLimit}
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			req, _ := http.NewRequest(http.MethodPut, x.url+"/api/admin/models/tiny", strings.NewReader(fmt.Sprintf(`{"min_workers":0,"reason":"write %d"}`, i)))
+			req.Header.Set("Content-Type", "application/json")
+			at := time.Now()
+			resp, err := hc.Do(req)
+			w := write{took: time.Since(at), endedAt: time.Now()}
+			if err != nil {
+				w.body = err.Error()
+			} else {
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				w.status, w.body = resp.StatusCode, string(data)
+			}
+			mu.Lock()
+			writes = append(writes, w)
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			resp, err := hc.Get(x.url + "/v1/batches?limit=1")
+			if err == nil {
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if bytes.Contains(data, []byte(`"status":"validating"`)) {
+					mu.Lock()
+					validating++
+					mu.Unlock()
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	time.Sleep(50 * time.Millisecond) // a few writes before, as a baseline
+	began := time.Now()
+	bt, err := client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	ended := time.Now()
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bt.RequestCounts.Total != n || bt.Status != oai.BatchStatusInProgress {
+		t.Fatalf("created: %s, %+v", bt.Status, bt.RequestCounts)
+	}
+	during, slowest := 0, time.Duration(0)
+	for _, w := range writes {
+		if w.status != http.StatusOK {
+			t.Errorf("an admin write beside the creation: %d %s", w.status, w.body)
+		}
+		if w.endedAt.After(began) && w.endedAt.Before(ended) {
+			during++
+			slowest = max(slowest, w.took)
+		}
+	}
+	t.Logf("creation of %d requests: %s; %d admin writes ended during it, the slowest %s; listed validating %d times",
+		n, ended.Sub(began).Round(time.Millisecond), during, slowest.Round(time.Millisecond), validating)
+	if validating == 0 {
+		t.Error("the batch was never listed as validating while its jobs were written")
+	}
+	if during < 3 {
+		t.Errorf("only %d admin writes ended while the batch was created: they did not go in between", during)
+	}
+	if slowest > time.Second {
+		t.Errorf("an admin write beside the creation took %s: it waited for more than a chunk of jobs", slowest)
+	}
+	if got := x.audit(bt.ID); len(got) != 1 || got[0] != "batch.created" {
+		t.Errorf("audit of the batch: %v", got)
+	}
 }
 
 // Batches in progress share the slots: a batch created behind a large

@@ -242,6 +242,19 @@ func (t *Tx) DeleteBatch(id string) error {
 	return nil
 }
 
+// DeleteBatchJobs removes at most limit jobs of a batch (those of its
+// last lines first) and returns how many it removed: a batch's jobs are
+// removed a bounded transaction at a time.
+func (t *Tx) DeleteBatchJobs(batchID string, limit int) (int, error) {
+	res, err := t.exec(`DELETE FROM batch_jobs WHERE (batch_id, line) IN
+		(SELECT batch_id, line FROM batch_jobs WHERE batch_id = ? ORDER BY line DESC LIMIT ?)`, batchID, limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: delete the jobs of batch %s: %w", batchID, err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
 const batchJobCols = "batch_id, line, custom_id, model_ref, body, state, attempts, lifecycle_id, result, updated_at"
 
 // PutBatchJobs writes new jobs.
@@ -272,10 +285,12 @@ func (t *Tx) batchJobs(q string, args ...any) ([]BatchJob, error) {
 	return queryAll(t, "read jobs", scanBatchJob, "SELECT "+batchJobCols+" FROM batch_jobs "+q, args...)
 }
 
-// BatchJobs reads a batch's jobs from line after+1 on, in line order, at
-// most limit.
-func (t *Tx) BatchJobs(batchID string, after, limit int) ([]BatchJob, error) {
-	return t.batchJobs("WHERE batch_id = ? AND line > ? ORDER BY line LIMIT ?", batchID, after, limit)
+// BatchJobResults reads a batch's jobs from line after+1 on, in line
+// order, at most limit, without their bodies (Body is ""): what a
+// batch's result files are written from.
+func (t *Tx) BatchJobResults(batchID string, after, limit int) ([]BatchJob, error) {
+	return queryAll(t, "read job results", scanBatchJob, "SELECT batch_id, line, custom_id, model_ref, '', state, attempts, lifecycle_id, result, updated_at "+
+		"FROM batch_jobs WHERE batch_id = ? AND line > ? ORDER BY line LIMIT ?", batchID, after, limit)
 }
 
 // ClaimBatchJobs moves at most limit jobs of batch batchID in state from
@@ -368,16 +383,14 @@ func (t *Tx) UpdateBatchJob(j BatchJob, from string) error {
 	return nil
 }
 
-// SetBatchJobsState moves every job of batchID (every batch, when it is
-// "") in state from to state to, and returns how many it moved.
-func (t *Tx) SetBatchJobsState(batchID, from, to string, now time.Time) (int, error) {
-	q, args := "UPDATE batch_jobs SET state = ?, updated_at = ? WHERE state = ?", []any{to, micros(now), from}
-	if batchID != "" {
-		q, args = q+" AND batch_id = ?", append(args, batchID)
-	}
-	res, err := t.exec(q, args...)
+// MoveBatchJobs moves at most limit jobs of batchID in state from to
+// state to and returns how many it moved: a batch's jobs are moved a
+// bounded transaction at a time.
+func (t *Tx) MoveBatchJobs(batchID, from, to string, limit int, now time.Time) (int, error) {
+	res, err := t.exec(`UPDATE batch_jobs SET state = ?, updated_at = ? WHERE (batch_id, line) IN
+		(SELECT batch_id, line FROM batch_jobs WHERE batch_id = ? AND state = ? ORDER BY line LIMIT ?)`, to, micros(now), batchID, from, limit)
 	if err != nil {
-		return 0, fmt.Errorf("store: move jobs from %s to %s: %w", from, to, err)
+		return 0, fmt.Errorf("store: move the jobs of batch %s from %s to %s: %w", batchID, from, to, err)
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
