@@ -46,6 +46,10 @@ const (
 	// DefaultMaxLineBytes bounds a line of an input file when the queen
 	// gives no limit of its own (it gives its request body limit).
 	DefaultMaxLineBytes = 1 << 20
+	// DefaultMaxFiles bounds the input files kept at once.
+	DefaultMaxFiles = 100
+	// DefaultMaxOpenBatches bounds the batches not ended at once.
+	DefaultMaxOpenBatches = 8
 	// CompletionWindow is the one completion window, as OpenAI has it.
 	CompletionWindow = "24h"
 	completionWindow = 24 * time.Hour
@@ -83,10 +87,22 @@ type Config struct {
 	// Concurrency bounds the jobs under way at once; default
 	// DefaultConcurrency.
 	Concurrency int
+	// MaxLines bounds the requests of one batch (its input file's lines
+	// that are not blank); default DefaultMaxLines.
+	MaxLines int
 	// MaxLineBytes bounds one line of an input file: the queen's request
 	// body limit; default DefaultMaxLineBytes.
 	MaxLineBytes int64
-	Logger       *slog.Logger
+	// MaxFiles bounds the input files (purpose batch) kept at once; an
+	// upload past it is refused with 429 until files are deleted or
+	// expire; default DefaultMaxFiles. Output and error files are not
+	// counted: each belongs to a batch, which MaxOpenBatches bounds.
+	MaxFiles int
+	// MaxOpenBatches bounds the batches not ended (validating, in
+	// progress, finalizing, cancelling) at once; a creation past it is
+	// refused with 429; default DefaultMaxOpenBatches.
+	MaxOpenBatches int
+	Logger         *slog.Logger
 }
 
 // WithDefaults fills the zero fields.
@@ -95,7 +111,10 @@ func (c Config) WithDefaults() Config {
 	config.Default(&c.FileRetention, DefaultFileRetention)
 	config.Default(&c.MaxAttempts, DefaultMaxAttempts)
 	config.Default(&c.Concurrency, DefaultConcurrency)
+	config.Default(&c.MaxLines, DefaultMaxLines)
 	config.Default(&c.MaxLineBytes, DefaultMaxLineBytes)
+	config.Default(&c.MaxFiles, DefaultMaxFiles)
+	config.Default(&c.MaxOpenBatches, DefaultMaxOpenBatches)
 	config.Default(&c.Logger, slog.Default())
 	return c
 }
@@ -115,8 +134,17 @@ func (c Config) Validate() error {
 	if c.Concurrency < 1 {
 		p.Add("Concurrency", "must be at least 1, got %d", c.Concurrency)
 	}
+	if c.MaxLines < 1 {
+		p.Add("MaxLines", "must be at least 1, got %d", c.MaxLines)
+	}
 	if c.MaxLineBytes < 64 || c.MaxLineBytes > 1<<30 {
 		p.Add("MaxLineBytes", "must be from 64 bytes to 1 GiB, got %d", c.MaxLineBytes)
+	}
+	if c.MaxFiles < 1 {
+		p.Add("MaxFiles", "must be at least 1, got %d", c.MaxFiles)
+	}
+	if c.MaxOpenBatches < 1 {
+		p.Add("MaxOpenBatches", "must be at least 1, got %d", c.MaxOpenBatches)
 	}
 	return p.Err()
 }

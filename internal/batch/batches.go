@@ -109,7 +109,22 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 	now := time.Now()
 	b := store.Batch{ID: newID("batch_", now), Endpoint: req.Endpoint, InputFileID: file.ID, CompletionWindow: CompletionWindow,
 		Status: string(StatusValidating), Metadata: req.Metadata, CreatedAt: now, ExpiresAt: now.Add(completionWindow)}
-	if err := s.st.Update(r.Context(), func(tx *store.Tx) error { return tx.PutBatch(b) }); err != nil {
+	if err := s.st.Update(r.Context(), func(tx *store.Tx) error {
+		if err := tx.PutBatch(b); err != nil {
+			return err
+		}
+		// Counted with this one, in its transaction: two creations at once
+		// cannot both take the last place (on SQLite; on PostgreSQL two
+		// transactions of the same instant may).
+		open, err := tx.CountBatches(openStatuses...)
+		if err != nil {
+			return err
+		}
+		if open > s.cfg.MaxOpenBatches {
+			return s.tooManyBatches()
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
 	n, models, err := s.writeJobs(r.Context(), b, f)
@@ -393,6 +408,10 @@ func (s *Service) endAllQueued(ctx context.Context) error {
 	}
 	return nil
 }
+
+// openStatuses are the statuses of the batches --batch-max-open-batches
+// counts: those being created and the active ones.
+var openStatuses = []string{string(StatusValidating), string(StatusInProgress), string(StatusFinalizing), string(StatusCancelling)}
 
 // activeStatuses are the statuses of batches whose requests may still run
 // or whose files are not written yet.

@@ -22,8 +22,8 @@ const (
 	EndpointResponses   = "/v1/responses"
 )
 
-// MaxRequests bounds the requests of one batch, as OpenAI does.
-const MaxRequests = 50000
+// DefaultMaxLines bounds the requests of one batch, as OpenAI does.
+const DefaultMaxLines = 50000
 
 // maxCustomID bounds a custom_id, in bytes.
 const maxCustomID = 512
@@ -118,7 +118,7 @@ func ScanInput(r io.Reader, lim InputLimits, fn func(Request) error) (int, error
 			return n, lineError(line, "url %s differs from line %d's %s: a batch runs one endpoint", req.URL, firstLine, firstURL)
 		}
 		if n == lim.MaxLines {
-			return n, lineError(line, "a batch holds at most %d requests", lim.MaxLines)
+			return n, lineError(line, "the file holds more than %d requests, the queen's limit on a batch (--batch-max-lines); split it into several batches", lim.MaxLines)
 		}
 		n++
 		if fn != nil {

@@ -71,7 +71,7 @@ func TestParseInputKeepsLinesAndBodies(t *testing.T) {
 }
 
 // testLimits are the queen's defaults.
-var testLimits = InputLimits{MaxLines: MaxRequests, MaxLineBytes: DefaultMaxLineBytes}
+var testLimits = InputLimits{MaxLines: DefaultMaxLines, MaxLineBytes: DefaultMaxLineBytes}
 
 // parseAll scans file and keeps every request.
 func parseAll(file string, lim InputLimits) ([]Request, error) {
@@ -85,12 +85,16 @@ func parseAll(file string, lim InputLimits) ([]Request, error) {
 
 func TestParseInputRefusesTooManyRequests(t *testing.T) {
 	var b strings.Builder
-	for i := range MaxRequests + 1 {
+	for i := range DefaultMaxLines + 1 {
 		b.WriteString(`{"custom_id":"` + "k" + strconv.Itoa(i) + `","method":"POST","url":"/v1/completions","body":{"model":"m","prompt":"p"}}` + "\n")
 	}
 	_, err := parseAll(b.String(), testLimits)
-	if err == nil || !strings.Contains(err.Error(), "line 50001: a batch holds at most 50000 requests") {
+	if err == nil || !strings.Contains(err.Error(), "line 50001: the file holds more than 50000 requests, the queen's limit on a batch (--batch-max-lines)") {
 		t.Fatalf("got %v", err)
+	}
+	_, err = parseAll("\n\n"+b.String(), InputLimits{MaxLines: 3, MaxLineBytes: 1 << 20})
+	if err == nil || !strings.Contains(err.Error(), "line 6: the file holds more than 3 requests") {
+		t.Fatalf("with --batch-max-lines 3: got %v", err)
 	}
 }
 

@@ -6,6 +6,7 @@ package queen
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/batch"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/routing"
+	"github.com/apiary-llm/apiary/internal/store"
 )
 
 // scriptWorker is a fake worker whose answer to a chat request is
@@ -108,6 +110,16 @@ func createBatch(t *testing.T, client oai.Client, content string) (*oai.Batch, e
 	}
 	return client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
 		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+}
+
+// apiError is the status and message of the client's error.
+func apiError(t *testing.T, err error) (int, string) {
+	t.Helper()
+	var ae *oai.Error
+	if !errors.As(err, &ae) {
+		t.Fatalf("want an API error, got %v", err)
+	}
+	return ae.StatusCode, ae.Message
 }
 
 // A batch's jobs are written a chunk a transaction while other writes go
@@ -225,6 +237,131 @@ func TestBatchCreationLetsAdminWritesIn(t *testing.T) {
 	}
 	if got := x.audit(bt.ID); len(got) != 1 || got[0] != "batch.created" {
 		t.Errorf("audit of the batch: %v", got)
+	}
+}
+
+// A creation that fails once jobs were written (here: a file uploaded
+// under a larger --batch-max-lines than the queen has now) leaves no
+// batch and no job behind, and a creation the queen's end cut short
+// (a batch still validating, some jobs written) is removed at the next
+// start.
+func TestBatchCreationCutShortLeavesNothing(t *testing.T) {
+	dir := sqliteDir(t)
+	x := startQueen(t, dir, "", func(c *Config) { c.Batch = batch.Config{MaxLines: 5000} })
+	client := oai.NewClient(option.WithBaseURL(x.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	contents := make([]string, 3000)
+	for i := range contents {
+		contents[i] = fmt.Sprint(i)
+	}
+	f, err := upload(t, client, chatLines(contents...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.q.Close()
+
+	y := startQueen(t, dir, "", func(c *Config) { c.Batch = batch.Config{MaxLines: 2500} })
+	client = oai.NewClient(option.WithBaseURL(y.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	_, err = client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	if status, msg := apiError(t, err); status != http.StatusBadRequest || !strings.Contains(msg, "line 2501: the file holds more than 2500 requests") {
+		t.Fatalf("creation past --batch-max-lines: %d %s", status, msg)
+	}
+	rec, _ := y.logs.wait(t, 0, "batch creation failed; what it wrote is removed", nil)
+	gone := func(q *tq, id string) {
+		t.Helper()
+		err := q.q.st.View(t.Context(), func(tx *store.Tx) error {
+			if _, err := tx.Batch(id); !errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("batch %s: %v, want it gone", id, err)
+			}
+			counts, err := tx.BatchJobCounts(id)
+			if err == nil && len(counts) > 0 {
+				err = fmt.Errorf("jobs of batch %s left: %v", id, counts)
+			}
+			return err
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	gone(y, rec.Attrs["batch_id"])
+
+	// A creation cut short: the batch validating, 3 jobs written.
+	cut := store.Batch{ID: "batch_cut", Endpoint: "/v1/chat/completions", InputFileID: f.ID, CompletionWindow: "24h", Status: "validating",
+		CreatedAt: time.Now(), ExpiresAt: time.Now().Add(24 * time.Hour)}
+	if err := y.q.st.Update(t.Context(), func(tx *store.Tx) error {
+		if err := tx.PutBatch(cut); err != nil {
+			return err
+		}
+		var jobs []store.BatchJob
+		for i := range 3 {
+			jobs = append(jobs, store.BatchJob{BatchID: cut.ID, Line: i + 1, CustomID: fmt.Sprint(i), ModelRef: "tiny", Body: "{}", State: "queued", UpdatedAt: time.Now()})
+		}
+		return tx.PutBatchJobs(jobs)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	y.q.Close()
+	z := startQueen(t, dir, "")
+	z.logs.wait(t, 0, "removed a batch whose creation the queen's end cut short; its client was never answered and may create it again",
+		map[string]string{"batch_id": cut.ID})
+	gone(z, cut.ID)
+}
+
+// The queen's limits refuse, each naming itself and its flag: a line
+// past --max-body-bytes (400, its line), more requests than
+// --batch-max-lines (400, the first line past it), more input files than
+// --batch-max-files (429), more batches not ended than
+// --batch-max-open-batches (429); once the open batch ends, another may
+// be created.
+func TestBatchLimitsRefuseNamingTheFlag(t *testing.T) {
+	release := make(chan struct{})
+	w := newScriptWorker(t, func(w http.ResponseWriter, r *http.Request, content string) {
+		select { // held until the test lets the answers go
+		case <-release:
+			chatAnswer(w, "ok")
+		case <-r.Context().Done():
+		}
+	})
+	x, client := batchQueen(t, w, func(c *Config) {
+		c.MaxBodyBytes = 4096
+		c.Batch = batch.Config{MaxLines: 3, MaxFiles: 2, MaxOpenBatches: 1}
+	})
+	refused := func(what string, err error, status int, has ...string) {
+		t.Helper()
+		code, msg := apiError(t, err)
+		if code != status {
+			t.Errorf("%s: %d %q, want %d", what, code, msg, status)
+		}
+		for _, h := range has {
+			if !strings.Contains(msg, h) {
+				t.Errorf("%s: %q does not say %q", what, msg, h)
+			}
+		}
+	}
+	_, err := upload(t, client, chatLines("a", strings.Repeat("x", 5000), "c"))
+	refused("a long line", err, http.StatusBadRequest, "line 2: the line is longer than 4096 bytes", "--max-body-bytes")
+	_, err = upload(t, client, chatLines("a", "b", "c", "d"))
+	refused("four lines", err, http.StatusBadRequest, "line 4: the file holds more than 3 requests", "--batch-max-lines")
+
+	first, err := createBatch(t, client, chatLines("a", "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := upload(t, client, chatLines("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = upload(t, client, chatLines("d"))
+	refused("a third file", err, http.StatusTooManyRequests, "2 batch input files", "--batch-max-files")
+	_, err = client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: second.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+	refused("a second batch", err, http.StatusTooManyRequests, "1 batches that have not ended", "--batch-max-open-batches")
+
+	close(release)
+	completedOnce(t, client, x.waitBatchEnd(t, client, first.ID), 2)
+	if _, err := client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: second.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: oai.BatchNewParamsCompletionWindow24h}); err != nil {
+		t.Fatalf("a batch once the open one ended: %v", err)
 	}
 }
 

@@ -120,6 +120,15 @@ func (t *Tx) DeleteBatchFile(id string) error {
 	return nil
 }
 
+// CountBatchFiles counts the files of purpose.
+func (t *Tx) CountBatchFiles(purpose string) (int, error) {
+	var n int
+	if err := t.queryRow("SELECT COUNT(*) FROM batch_files WHERE purpose = ?", purpose).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count files: %w", err)
+	}
+	return n, nil
+}
+
 // ExpiredBatchFiles returns the ids of at most limit files whose
 // expires_at is before.
 func (t *Tx) ExpiredBatchFiles(before time.Time, limit int) ([]string, error) {
@@ -221,6 +230,19 @@ func (t *Tx) Batches(after string, limit int, statuses ...string) ([]Batch, erro
 		}
 	}
 	return queryAll(t, "list batches", scanBatch, q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
+}
+
+// CountBatches counts the batches with one of statuses.
+func (t *Tx) CountBatches(statuses ...string) (int, error) {
+	args := make([]any, len(statuses))
+	for i, s := range statuses {
+		args[i] = s
+	}
+	var n int
+	if err := t.queryRow("SELECT COUNT(*) FROM batches WHERE status IN (?"+repeat(", ?", len(statuses)-1)+")", args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count batches: %w", err)
+	}
+	return n, nil
 }
 
 func repeat(s string, n int) string {
