@@ -50,6 +50,10 @@ const (
 	DefaultMaxFiles = 100
 	// DefaultMaxOpenBatches bounds the batches not ended at once.
 	DefaultMaxOpenBatches = 8
+	// DefaultAttemptTimeout bounds one attempt of a request.
+	DefaultAttemptTimeout = 10 * time.Minute
+	// DefaultMaxAnswerBytes bounds the answer to one request.
+	DefaultMaxAnswerBytes = 16 << 20
 	// CompletionWindow is the one completion window, as OpenAI has it.
 	CompletionWindow = "24h"
 	completionWindow = 24 * time.Hour
@@ -63,7 +67,7 @@ const (
 // Router is the routing the dispatcher feeds and whose authentication
 // the endpoints share; routing.Service implements it.
 type Router interface {
-	Serve(ctx, withdraw context.Context, path string, body []byte) (routing.Answer, error)
+	Serve(ctx, withdraw context.Context, path string, body []byte, lim routing.BatchLimits) (routing.Answer, error)
 	Handle(mux *http.ServeMux, pattern, endpoint string, fn func(w http.ResponseWriter, r *http.Request) error)
 }
 
@@ -102,6 +106,14 @@ type Config struct {
 	// progress, finalizing, cancelling) at once; a creation past it is
 	// refused with 429; default DefaultMaxOpenBatches.
 	MaxOpenBatches int
+	// AttemptTimeout bounds one attempt of a request, from the slot it
+	// was given to its answer's end; past it the attempt is cancelled and
+	// the request fails (attempt_timeout); default DefaultAttemptTimeout.
+	AttemptTimeout time.Duration
+	// MaxAnswerBytes bounds a worker's answer to one request; a larger
+	// one is cut off and the request fails (answer_too_large); default
+	// DefaultMaxAnswerBytes. At most Concurrency answers are held at once.
+	MaxAnswerBytes int64
 	Logger         *slog.Logger
 }
 
@@ -115,6 +127,8 @@ func (c Config) WithDefaults() Config {
 	config.Default(&c.MaxLineBytes, DefaultMaxLineBytes)
 	config.Default(&c.MaxFiles, DefaultMaxFiles)
 	config.Default(&c.MaxOpenBatches, DefaultMaxOpenBatches)
+	config.Default(&c.AttemptTimeout, DefaultAttemptTimeout)
+	config.Default(&c.MaxAnswerBytes, DefaultMaxAnswerBytes)
 	config.Default(&c.Logger, slog.Default())
 	return c
 }
@@ -145,6 +159,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxOpenBatches < 1 {
 		p.Add("MaxOpenBatches", "must be at least 1, got %d", c.MaxOpenBatches)
+	}
+	if c.AttemptTimeout <= 0 {
+		p.Add("AttemptTimeout", "must be positive, got %s", c.AttemptTimeout)
+	}
+	if c.MaxAnswerBytes < 1<<10 {
+		p.Add("MaxAnswerBytes", "must be at least 1024, got %d", c.MaxAnswerBytes)
 	}
 	return p.Err()
 }

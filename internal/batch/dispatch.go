@@ -377,9 +377,10 @@ func (s *Service) writeGroup(group []*jobEnd) []error {
 // runJob sends a job's request and writes how it ended.
 func (s *Service) runJob(ctx context.Context, j store.BatchJob, endpoint string) jobDone {
 	withdraw, done := s.withdrawalOf(j.BatchID)
-	ans, err := s.cfg.Router.Serve(ctx, withdraw, endpoint, []byte(j.Body))
+	ans, err := s.cfg.Router.Serve(ctx, withdraw, endpoint, []byte(j.Body),
+		routing.BatchLimits{Timeout: s.cfg.AttemptTimeout, MaxAnswerBytes: s.cfg.MaxAnswerBytes})
 	done()
-	next, pause := decide(j, ans, err, ctx.Err() != nil, s.cfg.MaxAttempts)
+	next, pause := decide(j, ans, err, ctx.Err() != nil, s.cfg)
 	next.UpdatedAt = time.Now()
 	e := &jobEnd{next: next, written: make(chan error, 1)}
 	s.ends <- e // the writer runs until every job is done
@@ -403,14 +404,17 @@ func (s *Service) runJob(ctx context.Context, j store.BatchJob, endpoint string)
 // answer ends it (succeeded with a 200, failed with the worker's 4xx
 // error, both in its result line); a worker that failed before it
 // answered (routing.AttemptError) queues it again while it has attempts
-// left, else fails it; a request the routing refused as the client's
-// fault (4xx: unknown model, invalid body) fails it; anything else (no
+// left, else fails it; an attempt past the queen's limits
+// (routing.LimitError: its deadline, the answer's size) fails it; a
+// request the routing refused as the client's fault (4xx: unknown
+// model, invalid body) fails it; anything else (no
 // capacity now, the queue full, the queen stopping, an interactive
 // request that took its slot) is no attempt: the job is queued again,
 // and pause says how long its model waits.
-func decide(j store.BatchJob, ans routing.Answer, err error, stopping bool, maxAttempts int) (store.BatchJob, time.Duration) {
+func decide(j store.BatchJob, ans routing.Answer, err error, stopping bool, cfg Config) (store.BatchJob, time.Duration) {
 	next := j
 	var ae *routing.AttemptError
+	var le *routing.LimitError
 	switch {
 	case err == nil:
 		next.LifecycleID = ans.LifecycleID
@@ -425,9 +429,20 @@ func decide(j store.BatchJob, ans routing.Answer, err error, stopping bool, maxA
 		// (a withdrawn job's batch has no queue: the write ends it).
 		next.State, next.Attempts = string(JobQueued), max(j.Attempts-1, 0)
 		return next, 0
+	case errors.As(err, &le):
+		// Another attempt would run as long, or answer as much.
+		next.LifecycleID, next.State = le.LifecycleID, string(JobFailed)
+		e := &ResultError{Code: "attempt_timeout", Message: fmt.Sprintf("the request ran past the queen's limit of %s an attempt (--batch-attempt-timeout) on worker %s and was cancelled; ask for less (max_tokens) or raise the limit",
+			cfg.AttemptTimeout, le.LifecycleID)}
+		if errors.Is(le, routing.ErrAnswerTooLarge) {
+			e = &ResultError{Code: "answer_too_large", Message: fmt.Sprintf("worker %s's answer is larger than the queen's limit of %d bytes (--batch-max-answer-bytes) and was cut off; ask for less or raise the limit",
+				le.LifecycleID, cfg.MaxAnswerBytes)}
+		}
+		next.Result = resultLine(j, nil, e)
+		return next, 0
 	case errors.As(err, &ae):
 		next.LifecycleID = ae.LifecycleID
-		if j.Attempts < maxAttempts {
+		if j.Attempts < cfg.MaxAttempts {
 			next.State = string(JobQueued)
 			return next, 0
 		}

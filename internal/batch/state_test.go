@@ -86,10 +86,14 @@ func TestDecide(t *testing.T) {
 		{"no capacity now", job, routing.Answer{}, routing.ErrNoCapacity, false, JobQueued, 0, true, ""},
 		{"shutting down", job, routing.Answer{}, routing.ErrShuttingDown, false, JobQueued, 0, true, ""},
 		{"the queen stops", job, routing.Answer{}, errors.New("context canceled"), true, JobQueued, 0, false, ""},
+		{"past the attempt's deadline", job, routing.Answer{}, &routing.LimitError{LifecycleID: "wk-1", Err: routing.ErrAttemptTimeout}, false, JobFailed, 1, false,
+			`"code":"attempt_timeout","message":"the request ran past the queen's limit of 10m0s an attempt (--batch-attempt-timeout) on worker wk-1`},
+		{"an answer past the bound", job, routing.Answer{}, &routing.LimitError{LifecycleID: "wk-1", Err: routing.ErrAnswerTooLarge}, false, JobFailed, 1, false,
+			`"code":"answer_too_large","message":"worker wk-1's answer is larger than the queen's limit of 16777216 bytes (--batch-max-answer-bytes)`},
 		{"invalid body", job, routing.Answer{}, &openai.Error{Status: http.StatusBadRequest, Code: "invalid_value", Message: "bad"}, false, JobFailed, 1, false, `"code":"invalid_value"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			next, pause := decide(tc.job, tc.ans, tc.err, tc.stopping, 3)
+			next, pause := decide(tc.job, tc.ans, tc.err, tc.stopping, Config{MaxAttempts: 3}.WithDefaults())
 			if JobState(next.State) != tc.state || next.Attempts != tc.attempts || (pause > 0) != tc.pause {
 				t.Fatalf("got %s, %d attempts, pause %s; want %s, %d, pause %v", next.State, next.Attempts, pause, tc.state, tc.attempts, tc.pause)
 			}
@@ -101,7 +105,7 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
-	if _, pause := decide(job, routing.Answer{}, &openai.CodedError{Status: 503, Code: "no_capacity", Retry: 7 * time.Second}, false, 3); pause != 7*time.Second {
+	if _, pause := decide(job, routing.Answer{}, &openai.CodedError{Status: 503, Code: "no_capacity", Retry: 7 * time.Second}, false, Config{MaxAttempts: 3}.WithDefaults()); pause != 7*time.Second {
 		t.Errorf("pause %s, want the error's Retry-After 7s", pause)
 	}
 }

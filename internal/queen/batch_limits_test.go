@@ -403,3 +403,59 @@ func testBatchesShareTheSlots(t *testing.T, be backend) {
 	completedOnce(t, client, x.waitBatchEnd(t, client, b.ID), 3)
 	completedOnce(t, client, x.waitBatchEnd(t, client, a.ID), large)
 }
+
+// An attempt past --batch-attempt-timeout is cancelled at its worker and
+// its request fails (attempt_timeout), and an answer over
+// --batch-max-answer-bytes is cut off and its request fails
+// (answer_too_large); each once, no attempt tried again, the other
+// requests served.
+func TestBatchAttemptDeadlineAndAnswerBound(t *testing.T) {
+	w := newScriptWorker(t, func(w http.ResponseWriter, r *http.Request, content string) {
+		switch content {
+		case "hang":
+			<-r.Context().Done()
+		case "big":
+			chatAnswer(w, strings.Repeat("b", 8<<10))
+		default:
+			chatAnswer(w, "ok")
+		}
+	})
+	x, client := batchQueen(t, w, func(c *Config) {
+		c.Batch = batch.Config{AttemptTimeout: 500 * time.Millisecond, MaxAnswerBytes: 4096}
+	})
+	b, err := createBatch(t, client, chatLines("fine", "hang", "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, w.cancelled, "the attempt cancelled at its deadline"); got != "hang" {
+		t.Errorf("cancelled %q", got)
+	}
+	end := x.waitBatchEnd(t, client, b.ID)
+	if end.Status != oai.BatchStatusCompleted || end.RequestCounts.Completed != 1 || end.RequestCounts.Failed != 2 {
+		t.Fatalf("batch: %s %+v", end.Status, end.RequestCounts)
+	}
+	errs := results(t, client, end.ErrorFileID)
+	want := map[string]string{"req-1": "attempt_timeout", "req-2": "answer_too_large"}
+	flag := map[string]string{"req-1": "--batch-attempt-timeout", "req-2": "--batch-max-answer-bytes"}
+	for _, l := range errs {
+		if l.Error == nil || l.Error.Code != want[l.CustomID] || !strings.Contains(l.Error.Message, flag[l.CustomID]) {
+			t.Errorf("error line %s: %+v", l.CustomID, l.Error)
+		}
+		delete(want, l.CustomID)
+	}
+	if len(want) > 0 {
+		t.Errorf("no error line for %v", want)
+	}
+	onceEach(t, 3, results(t, client, end.OutputFileID), errs)
+	for _, what := range []string{"hang", "big"} {
+		n := 0
+		for len(w.started) > 0 {
+			if <-w.started == what {
+				n++
+			}
+		}
+		if n > 1 {
+			t.Errorf("%q was tried %d times", what, n)
+		}
+	}
+}
