@@ -189,6 +189,10 @@ type Service struct {
 	// is cancelled or expires: they have not begun, and they end at once
 	// (cancelled or failed) instead of running to their end.
 	withdrawals map[string]*withdrawal
+	// withdrawn holds the batches cancelled or expired until they end, so
+	// that a job taken just before gets an ended withdrawal too (at most
+	// the batches not ended, bounded by MaxOpenBatches).
+	withdrawn map[string]bool
 }
 
 type withdrawal struct {
@@ -206,7 +210,11 @@ func (s *Service) withdrawalOf(id string) (_ context.Context, done func()) {
 	if w == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		w = &withdrawal{ctx: ctx, cancel: cancel}
-		s.withdrawals[id] = w
+		if s.withdrawn[id] {
+			cancel()
+		} else {
+			s.withdrawals[id] = w
+		}
 	}
 	w.jobs++
 	return w.ctx, func() {
@@ -219,14 +227,23 @@ func (s *Service) withdrawalOf(id string) (_ context.Context, done func()) {
 	}
 }
 
-// withdraw takes batch id's jobs that wait for a slot out of the queue.
+// withdraw takes batch id's jobs out of the routing: those that wait for
+// a slot leave the queue, those that run are cancelled at their worker.
 func (s *Service) withdraw(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.withdrawn[id] = true
 	if w := s.withdrawals[id]; w != nil {
 		w.cancel()
 		delete(s.withdrawals, id)
 	}
+}
+
+// ended forgets a batch that ended.
+func (s *Service) ended(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.withdrawn, id)
 }
 
 // New checks cfg and builds the service.
@@ -239,7 +256,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("batch: Config.Store, Router and Dir are required")
 	}
 	return &Service{cfg: cfg, st: cfg.Store, log: cfg.Logger.With("component", "batch"),
-		wake: make(chan struct{}, 1), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}}, nil
+		wake: make(chan struct{}, 1), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}, withdrawn: map[string]bool{}}, nil
 }
 
 // signal wakes the dispatcher; it never blocks.

@@ -294,9 +294,9 @@ func (s *Service) getBatches(w http.ResponseWriter, r *http.Request) error {
 
 // cancelBatch cancels a batch in progress: it goes cancelling, so the
 // dispatcher takes none of its jobs; its queued requests are cancelled
-// (a chunk a transaction), and so are those the dispatcher took that
-// still wait for a slot; those running finish, then the partial results
-// are written and the batch is cancelled. Cancelling a batch
+// (a chunk a transaction), those the dispatcher took are cancelled where
+// they are, waiting for a slot or running on a worker; then the partial
+// results are written and the batch is cancelled. Cancelling a batch
 // that is cancelling or cancelled answers it as it is; an ended one is a
 // 409.
 func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) error {

@@ -121,6 +121,7 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		case id := <-finished:
 			delete(finishing, id)
+			s.ended(id)
 		case d := <-s.done:
 			running--
 			b := d.job.BatchID
@@ -374,11 +375,21 @@ func (s *Service) writeGroup(group []*jobEnd) []error {
 	return errs
 }
 
-// runJob sends a job's request and writes how it ended.
+// runJob sends a job's request and writes how it ended. When its batch
+// is cancelled or expires (the withdrawal ends), the request leaves the
+// routing's queue if it still waits for a slot, and is cancelled at its
+// worker if it runs: either way it ends at once (routing.ErrWithdrawn).
 func (s *Service) runJob(ctx context.Context, j store.BatchJob, endpoint string) jobDone {
 	withdraw, done := s.withdrawalOf(j.BatchID)
-	ans, err := s.cfg.Router.Serve(ctx, withdraw, endpoint, []byte(j.Body),
+	jctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(withdraw, func() { cancel(routing.ErrWithdrawn) })
+	ans, err := s.cfg.Router.Serve(jctx, withdraw, endpoint, []byte(j.Body),
 		routing.BatchLimits{Timeout: s.cfg.AttemptTimeout, MaxAnswerBytes: s.cfg.MaxAnswerBytes})
+	stop()
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(jctx), routing.ErrWithdrawn) && !errors.Is(err, routing.ErrWithdrawn) {
+		err = fmt.Errorf("%w: %w", routing.ErrWithdrawn, err)
+	}
+	cancel(nil)
 	done()
 	next, pause := decide(j, ans, err, ctx.Err() != nil, s.cfg)
 	next.UpdatedAt = time.Now()

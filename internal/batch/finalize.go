@@ -225,9 +225,10 @@ func (r *resultFile) abort() {
 
 // expire marks the batches in progress whose completion window passed
 // (the dispatcher takes none of their jobs from then on): their queued
-// jobs fail (batch_expired, a chunk a transaction), and so do those the
-// dispatcher took that still wait for a slot; those running finish. It
-// returns the batches whose jobs have all ended.
+// jobs fail (batch_expired, a chunk a transaction), and those the
+// dispatcher took are cancelled where they are (OpenAI cancels a
+// batch's unfinished requests when it expires). It returns the batches
+// whose jobs have all ended.
 func (s *Service) expire(ctx context.Context) []string {
 	now := time.Now()
 	var ids []string

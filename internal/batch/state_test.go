@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -90,6 +91,7 @@ func TestDecide(t *testing.T) {
 			`"code":"attempt_timeout","message":"the request ran past the queen's limit of 10m0s an attempt (--batch-attempt-timeout) on worker wk-1`},
 		{"an answer past the bound", job, routing.Answer{}, &routing.LimitError{LifecycleID: "wk-1", Err: routing.ErrAnswerTooLarge}, false, JobFailed, 1, false,
 			`"code":"answer_too_large","message":"worker wk-1's answer is larger than the queen's limit of 16777216 bytes (--batch-max-answer-bytes)`},
+		{"withdrawn while it ran", job, routing.Answer{}, fmt.Errorf("%w: %w", routing.ErrWithdrawn, context.Canceled), false, JobQueued, 0, false, ""},
 		{"invalid body", job, routing.Answer{}, &openai.Error{Status: http.StatusBadRequest, Code: "invalid_value", Message: "bad"}, false, JobFailed, 1, false, `"code":"invalid_value"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

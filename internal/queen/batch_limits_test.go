@@ -5,6 +5,7 @@ package queen
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -458,4 +459,47 @@ func TestBatchAttemptDeadlineAndAnswerBound(t *testing.T) {
 			t.Errorf("%q was tried %d times", what, n)
 		}
 	}
+}
+
+// Cancelling a batch whose requests run on a worker that holds them
+// cancels those requests at the worker and ends the batch cancelled
+// within 5 s (it once waited for them to finish, however long).
+func TestBatchCancelEndsRunningRequests(t *testing.T) {
+	eachBackend(t, testBatchCancelEndsRunningRequests)
+}
+
+func testBatchCancelEndsRunningRequests(t *testing.T, be backend) {
+	w := newScriptWorker(t, func(w http.ResponseWriter, r *http.Request, content string) {
+		<-r.Context().Done() // a generation that would last
+	})
+	x, client := batchQueenOn(t, be, w)
+	b, err := createBatch(t, client, chatLines("a", "b", "c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv(t, w.started, "first request")
+	recv(t, w.started, "second request")
+	at := time.Now()
+	if _, err := client.Batches.Cancel(t.Context(), b.ID); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	for {
+		got, err := client.Batches.Get(ctx, b.ID)
+		if err != nil {
+			t.Fatalf("the batch did not end cancelled within 5 s of the cancel: %v; logs:\n%s", err, x.logs.String())
+		}
+		if got.Status == oai.BatchStatusCancelled {
+			t.Logf("cancelled %s after the cancel", time.Since(at).Round(time.Millisecond))
+			if got.RequestCounts.Failed != 3 || got.RequestCounts.Completed != 0 {
+				t.Errorf("counts %+v", got.RequestCounts)
+			}
+			onceEach(t, 3, results(t, client, got.OutputFileID), results(t, client, got.ErrorFileID))
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	recv(t, w.cancelled, "a running request cancelled at the worker")
+	recv(t, w.cancelled, "the other running request cancelled at the worker")
 }
