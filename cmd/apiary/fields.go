@@ -27,6 +27,9 @@ var (
 		"Routing.CrashLoopBackoff": "--crashloop-backoff", "Routing.StableAfter": "--stable-after",
 		"Batch.MaxFileBytes": "--batch-max-file-bytes", "Batch.FileRetention": "--batch-file-retention",
 		"Batch.MaxAttempts": "--batch-max-attempts", "Batch.Concurrency": "--batch-concurrency",
+		"Batch.MaxLines": "--batch-max-lines", "Batch.MaxLineBytes": "--max-body-bytes", "Batch.MaxFiles": "--batch-max-files",
+		"Batch.MaxOpenBatches": "--batch-max-open-batches", "Batch.AttemptTimeout": "--batch-attempt-timeout",
+		"Batch.MaxAnswerBytes": "--batch-max-answer-bytes",
 	}
 	inferFields = map[string]string{
 		"Model": "--model", "Prompt": "--prompt", "MaxTokens": "--max-tokens", "WorkerThreads": "--worker-threads",

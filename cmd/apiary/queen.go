@@ -46,9 +46,11 @@ type queenFlags struct {
 	routing                               routingFlags
 	modelsFile                            string
 	modelsPoll                            time.Duration
-	batchMaxFile                          int64
-	batchRetention                        time.Duration
+	batchMaxFile, batchMaxAnswer          int64
+	batchRetention, batchAttemptTimeout   time.Duration
 	batchAttempts, batchConcurrency       int
+	batchMaxLines, batchMaxFiles          int
+	batchMaxOpen                          int
 }
 
 // databaseURLEnv gives --database-url's default, so that a password need
@@ -132,6 +134,11 @@ address only.`,
 	fl.DurationVar(&f.batchRetention, "batch-file-retention", batch.DefaultFileRetention, "batch files (input, output, error) expire this long after they were made, and ended batches are removed this long after they were created; 0 keeps them forever")
 	fl.IntVar(&f.batchAttempts, "batch-max-attempts", batch.DefaultMaxAttempts, "workers a batch request is tried on before it fails with the last one's reason")
 	fl.IntVar(&f.batchConcurrency, "batch-concurrency", batch.DefaultConcurrency, "batch requests under way at once (waiting for a free slot or running)")
+	fl.IntVar(&f.batchMaxLines, "batch-max-lines", batch.DefaultMaxLines, "most requests in one batch input file; a longer file is refused naming its line (each line is also bounded by --max-body-bytes)")
+	fl.IntVar(&f.batchMaxFiles, "batch-max-files", batch.DefaultMaxFiles, "most batch input files kept at once (for every caller together: the queen has one API token); an upload past it gets 429")
+	fl.IntVar(&f.batchMaxOpen, "batch-max-open-batches", batch.DefaultMaxOpenBatches, "most batches not ended (validating, in progress, finalizing, cancelling) at once, for every caller together; a creation past it gets 429")
+	fl.DurationVar(&f.batchAttemptTimeout, "batch-attempt-timeout", batch.DefaultAttemptTimeout, "longest one attempt of a batch request may run once it has a slot; then it is cancelled and the request fails (attempt_timeout)")
+	fl.Int64Var(&f.batchMaxAnswer, "batch-max-answer-bytes", batch.DefaultMaxAnswerBytes, "largest answer to one batch request the queen keeps; a larger one is cut off and the request fails (answer_too_large)")
 	addTLSFlags(fl, &f.tls)
 	fl.StringArrayVar(&f.corsOrigins, "cors-origin", nil, "browser origin allowed to call the OpenAI endpoints, e.g. https://chat.example.com (repeatable; * for any); default none")
 	f.log.add(fl)
@@ -146,7 +153,8 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes", "claim-timeout", "claim-health-interval",
 		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "swap-wait", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
 		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after", "config-poll",
-		"batch-max-file-bytes", "batch-max-attempts", "batch-concurrency"); err != nil {
+		"batch-max-file-bytes", "batch-max-attempts", "batch-concurrency", "batch-max-lines", "batch-max-files", "batch-max-open-batches",
+		"batch-attempt-timeout", "batch-max-answer-bytes"); err != nil {
 		return queen.Config{}, err
 	}
 	for name, d := range map[string]*time.Duration{"--audit-retention": &f.auditRetention, "--rows-retention": &f.rowsRetention,
@@ -172,7 +180,9 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout, ClaimTimeout: f.claimTimeout, ClaimHealthInterval: f.claimHealthInterval,
 		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention, ModelsFile: f.modelsFile, ModelsPoll: f.modelsPoll,
 		Tokens: secret.TokensFromEnv(), MaxBodyBytes: f.maxBody, Routing: routing, TLS: f.tls, CORSOrigins: f.corsOrigins,
-		Batch: batch.Config{MaxFileBytes: f.batchMaxFile, FileRetention: f.batchRetention, MaxAttempts: f.batchAttempts, Concurrency: f.batchConcurrency},
+		Batch: batch.Config{MaxFileBytes: f.batchMaxFile, FileRetention: f.batchRetention, MaxAttempts: f.batchAttempts, Concurrency: f.batchConcurrency,
+			MaxLines: f.batchMaxLines, MaxFiles: f.batchMaxFiles, MaxOpenBatches: f.batchMaxOpen, AttemptTimeout: f.batchAttemptTimeout,
+			MaxAnswerBytes: f.batchMaxAnswer},
 		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: f.localHive, HiveArgs: f.hiveArgs, PassEnv: f.passEnv,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout}},
 		Logger: logger,

@@ -43,6 +43,17 @@ const (
 	// DefaultConcurrency bounds the jobs under way (waiting for a slot or
 	// running) at once.
 	DefaultConcurrency = 64
+	// DefaultMaxLineBytes bounds a line of an input file when the queen
+	// gives no limit of its own (it gives its request body limit).
+	DefaultMaxLineBytes = 1 << 20
+	// DefaultMaxFiles bounds the input files kept at once.
+	DefaultMaxFiles = 100
+	// DefaultMaxOpenBatches bounds the batches not ended at once.
+	DefaultMaxOpenBatches = 8
+	// DefaultAttemptTimeout bounds one attempt of a request.
+	DefaultAttemptTimeout = 10 * time.Minute
+	// DefaultMaxAnswerBytes bounds the answer to one request.
+	DefaultMaxAnswerBytes = 16 << 20
 	// CompletionWindow is the one completion window, as OpenAI has it.
 	CompletionWindow = "24h"
 	completionWindow = 24 * time.Hour
@@ -56,7 +67,7 @@ const (
 // Router is the routing the dispatcher feeds and whose authentication
 // the endpoints share; routing.Service implements it.
 type Router interface {
-	Serve(ctx, withdraw context.Context, path string, body []byte) (routing.Answer, error)
+	Serve(ctx, withdraw context.Context, path string, body []byte, lim routing.BatchLimits) (routing.Answer, error)
 	Handle(mux *http.ServeMux, pattern, endpoint string, fn func(w http.ResponseWriter, r *http.Request) error)
 }
 
@@ -80,7 +91,30 @@ type Config struct {
 	// Concurrency bounds the jobs under way at once; default
 	// DefaultConcurrency.
 	Concurrency int
-	Logger      *slog.Logger
+	// MaxLines bounds the requests of one batch (its input file's lines
+	// that are not blank); default DefaultMaxLines.
+	MaxLines int
+	// MaxLineBytes bounds one line of an input file: the queen's request
+	// body limit; default DefaultMaxLineBytes.
+	MaxLineBytes int64
+	// MaxFiles bounds the input files (purpose batch) kept at once; an
+	// upload past it is refused with 429 until files are deleted or
+	// expire; default DefaultMaxFiles. Output and error files are not
+	// counted: each belongs to a batch, which MaxOpenBatches bounds.
+	MaxFiles int
+	// MaxOpenBatches bounds the batches not ended (validating, in
+	// progress, finalizing, cancelling) at once; a creation past it is
+	// refused with 429; default DefaultMaxOpenBatches.
+	MaxOpenBatches int
+	// AttemptTimeout bounds one attempt of a request, from the slot it
+	// was given to its answer's end; past it the attempt is cancelled and
+	// the request fails (attempt_timeout); default DefaultAttemptTimeout.
+	AttemptTimeout time.Duration
+	// MaxAnswerBytes bounds a worker's answer to one request; a larger
+	// one is cut off and the request fails (answer_too_large); default
+	// DefaultMaxAnswerBytes. At most Concurrency answers are held at once.
+	MaxAnswerBytes int64
+	Logger         *slog.Logger
 }
 
 // WithDefaults fills the zero fields.
@@ -89,6 +123,12 @@ func (c Config) WithDefaults() Config {
 	config.Default(&c.FileRetention, DefaultFileRetention)
 	config.Default(&c.MaxAttempts, DefaultMaxAttempts)
 	config.Default(&c.Concurrency, DefaultConcurrency)
+	config.Default(&c.MaxLines, DefaultMaxLines)
+	config.Default(&c.MaxLineBytes, DefaultMaxLineBytes)
+	config.Default(&c.MaxFiles, DefaultMaxFiles)
+	config.Default(&c.MaxOpenBatches, DefaultMaxOpenBatches)
+	config.Default(&c.AttemptTimeout, DefaultAttemptTimeout)
+	config.Default(&c.MaxAnswerBytes, DefaultMaxAnswerBytes)
 	config.Default(&c.Logger, slog.Default())
 	return c
 }
@@ -107,6 +147,24 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 1 {
 		p.Add("Concurrency", "must be at least 1, got %d", c.Concurrency)
+	}
+	if c.MaxLines < 1 {
+		p.Add("MaxLines", "must be at least 1, got %d", c.MaxLines)
+	}
+	if c.MaxLineBytes < 64 || c.MaxLineBytes > 1<<30 {
+		p.Add("MaxLineBytes", "must be from 64 bytes to 1 GiB, got %d", c.MaxLineBytes)
+	}
+	if c.MaxFiles < 1 {
+		p.Add("MaxFiles", "must be at least 1, got %d", c.MaxFiles)
+	}
+	if c.MaxOpenBatches < 1 {
+		p.Add("MaxOpenBatches", "must be at least 1, got %d", c.MaxOpenBatches)
+	}
+	if c.AttemptTimeout <= 0 {
+		p.Add("AttemptTimeout", "must be positive, got %s", c.AttemptTimeout)
+	}
+	if c.MaxAnswerBytes < 1<<10 {
+		p.Add("MaxAnswerBytes", "must be at least 1024, got %d", c.MaxAnswerBytes)
 	}
 	return p.Err()
 }
@@ -131,6 +189,10 @@ type Service struct {
 	// is cancelled or expires: they have not begun, and they end at once
 	// (cancelled or failed) instead of running to their end.
 	withdrawals map[string]*withdrawal
+	// withdrawn holds the batches cancelled or expired until they end, so
+	// that a job taken just before gets an ended withdrawal too (at most
+	// the batches not ended, bounded by MaxOpenBatches).
+	withdrawn map[string]bool
 }
 
 type withdrawal struct {
@@ -148,7 +210,11 @@ func (s *Service) withdrawalOf(id string) (_ context.Context, done func()) {
 	if w == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		w = &withdrawal{ctx: ctx, cancel: cancel}
-		s.withdrawals[id] = w
+		if s.withdrawn[id] {
+			cancel()
+		} else {
+			s.withdrawals[id] = w
+		}
 	}
 	w.jobs++
 	return w.ctx, func() {
@@ -161,14 +227,23 @@ func (s *Service) withdrawalOf(id string) (_ context.Context, done func()) {
 	}
 }
 
-// withdraw takes batch id's jobs that wait for a slot out of the queue.
+// withdraw takes batch id's jobs out of the routing: those that wait for
+// a slot leave the queue, those that run are cancelled at their worker.
 func (s *Service) withdraw(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.withdrawn[id] = true
 	if w := s.withdrawals[id]; w != nil {
 		w.cancel()
 		delete(s.withdrawals, id)
 	}
+}
+
+// ended forgets a batch that ended.
+func (s *Service) ended(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.withdrawn, id)
 }
 
 // New checks cfg and builds the service.
@@ -181,7 +256,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("batch: Config.Store, Router and Dir are required")
 	}
 	return &Service{cfg: cfg, st: cfg.Store, log: cfg.Logger.With("component", "batch"),
-		wake: make(chan struct{}, 1), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}}, nil
+		wake: make(chan struct{}, 1), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}, withdrawn: map[string]bool{}}, nil
 }
 
 // signal wakes the dispatcher; it never blocks.

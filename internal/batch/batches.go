@@ -1,9 +1,11 @@
 package batch
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"slices"
@@ -56,8 +58,22 @@ func (req batchRequest) check() error {
 	return checkEndpoint("endpoint", req.Endpoint)
 }
 
-// postBatch creates a batch over an uploaded file: the batch row, one
-// queued job a request and the audit entry, in one transaction.
+// Batch creation writes a batch's jobs in transactions of at most
+// createChunkJobs jobs and createChunkBytes of bodies: each holds the
+// store's write lock for a few milliseconds, so that other writes (the
+// admin API, heartbeats, other batches) go in between.
+const (
+	createChunkJobs  = 500
+	createChunkBytes = 4 << 20
+)
+
+// postBatch creates a batch over an uploaded file. The batch row comes
+// first, validating (the dispatcher takes no job of it); the file is read
+// as a stream and its jobs written queued, a chunk a transaction; then
+// the batch goes in_progress with its audit entry (batch.created) in one
+// transaction. A creation that fails on the way (a line refused, the
+// client gone, the store) removes what it wrote; one cut short by the
+// queen's end is removed by the next start (Run).
 func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 	body, err := openai.ReadBody(w, r, 1<<20)
 	if err != nil {
@@ -89,46 +105,131 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fmt.Errorf("batch: the bytes of file %s: %w", file.ID, err)
 	}
-	reqs, err := ParseInput(f)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	if reqs[0].URL != req.Endpoint {
-		return openai.Invalid("endpoint", "line %d's url is %s but the batch's endpoint is %s: every line must name the batch's endpoint",
-			reqs[0].Line, reqs[0].URL, req.Endpoint)
-	}
+	defer f.Close()
 	now := time.Now()
 	b := store.Batch{ID: newID("batch_", now), Endpoint: req.Endpoint, InputFileID: file.ID, CompletionWindow: CompletionWindow,
-		Status: string(StatusInProgress), Metadata: req.Metadata, Total: len(reqs), CreatedAt: now, ExpiresAt: now.Add(completionWindow),
-		InProgressAt: &now}
-	jobs := make([]store.BatchJob, len(reqs))
-	models := map[string]int{}
-	for i, rq := range reqs {
-		jobs[i] = store.BatchJob{BatchID: b.ID, Line: rq.Line, CustomID: rq.CustomID, ModelRef: rq.Model, Body: string(rq.Body),
-			State: string(JobQueued), UpdatedAt: now}
-		models[rq.Model]++
-	}
-	err = s.st.Update(r.Context(), func(tx *store.Tx) error {
+		Status: string(StatusValidating), Metadata: req.Metadata, CreatedAt: now, ExpiresAt: now.Add(completionWindow)}
+	if err := s.st.Update(r.Context(), func(tx *store.Tx) error {
 		if err := tx.PutBatch(b); err != nil {
 			return err
 		}
-		if err := tx.PutBatchJobs(jobs); err != nil {
+		// Counted with this one, in its transaction: two creations at once
+		// cannot both take the last place (on SQLite; on PostgreSQL two
+		// transactions of the same instant may).
+		open, err := tx.CountBatches(openStatuses...)
+		if err != nil {
 			return err
 		}
-		_, err := tx.Append(store.AuditEntry{Actor: Actor, Action: "batch.created", Target: b.ID,
-			Reason:   fmt.Sprintf("%d requests to %s", len(reqs), b.Endpoint),
-			Metadata: map[string]any{"input_file_id": file.ID, "endpoint": b.Endpoint, "requests": len(reqs), "models": models}})
-		return err
-	})
-	if err != nil {
+		if open > s.cfg.MaxOpenBatches {
+			return s.tooManyBatches()
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
-	s.log.Info("batch created", "batch_id", b.ID, "requests", len(reqs), "endpoint", b.Endpoint)
+	n, models, err := s.writeJobs(r.Context(), b, f)
+	if err == nil {
+		err = s.st.Update(r.Context(), func(tx *store.Tx) error {
+			at := time.Now()
+			b.Status, b.Total, b.InProgressAt = string(StatusInProgress), n, &at
+			if err := tx.UpdateBatch(b, string(StatusValidating)); err != nil {
+				return err
+			}
+			_, err := tx.Append(store.AuditEntry{Actor: Actor, Action: "batch.created", Target: b.ID,
+				Reason:   fmt.Sprintf("%d requests to %s", n, b.Endpoint),
+				Metadata: map[string]any{"input_file_id": file.ID, "endpoint": b.Endpoint, "requests": n, "models": models}})
+			return err
+		})
+	}
+	if err != nil {
+		s.discard(b.ID, err)
+		return err
+	}
+	s.log.Info("batch created", "batch_id", b.ID, "requests", n, "endpoint", b.Endpoint)
 	s.signal()
 	openai.WriteJSON(w, http.StatusOK, batchObject(b, Counts{Total: b.Total, Queued: b.Total}))
 	return nil
 }
+
+// maxAuditModels bounds the models a batch's audit entry counts by name;
+// the rest are counted together (a file may name thousands).
+const maxAuditModels = 16
+
+// writeJobs reads the batch's input file from f and writes its jobs,
+// queued, a chunk a transaction. It returns the number of requests and
+// how many name each model.
+func (s *Service) writeJobs(ctx context.Context, b store.Batch, f io.Reader) (int, map[string]int, error) {
+	models := map[string]int{}
+	var chunk []store.BatchJob
+	size := 0
+	flush := func() error {
+		if len(chunk) == 0 {
+			return nil
+		}
+		err := s.st.Update(ctx, func(tx *store.Tx) error { return tx.PutBatchJobs(chunk) })
+		clear(chunk)
+		chunk, size = chunk[:0], 0
+		return err
+	}
+	now := time.Now()
+	lim := s.inputLimits()
+	lim.Checked = true // at its upload
+	n, err := ScanInput(f, lim, func(rq Request) error {
+		if rq.URL != b.Endpoint {
+			return openai.Invalid("endpoint", "line %d's url is %s but the batch's endpoint is %s: every line must name the batch's endpoint",
+				rq.Line, rq.URL, b.Endpoint)
+		}
+		if _, ok := models[rq.Model]; ok || len(models) < maxAuditModels {
+			models[rq.Model]++
+		} else {
+			models["(others)"]++
+		}
+		chunk = append(chunk, store.BatchJob{BatchID: b.ID, Line: rq.Line, CustomID: rq.CustomID, ModelRef: rq.Model, Body: string(rq.Body),
+			State: string(JobQueued), UpdatedAt: now})
+		if size += len(rq.Body); len(chunk) >= createChunkJobs || size >= createChunkBytes {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	return n, models, err
+}
+
+// discard removes a batch whose creation failed (why), with its jobs (a
+// chunk a transaction), on a context of its own: the client may be gone.
+// What it cannot remove the next start removes (Run).
+func (s *Service) discard(id string, why error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.removeBatch(ctx, id); err != nil {
+		s.log.Warn("cannot remove a batch whose creation failed; the next start of the queen removes it", "batch_id", id, "why", why, "err", err)
+		return
+	}
+	s.log.Info("batch creation failed; what it wrote is removed", "batch_id", id, "why", why)
+}
+
+// removeBatch deletes a batch's jobs, a chunk a transaction, then the
+// batch.
+func (s *Service) removeBatch(ctx context.Context, id string) error {
+	for {
+		var n int
+		if err := s.st.Update(ctx, func(tx *store.Tx) (err error) {
+			n, err = tx.DeleteBatchJobs(id, deleteChunkJobs)
+			return err
+		}); err != nil {
+			return err
+		}
+		if n < deleteChunkJobs {
+			break
+		}
+	}
+	return s.st.Update(ctx, func(tx *store.Tx) error { return tx.DeleteBatch(id) })
+}
+
+// deleteChunkJobs bounds the jobs one transaction deletes.
+const deleteChunkJobs = 2000
 
 // view reads a batch with its counts.
 func view(tx *store.Tx, id string) (BatchObject, error) {
@@ -191,14 +292,17 @@ func (s *Service) getBatches(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// cancelBatch cancels a batch in progress: its queued requests are
-// cancelled at once, and so are those the dispatcher took that still
-// wait for a slot; those running finish, then the partial results are
-// written and the batch is cancelled. Cancelling a batch that is
-// cancelling or cancelled answers it as it is; an ended one is a 409.
+// cancelBatch cancels a batch in progress: it goes cancelling, so the
+// dispatcher takes none of its jobs; its queued requests are cancelled
+// (a chunk a transaction), those the dispatcher took are cancelled where
+// they are, waiting for a slot or running on a worker; then the partial
+// results are written and the batch is cancelled. Cancelling a batch
+// that is cancelling or cancelled answers it as it is; an ended one is a
+// 409.
 func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	var o BatchObject
+	cancelling := false
 	err := s.st.Update(r.Context(), func(tx *store.Tx) error {
 		b, err := tx.Batch(id)
 		if err != nil {
@@ -218,16 +322,17 @@ func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 		if err := tx.UpdateBatch(b, string(from)); err != nil {
 			return err
 		}
-		n, err := tx.SetBatchJobsState(id, string(JobQueued), string(JobCancelled), now)
+		byState, err := tx.BatchJobCounts(id)
 		if err != nil {
 			return err
 		}
+		n := byState[string(JobQueued)]
 		if _, err := tx.Append(store.AuditEntry{Actor: Actor, Action: "batch.cancelling", Target: id,
 			Reason: fmt.Sprintf("cancelled by the client: %d queued requests cancelled", n), Metadata: map[string]any{"cancelled": n}}); err != nil {
 			return err
 		}
-		o, err = view(tx, id)
-		return err
+		cancelling = true
+		return nil
 	})
 	if errors.Is(err, store.ErrNotFound) {
 		return errNotFound("batch", id)
@@ -235,15 +340,78 @@ func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	s.withdraw(id)
-	select {
-	case s.cancelled <- id:
-	default:
+	if cancelling {
+		s.withdraw(id)
+		if err := s.endQueued(r.Context(), id, JobCancelled); err != nil {
+			// The rest is ended by the next sweep or start.
+			return err
+		}
+		select {
+		case s.cancelled <- id:
+		default:
+		}
+		s.signal()
+		if err := s.st.View(r.Context(), func(tx *store.Tx) (err error) {
+			o, err = view(tx, id)
+			return err
+		}); err != nil {
+			return err
+		}
 	}
-	s.signal()
 	openai.WriteJSON(w, http.StatusOK, o)
 	return nil
 }
+
+// endQueued ends the queued jobs of a batch cancelled (to cancelled) or
+// expired (to failed), a chunk a transaction; the dispatcher takes no
+// job of such a batch meanwhile.
+func (s *Service) endQueued(ctx context.Context, id string, to JobState) error {
+	for {
+		var n int
+		if err := s.st.Update(ctx, func(tx *store.Tx) (err error) {
+			n, err = tx.MoveBatchJobs(id, string(JobQueued), string(to), moveChunkJobs, time.Now())
+			return err
+		}); err != nil {
+			return err
+		}
+		if n < moveChunkJobs {
+			return nil
+		}
+	}
+}
+
+// moveChunkJobs bounds the jobs one transaction of endQueued moves.
+const moveChunkJobs = 2000
+
+// endAllQueued ends the queued jobs of every batch cancelling or expired
+// whose cancel or expiry was cut short (by the queen's end, or the
+// store); it returns the first error.
+func (s *Service) endAllQueued(ctx context.Context) error {
+	var bs []store.Batch
+	if err := s.st.View(ctx, func(tx *store.Tx) (err error) {
+		bs, err = tx.Batches("", listAll, string(StatusCancelling), string(StatusInProgress))
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, b := range bs {
+		to := JobCancelled
+		if Status(b.Status) == StatusInProgress {
+			if b.ExpiredAt == nil {
+				continue
+			}
+			to = JobFailed
+		}
+		if err := s.endQueued(ctx, b.ID, to); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openStatuses are the statuses of the batches --batch-max-open-batches
+// counts: those being created and the active ones.
+var openStatuses = []string{string(StatusValidating), string(StatusInProgress), string(StatusFinalizing), string(StatusCancelling)}
 
 // activeStatuses are the statuses of batches whose requests may still run
 // or whose files are not written yet.

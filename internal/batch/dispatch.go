@@ -39,6 +39,12 @@ func (s *Service) Run(ctx context.Context) error {
 	if n > 0 {
 		s.log.Warn("jobs that were running when the queen stopped are queued again", "jobs", n)
 	}
+	if err := s.removeUnfinished(ctx); err != nil {
+		return err
+	}
+	if err := s.endAllQueued(ctx); err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	finishing := map[string]bool{} // batches being finalized; owned by this loop
@@ -67,7 +73,6 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Go(func() { s.writeEnds(stopWriter) })
 	defer close(stopWriter)
 	paused := map[string]time.Time{} // by model: no job taken before
-	endpoints := map[string]string{} // by batch
 	perBatch := map[string]int{}     // jobs under way, by batch
 	running := 0
 	// drained: the last fill found fewer queued jobs than it asked for;
@@ -94,7 +99,7 @@ func (s *Service) Run(ctx context.Context) error {
 		if free := s.cfg.Concurrency - running; !drained && free > 0 && (free >= group || running == 0) {
 			now := time.Now()
 			maps.DeleteFunc(paused, func(_ string, until time.Time) bool { return !now.Before(until) })
-			taken := s.fill(ctx, &wg, free, slices.Collect(maps.Keys(paused)), endpoints)
+			taken := s.fill(ctx, &wg, free, slices.Collect(maps.Keys(paused)), perBatch)
 			for _, j := range taken {
 				perBatch[j.BatchID]++
 			}
@@ -116,7 +121,7 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		case id := <-finished:
 			delete(finishing, id)
-			delete(endpoints, id)
+			s.ended(id)
 		case d := <-s.done:
 			running--
 			b := d.job.BatchID
@@ -141,6 +146,9 @@ func (s *Service) Run(ctx context.Context) error {
 			if time.Since(lastSweep) >= sweepEvery {
 				lastSweep = time.Now()
 				s.sweep(ctx)
+				if err := s.endAllQueued(ctx); err != nil && ctx.Err() == nil {
+					s.log.Error("cannot end the queued jobs of cancelled and expired batches; will retry", "err", err)
+				}
 				// Active batches whose jobs all ended that nothing else
 				// finished (a cancel the channel had no room for).
 				for _, id := range s.settledBatches(ctx) {
@@ -164,25 +172,78 @@ func (s *Service) requeue(ctx context.Context) (int, error) {
 	return n, err
 }
 
+// removeUnfinished removes the batches whose creation the queen's end
+// cut short (still validating: their clients were never answered), with
+// the jobs they had written.
+func (s *Service) removeUnfinished(ctx context.Context) error {
+	var bs []store.Batch
+	if err := s.st.View(ctx, func(tx *store.Tx) (err error) {
+		bs, err = tx.Batches("", listAll, string(StatusValidating))
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, b := range bs {
+		if err := s.removeBatch(ctx, b.ID); err != nil {
+			return err
+		}
+		s.log.Warn("removed a batch whose creation the queen's end cut short; its client was never answered and may create it again", "batch_id", b.ID)
+	}
+	return nil
+}
+
 // fill takes up to free queued jobs (none of a paused model) in one
-// transaction and starts them; it returns the jobs it started.
-func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused []string, endpoints map[string]string) []store.BatchJob {
+// transaction and starts them; it returns the jobs it started. The
+// batches in progress share the free places fairly: those with the
+// fewest jobs under way (perBatch) get them first, oldest first among
+// equals, so a batch created behind a large one starts at once instead
+// of waiting for it to end.
+func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused []string, perBatch map[string]int) []store.BatchJob {
 	var taken []store.BatchJob
+	endpoints := map[string]string{}
 	err := s.st.Update(ctx, func(tx *store.Tx) error {
-		jobs, err := tx.ClaimBatchJobs(string(JobQueued), string(JobRunning), free, time.Now(), paused...)
+		taken = taken[:0]
+		bs, err := tx.Batches("", listAll, string(StatusInProgress))
 		if err != nil {
 			return err
 		}
-		for _, j := range jobs {
-			if _, ok := endpoints[j.BatchID]; !ok {
-				b, err := tx.Batch(j.BatchID)
+		slices.Reverse(bs) // oldest first
+		ids := make([]string, 0, len(bs))
+		under := make([]int, 0, len(bs))
+		for _, b := range bs {
+			if b.ExpiredAt != nil {
+				continue
+			}
+			ids = append(ids, b.ID)
+			under = append(under, perBatch[b.ID])
+			endpoints[b.ID] = b.Endpoint
+		}
+		// Rounds: a batch that had fewer queued jobs than its share is out
+		// of the next round, whose shares split what it left.
+		open := slices.Repeat([]bool{true}, len(ids))
+		for left := free; left > 0; {
+			shares := fairShares(left, under, open)
+			got := 0
+			for i, n := range shares {
+				if n == 0 {
+					continue
+				}
+				jobs, err := tx.ClaimBatchJobs(ids[i], string(JobQueued), string(JobRunning), n, time.Now(), paused...)
 				if err != nil {
 					return err
 				}
-				endpoints[j.BatchID] = b.Endpoint
+				taken = append(taken, jobs...)
+				under[i] += len(jobs)
+				got += len(jobs)
+				if len(jobs) < n {
+					open[i] = false
+				}
 			}
+			if got == 0 {
+				break
+			}
+			left -= got
 		}
-		taken = jobs
 		return nil
 	})
 	if err != nil {
@@ -199,6 +260,30 @@ func (s *Service) fill(ctx context.Context, wg *sync.WaitGroup, free int, paused
 		})
 	}
 	return taken
+}
+
+// listAll bounds the batches one read of those of a status lists.
+const listAll = 10000
+
+// fairShares splits free places among the batches still open (open[i]):
+// one at a time to the batch with the fewest jobs under way (under[i]
+// plus what it got so far), the first such one on a tie. It returns each
+// batch's share; pure.
+func fairShares(free int, under []int, open []bool) []int {
+	shares := make([]int, len(under))
+	for range free {
+		best := -1
+		for i := range under {
+			if open[i] && (best < 0 || under[i]+shares[i] < under[best]+shares[best]) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		shares[best]++
+	}
+	return shares
 }
 
 // jobEnd is a job's attempt, ended, on its way to the store.
@@ -290,12 +375,23 @@ func (s *Service) writeGroup(group []*jobEnd) []error {
 	return errs
 }
 
-// runJob sends a job's request and writes how it ended.
+// runJob sends a job's request and writes how it ended. When its batch
+// is cancelled or expires (the withdrawal ends), the request leaves the
+// routing's queue if it still waits for a slot, and is cancelled at its
+// worker if it runs: either way it ends at once (routing.ErrWithdrawn).
 func (s *Service) runJob(ctx context.Context, j store.BatchJob, endpoint string) jobDone {
 	withdraw, done := s.withdrawalOf(j.BatchID)
-	ans, err := s.cfg.Router.Serve(ctx, withdraw, endpoint, []byte(j.Body))
+	jctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(withdraw, func() { cancel(routing.ErrWithdrawn) })
+	ans, err := s.cfg.Router.Serve(jctx, withdraw, endpoint, []byte(j.Body),
+		routing.BatchLimits{Timeout: s.cfg.AttemptTimeout, MaxAnswerBytes: s.cfg.MaxAnswerBytes})
+	stop()
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(jctx), routing.ErrWithdrawn) && !errors.Is(err, routing.ErrWithdrawn) {
+		err = fmt.Errorf("%w: %w", routing.ErrWithdrawn, err)
+	}
+	cancel(nil)
 	done()
-	next, pause := decide(j, ans, err, ctx.Err() != nil, s.cfg.MaxAttempts)
+	next, pause := decide(j, ans, err, ctx.Err() != nil, s.cfg)
 	next.UpdatedAt = time.Now()
 	e := &jobEnd{next: next, written: make(chan error, 1)}
 	s.ends <- e // the writer runs until every job is done
@@ -319,14 +415,17 @@ func (s *Service) runJob(ctx context.Context, j store.BatchJob, endpoint string)
 // answer ends it (succeeded with a 200, failed with the worker's 4xx
 // error, both in its result line); a worker that failed before it
 // answered (routing.AttemptError) queues it again while it has attempts
-// left, else fails it; a request the routing refused as the client's
-// fault (4xx: unknown model, invalid body) fails it; anything else (no
+// left, else fails it; an attempt past the queen's limits
+// (routing.LimitError: its deadline, the answer's size) fails it; a
+// request the routing refused as the client's fault (4xx: unknown
+// model, invalid body) fails it; anything else (no
 // capacity now, the queue full, the queen stopping, an interactive
 // request that took its slot) is no attempt: the job is queued again,
 // and pause says how long its model waits.
-func decide(j store.BatchJob, ans routing.Answer, err error, stopping bool, maxAttempts int) (store.BatchJob, time.Duration) {
+func decide(j store.BatchJob, ans routing.Answer, err error, stopping bool, cfg Config) (store.BatchJob, time.Duration) {
 	next := j
 	var ae *routing.AttemptError
+	var le *routing.LimitError
 	switch {
 	case err == nil:
 		next.LifecycleID = ans.LifecycleID
@@ -341,9 +440,20 @@ func decide(j store.BatchJob, ans routing.Answer, err error, stopping bool, maxA
 		// (a withdrawn job's batch has no queue: the write ends it).
 		next.State, next.Attempts = string(JobQueued), max(j.Attempts-1, 0)
 		return next, 0
+	case errors.As(err, &le):
+		// Another attempt would run as long, or answer as much.
+		next.LifecycleID, next.State = le.LifecycleID, string(JobFailed)
+		e := &ResultError{Code: "attempt_timeout", Message: fmt.Sprintf("the request ran past the queen's limit of %s an attempt (--batch-attempt-timeout) on worker %s and was cancelled; ask for less (max_tokens) or raise the limit",
+			cfg.AttemptTimeout, le.LifecycleID)}
+		if errors.Is(le, routing.ErrAnswerTooLarge) {
+			e = &ResultError{Code: "answer_too_large", Message: fmt.Sprintf("worker %s's answer is larger than the queen's limit of %d bytes (--batch-max-answer-bytes) and was cut off; ask for less or raise the limit",
+				le.LifecycleID, cfg.MaxAnswerBytes)}
+		}
+		next.Result = resultLine(j, nil, e)
+		return next, 0
 	case errors.As(err, &ae):
 		next.LifecycleID = ae.LifecycleID
-		if j.Attempts < maxAttempts {
+		if j.Attempts < cfg.MaxAttempts {
 			next.State = string(JobQueued)
 			return next, 0
 		}
@@ -400,7 +510,7 @@ func (s *Service) settled(ctx context.Context, id string) (bool, error) {
 func (s *Service) settledBatches(ctx context.Context) []string {
 	var out []string
 	err := s.st.View(ctx, func(tx *store.Tx) error {
-		bs, err := tx.Batches("", MaxRequests, activeStatuses...)
+		bs, err := tx.Batches("", listAll, activeStatuses...)
 		if err != nil {
 			return err
 		}

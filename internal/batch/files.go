@@ -34,11 +34,16 @@ func (s *Service) expiry(now time.Time) *time.Time {
 }
 
 // postFile takes a multipart upload (purpose, file) of a batch input
-// file, checks it line by line (ParseInput) and keeps it.
+// file, checks it line by line (ScanInput, as a stream) and keeps it.
 func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if ct != "multipart/form-data" {
 		return openai.Invalid("file", "upload the file as multipart/form-data with the fields purpose and file")
+	}
+	// Refused before its bytes are read when the queen holds as many as
+	// it keeps; counted again with its row.
+	if err := s.st.View(r.Context(), s.checkFiles(0)); err != nil {
+		return err
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxFileBytes+1<<20)
 	mr, err := r.MultipartReader()
@@ -89,7 +94,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fmt.Errorf("batch: read the upload: %w", err)
 	}
-	_, perr := ParseInput(f)
+	_, perr := ScanInput(f, s.inputLimits(), nil)
 	f.Close()
 	if perr != nil {
 		return perr
@@ -98,7 +103,12 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("batch: keep the upload: %w", err)
 	}
 	row := store.BatchFile{ID: id, Purpose: PurposeBatch, Filename: filepath.Base(filename), Bytes: size, CreatedAt: now, ExpiresAt: s.expiry(now)}
-	if err := s.st.Update(r.Context(), func(tx *store.Tx) error { return tx.PutBatchFile(row) }); err != nil {
+	if err := s.st.Update(r.Context(), func(tx *store.Tx) error {
+		if err := tx.PutBatchFile(row); err != nil {
+			return err
+		}
+		return s.checkFiles(1)(tx)
+	}); err != nil {
 		os.Remove(s.path(id))
 		return err
 	}
@@ -124,6 +134,36 @@ func (s *Service) copyPart(path string, part io.Reader) (int64, error) {
 		return n, s.tooLarge()
 	}
 	return n, nil
+}
+
+// inputLimits are the bounds of an input file.
+func (s *Service) inputLimits() InputLimits {
+	return InputLimits{MaxLines: s.cfg.MaxLines, MaxLineBytes: int(s.cfg.MaxLineBytes)}
+}
+
+// checkFiles refuses an upload when the queen keeps more than MaxFiles
+// input files, counting mine of its own in the transaction (0 before its
+// row is written, 1 with it).
+func (s *Service) checkFiles(mine int) func(tx *store.Tx) error {
+	return func(tx *store.Tx) error {
+		n, err := tx.CountBatchFiles(PurposeBatch)
+		if err != nil {
+			return err
+		}
+		if n-mine >= s.cfg.MaxFiles {
+			return &openai.Error{Status: http.StatusTooManyRequests, Code: "too_many_files", Param: "file",
+				Message: fmt.Sprintf("the queen already keeps %d batch input files, its limit (--batch-max-files %d, for every caller together); delete files you no longer need (DELETE /v1/files/{id}) or wait for them to expire",
+					n-mine, s.cfg.MaxFiles)}
+		}
+		return nil
+	}
+}
+
+// tooManyBatches refuses a batch past MaxOpenBatches.
+func (s *Service) tooManyBatches() error {
+	return &openai.Error{Status: http.StatusTooManyRequests, Code: "too_many_batches",
+		Message: fmt.Sprintf("the queen already has %d batches that have not ended, its limit (--batch-max-open-batches %d, for every caller together); wait for one to end or cancel one",
+			s.cfg.MaxOpenBatches, s.cfg.MaxOpenBatches)}
 }
 
 func (s *Service) tooLarge() error {

@@ -114,7 +114,9 @@ func (s *Service) writeResults(ctx context.Context, b store.Batch) (out, errs *s
 	for {
 		var jobs []store.BatchJob
 		if err := s.st.View(ctx, func(tx *store.Tx) (err error) {
-			jobs, err = tx.BatchJobs(b.ID, after, 1000)
+			// A page holds at most resultPage answers (each bounded by
+			// MaxAnswerBytes), not the bodies.
+			jobs, err = tx.BatchJobResults(b.ID, after, resultPage)
 			return err
 		}); err != nil {
 			return nil, nil, c, err
@@ -156,6 +158,9 @@ func (s *Service) writeResults(ctx context.Context, b store.Batch) (out, errs *s
 	}
 	return out, errs, c, nil
 }
+
+// resultPage bounds the jobs' result lines writeResults reads at once.
+const resultPage = 200
 
 // resultFile is an output or error file being written: to path.tmp,
 // renamed to path when kept.
@@ -218,14 +223,17 @@ func (r *resultFile) abort() {
 	}
 }
 
-// expire marks the batches in progress whose completion window passed:
-// their queued jobs fail (batch_expired); those running finish. It
-// returns the batches whose jobs have all ended.
+// expire marks the batches in progress whose completion window passed
+// (the dispatcher takes none of their jobs from then on): their queued
+// jobs fail (batch_expired, a chunk a transaction), and those the
+// dispatcher took are cancelled where they are (OpenAI cancels a
+// batch's unfinished requests when it expires). It returns the batches
+// whose jobs have all ended.
 func (s *Service) expire(ctx context.Context) []string {
 	now := time.Now()
 	var ids []string
 	err := s.st.Update(ctx, func(tx *store.Tx) error {
-		bs, err := tx.Batches("", MaxRequests, string(StatusInProgress))
+		bs, err := tx.Batches("", listAll, string(StatusInProgress))
 		if err != nil {
 			return err
 		}
@@ -237,10 +245,11 @@ func (s *Service) expire(ctx context.Context) []string {
 			if err := tx.UpdateBatch(b, string(StatusInProgress)); err != nil {
 				return err
 			}
-			n, err := tx.SetBatchJobsState(b.ID, string(JobQueued), string(JobFailed), now)
+			byState, err := tx.BatchJobCounts(b.ID)
 			if err != nil {
 				return err
 			}
+			n := byState[string(JobQueued)]
 			if _, err := tx.Append(store.AuditEntry{Actor: "queen", Action: "batch.expiring", Target: b.ID,
 				Reason: fmt.Sprintf("its completion window (%s) passed: %d queued requests failed", b.CompletionWindow, n)}); err != nil {
 				return err
@@ -258,6 +267,12 @@ func (s *Service) expire(ctx context.Context) []string {
 	var settled []string
 	for _, id := range ids {
 		s.withdraw(id)
+		if err := s.endQueued(ctx, id, JobFailed); err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("cannot fail an expired batch's queued jobs; will retry", "batch_id", id, "err", err)
+			}
+			continue
+		}
 		if ok, err := s.settled(ctx, id); err == nil && ok {
 			settled = append(settled, id)
 		}
@@ -283,30 +298,36 @@ func (s *Service) sweep(ctx context.Context) {
 				return err
 			}
 		}
-		batches, err = tx.BatchesCreatedBefore(now.Add(-s.cfg.FileRetention), 1000,
-			string(StatusCompleted), string(StatusFailed), string(StatusCancelled), string(StatusExpired))
-		if err != nil {
-			return err
-		}
-		for _, id := range batches {
-			if err := tx.DeleteBatch(id); err != nil {
-				return err
-			}
-		}
 		return nil
 	})
 	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Error("cannot remove expired files and batches; will retry", "err", err)
-		}
-		return
+		files = nil
 	}
 	for _, id := range files {
 		if err := os.Remove(s.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("cannot remove an expired file's bytes", "file_id", id, "err", err)
 		}
 	}
-	if len(files)+len(batches) > 0 {
-		s.log.Info("removed expired files and batches", "files", len(files), "batches", len(batches))
+	if err == nil {
+		err = s.st.View(ctx, func(tx *store.Tx) (err error) {
+			batches, err = tx.BatchesCreatedBefore(now.Add(-s.cfg.FileRetention), 1000,
+				string(StatusCompleted), string(StatusFailed), string(StatusCancelled), string(StatusExpired))
+			return err
+		})
+	}
+	removed := 0
+	for _, id := range batches {
+		// A chunk of jobs a transaction: a batch's 50 000 rows in one
+		// would hold the store's write lock for seconds.
+		if err = s.removeBatch(ctx, id); err != nil {
+			break
+		}
+		removed++
+	}
+	if err != nil && ctx.Err() == nil {
+		s.log.Error("cannot remove expired files and batches; will retry", "err", err)
+	}
+	if len(files)+removed > 0 {
+		s.log.Info("removed expired files and batches", "files", len(files), "batches", removed)
 	}
 }

@@ -3,6 +3,7 @@ package batch
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,8 +22,8 @@ const (
 	EndpointResponses   = "/v1/responses"
 )
 
-// MaxRequests bounds the requests of one batch, as OpenAI does.
-const MaxRequests = 50000
+// DefaultMaxLines bounds the requests of one batch, as OpenAI does.
+const DefaultMaxLines = 50000
 
 // maxCustomID bounds a custom_id, in bytes.
 const maxCustomID = 512
@@ -55,55 +56,96 @@ func lineError(line int, format string, a ...any) *openai.Error {
 		Message: fmt.Sprintf("line %d: ", line) + fmt.Sprintf(format, a...), Err: openai.ErrInvalidRequest}
 }
 
-// ParseInput reads a batch input file: JSON Lines, one request a line,
+// InputLimits bound a batch input file as it is read.
+type InputLimits struct {
+	// MaxLines bounds the requests (lines that are not blank).
+	MaxLines int
+	// MaxLineBytes bounds one line, its newline left out: the queen's
+	// limit on a request body (--max-body-bytes), which a request of the
+	// batch may not pass either.
+	MaxLineBytes int
+	// Checked says the file was checked whole before (at its upload): a
+	// body is read for its model and stream only, not decoded as its
+	// endpoint decodes it (a third of the time). A body the routing
+	// refuses later fails its request then.
+	Checked bool
+}
+
+// ScanInput reads a batch input file as a stream, one line in memory at
+// a time: JSON Lines, one request a line,
 // {"custom_id","method":"POST","url","body"}; blank lines are skipped.
 // It checks every line as the worker would check its request (the body
 // is decoded as POST url's body is), the custom_ids are unique, every
-// line names the same url, and there are 1 to MaxRequests requests. The
-// first line at fault gives a 400 *openai.Error whose message begins
-// "line N: ".
-func ParseInput(r io.Reader) ([]Request, error) {
+// line names the same url, no line is longer than lim.MaxLineBytes, and
+// there are 1 to lim.MaxLines requests. Each request checked goes to fn
+// (nil: none), whose error ends the scan and is returned; the request's
+// Body is valid only until fn returns. The first line at fault gives a
+// 400 *openai.Error whose message begins "line N: ". It returns the
+// number of requests.
+//
+// What it keeps beside the line is 16 bytes a request (a digest of its
+// custom_id, to find a second use of it).
+func ScanInput(r io.Reader, lim InputLimits, fn func(Request) error) (int, error) {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
-	seen := map[string]int{}
-	var out []Request
-	line := 0
+	// Room for the line, its \r and its \n: a longer one is ErrTooLong.
+	sc.Buffer(make([]byte, 0, min(64<<10, lim.MaxLineBytes+2)), lim.MaxLineBytes+2)
+	seen := map[[16]byte]int{}
+	var firstURL string
+	firstLine, n, line := 0, 0, 0
 	for sc.Scan() {
 		line++
-		text := bytes.TrimSpace(sc.Bytes())
+		raw := sc.Bytes()
+		if len(raw) > lim.MaxLineBytes {
+			return n, lineTooLong(line, lim.MaxLineBytes)
+		}
+		text := bytes.TrimSpace(raw)
 		if len(text) == 0 {
 			continue
 		}
-		req, err := parseLine(line, text)
+		req, err := parseLine(line, text, lim.Checked)
 		if err != nil {
-			return nil, err
+			return n, err
 		}
-		if first, dup := seen[req.CustomID]; dup {
-			return nil, lineError(line, "custom_id %q is also the custom_id of line %d: each request needs its own", req.CustomID, first)
+		sum := sha256.Sum256([]byte(req.CustomID))
+		key := [16]byte(sum[:16])
+		if first, dup := seen[key]; dup {
+			return n, lineError(line, "custom_id %q is also the custom_id of line %d: each request needs its own", req.CustomID, first)
 		}
-		seen[req.CustomID] = line
-		if len(out) > 0 && req.URL != out[0].URL {
-			return nil, lineError(line, "url %s differs from line %d's %s: a batch runs one endpoint", req.URL, out[0].Line, out[0].URL)
+		seen[key] = line
+		if n == 0 {
+			firstURL, firstLine = req.URL, line
+		} else if req.URL != firstURL {
+			return n, lineError(line, "url %s differs from line %d's %s: a batch runs one endpoint", req.URL, firstLine, firstURL)
 		}
-		if len(out) == MaxRequests {
-			return nil, lineError(line, "a batch holds at most %d requests", MaxRequests)
+		if n == lim.MaxLines {
+			return n, lineError(line, "the file holds more than %d requests, the queen's limit on a batch (--batch-max-lines); split it into several batches", lim.MaxLines)
 		}
-		out = append(out, req)
+		n++
+		if fn != nil {
+			if err := fn(req); err != nil {
+				return n, err
+			}
+		}
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			return nil, lineError(line+1, "the line is longer than 64 MiB")
+			return n, lineTooLong(line+1, lim.MaxLineBytes)
 		}
-		return nil, fmt.Errorf("batch: read the input file: %w", err)
+		return n, fmt.Errorf("batch: read the input file: %w", err)
 	}
-	if len(out) == 0 {
-		return nil, &openai.Error{Status: http.StatusBadRequest, Code: "invalid_file", Param: "file",
+	if n == 0 {
+		return 0, &openai.Error{Status: http.StatusBadRequest, Code: "invalid_file", Param: "file",
 			Message: "the file has no requests: a batch input file holds one JSON request a line", Err: openai.ErrInvalidRequest}
 	}
-	return out, nil
+	return n, nil
 }
 
-func parseLine(line int, text []byte) (Request, error) {
+// lineTooLong is a line over the queen's limit on a request body.
+func lineTooLong(line, most int) error {
+	return lineError(line, "the line is longer than %d bytes, the queen's limit on a request body (--max-body-bytes); make the request smaller or raise the limit", most)
+}
+
+func parseLine(line int, text []byte, checked bool) (Request, error) {
 	var raw struct {
 		CustomID *string         `json:"custom_id"`
 		Method   *string         `json:"method"`
@@ -128,7 +170,11 @@ func parseLine(line int, text []byte) (Request, error) {
 	if err := checkEndpoint("url", *raw.URL); err != nil {
 		return Request{}, lineError(line, "%s", openai.AsError(err).Message)
 	}
-	model, stream, err := decodeBody(*raw.URL, raw.Body)
+	decode := decodeBody
+	if checked {
+		decode = modelOf
+	}
+	model, stream, err := decode(*raw.URL, raw.Body)
 	if err != nil {
 		oe := openai.AsError(err)
 		where := "body"
@@ -144,6 +190,18 @@ func parseLine(line int, text []byte) (Request, error) {
 		return Request{}, lineError(line, "body.stream is true: a batch request is answered whole, not streamed")
 	}
 	return Request{Line: line, CustomID: *raw.CustomID, URL: *raw.URL, Model: model, Body: raw.Body}, nil
+}
+
+// modelOf reads a body's model and stream, and nothing else.
+func modelOf(_ string, body []byte) (model string, stream bool, err error) {
+	var b struct {
+		Model  string `json:"model"`
+		Stream bool   `json:"stream"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return "", false, openai.Invalid("", "%v", err)
+	}
+	return b.Model, b.Stream, nil
 }
 
 // decodeBody decodes a request body as POST url decodes it.

@@ -1,9 +1,11 @@
 package batch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -85,10 +87,15 @@ func TestDecide(t *testing.T) {
 		{"no capacity now", job, routing.Answer{}, routing.ErrNoCapacity, false, JobQueued, 0, true, ""},
 		{"shutting down", job, routing.Answer{}, routing.ErrShuttingDown, false, JobQueued, 0, true, ""},
 		{"the queen stops", job, routing.Answer{}, errors.New("context canceled"), true, JobQueued, 0, false, ""},
+		{"past the attempt's deadline", job, routing.Answer{}, &routing.LimitError{LifecycleID: "wk-1", Err: routing.ErrAttemptTimeout}, false, JobFailed, 1, false,
+			`"code":"attempt_timeout","message":"the request ran past the queen's limit of 10m0s an attempt (--batch-attempt-timeout) on worker wk-1`},
+		{"an answer past the bound", job, routing.Answer{}, &routing.LimitError{LifecycleID: "wk-1", Err: routing.ErrAnswerTooLarge}, false, JobFailed, 1, false,
+			`"code":"answer_too_large","message":"worker wk-1's answer is larger than the queen's limit of 16777216 bytes (--batch-max-answer-bytes)`},
+		{"withdrawn while it ran", job, routing.Answer{}, fmt.Errorf("%w: %w", routing.ErrWithdrawn, context.Canceled), false, JobQueued, 0, false, ""},
 		{"invalid body", job, routing.Answer{}, &openai.Error{Status: http.StatusBadRequest, Code: "invalid_value", Message: "bad"}, false, JobFailed, 1, false, `"code":"invalid_value"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			next, pause := decide(tc.job, tc.ans, tc.err, tc.stopping, 3)
+			next, pause := decide(tc.job, tc.ans, tc.err, tc.stopping, Config{MaxAttempts: 3}.WithDefaults())
 			if JobState(next.State) != tc.state || next.Attempts != tc.attempts || (pause > 0) != tc.pause {
 				t.Fatalf("got %s, %d attempts, pause %s; want %s, %d, pause %v", next.State, next.Attempts, pause, tc.state, tc.attempts, tc.pause)
 			}
@@ -100,7 +107,34 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
-	if _, pause := decide(job, routing.Answer{}, &openai.CodedError{Status: 503, Code: "no_capacity", Retry: 7 * time.Second}, false, 3); pause != 7*time.Second {
+	if _, pause := decide(job, routing.Answer{}, &openai.CodedError{Status: 503, Code: "no_capacity", Retry: 7 * time.Second}, false, Config{MaxAttempts: 3}.WithDefaults()); pause != 7*time.Second {
 		t.Errorf("pause %s, want the error's Retry-After 7s", pause)
+	}
+}
+
+// fairShares: the places go to the batches with the fewest jobs under
+// way first, the oldest first among equals, none to a batch out of the
+// round.
+func TestFairShares(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		free  int
+		under []int
+		open  []bool
+		want  []int
+	}{
+		{"one batch takes all", 8, []int{0}, []bool{true}, []int{8}},
+		{"two new batches split", 8, []int{0, 0}, []bool{true, true}, []int{4, 4}},
+		{"odd: the oldest gets the extra", 5, []int{0, 0}, []bool{true, true}, []int{3, 2}},
+		{"a new batch catches up first", 4, []int{62, 0}, []bool{true, true}, []int{0, 4}},
+		{"then both grow", 10, []int{6, 0}, []bool{true, true}, []int{2, 8}},
+		{"a batch out of the round gets none", 6, []int{0, 0, 0}, []bool{true, false, true}, []int{3, 0, 3}},
+		{"none open", 3, []int{1, 2}, []bool{false, false}, []int{0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := fairShares(tc.free, tc.under, tc.open); !slices.Equal(got, tc.want) {
+				t.Fatalf("fairShares(%d, %v, %v) = %v, want %v", tc.free, tc.under, tc.open, got, tc.want)
+			}
+		})
 	}
 }

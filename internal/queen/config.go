@@ -147,6 +147,8 @@ func (c Config) withDefaults() Config {
 	config.Default[routing.Placer](&c.Placer, routing.MostFreeMemory{})
 	c.Ownership = c.Ownership.withDefaults()
 	c.Routing = c.Routing.WithDefaults()
+	// A request of a batch is bounded as any other request's body.
+	config.Default(&c.Batch.MaxLineBytes, c.MaxBodyBytes)
 	c.Batch = c.Batch.WithDefaults()
 	return c
 }

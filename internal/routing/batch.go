@@ -35,6 +35,36 @@ func (e *AttemptError) Error() string {
 }
 func (e *AttemptError) Unwrap() error { return e.Err }
 
+// BatchLimits bound one attempt of a batch request.
+type BatchLimits struct {
+	// Timeout bounds the attempt from the slot it was given to its
+	// answer's end; 0: none. Past it the upstream request is cancelled and
+	// Serve fails with a *LimitError of ErrAttemptTimeout.
+	Timeout time.Duration
+	// MaxAnswerBytes bounds the answer kept; 0: none. A larger answer is
+	// cut off (the upstream request cancelled) and Serve fails with a
+	// *LimitError of ErrAnswerTooLarge.
+	MaxAnswerBytes int64
+}
+
+// Limits a batch attempt ran past.
+var (
+	ErrAttemptTimeout = errors.New("routing: the attempt ran past its deadline")
+	ErrAnswerTooLarge = errors.New("routing: the answer is larger than its bound")
+)
+
+// LimitError is a batch attempt that ran past one of its BatchLimits:
+// not the worker's fault, and trying again would do the same.
+type LimitError struct {
+	LifecycleID string // the worker of the attempt
+	Err         error  // ErrAttemptTimeout or ErrAnswerTooLarge
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("on worker %s: %v", e.LifecycleID, e.Err)
+}
+func (e *LimitError) Unwrap() error { return e.Err }
+
 // Serve sends one request of a batch job (body as the batch's file has
 // it, to path /v1/completions, /v1/chat/completions, /v1/embeddings or
 // /v1/responses, which goes as a chat completion and is answered as a
@@ -58,10 +88,13 @@ func (e *AttemptError) Unwrap() error { return e.Err }
 // withdraw no longer matters (the request runs to its end, as a request
 // of a cancelled batch that already runs does). withdraw may be nil.
 //
+// lim bounds the attempt once it has a slot: its time and the answer it
+// keeps (a *LimitError past either).
+//
 // It fails with the routing errors of an interactive request
 // (ErrModelNotFound, the controller's ErrNoCapacity, ErrShuttingDown),
-// with ErrPreempted, ErrWithdrawn, and with ctx's error.
-func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte) (Answer, error) {
+// with ErrPreempted, ErrWithdrawn, a *LimitError, and with ctx's error.
+func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte, lim BatchLimits) (Answer, error) {
 	var model string
 	var err error
 	var translated *responses.Answer // a /v1/responses request's answer
@@ -131,8 +164,14 @@ func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte)
 	if err != nil {
 		return Answer{}, err
 	}
-	rec := &recorder{h: http.Header{}}
-	o := s.attempt(pctx, rec, l, relayReq{model: model, path: path, body: body, batch: true})
+	rec := &recorder{h: http.Header{}, max: lim.MaxAnswerBytes}
+	actx := pctx
+	if lim.Timeout > 0 {
+		var stop context.CancelFunc
+		actx, stop = context.WithTimeoutCause(pctx, lim.Timeout, ErrAttemptTimeout)
+		defer stop()
+	}
+	o := s.attempt(actx, rec, l, relayReq{model: model, path: path, body: body, batch: true})
 	broken := o.verdict == verdictBroken
 	if step := s.router.settle(l, o.verdict, o.err); step != stepNone || o.verdict == verdictFailed || broken {
 		s.wakeStrikes()
@@ -144,6 +183,10 @@ func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte)
 	case o.err != nil && ctx.Err() == nil && errors.Is(context.Cause(pctx), ErrPreempted):
 		// An answer that came whole before the cancel is kept (o.err nil).
 		return Answer{}, fmt.Errorf("%w: its slot on %s went to it", ErrPreempted, l.cand.LifecycleID)
+	case o.err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), ErrAttemptTimeout):
+		return Answer{}, &LimitError{LifecycleID: l.cand.LifecycleID, Err: ErrAttemptTimeout}
+	case rec.over:
+		return Answer{}, &LimitError{LifecycleID: l.cand.LifecycleID, Err: ErrAnswerTooLarge}
 	case o.retry:
 		return Answer{}, &AttemptError{LifecycleID: l.cand.LifecycleID, Err: o.err}
 	case o.err != nil && !o.started:
@@ -167,11 +210,15 @@ func (s *Service) Serve(ctx, withdraw context.Context, path string, body []byte)
 	return Answer{Status: rec.status, Body: out, LifecycleID: l.cand.LifecycleID}, nil
 }
 
-// recorder keeps the answer the relay writes for a batch request.
+// recorder keeps the answer the relay writes for a batch request, at
+// most max bytes of it (0: no bound); a write past that fails and marks
+// it over.
 type recorder struct {
 	h      http.Header
 	status int
 	body   bytes.Buffer
+	max    int64
+	over   bool
 }
 
 func (r *recorder) Header() http.Header { return r.h }
@@ -182,6 +229,10 @@ func (r *recorder) WriteHeader(status int) {
 }
 func (r *recorder) Write(b []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
+	if r.max > 0 && int64(r.body.Len()+len(b)) > r.max {
+		r.over = true
+		return 0, ErrAnswerTooLarge
+	}
 	return r.body.Write(b)
 }
 

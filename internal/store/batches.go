@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -121,6 +120,15 @@ func (t *Tx) DeleteBatchFile(id string) error {
 	return nil
 }
 
+// CountBatchFiles counts the files of purpose.
+func (t *Tx) CountBatchFiles(purpose string) (int, error) {
+	var n int
+	if err := t.queryRow("SELECT COUNT(*) FROM batch_files WHERE purpose = ?", purpose).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count files: %w", err)
+	}
+	return n, nil
+}
+
 // ExpiredBatchFiles returns the ids of at most limit files whose
 // expires_at is before.
 func (t *Tx) ExpiredBatchFiles(before time.Time, limit int) ([]string, error) {
@@ -224,6 +232,19 @@ func (t *Tx) Batches(after string, limit int, statuses ...string) ([]Batch, erro
 	return queryAll(t, "list batches", scanBatch, q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
 }
 
+// CountBatches counts the batches with one of statuses.
+func (t *Tx) CountBatches(statuses ...string) (int, error) {
+	args := make([]any, len(statuses))
+	for i, s := range statuses {
+		args[i] = s
+	}
+	var n int
+	if err := t.queryRow("SELECT COUNT(*) FROM batches WHERE status IN (?"+repeat(", ?", len(statuses)-1)+")", args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count batches: %w", err)
+	}
+	return n, nil
+}
+
 func repeat(s string, n int) string {
 	out := ""
 	for range n {
@@ -241,6 +262,19 @@ func (t *Tx) DeleteBatch(id string) error {
 		return fmt.Errorf("store: delete batch %s: %w", id, err)
 	}
 	return nil
+}
+
+// DeleteBatchJobs removes at most limit jobs of a batch (those of its
+// last lines first) and returns how many it removed: a batch's jobs are
+// removed a bounded transaction at a time.
+func (t *Tx) DeleteBatchJobs(batchID string, limit int) (int, error) {
+	res, err := t.exec(`DELETE FROM batch_jobs WHERE (batch_id, line) IN
+		(SELECT batch_id, line FROM batch_jobs WHERE batch_id = ? ORDER BY line DESC LIMIT ?)`, batchID, limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: delete the jobs of batch %s: %w", batchID, err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
 }
 
 const batchJobCols = "batch_id, line, custom_id, model_ref, body, state, attempts, lifecycle_id, result, updated_at"
@@ -273,31 +307,20 @@ func (t *Tx) batchJobs(q string, args ...any) ([]BatchJob, error) {
 	return queryAll(t, "read jobs", scanBatchJob, "SELECT "+batchJobCols+" FROM batch_jobs "+q, args...)
 }
 
-// BatchJobs reads a batch's jobs from line after+1 on, in line order, at
-// most limit.
-func (t *Tx) BatchJobs(batchID string, after, limit int) ([]BatchJob, error) {
-	return t.batchJobs("WHERE batch_id = ? AND line > ? ORDER BY line LIMIT ?", batchID, after, limit)
+// BatchJobResults reads a batch's jobs from line after+1 on, in line
+// order, at most limit, without their bodies (Body is ""): what a
+// batch's result files are written from.
+func (t *Tx) BatchJobResults(batchID string, after, limit int) ([]BatchJob, error) {
+	return queryAll(t, "read job results", scanBatchJob, "SELECT batch_id, line, custom_id, model_ref, '', state, attempts, lifecycle_id, result, updated_at "+
+		"FROM batch_jobs WHERE batch_id = ? AND line > ? ORDER BY line LIMIT ?", batchID, after, limit)
 }
 
-// BatchJobsIn reads at most limit jobs in state, oldest batch first,
-// then by line, leaving out the models skip names.
-func (t *Tx) BatchJobsIn(state string, limit int, skip ...string) ([]BatchJob, error) {
-	q, args := "WHERE state = ?", []any{state}
-	if len(skip) > 0 {
-		q += " AND model_ref NOT IN (?" + repeat(", ?", len(skip)-1) + ")"
-		for _, s := range skip {
-			args = append(args, s)
-		}
-	}
-	return t.batchJobs(q+" ORDER BY batch_id, line LIMIT ?", append(args, limit)...)
-}
-
-// ClaimBatchJobs moves at most limit jobs in state from to state to, an
-// attempt counted, in one statement (a compare-and-set: a job is claimed
-// once), and returns them as they are now, oldest batch first, then by
-// line; the models skip names are left out.
-func (t *Tx) ClaimBatchJobs(from, to string, limit int, now time.Time, skip ...string) ([]BatchJob, error) {
-	sub, args := "SELECT batch_id, line FROM batch_jobs WHERE state = ?", []any{to, micros(now), from}
+// ClaimBatchJobs moves at most limit jobs of batch batchID in state from
+// to state to, an attempt counted, in one statement (a compare-and-set: a
+// job is claimed once), and returns them as they are now, by line; the
+// models skip names are left out.
+func (t *Tx) ClaimBatchJobs(batchID, from, to string, limit int, now time.Time, skip ...string) ([]BatchJob, error) {
+	sub, args := "SELECT batch_id, line FROM batch_jobs WHERE batch_id = ? AND state = ?", []any{to, micros(now), batchID, from}
 	if len(skip) > 0 {
 		sub += " AND model_ref NOT IN (?" + repeat(", ?", len(skip)-1) + ")"
 		for _, s := range skip {
@@ -305,13 +328,11 @@ func (t *Tx) ClaimBatchJobs(from, to string, limit int, now time.Time, skip ...s
 		}
 	}
 	out, err := queryAll(t, "claim jobs", scanBatchJob, `UPDATE batch_jobs SET state = ?, attempts = attempts + 1, updated_at = ?
-		WHERE (batch_id, line) IN (`+sub+` ORDER BY batch_id, line LIMIT ?) RETURNING `+batchJobCols, append(args, limit)...)
+		WHERE (batch_id, line) IN (`+sub+` ORDER BY line LIMIT ?) RETURNING `+batchJobCols, append(args, limit)...)
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(out, func(a, b BatchJob) int {
-		return cmp.Or(strings.Compare(a.BatchID, b.BatchID), cmp.Compare(a.Line, b.Line))
-	})
+	slices.SortFunc(out, func(a, b BatchJob) int { return cmp.Compare(a.Line, b.Line) })
 	return out, nil
 }
 
@@ -384,16 +405,14 @@ func (t *Tx) UpdateBatchJob(j BatchJob, from string) error {
 	return nil
 }
 
-// SetBatchJobsState moves every job of batchID (every batch, when it is
-// "") in state from to state to, and returns how many it moved.
-func (t *Tx) SetBatchJobsState(batchID, from, to string, now time.Time) (int, error) {
-	q, args := "UPDATE batch_jobs SET state = ?, updated_at = ? WHERE state = ?", []any{to, micros(now), from}
-	if batchID != "" {
-		q, args = q+" AND batch_id = ?", append(args, batchID)
-	}
-	res, err := t.exec(q, args...)
+// MoveBatchJobs moves at most limit jobs of batchID in state from to
+// state to and returns how many it moved: a batch's jobs are moved a
+// bounded transaction at a time.
+func (t *Tx) MoveBatchJobs(batchID, from, to string, limit int, now time.Time) (int, error) {
+	res, err := t.exec(`UPDATE batch_jobs SET state = ?, updated_at = ? WHERE (batch_id, line) IN
+		(SELECT batch_id, line FROM batch_jobs WHERE batch_id = ? AND state = ? ORDER BY line LIMIT ?)`, to, micros(now), batchID, from, limit)
 	if err != nil {
-		return 0, fmt.Errorf("store: move jobs from %s to %s: %w", from, to, err)
+		return 0, fmt.Errorf("store: move the jobs of batch %s from %s to %s: %w", batchID, from, to, err)
 	}
 	n, err := res.RowsAffected()
 	return int(n), err

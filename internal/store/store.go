@@ -132,6 +132,16 @@ type Store struct {
 	// answering); 0: none.
 	txTimeout time.Duration
 
+	// gate serializes the transactions of a SQLite store in this
+	// process, first come, first served (a channel's waiting senders are
+	// served in order); nil on PostgreSQL. SQLite takes one writer at a
+	// time (and every transaction here begins IMMEDIATE), and its busy
+	// handler polls with sleeps that grow to 100 ms: a transaction
+	// waiting there missed every short gap between another's
+	// back-to-back transactions (a batch's jobs written a chunk at a
+	// time) until its busy timeout. In the gate it waits its turn.
+	gate chan struct{}
+
 	unlock func() error // releases the owner lock
 	lock   *pgLock      // PostgreSQL's lock connection; nil on SQLite
 	// epoch is the fencing epoch this store took with the lock
@@ -231,7 +241,7 @@ func (s *Store) openSQLite(ctx context.Context, path string) error {
 		_ = unlock()
 		return fmt.Errorf("store: open %s: %w", path, err)
 	}
-	s.db, s.unlock = db, unlock
+	s.db, s.unlock, s.gate = db, unlock, make(chan struct{}, 1)
 	return nil
 }
 
@@ -367,6 +377,19 @@ func (s *Store) run(ctx context.Context, readOnly bool, fn func(*Tx) error) erro
 			return s.lostErr
 		default:
 		}
+	}
+	if s.gate != nil {
+		wait := time.NewTimer(busyTimeout)
+		select {
+		case s.gate <- struct{}{}:
+			wait.Stop()
+		case <-ctx.Done():
+			wait.Stop()
+			return ctx.Err()
+		case <-wait.C:
+			return fmt.Errorf("%w: other transactions held the database for %s", ErrUnavailable, busyTimeout)
+		}
+		defer func() { <-s.gate }()
 	}
 	if s.txTimeout == 0 {
 		return classify(s.runTx(ctx, readOnly, fn))

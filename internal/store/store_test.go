@@ -384,6 +384,52 @@ func TestConcurrentWriters(t *testing.T) {
 	})
 }
 
+// A writer beside another's back-to-back transactions (a batch's jobs
+// written a chunk at a time) gets its turn after the one under way, not
+// after the whole run: SQLite's busy handler, polling with sleeps that
+// grow to 100 ms, missed every gap between them.
+func TestSQLiteWriterGetsInBetweenBackToBackTransactions(t *testing.T) {
+	s := open(t, backends[0].cfg(t))
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var hog sync.WaitGroup
+	hog.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := s.Update(ctx, func(tx *store.Tx) error {
+				time.Sleep(10 * time.Millisecond) // a chunk's inserts
+				_, err := tx.Append(store.AuditEntry{Actor: "queen", Action: "test.chunk", Target: fmt.Sprint(i)})
+				return err
+			}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	defer hog.Wait()
+	defer close(stop)
+	time.Sleep(30 * time.Millisecond)
+	var slowest time.Duration
+	for i := range 10 {
+		at := time.Now()
+		if err := s.Update(ctx, func(tx *store.Tx) error {
+			_, err := tx.Append(store.AuditEntry{Actor: "admin", Action: "test.write", Target: fmt.Sprint(i)})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		slowest = max(slowest, time.Since(at))
+	}
+	t.Logf("the slowest of 10 writes beside back-to-back 10 ms transactions waited %s", slowest)
+	if slowest > 300*time.Millisecond {
+		t.Errorf("a write beside back-to-back transactions waited %s", slowest)
+	}
+}
+
 func TestMigrationsAreRecorded(t *testing.T) {
 	eachBackend(t, func(t *testing.T, cfg store.Config) {
 		open(t, cfg).Close()
