@@ -318,7 +318,7 @@ func (c *controller) run(ctx context.Context) {
 						recheck = minPositive(recheck, swapRecheck)
 						return "", true
 					}
-					err = fmt.Errorf("%w; workers of other models hold the room it needs, busy (or loaded less than --min-residency %s ago on a device that swaps often), and did not come free within --swap-wait %s",
+					err = fmt.Errorf("%w; workers of other models hold the room it needs, busy (or loaded too recently on a device that swaps often: each stays as long as it took to load, at least --min-residency %s), and did not come free within --swap-wait %s",
 						err, c.s.cfg.MinResidency, c.s.cfg.SwapWait)
 				}
 			}
