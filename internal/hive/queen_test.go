@@ -559,7 +559,7 @@ func TestQueenWithoutStreamGetsPosts(t *testing.T) {
 
 // A hive started before its queen (nothing listens at --queen yet) tries
 // again soon, then less often: it registers within a second or so of the
-// queen serving, not at its next heartbeat (an hour here).
+// queen serving, not at its next heartbeat (10 s here, the default).
 func TestHiveStartedBeforeItsQueenRegistersSoonAfterIt(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -568,22 +568,22 @@ func TestHiveStartedBeforeItsQueenRegistersSoonAfterIt(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there until the queen starts
 	q := newFakeQueen(t, "tok")
+	srv := &http.Server{Handler: http.HandlerFunc(q.serve)}
+	t.Cleanup(func() { srv.Close() }) // after the hive has stopped (cleanups run last first)
 	startHive(t, func(c *Config) {
 		c.QueenURL = "http://" + addr
 		c.ClusterToken = "tok"
-		c.HeartbeatInterval = time.Hour
+		c.HeartbeatInterval = 10 * time.Second
 	})
 	time.Sleep(600 * time.Millisecond) // a few tries against no queen
 	ln, err = net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(q.serve)}
 	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close() })
 	up := time.Now()
 	q.until(t, "a registration", func() bool { return len(q.registers) == 1 })
 	if took := time.Since(up); took > 5*time.Second {
-		t.Errorf("registered %s after the queen served, with a heartbeat interval of an hour", took)
+		t.Errorf("registered %s after the queen served, with a heartbeat interval of 10s", took)
 	}
 }
