@@ -10,12 +10,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -29,17 +27,9 @@ var ErrUnreachable = errors.New("queen unreachable")
 // unreachable says that nothing answered at base, and why in the
 // network's words (connection refused, no such host, a timeout), once.
 func unreachable(base string, err error, hint bool) error {
-	why := err.Error()
-	var errno syscall.Errno
-	var dns *net.DNSError
-	var ne net.Error
-	switch {
-	case errors.As(err, &errno):
-		why = errno.Error()
-	case errors.As(err, &dns):
-		why = dns.Error()
-	case errors.As(err, &ne) && ne.Timeout():
-		why = "no answer in time"
+	why, ok := rpc.NetReason(err)
+	if !ok {
+		why = err.Error()
 	}
 	msg := ErrUnreachable.Error() + " at " + base + ": " + why
 	if hint {

@@ -9,12 +9,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/anthropic"
@@ -158,7 +156,7 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 		}
 		// Clients read this reason (a refusal names the last one): the
 		// network's words, not the worker's address.
-		return outcome{retry: true, verdict: verdictBroken, err: fmt.Errorf("worker %s did not answer: %s", l.cand.LifecycleID, netReason(err))}
+		return outcome{retry: true, verdict: verdictBroken, err: fmt.Errorf("worker %s did not answer: %s", l.cand.LifecycleID, workerNetReason(err))}
 	}
 	defer resp.Body.Close()
 	switch {
@@ -470,19 +468,11 @@ func probeHealth(ctx context.Context, hc *http.Client, uri string) error {
 	return err
 }
 
-// netReason is why a connection failed in the network's words
-// (connection refused, connection reset by peer, a timeout), without the
-// address it was to.
-func netReason(err error) string {
-	var errno syscall.Errno
-	var ne net.Error
-	switch {
-	case errors.As(err, &errno):
-		return errno.Error()
-	case errors.As(err, &ne) && ne.Timeout():
-		return "no answer in time"
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return "the connection closed"
+// workerNetReason is why a worker's connection failed, for clients: the
+// network's words, never its address.
+func workerNetReason(err error) string {
+	if why, ok := rpc.NetReason(err); ok {
+		return why
 	}
 	return "the connection failed"
 }

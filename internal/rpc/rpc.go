@@ -13,8 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"syscall"
 
 	"github.com/apiary-llm/apiary/internal/api"
 )
@@ -135,4 +137,25 @@ func WorkerHealth(ctx context.Context, hc *http.Client, uri string) (api.WorkerH
 	var h api.WorkerHealth
 	err := Do(ctx, hc, Call{URL: strings.TrimSuffix(uri, "/") + "/health", Out: &h, MaxAnswer: maxHealth})
 	return h, err
+}
+
+// NetReason says why a connection failed in the network's words —
+// connection refused, no such host, no answer in time, the connection
+// closed — without the address it was to; ok is false when err says none
+// of these.
+func NetReason(err error) (why string, ok bool) {
+	var errno syscall.Errno
+	var dns *net.DNSError
+	var ne net.Error
+	switch {
+	case errors.As(err, &errno):
+		return errno.Error(), true
+	case errors.As(err, &dns):
+		return dns.Error(), true
+	case errors.As(err, &ne) && ne.Timeout():
+		return "no answer in time", true
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "the connection closed", true
+	}
+	return "", false
 }

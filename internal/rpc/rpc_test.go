@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -66,5 +67,19 @@ func TestDo(t *testing.T) {
 	srv.Close()
 	if err := Do(t.Context(), hc, Call{URL: srv.URL + "/ok"}); !errors.Is(err, ErrUnreachable) {
 		t.Errorf("a closed server: %v", err)
+	}
+}
+
+// NetReason names a failed connection's cause without its address.
+func TestNetReason(t *testing.T) {
+	_, err := http.Get("http://127.0.0.1:1/")
+	if why, ok := NetReason(err); !ok || why != "connection refused" {
+		t.Errorf("refused: %q %v (from %v)", why, ok, err)
+	}
+	if why, ok := NetReason(fmt.Errorf("read: %w", io.ErrUnexpectedEOF)); !ok || why != "the connection closed" {
+		t.Errorf("EOF: %q %v", why, ok)
+	}
+	if _, ok := NetReason(errors.New("something else")); ok {
+		t.Error("an error that is no network failure has a reason")
 	}
 }
