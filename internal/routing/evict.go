@@ -96,11 +96,11 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 				continue
 			}
 			nLive++
-			if s.evictable(p.ID, w, model, now, patient) {
+			idle := s.evictable(p.ID, w, model, now, false)
+			if idle || patient && s.evictable(p.ID, w, model, now, true) {
 				_, last := s.router.usage(WorkerKey{Pool: p.ID, Worker: w.WorkerID})
 				cands = append(cands, victim{key: WorkerKey{Pool: p.ID, Worker: w.WorkerID}, lifecycleID: w.LifecycleID,
-					model: w.ModelRef, gpu: w.GPUDevice, bytes: w.VRAMBytes, last: last,
-					wait: patient && !s.evictable(p.ID, w, model, now, false)})
+					model: w.ModelRef, gpu: w.GPUDevice, bytes: w.VRAMBytes, last: last, wait: !idle})
 				takeable[w.WorkerID] = true
 			}
 		}
