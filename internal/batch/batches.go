@@ -110,12 +110,15 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 	b := store.Batch{ID: newID("batch_", now), Endpoint: req.Endpoint, InputFileID: file.ID, CompletionWindow: CompletionWindow,
 		Status: string(StatusValidating), Metadata: req.Metadata, CreatedAt: now, ExpiresAt: now.Add(completionWindow)}
 	if err := s.st.Update(r.Context(), func(tx *store.Tx) error {
+		// Counted with this one, in its transaction, the count locked
+		// first: two creations at once (on any queen of the database)
+		// cannot both take the last place.
+		if err := tx.LockBatchCount(); err != nil {
+			return err
+		}
 		if err := tx.PutBatch(b); err != nil {
 			return err
 		}
-		// Counted with this one, in its transaction: two creations at once
-		// cannot both take the last place (on SQLite; on PostgreSQL two
-		// transactions of the same instant may).
 		open, err := tx.CountBatches(openStatuses...)
 		if err != nil {
 			return err

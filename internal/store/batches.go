@@ -232,6 +232,28 @@ func (t *Tx) Batches(after string, limit int, statuses ...string) ([]Batch, erro
 	return queryAll(t, "list batches", scanBatch, q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
 }
 
+// batchCountLockKey is the transaction advisory lock that serializes,
+// on PostgreSQL, the transactions that count batches to bound them
+// ("batches" in ASCII).
+const batchCountLockKey = 0x62617463686573
+
+// LockBatchCount holds the batches' count until the transaction ends:
+// two transactions that each lock it, add a batch and count (to refuse
+// one past a bound) run one after the other, on every queen of the
+// database, so they cannot both take the last place. SQLite's write
+// transactions are serial already; on PostgreSQL a transaction advisory
+// lock does it (READ COMMITTED would let each count without the other's
+// row).
+func (t *Tx) LockBatchCount() error {
+	if t.s.dialect != Postgres {
+		return nil
+	}
+	if _, err := t.tx.ExecContext(t.ctx, "SELECT pg_advisory_xact_lock($1)", int64(batchCountLockKey)); err != nil {
+		return fmt.Errorf("store: lock the batches' count: %w", classifyPG(err))
+	}
+	return nil
+}
+
 // CountBatches counts the batches with one of statuses.
 func (t *Tx) CountBatches(statuses ...string) (int, error) {
 	args := make([]any, len(statuses))
