@@ -104,6 +104,11 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	row := store.BatchFile{ID: id, Purpose: PurposeBatch, Filename: filepath.Base(filename), Bytes: size, CreatedAt: now, ExpiresAt: s.expiry(now)}
 	if err := s.st.Update(r.Context(), func(tx *store.Tx) error {
+		// The count locked first, as a batch's creation does: two uploads
+		// at once cannot both take the last place.
+		if err := tx.LockBatchCount(); err != nil {
+			return err
+		}
 		if err := tx.PutBatchFile(row); err != nil {
 			return err
 		}

@@ -237,9 +237,9 @@ func (t *Tx) Batches(after string, limit int, statuses ...string) ([]Batch, erro
 // ("batches" in ASCII).
 const batchCountLockKey = 0x62617463686573
 
-// LockBatchCount holds the batches' count until the transaction ends:
-// two transactions that each lock it, add a batch and count (to refuse
-// one past a bound) run one after the other, on every queen of the
+// LockBatchCount holds the count of batches and of batch files until the
+// transaction ends: two transactions that each lock it, add a batch (or a
+// file) and count (to refuse one past a bound) run one after the other, on every queen of the
 // database, so they cannot both take the last place. SQLite's write
 // transactions are serial already; on PostgreSQL a transaction advisory
 // lock does it (READ COMMITTED would let each count without the other's
