@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -81,10 +80,7 @@ var errPoolHeld = errors.New("hive: another hive holds this pool id")
 
 func newQueenClient(h *Hive) *queenClient {
 	hc := transport.NewClient(nil, max(h.cfg.HeartbeatInterval, time.Second))
-	var bases []string
-	for _, u := range strings.Split(h.cfg.QueenURL, ",") {
-		bases = append(bases, strings.TrimSuffix(strings.TrimSpace(u), "/"))
-	}
+	bases, _ := transport.BaseURLs("", h.cfg.QueenURL) // checked by Config.Validate
 	instance := rand.Text()[:16]
 	return &queenClient{
 		instance: instance,
