@@ -37,6 +37,10 @@ func (f *fakeQueens) active(t *testing.T, name string) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.hit(name, r)
+		if r.URL.Path == "/health" {
+			api.WriteJSON(w, http.StatusOK, api.Health{Status: "ok"})
+			return
+		}
 		if r.Method == http.MethodPost {
 			api.WriteJSON(w, http.StatusCreated, api.AdminWorkerResponse{LifecycleID: "wk-" + name})
 			return
@@ -194,5 +198,35 @@ func TestQueensMalformedListIsUsageError(t *testing.T) {
 		if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: got %v, want a usage error with %q", list, err, want)
 		}
+	}
+}
+
+// `apiary infer` with a list asks the active queen (persistent mode);
+// with queens that all stand by it starts no queen of its own beside
+// them; with none answering it is ephemeral mode.
+func TestInferDetectFollowsTheActiveQueen(t *testing.T) {
+	f := &fakeQueens{}
+	active := f.active(t, "a")
+	s := f.standby(t, "s", &active)
+	detect := func(list string) (string, string, error) {
+		k, err := NewInfer(InferConfig{QueenURL: list, Model: "tiny", Prompt: "hi"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k.detect(t.Context())
+	}
+	if mode, url, err := detect(refusing(t) + "," + s); err != nil || mode != ModePersistent || url != active {
+		t.Errorf("refused, standby: %s at %q, %v; want persistent at %s", mode, url, err, active)
+	}
+	none := ""
+	s2 := f.standby(t, "s2", &none)
+	if mode, _, err := detect(s2); !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), "--ephemeral") {
+		t.Errorf("a standby only: %s, %v; want an error naming --ephemeral", mode, err)
+	}
+	if mode, _, err := detect(refusing(t) + "," + refusing(t)); err != nil || mode != ModeEphemeral {
+		t.Errorf("none answers: %s, %v; want ephemeral", mode, err)
+	}
+	if _, err := NewInfer(InferConfig{QueenURL: active + ",", Model: "tiny", Prompt: "hi"}); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "element 2 is empty") {
+		t.Errorf("malformed list: %v", err)
 	}
 }
