@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,11 +80,13 @@ func standbyAnswer(status int, h http.Header, body []byte) *errStandby {
 const codeNotActive = "not_active_queen"
 
 // notSent reports whether err says the request never left: the connection
-// could not be made (refused, no such host, no route), so no queen can
-// have carried it out.
+// could not be made (refused, no such host, no route) or its TLS
+// handshake failed, so no queen can have carried it out.
 func notSent(err error) bool {
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	var cve *tls.CertificateVerificationError
+	var rhe tls.RecordHeaderError
+	return errors.As(err, &op) && op.Op == "dial" || errors.As(err, &cve) || errors.As(err, &rhe)
 }
 
 // tried is one queen a call went to, and why it went on.

@@ -98,12 +98,17 @@ func refusing(t *testing.T) string {
 func TestQueensRefusedIsSkippedForEveryRequest(t *testing.T) {
 	f := &fakeQueens{}
 	down, a := refusing(t), f.active(t, "a")
+	// A queen whose certificate this keeper does not trust: the handshake
+	// fails before the request is sent.
+	untrusted := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f.hit("untrusted", r) }))
+	t.Cleanup(untrusted.Close)
 	c := NewClient(down+","+a, "", "")
 	if _, err := c.Workers(t.Context(), WorkerFilter{}); err != nil {
 		t.Fatalf("list: %v", err)
 	}
-	// A POST too: a refused connection sent nothing.
-	c = NewClient(down+","+a, "", "")
+	// A POST too: a refused connection or a failed handshake sent
+	// nothing.
+	c = NewClient(down+","+untrusted.URL+","+a, "", "")
 	if got, err := c.StartWorker(t.Context(), "tiny", "", nil, "test"); err != nil || got.LifecycleID != "wk-a" {
 		t.Fatalf("start: %+v, %v", got, err)
 	}
