@@ -189,13 +189,18 @@ func (qs *queens) noActive(done []tried, hint bool) error {
 	}
 	parts := make([]string, len(done))
 	var errs []error
+	standby := false
 	for i, d := range done {
 		parts[i] = d.String()
 		errs = append(errs, d.err)
+		standby = standby || errors.As(d.err, new(*errStandby))
 	}
 	msg := fmt.Sprintf("%s: no active queen answers at --queen %s (tried %s)", ErrUnreachable, qs.list, strings.Join(parts, "; "))
-	if hint {
+	switch {
+	case hint && standby:
 		msg += "; a standby takes over within seconds of the active queen's end: try again, or point --queen / APIARY_QUEEN at the active queen"
+	case hint:
+		msg += " (start one with `apiary queen`, or point --queen / APIARY_QUEEN at one)"
 	}
 	return &unreachableError{msg: msg, err: errors.Join(errs...)}
 }

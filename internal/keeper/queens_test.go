@@ -168,10 +168,15 @@ func TestQueensAllDownNamesEveryQueenAndWhy(t *testing.T) {
 		s2 + ": a standby; the active queen is " + gone,
 		gone + ": connection refused",
 		"no active queen answers at --queen " + down + "," + s + "," + s2,
+		"a standby takes over within seconds",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
+	}
+	_, err = NewClient(down+","+gone, "", "").Workers(t.Context(), WorkerFilter{})
+	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), gone+": connection refused") || !strings.Contains(err.Error(), "start one with `apiary queen`") {
+		t.Errorf("no queen answers: got %v", err)
 	}
 }
 
