@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"time"
 
@@ -101,9 +100,9 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 	if file.Purpose != PurposeBatch {
 		return openai.Invalid("input_file_id", "file %s has purpose %s, not batch", file.ID, file.Purpose)
 	}
-	f, err := os.Open(s.path(file.ID))
+	f, err := s.files.open(r.Context(), file)
 	if err != nil {
-		return fmt.Errorf("batch: the bytes of file %s: %w", file.ID, err)
+		return err
 	}
 	defer f.Close()
 	now := time.Now()

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -81,10 +82,7 @@ var errPoolHeld = errors.New("hive: another hive holds this pool id")
 
 func newQueenClient(h *Hive) *queenClient {
 	hc := transport.NewClient(nil, max(h.cfg.HeartbeatInterval, time.Second))
-	var bases []string
-	for _, u := range strings.Split(h.cfg.QueenURL, ",") {
-		bases = append(bases, strings.TrimSuffix(strings.TrimSpace(u), "/"))
-	}
+	bases, _ := transport.BaseURLs("", h.cfg.QueenURL) // checked by Config.Validate
 	instance := rand.Text()[:16]
 	return &queenClient{
 		instance: instance,
@@ -104,15 +102,23 @@ func newQueenClient(h *Hive) *queenClient {
 // base is the URL of the queen spoken to now.
 func (q *queenClient) base() string { return q.bases[int(q.cur.Load())%len(q.bases)] }
 
-// follow moves to the next queen of the list after err from the current
-// one: no answer, or a standby's 503. With one queen it does nothing.
+// follow moves to another queen of the list after err from the current
+// one: no answer, or a standby's 503. A standby that names the active
+// queen (api.ActiveQueenHeader), one of the list, sends the hive there;
+// otherwise it goes to the next. With one queen it does nothing.
 func (q *queenClient) follow(err error) {
 	var qe *queenAnswer
 	if len(q.bases) < 2 || !(errors.Is(err, rpc.ErrUnreachable) || errors.As(err, &qe) && qe.status == http.StatusServiceUnavailable) {
 		return
 	}
 	from := q.base()
-	q.cur.Add(1)
+	next := int(q.cur.Load()) + 1
+	if qe != nil {
+		if i := slices.Index(q.bases, strings.TrimSuffix(qe.active, "/")); qe.active != "" && i >= 0 {
+			next = i
+		}
+	}
+	q.cur.Store(int32(next % len(q.bases)))
 	q.log.Info("following the queens: trying the next", "from", from, "to", q.base(), "err", err)
 }
 
@@ -401,6 +407,7 @@ type queenAnswer struct {
 	status  int
 	code    string
 	message string
+	active  string // a standby's api.ActiveQueenHeader: the active queen
 }
 
 func (e *queenAnswer) Error() string {
@@ -435,7 +442,7 @@ func (q *queenClient) postFor(ctx context.Context, path string, body, out any) e
 func (q *queenClient) answer(path string, err error) error {
 	var se *rpc.StatusError
 	if errors.As(err, &se) {
-		return &queenAnswer{path: path, status: se.Status, code: se.Code, message: se.Message}
+		return &queenAnswer{path: path, status: se.Status, code: se.Code, message: se.Message, active: se.Header.Get(api.ActiveQueenHeader)}
 	}
 	return err
 }

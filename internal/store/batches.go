@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// BatchFile is a file of the OpenAI Batch API: its bytes live in the
-// queen's data dir, the row says what they are.
+// BatchFile is a file of the OpenAI Batch API: the row says what it is;
+// its bytes live in the database on PostgreSQL (PutBatchFileContent), in
+// the queen's data dir on SQLite.
 type BatchFile struct {
 	ID        string
 	Purpose   string // batch, batch_output, batch_error
@@ -108,8 +109,12 @@ func (t *Tx) BatchFiles(purpose, after string, limit int) ([]BatchFile, error) {
 	return queryAll(t, "list files", scanBatchFile, q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
 }
 
-// DeleteBatchFile removes a file row; ErrNotFound when there is none.
+// DeleteBatchFile removes a file row, and its content in the database
+// (PutBatchFileContent) when it has any; ErrNotFound when there is no row.
 func (t *Tx) DeleteBatchFile(id string) error {
+	if _, err := t.exec("DELETE FROM batch_file_chunks WHERE file_id = ?", id); err != nil {
+		return fmt.Errorf("store: delete the content of file %s: %w", id, err)
+	}
 	res, err := t.exec("DELETE FROM batch_files WHERE id = ?", id)
 	if err != nil {
 		return fmt.Errorf("store: delete file %s: %w", id, err)
