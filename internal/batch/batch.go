@@ -185,6 +185,13 @@ type Service struct {
 	cancelled chan string
 	done      chan jobDone // the dispatcher's jobs report here
 	ends      chan *jobEnd // the jobs' ends, to the writer
+	// recovered is closed once Run has cleaned up after the queen's last
+	// end (batches whose creation it cut short removed): creations wait
+	// for it, so that the clean-up never takes a batch this queen is
+	// creating for a client that will be answered 200.
+	recovered   chan struct{}
+	recoverOnce sync.Once
+	recoverErr  error // why the clean-up failed; set before recovered is closed
 
 	mu sync.Mutex
 	// withdrawals holds, by batch with jobs under way, what takes those
@@ -260,7 +267,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	files := contents{dir: cfg.Dir, st: cfg.Store, inDB: cfg.Store.Dialect() == store.Postgres}
 	return &Service{cfg: cfg, st: cfg.Store, files: files, log: cfg.Logger.With("component", "batch"),
-		wake: make(chan struct{}, 1), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}, withdrawn: map[string]bool{}}, nil
+		wake: make(chan struct{}, 1), recovered: make(chan struct{}), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}, withdrawn: map[string]bool{}}, nil
 }
 
 // signal wakes the dispatcher; it never blocks.

@@ -72,11 +72,22 @@ const (
 // the batch goes in_progress with its audit entry (batch.created) in one
 // transaction. A creation that fails on the way (a line refused, the
 // client gone, the store) removes what it wrote; one cut short by the
-// queen's end is removed by the next start (Run).
+// queen's end is removed by the next start (Run), which creations wait
+// for.
 func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 	body, err := openai.ReadBody(w, r, 1<<20)
 	if err != nil {
 		return err
+	}
+	// The start's clean-up first: it removes the batches left validating,
+	// and this one will be, for a moment.
+	select {
+	case <-s.recovered:
+	case <-r.Context().Done():
+		return r.Context().Err()
+	}
+	if s.recoverErr != nil {
+		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "batches_unavailable", Message: s.recoverErr.Error() + "; the queen's log says more"}
 	}
 	var req batchRequest
 	if err := json.Unmarshal(body, &req); err != nil {

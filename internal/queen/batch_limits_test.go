@@ -529,9 +529,14 @@ func testBatchLastPlaceTakenOnce(t *testing.T, be backend) {
 	w := newScriptWorker(t, func(w http.ResponseWriter, r *http.Request, content string) {
 		<-r.Context().Done() // the created batch stays open
 	})
-	_, client := batchQueenOn(t, be, w, func(c *Config) {
+	x, client := batchQueenOn(t, be, w, func(c *Config) {
 		c.Batch = batch.Config{MaxOpenBatches: 1, MaxFiles: 64}
 	})
+	defer func() {
+		if t.Failed() {
+			t.Logf("queen logs:\n%s", x.logs.String())
+		}
+	}()
 	const n = 12
 	files := make([]string, n)
 	for i := range files {
