@@ -200,7 +200,7 @@ func TestProcessQueenFailover(t *testing.T) {
 	var served []time.Time
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for range 4 {
+	for range 8 {
 		wg.Go(func() {
 			for {
 				select {
@@ -273,6 +273,10 @@ func TestProcessQueenFailover(t *testing.T) {
 		if err != nil || len(rows) != 1 || rows[0].ID != started.LifecycleID || rows[0].Status != "RUNNING" || *rows[0].PID != *before[0].PID {
 			t.Fatalf("round %d: rows after the takeover: %+v, %v; want %s RUNNING, pid %d (not restarted)", round, rows, err, started.LifecycleID, *before[0].PID)
 		}
+		// The row's process is the one that runs.
+		if err := syscall.Kill(*rows[0].PID, 0); err != nil {
+			t.Fatalf("round %d: the RUNNING row's process %d: %v", round, *rows[0].PID, err)
+		}
 		queens[old] = startStandby(old, urls[next])
 		active = next
 		if round == 0 {
@@ -307,5 +311,26 @@ func TestProcessQueenFailover(t *testing.T) {
 	}
 	if len(entries) != rounds {
 		t.Errorf("%d queen.takeover entries in the audit after %d rounds", len(entries), rounds)
+	}
+	// No lifecycle transition is on record twice (a queen that took over
+	// applying again what the other had).
+	all, err := keeper.NewClient(urls[active], "", "").AuditQuery(t.Context(), keeper.AuditFilter{Limit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int64{}
+	for _, e := range all {
+		from, to := e.Metadata["from"], e.Metadata["to"]
+		if from == nil || to == nil {
+			continue
+		}
+		key := fmt.Sprintf("%s %v→%v", e.Target, from, to)
+		if id, twice := seen[key]; twice {
+			t.Errorf("transition %s audited twice: entries %d and %d", key, id, e.ID)
+		}
+		seen[key] = e.ID
+	}
+	if len(seen) == 0 {
+		t.Errorf("no lifecycle transition in the audit of %d entries", len(all))
 	}
 }
