@@ -24,10 +24,12 @@ import (
 // offline (its rows FAILED) and the node gets a new hive at once. A hive
 // that answers is left alone and asked again shortly, until it registers
 // here (then it is an operator's: external) or ends (then the node gets
-// one), for as long as the lease the pool was loaded with runs (a
-// heartbeat timeout: the previous queen's hive has ended by then, on its
-// own lease); after that the fleet starts the node's hive as for any pool
-// whose lease ran out. The fleet never stops a hive it did not start.
+// one), for at most a heartbeat timeout plus --hive-stop-timeout after
+// the queen started: the previous queen's hive has ended by then (its
+// lease is a heartbeat timeout, and its cascade is what the queen allows
+// a hive for it); after that the fleet starts the node's hive as for any
+// pool whose lease ran out. The fleet never stops a hive it did not
+// start.
 
 // holder is what the fleet does about the node's pool before it starts
 // the node's hive.
@@ -45,10 +47,10 @@ const (
 	// holderGone: nothing listens at the endpoint of a pool that has not
 	// spoken to this queen; take the pool offline, then start a hive.
 	holderGone
-	// holderWait: a hive answers at the endpoint of a pool whose loaded
-	// lease runs but has not spoken to this queen (the previous queen's,
-	// on its way out, or an operator's not yet registered here); leave
-	// it alone, ask again.
+	// holderWait: a hive answers at the endpoint (or the endpoint does
+	// not answer in time) but has not spoken to this queen (the previous
+	// queen's, on its way out, or an operator's not yet registered here);
+	// leave it alone, ask again.
 	holderWait
 )
 
@@ -74,9 +76,12 @@ func answerOf(err error) answer {
 }
 
 // holderOf decides who holds pool p (ok: the queen knows it) for a fleet
-// that started at since, given what its endpoint answered (notAsked
-// first; holderAsk says to ask and decide again). It is pure.
-func holderOf(p registry.Pool, ok bool, since time.Time, a answer) holder {
+// that started at since, at now, given what its endpoint answered
+// (notAsked first; holderAsk says to ask and decide again). A hive that
+// has not spoken to this queen is waited for while the pool's loaded
+// lease runs and, after that, until patience after since: a previous
+// queen's hive ends within its lease and its cascade. It is pure.
+func holderOf(p registry.Pool, ok bool, since, now time.Time, patience time.Duration, a answer) holder {
 	if !ok || p.Status == registry.Offline || p.Endpoint == "" {
 		return holderNone
 	}
@@ -94,11 +99,11 @@ func holderOf(p registry.Pool, ok bool, since time.Time, a answer) holder {
 		return holderAsk
 	case a == refused:
 		return holderGone
-	case live:
+	case live || now.Before(since.Add(patience)):
 		return holderWait
 	}
-	// The lease it was loaded with ran out: the previous queen's hive has
-	// ended by now (its own lease is as long), and whatever answers
-	// there is no hive of this pool's.
+	// Whatever answers there so long after is no previous queen's hive
+	// on its way out: start the node's as for any pool whose lease ran
+	// out.
 	return holderNone
 }

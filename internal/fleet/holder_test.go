@@ -21,6 +21,8 @@ import (
 func TestHolderOf(t *testing.T) {
 	since := time.Date(2026, 11, 27, 20, 0, 0, 0, time.UTC)
 	before, after := since.Add(-time.Minute), since.Add(time.Second)
+	const patience = 30 * time.Second // heartbeat timeout + hive stop timeout
+	soon, late := since.Add(5*time.Second), since.Add(patience+time.Second)
 	pool := func(status registry.Status, registered, beat time.Time) registry.Pool {
 		return registry.Pool{ID: "n1", Endpoint: "http://10.0.0.2:9200", Status: status, RegisteredAt: registered, LastHeartbeatAt: beat}
 	}
@@ -28,25 +30,30 @@ func TestHolderOf(t *testing.T) {
 		name string
 		p    registry.Pool
 		ok   bool
+		now  time.Time
 		a    answer
 		want holder
 	}{
-		{"unknown pool", registry.Pool{}, false, notAsked, holderNone},
-		{"offline", pool(registry.Offline, before, before), true, notAsked, holderNone},
-		{"no endpoint", registry.Pool{ID: "n1", Status: registry.Healthy}, true, notAsked, holderNone},
-		{"registered here, healthy", pool(registry.Healthy, after, after), true, notAsked, holderExternal},
-		{"beat here, draining", pool(registry.Draining, before, after), true, notAsked, holderExternal},
-		{"registered here, lease ran out", pool(registry.Unhealthy, after, after), true, notAsked, holderNone},
-		{"loaded healthy: ask", pool(registry.Healthy, before, before), true, notAsked, holderAsk},
-		{"loaded unhealthy: ask", pool(registry.Unhealthy, before, before), true, notAsked, holderAsk},
-		{"loaded healthy, refused", pool(registry.Healthy, before, before), true, refused, holderGone},
-		{"loaded unhealthy, refused", pool(registry.Unhealthy, before, before), true, refused, holderGone},
-		{"loaded healthy, answered", pool(registry.Healthy, before, before), true, answered, holderWait},
-		{"loaded unhealthy, answered", pool(registry.Unhealthy, before, before), true, answered, holderNone},
-		{"loaded healthy, no answer", pool(registry.Healthy, before, before), true, noAnswer, holderWait},
-		{"loaded unhealthy, no answer", pool(registry.Unhealthy, before, before), true, noAnswer, holderNone},
+		{"unknown pool", registry.Pool{}, false, soon, notAsked, holderNone},
+		{"offline", pool(registry.Offline, before, before), true, soon, notAsked, holderNone},
+		{"no endpoint", registry.Pool{ID: "n1", Status: registry.Healthy}, true, soon, notAsked, holderNone},
+		{"registered here, healthy", pool(registry.Healthy, after, after), true, soon, notAsked, holderExternal},
+		{"beat here, draining", pool(registry.Draining, before, after), true, soon, notAsked, holderExternal},
+		{"registered here, lease ran out", pool(registry.Unhealthy, after, after), true, soon, notAsked, holderNone},
+		{"loaded healthy: ask", pool(registry.Healthy, before, before), true, soon, notAsked, holderAsk},
+		{"loaded unhealthy: ask", pool(registry.Unhealthy, before, before), true, soon, notAsked, holderAsk},
+		{"loaded healthy, refused", pool(registry.Healthy, before, before), true, soon, refused, holderGone},
+		{"loaded unhealthy, refused", pool(registry.Unhealthy, before, before), true, soon, refused, holderGone},
+		{"loaded healthy, answered", pool(registry.Healthy, before, before), true, soon, answered, holderWait},
+		{"loaded unhealthy, answered", pool(registry.Unhealthy, before, before), true, soon, answered, holderWait},
+		{"loaded unhealthy, answered, past patience", pool(registry.Unhealthy, before, before), true, late, answered, holderNone},
+		{"loaded healthy, answered, past patience", pool(registry.Healthy, before, before), true, late, answered, holderWait},
+		{"loaded healthy, no answer", pool(registry.Healthy, before, before), true, soon, noAnswer, holderWait},
+		{"loaded unhealthy, no answer", pool(registry.Unhealthy, before, before), true, soon, noAnswer, holderWait},
+		{"loaded unhealthy, no answer, past patience", pool(registry.Unhealthy, before, before), true, late, noAnswer, holderNone},
+		{"loaded unhealthy, refused, past patience", pool(registry.Unhealthy, before, before), true, late, refused, holderGone},
 	} {
-		if got := holderOf(tc.p, tc.ok, since, tc.a); got != tc.want {
+		if got := holderOf(tc.p, tc.ok, since, tc.now, patience, tc.a); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}

@@ -147,8 +147,10 @@ const (
 // operator's hive serves it; the stop's error when the queen stops the
 // node meanwhile. While a hive that has not spoken to this queen answers
 // at the pool's endpoint (the previous queen's, stopping with its
-// lifeline) it waits, asking again every pingEvery.
+// lifeline) it waits, asking again every pingEvery, for at most a
+// heartbeat timeout plus the hive stop timeout after the queen started.
 func (h *ownedHive) awaitPool() error {
+	patience := h.f.cfg.HeartbeatTimeout + h.f.cfg.HiveStopTimeout
 	var waitedSince time.Time
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -159,11 +161,12 @@ func (h *ownedHive) awaitPool() error {
 		case <-t.C:
 		}
 		p, ok := h.f.queen.Pool(h.spec.name)
-		d := holderOf(p, ok, h.f.started, notAsked)
+		d := holderOf(p, ok, h.f.started, time.Now(), patience, notAsked)
 		if d == holderAsk {
 			ctx, cancel := context.WithTimeout(h.ctx, pingTimeout)
-			d = holderOf(p, ok, h.f.started, answerOf(h.f.queen.PingHive(ctx, p.Endpoint)))
+			a := answerOf(h.f.queen.PingHive(ctx, p.Endpoint))
 			cancel()
+			d = holderOf(p, ok, h.f.started, time.Now(), patience, a)
 		}
 		switch d {
 		case holderExternal:
@@ -171,11 +174,6 @@ func (h *ownedHive) awaitPool() error {
 			h.set(api.HiveExternal, msg, nil)
 			h.log.Info("a hive the queen did not start serves the node's pool; not starting one", "pool_id", p.ID, "endpoint", p.Endpoint)
 			return errExternal
-		case holderGone:
-			h.log.Info("nothing answers at the endpoint of the node's pool, which has not spoken to this queen: its hive is gone; starting one",
-				"pool_id", p.ID, "endpoint", p.Endpoint, "status", string(p.Status))
-			h.f.deregister(p.ID, fmt.Sprintf("nothing answers at %s: the hive that held the pool before this queen started is gone", p.Endpoint))
-			return nil
 		case holderWait:
 			if waitedSince.IsZero() {
 				waitedSince = time.Now()
@@ -186,13 +184,18 @@ func (h *ownedHive) awaitPool() error {
 					"pool_id", p.ID, "endpoint", p.Endpoint)
 			}
 			t.Reset(pingEvery)
-		default:
-			if !waitedSince.IsZero() {
-				h.log.Info("the hive that answered for the node's pool is gone", "pool_id", p.ID, "waited", time.Since(waitedSince).Round(time.Millisecond).String())
-				h.set(api.HiveConnecting, "", nil)
-			}
-			return nil
+			continue
+		case holderGone:
+			h.log.Info("nothing answers at the endpoint of the node's pool, which has not spoken to this queen: its hive is gone",
+				"pool_id", p.ID, "endpoint", p.Endpoint, "status", string(p.Status))
+			h.f.deregister(p.ID, fmt.Sprintf("nothing answers at %s: the hive that held the pool before this queen started is gone", p.Endpoint))
 		}
+		if !waitedSince.IsZero() {
+			h.log.Info("starting the node's hive after waiting for the one that answered", "pool_id", p.ID,
+				"waited", time.Since(waitedSince).Round(time.Millisecond).String())
+			h.set(api.HiveConnecting, "", nil)
+		}
+		return nil
 	}
 }
 
