@@ -38,23 +38,27 @@ const failoverHeartbeat = 3 * time.Second
 const failoverStopGrace = 5 * time.Second
 
 // A node's hive across takeovers: two queen processes on one PostgreSQL
-// database, the active one with an SSH node (n1, node 1) whose hive it
-// started, and an operator's hive on node 2 (pool op, given both queens,
-// with a worker). Each round starts a worker on n1, freezes it (SIGSTOP:
-// the old hive's cascade then takes seconds), then ends the active
-// queen — SIGKILL in the first round, its database session terminated
-// (pg_terminate_backend) while it runs in the second — and the standby
-// takes over. Then, within a bound: the old queen's hive and worker are
-// gone from node 1; node 1 runs exactly one hive, started by the new
-// active (its --queen is the new active's URL, its ssh session is the new
-// active's child, `nodes ls` there says running, pool n1 is healthy
-// there); no worker runs on node 1 and no row of n1 is live (the old
-// worker's row ended); the new active found the old hive still
-// answering and waited: it never started a hive while the old one still
-// ran (no "address already in use" retry) nor took the old one for an
-// operator's (external); the operator's hive and worker run on,
-// their row RUNNING; the audit has one queen.takeover a round. The ended
-// queen comes back as the standby for the next round.
+// database (--heartbeat-timeout 3s, --unhealthy-grace 1s), the active one
+// with an SSH node (n1, node 1) whose hive it started, and an operator's
+// hive on node 2 (pool op, given both queens, with a worker). Each round
+// starts a worker on n1, freezes it (SIGSTOP: the old hive's cascade then
+// takes failoverStopGrace), then ends the active queen — SIGKILL in the
+// first round, its database session terminated (pg_terminate_backend)
+// while it runs in the second, when its /health must answer 503 while it
+// stops its hive — and the standby takes over. Then: the old queen's hive
+// and worker are gone from node 1; node 1 runs exactly one hive, started
+// by the new active (its --queen is the new active's URL, its ssh session
+// is the new active's child, `nodes ls` there says running, pool n1
+// registered there since the takeover and healthy); no worker runs on
+// node 1 and no row of n1 is live (the old worker's row ended); node 1
+// never ran two hives at once, and the new active started its hive within
+// half a heartbeat timeout of the old one's end, having found the old hive
+// still answering and waited (no "address already in use" retry, no
+// "external" verdict); the operator's hive and worker run on, their row
+// RUNNING (with a 1 s grace the new active would write them off while the
+// stepped-down queen still took the hive's beats); the audit has one
+// queen.takeover a round. The ended queen comes back as the standby for
+// the next round.
 func TestProcessQueenFailoverSSHNode(t *testing.T) {
 	nodes := sshNodes.Get(t)
 	u, err := pg.NewDatabase(t.Context())
