@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -149,7 +150,7 @@ func TestProcessQueenFailoverSSHNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Watch node 1 from now on: the most hives it ran at once.
-		watch := watchHives(nodes, 1)
+		watch := watchHives(t, nodes, 1)
 		var from time.Time
 		if cut {
 			killQueenLock(t, u)
@@ -290,13 +291,18 @@ func nodeProcs(t *testing.T, nodes *testnodes.Nodes, i int, role string) []testn
 }
 
 // watchHives counts the hives on node i every 20 ms until the returned
-// function is called, which returns the most it saw at once.
-func watchHives(nodes *testnodes.Nodes, i int) func() int {
-	stop, done := make(chan struct{}), make(chan int)
-	go func() {
-		most := 0
-		t := time.NewTicker(20 * time.Millisecond)
-		defer t.Stop()
+// function is called (or the test ends), which returns the most it saw
+// at once.
+func watchHives(t *testing.T, nodes *testnodes.Nodes, i int) func() int {
+	stop := make(chan struct{})
+	most := 0 // written by the watcher until it returns
+	var wg sync.WaitGroup
+	var once sync.Once
+	end := func() { once.Do(func() { close(stop); wg.Wait() }) }
+	t.Cleanup(end)
+	wg.Go(func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
 		for {
 			n := 0
 			if ps, err := nodes.Apiary(i); err == nil {
@@ -309,13 +315,12 @@ func watchHives(nodes *testnodes.Nodes, i int) func() int {
 			most = max(most, n)
 			select {
 			case <-stop:
-				done <- most
 				return
-			case <-t.C:
+			case <-tick.C:
 			}
 		}
-	}()
-	return func() int { close(stop); return <-done }
+	})
+	return func() int { end(); return most }
 }
 
 // awaitDead waits until every pid is gone and returns how long after from
