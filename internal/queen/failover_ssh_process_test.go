@@ -232,6 +232,18 @@ func TestProcessQueenFailoverSSHNode(t *testing.T) {
 		if s, err := procs.ReadStat(ns[0].Hive.PID); err != nil || s.PPID != queens[next].PID() {
 			t.Errorf("round %d: n1's ssh session (pid %d) is not queen %d's child: %+v %v", round, ns[0].Hive.PID, next+1, s, err)
 		}
+		// On this side too, nothing of the old queen's is left: the one
+		// ssh to node 1 (its command line names the node's install dir)
+		// is the new active's session.
+		var sessions []int
+		for _, pid := range testbin.Matching(nodes.Marker(1) + "bin") {
+			if strings.HasPrefix(testbin.Cmdline(pid), "ssh ") {
+				sessions = append(sessions, pid)
+			}
+		}
+		if len(sessions) != 1 || sessions[0] != ns[0].Hive.PID {
+			t.Errorf("round %d: ssh processes to node 1: %v, want only queen %d's session %d", round, sessions, next+1, ns[0].Hive.PID)
+		}
 		for _, msg := range []string{"hive of the queen not running; will try again", "a hive the queen did not start serves the node's pool; not starting one"} {
 			if queens[next].logs.Has(msg, map[string]string{"node": "n1"}) {
 				t.Errorf("round %d: queen %d logged %q for n1", round, next+1, msg)
