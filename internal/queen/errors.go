@@ -27,7 +27,10 @@ var (
 	ErrWorkerUnreachable = openai.Sentinel(http.StatusBadGateway, "worker_unreachable", "queen: worker unreachable")
 	ErrModelConfigured   = openai.Sentinel(http.StatusConflict, "model_configured", "queen: the model's replicas are set in the model config")
 	ErrShuttingDown      = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "queen: shutting down")
-	errMethodNotAllowed  = openai.Sentinel(http.StatusMethodNotAllowed, "method_not_allowed", "queen: method not allowed")
+	// ErrSteppedDown: the queen lost the database's lock and answers as
+	// a standby (the standby's code) while it stops.
+	ErrSteppedDown      = openai.Sentinel(http.StatusServiceUnavailable, "standby", "queen: this queen stepped down (it lost the database's lock); another queen takes over")
+	errMethodNotAllowed = openai.Sentinel(http.StatusMethodNotAllowed, "method_not_allowed", "queen: method not allowed")
 )
 
 // HiveError is a hive's refusal, with the status and code it answered.
