@@ -31,7 +31,13 @@
 # each, nothing to keep in step on a node). The prefix holds:
 #   lib/      libllama.so, libllama-common.so, libggml.so, libggml-base.so,
 #             libggml-cpu-<level>.so (and libggml-cuda.so after `cuda`):
-#             what `make build` puts beside bin/apiary
+#             what `make build` puts beside bin/apiary. Its
+#             libllama-common.so is not llama.cpp's whole common library
+#             (a chat, download and argument toolkit of about fifty files,
+#             half the build's CPU time) but the part apiary calls, the
+#             JSON-schema-to-grammar converter, compiled from the same
+#             source files with everything it does not reach left out
+#             (grammar_lib); llama-server gets the whole one, in server/
 #   server/   llama-server with every library it loads beside it
 #   include/  llama.h, ggml's headers, common's json-schema-to-grammar.h
 #             and the headers it includes, ggml's private backend header
@@ -51,7 +57,7 @@ PREFIX=$CACHE/llama.cpp/nlc-$NLC_VERSION-${COMMIT:0:10}
 JOBS=${LLAMA_JOBS:-$(nproc)}
 # LAYOUT names the build's options and the prefix's layout below: change
 # it with them, so that a cache built otherwise is built again.
-LAYOUT=3
+LAYOUT=4
 # OPTIONS is the build's CMake configuration, the CUDA build's too, and
 # scripts/gpu-proof.sh's.
 . "$(dirname "${BASH_SOURCE[0]}")/llamacpp-options.sh"
@@ -148,23 +154,26 @@ build() {
     variants=ggml-cpu-$(host_level)
     # ggml's target depends on every CPU level; Unix Makefiles' target/fast
     # builds a target without its dependencies, built here first.
-    (cmake --build "$b" -j "$JOBS" --target ggml-base "$variants" cpp-httplib &&
-      for t in ggml llama llama-common-base llama-common; do make -C "$b" -j "$JOBS" "$t/fast" || exit 1; done) \
+    (cmake --build "$b" -j "$JOBS" --target ggml-base "$variants" &&
+      for t in ggml llama; do make -C "$b" -j "$JOBS" "$t/fast" || exit 1; done) \
       >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
   else
-    cmake --build "$b" -j "$JOBS" --target llama llama-common ggml \
+    cmake --build "$b" -j "$JOBS" --target llama ggml \
       >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
     variants=$(cmake --build "$b" --target help | grep -o 'ggml-cpu-[a-z0-9_]*' | sort -u)
   fi
   # shellcheck disable=SC2086
   cmake --build "$b" -j "$JOBS" --target $variants >>"$PREFIX/build.log" 2>&1 ||
     { tail -30 "$PREFIX/build.log" >&2; die "building the CPU backends failed (log: $PREFIX/build.log)"; }
+  grammar_lib "$b" >>"$PREFIX/build.log" 2>&1 ||
+    { tail -30 "$PREFIX/build.log" >&2; die "building the grammar converter failed (log: $PREFIX/build.log)"; }
   rm -rf "$PREFIX/lib" "$PREFIX/include" "$PREFIX/bin"
   mkdir -p "$PREFIX/lib" "$PREFIX/include"
   local f
-  for f in libllama.so libllama-common.so libggml.so libggml-base.so $(for v in $variants; do echo "lib$v.so"; done); do
+  for f in libllama.so libggml.so libggml-base.so $(for v in $variants; do echo "lib$v.so"; done); do
     cp "$b/bin/$f" "$PREFIX/lib/"
   done
+  cp "$b/grammar/libllama-common.so" "$PREFIX/lib/"
   cp "$PREFIX/src/include/llama.h" "$PREFIX/src/include/llama-cpp.h" "$PREFIX/include/" 2>/dev/null || cp "$PREFIX/src/include/llama.h" "$PREFIX/include/"
   cp "$PREFIX"/src/ggml/include/*.h "$PREFIX/include/"
   cp "$PREFIX/src/ggml/src/ggml-backend-impl.h" "$PREFIX/src/ggml/src/ggml-impl.h" "$PREFIX/src/ggml/src/ggml-common.h" "$PREFIX/include/" 2>/dev/null || true
@@ -173,6 +182,36 @@ build() {
   if [ "$LEVELS" = host ]; then touch "$PREFIX/built.$LAYOUT.host"; else touch "$PREFIX/built.$LAYOUT"; fi
   log "built in $((SECONDS - start))s: $PREFIX"
   echo "$PREFIX"
+}
+
+# grammar_lib builds $1/grammar/libllama-common.so: llama.cpp's
+# JSON-schema-to-grammar converter (common/json-schema-to-grammar.cpp and
+# the files it calls into), what apiary's binding uses of llama.cpp's
+# common library. The sources are compiled a function a section, and the
+# link keeps what the exported converter (json_schema_to_grammar,
+# common_json) reaches: the rest of common.cpp (sampling, logging,
+# downloads) and what only it needs are left out, and no symbol is left
+# undefined (--no-undefined).
+grammar_lib() {
+  local b=$1 src=$PREFIX/src out=$1/grammar f pids=()
+  rm -rf "$out"
+  mkdir -p "$out"
+  cat >"$out/exports.map" <<'MAP'
+{
+  global: extern "C++" { json_schema_to_grammar*; common_json::*; };
+  local: *;
+};
+MAP
+  for f in common json-schema-to-grammar json-schema json unicode trie; do
+    "${CXX:-c++}" -std=c++17 -O3 -DNDEBUG -fPIC -ffunction-sections -fdata-sections \
+      -I"$src/common" -I"$src/include" -I"$src/ggml/include" -I"$src/vendor" \
+      -c "$src/common/$f.cpp" -o "$out/$f.o" &
+    pids+=($!)
+    if [ "${#pids[@]}" -ge "$JOBS" ]; then wait "${pids[0]}" || return 1; pids=("${pids[@]:1}"); fi
+  done
+  for f in "${pids[@]}"; do wait "$f" || return 1; done
+  "${CXX:-c++}" -shared -o "$out/libllama-common.so" "$out"/*.o -Wl,--gc-sections -Wl,--version-script="$out/exports.map" \
+    -Wl,--no-undefined -Wl,--as-needed -Wl,-rpath,'$ORIGIN' -L"$b/bin" -lllama -lggml -lggml-base
 }
 
 # server builds llama-server in the same tree and puts it, with every
