@@ -253,7 +253,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	if cfg.Store == nil || cfg.Router == nil || cfg.Dir == "" {
-		return nil, fmt.Errorf("batch: Config.Store, Router and Dir are required")
+		return nil, fmt.Errorf("Config.Store, Router and Dir are required")
 	}
 	return &Service{cfg: cfg, st: cfg.Store, log: cfg.Logger.With("component", "batch"),
 		wake: make(chan struct{}, 1), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}, withdrawn: map[string]bool{}}, nil

@@ -103,7 +103,7 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	f, err := os.Open(s.path(file.ID))
 	if err != nil {
-		return fmt.Errorf("batch: the bytes of file %s: %w", file.ID, err)
+		return fmt.Errorf("the bytes of file %s: %w", file.ID, err)
 	}
 	defer f.Close()
 	now := time.Now()

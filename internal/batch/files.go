@@ -51,7 +51,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 		return openai.Invalid("file", "cannot read the multipart form: %v", err)
 	}
 	if err := os.MkdirAll(s.cfg.Dir, 0o700); err != nil {
-		return fmt.Errorf("batch: files dir: %w", err)
+		return fmt.Errorf("files dir: %w", err)
 	}
 	now := time.Now()
 	id := newID("file-", now)
@@ -92,7 +92,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	f, err := os.Open(tmp)
 	if err != nil {
-		return fmt.Errorf("batch: read the upload: %w", err)
+		return fmt.Errorf("read the upload: %w", err)
 	}
 	_, perr := ScanInput(f, s.inputLimits(), nil)
 	f.Close()
@@ -100,7 +100,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 		return perr
 	}
 	if err := os.Rename(tmp, s.path(id)); err != nil {
-		return fmt.Errorf("batch: keep the upload: %w", err)
+		return fmt.Errorf("keep the upload: %w", err)
 	}
 	row := store.BatchFile{ID: id, Purpose: PurposeBatch, Filename: filepath.Base(filename), Bytes: size, CreatedAt: now, ExpiresAt: s.expiry(now)}
 	if err := s.st.Update(r.Context(), func(tx *store.Tx) error {
@@ -121,7 +121,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 func (s *Service) copyPart(path string, part io.Reader) (int64, error) {
 	out, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
-		return 0, fmt.Errorf("batch: write the upload: %w", err)
+		return 0, fmt.Errorf("write the upload: %w", err)
 	}
 	n, err := io.Copy(out, io.LimitReader(part, s.cfg.MaxFileBytes+1))
 	if cerr := out.Close(); err == nil {
@@ -245,7 +245,7 @@ func (s *Service) getFileContent(w http.ResponseWriter, r *http.Request) error {
 	}
 	data, err := os.Open(s.path(f.ID))
 	if err != nil {
-		return fmt.Errorf("batch: the bytes of file %s: %w", f.ID, err)
+		return fmt.Errorf("the bytes of file %s: %w", f.ID, err)
 	}
 	defer data.Close()
 	w.Header().Set("Content-Type", "application/jsonl")

@@ -174,11 +174,11 @@ type resultFile struct {
 
 func newResultFile(path string) (*resultFile, error) {
 	if err := os.MkdirAll(strings.TrimSuffix(path, "/"+pathBase(path)), 0o700); err != nil {
-		return nil, fmt.Errorf("batch: files dir: %w", err)
+		return nil, fmt.Errorf("files dir: %w", err)
 	}
 	f, err := os.OpenFile(path+".tmp", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("batch: write results: %w", err)
+		return nil, fmt.Errorf("write results: %w", err)
 	}
 	return &resultFile{path: path, f: f, w: bufio.NewWriterSize(f, 64<<10)}, nil
 }
@@ -199,17 +199,17 @@ func (r *resultFile) keep(batchID, purpose, suffix string, now time.Time, expire
 		return nil, nil
 	}
 	if err := r.w.Flush(); err != nil {
-		return nil, fmt.Errorf("batch: write results: %w", err)
+		return nil, fmt.Errorf("write results: %w", err)
 	}
 	if err := r.f.Sync(); err != nil {
-		return nil, fmt.Errorf("batch: write results: %w", err)
+		return nil, fmt.Errorf("write results: %w", err)
 	}
 	if err := r.f.Close(); err != nil {
-		return nil, fmt.Errorf("batch: write results: %w", err)
+		return nil, fmt.Errorf("write results: %w", err)
 	}
 	r.f = nil
 	if err := os.Rename(r.path+".tmp", r.path); err != nil {
-		return nil, fmt.Errorf("batch: write results: %w", err)
+		return nil, fmt.Errorf("write results: %w", err)
 	}
 	id := strings.TrimSuffix(pathBase(r.path), ".jsonl")
 	return &store.BatchFile{ID: id, Purpose: purpose, Filename: batchID + suffix + ".jsonl", Bytes: r.bytes, CreatedAt: now, ExpiresAt: expires}, nil

@@ -25,7 +25,7 @@ func (c *Client) WorkerLogs(ctx context.Context, id string, q api.LogQuery, w io
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return fmt.Errorf("keeper: %w", err)
+		return err
 	}
 	if c.adminToken != "" {
 		req.Header.Set("Authorization", "Bearer "+c.adminToken)
@@ -46,7 +46,7 @@ func (c *Client) WorkerLogs(ctx context.Context, id string, q api.LogQuery, w io
 		if perr := ctx.Err(); perr != nil {
 			return perr
 		}
-		return fmt.Errorf("keeper: the log of %s broke off: %w", id, err)
+		return fmt.Errorf("the log of %s broke off: %w", id, err)
 	}
 	return nil
 }
