@@ -155,6 +155,9 @@ func ids(u *user.User) (int, int, error) {
 
 // ensureDir creates d (mode 0750) when missing, and gives it to the user
 // when this process is root; a directory that exists keeps its owner.
+// The parents it creates are 0755, as /var/lib is: the daemon's user
+// must pass through them (a 0750 /var/lib/apiary owned by root kept the
+// queen out of its own data directory under systemd).
 func (in Installer) ensureDir(d string, uid, gid int, root bool) error {
 	_, err := os.Stat(d)
 	switch {
@@ -164,7 +167,10 @@ func (in Installer) ensureDir(d string, uid, gid int, root bool) error {
 	case !errors.Is(err, fs.ErrNotExist):
 		return err
 	}
-	if err := os.MkdirAll(d, 0o750); err != nil {
+	if err := os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(d, 0o750); err != nil {
 		return err
 	}
 	if !root {

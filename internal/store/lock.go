@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,10 @@ func connectFailed(cfg *pgx.ConnConfig, err error) error {
 	why, ok := rpc.NetReason(err)
 	if !ok {
 		return fmt.Errorf("cannot connect to PostgreSQL: %w", err)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && cfg.ConnectTimeout > 0 {
+		why = fmt.Sprintf("no answer within %s (connect_timeout)", cfg.ConnectTimeout)
 	}
 	return &connectError{err: err, msg: fmt.Sprintf("cannot connect to PostgreSQL at %s:%d (user %s, database %s): %s; check that the server runs and that the database URL names it",
 		cfg.Host, cfg.Port, cfg.User, cfg.Database, why)}

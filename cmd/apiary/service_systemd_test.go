@@ -1,0 +1,263 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/queen"
+	"github.com/apiary-llm/apiary/internal/testbin"
+)
+
+// bootLimit bounds each step of the systemd test: the boot, one systemctl
+// call, the queen's start.
+const bootLimit = 60 * time.Second
+
+// TestProcessServiceInstallBootsUnderSystemd (issue #34): `apiary service
+// install queen`, run with its defaults from a binary under /tmp, works
+// under a real systemd as PID 1. systemd-nspawn boots this machine's own
+// root (a private bind of /, with --volatile=overlay: every write lands in
+// a tmpfs that goes with the container, so the host's /etc, /usr/local
+// and /var/lib stay as they are) in a network namespace of its own (the
+// unit's 127.0.0.1:8080 is the container's). In it the test runs the
+// install, then the systemctl line it prints, and wants the unit active,
+// GET /health 200 at the unit's address, and `systemctl stop` to leave it
+// inactive (not failed). It found that the data directory's parent was
+// created 0750 root:root, which kept the queen out of its data directory.
+//
+// Needs root (systemd-nspawn) and systemd-nspawn, nsenter, unshare and
+// curl (scripts/deps.sh installs systemd-container and curl).
+func TestProcessServiceInstallBootsUnderSystemd(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test boots systemd in a container with systemd-nspawn, which needs root: run it as root (CI does)")
+	}
+	nspawn, err := exec.LookPath("systemd-nspawn")
+	if err != nil {
+		t.Fatalf("this test boots systemd with systemd-nspawn (scripts/deps.sh installs systemd-container): %v", err)
+	}
+	for _, tool := range []string{"unshare", "nsenter", "curl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("this test needs %s (util-linux; curl: scripts/deps.sh): %v", tool, err)
+		}
+	}
+
+	// The binary and its libraries, under /tmp as in a checkout there; the
+	// container sees this directory at the same path (--bind-ro), since
+	// its own /tmp is a fresh tmpfs.
+	bin, err := filepath.EvalSymlinks(testbin.Path(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkout := tmpDir(t, "apiary-service-boot-")
+	libs, _ := filepath.Glob(filepath.Join(filepath.Dir(bin), "lib*.so"))
+	for _, src := range append(libs, bin) {
+		copyFile(t, src, filepath.Join(checkout, filepath.Base(src)))
+	}
+
+	c := bootSystemd(t, nspawn, checkout)
+
+	out, err := c.run("-a", filepath.Join(checkout, "apiary"), "service", "install", "queen")
+	if err != nil {
+		t.Fatalf("apiary service install queen: %v\n%s", err, out)
+	}
+	line := ""
+	for l := range strings.Lines(out) {
+		if strings.Contains(l, "systemctl enable --now") {
+			line = strings.TrimSpace(l)
+		}
+	}
+	if line != "systemctl daemon-reload && systemctl enable --now apiary-queen.service" {
+		t.Fatalf("install printed no systemctl line to run (or another one: %q):\n%s", line, out)
+	}
+	if out, err := c.run("-a", "sh", "-c", line); err != nil {
+		t.Fatalf("%s: %v\n%s\n%s", line, err, out, c.journal("apiary-queen.service"))
+	}
+	if state, _ := c.run("-a", "systemctl", "is-active", "apiary-queen.service"); state != "active" {
+		t.Fatalf("systemctl is-active apiary-queen.service: %q, want active\n%s", state, c.journal("apiary-queen.service"))
+	}
+
+	// Type=notify: enable --now returned once the queen said READY=1, so
+	// it answers now; no retry.
+	health := "http://" + queen.DefaultAddr + "/health"
+	out, err = c.run("-n", "curl", "-sS", "-m", "10", "-w", "\n%{http_code}", health)
+	if err != nil || !strings.HasSuffix(out, "\n200") || !strings.Contains(out, `"status":"ok"`) {
+		t.Fatalf("GET %s in the container: %v\n%s\n%s", health, err, out, c.journal("apiary-queen.service"))
+	}
+
+	if out, err := c.run("-a", "systemctl", "stop", "apiary-queen.service"); err != nil {
+		t.Fatalf("systemctl stop: %v\n%s", err, out)
+	}
+	if state, _ := c.run("-a", "systemctl", "is-active", "apiary-queen.service"); state != "inactive" {
+		t.Errorf("after systemctl stop: %q, want inactive\n%s", state, c.journal("apiary-queen.service"))
+	}
+}
+
+// container is a systemd booted by systemd-nspawn; pid is its PID 1 as
+// this machine sees it.
+type container struct {
+	t   *testing.T
+	pid string
+}
+
+// run runs a command in the container's namespaces: ns "-a" all of them
+// (systemctl talks to the container's systemd), "-n" its network alone
+// (a tool of this machine on the container's loopback).
+func (c *container) run(ns string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(c.t.Context(), bootLimit)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "nsenter", append([]string{"-t", c.pid, ns, "--"}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// journal is what the container's journal holds of unit, for a failure.
+func (c *container) journal(unit string) string {
+	out, _ := c.run("-a", "journalctl", "--no-pager", "-n", "40", "-u", unit)
+	return out
+}
+
+// bootSystemd boots systemd as PID 1 of a container over this machine's
+// root and waits until it is running; the test's end powers it off.
+// basic.target: the services this machine enables (a database, sshd) stay
+// off, the unit under test is started by hand.
+func bootSystemd(t *testing.T, nspawn, bindRO string) *container {
+	t.Helper()
+	// root is where / is bound, in the mount namespace of the container
+	// alone; it is removed with os.Remove, which takes an empty directory
+	// only (never RemoveAll: were the bind ever seen here, that would
+	// remove this machine's files).
+	root, err := os.MkdirTemp("/tmp", "apiary-nspawn-root-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(root); err != nil {
+			t.Errorf("remove the container's root mount point: %v", err)
+		}
+	})
+	name := "apiary-test-" + strconv.Itoa(os.Getpid())
+	logPath := filepath.Join(t.TempDir(), "console")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	console := func() string {
+		b, _ := os.ReadFile(logPath)
+		if len(b) > 4000 {
+			b = b[len(b)-4000:]
+		}
+		return string(b)
+	}
+	// unshare gives the bind of / a mount namespace of its own (gone with
+	// the container); sh then execs nspawn, so cmd's pid is nspawn's.
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", `mount --bind / "$0" && exec "$@"`, root,
+		nspawn, "--directory", root, "--volatile=overlay", "--private-network", "--bind-ro="+bindRO,
+		"--machine", name, "--register=no", "--keep-unit", "--console=passive", "--boot", "--", "systemd.unit=basic.target")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		// SIGTERM: nspawn asks the container's systemd to power off.
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(bootLimit):
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Errorf("the container did not power off within %s:\n%s", bootLimit, console())
+		}
+		// nspawn leaves its propagation directory behind when it runs
+		// without a systemd of its own.
+		os.RemoveAll(filepath.Join("/run/systemd/nspawn/propagate", name))
+	})
+
+	deadline := time.Now().Add(bootLimit)
+	c := &container{t: t}
+	for c.pid == "" {
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("systemd-nspawn exited before systemd booted: %v\n%s", err, console())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no systemd in the container within %s:\n%s", bootLimit, console())
+		}
+		// Up when its private socket is there (systemctl's way in); no
+		// event says when nspawn has forked or systemd has bound it.
+		if pid := childNamed(cmd.Process.Pid, "systemd"); pid != "" {
+			if _, err := os.Stat(filepath.Join("/proc", pid, "root", "run", "systemd", "private")); err == nil {
+				c.pid = pid
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	state, err := c.run("-a", "systemctl", "is-system-running", "--wait")
+	if state != "running" && state != "degraded" {
+		failed, _ := c.run("-a", "systemctl", "--failed", "--no-pager")
+		t.Fatalf("the container's systemd: %q (%v)\n%s\n%s", state, err, failed, console())
+	}
+	return c
+}
+
+// childNamed is the pid of a child of pid whose command is comm, or "".
+func childNamed(pid int, comm string) string {
+	p := strconv.Itoa(pid)
+	kids, err := os.ReadFile(filepath.Join("/proc", p, "task", p, "children"))
+	if err != nil {
+		return ""
+	}
+	for _, k := range strings.Fields(string(kids)) {
+		if c, err := os.ReadFile(filepath.Join("/proc", k, "comm")); err == nil && strings.TrimSpace(string(c)) == comm {
+			return k
+		}
+	}
+	return ""
+}
+
+// tmpDir is a directory under /tmp itself (not $TMPDIR), removed at the
+// test's end.
+func tmpDir(t *testing.T, pattern string) string {
+	t.Helper()
+	d, err := os.MkdirTemp("/tmp", pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.RemoveAll(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("remove %s: %v", d, err)
+		}
+	})
+	return d
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
