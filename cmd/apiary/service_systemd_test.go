@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/hive"
 	"github.com/apiary-llm/apiary/internal/queen"
 	"github.com/apiary-llm/apiary/internal/testbin"
 )
@@ -22,16 +23,27 @@ import (
 const bootLimit = 60 * time.Second
 
 // TestProcessServiceInstallBootsUnderSystemd (issue #34): `apiary service
-// install queen`, run with its defaults from a binary under /tmp, works
-// under a real systemd as PID 1. systemd-nspawn boots this machine's own
-// root (a private bind of /, with --volatile=overlay: every write lands in
-// a tmpfs that goes with the container, so the host's /etc, /usr/local
-// and /var/lib stay as they are) in a network namespace of its own (the
-// unit's 127.0.0.1:8080 is the container's). In it the test runs the
-// install, then the systemctl line it prints, and wants the unit active,
-// GET /health 200 at the unit's address, and `systemctl stop` to leave it
-// inactive (not failed). It found that the data directory's parent was
-// created 0750 root:root, which kept the queen out of its data directory.
+// install`, run from a binary under /tmp, works under a real systemd as
+// PID 1. systemd-nspawn boots this machine's own root (a private bind of
+// /, with --volatile=overlay: every write lands in a tmpfs that goes with
+// the container, so the host's /etc, /usr/local and /var/lib stay as they
+// are) in a network namespace of its own (the units' 127.0.0.1:8080 and
+// :9200 are the container's). In it:
+//
+//  1. `apiary service install queen --watchdog 2s`, then the systemctl
+//     line it prints: the unit is active as its own user and GET /health
+//     answers 200 at its address.
+//  2. `apiary service install hive --now`: active, registered at the
+//     queen; restarted with a model in its models directory, `apiary
+//     infer` gets an answer from a CPU worker that the sandboxed hive
+//     started; `systemctl stop` stops the hive with
+//     success and its worker with it (the row STOPPED, no process left).
+//  3. The queen stopped with SIGSTOP misses its watchdog pings: systemd
+//     kills it and starts it again, and it answers.
+//  4. `systemctl stop` leaves the queen inactive, not failed.
+//
+// It found that the data directory's parent was created 0750 root:root,
+// which kept the queen out of its data directory.
 //
 // Needs root (systemd-nspawn) and systemd-nspawn, nsenter, unshare and
 // curl (scripts/deps.sh installs systemd-container and curl).
@@ -61,13 +73,36 @@ func TestProcessServiceInstallBootsUnderSystemd(t *testing.T) {
 	for _, src := range append(libs, bin) {
 		copyFile(t, src, filepath.Join(checkout, filepath.Base(src)))
 	}
+	apiaryIn := filepath.Join(checkout, "apiary")
 
 	c := bootSystemd(t, nspawn, checkout)
-
-	out, err := c.run("-a", filepath.Join(checkout, "apiary"), "service", "install", "queen")
-	if err != nil {
-		t.Fatalf("apiary service install queen: %v\n%s", err, out)
+	must := func(args ...string) string {
+		t.Helper()
+		out, err := c.run("-a", args...)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s\n%s", strings.Join(args, " "), err, out, c.journal("apiary-queen.service", "apiary-hive.service"))
+		}
+		return out
 	}
+	active := func(unit, want string) {
+		t.Helper()
+		if state, _ := c.run("-a", "systemctl", "is-active", unit); state != want {
+			t.Fatalf("systemctl is-active %s: %q, want %s\n%s", unit, state, want, c.journal(unit))
+		}
+	}
+	// Type=notify: systemctl start returns once the daemon said READY=1,
+	// so it answers then; no retry.
+	health := func(addr string) {
+		t.Helper()
+		url := "http://" + addr + "/health"
+		out, err := c.run("-n", "curl", "-sS", "-m", "10", "-w", "\n%{http_code}", url)
+		if err != nil || !strings.HasSuffix(out, "\n200") || !strings.Contains(out, `"status":"ok"`) {
+			t.Fatalf("GET %s in the container: %v\n%s\n%s", url, err, out, c.journal("apiary-queen.service", "apiary-hive.service"))
+		}
+	}
+
+	// 1. The queen, as the install tells a person to start it.
+	out := must(apiaryIn, "service", "install", "queen", "--watchdog", "2s")
 	line := ""
 	for l := range strings.Lines(out) {
 		if strings.Contains(l, "systemctl enable --now") {
@@ -77,27 +112,68 @@ func TestProcessServiceInstallBootsUnderSystemd(t *testing.T) {
 	if line != "systemctl daemon-reload && systemctl enable --now apiary-queen.service" {
 		t.Fatalf("install printed no systemctl line to run (or another one: %q):\n%s", line, out)
 	}
-	if out, err := c.run("-a", "sh", "-c", line); err != nil {
-		t.Fatalf("%s: %v\n%s\n%s", line, err, out, c.journal("apiary-queen.service"))
+	must("sh", "-c", line)
+	active("apiary-queen.service", "active")
+	if user := must("systemctl", "show", "-P", "User", "apiary-queen.service"); user != "apiary" {
+		t.Errorf("the queen runs as %q, want the user apiary", user)
 	}
-	if state, _ := c.run("-a", "systemctl", "is-active", "apiary-queen.service"); state != "active" {
-		t.Fatalf("systemctl is-active apiary-queen.service: %q, want active\n%s", state, c.journal("apiary-queen.service"))
+	health(queen.DefaultAddr)
+
+	// 2. The hive with --now, a worker it starts in its sandbox, its stop.
+	must(apiaryIn, "service", "install", "hive", "--now")
+	active("apiary-hive.service", "active")
+	health(hive.DefaultAddr)
+	if pools := must(apiaryIn, "pools", "ls"); !strings.Contains(pools, "healthy") {
+		t.Fatalf("the hive is not registered at the queen:\n%s", pools)
+	}
+	// A model in the hive's models directory; the restart has the hive
+	// register again with it in its list.
+	must("sh", "-c", apiaryIn+" models testmodel /var/lib/apiary/models/tiny.gguf && chown apiary:apiary /var/lib/apiary/models/tiny.gguf")
+	must("systemctl", "restart", "apiary-hive.service")
+	if answer := must(apiaryIn, "infer", "--model", "tiny", "--prompt", "hi", "--max-tokens", "4"); strings.TrimSpace(answer) == "" {
+		t.Fatal("apiary infer under systemd: no answer")
+	}
+	must("systemctl", "stop", "apiary-hive.service")
+	active("apiary-hive.service", "inactive")
+	if result := must("systemctl", "show", "-P", "Result", "apiary-hive.service"); result != "success" {
+		t.Errorf("the hive's stop: Result=%s, want success\n%s", result, c.journal("apiary-hive.service"))
+	}
+	if rows := must(apiaryIn, "workers", "ls"); !strings.Contains(rows, "STOPPED") || strings.Contains(rows, "RUNNING") {
+		t.Errorf("after the hive's stop its worker's row is not STOPPED:\n%s", rows)
+	}
+	if left, err := c.run("-a", "pgrep", "-f", "apiary worker"); err == nil {
+		t.Errorf("a worker outlived its hive's stop: pids %s", left)
 	}
 
-	// Type=notify: enable --now returned once the queen said READY=1, so
-	// it answers now; no retry.
-	health := "http://" + queen.DefaultAddr + "/health"
-	out, err = c.run("-n", "curl", "-sS", "-m", "10", "-w", "\n%{http_code}", health)
-	if err != nil || !strings.HasSuffix(out, "\n200") || !strings.Contains(out, `"status":"ok"`) {
-		t.Fatalf("GET %s in the container: %v\n%s\n%s", health, err, out, c.journal("apiary-queen.service"))
+	// 3. The watchdog: a queen that stops answering is killed and started
+	// again (WatchdogSec=2, RestartSec=5).
+	pid := must("systemctl", "show", "-P", "MainPID", "apiary-queen.service")
+	must("kill", "-STOP", pid)
+	deadline := time.Now().Add(bootLimit)
+	for {
+		now := must("systemctl", "show", "-P", "MainPID", "apiary-queen.service")
+		state, _ := c.run("-a", "systemctl", "is-active", "apiary-queen.service")
+		if now != pid && now != "0" && state == "active" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stopped queen (pid %s) was not restarted within %s:\n%s", pid, bootLimit, c.journal("apiary-queen.service"))
+		}
+		time.Sleep(200 * time.Millisecond) // systemd's own timers: no event reaches the test
 	}
+	// The killed queen's goroutine dump (SIGABRT) fills the journal's
+	// tail: grep it for systemd's own line.
+	if out, err := c.run("-a", "journalctl", "--no-pager", "-u", "apiary-queen.service", "--grep", "Watchdog timeout"); err != nil {
+		t.Errorf("the restart was not the watchdog's: %v %s\n%s", err, out, c.journal("apiary-queen.service"))
+	}
+	if n := must("systemctl", "show", "-P", "NRestarts", "apiary-queen.service"); n != "1" {
+		t.Errorf("NRestarts=%s, want 1", n)
+	}
+	health(queen.DefaultAddr)
 
-	if out, err := c.run("-a", "systemctl", "stop", "apiary-queen.service"); err != nil {
-		t.Fatalf("systemctl stop: %v\n%s", err, out)
-	}
-	if state, _ := c.run("-a", "systemctl", "is-active", "apiary-queen.service"); state != "inactive" {
-		t.Errorf("after systemctl stop: %q, want inactive\n%s", state, c.journal("apiary-queen.service"))
-	}
+	// 4. A clean stop.
+	must("systemctl", "stop", "apiary-queen.service")
+	active("apiary-queen.service", "inactive")
 }
 
 // container is a systemd booted by systemd-nspawn; pid is its PID 1 as
@@ -117,9 +193,14 @@ func (c *container) run(ns string, args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// journal is what the container's journal holds of unit, for a failure.
-func (c *container) journal(unit string) string {
-	out, _ := c.run("-a", "journalctl", "--no-pager", "-n", "40", "-u", unit)
+// journal is what the container's journal holds of the units, for a
+// failure.
+func (c *container) journal(units ...string) string {
+	args := []string{"journalctl", "--no-pager", "-n", "60"}
+	for _, u := range units {
+		args = append(args, "-u", u)
+	}
+	out, _ := c.run("-a", args...)
 	return out
 }
 
