@@ -43,7 +43,8 @@ func (e *Error) Error() string {
 		b.WriteString(e.Hint)
 	}
 	if s := lastLine(e.Stderr); s != "" {
-		fmt.Fprintf(&b, " (ssh: %s)", s)
+		// ssh's own lines mostly start with "ssh: " already.
+		fmt.Fprintf(&b, " (ssh: %s)", strings.TrimPrefix(s, "ssh: "))
 	}
 	return b.String()
 }
