@@ -276,6 +276,7 @@ func TestEveryCommandHelpsAndRefusesAWrongUse(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{{"worker", "ls"}, {"workers", "stop", "foo", "--reason", "x"}, {"workers", "logs", "bad"},
+		{"workers", "stop", "wk-123", "--reason", "x"}, {"workers", "logs", "wk-000000000000000G"},
 		{"pools", "drain", "p1"}, {"audit", "--until", "soon"}} {
 		code, _, errOut := apiary(t, args...)
 		if code != 2 {
