@@ -227,7 +227,6 @@ const (
 	maxWorkers   = registry.MaxWorkersPerPool
 )
 
-
 // checkID is api.CheckID: the hives check ids the same way.
 func checkID(what, s string) error { return api.CheckID(what, s) }
 
