@@ -237,11 +237,19 @@ func bootSystemd(t *testing.T, nspawn, bindRO string) *container {
 		}
 		return string(b)
 	}
+	// The container's cgroups go under one of its own in each hierarchy
+	// systemd uses: with --keep-unit nspawn makes payload/ and supervisor/
+	// where it starts, which two containers started from one cgroup would
+	// share.
+	cgroups := ownCgroups(t, name)
 	// unshare gives the bind of / a mount namespace of its own (gone with
-	// the container); sh then execs nspawn, so cmd's pid is nspawn's.
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", `mount --bind / "$0" && exec "$@"`, root,
+	// the container); sh moves itself into the cgroups and execs nspawn,
+	// so cmd's pid is nspawn's.
+	script := `for d in $CGROUPS; do echo $$ > "$d/cgroup.procs" || exit 1; done; mount --bind / "$0" && exec "$@"`
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script, root,
 		nspawn, "--directory", root, "--volatile=overlay", "--private-network", "--bind-ro="+bindRO,
 		"--machine", name, "--register=no", "--keep-unit", "--console=passive", "--boot", "--", "systemd.unit=basic.target")
+	cmd.Env = append(os.Environ(), "CGROUPS="+strings.Join(cgroups, " "))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -291,6 +299,72 @@ func bootSystemd(t *testing.T, nspawn, bindRO string) *container {
 		t.Fatalf("the container's systemd: %q (%v)\n%s\n%s", state, err, failed, console())
 	}
 	return c
+}
+
+// ownCgroups creates a cgroup named name below this process's own in the
+// unified hierarchy and in systemd's named v1 one (where mounted), and
+// removes them, with what the container left in them, at the test's end.
+func ownCgroups(t *testing.T, name string) []string {
+	t.Helper()
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]string{} // hierarchy ("" unified, "name=systemd") → this process's path
+	for l := range strings.Lines(string(self)) {
+		f := strings.SplitN(strings.TrimSpace(l), ":", 3)
+		if len(f) == 3 && (f[1] == "" || f[1] == "name=systemd") {
+			paths[f[1]] = f[2]
+		}
+	}
+	var dirs []string
+	for l := range strings.Lines(string(mountinfo)) {
+		pre, post, ok := strings.Cut(l, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 3 {
+			continue
+		}
+		hier := ""
+		switch {
+		case g[0] == "cgroup2":
+		case g[0] == "cgroup" && strings.Contains(","+g[2]+",", ",name=systemd,"):
+			hier = "name=systemd"
+		default:
+			continue
+		}
+		own, ok := paths[hier]
+		if !ok {
+			continue
+		}
+		d := filepath.Join(f[4], strings.TrimPrefix(own, f[3]), name)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatalf("a cgroup of the container's own: %v", err)
+		}
+		dirs = append(dirs, d)
+		t.Cleanup(func() { removeCgroup(t, d) })
+	}
+	if len(dirs) == 0 {
+		t.Fatal("no cgroup hierarchy for the container (no cgroup2 mount and no name=systemd one in /proc/self/mountinfo)")
+	}
+	return dirs
+}
+
+// removeCgroup removes the cgroup d and the empty ones below it, deepest
+// first (a cgroup is removed with rmdir, never by removing its files).
+func removeCgroup(t *testing.T, d string) {
+	entries, _ := os.ReadDir(d)
+	for _, e := range entries {
+		if e.IsDir() {
+			removeCgroup(t, filepath.Join(d, e.Name()))
+		}
+	}
+	if err := syscall.Rmdir(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("remove the container's cgroup %s: %v", d, err)
+	}
 }
 
 // childNamed is the pid of a child of pid whose command is comm, or "".
