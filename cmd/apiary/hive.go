@@ -115,6 +115,9 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	return cmd
 }
 
+// queenFlagUsage is the help of the keeper commands' --queen.
+const queenFlagUsage = "queen URL (from $APIARY_QUEEN when set); URL1,URL2 for queens sharing one PostgreSQL database: the active one is asked"
+
 func defaultQueenURL() string {
 	if u, ok := os.LookupEnv("APIARY_QUEEN"); ok {
 		return u

@@ -63,7 +63,7 @@ Tokens come from APIARY_API_TOKEN and APIARY_ADMIN_TOKEN.`,
 	fl.StringVar(&cfg.SSH, "ssh", "", "ephemeral mode with --node: USER@HOST[:PORT] of the node's sshd")
 	fl.StringVar(&cfg.SSHConfig, "ssh-config", "", "ephemeral mode with --node: ssh client configuration file (ssh -F; default ~/.ssh/config)")
 	fl.StringVar(&cfg.InstallDir, "install-dir", "", "ephemeral mode with --node: where apiary lives on the node (default ~/.local/bin)")
-	fl.StringVar(&cfg.QueenURL, "queen", defaultQueenURL(), "queen URL (from $APIARY_QUEEN when set)")
+	fl.StringVar(&cfg.QueenURL, "queen", defaultQueenURL(), queenFlagUsage)
 	fl.BoolVar(&cfg.Ephemeral, "ephemeral", false, "start a throwaway queen and hive for this prompt even when a queen answers at --queen (never asking it)")
 	fl.StringVar(&cfg.ModelsDir, "models-dir", keeper.DefaultModelsDir(), "ephemeral mode: where a model ref is looked up")
 	fl.IntVar(&cfg.WorkerThreads, "worker-threads", 0, "ephemeral mode: CPU threads of the local worker (0: one per CPU)")

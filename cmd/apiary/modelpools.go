@@ -28,11 +28,11 @@ type poolFlags struct {
 }
 
 func (f *poolFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.queen, "queen", defaultQueenURL(), "queen URL, with --pool or --all (from $APIARY_QUEEN when set)")
+	cmd.Flags().StringVar(&f.queen, "queen", defaultQueenURL(), queenFlagUsage+", with --pool or --all")
 }
 
 func (f *poolFlags) client() (*keeper.Client, error) {
-	if _, err := transport.CheckBaseURL("--queen", f.queen); err != nil {
+	if _, err := transport.BaseURLs("--queen", f.queen); err != nil {
 		return nil, usagef("%v", err)
 	}
 	return keeper.NewClient(f.queen, os.Getenv(secret.AdminTokenEnv), os.Getenv(secret.ClusterTokenEnv)), nil

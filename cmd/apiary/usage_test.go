@@ -287,3 +287,26 @@ func TestEveryCommandHelpsAndRefusesAWrongUse(t *testing.T) {
 		t.Errorf("apiary worker ls: %q, want a pointer to apiary workers ls", errOut)
 	}
 }
+
+// A malformed list of queens is a usage error (exit 2) naming the bad
+// element, for every command that talks to a queen and in APIARY_QUEEN.
+func TestMalformedQueenListExits2(t *testing.T) {
+	const list = "http://127.0.0.1:1,,http://127.0.0.1:2"
+	for _, args := range [][]string{
+		{"workers", "ls", "--queen", list},
+		{"pools", "drain", "p1", "--reason", "x", "--queen", list},
+		{"jobs", "ls", "--queen", list},
+		{"audit", "--queen", "http://127.0.0.1:1,ftp://x"},
+		{"models", "pull", "hf://o/r:Q4", "--pool", "p1", "--queen", list},
+		{"infer", "--model", "tiny", "--prompt", "hi", "--queen", list},
+	} {
+		code, _, errOut := apiary(t, args...)
+		if code != 2 || !strings.Contains(errOut, "element 2") {
+			t.Errorf("apiary %v: exit %d, stderr %q; want 2 and the bad element named", args, code, errOut)
+		}
+	}
+	t.Setenv("APIARY_QUEEN", list)
+	if code, _, errOut := apiary(t, "workers", "ls"); code != 2 || !strings.Contains(errOut, "element 2 is empty") {
+		t.Errorf("APIARY_QUEEN=%s apiary workers ls: exit %d, stderr %q; want 2 and the bad element named", list, code, errOut)
+	}
+}

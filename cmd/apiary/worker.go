@@ -81,7 +81,7 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.IntVar(&f.port, "port", 0, "port to listen on; 0 picks a free one (logged, and reported in the ready callback)")
 	fl.IntVar(&f.listenFD, "listen-fd", 0, "serve on this inherited listening socket (a hive binds the port and passes it) instead of binding --host and --port")
 	fl.StringVar(&f.callbackURL, "callback-url", "", "URL to POST the ready callback to; none: serve standalone")
-	fl.StringVar(&f.queenURL, "queen", "", "URL of the queen to claim a row at once the model is loaded (a worker run by hand); not with --callback-url")
+	fl.StringVar(&f.queenURL, "queen", "", "URL of the queen to claim a row at once the model is loaded (a worker run by hand), or the URLs of queens sharing one PostgreSQL database, comma-separated (it follows the active one); not with --callback-url")
 	fl.StringVar(&f.lifecycleID, "lifecycle-id", "", "the queen's lifecycle id of this worker: with --queen, the row to claim (default: the queen creates one)")
 	fl.DurationVar(&f.claimInterval, "claim-interval", worker.DefaultClaimInterval, "with --queen, how often the claimed row is claimed again, so that a restarted queen routes to this worker again")
 	fl.StringVar(&f.advertise, "advertise", "", "URL the queen or hive reaches this worker at (default http://HOST:PORT)")

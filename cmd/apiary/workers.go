@@ -25,11 +25,11 @@ type adminFlags struct {
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
-	cmd.PersistentFlags().StringVar(&a.queen, "queen", defaultQueenURL(), "queen URL (from $APIARY_QUEEN when set)")
+	cmd.PersistentFlags().StringVar(&a.queen, "queen", defaultQueenURL(), queenFlagUsage)
 	cmd.PersistentFlags().BoolVar(&a.asJSON, "json", false, "print JSON instead of a table")
 	root := cmd.PersistentPreRunE
 	cmd.PersistentPreRunE = func(c *cobra.Command, args []string) error {
-		if _, err := transport.CheckBaseURL("--queen", a.queen); err != nil {
+		if _, err := transport.BaseURLs("--queen", a.queen); err != nil {
 			return usagef("%v", err)
 		}
 		if root != nil {

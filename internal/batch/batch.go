@@ -75,7 +75,9 @@ type Router interface {
 type Config struct {
 	Store  *store.Store
 	Router Router
-	// Dir holds the files' bytes (the queen's <data-dir>/files).
+	// Dir holds the files' bytes on SQLite (the queen's
+	// <data-dir>/files); on PostgreSQL they live in the database, and Dir
+	// holds only uploads and results being written (contents).
 	Dir string
 	// MaxFileBytes bounds an uploaded file; a larger one is refused with
 	// 413; default DefaultMaxFileBytes.
@@ -172,16 +174,24 @@ func (c Config) Validate() error {
 // Service is the Batch API of one queen. Create it with New, serve its
 // Routes, and run its dispatcher with Run.
 type Service struct {
-	cfg  Config
-	st   *store.Store
-	log  *slog.Logger
-	wake chan struct{} // buffered 1: work may be waiting
+	cfg   Config
+	st    *store.Store
+	files contents
+	log   *slog.Logger
+	wake  chan struct{} // buffered 1: work may be waiting
 	// cancelled carries the batches just cancelled, for the dispatcher to
 	// finish at once those with no job running (buffered; a full channel
 	// leaves it to the hourly sweep).
 	cancelled chan string
 	done      chan jobDone // the dispatcher's jobs report here
 	ends      chan *jobEnd // the jobs' ends, to the writer
+	// recovered is closed once Run has cleaned up after the queen's last
+	// end (batches whose creation it cut short removed): creations wait
+	// for it, so that the clean-up never takes a batch this queen is
+	// creating for a client that will be answered 200.
+	recovered   chan struct{}
+	recoverOnce sync.Once
+	recoverErr  error // why the clean-up failed; set before recovered is closed
 
 	mu sync.Mutex
 	// withdrawals holds, by batch with jobs under way, what takes those
@@ -255,8 +265,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Store == nil || cfg.Router == nil || cfg.Dir == "" {
 		return nil, fmt.Errorf("Config.Store, Router and Dir are required")
 	}
-	return &Service{cfg: cfg, st: cfg.Store, log: cfg.Logger.With("component", "batch"),
-		wake: make(chan struct{}, 1), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}, withdrawn: map[string]bool{}}, nil
+	files := contents{dir: cfg.Dir, st: cfg.Store, inDB: cfg.Store.Dialect() == store.Postgres}
+	return &Service{cfg: cfg, st: cfg.Store, files: files, log: cfg.Logger.With("component", "batch"),
+		wake: make(chan struct{}, 1), recovered: make(chan struct{}), cancelled: make(chan string, 64), done: make(chan jobDone), ends: make(chan *jobEnd), withdrawals: map[string]*withdrawal{}, withdrawn: map[string]bool{}}, nil
 }
 
 // signal wakes the dispatcher; it never blocks.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"time"
 
@@ -73,11 +72,22 @@ const (
 // the batch goes in_progress with its audit entry (batch.created) in one
 // transaction. A creation that fails on the way (a line refused, the
 // client gone, the store) removes what it wrote; one cut short by the
-// queen's end is removed by the next start (Run).
+// queen's end is removed by the next start (Run), which creations wait
+// for.
 func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 	body, err := openai.ReadBody(w, r, 1<<20)
 	if err != nil {
 		return err
+	}
+	// The start's clean-up first: it removes the batches left validating,
+	// and this one will be, for a moment.
+	select {
+	case <-s.recovered:
+	case <-r.Context().Done():
+		return r.Context().Err()
+	}
+	if s.recoverErr != nil {
+		return &openai.Error{Status: http.StatusServiceUnavailable, Code: "batches_unavailable", Message: s.recoverErr.Error() + "; the queen's log says more"}
 	}
 	var req batchRequest
 	if err := json.Unmarshal(body, &req); err != nil {
@@ -101,21 +111,24 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) error {
 	if file.Purpose != PurposeBatch {
 		return openai.Invalid("input_file_id", "file %s has purpose %s, not batch", file.ID, file.Purpose)
 	}
-	f, err := os.Open(s.path(file.ID))
+	f, err := s.files.open(r.Context(), file)
 	if err != nil {
-		return fmt.Errorf("the bytes of file %s: %w", file.ID, err)
+		return err
 	}
 	defer f.Close()
 	now := time.Now()
 	b := store.Batch{ID: newID("batch_", now), Endpoint: req.Endpoint, InputFileID: file.ID, CompletionWindow: CompletionWindow,
 		Status: string(StatusValidating), Metadata: req.Metadata, CreatedAt: now, ExpiresAt: now.Add(completionWindow)}
 	if err := s.st.Update(r.Context(), func(tx *store.Tx) error {
+		// Counted with this one, in its transaction, the count locked
+		// first: two creations at once (on any queen of the database)
+		// cannot both take the last place.
+		if err := tx.LockBatchCount(); err != nil {
+			return err
+		}
 		if err := tx.PutBatch(b); err != nil {
 			return err
 		}
-		// Counted with this one, in its transaction: two creations at once
-		// cannot both take the last place (on SQLite; on PostgreSQL two
-		// transactions of the same instant may).
 		open, err := tx.CountBatches(openStatuses...)
 		if err != nil {
 			return err

@@ -31,7 +31,8 @@ const writeTimeout = 10 * time.Second
 // back to the queue). First it queues again the jobs that were running
 // when the queen last stopped, and finishes the batches whose requests
 // had all ended.
-func (s *Service) Run(ctx context.Context) error {
+func (s *Service) Run(ctx context.Context) (err error) {
+	defer func() { s.endRecovery(err) }() // creations wait no more, whatever happened
 	n, err := s.requeue(ctx)
 	if err != nil {
 		return err
@@ -42,6 +43,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := s.removeUnfinished(ctx); err != nil {
 		return err
 	}
+	s.endRecovery(nil)
 	if err := s.endAllQueued(ctx); err != nil {
 		return err
 	}
@@ -159,6 +161,16 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// endRecovery lets creations go on, once: with err, they are refused.
+func (s *Service) endRecovery(err error) {
+	s.recoverOnce.Do(func() {
+		if err != nil {
+			s.recoverErr = fmt.Errorf("the batch service did not start: %w", err)
+		}
+		close(s.recovered)
+	})
 }
 
 // requeue queues again the jobs that were running: the queen stopped

@@ -16,9 +16,6 @@ import (
 	"github.com/apiary-llm/apiary/internal/store"
 )
 
-// path is where a file's bytes live.
-func (s *Service) path(id string) string { return filepath.Join(s.cfg.Dir, id+".jsonl") }
-
 // errNotFound is a file or batch that does not exist.
 func errNotFound(what, id string) error {
 	return &openai.Error{Status: http.StatusNotFound, Code: openai.CodeNotFound, Message: fmt.Sprintf("no %s %q", what, id)}
@@ -55,7 +52,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	now := time.Now()
 	id := newID("file-", now)
-	tmp := s.path(id) + ".tmp"
+	tmp := s.files.temp(id)
 	defer os.Remove(tmp)
 	var purpose, filename string
 	var size int64
@@ -99,17 +96,25 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 	if perr != nil {
 		return perr
 	}
-	if err := os.Rename(tmp, s.path(id)); err != nil {
-		return fmt.Errorf("keep the upload: %w", err)
+	if err := s.files.place(id); err != nil {
+		return err
 	}
 	row := store.BatchFile{ID: id, Purpose: PurposeBatch, Filename: filepath.Base(filename), Bytes: size, CreatedAt: now, ExpiresAt: s.expiry(now)}
 	if err := s.st.Update(r.Context(), func(tx *store.Tx) error {
+		// The count locked first, as a batch's creation does: two uploads
+		// at once cannot both take the last place.
+		if err := tx.LockBatchCount(); err != nil {
+			return err
+		}
 		if err := tx.PutBatchFile(row); err != nil {
 			return err
 		}
-		return s.checkFiles(1)(tx)
+		if err := s.checkFiles(1)(tx); err != nil {
+			return err
+		}
+		return s.files.put(tx, id)
 	}); err != nil {
-		os.Remove(s.path(id))
+		s.files.unplace(id)
 		return err
 	}
 	s.log.Info("file uploaded", "file_id", id, "bytes", size, "filename", row.Filename)
@@ -243,15 +248,27 @@ func (s *Service) getFileContent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	data, err := os.Open(s.path(f.ID))
+	data, err := s.files.open(r.Context(), f)
 	if err != nil {
-		return fmt.Errorf("the bytes of file %s: %w", f.ID, err)
+		return err
 	}
 	defer data.Close()
+	// The first bytes before the answer's head: a file whose bytes are
+	// gone is an error answer, not a 200 cut short.
+	head := make([]byte, 64<<10)
+	n, err := io.ReadFull(data, head)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("the bytes of file %s: %w", f.ID, err)
+	}
 	w.Header().Set("Content-Type", "application/jsonl")
 	w.Header().Set("Content-Length", strconv.FormatInt(f.Bytes, 10))
 	w.WriteHeader(http.StatusOK)
-	_, _ = io.Copy(w, data)
+	if _, err := w.Write(head[:n]); err != nil {
+		return nil
+	}
+	if _, err := io.Copy(w, data); err != nil && r.Context().Err() == nil {
+		s.log.Warn("the content of a file broke off", "file_id", f.ID, "err", err)
+	}
 	return nil
 }
 
@@ -264,7 +281,7 @@ func (s *Service) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(s.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := s.files.removed(id); err != nil {
 		s.log.Warn("cannot remove a deleted file's bytes", "file_id", id, "err", err)
 	}
 	openai.WriteJSON(w, http.StatusOK, FileDeleted{ID: id, Object: "file", Deleted: true})

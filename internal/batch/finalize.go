@@ -50,17 +50,33 @@ func (s *Service) finalize(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	kept := []*store.BatchFile{}
+	for _, f := range []*store.BatchFile{out, errs} {
+		if f != nil {
+			kept = append(kept, f)
+		}
+	}
+	defer func() {
+		for _, f := range kept {
+			os.Remove(s.files.temp(f.ID))
+		}
+	}()
+	for _, f := range kept {
+		if err := s.files.place(f.ID); err != nil {
+			return err
+		}
+	}
 	end := endOf(from, b.ExpiredAt != nil)
 	err = s.st.Update(ctx, func(tx *store.Tx) error {
 		now := time.Now()
-		for _, f := range []*store.BatchFile{out, errs} {
-			if f == nil {
-				continue
-			}
+		for _, f := range kept {
 			if err := tx.DeleteBatchFile(f.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 				return err
 			}
 			if err := tx.PutBatchFile(*f); err != nil {
+				return err
+			}
+			if err := s.files.put(tx, f.ID); err != nil {
 				return err
 			}
 		}
@@ -100,12 +116,12 @@ func (s *Service) finalize(ctx context.Context, id string) error {
 // made (nil).
 func (s *Service) writeResults(ctx context.Context, b store.Batch) (out, errs *store.BatchFile, c Counts, err error) {
 	suffix := strings.TrimPrefix(b.ID, "batch_")
-	outF, err := newResultFile(s.path("file-" + suffix + "-output"))
+	outF, err := newResultFile(s.cfg.Dir, "file-"+suffix+"-output", s.files.temp)
 	if err != nil {
 		return nil, nil, c, err
 	}
 	defer outF.abort()
-	errF, err := newResultFile(s.path("file-" + suffix + "-errors"))
+	errF, err := newResultFile(s.cfg.Dir, "file-"+suffix+"-errors", s.files.temp)
 	if err != nil {
 		return nil, nil, c, err
 	}
@@ -162,28 +178,28 @@ func (s *Service) writeResults(ctx context.Context, b store.Batch) (out, errs *s
 // resultPage bounds the jobs' result lines writeResults reads at once.
 const resultPage = 200
 
-// resultFile is an output or error file being written: to path.tmp,
-// renamed to path when kept.
+// resultFile is an output or error file being written, to its
+// temporary file (contents.temp); kept by finalize (contents.place, put).
 type resultFile struct {
-	path  string
+	id    string
+	tmp   string
 	f     *os.File
 	w     *bufio.Writer
 	lines int
 	bytes int64
 }
 
-func newResultFile(path string) (*resultFile, error) {
-	if err := os.MkdirAll(strings.TrimSuffix(path, "/"+pathBase(path)), 0o700); err != nil {
+func newResultFile(dir, id string, temp func(string) string) (*resultFile, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("files dir: %w", err)
 	}
-	f, err := os.OpenFile(path+".tmp", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	tmp := temp(id)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("write results: %w", err)
 	}
-	return &resultFile{path: path, f: f, w: bufio.NewWriterSize(f, 64<<10)}, nil
+	return &resultFile{id: id, tmp: tmp, f: f, w: bufio.NewWriterSize(f, 64<<10)}, nil
 }
-
-func pathBase(p string) string { return p[strings.LastIndexByte(p, '/')+1:] }
 
 func (r *resultFile) line(s string) error {
 	r.lines++
@@ -192,8 +208,8 @@ func (r *resultFile) line(s string) error {
 	return err
 }
 
-// keep renames the written file into place and returns its row; nil when
-// it has no line.
+// keep finishes the written file and returns its row; nil when it has no
+// line (its temporary file is removed then).
 func (r *resultFile) keep(batchID, purpose, suffix string, now time.Time, expires *time.Time) (*store.BatchFile, error) {
 	if r.lines == 0 {
 		return nil, nil
@@ -208,18 +224,14 @@ func (r *resultFile) keep(batchID, purpose, suffix string, now time.Time, expire
 		return nil, fmt.Errorf("write results: %w", err)
 	}
 	r.f = nil
-	if err := os.Rename(r.path+".tmp", r.path); err != nil {
-		return nil, fmt.Errorf("write results: %w", err)
-	}
-	id := strings.TrimSuffix(pathBase(r.path), ".jsonl")
-	return &store.BatchFile{ID: id, Purpose: purpose, Filename: batchID + suffix + ".jsonl", Bytes: r.bytes, CreatedAt: now, ExpiresAt: expires}, nil
+	return &store.BatchFile{ID: r.id, Purpose: purpose, Filename: batchID + suffix + ".jsonl", Bytes: r.bytes, CreatedAt: now, ExpiresAt: expires}, nil
 }
 
 // abort removes a file that was not kept.
 func (r *resultFile) abort() {
 	if r.f != nil {
 		r.f.Close()
-		os.Remove(r.path + ".tmp")
+		os.Remove(r.tmp)
 	}
 }
 
@@ -304,7 +316,7 @@ func (s *Service) sweep(ctx context.Context) {
 		files = nil
 	}
 	for _, id := range files {
-		if err := os.Remove(s.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := s.files.removed(id); err != nil {
 			s.log.Warn("cannot remove an expired file's bytes", "file_id", id, "err", err)
 		}
 	}

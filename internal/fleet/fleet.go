@@ -36,6 +36,9 @@ type Fleet struct {
 	cfg     Config
 	log     *slog.Logger
 	spawner *procs.Spawner
+	// started is when the fleet was made (as the queen started): a pool
+	// that has not spoken to the queen since is as the store kept it.
+	started time.Time
 
 	binOnce sync.Once
 	bin     sshnode.Binary
@@ -55,6 +58,10 @@ type Queen interface {
 	Pool(id string) (registry.Pool, bool)
 	// Deregister takes a pool offline: its hive stopped or exited.
 	Deregister(ctx context.Context, poolID, reason string) error
+	// PingHive asks the hive at endpoint (a pool's) whether it answers:
+	// nil for any HTTP answer, an error wrapping syscall.ECONNREFUSED
+	// when nothing listens there (holder.go).
+	PingHive(ctx context.Context, endpoint string) error
 	// Audit appends an entry to the audit log; a failure is the queen's
 	// to log and count.
 	Audit(ctx context.Context, e store.AuditEntry)
@@ -203,7 +210,7 @@ func New(cfg Config, queen Queen) *Fleet {
 		// unhealthy, so the queen tries again soon after.
 		cfg.SSH.AliveInterval = max(time.Second, cfg.HeartbeatTimeout/3)
 	}
-	return &Fleet{queen: queen, cfg: cfg, log: cfg.Logger, spawner: procs.NewSpawner(), hives: map[string]*ownedHive{}}
+	return &Fleet{queen: queen, cfg: cfg, log: cfg.Logger, spawner: procs.NewSpawner(), started: time.Now(), hives: map[string]*ownedHive{}}
 }
 
 // binary hashes the apiary that hives run, once.

@@ -17,7 +17,6 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/procs"
-	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 )
 
@@ -105,11 +104,8 @@ func (h *ownedHive) once() error {
 	if err != nil {
 		return err
 	}
-	if p, ok := h.f.queen.Pool(h.spec.name); ok && (p.Status == registry.Healthy || p.Status == registry.Draining) {
-		msg := fmt.Sprintf("pool %s is served by a hive this queen did not start (%s); leaving it alone", p.ID, p.Endpoint)
-		h.set(api.HiveExternal, msg, nil)
-		h.log.Info("a hive the queen did not start serves the node's pool; not starting one", "pool_id", p.ID, "endpoint", p.Endpoint)
-		return errExternal
+	if err := h.awaitPool(); err != nil {
+		return err
 	}
 	sess, err := h.launch(path, args)
 	if err != nil {
@@ -137,6 +133,69 @@ func (h *ownedHive) once() error {
 		h.f.audit("hive.stop", h.spec.name, "the queen stops the hive it started: "+how, map[string]any{"exit": sess.proc.Exit().String()})
 		h.f.deregister(h.spec.name, "the queen stopped the hive it started on node "+h.spec.name)
 		return h.ctx.Err()
+	}
+}
+
+// Pacing of awaitPool.
+const (
+	pingTimeout = 5 * time.Second        // one ping of a pool's endpoint
+	pingEvery   = 250 * time.Millisecond // while a hive that is not this queen's answers there
+)
+
+// awaitPool returns nil once no hive holds the node's pool (holder.go),
+// having taken offline a pool whose hive is gone; errExternal when an
+// operator's hive serves it; the stop's error when the queen stops the
+// node meanwhile. While a hive that has not spoken to this queen answers
+// at the pool's endpoint (the previous queen's, stopping with its
+// lifeline) it waits, asking again every pingEvery, for at most a
+// heartbeat timeout plus the hive stop timeout after the queen started.
+func (h *ownedHive) awaitPool() error {
+	patience := h.f.cfg.HeartbeatTimeout + h.f.cfg.HiveStopTimeout
+	var waitedSince time.Time
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.ctx.Done():
+			return h.ctx.Err()
+		case <-t.C:
+		}
+		p, ok := h.f.queen.Pool(h.spec.name)
+		d := holderOf(p, ok, h.f.started, time.Now(), patience, notAsked)
+		if d == holderAsk {
+			ctx, cancel := context.WithTimeout(h.ctx, pingTimeout)
+			a := answerOf(h.f.queen.PingHive(ctx, p.Endpoint))
+			cancel()
+			d = holderOf(p, ok, h.f.started, time.Now(), patience, a)
+		}
+		switch d {
+		case holderExternal:
+			msg := fmt.Sprintf("pool %s is served by a hive this queen did not start (%s); leaving it alone", p.ID, p.Endpoint)
+			h.set(api.HiveExternal, msg, nil)
+			h.log.Info("a hive the queen did not start serves the node's pool; not starting one", "pool_id", p.ID, "endpoint", p.Endpoint)
+			return errExternal
+		case holderWait:
+			if waitedSince.IsZero() {
+				waitedSince = time.Now()
+				msg := fmt.Sprintf("a hive this queen did not start answers at %s for pool %s and has not registered here "+
+					"(the one a previous queen started stops with its lifeline; an operator's registers): leaving it alone, asking again", p.Endpoint, p.ID)
+				h.set(api.HiveExternal, msg, nil)
+				h.log.Info("a hive that has not registered with this queen answers for the node's pool; waiting until it registers or ends",
+					"pool_id", p.ID, "endpoint", p.Endpoint)
+			}
+			t.Reset(pingEvery)
+			continue
+		case holderGone:
+			h.log.Info("nothing answers at the endpoint of the node's pool, which has not spoken to this queen: its hive is gone",
+				"pool_id", p.ID, "endpoint", p.Endpoint, "status", string(p.Status))
+			h.f.deregister(p.ID, fmt.Sprintf("nothing answers at %s: the hive that held the pool before this queen started is gone", p.Endpoint))
+		}
+		if !waitedSince.IsZero() {
+			h.log.Info("starting the node's hive after waiting for the one that answered", "pool_id", p.ID,
+				"waited", time.Since(waitedSince).Round(time.Millisecond).String())
+			h.set(api.HiveConnecting, "", nil)
+		}
+		return nil
 	}
 }
 

@@ -219,10 +219,8 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.QueenURL != "" {
-		for _, u := range strings.Split(c.QueenURL, ",") {
-			if _, err := transport.CheckBaseURL("", u); err != nil {
-				p.Add("QueenURL", "%s", strings.TrimSpace(err.Error()))
-			}
+		if _, err := transport.BaseURLs("", c.QueenURL); err != nil {
+			p.Add("QueenURL", "%s", strings.TrimSpace(err.Error()))
 		}
 	}
 	if err := c.TLS.Validate(); err != nil {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -25,11 +24,10 @@ import (
 // error: the hive keeps working, and registers again when it answers.
 type queenClient struct {
 	h *Hive
-	// bases are the queens' URLs (one, or those of queens sharing a
-	// PostgreSQL database); cur is the one spoken to: the next when it
-	// stops answering or answers as a standby.
-	bases  []string
-	cur    atomic.Int32
+	// queens are the queens' URLs (one, or those of queens sharing a
+	// PostgreSQL database) and the one spoken to: the next when it stops
+	// answering or answers as a standby.
+	queens *rpc.Queens
 	token  string
 	hc     *http.Client
 	log    *slog.Logger
@@ -81,16 +79,13 @@ var errPoolHeld = errors.New("another hive holds this pool id")
 
 func newQueenClient(h *Hive) *queenClient {
 	hc := transport.NewClient(nil, max(h.cfg.HeartbeatInterval, time.Second))
-	var bases []string
-	for _, u := range strings.Split(h.cfg.QueenURL, ",") {
-		bases = append(bases, strings.TrimSuffix(strings.TrimSpace(u), "/"))
-	}
+	bases, _ := transport.BaseURLs("", h.cfg.QueenURL) // checked by Config.Validate
 	instance := rand.Text()[:16]
 	return &queenClient{
 		instance: instance,
 		header:   http.Header{api.HiveInstanceHeader: {instance}},
 		h:        h,
-		bases:    bases,
+		queens:   rpc.NewQueens(bases),
 		token:    h.cfg.ClusterToken,
 		hc:       hc,
 		// The stream shares the connections' pool, without the limit on
@@ -102,18 +97,14 @@ func newQueenClient(h *Hive) *queenClient {
 }
 
 // base is the URL of the queen spoken to now.
-func (q *queenClient) base() string { return q.bases[int(q.cur.Load())%len(q.bases)] }
+func (q *queenClient) base() string { return q.queens.Base() }
 
-// follow moves to the next queen of the list after err from the current
-// one: no answer, or a standby's 503. With one queen it does nothing.
+// follow moves to another queen of the list after err from the current
+// one (rpc.Queens.Follow).
 func (q *queenClient) follow(err error) {
-	var qe *queenAnswer
-	if len(q.bases) < 2 || !(errors.Is(err, rpc.ErrUnreachable) || errors.As(err, &qe) && qe.status == http.StatusServiceUnavailable) {
-		return
+	if from, moved := q.queens.Follow(err); moved {
+		q.log.Info("following the queens: trying the next", "from", from, "to", q.base(), "err", err)
 	}
-	from := q.base()
-	q.cur.Add(1)
-	q.log.Info("following the queens: trying the next", "from", from, "to", q.base(), "err", err)
 }
 
 // enqueue never blocks a worker's owner: a full queue drops the event.
@@ -401,7 +392,10 @@ type queenAnswer struct {
 	status  int
 	code    string
 	message string
+	se      *rpc.StatusError // the answer, for rpc.Queens.Follow
 }
+
+func (e *queenAnswer) Unwrap() error { return e.se }
 
 func (e *queenAnswer) Error() string {
 	return fmt.Sprintf("POST %s: %d %s: %s", e.path, e.status, http.StatusText(e.status), e.message)
@@ -435,7 +429,7 @@ func (q *queenClient) postFor(ctx context.Context, path string, body, out any) e
 func (q *queenClient) answer(path string, err error) error {
 	var se *rpc.StatusError
 	if errors.As(err, &se) {
-		return &queenAnswer{path: path, status: se.Status, code: se.Code, message: se.Message}
+		return &queenAnswer{path: path, status: se.Status, code: se.Code, message: se.Message, se: se}
 	}
 	return err
 }

@@ -587,3 +587,26 @@ func TestHiveStartedBeforeItsQueenRegistersSoonAfterIt(t *testing.T) {
 		t.Errorf("registered %s after the queen served, with a heartbeat interval of 10s", took)
 	}
 }
+
+// A standby names the active queen (api.ActiveQueenHeader): the hive goes
+// there, not to the next queen of its list.
+func TestHiveFollowsTheActiveTheStandbyNames(t *testing.T) {
+	next, active := newFakeQueen(t, "tok"), newFakeQueen(t, "tok")
+	standby := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(api.ActiveQueenHeader, active.srv.URL+"/")
+		w.Header().Set("Retry-After", "1")
+		api.WriteJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]string{
+			"code": "standby", "message": "this queen is a standby: another queen holds the database"}})
+	}))
+	t.Cleanup(standby.Close)
+	startHive(t, func(c *Config) {
+		c.QueenURL, c.ClusterToken = standby.URL+","+next.srv.URL+","+active.srv.URL, "tok"
+	})
+	active.until(t, "a registration", func() bool { return len(active.registers) == 1 })
+	next.set(func() {
+		if len(next.registers)+next.posts+next.streams != 0 {
+			t.Errorf("the queen after the standby in the list got %d registrations and %d heartbeats; want none",
+				len(next.registers), next.posts+next.streams)
+		}
+	})
+}

@@ -59,19 +59,22 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("%s (%d %s)", e.Message, e.Status, e.Code)
 }
 
-// Client talks to one queen.
+// Client talks to the active queen of a list (queens).
 type Client struct {
-	base         string
+	qs           *queens
 	adminToken   string
 	clusterToken string
 	hc           *http.Client
 }
 
-// NewClient returns a client of the queen at base. The admin token
-// authenticates /api/admin/…; pool commands use it too, or the cluster
-// token when there is no admin token.
-func NewClient(base, adminToken, clusterToken string) *Client {
-	return &Client{base: strings.TrimSuffix(base, "/"), adminToken: adminToken, clusterToken: clusterToken,
+// NewClient returns a client of the queen at queen: one URL, or several
+// separated by commas (queens sharing one PostgreSQL database), of which
+// it follows the active one. A malformed list fails every call with an
+// error that is ErrUsage (transport.BaseURLs checks it before). The admin
+// token authenticates /api/admin/…; pool commands use it too, or the
+// cluster token when there is no admin token.
+func NewClient(queen, adminToken, clusterToken string) *Client {
+	return &Client{qs: newQueens(queen), adminToken: adminToken, clusterToken: clusterToken,
 		hc: transport.NewClient(nil, 60*time.Second)}
 }
 
@@ -215,23 +218,30 @@ func set(v url.Values, k, s string) {
 	}
 }
 
+// do makes one call of the queen's JSON API, at the active queen
+// (queens.call): a GET may go to the next queen whatever went wrong, any
+// other only when it was not sent or a standby refused it.
 func (c *Client) do(ctx context.Context, method, path string, q url.Values, body, out any, token string) error {
-	u := c.base + path
 	if len(q) > 0 {
-		u += "?" + q.Encode()
+		path += "?" + q.Encode()
 	}
-	err := rpc.Do(ctx, c.hc, rpc.Call{Method: method, URL: u, Token: token, In: body, Out: out, MaxAnswer: 64 << 20})
-	var se *rpc.StatusError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &se):
-		return apiError(se.Status, se.Body)
-	case errors.Is(err, rpc.ErrUnreachable):
-		return unreachable(c.base, err, true)
-	}
-	return err
+	return c.qs.call(ctx, safeMethod(method), true, func(base string) error {
+		err := rpc.Do(ctx, c.hc, rpc.Call{Method: method, URL: base + path, Token: token, In: body, Out: out, MaxAnswer: 64 << 20})
+		var se *rpc.StatusError
+		if errors.As(err, &se) {
+			if sb := standbyAnswer(se.Status, se.Header, se.Body); sb != nil {
+				return sb
+			}
+			return apiError(se.Status, se.Body)
+		}
+		return err
+	})
 }
+
+// safeMethod reports whether a request of method changes nothing at the
+// queen, so that it may go to another queen after one that may have
+// received it gave no answer.
+func safeMethod(method string) bool { return method == http.MethodGet || method == http.MethodHead }
 
 // apiError is the queen's error answer data with status, its text as it
 // came: the CLI escapes what it prints (termtext), so a person sees what

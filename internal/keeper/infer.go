@@ -20,6 +20,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 	"github.com/apiary-llm/apiary/internal/termtext"
@@ -144,7 +145,7 @@ func (c InferConfig) Validate() error {
 			p.Add("InstallDir", "%v", err)
 		}
 	}
-	if _, err := transport.CheckBaseURL("", c.QueenURL); err != nil {
+	if _, err := transport.BaseURLs("", c.QueenURL); err != nil {
 		p.Add("QueenURL", "%s", strings.TrimSpace(err.Error()))
 	}
 	if err := p.Err(); err != nil {
@@ -188,15 +189,14 @@ func (k *Infer) Mode() <-chan string { return k.mode }
 // failed, or ctx cancelled (Ctrl+C, SIGTERM). In persistent mode it leaves
 // everything running.
 func (k *Infer) Run(ctx context.Context) (err error) {
-	mode := ModeEphemeral
+	mode, url := ModeEphemeral, ""
 	if !k.cfg.Ephemeral {
-		if mode, err = k.detect(ctx); err != nil {
+		if mode, url, err = k.detect(ctx); err != nil {
 			return err
 		}
 	}
 	k.mode <- mode
-	k.log.Debug("mode", "mode", mode, "queen", k.cfg.QueenURL)
-	url := k.cfg.QueenURL
+	k.log.Debug("mode", "mode", mode, "queen", url)
 	var ref string
 	if mode == ModeEphemeral {
 		if k.cfg.Node != "" && k.cfg.SSH == "" {
@@ -218,19 +218,19 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 		url = eph.url
 	} else if k.cfg.SSH != "" {
 		return usagef("--ssh starts a hive on the node when no queen answers, but a queen answers at %s: drop --ssh (add the node to that queen with apiary nodes add)",
-			k.cfg.QueenURL)
+			url)
 	} else if ref, err = persistentRef(k.cfg.Model); err != nil {
 		return err
 	} else {
 		// The queen may be one the person never started (anything at the
 		// default address): say which it is, and how to choose.
 		fmt.Fprintf(k.cfg.Stderr, "a queen answers at %s: asking it (it keeps running; --ephemeral starts a throwaway queen and hive for this prompt instead, --queen URL asks another queen)\n",
-			k.cfg.QueenURL)
+			url)
 	}
 	if err = k.generate(ctx, url, ref); err != nil && mode == ModePersistent {
 		var ae *APIError
 		if errors.As(err, &ae) && (ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden) {
-			err = fmt.Errorf("%w; the queen at %s wants a token (APIARY_API_TOKEN); if it is not yours, pass --ephemeral to start a throwaway queen and hive for this prompt", err, k.cfg.QueenURL)
+			err = fmt.Errorf("%w; the queen at %s wants a token (APIARY_API_TOKEN); if it is not yours, pass --ephemeral to start a throwaway queen and hive for this prompt", err, url)
 		}
 	}
 	return err
@@ -267,36 +267,69 @@ func oneShotClient() *http.Client {
 	return transport.NewClient(t, 0)
 }
 
-// detect asks GET /health: an apiary answer is persistent mode, nothing
-// answering is ephemeral mode, anything else is an error.
-func (k *Infer) detect(ctx context.Context) (string, error) {
+// detect asks GET /health of the queens (queens.call): the active
+// queen's answer is persistent mode, at its URL; nothing answering is
+// ephemeral mode; queens that all stand by, or anything else answering,
+// is an error.
+func (k *Infer) detect(ctx context.Context) (mode, active string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, k.cfg.DetectTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.cfg.QueenURL+"/health", nil)
+	standby := false
+	err = newQueens(k.cfg.QueenURL).call(ctx, true, false, func(base string) error {
+		mode, err := k.health(ctx, base)
+		if errors.As(err, new(*errStandby)) {
+			standby = true
+		}
+		if err == nil && mode == ModePersistent {
+			active = base
+		}
+		return err
+	})
+	switch {
+	case err == nil:
+		return ModePersistent, active, nil
+	case errors.Is(err, ErrUnreachable) && !standby:
+		if pctx := context.Cause(ctx); errors.Is(pctx, context.Canceled) {
+			return "", "", pctx
+		}
+		k.log.Debug("no queen answers; ephemeral mode", "queen", k.cfg.QueenURL, "err", err)
+		return ModeEphemeral, "", nil
+	case errors.Is(err, ErrUnreachable):
+		// Queens answer, but none as the active one: starting one of its
+		// own would only answer beside them.
+		return "", "", fmt.Errorf("%w; for a throwaway queen and hive of its own pass --ephemeral", err)
+	}
+	return "", "", err
+}
+
+// health asks base's GET /health: nil for an apiary queen's answer; an
+// error wrapping rpc.ErrUnreachable when nothing answers, *errStandby for
+// a standby's.
+func (k *Infer) health(ctx context.Context, base string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
 	if err != nil {
-		return "", usagef("--queen %q: %w", k.cfg.QueenURL, err)
+		return "", usagef("--queen %q: %w", base, err)
 	}
 	resp, err := oneShotClient().Do(req)
 	if err != nil {
-		if pctx := context.Cause(ctx); errors.Is(pctx, context.Canceled) {
-			return "", pctx
-		}
 		var cve *tls.CertificateVerificationError
 		var rhe tls.RecordHeaderError
 		if errors.As(err, &cve) || errors.As(err, &rhe) {
 			// Something listens there, and TLS is what fails: ephemeral
 			// mode would only collide with it.
-			return "", fmt.Errorf("TLS with %s failed (for a cluster CA, set %s or --ca-file; for a plain HTTP queen use http://): %w", k.cfg.QueenURL, transport.CAFileEnv, err)
+			return "", fmt.Errorf("TLS with %s failed (for a cluster CA, set %s or --ca-file; for a plain HTTP queen use http://): %w", base, transport.CAFileEnv, err)
 		}
-		k.log.Debug("no queen answers; ephemeral mode", "queen", k.cfg.QueenURL, "err", err)
-		return ModeEphemeral, nil
+		return "", fmt.Errorf("%w: %w", rpc.ErrUnreachable, err)
 	}
 	defer resp.Body.Close()
 	var h api.Health
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if sb := standbyAnswer(resp.StatusCode, resp.Header, b); sb != nil {
+		return "", sb
+	}
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &h) != nil || h.Status != "ok" {
 		return "", fmt.Errorf("something answers at %s but it is not an apiary queen (GET /health: %s); point --queen or APIARY_QUEEN at a queen, or at a free address for ephemeral mode",
-			k.cfg.QueenURL, resp.Status)
+			base, resp.Status)
 	}
 	return ModePersistent, nil
 }

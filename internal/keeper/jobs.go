@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/apiary-llm/apiary/internal/batch"
+	"github.com/apiary-llm/apiary/internal/rpc"
 )
 
 // Jobs is the client of the queen's Batch API (/v1/files, /v1/batches)
@@ -41,7 +42,7 @@ func (j *Jobs) Upload(ctx context.Context, name string, data []byte) (batch.File
 	if err := mw.Close(); err != nil {
 		return batch.FileObject{}, err
 	}
-	resp, err := j.raw(ctx, http.MethodPost, "/v1/files", &body, mw.FormDataContentType())
+	resp, err := j.raw(ctx, http.MethodPost, "/v1/files", body.Bytes(), mw.FormDataContentType())
 	if err != nil {
 		return batch.FileObject{}, err
 	}
@@ -93,27 +94,36 @@ func (j *Jobs) Content(ctx context.Context, fileID string, w io.Writer) error {
 	return err
 }
 
-// raw sends a request whose body or answer is not JSON; an answer other
-// than 200 is the queen's *APIError.
-func (j *Jobs) raw(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, j.c.base+path, body)
+// raw sends a request whose body or answer is not JSON to the active
+// queen (queens.call); an answer other than 200 is the queen's *APIError.
+func (j *Jobs) raw(ctx context.Context, method, path string, body []byte, contentType string) (*http.Response, error) {
+	var resp *http.Response
+	err := j.c.qs.call(ctx, safeMethod(method), false, func(base string) error {
+		req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		if j.token != "" {
+			req.Header.Set("Authorization", "Bearer "+j.token)
+		}
+		if resp, err = j.c.hc.Do(req); err != nil {
+			return fmt.Errorf("%w: %w", rpc.ErrUnreachable, err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			defer resp.Body.Close()
+			data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			if sb := standbyAnswer(resp.StatusCode, resp.Header, data); sb != nil {
+				return sb
+			}
+			return apiError(resp.StatusCode, data)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	if j.token != "" {
-		req.Header.Set("Authorization", "Bearer "+j.token)
-	}
-	resp, err := j.c.hc.Do(req)
-	if err != nil {
-		return nil, unreachable(j.c.base, err, false)
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return nil, apiError(resp.StatusCode, data)
 	}
 	return resp, nil
 }

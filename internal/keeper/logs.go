@@ -8,6 +8,7 @@ import (
 	"net/url"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -19,29 +20,38 @@ import (
 // stream.
 func (c *Client) WorkerLogs(ctx context.Context, id string, q api.LogQuery, w io.Writer) error {
 	path := "/api/admin/workers/" + url.PathEscape(id) + "/logs"
-	u := c.base + path
 	if s := q.Encode(); s != "" {
-		u += "?" + s
+		path += "?" + s
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return err
-	}
-	if c.adminToken != "" {
-		req.Header.Set("Authorization", "Bearer "+c.adminToken)
-	}
-	resp, err := transport.OpenStream(c.hc, req)
+	var resp *http.Response
+	err := c.qs.call(ctx, true, true, func(base string) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		if err != nil {
+			return err
+		}
+		if c.adminToken != "" {
+			req.Header.Set("Authorization", "Bearer "+c.adminToken)
+		}
+		if resp, err = transport.OpenStream(c.hc, req); err != nil {
+			return fmt.Errorf("%w: %w", rpc.ErrUnreachable, err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			defer resp.Body.Close()
+			data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			if sb := standbyAnswer(resp.StatusCode, resp.Header, data); sb != nil {
+				return sb
+			}
+			return apiError(resp.StatusCode, data)
+		}
+		return nil
+	})
 	if err != nil {
 		if perr := ctx.Err(); perr != nil {
 			return perr // Ctrl+C
 		}
-		return unreachable(c.base, err, true)
+		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return apiError(resp.StatusCode, data)
-	}
 	if _, err := io.Copy(w, resp.Body); err != nil {
 		if perr := ctx.Err(); perr != nil {
 			return perr

@@ -518,3 +518,57 @@ func testBatchCancelEndsRunningRequests(t *testing.T, be backend) {
 	recv(t, w.cancelled, "a running request cancelled at the worker")
 	recv(t, w.cancelled, "the other running request cancelled at the worker")
 }
+
+// Batches created at once when one place is left: exactly one is
+// created, the others are refused 429 (on PostgreSQL, two transactions
+// that each added a batch and counted could both take the last place
+// before the count was locked).
+func TestBatchLastPlaceTakenOnce(t *testing.T) { eachBackend(t, testBatchLastPlaceTakenOnce) }
+
+func testBatchLastPlaceTakenOnce(t *testing.T, be backend) {
+	w := newScriptWorker(t, func(w http.ResponseWriter, r *http.Request, content string) {
+		<-r.Context().Done() // the created batch stays open
+	})
+	x, client := batchQueenOn(t, be, w, func(c *Config) {
+		c.Batch = batch.Config{MaxOpenBatches: 1, MaxFiles: 64}
+	})
+	defer func() {
+		if t.Failed() {
+			t.Logf("queen logs:\n%s", x.logs.String())
+		}
+	}()
+	const n = 12
+	files := make([]string, n)
+	for i := range files {
+		f, err := upload(t, client, chatLines(fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[i] = f.ID
+	}
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	for _, id := range files {
+		go func() {
+			<-start
+			_, err := client.Batches.New(t.Context(), oai.BatchNewParams{InputFileID: id,
+				Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+			errs <- err
+		}()
+	}
+	close(start)
+	created := 0
+	for range n {
+		err := <-errs
+		if err == nil {
+			created++
+			continue
+		}
+		if code, msg := apiError(t, err); code != http.StatusTooManyRequests {
+			t.Errorf("a creation past the bound: %d %s, want 429", code, msg)
+		}
+	}
+	if created != 1 {
+		t.Errorf("%d batches created with one place left, want 1", created)
+	}
+}

@@ -31,7 +31,8 @@ const beatReadBuffer = 1 << 10
 // The stream ends when the hive ends it, when no beat comes for the
 // heartbeat timeout (the pool goes unhealthy then anyway), at a line over
 // the body limit (answered 413 first: the stream cannot be read on after
-// it), or when the queen shuts down.
+// it), at the first beat after the queen stepped down (answered 503
+// standby, as a standby answers), or when the queen shuts down.
 func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) error {
 	id := r.PathValue("id")
 	if err := checkID("pool id", id); err != nil {
@@ -85,6 +86,10 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 			q.log.Warn("heartbeat stream ended: no beat within the heartbeat timeout", "pool_id", id, "timeout", q.cfg.HeartbeatTimeout)
 			return nil
 		case err != nil: // the hive ended it (io.EOF), went away, or the queen stops
+			return nil
+		case q.steppedDown.Load():
+			// As a standby answers: the hive moves to the next queen.
+			q.writeBeatLine(w, rc, api.FailLine(ErrSteppedDown, "queen"))
 			return nil
 		}
 		// Zeroed first: the decoder writes only the fields a line has.

@@ -158,3 +158,39 @@ func TestHeartbeatStreamReusesNothingStale(t *testing.T) {
 		t.Fatalf("devices after a beat without temperature, uuid and unusable: %+v", g)
 	}
 }
+
+// A queen that stepped down (it lost the database's lock) answers as a
+// standby at once, while it still stops the hives it started: /health
+// 503 standby, and the next beat of an open heartbeat stream 503 standby,
+// which ends the stream, so that a hive that follows the queens moves to
+// the next one. (A regression: the stepped-down queen took the beats of
+// an operator's hive while it stopped its own, and the new active wrote
+// that hive's worker off as lost and stopped it.)
+func TestSteppedDownQueenAnswersAsAStandby(t *testing.T) {
+	x := startQueen(t, sqliteDir(t), "")
+	x.register("a")
+	s, err := openBeats(t, x, "a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ans api.HeartbeatAnswer
+	if err := s.Round(api.Heartbeat{GPUs: []api.GPU{}, Workers: []api.Worker{}}, &ans, waitLimit); err != nil {
+		t.Fatal(err)
+	}
+	x.q.steppedDown.Store(true)
+	var se *rpc.StatusError
+	if err := s.Round(api.Heartbeat{Unchanged: true}, &ans, waitLimit); !errors.As(err, &se) || se.Status != http.StatusServiceUnavailable || se.Code != "standby" {
+		t.Fatalf("beat after the step-down: %v, want 503 standby", err)
+	}
+	if err := s.Round(api.Heartbeat{Unchanged: true}, &ans, waitLimit); !errors.Is(err, rpc.ErrUnreachable) {
+		t.Fatalf("beat after the refusal: %v, want the stream ended", err)
+	}
+	status, body := x.do("GET", "/health", "", nil)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), `"standby"`) {
+		t.Errorf("/health after the step-down: %d %s, want 503 standby", status, body)
+	}
+	status, body = x.do("POST", "/v2/pools/a/heartbeat", "", api.Heartbeat{Unchanged: true})
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), `"standby"`) {
+		t.Errorf("POST heartbeat after the step-down: %d %s, want 503 standby", status, body)
+	}
+}

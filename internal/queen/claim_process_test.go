@@ -539,3 +539,52 @@ func TestProcessHandRunWorkerStopsWhenItsRowEnded(t *testing.T) {
 		t.Errorf("row after the worker shut down: %+v", row)
 	}
 }
+
+// A worker run by hand given two queens on one PostgreSQL database, the
+// standby first (--queen STANDBY,ACTIVE), claims its row at the active
+// one, which routes to it; after the active queen is SIGKILLed and the
+// standby took over, the worker claims its row again at the new active
+// queen (the dead one refuses the connection), which routes to it: the
+// same row, the same process.
+func TestProcessHandRunWorkerFollowsTheActiveQueen(t *testing.T) {
+	const interval = 300 * time.Millisecond
+	u, err := pg.NewDatabase(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []string{listenAddr(t), listenAddr(t)}
+	urls := []string{"http://" + addrs[0], "http://" + addrs[1]}
+	q1 := startHandRunQueen(t, t.TempDir(), "--addr", addrs[0], "--database-url", u)
+	env := []string{"APIARY_API_TOKEN=" + claimAPIToken, "APIARY_ADMIN_TOKEN=" + claimAdminToken, "APIARY_CLUSTER_TOKEN=" + claimClusterToken}
+	p2 := startProc(t, "queen 2", env, "queen", "--addr", addrs[1], "--database-url", u, "--data-dir", t.TempDir(), "--flush-interval", "100ms")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("queen 2 logs:\n%s", p2.logs.String())
+		}
+		_ = p2.stop(t, syscall.SIGTERM)
+	})
+	p2.logs.wait(t, 0, "queen standing by: another queen holds the database", map[string]string{"active": urls[0]})
+	q2 := &handRunQueen{proc: p2, url: urls[1], admin: keeper.NewClient(urls[1], claimAdminToken, claimClusterToken),
+		oai: oai.NewClient(option.WithBaseURL(urls[1]+"/v1/"), option.WithAPIKey(claimAPIToken), option.WithMaxRetries(0))}
+
+	w := startHandRunWorker(t, "worker", "--queen", urls[1]+","+urls[0], "--claim-interval", interval.String())
+	rec, _ := w.logs.wait(t, 0, "row claimed at the queen", map[string]string{"queen_url": urls[0]})
+	id := rec.Attrs["lifecycle_id"]
+	if got := q1.complete(t); got != id {
+		t.Errorf("completion through the active queen served by %q, want %s", got, id)
+	}
+
+	_ = q1.stop(t, syscall.SIGKILL)
+	p2.logs.wait(t, 0, "queen serving", nil)
+	p2.logs.wait(t, 0, "worker run by hand claimed its row again", map[string]string{"lifecycle_id": id})
+	if got := q2.complete(t); got != id {
+		t.Errorf("completion through the queen that took over served by %q, want %s", got, id)
+	}
+	if row := q2.row(t, id); row.Status != "RUNNING" || row.PID == nil || *row.PID != w.cmd.Process.Pid {
+		t.Errorf("the row at the queen that took over: %+v, want RUNNING with pid %d", row, w.cmd.Process.Pid)
+	}
+	if err := w.stop(t, syscall.SIGTERM); err != nil {
+		t.Errorf("worker exit: %v", err)
+	}
+	p2.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": id, "to": "STOPPED"})
+}

@@ -36,6 +36,17 @@ func (c controlPlane) Deregister(ctx context.Context, poolID, reason string) err
 	return err
 }
 
+// PingHive asks the hive at endpoint whether it answers (fleet.Queen);
+// a hive client that cannot ask says so, which the fleet takes for no
+// answer.
+func (c controlPlane) PingHive(ctx context.Context, endpoint string) error {
+	p, ok := c.q.hives.(hivePinger)
+	if !ok {
+		return errors.New("this hive client cannot ping a hive")
+	}
+	return p.Ping(ctx, endpoint)
+}
+
 func (c controlPlane) Pool(id string) (registry.Pool, bool)    { return c.q.reg.Get(id) }
 func (c controlPlane) Pools(f registry.Filter) []registry.Pool { return c.q.reg.Query(f) }
 func (c controlPlane) Row(ctx context.Context, id string) (store.Row, error) {

@@ -27,7 +27,10 @@ var (
 	ErrWorkerUnreachable = openai.Sentinel(http.StatusBadGateway, "worker_unreachable", "worker unreachable")
 	ErrModelConfigured   = openai.Sentinel(http.StatusConflict, "model_configured", "the model's replicas are set in the model config")
 	ErrShuttingDown      = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "shutting down")
-	errMethodNotAllowed  = openai.Sentinel(http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed")
+	// ErrSteppedDown: the queen lost the database's lock and answers as
+	// a standby (the standby's code) while it stops.
+	ErrSteppedDown      = openai.Sentinel(http.StatusServiceUnavailable, "standby", "this queen stepped down (it lost the database's lock); another queen takes over")
+	errMethodNotAllowed = openai.Sentinel(http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed")
 )
 
 // HiveError is a hive's refusal, with the status and code it answered.

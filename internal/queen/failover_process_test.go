@@ -92,9 +92,11 @@ func listenAddr(t *testing.T) string {
 // 2: one SIGKILL, one cut-off; docs/deploy.md's soak ran 20).
 const failoverRoundsEnv = "APIARY_FAILOVER_ROUNDS"
 
-// Two queens on one PostgreSQL database (sharing a data dir for batch
-// files), one hive configured with both, 4 streams of steady load through
-// HAProxy in front of both and a running batch. The second queen stands
+// Two queens on one PostgreSQL database, each with a data dir of its own
+// (the batch files live in the database), one hive configured with both,
+// 4 streams of steady load through HAProxy in front of both and a running
+// batch, and an input file uploaded to the first queen that a batch is
+// made of after the first takeover. The second queen stands
 // by (its /health 503 "standby" naming the active one). Then rounds, each
 // ending the active queen — SIGKILL in even rounds, its database session
 // terminated while it runs in odd ones — and starting it again as the
@@ -102,7 +104,8 @@ const failoverRoundsEnv = "APIARY_FAILOVER_ROUNDS"
 // steps down within 2 s), requests are served through HAProxy again
 // within 10 s, by the same worker (same row, same process), the batch
 // ends with every request once, and the audit has one queen.takeover a
-// round.
+// round; the batch made after the takeover, of the file the first queen
+// took, ends with every request once too.
 func TestProcessQueenFailover(t *testing.T) {
 	rounds := 2
 	if v := os.Getenv(failoverRoundsEnv); v != "" {
@@ -116,17 +119,17 @@ func TestProcessQueenFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	dirs := []string{t.TempDir(), t.TempDir()}
 	addrs := []string{listenAddr(t), listenAddr(t)}
 	urls := []string{"http://" + addrs[0], "http://" + addrs[1]}
 	startStandby := func(i int, active string) *proc {
 		t.Helper()
 		q := startProc(t, fmt.Sprintf("queen %d", i+1), nil, "queen", "--addr", addrs[i], "--flush-interval", "100ms",
-			"--database-url", u, "--data-dir", dir)
+			"--database-url", u, "--data-dir", dirs[i])
 		q.logs.wait(t, 0, "queen standing by: another queen holds the database", map[string]string{"active": active})
 		return q
 	}
-	q1, _ := startQueenProc(t, "", u, "--addr", addrs[0], "--data-dir", dir)
+	q1, _ := startQueenProc(t, "", u, "--addr", addrs[0], "--data-dir", dirs[0])
 	queens := []*proc{q1, startStandby(1, urls[0])}
 	t.Cleanup(func() {
 		for _, q := range queens {
@@ -185,11 +188,19 @@ func TestProcessQueenFailover(t *testing.T) {
 	settle()
 	const n = 40
 	batch := newBatch(t, client, n, 8)
+	// Taken by the first queen; the second makes a batch of it after it
+	// took over, reading the file from the database (no data dir is
+	// shared).
+	later, err := upload(t, client, batchFile(n, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch2 string
 	var mu sync.Mutex
 	var served []time.Time
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for range 4 {
+	for range 8 {
 		wg.Go(func() {
 			for {
 				select {
@@ -262,27 +273,64 @@ func TestProcessQueenFailover(t *testing.T) {
 		if err != nil || len(rows) != 1 || rows[0].ID != started.LifecycleID || rows[0].Status != "RUNNING" || *rows[0].PID != *before[0].PID {
 			t.Fatalf("round %d: rows after the takeover: %+v, %v; want %s RUNNING, pid %d (not restarted)", round, rows, err, started.LifecycleID, *before[0].PID)
 		}
+		// The row's process is the one that runs.
+		if err := syscall.Kill(*rows[0].PID, 0); err != nil {
+			t.Fatalf("round %d: the RUNNING row's process %d: %v", round, *rows[0].PID, err)
+		}
 		queens[old] = startStandby(old, urls[next])
 		active = next
+		if round == 0 {
+			direct := oai.NewClient(option.WithBaseURL(urls[next]+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+			b, err := direct.Batches.New(t.Context(),
+				oai.BatchNewParams{InputFileID: later.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+			if err != nil {
+				t.Fatalf("a batch of the file the first queen took, made on queen %d after the takeover: %v", next+1, err)
+			}
+			batch2 = b.ID
+		}
 	}
 
-	// The batch ends with every request once, whoever finished it.
+	// The batches end with every request once, whoever finished them, and
+	// their output files are read from whichever queen is active.
 	settle()
-	var b *oai.Batch
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if b, err = client.Batches.Get(t.Context(), batch); err == nil && (b.Status == oai.BatchStatusCompleted || b.Status == oai.BatchStatusFailed) {
-			break
+	for _, id := range []string{batch, batch2} {
+		var b *oai.Batch
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			if b, err = client.Batches.Get(t.Context(), id); err == nil && (b.Status == oai.BatchStatusCompleted || b.Status == oai.BatchStatusFailed) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("batch %s did not end: %+v, %v", id, b, err)
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the batch did not end: %+v, %v", b, err)
-		}
+		completedOnce(t, client, b, n)
 	}
-	completedOnce(t, client, b, n)
 	entries, err := keeper.NewClient(urls[active], "", "").AuditQuery(t.Context(), keeper.AuditFilter{Action: "queen.takeover", Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(entries) != rounds {
 		t.Errorf("%d queen.takeover entries in the audit after %d rounds", len(entries), rounds)
+	}
+	// No lifecycle transition is on record twice (a queen that took over
+	// applying again what the other had).
+	all, err := keeper.NewClient(urls[active], "", "").AuditQuery(t.Context(), keeper.AuditFilter{Limit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int64{}
+	for _, e := range all {
+		from, to := e.Metadata["from"], e.Metadata["to"]
+		if from == nil || to == nil {
+			continue
+		}
+		key := fmt.Sprintf("%s %v→%v", e.Target, from, to)
+		if id, twice := seen[key]; twice {
+			t.Errorf("transition %s audited twice: entries %d and %d", key, id, e.ID)
+		}
+		seen[key] = e.ID
+	}
+	if len(seen) == 0 {
+		t.Errorf("no lifecycle transition in the audit of %d entries", len(all))
 	}
 }

@@ -120,3 +120,19 @@ func (c *httpHiveClient) Models(ctx context.Context, endpoint string) ([]api.Mod
 	err := c.call(ctx, rpc.Call{URL: strings.TrimSuffix(endpoint, "/") + "/v2/models", Out: &list, MaxAnswer: 8 << 20})
 	return list.Models, err
 }
+
+// hivePinger is a HiveClient that can ask whether a hive answers (the
+// HTTP one; test hives may not).
+type hivePinger interface {
+	Ping(ctx context.Context, endpoint string) error
+}
+
+// Ping implements hivePinger: GET /health, without the cluster token
+// (it needs none). Any answer is nil: something serves there.
+func (c *httpHiveClient) Ping(ctx context.Context, endpoint string) error {
+	err := rpc.Do(ctx, c.hc, rpc.Call{URL: strings.TrimSuffix(endpoint, "/") + "/health", MaxAnswer: 4096})
+	if errors.As(err, new(*rpc.StatusError)) {
+		return nil
+	}
+	return err
+}

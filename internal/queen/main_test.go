@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 		if err := pg.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}
+		if err := sshNodes.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
 		testbin.Cleanup()
 		os.Exit(code)
 	}))

@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -92,6 +93,10 @@ type Queen struct {
 	// when the server shuts down (they would hold it up); set by Run
 	// before serving.
 	followers context.Context
+
+	// steppedDown is set once the queen lost the database's lock: from
+	// then on it answers as a standby does (standby.go).
+	steppedDown atomic.Bool
 
 	ready     chan struct{}
 	done      chan struct{}
@@ -241,7 +246,7 @@ func (q *Queen) run(ctx context.Context) error {
 	if q.batch, err = batch.New(bcfg); err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: q.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, // idle keep-alive connections are closed: they cost a socket each
+	srv := &http.Server{Handler: q.unlessSteppedDown(q.routes()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, // idle keep-alive connections are closed: they cost a socket each
 		ErrorLog: slog.NewLogLogger(q.log.Handler(), slog.LevelWarn)}
 	followers, endFollowers := context.WithCancel(context.Background())
 	defer endFollowers()
@@ -281,7 +286,9 @@ func (q *Queen) run(ctx context.Context) error {
 		// step down (stop routing and serving, Run returns the cause).
 		select {
 		case <-st.LockLost():
-			q.log.Error("queen stepping down: it no longer holds the database's one-queen lock", "err", st.LockErr())
+			q.steppedDown.Store(true)
+			q.log.Error("queen stepping down: it no longer holds the database's one-queen lock", "err", st.LockErr(),
+				"answers", "as a standby while it stops")
 			cancelCause(st.LockErr())
 		case <-bg.Done():
 		}

@@ -75,6 +75,28 @@ func (q *Queen) standBy(ctx context.Context, scfg store.Config) (*store.Store, e
 	}
 }
 
+// unlessSteppedDown serves h until the queen steps down (it lost the
+// database's lock), then the standby's refusal: a queen that can write
+// nothing must not take heartbeats, events or requests while it stops
+// the hives it started (which may take their stop timeout), or hives that
+// follow the queens (--queen URL1,URL2) stay with it, and the new active,
+// hearing nothing from their pools, writes their workers off as lost and
+// stops them when the hives come. Refused, they move to the next queen at
+// once, and a load balancer takes this one out.
+func (q *Queen) unlessSteppedDown(h http.Handler) http.Handler {
+	var nobody atomic.Pointer[string]
+	unknown := ""
+	nobody.Store(&unknown)
+	refuse := standbyHandler(&nobody)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if q.steppedDown.Load() {
+			refuse.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // standbyHandler answers every request of a standby queen.
 func standbyHandler(active *atomic.Pointer[string]) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

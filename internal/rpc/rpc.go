@@ -65,6 +65,9 @@ type StatusError struct {
 	Code        string
 	Message     string
 	Body        []byte
+	// Header is the answer's (a standby queen's names the active one,
+	// api.ActiveQueenHeader).
+	Header http.Header
 }
 
 func (e *StatusError) Error() string {
@@ -118,7 +121,7 @@ func Do(ctx context.Context, hc *http.Client, c Call) error {
 	}
 	if resp.StatusCode/100 != 2 {
 		d := api.RemoteError(resp.StatusCode, data)
-		return &StatusError{Method: method, URL: c.URL, Status: resp.StatusCode, Code: d.Code, Message: d.Message, Body: data}
+		return &StatusError{Method: method, URL: c.URL, Status: resp.StatusCode, Code: d.Code, Message: d.Message, Body: data, Header: resp.Header}
 	}
 	if c.Out != nil && len(bytes.TrimSpace(data)) > 0 {
 		if err := json.Unmarshal(data, c.Out); err != nil {

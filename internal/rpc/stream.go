@@ -75,7 +75,7 @@ func OpenStream(ctx context.Context, hc *http.Client, c Call, timeout time.Durat
 		resp.Body.Close()
 		s.Close()
 		d := api.RemoteError(resp.StatusCode, data)
-		return nil, &StatusError{Method: method, URL: c.URL, Status: resp.StatusCode, Code: d.Code, Message: d.Message, Body: data}
+		return nil, &StatusError{Method: method, URL: c.URL, Status: resp.StatusCode, Code: d.Code, Message: d.Message, Body: data, Header: resp.Header}
 	}
 	s.body, s.answers = resp.Body, jsonl.NewReader(resp.Body, 1<<10, limit)
 	return s, nil

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,37 +23,30 @@ import (
 	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/sshnode"
 	"github.com/apiary-llm/apiary/internal/testbin"
-	"github.com/apiary-llm/apiary/internal/testmodel"
+	"github.com/apiary-llm/apiary/internal/testnodes"
 )
 
 // A real multi-node cluster on one machine: three network namespaces on a
-// bridge, each running Debian's sshd (scripts/netns.sh), the queen in the
-// root namespace starting hives there over SSH with the system ssh. The
-// namespaces share the file system, so each node's hive gets its own data
-// dir (sshd sets XDG_DATA_HOME) and install dir.
+// bridge, each running Debian's sshd (internal/testnodes), the queen in
+// the root namespace starting hives there over SSH with the system ssh.
 
 const (
-	nsPrefix = "apn"
-	subnet   = "10.78.0"
-	queenIP  = subnet + ".1"
-	timeout  = 3 * time.Second // the queen's --heartbeat-timeout
+	subnet  = "10.78.0"
+	queenIP = subnet + ".1"
+	timeout = 3 * time.Second // the queen's --heartbeat-timeout
 )
 
 var tokens = []string{"APIARY_API_TOKEN=test-api-0123456789", "APIARY_ADMIN_TOKEN=test-admin-0123456789", "APIARY_CLUSTER_TOKEN=test-cluster-0123456789"}
 
 var (
-	nsOnce  sync.Once
-	nsErr   error
-	nsState string
+	lazyNodes = testnodes.Lazy{Prefix: "apn", Subnet: subnet, N: 3}
+	cluster   *testnodes.Nodes // set by nodes
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if nsState != "" {
-		if out, err := exec.Command("bash", script(), "down", nsPrefix, nsState).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "netns.sh down: %v\n%s", err, out)
-		}
-		os.RemoveAll(nsState)
+	if err := lazyNodes.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 	}
 	testbin.Cleanup()
 	if code == 0 {
@@ -66,67 +58,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func script() string { return filepath.Join("..", "..", "scripts", "netns.sh") }
-
-// nodes sets up the namespaces once per test binary (they need root) and
-// returns the state dir of scripts/netns.sh.
-func nodes(t *testing.T) string {
+// nodes sets up the namespaces once per test binary (they need root).
+func nodes(t *testing.T) *testnodes.Nodes {
 	t.Helper()
-	nsOnce.Do(func() {
-		if os.Getuid() != 0 {
-			nsErr = errors.New("the multi-node tests need root for ip netns and sshd (CI runs as root)")
-			return
-		}
-		dir, err := os.MkdirTemp("", "apiary-netns-")
-		if err != nil {
-			nsErr = err
-			return
-		}
-		nsState = dir
-		// A previous run killed midway may have left its namespaces.
-		_ = exec.Command("bash", script(), "down", nsPrefix, dir).Run()
-		out, err := exec.Command("bash", script(), "up", nsPrefix, "3", dir, subnet).CombinedOutput()
-		if err != nil {
-			nsErr = fmt.Errorf("scripts/netns.sh up: %w\n%s", err, out)
-			return
-		}
-		for i := 1; i <= 3; i++ {
-			models := filepath.Join(dir, fmt.Sprintf("node%d", i), "data", "apiary", "models")
-			if err := os.MkdirAll(models, 0o755); err != nil {
-				nsErr = err
-				return
-			}
-			if err := testmodel.WriteFile(filepath.Join(models, "tiny.gguf"), testmodel.Options{}); err != nil {
-				nsErr = err
-				return
-			}
-		}
-	})
-	if nsErr != nil {
-		t.Fatalf("multi-node setup: %v (needs iproute2, openssh-server, openssh-client; see scripts/deps.sh)", nsErr)
-	}
-	t.Cleanup(func() { killNodeProcesses(t) })
-	return nsState
+	cluster = lazyNodes.Get(t)
+	return cluster
 }
 
-func nodeAddr(i int) string   { return fmt.Sprintf("%s.%d", subnet, i+1) }
-func nodeDir(i int) string    { return filepath.Join(nsState, fmt.Sprintf("node%d", i)) }
-func nodeMarker(i int) string { return nodeDir(i) + "/" }
-
-// killNodeProcesses ends whatever a test left on the nodes besides sshd,
-// so the next test finds the hive ports free.
-func killNodeProcesses(t *testing.T) {
-	for i := 1; i <= 3; i++ {
-		for _, pid := range testbin.Matching(nodeMarker(i)) {
-			if !strings.Contains(testbin.Cmdline(pid), "sshd") {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	}
-	for i := 1; i <= 3; i++ {
-		_ = exec.Command("ip", "link", "set", fmt.Sprintf("%sh%d", nsPrefix, i), "up").Run()
-	}
-}
+func nodeAddr(i int) string   { return cluster.Addr(i) }
+func nodeDir(i int) string    { return cluster.Dir(i) }
+func nodeMarker(i int) string { return cluster.Marker(i) }
 
 // freePort is a free TCP port on the queen's address.
 func freePort(t *testing.T) int {
@@ -158,7 +99,7 @@ func startQueenFrom(t *testing.T, bin, sshConfig string, env []string, extra ...
 	state := nodes(t)
 	addr := net.JoinHostPort(queenIP, strconv.Itoa(freePort(t)))
 	args := []string{"queen", "--addr", addr, "--data-dir", filepath.Join(t.TempDir(), "queen"),
-		"--ssh-config", filepath.Join(state, sshConfig), "--ssh-timeout", "2s",
+		"--ssh-config", state.SSHConfig(sshConfig), "--ssh-timeout", "2s",
 		"--heartbeat-timeout", timeout.String(), "--flush-interval", "100ms", "--hive-stop-timeout", "20s",
 		"--hive-arg=--worker-threads=1", "--hive-arg=--stop-grace=2s", "--hive-arg=--shutdown-ack=1s", "--log-json"}
 	p := testbin.StartCmd(t, "queen", append(append([]string{}, tokens...), env...), bin, append(args, extra...)...)
@@ -266,11 +207,7 @@ func TestSSHNode_AddProbesFirst_ClearErrors(t *testing.T) {
 
 func sshdPID(t *testing.T, i int) int {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(nodeDir(i), "sshd.pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	pid, err := cluster.SSHDPID(i)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +265,7 @@ func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testin
 	}
 
 	cut := time.Now()
-	if out, err := exec.Command("ip", "link", "set", nsPrefix+"h2", "down").CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "link", "set", cluster.Link(2), "down").CombinedOutput(); err != nil {
 		t.Fatalf("link down: %v %s", err, out)
 	}
 	rec, _ := q.Lines.Wait(t, 0, "pool status changed", map[string]string{"pool_id": "n2", "to": "unhealthy"})
@@ -356,7 +293,7 @@ func TestSSHNode_HivesStartedOverSSH_InferenceOnRemotePools_NodeCutOff(t *testin
 	// worker, orphaning nothing on the unreachable machine.
 	testbin.AwaitGone(t, nodeMarker(2)+"bin/", timeout+5*time.Second)
 	testbin.AwaitGone(t, nodeMarker(2)+"data/", timeout+5*time.Second)
-	if err := exec.Command("ip", "link", "set", nsPrefix+"h2", "up").Run(); err != nil {
+	if err := exec.Command("ip", "link", "set", cluster.Link(2), "up").Run(); err != nil {
 		t.Fatal(err)
 	}
 	q.Signal(syscall.SIGTERM)
@@ -452,7 +389,7 @@ func TestSSHNode_GPUBackendBesideApiary_ArrivesBesideTheNodesApiary(t *testing.T
 // through the queen) and waits until it serves a worker.
 func operatorHive(t *testing.T, q *queen, i int, pool string) (*testbin.Proc, int) {
 	t.Helper()
-	h := testbin.StartCmd(t, "operator hive", tokens, "ip", "netns", "exec", fmt.Sprintf("%s%d", nsPrefix, i), testbin.Path(t),
+	h := testbin.StartCmd(t, "operator hive", tokens, "ip", "netns", "exec", cluster.Namespace(i), testbin.Path(t),
 		"hive", "--addr", nodeAddr(i)+":9300", "--queen", q.url, "--pool-id", pool, "--worker-threads", "1",
 		"--data-dir", filepath.Join(nodeDir(i), "data", "apiary"), "--heartbeat-interval", "300ms", "--log-json")
 	q.Lines.Wait(t, 0, "pool status changed", map[string]string{"pool_id": pool, "to": "healthy"})
@@ -699,18 +636,6 @@ func TestSSHNode_TLS_QueenHiveWorkerKeeper_ThrowawayCA(t *testing.T) {
 	testbin.AwaitGone(t, nodeMarker(1)+"bin/", 30*time.Second)
 }
 
-// nodeLeftovers lists what still runs of apiary on node i (ssh clients to
-// it included: their command lines name its install dir).
-func nodeLeftovers(i int) []string {
-	var cmds []string
-	for _, m := range []string{nodeMarker(i) + "bin/", nodeMarker(i) + "data/"} {
-		for _, pid := range testbin.Matching(m) {
-			cmds = append(cmds, testbin.Cmdline(pid))
-		}
-	}
-	return cmds
-}
-
 // Ephemeral `apiary infer --node NAME --ssh USER@HOST`: no queen answers,
 // so the keeper starts one (on the address the node sees, with tokens it
 // makes up) that starts the node's hive over SSH; the answer comes from a
@@ -732,7 +657,7 @@ func TestSSHNode_EphemeralInferNode_HiveOverSSH_NothingLeftBehind(t *testing.T) 
 		args := []string{"infer", "--queen", free, "--model", "tiny", "--prompt", "hello", "--max-tokens", "8", "--node", "n1",
 			"--worker-threads", "1", "--queen-arg=--ssh-timeout=2s", "--queen-arg=--hive-arg=--stop-grace=2s", "--queen-arg=--hive-arg=--shutdown-ack=1s"}
 		if ssh != "" {
-			args = append(args, "--ssh", ssh, "--ssh-config", filepath.Join(state, "ssh_config"), "--install-dir", filepath.Join(nodeDir(1), "bin"))
+			args = append(args, "--ssh", ssh, "--ssh-config", state.SSHConfig("ssh_config"), "--install-dir", filepath.Join(nodeDir(1), "bin"))
 		}
 		k := testbin.Start(t, "keeper", env, append(args, extra...)...)
 		k.Wait(t)
@@ -740,7 +665,7 @@ func TestSSHNode_EphemeralInferNode_HiveOverSSH_NothingLeftBehind(t *testing.T) 
 	}
 	nothingLeft := func(what string) {
 		t.Helper()
-		if left := nodeLeftovers(1); len(left) > 0 {
+		if left := cluster.Leftovers(1); len(left) > 0 {
 			t.Errorf("%s: node 1 still runs %v", what, left)
 		}
 		if left := testbin.Matching(tmp); len(left) > 0 {

@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// BatchFile is a file of the OpenAI Batch API: its bytes live in the
-// queen's data dir, the row says what they are.
+// BatchFile is a file of the OpenAI Batch API: the row says what it is;
+// its bytes live in the database on PostgreSQL (PutBatchFileContent), in
+// the queen's data dir on SQLite.
 type BatchFile struct {
 	ID        string
 	Purpose   string // batch, batch_output, batch_error
@@ -108,8 +109,12 @@ func (t *Tx) BatchFiles(purpose, after string, limit int) ([]BatchFile, error) {
 	return queryAll(t, "list files", scanBatchFile, q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
 }
 
-// DeleteBatchFile removes a file row; ErrNotFound when there is none.
+// DeleteBatchFile removes a file row, and its content in the database
+// (PutBatchFileContent) when it has any; ErrNotFound when there is no row.
 func (t *Tx) DeleteBatchFile(id string) error {
+	if _, err := t.exec("DELETE FROM batch_file_chunks WHERE file_id = ?", id); err != nil {
+		return fmt.Errorf("delete the content of file %s: %w", id, err)
+	}
 	res, err := t.exec("DELETE FROM batch_files WHERE id = ?", id)
 	if err != nil {
 		return fmt.Errorf("delete file %s: %w", id, err)
@@ -230,6 +235,28 @@ func (t *Tx) Batches(after string, limit int, statuses ...string) ([]Batch, erro
 		}
 	}
 	return queryAll(t, "list batches", scanBatch, q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
+}
+
+// batchCountLockKey is the transaction advisory lock that serializes,
+// on PostgreSQL, the transactions that count batches to bound them
+// ("batches" in ASCII).
+const batchCountLockKey = 0x62617463686573
+
+// LockBatchCount holds the count of batches and of batch files until the
+// transaction ends: two transactions that each lock it, add a batch (or a
+// file) and count (to refuse one past a bound) run one after the other, on every queen of the
+// database, so they cannot both take the last place. SQLite's write
+// transactions are serial already; on PostgreSQL a transaction advisory
+// lock does it (READ COMMITTED would let each count without the other's
+// row).
+func (t *Tx) LockBatchCount() error {
+	if t.s.dialect != Postgres {
+		return nil
+	}
+	if _, err := t.tx.ExecContext(t.ctx, "SELECT pg_advisory_xact_lock($1)", int64(batchCountLockKey)); err != nil {
+		return fmt.Errorf("lock the batches' count: %w", classifyPG(err))
+	}
+	return nil
 }
 
 // CountBatches counts the batches with one of statuses.

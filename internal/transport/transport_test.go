@@ -45,6 +45,33 @@ func TestCheckBaseURL(t *testing.T) {
 	}
 }
 
+// A list of queens: every element checked, spaces and a trailing "/"
+// dropped; an empty element, a bad URL or one given twice is named with
+// its place.
+func TestBaseURLs(t *testing.T) {
+	got, err := BaseURLs("--queen", " http://a:8080/, https://b.example.com ")
+	if err != nil || strings.Join(got, " ") != "http://a:8080 https://b.example.com" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	if got, err := BaseURLs("--queen", "http://127.0.0.1:8080"); err != nil || len(got) != 1 {
+		t.Fatalf("one URL: %q, %v", got, err)
+	}
+	for bad, want := range map[string]string{
+		"":                          "--queen is empty",
+		"http://a:1,,http://b:1":    "element 2 is empty",
+		"http://a:1,":               "element 2 is empty",
+		"http://a:1, ftp://b:1":     `--queen element 2 "ftp://b:1": scheme must be http or https`,
+		"http://a:1,http://b:1/v2":  `--queen element 2 "http://b:1/v2" must not have a path`,
+		"http://a:1,http://a:1/":    "http://a:1 is given twice",
+		"127.0.0.1:8080":            "is not a URL",
+		"http://a:1,http://b:99999": "element 2",
+	} {
+		if _, err := BaseURLs("--queen", bad); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want an error with %q", bad, err, want)
+		}
+	}
+}
+
 func TestCheckNotForged(t *testing.T) {
 	for _, tc := range []struct {
 		name, method, ct, origin, site string

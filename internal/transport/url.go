@@ -29,6 +29,41 @@ func CheckBaseURL(what, s string) (*url.URL, error) {
 	return u, nil
 }
 
+// BaseURLs reads list, one base URL or several separated by commas (the
+// queens sharing one PostgreSQL database that a hive or the keeper
+// follows), each checked as CheckBaseURL does, with spaces around it and a
+// trailing "/" dropped. An empty element, a bad URL or one given twice is
+// an error naming it and its place. what names the field in the error.
+func BaseURLs(what, list string) ([]string, error) {
+	parts := strings.Split(list, ",")
+	out := make([]string, 0, len(parts))
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		where := what
+		if len(parts) > 1 {
+			where = fmt.Sprintf("%s element %d", what, i+1)
+		}
+		if p == "" {
+			if len(parts) == 1 {
+				return nil, fmt.Errorf("%s is empty: give a URL, e.g. http://127.0.0.1:8080", what)
+			}
+			return nil, fmt.Errorf("%s %q: element %d is empty: give URLs separated by single commas, e.g. http://queen-a:8080,http://queen-b:8080",
+				what, printable(list), i+1)
+		}
+		if _, err := CheckBaseURL(where, p); err != nil {
+			return nil, err
+		}
+		p = strings.TrimSuffix(p, "/")
+		for _, o := range out {
+			if o == p {
+				return nil, fmt.Errorf("%s %q: %s is given twice", what, printable(list), printable(p))
+			}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
 // CheckURL checks s as a URL that something will call: http or https, a
 // host and a port (explicit or the scheme's), no user info, query or
 // fragment; a path is allowed. what names the field in the error.

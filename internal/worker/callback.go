@@ -21,7 +21,7 @@ func (w *Worker) reportReady(ctx context.Context) error {
 	w.mu.Lock()
 	cb := api.ReadyCallback{WorkerID: w.cfg.WorkerID, VRAMBytes: w.info.MemoryBytes, URI: w.uri()}
 	w.mu.Unlock()
-	attempt, err := w.deliver(ctx, w.cfg.CallbackURL, w.cfg.Token, cb, nil, false)
+	attempt, err := w.deliver(ctx, func() string { return w.cfg.CallbackURL }, w.cfg.Token, cb, nil, false, nil)
 	var re refusedError
 	switch {
 	case err == nil:
@@ -45,14 +45,16 @@ func (w *Worker) uri() string {
 	return w.cfg.TLS.Scheme() + "://" + w.addr.String()
 }
 
-// deliver POSTs in to url with token, and decodes a 2xx answer into out
+// deliver POSTs in to url() with token, and decodes a 2xx answer into out
 // (when not nil). Connection errors and 5xx answers are retried
 // CallbackAttempts times, pausing CallbackBackoff, then twice as long, …
-// A 4xx answer is final: a refusedError. It returns the attempts made.
+// (failed, when not nil, hears of each such error first: it may change
+// what url gives). A 4xx answer is final: a refusedError. It returns the
+// attempts made.
 // When ctx ends no attempt is made; with finish, the attempt under way
 // still gets its answer (bounded by CallbackTimeout), so that a change
 // the other side made is not lost.
-func (w *Worker) deliver(ctx context.Context, url, token string, in, out any, finish bool) (int, error) {
+func (w *Worker) deliver(ctx context.Context, url func() string, token string, in, out any, finish bool, failed func(error)) (int, error) {
 	body, err := json.Marshal(in)
 	if err != nil {
 		return 0, fmt.Errorf("encode: %w", err)
@@ -65,7 +67,8 @@ func (w *Worker) deliver(ctx context.Context, url, token string, in, out any, fi
 		actx = context.WithoutCancel(ctx)
 	}
 	for attempt := 1; ; attempt++ {
-		err := post(actx, client, url, token, body, out)
+		to := url()
+		err := post(actx, client, to, token, body, out)
 		if err == nil {
 			return attempt, nil
 		}
@@ -75,7 +78,10 @@ func (w *Worker) deliver(ctx context.Context, url, token string, in, out any, fi
 		if re := (refusedError{}); errors.As(err, &re) || attempt >= w.cfg.CallbackAttempts {
 			return attempt, err
 		}
-		w.log.Warn("call failed; retrying", "url", url, "attempt", attempt, "retry_in_ms", pause.Milliseconds(), "err", err)
+		if failed != nil {
+			failed(err)
+		}
+		w.log.Warn("call failed; retrying", "url", to, "attempt", attempt, "retry_in_ms", pause.Milliseconds(), "err", err)
 		t := time.NewTimer(pause)
 		select {
 		case <-t.C:
@@ -104,7 +110,17 @@ func post(ctx context.Context, client *http.Client, url, token string, body []by
 	case errors.As(err, &se) && se.Status >= 400 && se.Status < 500:
 		return refusedError{fmt.Errorf("answered %d %s: %s: %s", se.Status, http.StatusText(se.Status), se.Code, se.Message)}
 	case errors.As(err, &se):
-		return fmt.Errorf("answered %d %s: %s: %s", se.Status, http.StatusText(se.Status), se.Code, se.Message)
+		return answerError{fmt.Sprintf("answered %d %s: %s: %s", se.Status, http.StatusText(se.Status), se.Code, se.Message), se}
 	}
 	return err
 }
+
+// answerError is a 5xx answer, said briefly, with the answer itself for
+// errors.As (a standby queen's names the active one).
+type answerError struct {
+	msg string
+	se  *rpc.StatusError
+}
+
+func (e answerError) Error() string { return e.msg }
+func (e answerError) Unwrap() error { return e.se }

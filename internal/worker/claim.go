@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
@@ -35,15 +34,15 @@ func (w *Worker) claim(ctx context.Context) (string, error) {
 	cl := api.WorkerClaim{LifecycleID: w.cfg.LifecycleID, ModelRef: w.cfg.ModelRef, URI: w.uri(), WorkerToken: w.cfg.Token,
 		VRAMBytes: w.info.MemoryBytes, PID: os.Getpid()}
 	w.mu.Unlock()
-	url := w.queenURL("/v2/workers/claim")
+	url := func() string { return w.queenURL("/v2/workers/claim") }
 	var resp api.AdminWorkerResponse
 	// A shutdown during the claim lets the attempt under way finish: a
 	// row the queen adopted must learn that its worker stops.
-	attempt, err := w.deliver(ctx, url, w.cfg.ClusterToken, cl, &resp, true)
+	attempt, err := w.deliver(ctx, url, w.cfg.ClusterToken, cl, &resp, true, w.followQueens)
 	var re refusedError
 	switch {
 	case err == nil:
-		w.log.Info("row claimed at the queen", "queen_url", w.cfg.QueenURL, "lifecycle_id", resp.LifecycleID, "uri", cl.URI,
+		w.log.Info("row claimed at the queen", "queen_url", w.queens.Base(), "lifecycle_id", resp.LifecycleID, "uri", cl.URI,
 			"vram_bytes", cl.VRAMBytes, "attempt", attempt)
 		return resp.LifecycleID, nil
 	case ctx.Err() != nil:
@@ -51,7 +50,7 @@ func (w *Worker) claim(ctx context.Context) (string, error) {
 	case errors.As(err, &re):
 		return "", fmt.Errorf("%w: %w", ErrClaimRefused, err)
 	}
-	return "", fmt.Errorf("%w: %s did not accept it after %d attempts: %w", ErrClaimFailed, url, attempt, err)
+	return "", fmt.Errorf("%w: %s did not accept it after %d attempts: %w", ErrClaimFailed, w.cfg.QueenURL, attempt, err)
 }
 
 // reclaim sends the claim of row id again every ClaimInterval until ctx
@@ -68,7 +67,6 @@ func (w *Worker) reclaim(ctx context.Context, id string) error {
 	cl := api.WorkerClaim{LifecycleID: id, ModelRef: w.cfg.ModelRef, URI: w.uri(), WorkerToken: w.cfg.Token,
 		VRAMBytes: w.info.MemoryBytes, PID: os.Getpid()}
 	w.mu.Unlock()
-	url := w.queenURL("/v2/workers/claim")
 	client := transport.NewClient(nil, w.cfg.CallbackTimeout)
 	defer client.CloseIdleConnections()
 	t := time.NewTicker(w.cfg.ClaimInterval)
@@ -80,7 +78,7 @@ func (w *Worker) reclaim(ctx context.Context, id string) error {
 		case <-t.C:
 		}
 		cctx, cancel := context.WithTimeout(ctx, w.cfg.CallbackTimeout)
-		err := rpc.Do(cctx, client, rpc.Call{Method: http.MethodPost, URL: url, Token: w.cfg.ClusterToken, In: cl, MaxAnswer: 64 << 10})
+		err := rpc.Do(cctx, client, rpc.Call{Method: http.MethodPost, URL: w.queenURL("/v2/workers/claim"), Token: w.cfg.ClusterToken, In: cl, MaxAnswer: 64 << 10})
 		cancel()
 		var se *rpc.StatusError
 		switch {
@@ -91,17 +89,19 @@ func (w *Worker) reclaim(ctx context.Context, id string) error {
 			return nil
 		case errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusConflict):
 			err = fmt.Errorf("%w: the queen no longer has row %s for this worker: %d %s: %s", ErrClaimRefused, id, se.Status, se.Code, se.Message)
-			w.log.Error("row lost at the queen; shutting down", "queen_url", w.cfg.QueenURL, "lifecycle_id", id, "err", err)
+			w.log.Error("row lost at the queen; shutting down", "queen_url", w.queens.Base(), "lifecycle_id", id, "err", err)
 			w.requestQuit()
 			return err
 		}
-		w.log.Warn("cannot claim the row again at the queen; trying at the next interval", "queen_url", w.cfg.QueenURL,
+		w.log.Warn("cannot claim the row again at the queen; trying at the next interval", "queen_url", w.queens.Base(),
 			"lifecycle_id", id, "retry_in_ms", w.cfg.ClaimInterval.Milliseconds(), "err", err)
+		w.followQueens(err)
 	}
 }
 
-// report tells the queen that the row id is DRAINING or STOPPED, once: a
-// queen that does not answer finds out by its health checks.
+// report tells the queen that the row id is DRAINING or STOPPED, once
+// (the next queen of the list when one does not answer or stands by): a
+// queen that does not hear it finds out by its health checks.
 func (w *Worker) report(id, status, reason string) {
 	if id == "" {
 		return
@@ -111,8 +111,16 @@ func (w *Worker) report(id, status, reason string) {
 	client := transport.NewClient(nil, w.cfg.CallbackTimeout)
 	defer client.CloseIdleConnections()
 	body, err := json.Marshal(api.WorkerReport{Status: status, Reason: reason})
-	if err == nil {
-		err = post(ctx, client, w.queenURL("/v2/workers/"+id+"/report"), w.cfg.ClusterToken, body, nil)
+	for range w.queens.Len() {
+		if err != nil {
+			break
+		}
+		if err = post(ctx, client, w.queenURL("/v2/workers/"+id+"/report"), w.cfg.ClusterToken, body, nil); err == nil {
+			break
+		}
+		if _, moved := w.queens.Follow(err); !moved {
+			break
+		}
 	}
 	if err != nil {
 		w.log.Warn("cannot report to the queen", "queen_url", w.cfg.QueenURL, "status", status, "err", err)
@@ -121,4 +129,22 @@ func (w *Worker) report(id, status, reason string) {
 	w.log.Info("reported to the queen", "status", status)
 }
 
-func (w *Worker) queenURL(path string) string { return strings.TrimSuffix(w.cfg.QueenURL, "/") + path }
+// followQueens moves to another queen of the list after err from the one
+// spoken to (rpc.Queens.Follow).
+func (w *Worker) followQueens(err error) {
+	if from, moved := w.queens.Follow(err); moved {
+		w.log.Info("following the queens: trying the next", "from", from, "to", w.queens.Base(), "err", err)
+	}
+}
+
+// queensOf is the queens of a worker run by hand (list checked by
+// Config.Validate), or nil.
+func queensOf(list string) *rpc.Queens {
+	if list == "" {
+		return nil
+	}
+	urls, _ := transport.BaseURLs("queen URL", list)
+	return rpc.NewQueens(urls)
+}
+
+func (w *Worker) queenURL(path string) string { return w.queens.Base() + path }

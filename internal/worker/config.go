@@ -55,7 +55,9 @@ type Config struct {
 	// QueenURL, when set, makes this a worker run by hand: once the model
 	// is loaded it claims a row at the queen (POST /v2/workers/claim,
 	// with ClusterToken) instead of a hive's ready callback, and reports
-	// its drain and stop there. Not with CallbackURL.
+	// its drain and stop there. Not with CallbackURL. Several queens
+	// sharing one PostgreSQL database, comma-separated: the worker
+	// follows the active one, as a hive does.
 	QueenURL string
 	// ClaimInterval is how often a worker run by hand (QueenURL) sends
 	// its claim again once its row is claimed, so that a restarted queen,
@@ -127,7 +129,7 @@ func (c *Config) Validate() error {
 		if c.CallbackURL != "" {
 			return fmt.Errorf("%w: a worker reports to its hive (callback URL) or claims a row at the queen (queen URL), not both", ErrInvalidConfig)
 		}
-		if _, err := transport.CheckBaseURL("queen URL", c.QueenURL); err != nil {
+		if _, err := transport.BaseURLs("queen URL", c.QueenURL); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/gguf"
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -63,6 +64,8 @@ type Worker struct {
 	quitCtx, drainCtx, hardCtx          context.Context
 	requestQuit, startDrain, cancelHard context.CancelFunc
 
+	queens *rpc.Queens // with QueenURL: the queens and the one spoken to; else nil
+
 	mu            sync.Mutex
 	status        Status           // guarded by mu; changed only by transitionLocked
 	statusSince   time.Time        // guarded by mu
@@ -91,6 +94,7 @@ func New(cfg Config, load Loader) (*Worker, error) {
 		log = log.With("lifecycle_id", cfg.LifecycleID)
 	}
 	w := &Worker{
+		queens:      queensOf(cfg.QueenURL),
 		cfg:         cfg,
 		load:        load,
 		log:         log,
