@@ -171,7 +171,7 @@ func TestDemoInstallsOnlyWhatTheBuildNeeds(t *testing.T) {
 		}
 		return strings.Fields(string(out))
 	}
-	testOnly := []string{"chromium", "qemu-user", "openssh-server", "postgresql-15", "systemd", "curl"}
+	testOnly := []string{"chromium", "qemu-user", "openssh-server", "postgresql-15", "systemd", "systemd-container", "curl"}
 	tests := list("")
 	for _, p := range testOnly {
 		if !slices.Contains(tests, p) {

@@ -47,6 +47,7 @@ if [ $mode = test ]; then
     curl               # the README's and the docs' blocks, which tests run as written
     qemu-user          # runs apiary on an emulated CPU without AVX (internal/worker's CPU backend test)
     systemd            # systemd-analyze verify checks the units of apiary service install (internal/service)
+    systemd-container  # systemd-nspawn boots systemd as PID 1 over this machine's root, where cmd/apiary's test starts the unit apiary service install wrote
     chromium           # the dashboard's browser tests (internal/queen) drive it headless through chromedp
     haproxy            # the failover test puts it in front of two queens, as docs/deploy.md does
   )

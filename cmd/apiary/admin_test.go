@@ -62,7 +62,13 @@ func apiary(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	err := run(t.Context(), args, &out, &errb)
-	return exitCode(err, &errb), out.String(), errb.String()
+	code := exitCode(err, &errb)
+	if code != 0 {
+		if p := errorStyleProblems(errb.String()); len(p) > 0 {
+			t.Errorf("apiary %s: the error shows %s (say what was wrong and what to do, in words):\n%s", strings.Join(args, " "), strings.Join(p, ", "), errb.String())
+		}
+	}
+	return code, out.String(), errb.String()
 }
 
 func TestAdminCommands(t *testing.T) {

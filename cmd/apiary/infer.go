@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -90,7 +89,7 @@ func runInfer(cmd *cobra.Command, cfg keeper.InferConfig, debug bool) error {
 	}
 	k, err := keeper.NewInfer(cfg)
 	if err != nil {
-		return usagef("infer: %v", stripUsage(config.Rename(err, inferFields)))
+		return usagef("infer: %w", config.Rename(err, inferFields))
 	}
 
 	sigc := make(chan os.Signal, 1)
@@ -130,13 +129,7 @@ func runInfer(cmd *cobra.Command, cfg keeper.InferConfig, debug bool) error {
 		return &exitError{code: code, err: rest}
 	}
 	if errors.Is(err, keeper.ErrUsage) {
-		return usagef("infer: %v", stripUsage(err))
+		return usagef("infer: %w", err)
 	}
 	return err
-}
-
-// stripUsage drops the "keeper: usage: " prefix that the keeper's usage
-// errors carry for errors.Is.
-func stripUsage(err error) error {
-	return errors.New(strings.ReplaceAll(err.Error(), keeper.ErrUsage.Error()+": ", ""))
 }

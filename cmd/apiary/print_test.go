@@ -85,7 +85,7 @@ func TestDaemonTextIsEscapedInTablesAndMessages(t *testing.T) {
 		{"nodes", "rm", "n1", q},
 		{"pools", "drain", "p1", "--reason", "r", q},
 		{"workers", "start", "--model", "tiny", "--reason", "r", q},
-		{"workers", "stop", "wk-1", "--reason", "r", q},
+		{"workers", "stop", "wk-0000000000000001", "--reason", "r", q},
 	} {
 		_, out, errOut := apiary(t, args...)
 		all := out + errOut
@@ -97,7 +97,7 @@ func TestDaemonTextIsEscapedInTablesAndMessages(t *testing.T) {
 		}
 	}
 	// An error's own lines stay lines; nothing else breaks them.
-	_, _, errOut := apiary(t, "workers", "stop", "wk-1", "--reason", "r", q)
+	_, _, errOut := apiary(t, "workers", "stop", "wk-0000000000000001", "--reason", "r", q)
 	if !strings.Contains(errOut, "\nsecond line") {
 		t.Errorf("error lost its line break: %q", errOut)
 	}

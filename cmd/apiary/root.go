@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -34,7 +35,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err: err} })
+	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(
 		newQueenCmd(),
 		newHiveCmd(),
@@ -71,3 +72,39 @@ func redactDefaults(c *cobra.Command) {
 		redactDefaults(sub)
 	}
 }
+
+// flagError is a flag that cobra could not parse, as a usage error (exit
+// 2). A value of the wrong kind is told as what the flag takes: pflag's
+// own message names the Go function that refused it ("strconv.ParseInt:
+// parsing "x": invalid syntax"). The cause stays wrapped.
+func flagError(_ *cobra.Command, err error) error {
+	var ive *pflag.InvalidValueError
+	if !errors.As(err, &ive) {
+		return &usageError{err: err}
+	}
+	f := ive.GetFlag()
+	msg := fmt.Sprintf("--%s %q: %v", f.Name, ive.GetValue(), errors.Unwrap(ive))
+	if want, ok := flagKinds[f.Value.Type()]; ok {
+		msg = fmt.Sprintf("--%s %q is not %s", f.Name, ive.GetValue(), want)
+	}
+	return &usageError{err: &toldError{msg: msg, err: err}}
+}
+
+// flagKinds says what a flag of each pflag type takes, in a person's words.
+var flagKinds = map[string]string{
+	"int": "a whole number", "int32": "a whole number", "int64": "a whole number",
+	"uint": "a whole number of 0 or more", "uint32": "a whole number of 0 or more", "uint64": "a whole number of 0 or more",
+	"float32": "a number", "float64": "a number",
+	"duration": "a duration (Go syntax: 500ms, 2s, 5m, 1h30m)",
+	"bool":     "true or false",
+}
+
+// toldError is an error whose message is written for a person while the
+// error it replaces stays wrapped for errors.Is and errors.As.
+type toldError struct {
+	msg string
+	err error
+}
+
+func (e *toldError) Error() string { return e.msg }
+func (e *toldError) Unwrap() error { return e.err }

@@ -80,7 +80,7 @@ systemctl: it prints the line to run.`,
 				bin, err = filepath.EvalSymlinks(bin)
 			}
 			if err != nil {
-				return fmt.Errorf("service: this binary's path: %w", err)
+				return fmt.Errorf("this binary's path: %w", err)
 			}
 			u := service.Unit{Role: role, Binary: bin, User: f.user, DataDir: f.dataDir, ModelsDir: f.modelsDir,
 				EnvFile: f.envFile, Args: extra, StopTimeout: stop + stopMargin, Watchdog: f.watchdog, Reload: reload}

@@ -63,7 +63,7 @@ the command line; without one the worker binds a loopback address only.
 SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usagef("worker: unexpected argument %q: `apiary worker` runs one worker process; to list or manage workers, did you mean `apiary workers %s`?",
+				return usagef("unexpected argument %q: `apiary worker` runs one worker process; to list or manage workers, did you mean `apiary workers %s`?",
 					args[0], strings.Join(args, " "))
 			}
 			return nil
@@ -98,26 +98,26 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 // runWorker checks the flags, then runs the worker until it is shut down.
 func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	if f.model == "" {
-		return usagef("worker: --model is required")
+		return usagef("--model is required")
 	}
 	if f.port < 0 || f.port > 65535 {
-		return usagef("worker: --port %d is not a port number", f.port)
+		return usagef("--port %d is not a port number", f.port)
 	}
 	if f.slots < 1 {
-		return usagef("worker: --slots must be at least 1, got %d", f.slots)
+		return usagef("--slots must be at least 1, got %d", f.slots)
 	}
 	if f.queue < -1 {
-		return usagef("worker: --queue must be -1 (no queue) or more, got %d", f.queue)
+		return usagef("--queue must be -1 (no queue) or more, got %d", f.queue)
 	}
 	if f.shutdownGrace <= 0 {
-		return usagef("worker: --shutdown-grace must be positive, got %s", f.shutdownGrace)
+		return usagef("--shutdown-grace must be positive, got %s", f.shutdownGrace)
 	}
 	if f.claimInterval <= 0 {
-		return usagef("worker: --claim-interval must be positive, got %s", f.claimInterval)
+		return usagef("--claim-interval must be positive, got %s", f.claimInterval)
 	}
 	logger, err := f.log.logger(stderr)
 	if err != nil {
-		return fmt.Errorf("worker: %w", err)
+		return err
 	}
 
 	// llama.cpp's CPU backend is the best level this CPU runs, loaded
@@ -125,16 +125,16 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	cpuBackend, err := llamacpp.CPUBackend(logger)
 	if err != nil {
 		if os.Getenv(cpuvariant.Env) != "" {
-			return usagef("worker: %w", err)
+			return usagef("%w", err)
 		}
-		return fmt.Errorf("worker: %w", err)
+		return err
 	}
 
 	// A worker asked for a GPU runs on it or not at all: the GPU backend
 	// is loaded from beside the binary before anything else.
 	if f.gpuDevice >= 0 {
 		if err := llamacpp.UseGPU(gpu.BackendDir(), f.gpuDevice, logger); err != nil {
-			return fmt.Errorf("worker: --gpu-device %d: %w", f.gpuDevice, err)
+			return fmt.Errorf("--gpu-device %d: %w", f.gpuDevice, err)
 		}
 	}
 
@@ -142,7 +142,7 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	var ln net.Listener
 	if f.listenFD != 0 {
 		if ln, err = inheritedListener(f.listenFD, f.port); err != nil {
-			return usagef("worker: %w", err)
+			return usagef("%w", err)
 		}
 		addr = ln.Addr().String()
 	}
@@ -186,7 +186,7 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return w.Run(ctx)
+	return daemonError(w.Run(ctx))
 }
 
 // inheritedListener turns fd, a listening TCP socket this process

@@ -214,8 +214,8 @@ in-flight requests finish first.`,
 			if strings.TrimSpace(reason) == "" {
 				return usagef("workers stop: --reason is required (it goes to the audit log)")
 			}
-			if !strings.HasPrefix(args[0], "wk-") {
-				return usagef("workers stop: %q is not a lifecycle id: give the wk-… id that apiary workers ls shows", args[0])
+			if !api.IsLifecycleID(args[0]) {
+				return usagef("workers stop: %q is not a lifecycle id: give the wk-… id (wk- and 16 hex digits) that apiary workers ls shows", args[0])
 			}
 			resp, err := a.client().StopWorker(cmd.Context(), args[0], drain, reason)
 			if err != nil {
@@ -248,8 +248,8 @@ Control characters show as escapes such as \x1b.`,
 			if a.asJSON {
 				return usagef("workers logs: --json does not apply: a log is text")
 			}
-			if !strings.HasPrefix(id, "wk-") {
-				return usagef("workers logs: %q is not a lifecycle id: give the wk-… id that apiary workers ls shows", id)
+			if !api.IsLifecycleID(id) {
+				return usagef("workers logs: %q is not a lifecycle id: give the wk-… id (wk- and 16 hex digits) that apiary workers ls shows", id)
 			}
 			if cmd.Flags().Changed("tail") && (q.Tail < 1 || q.Tail > api.MaxLogTail) {
 				return usagef("workers logs: --tail must be from 1 to %d, got %d", api.MaxLogTail, q.Tail)

@@ -252,4 +252,4 @@ func ParseError(data []byte) (ErrorDetail, bool) {
 
 // ErrUnsupported is wrapped by refusals of features this API does not
 // serve (tools, images, …).
-var ErrUnsupported = errors.New("anthropic: unsupported feature")
+var ErrUnsupported = errors.New("unsupported feature")

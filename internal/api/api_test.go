@@ -160,10 +160,10 @@ func TestLineDecoder(t *testing.T) {
 		{line: ` {"a":2} `, want: v{A: 2}},
 		{line: `{"a":3}{"a":4}`, err: "more than one value"},
 		{line: `{"a":5}`, want: v{A: 5}},
-		{line: `{"a":`, err: "unexpected EOF"},
+		{line: `{"a":`, err: "the JSON ends before its value does"},
 		{line: `{"a":6}`, want: v{A: 6}},
 		{line: `{"c":1}`, err: `unknown field "c"`},
-		{line: `{"a":"seven"}`, err: "cannot unmarshal"},
+		{line: `{"a":"seven"}`, err: "a must be a whole number, not string"},
 		{line: `[}`, err: "invalid character"},
 		{line: `{"a":8} x`, err: "more than one value"},
 		{line: `  `, err: "empty"},
@@ -208,6 +208,48 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 		}
 		if got := Bearer(r); got != want {
 			t.Errorf("Bearer of %q = %q, want %q", header, got, want)
+		}
+	}
+}
+
+// Regression (issue #34 item 6): a body of the wrong shape was refused
+// with encoding/json's words, "json: unknown field …" and "cannot
+// unmarshal string into Go struct field StartWorker.gpu of type int".
+// The message names the field by its JSON path and the kind it takes.
+func TestBadJSONBodySaysWhatIsWrongInWords(t *testing.T) {
+	type inner struct {
+		N uint `json:"n"`
+	}
+	type body struct {
+		GPU   *int    `json:"gpu"`
+		Name  string  `json:"name"`
+		Inner inner   `json:"inner"`
+		List  []int   `json:"list"`
+		F     float64 `json:"f"`
+	}
+	for in, want := range map[string]string{
+		`{"gpu":"0"}`:        "invalid JSON body: gpu must be a whole number, not string",
+		`{"name":1}`:         "invalid JSON body: name must be a string, not number",
+		`{"inner":{"n":-1}}`: "invalid JSON body: inner.n must be a whole number of 0 or more, not number -1",
+		`{"list":{}}`:        "invalid JSON body: list must be an array, not object",
+		`{"bogus":1}`:        `invalid JSON body: unknown field "bogus"`,
+		`[1]`:                "invalid JSON body: want an object, not array",
+		`{"name":"x",}`:      "invalid JSON body: invalid character '}' looking for beginning of object key string (at byte 13)",
+		`{"name":"x"`:        "invalid JSON body: the JSON ends before its value does",
+	} {
+		var b body
+		err := DecodeBytes([]byte(in), &b)
+		if err == nil || err.Error() != want {
+			t.Errorf("DecodeBytes(%s) = %v, want %q", in, err, want)
+		}
+		for _, leak := range []string{"json:", "Go struct", "of type"} {
+			if err != nil && strings.Contains(err.Error(), leak) {
+				t.Errorf("DecodeBytes(%s): %q shows %q", in, err, leak)
+			}
+		}
+		var ute *json.UnmarshalTypeError
+		if in == `{"gpu":"0"}` && !errors.As(err, &ute) {
+			t.Errorf("DecodeBytes(%s): the *json.UnmarshalTypeError is not wrapped: %v", in, err)
 		}
 	}
 }

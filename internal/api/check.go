@@ -11,6 +11,22 @@ import (
 // which costs every process start milliseconds.
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]*$`)
 
+// IsLifecycleID says whether s is a lifecycle row's id as the queen makes
+// them: wk- and 16 lowercase hex digits. The queen refuses any other (400),
+// and the CLI before it asks (a usage error).
+func IsLifecycleID(s string) bool {
+	hex, ok := strings.CutPrefix(s, "wk-")
+	if !ok || len(hex) != 16 {
+		return false
+	}
+	for _, c := range hex {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // MaxIDLen bounds an id.
 const MaxIDLen = 128
 

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 
@@ -62,7 +64,7 @@ func DecodeBytes(b []byte, dst any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
-		return BadRequest("invalid JSON body: %v", err)
+		return BadRequest("invalid JSON body: %w", jsonProblem(err))
 	}
 	if dec.More() {
 		return BadRequest("invalid JSON body: more than one value")
@@ -115,7 +117,7 @@ func (d *LineDecoder) Decode(line []byte, dst any) error {
 		// error for good): the next line gets a new one.
 		d.dec, d.decoded = nil, 0
 		if err != nil {
-			return BadRequest("invalid JSON body: %v", err)
+			return BadRequest("invalid JSON body: %w", jsonProblem(err))
 		}
 		return BadRequest("invalid JSON body: more than one value")
 	}
@@ -192,4 +194,58 @@ func WriteError(w http.ResponseWriter, status int, code, message string) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="apiary"`)
 	}
 	WriteJSON(w, status, Error{Error: ErrorDetail{Code: code, Message: message, Type: openai.TypeFor(status)}})
+}
+
+// jsonProblem says what is wrong with a JSON body in words: the errors of
+// encoding/json start with its package name ("json: unknown field …") or
+// name Go types ("Go struct field StartWorker.gpu of type int"). The cause
+// stays wrapped.
+func jsonProblem(err error) error {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	var msg string
+	switch {
+	case errors.As(err, &te) && te.Field != "":
+		msg = fmt.Sprintf("%s must be %s, not %s", te.Field, jsonKind(te.Type), te.Value)
+	case errors.As(err, &te):
+		msg = fmt.Sprintf("want %s, not %s", jsonKind(te.Type), te.Value)
+	case errors.As(err, &se):
+		msg = fmt.Sprintf("%s (at byte %d)", se.Error(), se.Offset)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		msg = "the JSON ends before its value does"
+	default:
+		msg = strings.TrimPrefix(err.Error(), "json: ")
+	}
+	return &jsonError{msg: msg, err: err}
+}
+
+type jsonError struct {
+	msg string
+	err error
+}
+
+func (e *jsonError) Error() string { return e.msg }
+func (e *jsonError) Unwrap() error { return e.err }
+
+// jsonKind names what a Go type takes in JSON.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "a whole number"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number of 0 or more"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "another kind of value"
 }

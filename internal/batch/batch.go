@@ -263,7 +263,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	if cfg.Store == nil || cfg.Router == nil || cfg.Dir == "" {
-		return nil, fmt.Errorf("batch: Config.Store, Router and Dir are required")
+		return nil, fmt.Errorf("Config.Store, Router and Dir are required")
 	}
 	files := contents{dir: cfg.Dir, st: cfg.Store, inDB: cfg.Store.Dialect() == store.Postgres}
 	return &Service{cfg: cfg, st: cfg.Store, files: files, log: cfg.Logger.With("component", "batch"),

@@ -44,7 +44,7 @@ func (c contents) place(id string) error {
 		return nil
 	}
 	if err := os.Rename(c.temp(id), c.path(id)); err != nil {
-		return fmt.Errorf("batch: keep file %s: %w", id, err)
+		return fmt.Errorf("keep file %s: %w", id, err)
 	}
 	return nil
 }
@@ -63,7 +63,7 @@ func (c contents) put(tx *store.Tx, id string) error {
 	}
 	f, err := os.Open(c.temp(id))
 	if err != nil {
-		return fmt.Errorf("batch: keep file %s: %w", id, err)
+		return fmt.Errorf("keep file %s: %w", id, err)
 	}
 	defer f.Close()
 	_, err = tx.PutBatchFileContent(id, f)
@@ -81,7 +81,7 @@ func (c contents) open(ctx context.Context, f store.BatchFile) (io.ReadCloser, e
 	}
 	data, err := os.Open(c.path(f.ID))
 	if err != nil {
-		return nil, fmt.Errorf("batch: the bytes of file %s: %w", f.ID, err)
+		return nil, fmt.Errorf("the bytes of file %s: %w", f.ID, err)
 	}
 	return data, nil
 }

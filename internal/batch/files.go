@@ -48,7 +48,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 		return openai.Invalid("file", "cannot read the multipart form: %v", err)
 	}
 	if err := os.MkdirAll(s.cfg.Dir, 0o700); err != nil {
-		return fmt.Errorf("batch: files dir: %w", err)
+		return fmt.Errorf("files dir: %w", err)
 	}
 	now := time.Now()
 	id := newID("file-", now)
@@ -89,7 +89,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	f, err := os.Open(tmp)
 	if err != nil {
-		return fmt.Errorf("batch: read the upload: %w", err)
+		return fmt.Errorf("read the upload: %w", err)
 	}
 	_, perr := ScanInput(f, s.inputLimits(), nil)
 	f.Close()
@@ -126,7 +126,7 @@ func (s *Service) postFile(w http.ResponseWriter, r *http.Request) error {
 func (s *Service) copyPart(path string, part io.Reader) (int64, error) {
 	out, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
-		return 0, fmt.Errorf("batch: write the upload: %w", err)
+		return 0, fmt.Errorf("write the upload: %w", err)
 	}
 	n, err := io.Copy(out, io.LimitReader(part, s.cfg.MaxFileBytes+1))
 	if cerr := out.Close(); err == nil {
@@ -258,7 +258,7 @@ func (s *Service) getFileContent(w http.ResponseWriter, r *http.Request) error {
 	head := make([]byte, 64<<10)
 	n, err := io.ReadFull(data, head)
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return fmt.Errorf("batch: the bytes of file %s: %w", f.ID, err)
+		return fmt.Errorf("the bytes of file %s: %w", f.ID, err)
 	}
 	w.Header().Set("Content-Type", "application/jsonl")
 	w.Header().Set("Content-Length", strconv.FormatInt(f.Bytes, 10))

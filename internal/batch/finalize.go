@@ -191,12 +191,12 @@ type resultFile struct {
 
 func newResultFile(dir, id string, temp func(string) string) (*resultFile, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("batch: files dir: %w", err)
+		return nil, fmt.Errorf("files dir: %w", err)
 	}
 	tmp := temp(id)
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("batch: write results: %w", err)
+		return nil, fmt.Errorf("write results: %w", err)
 	}
 	return &resultFile{id: id, tmp: tmp, f: f, w: bufio.NewWriterSize(f, 64<<10)}, nil
 }
@@ -215,13 +215,13 @@ func (r *resultFile) keep(batchID, purpose, suffix string, now time.Time, expire
 		return nil, nil
 	}
 	if err := r.w.Flush(); err != nil {
-		return nil, fmt.Errorf("batch: write results: %w", err)
+		return nil, fmt.Errorf("write results: %w", err)
 	}
 	if err := r.f.Sync(); err != nil {
-		return nil, fmt.Errorf("batch: write results: %w", err)
+		return nil, fmt.Errorf("write results: %w", err)
 	}
 	if err := r.f.Close(); err != nil {
-		return nil, fmt.Errorf("batch: write results: %w", err)
+		return nil, fmt.Errorf("write results: %w", err)
 	}
 	r.f = nil
 	return &store.BatchFile{ID: r.id, Purpose: purpose, Filename: batchID + suffix + ".jsonl", Bytes: r.bytes, CreatedAt: now, ExpiresAt: expires}, nil

@@ -131,7 +131,7 @@ func ScanInput(r io.Reader, lim InputLimits, fn func(Request) error) (int, error
 		if errors.Is(err, bufio.ErrTooLong) {
 			return n, lineTooLong(line+1, lim.MaxLineBytes)
 		}
-		return n, fmt.Errorf("batch: read the input file: %w", err)
+		return n, fmt.Errorf("read the input file: %w", err)
 	}
 	if n == 0 {
 		return 0, &openai.Error{Status: http.StatusBadRequest, Code: "invalid_file", Param: "file",

@@ -33,7 +33,7 @@ func CheckJobMove(from, to JobState) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("batch: a job cannot go from %s to %s", from, to)
+	return fmt.Errorf("a job cannot go from %s to %s", from, to)
 }
 
 // Status is a batch's status, as OpenAI names it.
@@ -74,7 +74,7 @@ func CheckMove(from, to Status) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("batch: a batch cannot go from %s to %s", from, to)
+	return fmt.Errorf("a batch cannot go from %s to %s", from, to)
 }
 
 // Counts is a batch's requests by how they ended.

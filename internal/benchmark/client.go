@@ -16,7 +16,7 @@ import (
 
 // ErrStream means a completion stream broke the protocol: no chunk, no
 // usage, or a body that is not server-sent events of JSON.
-var ErrStream = errors.New("benchmark: bad completion stream")
+var ErrStream = errors.New("bad completion stream")
 
 // Request is one streamed completion request.
 type Request struct {
@@ -116,12 +116,12 @@ func Complete(ctx context.Context, client *http.Client, baseURL string, r Reques
 	start := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
-		return Sample{}, fmt.Errorf("benchmark: %w", err)
+		return Sample{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return Sample{}, fmt.Errorf("benchmark: %s answered %s: %s", baseURL, resp.Status, bytes.TrimSpace(msg))
+		return Sample{}, fmt.Errorf("%s answered %s: %s", baseURL, resp.Status, bytes.TrimSpace(msg))
 	}
 
 	var (
@@ -147,7 +147,7 @@ func Complete(ctx context.Context, client *http.Client, baseURL string, r Reques
 			return Sample{}, fmt.Errorf("%w: %v in %q", ErrStream, err, data)
 		}
 		if c.Error != nil {
-			return Sample{}, fmt.Errorf("benchmark: %s failed mid-stream: %s", baseURL, c.Error.Message)
+			return Sample{}, fmt.Errorf("%s failed mid-stream: %s", baseURL, c.Error.Message)
 		}
 		for _, ch := range c.Choices {
 			if ch.Text == "" && ch.FinishReason == nil {
@@ -176,7 +176,7 @@ func Complete(ctx context.Context, client *http.Client, baseURL string, r Reques
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return Sample{}, fmt.Errorf("benchmark: reading the stream of %s: %w", baseURL, err)
+		return Sample{}, fmt.Errorf("reading the stream of %s: %w", baseURL, err)
 	}
 	s.Total = time.Since(start)
 	if s.FirstChunk == 0 {

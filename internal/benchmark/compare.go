@@ -111,7 +111,7 @@ func (r Result) serverRates(get func(Round) *Timings, f func(Timings) float64) [
 // request on both sides, A first in even rounds and B first in odd ones.
 func Compare(ctx context.Context, cfg Config, a, b Side) (Result, error) {
 	if cfg.Rounds < 1 || cfg.GenTokens < 2 || cfg.PromptTokens < 2 || cfg.Tokenizer == nil {
-		return Result{}, errors.New("benchmark: Config needs Rounds ≥ 1, GenTokens ≥ 2, PromptTokens ≥ 2 and a Tokenizer")
+		return Result{}, errors.New("Config needs Rounds ≥ 1, GenTokens ≥ 2, PromptTokens ≥ 2 and a Tokenizer")
 	}
 	if cfg.Pause == 0 {
 		cfg.Pause = 300 * time.Millisecond
@@ -207,7 +207,7 @@ func Compare(ctx context.Context, cfg Config, a, b Side) (Result, error) {
 		}
 		for k, s := range rd.Generation {
 			if s.CompletionTokens != cfg.GenTokens {
-				return Round{}, fmt.Errorf("benchmark: %s generated %d tokens, want %d (is ignore_eos honoured?)",
+				return Round{}, fmt.Errorf("%s generated %d tokens, want %d (is ignore_eos honoured?)",
 					sides[k].Name, s.CompletionTokens, cfg.GenTokens)
 			}
 		}

@@ -17,7 +17,7 @@ import (
 // must serve n requests at once (n slots).
 func Concurrent(ctx context.Context, cfg Config, n int, a, b Side) (p Paired, same int, err error) {
 	if cfg.Rounds < 1 || cfg.GenTokens < 2 || n < 1 {
-		return p, 0, errors.New("benchmark: Concurrent needs Rounds ≥ 1, GenTokens ≥ 2 and n ≥ 1")
+		return p, 0, errors.New("Concurrent needs Rounds ≥ 1, GenTokens ≥ 2 and n ≥ 1")
 	}
 	if cfg.Pause == 0 {
 		cfg.Pause = 300 * time.Millisecond

@@ -46,18 +46,18 @@ func LlamaServerTokenizer(client *http.Client, baseURL string) Tokenizer {
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := client.Do(req)
 		if err != nil {
-			return 0, fmt.Errorf("benchmark: tokenize: %w", err)
+			return 0, fmt.Errorf("tokenize: %w", err)
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			return 0, fmt.Errorf("benchmark: tokenize: %s: %s", resp.Status, msg)
+			return 0, fmt.Errorf("tokenize: %s: %s", resp.Status, msg)
 		}
 		var out struct {
 			Tokens []json.RawMessage `json:"tokens"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			return 0, fmt.Errorf("benchmark: tokenize: %w", err)
+			return 0, fmt.Errorf("tokenize: %w", err)
 		}
 		return len(out.Tokens), nil
 	}

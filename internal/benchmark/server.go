@@ -43,7 +43,7 @@ type Server struct {
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, fmt.Errorf("benchmark: finding a free port: %w", err)
+		return 0, fmt.Errorf("finding a free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
@@ -62,7 +62,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	cmd.WaitDelay = 10 * time.Second
 	cmd.Stdout, cmd.Stderr = cfg.Log, cfg.Log
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("benchmark: starting %s: %w", cfg.Name, err)
+		return nil, fmt.Errorf("starting %s: %w", cfg.Name, err)
 	}
 	s := &Server{
 		Name:    cfg.Name,
@@ -91,9 +91,9 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
 		select {
 		case err := <-s.waitErr:
 			s.waitErr <- err
-			return fmt.Errorf("benchmark: %s exited before it was ready: %v (see its log)", s.Name, err)
+			return fmt.Errorf("%s exited before it was ready: %v (see its log)", s.Name, err)
 		case <-ctx.Done():
-			return fmt.Errorf("benchmark: %s not ready after %s (last health: %s): %w", s.Name, timeout, last, ctx.Err())
+			return fmt.Errorf("%s not ready after %s (last health: %s): %w", s.Name, timeout, last, ctx.Err())
 		case <-tick.C:
 		}
 		ready, status, err := health(ctx, client, s.URL)
@@ -165,7 +165,7 @@ func (s *Server) Close() error {
 			err = <-s.waitErr
 		}
 		if err != nil && !stoppedBySignal(err) {
-			s.err = fmt.Errorf("benchmark: %s: %w", s.Name, err)
+			s.err = fmt.Errorf("%s: %w", s.Name, err)
 		}
 	})
 	return s.err

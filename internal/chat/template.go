@@ -18,7 +18,7 @@ import (
 )
 
 // ErrTemplate means a chat template could not be compiled or rendered.
-var ErrTemplate = errors.New("chat: template failed")
+var ErrTemplate = errors.New("template failed")
 
 // Message is one chat message.
 type Message struct {

@@ -21,7 +21,7 @@ func jsonValue(data []byte) (jinja.Value, error) {
 		return jinja.Undefined(), err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return jinja.Undefined(), errors.New("chat: trailing data after a JSON value")
+		return jinja.Undefined(), errors.New("trailing data after a JSON value")
 	}
 	return v, nil
 }
@@ -43,7 +43,7 @@ func decodeValue(dec *json.Decoder) (jinja.Value, error) {
 				}
 				key, ok := k.(string)
 				if !ok {
-					return jinja.Undefined(), fmt.Errorf("chat: object key %v is not a string", k)
+					return jinja.Undefined(), fmt.Errorf("object key %v is not a string", k)
 				}
 				v, err := decodeValue(dec)
 				if err != nil {
@@ -65,7 +65,7 @@ func decodeValue(dec *json.Decoder) (jinja.Value, error) {
 			_, err := dec.Token() // ']'
 			return jinja.NewList(items), err
 		}
-		return jinja.Undefined(), fmt.Errorf("chat: unexpected %v", t)
+		return jinja.Undefined(), fmt.Errorf("unexpected %v", t)
 	case json.Number:
 		return jinja.FromGoValue(t), nil
 	default: // nil, bool, string

@@ -123,3 +123,24 @@ func Default[T comparable](v *T, def T) {
 		*v = def
 	}
 }
+
+// yamlError is an error of gopkg.in/yaml.v3 told without the package
+// name it starts with ("yaml: line 3: …"); the cause stays wrapped.
+type yamlError struct{ err error }
+
+func (e yamlError) Error() string {
+	msg := strings.TrimPrefix(e.err.Error(), "yaml: ")
+	msg = strings.TrimPrefix(msg, "unmarshal errors:\n")
+	return strings.TrimSpace(msg)
+}
+func (e yamlError) Unwrap() error { return e.err }
+
+// YAMLError wraps an error of the YAML decoder so that its message reads
+// as the file's problem, not as the decoder's package ("line 3: did not
+// find expected key"); nil stays nil.
+func YAMLError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return yamlError{err}
+}

@@ -5,10 +5,17 @@
 package datadir
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 )
+
+// ErrUnusable marks a data directory that cannot be created, locked or
+// written (a file in its path, no permission, a read-only file system):
+// the daemons wrap it with the cause, and cmd/apiary adds which flag
+// chooses another.
+var ErrUnusable = errors.New("cannot use the data directory")
 
 // Home is apiary's data directory; it fails only when neither
 // $XDG_DATA_HOME nor a home directory is known.
@@ -18,7 +25,7 @@ func Home() (string, error) {
 	}
 	home, err := os.UserHomeDir()
 	if err != nil {
-		return "", fmt.Errorf("datadir: no default data directory: %w", err)
+		return "", fmt.Errorf("no default data directory: %w", err)
 	}
 	return filepath.Join(home, ".local", "share", "apiary"), nil
 }

@@ -12,18 +12,18 @@ import (
 // Sentinel errors returned by engines. Callers test them with errors.Is.
 var (
 	// ErrPromptTooLong means the prompt does not fit the context window.
-	ErrPromptTooLong = errors.New("engine: prompt does not fit the context window")
+	ErrPromptTooLong = errors.New("prompt does not fit the context window")
 	// ErrStop is returned by an Emit callback to end a generation early
 	// (for example, because a stop sequence matched). Generate then returns
 	// normally with FinishStop.
-	ErrStop = errors.New("engine: stop requested")
+	ErrStop = errors.New("stop requested")
 	// ErrGrammar means a request's grammar or JSON schema could not be
 	// turned into a sampler; the error's text says why.
-	ErrGrammar = errors.New("engine: invalid grammar")
+	ErrGrammar = errors.New("invalid grammar")
 	// ErrTokenID means a request named a token id the model does not have.
-	ErrTokenID = errors.New("engine: no such token id")
+	ErrTokenID = errors.New("no such token id")
 	// ErrClosed means the engine was closed.
-	ErrClosed = errors.New("engine: closed")
+	ErrClosed = errors.New("closed")
 )
 
 // Options configure how a model is loaded.

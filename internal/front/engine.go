@@ -35,7 +35,7 @@ type engineProc struct {
 }
 
 // ErrEngineStart means the engine's program could not be started.
-var ErrEngineStart = errors.New("front: engine did not start")
+var ErrEngineStart = errors.New("engine did not start")
 
 // startEngine starts c from a goroutine whose OS thread stays locked
 // until the engine has been reaped: Linux sends the parent-death signal
@@ -114,4 +114,4 @@ func (p *engineProc) stop(wait time.Duration) string {
 // that a worker's FAILED row names how the engine ended.
 type EngineExitError struct{ Exit procs.Exit }
 
-func (e *EngineExitError) Error() string { return "front: the engine exited: " + e.Exit.String() }
+func (e *EngineExitError) Error() string { return "the engine exited: " + e.Exit.String() }

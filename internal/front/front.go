@@ -52,7 +52,7 @@ const (
 )
 
 // ErrInvalidConfig means Config.Validate found a problem.
-var ErrInvalidConfig = errors.New("front: invalid config")
+var ErrInvalidConfig = errors.New("invalid config")
 
 // Config is one front.
 type Config struct {
@@ -229,12 +229,12 @@ func (f *Front) RequestShutdown() { f.quitOnce.Do(func() { close(f.quit) }) }
 // too; a shutdown while it starts stops it and returns nil.
 func (f *Front) Run(ctx context.Context) error {
 	if !f.started.CompareAndSwap(false, true) {
-		return errors.New("front: Run called twice")
+		return errors.New("Run called twice")
 	}
 	ln, err := f.cfg.TLS.Listen(f.cfg.Listener)
 	if err != nil {
 		f.cfg.Listener.Close()
-		return fmt.Errorf("front: %w", err)
+		return err
 	}
 	eng, err := startEngine(f.cfg.Engine)
 	if err != nil {
@@ -273,7 +273,7 @@ func (f *Front) Run(ctx context.Context) error {
 }
 
 // errQuit ends waitHealthy when a shutdown is requested.
-var errQuit = errors.New("front: shutdown requested while the engine started")
+var errQuit = errors.New("shutdown requested while the engine started")
 
 // endStarting ends a Run whose engine never became healthy.
 func (f *Front) endStarting(eng *engineProc, err error) error {
@@ -363,7 +363,7 @@ func (f *Front) reportReady(eng *engineProc) error {
 		case <-time.After(time.Second):
 		}
 	}
-	return fmt.Errorf("front: ready callback to %s: %w", f.cfg.CallbackURL, err)
+	return fmt.Errorf("ready callback to %s: %w", f.cfg.CallbackURL, err)
 }
 
 // drain shuts the front down gracefully:

@@ -51,15 +51,15 @@ const maxNameLen = 63
 // callers tell the cases apart with errors.Is.
 var (
 	// ErrNotGGUF means the file does not start with the GGUF magic.
-	ErrNotGGUF = errors.New("gguf: not a GGUF file")
+	ErrNotGGUF = errors.New("not a GGUF file")
 	// ErrVersion means the file is GGUF, but of a version or byte order
 	// this package does not read.
-	ErrVersion = errors.New("gguf: unsupported GGUF version")
+	ErrVersion = errors.New("unsupported GGUF version")
 	// ErrTruncated means the file ends before the data it declares.
-	ErrTruncated = errors.New("gguf: file is truncated")
+	ErrTruncated = errors.New("file is truncated")
 	// ErrInvalid means the file breaks the format: a length larger than the
 	// file, an unknown type, a duplicate key or tensor, a misplaced tensor.
-	ErrInvalid = errors.New("gguf: invalid file")
+	ErrInvalid = errors.New("invalid file")
 )
 
 // Error describes what is wrong with a GGUF file and where.
@@ -72,7 +72,7 @@ type Error struct {
 
 func (e *Error) Error() string {
 	if e.Name == "" {
-		return "gguf: " + e.Msg
+		return "GGUF file: " + e.Msg
 	}
 	return e.Name + ": " + e.Msg
 }

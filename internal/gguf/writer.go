@@ -81,7 +81,7 @@ func NewWriter(w io.Writer, md Metadata, tensors []Tensor) (*Writer, error) {
 	}
 	e.pad(align)
 	if e.err != nil {
-		return nil, fmt.Errorf("gguf: write: %w", e.err)
+		return nil, fmt.Errorf("write: %w", e.err)
 	}
 	return &Writer{e: e, tensors: tensors, align: align}, nil
 }
@@ -99,7 +99,7 @@ func (w *Writer) WriteTensor(data []byte) error {
 	w.e.bytes(data)
 	w.e.pad(w.align)
 	if w.e.err != nil {
-		return fmt.Errorf("gguf: write: %w", w.e.err)
+		return fmt.Errorf("write: %w", w.e.err)
 	}
 	return nil
 }
@@ -114,7 +114,7 @@ func (w *Writer) Close() error {
 		w.e.err = w.e.w.Flush()
 	}
 	if w.e.err != nil {
-		return fmt.Errorf("gguf: write: %w", w.e.err)
+		return fmt.Errorf("write: %w", w.e.err)
 	}
 	return nil
 }

@@ -47,7 +47,7 @@ type Inventory interface {
 
 // ErrNoNVML is returned by OpenNVML when the NVML library cannot be loaded
 // or reports no device.
-var ErrNoNVML = errors.New("gpu: no NVML devices")
+var ErrNoNVML = errors.New("no NVML devices")
 
 // Detect returns the CUDA inventory when NVML loads and reports at least
 // one GPU (its CPU offered after the GPUs), otherwise the CPU inventory. NVML errors other than a missing
@@ -88,7 +88,7 @@ func (c CPU) Devices(context.Context) ([]Device, error) {
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("gpu: read system memory: %w", err)
+		return nil, fmt.Errorf("read system memory: %w", err)
 	}
 	defer f.Close()
 	total, avail, err := ParseMeminfo(f)
@@ -118,7 +118,7 @@ func ParseMeminfo(r io.Reader) (total, available uint64, err error) {
 		}
 		n, perr := strconv.ParseUint(fields[0], 10, 64)
 		if perr != nil {
-			return 0, 0, fmt.Errorf("gpu: meminfo %s: %w", key, perr)
+			return 0, 0, fmt.Errorf("meminfo %s: %w", key, perr)
 		}
 		if len(fields) > 1 && fields[1] == "kB" {
 			n *= 1024
@@ -133,10 +133,10 @@ func ParseMeminfo(r io.Reader) (total, available uint64, err error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return 0, 0, fmt.Errorf("gpu: meminfo: %w", err)
+		return 0, 0, fmt.Errorf("meminfo: %w", err)
 	}
 	if total == 0 {
-		return 0, 0, errors.New("gpu: meminfo has no MemTotal")
+		return 0, 0, errors.New("meminfo has no MemTotal")
 	}
 	if !haveAvail {
 		available = free

@@ -25,7 +25,7 @@ func OpenNVML() (*NVML, error) {
 		if ret == nvml.ERROR_LIBRARY_NOT_FOUND || ret == nvml.ERROR_DRIVER_NOT_LOADED || ret == nvml.ERROR_NO_PERMISSION {
 			return nil, fmt.Errorf("%w: %s", ErrNoNVML, ret.Error())
 		}
-		return nil, fmt.Errorf("gpu: nvml init: %s", ret.Error())
+		return nil, fmt.Errorf("nvml init: %s", ret.Error())
 	}
 	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS || n == 0 {
@@ -39,7 +39,7 @@ func OpenNVML() (*NVML, error) {
 func (g *NVML) DeviceCount() (int, error) {
 	n, ret := g.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return 0, fmt.Errorf("gpu: nvml device count: %s", ret.Error())
+		return 0, fmt.Errorf("nvml device count: %s", ret.Error())
 	}
 	return n, nil
 }
@@ -48,11 +48,11 @@ func (g *NVML) DeviceCount() (int, error) {
 func (g *NVML) Device(i int) (Device, error) {
 	h, ret := g.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
-		return Device{}, fmt.Errorf("gpu: nvml device %d: %s", i, ret.Error())
+		return Device{}, fmt.Errorf("nvml device %d: %s", i, ret.Error())
 	}
 	mem, ret := h.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
-		return Device{}, fmt.Errorf("gpu: nvml device %d memory: %s", i, ret.Error())
+		return Device{}, fmt.Errorf("nvml device %d memory: %s", i, ret.Error())
 	}
 	d := Device{ID: i, Kind: KindCUDA, TotalBytes: mem.Total, FreeBytes: mem.Free}
 	if name, ret := h.GetName(); ret == nvml.SUCCESS {
@@ -72,7 +72,7 @@ func (g *NVML) Device(i int) (Device, error) {
 func (g *NVML) CUDAVersion() (int, error) {
 	v, ret := g.lib.SystemGetCudaDriverVersion()
 	if ret != nvml.SUCCESS {
-		return 0, fmt.Errorf("gpu: nvml CUDA driver version: %s", ret.Error())
+		return 0, fmt.Errorf("nvml CUDA driver version: %s", ret.Error())
 	}
 	return v, nil
 }
@@ -81,11 +81,11 @@ func (g *NVML) CUDAVersion() (int, error) {
 func (g *NVML) Processes(i int) ([]Process, error) {
 	h, ret := g.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("gpu: nvml device %d: %s", i, ret.Error())
+		return nil, fmt.Errorf("nvml device %d: %s", i, ret.Error())
 	}
 	infos, ret := h.GetComputeRunningProcesses()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("gpu: nvml device %d processes: %s", i, ret.Error())
+		return nil, fmt.Errorf("nvml device %d processes: %s", i, ret.Error())
 	}
 	out := make([]Process, 0, len(infos))
 	for _, p := range infos {
@@ -99,7 +99,7 @@ func (g *NVML) Close() error {
 	var err error
 	g.closeOnce.Do(func() {
 		if ret := g.lib.Shutdown(); ret != nvml.SUCCESS {
-			err = fmt.Errorf("gpu: nvml shutdown: %s", ret.Error())
+			err = fmt.Errorf("nvml shutdown: %s", ret.Error())
 		}
 	})
 	return err

@@ -15,7 +15,7 @@ func OpenNVML() (*NVML, error) {
 	return nil, fmt.Errorf("%w: built without cgo", ErrNoNVML)
 }
 
-var errNoNVML = errors.New("gpu: no NVML")
+var errNoNVML = errors.New("no NVML")
 
 // DeviceCount is never reached.
 func (*NVML) DeviceCount() (int, error) { return 0, errNoNVML }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/procs"
 )
 
@@ -40,19 +41,19 @@ func openDataDir(root string) (*dataDir, error) {
 	d := &dataDir{root: root}
 	for _, dir := range []string{d.childrenDir(), d.logsDir()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("hive: data dir: %w", err)
+			return nil, fmt.Errorf("%w %s: %w", datadir.ErrUnusable, root, err)
 		}
 	}
 	f, err := os.OpenFile(filepath.Join(root, "hive", "lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("hive: data dir lock: %w", err)
+		return nil, fmt.Errorf("%w %s: lock: %w", datadir.ErrUnusable, root, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("hive: another hive is using data dir %s", root)
+			return nil, fmt.Errorf("another hive is using data dir %s", root)
 		}
-		return nil, fmt.Errorf("hive: data dir lock: %w", err)
+		return nil, fmt.Errorf("%w %s: lock: %w", datadir.ErrUnusable, root, err)
 	}
 	d.lock = f
 	return d, nil
@@ -77,18 +78,18 @@ func (d *dataDir) writeRecord(r childRecord) error {
 	}
 	tmp, err := os.CreateTemp(d.childrenDir(), ".tmp-*")
 	if err != nil {
-		return fmt.Errorf("hive: child record: %w", err)
+		return fmt.Errorf("child record: %w", err)
 	}
 	_, werr := tmp.Write(b)
 	serr := tmp.Sync()
 	cerr := tmp.Close()
 	if err := errors.Join(werr, serr, cerr); err != nil {
 		os.Remove(tmp.Name())
-		return fmt.Errorf("hive: child record: %w", err)
+		return fmt.Errorf("child record: %w", err)
 	}
 	if err := os.Rename(tmp.Name(), d.recordPath(r.WorkerID)); err != nil {
 		os.Remove(tmp.Name())
-		return fmt.Errorf("hive: child record: %w", err)
+		return fmt.Errorf("child record: %w", err)
 	}
 	return nil
 }
@@ -102,7 +103,7 @@ func (d *dataDir) removeRecord(workerID string) {
 func (d *dataDir) reapSurvivors(logger *slog.Logger, timeout time.Duration) ([]int, error) {
 	ents, err := os.ReadDir(d.childrenDir())
 	if err != nil {
-		return nil, fmt.Errorf("hive: read child records: %w", err)
+		return nil, fmt.Errorf("read child records: %w", err)
 	}
 	var all []int
 	var groups []int
@@ -124,7 +125,7 @@ func (d *dataDir) reapSurvivors(logger *slog.Logger, timeout time.Duration) ([]i
 		}
 		killed, err := procs.KillSurvivors(r.Process)
 		if err != nil {
-			return all, fmt.Errorf("hive: kill survivors of worker %s: %w", r.WorkerID, err)
+			return all, fmt.Errorf("kill survivors of worker %s: %w", r.WorkerID, err)
 		}
 		if len(killed) > 0 {
 			logger.Warn("killed worker processes left by a previous hive",
@@ -147,7 +148,7 @@ func (d *dataDir) reapSurvivors(logger *slog.Logger, timeout time.Duration) ([]i
 				break
 			}
 			if time.Now().After(deadline) {
-				return all, fmt.Errorf("hive: processes %v of a previous hive survive SIGKILL", m)
+				return all, fmt.Errorf("processes %v of a previous hive survive SIGKILL", m)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}

@@ -72,16 +72,16 @@ type enginesFile struct {
 func LoadEngines(path string) (map[string]Engine, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("hive: engines file: %w", err)
+		return nil, fmt.Errorf("engines file: %w", err)
 	}
 	var f enginesFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("hive: engines file %s: %w", path, err)
+		return nil, fmt.Errorf("engines file %s: %w", path, config.YAMLError(err))
 	}
 	if err := checkEngines(f.Engines); err != nil {
-		return nil, fmt.Errorf("hive: engines file %s: %w", path, err)
+		return nil, fmt.Errorf("engines file %s: %w", path, err)
 	}
 	return f.Engines, nil
 }

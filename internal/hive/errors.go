@@ -13,22 +13,22 @@ import (
 // (openai.Coded); handlers return them wrapped with %w, and writeError
 // answers the status and code found with one errors.As.
 var (
-	ErrWorkerNotFound   = openai.Sentinel(http.StatusNotFound, "worker_not_found", "hive: worker not found")
-	ErrModelNotFound    = openai.Sentinel(http.StatusNotFound, "model_not_found", "hive: model not found")
-	ErrInvalidModelRef  = openai.Sentinel(http.StatusBadRequest, "invalid_model_ref", "hive: invalid model_ref")
-	ErrInvalidModel     = openai.Sentinel(http.StatusUnprocessableEntity, "invalid_model", "hive: model is not a readable GGUF")
-	ErrUnsupportedModel = openai.Sentinel(http.StatusUnprocessableEntity, "unsupported_model", "hive: unsupported model architecture")
-	ErrUnknownEngine    = openai.Sentinel(http.StatusBadRequest, "unknown_engine", "hive: this hive has no such engine")
-	ErrDeviceNotFound   = openai.Sentinel(http.StatusBadRequest, "device_not_found", "hive: no such device")
-	ErrDeviceUnusable   = openai.Sentinel(http.StatusConflict, "device_unusable", "hive: no worker can use this device")
-	ErrNoFreePort       = openai.Sentinel(http.StatusServiceUnavailable, "no_free_port", "hive: no free port in the worker range")
-	ErrShuttingDown     = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "hive: shutting down")
-	ErrUnauthorized     = openai.Sentinel(http.StatusUnauthorized, "unauthorized", "hive: unauthorized")
-	ErrNotStarting      = openai.Sentinel(http.StatusConflict, "worker_not_starting", "hive: worker is not starting")
-	ErrImplausibleReady = openai.Sentinel(http.StatusUnprocessableEntity, "implausible_ready", "hive: implausible ready callback")
-	ErrWorkerEnded      = openai.Sentinel(http.StatusConflict, "worker_ended", "hive: worker has ended")
-	ErrMaxLoaded        = openai.Sentinel(http.StatusConflict, "max_loaded", "hive: the hive runs its --max-loaded workers")
-	ErrSpawn            = errors.New("hive: cannot start worker process") // an internal error
+	ErrWorkerNotFound   = openai.Sentinel(http.StatusNotFound, "worker_not_found", "worker not found")
+	ErrModelNotFound    = openai.Sentinel(http.StatusNotFound, "model_not_found", "model not found")
+	ErrInvalidModelRef  = openai.Sentinel(http.StatusBadRequest, "invalid_model_ref", "invalid model_ref")
+	ErrInvalidModel     = openai.Sentinel(http.StatusUnprocessableEntity, "invalid_model", "model is not a readable GGUF")
+	ErrUnsupportedModel = openai.Sentinel(http.StatusUnprocessableEntity, "unsupported_model", "unsupported model architecture")
+	ErrUnknownEngine    = openai.Sentinel(http.StatusBadRequest, "unknown_engine", "this hive has no such engine")
+	ErrDeviceNotFound   = openai.Sentinel(http.StatusBadRequest, "device_not_found", "no such device")
+	ErrDeviceUnusable   = openai.Sentinel(http.StatusConflict, "device_unusable", "no worker can use this device")
+	ErrNoFreePort       = openai.Sentinel(http.StatusServiceUnavailable, "no_free_port", "no free port in the worker range")
+	ErrShuttingDown     = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "shutting down")
+	ErrUnauthorized     = openai.Sentinel(http.StatusUnauthorized, "unauthorized", "unauthorized")
+	ErrNotStarting      = openai.Sentinel(http.StatusConflict, "worker_not_starting", "worker is not starting")
+	ErrImplausibleReady = openai.Sentinel(http.StatusUnprocessableEntity, "implausible_ready", "implausible ready callback")
+	ErrWorkerEnded      = openai.Sentinel(http.StatusConflict, "worker_ended", "worker has ended")
+	ErrMaxLoaded        = openai.Sentinel(http.StatusConflict, "max_loaded", "the hive runs its --max-loaded workers")
+	ErrSpawn            = errors.New("cannot start worker process") // an internal error
 )
 
 // InsufficientMemoryError is a preflight refusal naming the shortfall.
@@ -41,7 +41,7 @@ type InsufficientMemoryError struct {
 }
 
 func (e *InsufficientMemoryError) Error() string {
-	return fmt.Sprintf("hive: model needs %s but %s device %d has %s available (%s held by its workers); short by %s",
+	return fmt.Sprintf("model needs %s but %s device %d has %s available (%s held by its workers); short by %s",
 		api.FormatBytes(e.Need), e.Kind, e.Device, api.FormatBytes(e.Available), api.FormatBytes(e.Held), api.FormatBytes(e.Need-e.Available))
 }
 

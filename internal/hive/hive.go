@@ -74,14 +74,14 @@ func New(cfg Config) (*Hive, error) {
 	if cfg.FrontPath == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return nil, fmt.Errorf("hive: find own executable for engine fronts: %w", err)
+			return nil, fmt.Errorf("find own executable for engine fronts: %w", err)
 		}
 		cfg.FrontPath = exe
 	}
 	if cfg.WorkerPath == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return nil, fmt.Errorf("hive: find own executable for workers: %w", err)
+			return nil, fmt.Errorf("find own executable for workers: %w", err)
 		}
 		cfg.WorkerPath = exe
 	}
@@ -160,7 +160,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	ran := false
 	h.runOnce.Do(func() { ran = true })
 	if !ran {
-		return errors.New("hive: Run called twice")
+		return errors.New("Run called twice")
 	}
 	defer close(h.done)
 	defer h.release()
@@ -175,11 +175,11 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	}
 	ln, err := net.Listen("tcp", h.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("hive: listen on %s: %w", h.cfg.Addr, err)
+		return fmt.Errorf("listen on %s: %w", h.cfg.Addr, err)
 	}
 	h.addr = ln.Addr()
 	if ln, err = h.cfg.TLS.Listen(ln); err != nil {
-		return fmt.Errorf("hive: %w", err)
+		return err
 	}
 	srv := &http.Server{
 		Handler:           h.routes(),
@@ -193,7 +193,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	g, gctx := errgroup.WithContext(serveCtx)
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("hive: serve: %w", err)
+			return fmt.Errorf("serve: %w", err)
 		}
 		return nil
 	})
@@ -218,7 +218,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	case <-h.shutdown:
 		h.log.Info("hive shutting down", "cause", "shutdown requested")
 	case <-gctx.Done():
-		cause = errors.New("hive: server stopped")
+		cause = errors.New("server stopped")
 	}
 
 	start := time.Now()

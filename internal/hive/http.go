@@ -218,7 +218,7 @@ func (h *Hive) postShutdown(w http.ResponseWriter, _ *http.Request) error {
 func listModels(dir string, ctxSize int) ([]api.Model, error) {
 	models, err := modelstore.List(dir)
 	if err != nil {
-		return nil, fmt.Errorf("hive: list models: %w", err)
+		return nil, fmt.Errorf("list models: %w", err)
 	}
 	out := make([]api.Model, 0, len(models))
 	for _, m := range models {

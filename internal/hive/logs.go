@@ -80,7 +80,7 @@ const rotatedHeader = "[apiary: this file continues %s.1; it starts at byte %d o
 var rotatedHeaderRE = regexp.MustCompile(`^\[apiary: this file continues \S+\.1; it starts at byte (\d+) of the log\]\n`)
 
 // errRotated: the files were rotated while a reader opened them.
-var errRotated = errors.New("hive: the log files were rotated while being read")
+var errRotated = errors.New("the log files were rotated while being read")
 
 func newWorkerLog(path string) *workerLog {
 	l := &workerLog{path: path, size: ringSize, cur: segment{path: path}, prev: segment{path: path + ".1"}}
@@ -113,7 +113,7 @@ func endedLog(path string) *workerLog {
 // its header names (a file without one starts the log) to its end.
 func fileSegment(path string) (segment, error) {
 	if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() {
-		return segment{}, fmt.Errorf("hive: %s is not a log file (%v)", path, err) // opening a FIFO would block
+		return segment{}, fmt.Errorf("%s is not a log file (%v)", path, err) // opening a FIFO would block
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -331,7 +331,7 @@ func (l *workerLog) readFiles(v logView, from int64) ([]byte, error) {
 		}
 		part := make([]byte, hi-lo)
 		if n, err := files[i].ReadAt(part, s.hdr+lo-s.from); n < len(part) {
-			return nil, fmt.Errorf("hive: log file %s: %w", s.path, err) // io.EOF: shorter than the log it held
+			return nil, fmt.Errorf("log file %s: %w", s.path, err) // io.EOF: shorter than the log it held
 		}
 		b = append(b, part...)
 	}

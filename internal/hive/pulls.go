@@ -19,10 +19,10 @@ import (
 
 // Sentinel errors of the pull endpoints.
 var (
-	ErrPullConflict = openai.Sentinel(http.StatusConflict, "pull_in_progress", "hive: another pull of this model is under way")
-	ErrModelExists  = openai.Sentinel(http.StatusConflict, "model_exists", "hive: model already exists")
-	ErrPullNotFound = openai.Sentinel(http.StatusNotFound, "pull_not_found", "hive: pull not found")
-	ErrHubRefused   = openai.Sentinel(http.StatusForbidden, "hub_refused", "hive: the Hub refused access")
+	ErrPullConflict = openai.Sentinel(http.StatusConflict, "pull_in_progress", "another pull of this model is under way")
+	ErrModelExists  = openai.Sentinel(http.StatusConflict, "model_exists", "model already exists")
+	ErrPullNotFound = openai.Sentinel(http.StatusNotFound, "pull_not_found", "pull not found")
+	ErrHubRefused   = openai.Sentinel(http.StatusForbidden, "hub_refused", "the Hub refused access")
 )
 
 // maxEndedPulls bounds the ended pulls a hive remembers (GET
@@ -88,7 +88,7 @@ func (p *pulls) start(ctx context.Context, req api.PullModelRequest) (st api.Mod
 		}
 	}
 	if err := os.MkdirAll(p.h.cfg.ModelsDir, 0o755); err != nil {
-		return api.ModelPull{}, false, fmt.Errorf("hive: models directory: %w", err)
+		return api.ModelPull{}, false, fmt.Errorf("models directory: %w", err)
 	}
 
 	p.mu.Lock()

@@ -70,12 +70,12 @@ const registerRetryMin = 250 * time.Millisecond
 const eventQueue = 1024
 
 // errQueenForgot means the queen answered that it does not know this pool.
-var errQueenForgot = errors.New("hive: queen does not know this pool")
+var errQueenForgot = errors.New("queen does not know this pool")
 
 // errPoolHeld means the queen answered that another live hive holds this
 // hive's pool id (409 pool_id_in_use): at registration, or, for a hive
 // that was taken over, at any later call.
-var errPoolHeld = errors.New("hive: another hive holds this pool id")
+var errPoolHeld = errors.New("another hive holds this pool id")
 
 func newQueenClient(h *Hive) *queenClient {
 	hc := transport.NewClient(nil, max(h.cfg.HeartbeatInterval, time.Second))

@@ -139,7 +139,7 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	}
 	devs, err := h.devices.Devices(ctx)
 	if err != nil {
-		return snap, fmt.Errorf("hive: device inventory: %w", err)
+		return snap, fmt.Errorf("device inventory: %w", err)
 	}
 	devs = h.reg.withLeaks(devs)
 	dev, err := chooseDevice(devs, req.GPUDevice, info.MemoryBytes, func(id int) held {

@@ -12,7 +12,7 @@ import (
 
 // ErrTooLong is a line over the reader's bound; the stream cannot be read
 // on after it.
-var ErrTooLong = errors.New("jsonl: line too long")
+var ErrTooLong = errors.New("line too long")
 
 // Reader reads lines of at most max bytes (the newline included).
 type Reader struct {

@@ -142,12 +142,12 @@ func (e *ephemeral) start(ctx context.Context) (string, error) {
 func nodeRef(model, node string) (string, error) {
 	if looksLikePath(model) {
 		ref := strings.TrimSuffix(filepath.Base(model), ".gguf")
-		return "", fmt.Errorf("%w: --model %s is a path, but the prompt runs on node %s: its hive serves models by ref from its models dir "+
+		return "", usagef("--model %s is a path, but the prompt runs on node %s: its hive serves models by ref from its models dir "+
 			"and cannot load a file of this machine. Use the ref (--model %s: %s.gguf in the node's models dir, see apiary models pull there)",
-			ErrUsage, model, node, ref, ref)
+			model, node, ref, ref)
 	}
 	if !validRef(model) {
-		return "", fmt.Errorf("%w: --model %q is not a model ref", ErrUsage, model)
+		return "", usagef("--model %q is not a model ref", model)
 	}
 	return model, nil
 }
@@ -166,7 +166,7 @@ func (e *ephemeral) probeNode(ctx context.Context, deadline <-chan time.Time) (*
 	cfg := e.k.cfg
 	target, err := sshnode.ParseTarget(cfg.SSH)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --ssh: %w", ErrUsage, err)
+		return nil, usagef("--ssh: %w", err)
 	}
 	dir := cfg.InstallDir
 	if dir == "" {
@@ -336,12 +336,12 @@ func (e *ephemeral) teardown(interrupted bool) error {
 func resolveModel(model, modelsDir, linkDir string) (ref, dir string, err error) {
 	if !looksLikePath(model) {
 		if !validRef(model) {
-			return "", "", fmt.Errorf("%w: --model %q is neither a model ref nor a path to a .gguf file", ErrUsage, model)
+			return "", "", usagef("--model %q is neither a model ref nor a path to a .gguf file", model)
 		}
 		ref = strings.TrimSuffix(model, ".gguf")
 		path := filepath.Join(modelsDir, ref+".gguf")
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return "", "", fmt.Errorf("%w: model %s is not in %s: pass a path to a .gguf file, or put it there (apiary models pull URL)", ErrUsage, ref, modelsDir)
+			return "", "", usagef("model %s is not in %s: pass a path to a .gguf file, or put it there (apiary models pull URL)", ref, modelsDir)
 		} else if err != nil {
 			return "", "", fmt.Errorf("model %s: %w", ref, err)
 		}
@@ -354,18 +354,18 @@ func resolveModel(model, modelsDir, linkDir string) (ref, dir string, err error)
 	st, err := os.Stat(abs)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return "", "", fmt.Errorf("%w: --model %s: no such file", ErrUsage, model)
+		return "", "", usagef("--model %s: no such file", model)
 	case err != nil:
 		return "", "", fmt.Errorf("--model %s: %w", model, err)
 	case !st.Mode().IsRegular():
-		return "", "", fmt.Errorf("%w: --model %s is not a regular file", ErrUsage, model)
+		return "", "", usagef("--model %s is not a regular file", model)
 	}
 	ref = strings.TrimSuffix(filepath.Base(abs), ".gguf")
 	if !validRef(ref) {
-		return "", "", fmt.Errorf("%w: --model %s: the file name %q cannot be a model ref (letters, digits, '.', '_', '+', '-')", ErrUsage, model, ref)
+		return "", "", usagef("--model %s: the file name %q cannot be a model ref (letters, digits, '.', '_', '+', '-')", model, ref)
 	}
 	if err := os.MkdirAll(linkDir, 0o755); err != nil {
-		return "", "", fmt.Errorf("%w", err)
+		return "", "", err
 	}
 	if err := os.Symlink(abs, filepath.Join(linkDir, ref+".gguf")); err != nil {
 		return "", "", fmt.Errorf("make %s available to the local hive: %w", model, err)

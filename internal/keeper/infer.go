@@ -87,7 +87,7 @@ const (
 func DefaultModelsDir() string { return datadir.Models() }
 
 // ErrUsage marks a mistake in what the keeper was asked (exit code 2).
-var ErrUsage = errors.New("keeper: usage")
+var ErrUsage = errors.New("usage error")
 
 // refPattern is a model ref or node name, at most 200 bytes (validRef):
 // the length is left to the code, as a counted repetition ({0,199})
@@ -160,6 +160,10 @@ type usage struct{ error }
 func (u usage) Unwrap() error        { return u.error }
 func (u usage) Is(target error) bool { return target == ErrUsage }
 
+// usagef is fmt.Errorf marked as ErrUsage: the message is only what went
+// wrong and what to do, with no marker in its text.
+func usagef(format string, a ...any) error { return usage{fmt.Errorf(format, a...)} }
+
 // Infer answers one prompt. Create it with NewInfer, run it with Run.
 type Infer struct {
 	cfg  InferConfig
@@ -197,10 +201,10 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 	if mode == ModeEphemeral {
 		if k.cfg.Node != "" && k.cfg.SSH == "" {
 			if k.cfg.Ephemeral {
-				return fmt.Errorf("%w: --node %s with --ephemeral: give the node's --ssh USER@HOST[:PORT] to start a hive there for this prompt", ErrUsage, k.cfg.Node)
+				return usagef("--node %s with --ephemeral: give the node's --ssh USER@HOST[:PORT] to start a hive there for this prompt", k.cfg.Node)
 			}
-			return fmt.Errorf("%w: --node %s: no queen answers at %s; give the node's --ssh USER@HOST[:PORT] to start a hive there for this prompt, "+
-				"or start a queen that knows the node (apiary queen, apiary nodes add)", ErrUsage, k.cfg.Node, k.cfg.QueenURL)
+			return usagef("--node %s: no queen answers at %s; give the node's --ssh USER@HOST[:PORT] to start a hive there for this prompt, "+
+				"or start a queen that knows the node (apiary queen, apiary nodes add)", k.cfg.Node, k.cfg.QueenURL)
 		}
 		eph := &ephemeral{k: k}
 		defer func() {
@@ -213,8 +217,8 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 		}
 		url = eph.url
 	} else if k.cfg.SSH != "" {
-		return fmt.Errorf("%w: --ssh starts a hive on the node when no queen answers, but a queen answers at %s: drop --ssh (add the node to that queen with apiary nodes add)",
-			ErrUsage, url)
+		return usagef("--ssh starts a hive on the node when no queen answers, but a queen answers at %s: drop --ssh (add the node to that queen with apiary nodes add)",
+			url)
 	} else if ref, err = persistentRef(k.cfg.Model); err != nil {
 		return err
 	} else {
@@ -240,13 +244,13 @@ func (k *Infer) Run(ctx context.Context) (err error) {
 func persistentRef(model string) (string, error) {
 	if looksLikePath(model) {
 		ref := strings.TrimSuffix(filepath.Base(model), ".gguf")
-		return "", fmt.Errorf("%w: --model %s is a path, but a queen answers at --queen: it serves models by ref from its hives' models dirs, "+
+		return "", usagef("--model %s is a path, but a queen answers at --queen: it serves models by ref from its hives' models dirs, "+
 			"cannot load this file and cannot tell whether its pools' %s is the same file. Use the ref (--model %s: %s.gguf in the hives' models dir), "+
 			"or pass --ephemeral to load the file itself (ephemeral mode: a throwaway queen and hive of its own)",
-			ErrUsage, model, ref, ref, ref)
+			model, ref, ref, ref)
 	}
 	if !validRef(model) {
-		return "", fmt.Errorf("%w: --model %q is neither a model ref nor a path to a .gguf file", ErrUsage, model)
+		return "", usagef("--model %q is neither a model ref nor a path to a .gguf file", model)
 	}
 	return model, nil
 }
@@ -304,7 +308,7 @@ func (k *Infer) detect(ctx context.Context) (mode, active string, err error) {
 func (k *Infer) health(ctx context.Context, base string) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
 	if err != nil {
-		return "", fmt.Errorf("%w: --queen %q: %w", ErrUsage, base, err)
+		return "", usagef("--queen %q: %w", base, err)
 	}
 	resp, err := oneShotClient().Do(req)
 	if err != nil {
@@ -404,7 +408,7 @@ func (k *Infer) stream(ctx context.Context, body io.Reader, prog *progress) erro
 			}
 			if jerr := json.Unmarshal([]byte(data), &ev); jerr != nil {
 				finish()
-				return fmt.Errorf("keeper: bad event in the answer stream: %w", jerr)
+				return fmt.Errorf("bad event in the answer stream: %w", jerr)
 			}
 			if ev.Error != nil {
 				finish()
@@ -418,7 +422,7 @@ func (k *Infer) stream(ctx context.Context, body io.Reader, prog *progress) erro
 				}
 				if text := termtext.Stream(*c.Delta.Content); text != "" {
 					if _, werr := io.WriteString(k.cfg.Stdout, text); werr != nil {
-						return fmt.Errorf("keeper: write answer: %w", werr)
+						return fmt.Errorf("write answer: %w", werr)
 					}
 					wrote, lastNL = true, strings.HasSuffix(text, "\n")
 				}
@@ -430,9 +434,9 @@ func (k *Infer) stream(ctx context.Context, body io.Reader, prog *progress) erro
 				return context.Cause(ctx)
 			}
 			if errors.Is(err, io.EOF) {
-				return errors.New("keeper: the answer stream ended before [DONE]")
+				return errors.New("the answer stream ended before [DONE]")
 			}
-			return fmt.Errorf("keeper: read answer stream: %w", err)
+			return fmt.Errorf("read answer stream: %w", err)
 		}
 	}
 }

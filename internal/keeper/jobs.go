@@ -49,7 +49,7 @@ func (j *Jobs) Upload(ctx context.Context, name string, data []byte) (batch.File
 	defer resp.Body.Close()
 	var f batch.FileObject
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&f); err != nil {
-		return f, fmt.Errorf("keeper: the queen's answer to the upload: %w", err)
+		return f, fmt.Errorf("the queen's answer to the upload: %w", err)
 	}
 	return f, nil
 }

@@ -56,7 +56,7 @@ func (c *Client) WorkerLogs(ctx context.Context, id string, q api.LogQuery, w io
 		if perr := ctx.Err(); perr != nil {
 			return perr
 		}
-		return fmt.Errorf("keeper: the log of %s broke off: %w", id, err)
+		return fmt.Errorf("the log of %s broke off: %w", id, err)
 	}
 	return nil
 }

@@ -45,10 +45,10 @@ var transitions = map[State][]State{
 }
 
 // ErrInvalidTransition is wrapped by every *TransitionError.
-var ErrInvalidTransition = errors.New("lifecycle: invalid transition")
+var ErrInvalidTransition = errors.New("invalid transition")
 
 // ErrUnknownState is returned by ParseState for a name outside the vocabulary.
-var ErrUnknownState = errors.New("lifecycle: unknown state")
+var ErrUnknownState = errors.New("unknown state")
 
 // TransitionError names a change the table does not allow.
 type TransitionError struct {
@@ -56,7 +56,7 @@ type TransitionError struct {
 }
 
 func (e *TransitionError) Error() string {
-	return fmt.Sprintf("lifecycle: invalid transition %s → %s", e.From, e.To)
+	return fmt.Sprintf("invalid transition %s → %s", e.From, e.To)
 }
 
 // Unwrap lets errors.Is(err, ErrInvalidTransition) match.

@@ -51,11 +51,11 @@ import (
 func LibDir() (string, error) {
 	f := C.ggml_file()
 	if f == nil {
-		return "", fmt.Errorf("llamacpp: cannot tell where libggml was loaded from")
+		return "", fmt.Errorf("cannot tell where libggml was loaded from")
 	}
 	p, err := filepath.EvalSymlinks(C.GoString(f))
 	if err != nil {
-		return "", fmt.Errorf("llamacpp: libggml: %w", err)
+		return "", fmt.Errorf("libggml: %w", err)
 	}
 	return filepath.Dir(p), nil
 }
@@ -82,13 +82,13 @@ func CPUBackend(log *slog.Logger) (cpuvariant.Choice, error) {
 		}
 		c, err := cpuvariant.Choose(dir)
 		if err != nil {
-			cpuBackend.err = fmt.Errorf("llamacpp: %w", err)
+			cpuBackend.err = err
 			return
 		}
 		cpath := C.CString(c.Path)
 		defer C.free(unsafe.Pointer(cpath))
 		if C.load_backend(cpath) == 0 {
-			cpuBackend.err = fmt.Errorf("llamacpp: ggml could not load the CPU backend %s", c.Path)
+			cpuBackend.err = fmt.Errorf("ggml could not load the CPU backend %s", c.Path)
 			return
 		}
 		C.llama_backend_init()

@@ -32,7 +32,7 @@ import (
 // never wait for or slow the decode loop's batches beyond sharing the CPU.
 func (e *Engine) Embed(ctx context.Context, prompt []int) ([]float32, error) {
 	if len(prompt) == 0 {
-		return nil, errors.New("llamacpp: empty input")
+		return nil, errors.New("empty input")
 	}
 	if len(prompt) > e.nCtxSeq {
 		return nil, fmt.Errorf("%w: %d tokens, context holds %d", engine.ErrPromptTooLong, len(prompt), e.nCtxSeq)
@@ -64,11 +64,11 @@ func (e *Engine) Embed(ctx context.Context, prompt []int) ([]float32, error) {
 	C.llama_memory_clear(mem, true)
 	defer C.llama_memory_clear(mem, true)
 	if rc := C.llama_decode(e.emb, batch); rc != 0 {
-		return nil, fmt.Errorf("llamacpp: embedding decode failed (code %d)", int(rc))
+		return nil, fmt.Errorf("embedding decode failed (code %d)", int(rc))
 	}
 	p := C.llama_get_embeddings_seq(e.emb, 0)
 	if p == nil {
-		return nil, errors.New("llamacpp: llama.cpp returned no pooled embedding")
+		return nil, errors.New("llama.cpp returned no pooled embedding")
 	}
 	n := int(C.llama_model_n_embd(e.model))
 	v := make([]float32, n)
@@ -102,7 +102,7 @@ func (e *Engine) newEmbeddingContext() (*C.struct_llama_context, error) {
 		cparams.pooling_type = pooling
 		lctx := C.llama_init_from_model(e.model, cparams)
 		if lctx == nil {
-			return nil, fmt.Errorf("llamacpp: llama.cpp could not create an embeddings context of %d tokens", e.nCtxSeq)
+			return nil, fmt.Errorf("llama.cpp could not create an embeddings context of %d tokens", e.nCtxSeq)
 		}
 		if got := C.llama_pooling_type(lctx); got == C.LLAMA_POOLING_TYPE_NONE || got == C.LLAMA_POOLING_TYPE_RANK {
 			C.llama_free(lctx)
@@ -110,5 +110,5 @@ func (e *Engine) newEmbeddingContext() (*C.struct_llama_context, error) {
 		}
 		return lctx, nil
 	}
-	return nil, errors.New("llamacpp: no pooled embeddings context")
+	return nil, errors.New("no pooled embeddings context")
 }

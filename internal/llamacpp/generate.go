@@ -159,16 +159,16 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit engine.E
 // error other than ErrStop ends every choice.
 func (e *Engine) GenerateChoices(ctx context.Context, req engine.Request, n int, emit engine.EmitChoice) ([]engine.Result, error) {
 	if len(req.Prompt) == 0 {
-		return nil, errors.New("llamacpp: empty prompt")
+		return nil, errors.New("empty prompt")
 	}
 	if len(req.Prompt) >= e.nCtxSeq {
 		return nil, fmt.Errorf("%w: %d prompt tokens, context holds %d", engine.ErrPromptTooLong, len(req.Prompt), e.nCtxSeq)
 	}
 	if req.MaxTokens <= 0 {
-		return nil, errors.New("llamacpp: max tokens must be positive")
+		return nil, errors.New("max tokens must be positive")
 	}
 	if n < 1 || n > e.slots {
-		return nil, fmt.Errorf("llamacpp: %d choices at once, the engine has %d slots", n, e.slots)
+		return nil, fmt.Errorf("%d choices at once, the engine has %d slots", n, e.slots)
 	}
 	notify := make(chan struct{}, 1)
 	seqs := make([]*sequence, n)
@@ -537,12 +537,12 @@ func (e *Engine) run() {
 					"after", time.Since(stepStart))
 			}
 			for _, s := range e.stepBack(active) {
-				release(s, engine.Result{}, errors.New("llamacpp: an aborted step left the memory of the sequence changed"))
+				release(s, engine.Result{}, errors.New("an aborted step left the memory of the sequence changed"))
 			}
 			continue
 		}
 		if rc != 0 {
-			err := fmt.Errorf("llamacpp: decode failed (code %d)", int(rc))
+			err := fmt.Errorf("decode failed (code %d)", int(rc))
 			e.log.Error("decode failed", "code", int(rc), "tokens", int(batch.n_tokens))
 			for _, s := range active {
 				if s != nil {

@@ -28,7 +28,7 @@ func SchemaGrammar(schema []byte) (string, error) {
 	var ok C.int
 	out := C.apiary_schema_to_grammar((*C.char)(cs), C.size_t(len(schema)), &ok)
 	if out == nil {
-		return "", errors.New("llamacpp: out of memory converting a JSON schema")
+		return "", errors.New("out of memory converting a JSON schema")
 	}
 	defer C.free(unsafe.Pointer(out))
 	text := C.GoString(out)

@@ -176,7 +176,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 		opts.BatchSize = 512
 	}
 	if _, err := os.Stat(opts.ModelPath); err != nil {
-		return nil, fmt.Errorf("llamacpp: model: %w", err)
+		return nil, fmt.Errorf("model: %w", err)
 	}
 	if _, err := CPUBackend(log); err != nil {
 		return nil, err
@@ -191,7 +191,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 		if d := C.gpu_device(C.int(opts.GPUDevice)); d != nil {
 			devs := C.device_list(d)
 			if devs == nil {
-				return nil, errors.New("llamacpp: out of memory for the device list")
+				return nil, errors.New("out of memory for the device list")
 			}
 			defer C.free(unsafe.Pointer(devs))
 			mparams.devices = devs
@@ -202,7 +202,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 			mparams.split_mode = C.LLAMA_SPLIT_MODE_NONE
 		} else {
 			// The worker loads the backend (UseGPU) before it gets here.
-			return nil, fmt.Errorf("llamacpp: %w: no GPU %d in ggml's backends (load the GPU backend first)", gpu.ErrNoBackend, opts.GPUDevice)
+			return nil, fmt.Errorf("%w: no GPU %d in ggml's backends (load the GPU backend first)", gpu.ErrNoBackend, opts.GPUDevice)
 		}
 	} else {
 		mparams.n_gpu_layers = 0
@@ -227,9 +227,9 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 	<-watched
 	if model == nil {
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("llamacpp: loading %s: %w", opts.ModelPath, err)
+			return nil, fmt.Errorf("loading %s: %w", opts.ModelPath, err)
 		}
-		return nil, fmt.Errorf("llamacpp: llama.cpp could not load %s (see the log above for its reason)", opts.ModelPath)
+		return nil, fmt.Errorf("llama.cpp could not load %s (see the log above for its reason)", opts.ModelPath)
 	}
 
 	trainCtx := int(C.llama_model_n_ctx_train(model))
@@ -250,7 +250,7 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 	lctx := C.llama_init_from_model(model, cparams)
 	if lctx == nil {
 		C.llama_model_free(model)
-		return nil, fmt.Errorf("llamacpp: llama.cpp could not create a context of %d tokens for %s", nctx, opts.ModelPath)
+		return nil, fmt.Errorf("llama.cpp could not create a context of %d tokens for %s", nctx, opts.ModelPath)
 	}
 
 	e := &Engine{
@@ -320,7 +320,7 @@ func (e *Engine) warmup() error {
 	}
 	C.batch_add(&batch, tok, 0, 0, true)
 	if rc := C.llama_decode(e.lctx, batch); rc != 0 {
-		return fmt.Errorf("llamacpp: warm-up decode failed (code %d)", int(rc))
+		return fmt.Errorf("warm-up decode failed (code %d)", int(rc))
 	}
 	C.llama_memory_clear(C.llama_get_memory(e.lctx), true)
 	return nil
@@ -358,7 +358,7 @@ func (e *Engine) Tokenize(text string, addSpecial bool) ([]int, error) {
 		buf := make([]C.llama_token, n)
 		got := C.llama_tokenize(e.vocab, ctext, C.int32_t(len(text)), &buf[0], C.int32_t(n), C.bool(addSpecial), true)
 		if got == C.INT32_MIN {
-			return nil, errors.New("llamacpp: text too long to tokenize")
+			return nil, errors.New("text too long to tokenize")
 		}
 		if got < 0 {
 			n = int(-got)
@@ -376,7 +376,7 @@ func (e *Engine) Tokenize(text string, addSpecial bool) ([]int, error) {
 		}
 		return ids, nil
 	}
-	return nil, errors.New("llamacpp: tokenizer disagreed with itself about the token count")
+	return nil, errors.New("tokenizer disagreed with itself about the token count")
 }
 
 // piece returns the raw bytes of a token's text (special tokens render empty).
@@ -402,7 +402,7 @@ func (e *Engine) piece(id C.llama_token, buf []byte) []byte {
 //	System: …\n\nUser: …\n\nAssistant: …\n\nAssistant:
 func (e *Engine) ChatPrompt(msgs []engine.Message) (string, error) {
 	if len(msgs) == 0 {
-		return "", errors.New("llamacpp: no messages")
+		return "", errors.New("no messages")
 	}
 	if e.tmpl != nil {
 		if s, ok := e.applyTemplate(msgs); ok {

@@ -2,7 +2,6 @@ package modelconfig
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -21,7 +20,7 @@ import (
 func decode(data []byte, out *File) error {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return fmt.Errorf("modelconfig: %w", err)
+		return config.YAMLError(err)
 	}
 	if len(doc.Content) == 0 {
 		return nil // an empty file: no models

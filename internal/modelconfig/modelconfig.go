@@ -136,16 +136,16 @@ func (d Defaults) Empty() bool {
 func Load(path string) (*File, error) {
 	fh, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("modelconfig: %w", err)
+		return nil, err
 	}
 	defer fh.Close()
 	data := make([]byte, MaxFileBytes+1)
 	n, err := readFull(fh, data)
 	if err != nil {
-		return nil, fmt.Errorf("modelconfig: read %s: %w", path, err)
+		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	if n > MaxFileBytes {
-		return nil, fmt.Errorf("modelconfig: %s is larger than %d bytes", path, MaxFileBytes)
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, MaxFileBytes)
 	}
 	return Parse(data[:n])
 }

@@ -25,12 +25,12 @@ import (
 var (
 	// ErrChecksum means a download's sha256 is not the one the Hub
 	// publishes; its partial file was deleted.
-	ErrChecksum = errors.New("modelstore: checksum mismatch")
+	ErrChecksum = errors.New("checksum mismatch")
 	// ErrNoSpace means the models directory's file system has not the
 	// room for the download; nothing was downloaded.
-	ErrNoSpace = errors.New("modelstore: not enough free disk space")
+	ErrNoSpace = errors.New("not enough free disk space")
 	// ErrBusy means another pull is writing the same file.
-	ErrBusy = errors.New("modelstore: another pull of this file is under way")
+	ErrBusy = errors.New("another pull of this file is under way")
 )
 
 // PartialExt ends the name of a file being downloaded, kept beside the
@@ -46,7 +46,7 @@ const copyBuffer = 1 << 20
 func FreeSpace(dir string) (uint64, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("modelstore: statfs %s: %w", dir, err)
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	return st.Bavail * uint64(st.Bsize), nil
 }
@@ -75,30 +75,30 @@ type download struct {
 func (d *download) open() error {
 	f, err := os.OpenFile(d.partial, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return fmt.Errorf("modelstore: %w", err)
+		return err
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return fmt.Errorf("%w: %s is locked", ErrBusy, d.partial)
 		}
-		return fmt.Errorf("modelstore: lock %s: %w", d.partial, err)
+		return fmt.Errorf("lock %s: %w", d.partial, err)
 	}
 	d.f, d.h, d.size = f, sha256.New(), d.file.Size
 	st, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("modelstore: %w", err)
+		return err
 	}
 	if d.size >= 0 && st.Size() > d.size {
 		return d.restart()
 	}
 	n, err := io.CopyBuffer(d.h, io.NewSectionReader(f, 0, st.Size()), make([]byte, copyBuffer))
 	if err != nil {
-		return fmt.Errorf("modelstore: reading %s: %w", d.partial, err)
+		return fmt.Errorf("reading %s: %w", d.partial, err)
 	}
 	d.off = n
 	if _, err := f.Seek(n, io.SeekStart); err != nil {
-		return fmt.Errorf("modelstore: %w", err)
+		return err
 	}
 	return nil
 }
@@ -106,10 +106,10 @@ func (d *download) open() error {
 // restart empties the partial file.
 func (d *download) restart() error {
 	if err := d.f.Truncate(0); err != nil {
-		return fmt.Errorf("modelstore: %w", err)
+		return err
 	}
 	if _, err := d.f.Seek(0, io.SeekStart); err != nil {
-		return fmt.Errorf("modelstore: %w", err)
+		return err
 	}
 	d.h.Reset()
 	d.off = 0
@@ -170,7 +170,7 @@ func (d *download) run(ctx context.Context) error {
 
 // errStalled cancels an attempt that received no byte for the stall
 // timeout.
-var errStalled = errors.New("modelstore: no bytes within the stall timeout")
+var errStalled = errors.New("no bytes within the stall timeout")
 
 // attempt is one GET of the rest of the file (Range: bytes=off-). done
 // reports that err is final: nil when the file is complete, or a refusal
@@ -322,7 +322,7 @@ func (d *download) copy(ctx context.Context, body io.Reader, u string) (done boo
 				return true, fmt.Errorf("%w: GET %s: the server sent more than the file's %d bytes", ErrDownload, u, d.size)
 			}
 			if _, err := d.f.Write(buf[:n]); err != nil {
-				return true, fmt.Errorf("modelstore: writing %s: %w", d.partial, err)
+				return true, fmt.Errorf("writing %s: %w", d.partial, err)
 			}
 			full <- buf[:n]
 			d.off += int64(n)

@@ -21,10 +21,10 @@ import (
 var (
 	// ErrNoModel means the Hub has no such repository, or the repository
 	// no GGUF file that the ref names (none, or several).
-	ErrNoModel = errors.New("modelstore: no such model")
+	ErrNoModel = errors.New("no such model")
 	// ErrGated means the Hub refused access: the repository is gated or
 	// private and needs HF_TOKEN (or the token was refused).
-	ErrGated = errors.New("modelstore: repository is gated or private")
+	ErrGated = errors.New("repository is gated or private")
 )
 
 // DefaultHubEndpoint is the Hugging Face Hub, unless HF_ENDPOINT says

@@ -28,11 +28,11 @@ const Ext = ".gguf"
 // Sentinel errors.
 var (
 	// ErrBadRef means a model name is not a valid ref.
-	ErrBadRef = errors.New("modelstore: invalid model name")
+	ErrBadRef = errors.New("invalid model name")
 	// ErrExists means a model file is already there.
-	ErrExists = errors.New("modelstore: model already exists")
+	ErrExists = errors.New("model already exists")
 	// ErrNotFound means no model has the ref.
-	ErrNotFound = errors.New("modelstore: model not found")
+	ErrNotFound = errors.New("model not found")
 )
 
 // DefaultDir returns the default models directory: $XDG_DATA_HOME/apiary/models,
@@ -41,7 +41,7 @@ var (
 func DefaultDir() (string, error) {
 	d, err := datadir.Home()
 	if err != nil {
-		return "", fmt.Errorf("modelstore: no default models directory: %w", err)
+		return "", fmt.Errorf("no default models directory: %w", err)
 	}
 	return filepath.Join(d, "models"), nil
 }
@@ -87,7 +87,7 @@ func Resolve(dir, refOrPath string) (string, error) {
 	case errors.Is(err, fs.ErrNotExist):
 		return "", fmt.Errorf("%w: %s (no file %s)", ErrNotFound, refOrPath, p)
 	case err != nil:
-		return "", fmt.Errorf("modelstore: %w", err)
+		return "", err
 	case !st.Mode().IsRegular():
 		return "", fmt.Errorf("%w: %s is not a regular file", ErrNotFound, p)
 	}
@@ -117,7 +117,7 @@ func List(dir string) ([]Model, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("modelstore: %w", err)
+		return nil, err
 	}
 	var models []Model
 	for _, e := range entries {
@@ -229,7 +229,7 @@ func WriteFile(path string, overwrite bool, write func(w io.Writer) error) (*ggu
 		if pe, ok := errors.AsType[*fs.PathError](err); ok {
 			err = pe.Err // the temporary file's name would only confuse
 		}
-		return nil, fmt.Errorf("modelstore: cannot write %s: %w", path, err)
+		return nil, fmt.Errorf("cannot write %s: %w", path, err)
 	}
 	placed := false
 	defer func() {
@@ -242,13 +242,13 @@ func WriteFile(path string, overwrite bool, write func(w io.Writer) error) (*ggu
 		return nil, err
 	}
 	if err := tmp.Chmod(0o644); err != nil {
-		return nil, fmt.Errorf("modelstore: %w", err)
+		return nil, err
 	}
 	if err := tmp.Sync(); err != nil {
-		return nil, fmt.Errorf("modelstore: writing %s: %w", tmp.Name(), err)
+		return nil, fmt.Errorf("writing %s: %w", tmp.Name(), err)
 	}
 	if err := tmp.Close(); err != nil {
-		return nil, fmt.Errorf("modelstore: writing %s: %w", tmp.Name(), err)
+		return nil, fmt.Errorf("writing %s: %w", tmp.Name(), err)
 	}
 	f, err := Check(tmp.Name())
 	if err != nil {
@@ -279,7 +279,7 @@ func Check(path string) (*gguf.File, error) {
 func place(tmp, path string, overwrite bool) error {
 	if overwrite {
 		if err := os.Rename(tmp, path); err != nil {
-			return fmt.Errorf("modelstore: %w", err)
+			return err
 		}
 		return nil
 	}
@@ -296,7 +296,7 @@ func place(tmp, path string, overwrite bool) error {
 		return fmt.Errorf("%w: %s", ErrExists, path)
 	}
 	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("modelstore: %w", err)
+		return err
 	}
 	return nil
 }

@@ -224,7 +224,7 @@ func TestWriteFile(t *testing.T) {
 func TestWriteFileMissingDir(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "missing", "m.gguf")
 	_, err := modelstore.WriteFile(path, false, func(io.Writer) error { return nil })
-	if want := "modelstore: cannot write " + path + ": no such file or directory"; err == nil || err.Error() != want {
+	if want := "cannot write " + path + ": no such file or directory"; err == nil || err.Error() != want {
 		t.Errorf("WriteFile = %v, want %s", err, want)
 	}
 }

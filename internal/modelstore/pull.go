@@ -21,10 +21,10 @@ import (
 var (
 	// ErrBadURL means the ref cannot be pulled from: it does not parse, or
 	// it is neither an http(s) URL nor an hf:// ref.
-	ErrBadURL = errors.New("modelstore: bad model URL")
+	ErrBadURL = errors.New("bad model URL")
 	// ErrDownload means the server did not send the model: an HTTP error
 	// status, or a connection that failed or broke off.
-	ErrDownload = errors.New("modelstore: download failed")
+	ErrDownload = errors.New("download failed")
 )
 
 // PullOptions tune Pull.
@@ -259,7 +259,7 @@ func Pull(ctx context.Context, dir, ref string, opts PullOptions) (Model, error)
 	for i, d := range downloads {
 		if err := d.f.Sync(); err != nil {
 			keep = true
-			return Model{}, fmt.Errorf("modelstore: writing %s: %w", d.partial, err)
+			return Model{}, fmt.Errorf("writing %s: %w", d.partial, err)
 		}
 		if err := checkPart(d.partial, i == 0, src.Files[i].URL); err != nil {
 			return Model{}, err
@@ -274,7 +274,7 @@ func Pull(ctx context.Context, dir, ref string, opts PullOptions) (Model, error)
 	}
 	st, err := os.Stat(dsts[0])
 	if err != nil {
-		return Model{}, fmt.Errorf("modelstore: %w", err)
+		return Model{}, err
 	}
 	info, err := ReadInfo(dsts[0])
 	if err != nil {

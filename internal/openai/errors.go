@@ -15,12 +15,12 @@ import (
 // callers can branch with errors.Is without caring about the message.
 var (
 	// ErrInvalidRequest means the request body or a field in it is wrong.
-	ErrInvalidRequest = errors.New("openai: invalid request")
+	ErrInvalidRequest = errors.New("invalid request")
 	// ErrUnsupported means the request asks for a feature this server does
 	// not implement (n > 1, tools, logprobs, …).
-	ErrUnsupported = errors.New("openai: unsupported feature")
+	ErrUnsupported = errors.New("unsupported feature")
 	// ErrBodyTooLarge means the body exceeded the configured limit.
-	ErrBodyTooLarge = errors.New("openai: request body too large")
+	ErrBodyTooLarge = errors.New("request body too large")
 )
 
 // Error types, as OpenAI names them in error.type.

@@ -66,7 +66,7 @@ func (s *SSEWriter) Event(v any) error {
 	}
 	data, err := json.Marshal(v)
 	if err != nil {
-		return fmt.Errorf("openai: encode stream event: %w", err)
+		return fmt.Errorf("encode stream event: %w", err)
 	}
 	return s.writeNamed(name, data)
 }
@@ -98,7 +98,7 @@ func (s *SSEWriter) writeNamed(name string, data []byte) error {
 	buf = append(buf, data...)
 	buf = append(buf, "\n\n"...)
 	if _, err := s.w.Write(buf); err != nil {
-		return fmt.Errorf("openai: write stream event: %w", err)
+		return fmt.Errorf("write stream event: %w", err)
 	}
 	return s.flush()
 }
@@ -111,14 +111,14 @@ func (s *SSEWriter) setDeadline() error {
 	}
 	err := s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
 	if err != nil && !errors.Is(err, http.ErrNotSupported) {
-		return fmt.Errorf("openai: set write deadline: %w", err)
+		return fmt.Errorf("set write deadline: %w", err)
 	}
 	return nil
 }
 
 func (s *SSEWriter) flush() error {
 	if err := s.rc.Flush(); err != nil {
-		return fmt.Errorf("openai: flush stream event: %w", err)
+		return fmt.Errorf("flush stream event: %w", err)
 	}
 	return nil
 }

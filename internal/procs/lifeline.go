@@ -26,14 +26,14 @@ func WritePreamble(w io.Writer, env []string) error {
 	var b strings.Builder
 	for _, kv := range env {
 		if strings.ContainsAny(kv, "\r\n") || !strings.Contains(kv, "=") {
-			return fmt.Errorf("procs: lifeline preamble entry must be one KEY=VALUE line")
+			return fmt.Errorf("lifeline preamble entry must be one KEY=VALUE line")
 		}
 		b.WriteString(kv)
 		b.WriteByte('\n')
 	}
 	b.WriteByte('\n')
 	if _, err := io.WriteString(w, b.String()); err != nil {
-		return fmt.Errorf("procs: write lifeline preamble: %w", err)
+		return fmt.Errorf("write lifeline preamble: %w", err)
 	}
 	return nil
 }
@@ -49,7 +49,7 @@ func ReadPreamble(r io.Reader, allowed []string) (map[string]string, error) {
 		n, err := r.Read(b[:])
 		if n == 1 {
 			if total++; total > maxPreamble {
-				return nil, errors.New("procs: lifeline preamble too long")
+				return nil, errors.New("lifeline preamble too long")
 			}
 			if b[0] != '\n' {
 				line.WriteByte(b[0])
@@ -62,16 +62,16 @@ func ReadPreamble(r io.Reader, allowed []string) (map[string]string, error) {
 			}
 			k, v, ok := strings.Cut(s, "=")
 			if !ok || !slices.Contains(allowed, k) {
-				return nil, fmt.Errorf("procs: lifeline preamble: unexpected entry (want KEY=VALUE, KEY one of %v)", allowed)
+				return nil, fmt.Errorf("lifeline preamble: unexpected entry (want KEY=VALUE, KEY one of %v)", allowed)
 			}
 			out[k] = v
 			continue
 		}
 		if errors.Is(err, io.EOF) {
-			return nil, errors.New("procs: lifeline closed before its preamble ended; the parent is gone")
+			return nil, errors.New("lifeline closed before its preamble ended; the parent is gone")
 		}
 		if err != nil {
-			return nil, fmt.Errorf("procs: read lifeline preamble: %w", err)
+			return nil, fmt.Errorf("read lifeline preamble: %w", err)
 		}
 	}
 }
@@ -84,7 +84,7 @@ func ReadPreamble(r io.Reader, allowed []string) (map[string]string, error) {
 // process before it has stopped its children.
 func StdinLifeline(allowed []string) (io.ReadCloser, map[string]string, error) {
 	if err := syscall.SetNonblock(0, true); err != nil {
-		return nil, nil, fmt.Errorf("procs: stdin lifeline: %w", err)
+		return nil, nil, fmt.Errorf("stdin lifeline: %w", err)
 	}
 	f := os.NewFile(0, "lifeline")
 	env, err := ReadPreamble(f, allowed)
@@ -108,7 +108,7 @@ type Lifeline struct {
 func NewLifeline(env []string) (*Lifeline, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("procs: lifeline pipe: %w", err)
+		return nil, fmt.Errorf("lifeline pipe: %w", err)
 	}
 	if err := WritePreamble(w, env); err != nil {
 		r.Close()

@@ -18,7 +18,7 @@ type Identity struct {
 }
 
 // ErrNoProcess means no live process has the pid.
-var ErrNoProcess = errors.New("procs: no such process")
+var ErrNoProcess = errors.New("no such process")
 
 // Stat is the part of /proc/PID/stat this package reads.
 type Stat struct {
@@ -36,7 +36,7 @@ func ReadStat(pid int) (Stat, error) {
 		return Stat{}, fmt.Errorf("%w: %d", ErrNoProcess, pid)
 	}
 	if err != nil {
-		return Stat{}, fmt.Errorf("procs: read stat of %d: %w", pid, err)
+		return Stat{}, fmt.Errorf("read stat of %d: %w", pid, err)
 	}
 	return ParseStat(b)
 }
@@ -47,18 +47,18 @@ func ParseStat(b []byte) (Stat, error) {
 	// fields are counted from the last ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return Stat{}, errors.New("procs: malformed stat")
+		return Stat{}, errors.New("malformed stat")
 	}
 	f := bytes.Fields(b[i+1:])
 	// f[0] is field 3 (state); pgrp is field 5, starttime field 22.
 	if len(f) < 20 || len(f[0]) != 1 {
-		return Stat{}, errors.New("procs: short stat")
+		return Stat{}, errors.New("short stat")
 	}
 	ppid, err1 := strconv.Atoi(string(f[1]))
 	pgid, err2 := strconv.Atoi(string(f[2]))
 	start, err3 := strconv.ParseUint(string(f[19]), 10, 64)
 	if err := errors.Join(err1, err2, err3); err != nil {
-		return Stat{}, fmt.Errorf("procs: malformed stat: %w", err)
+		return Stat{}, fmt.Errorf("malformed stat: %w", err)
 	}
 	return Stat{State: f[0][0], PPID: ppid, PGID: pgid, StartTicks: start}, nil
 }
@@ -84,7 +84,7 @@ func (id Identity) Alive() bool {
 func GroupMembers(pgid int) ([]int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil, fmt.Errorf("procs: list /proc: %w", err)
+		return nil, fmt.Errorf("list /proc: %w", err)
 	}
 	var pids []int
 	for _, e := range ents {
@@ -148,7 +148,7 @@ func KillSurvivors(id Identity) ([]int, error) {
 func ReadRSS(pid int) (uint64, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return 0, fmt.Errorf("procs: read status of %d: %w", pid, err)
+		return 0, fmt.Errorf("read status of %d: %w", pid, err)
 	}
 	for line := range bytes.Lines(b) {
 		if rest, ok := bytes.CutPrefix(line, []byte("VmRSS:")); ok {
@@ -158,10 +158,10 @@ func ReadRSS(pid int) (uint64, error) {
 			}
 			kb, err := strconv.ParseUint(string(f[0]), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("procs: VmRSS of %d: %w", pid, err)
+				return 0, fmt.Errorf("VmRSS of %d: %w", pid, err)
 			}
 			return kb << 10, nil
 		}
 	}
-	return 0, fmt.Errorf("procs: no VmRSS for %d", pid)
+	return 0, fmt.Errorf("no VmRSS for %d", pid)
 }

@@ -20,7 +20,7 @@ import (
 )
 
 // ErrClosed is returned by Start after Close.
-var ErrClosed = errors.New("procs: spawner closed")
+var ErrClosed = errors.New("spawner closed")
 
 // Spec describes one child.
 type Spec struct {
@@ -108,7 +108,7 @@ func (s *Spawner) Close() error {
 func (s *Spawner) Start(ctx context.Context, spec Spec) (*Process, error) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("procs: output pipe: %w", err)
+		return nil, fmt.Errorf("output pipe: %w", err)
 	}
 	killCtx, kill := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(killCtx, spec.Path, spec.Args...)
@@ -144,7 +144,7 @@ func (s *Spawner) Start(ctx context.Context, spec Spec) (*Process, error) {
 	if err != nil {
 		pr.Close()
 		kill()
-		return nil, fmt.Errorf("procs: start %s: %w", spec.Path, err)
+		return nil, fmt.Errorf("start %s: %w", spec.Path, err)
 	}
 	p := &Process{
 		cmd:    cmd,
@@ -281,14 +281,14 @@ func exitOf(ps *os.ProcessState, err error) Exit {
 
 func killGroup(pgid int, sig syscall.Signal) error {
 	if pgid <= 1 {
-		return fmt.Errorf("procs: refusing to signal process group %d", pgid)
+		return fmt.Errorf("refusing to signal process group %d", pgid)
 	}
 	err := syscall.Kill(-pgid, sig)
 	if errors.Is(err, syscall.ESRCH) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("procs: signal group %d: %w", pgid, err)
+		return fmt.Errorf("signal group %d: %w", pgid, err)
 	}
 	return nil
 }

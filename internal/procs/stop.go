@@ -148,7 +148,7 @@ func Stop(ctx context.Context, p Target, e Escalation) (Phase, error) {
 			// An answer after the phase ran out (its context ended) is
 			// the timer's or ctx's to act on.
 			if err != nil && step.Phase == PhaseAsk && time.Now().Before(ends) && ctx.Err() == nil {
-				errs = append(errs, fmt.Errorf("procs: ask to stop: %w", err))
+				errs = append(errs, fmt.Errorf("ask to stop: %w", err))
 				enter(e.After(PhaseAsk, time.Until(ends)))
 			}
 		case <-expired:

@@ -168,7 +168,7 @@ func (c Config) Validate() error {
 	case err != nil:
 		p.Add("Addr", "%q: %v", c.Addr, err)
 	case len(missing) == 3 && !transport.IsLoopback(host):
-		p.Add("Addr", "%q is not a loopback address: set %v to serve on it (without tokens the queen binds loopback only)", c.Addr, sortedStrings(missing))
+		p.Add("Addr", "%q is not a loopback address: set %s to serve on it (without tokens the queen binds loopback only)", c.Addr, strings.Join(sortedStrings(missing), ", "))
 	case len(missing) > 0 && len(missing) < 3:
 		// A role whose token is missing would be open to anyone who
 		// reaches the ones that are guarded.

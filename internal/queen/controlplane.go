@@ -42,7 +42,7 @@ func (c controlPlane) Deregister(ctx context.Context, poolID, reason string) err
 func (c controlPlane) PingHive(ctx context.Context, endpoint string) error {
 	p, ok := c.q.hives.(hivePinger)
 	if !ok {
-		return errors.New("queen: this hive client cannot ping a hive")
+		return errors.New("this hive client cannot ping a hive")
 	}
 	return p.Ping(ctx, endpoint)
 }

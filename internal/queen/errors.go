@@ -14,23 +14,23 @@ import (
 // (openai.Coded); handlers return them wrapped with %w, and writeError
 // answers the status and code found with one errors.As.
 var (
-	ErrUnauthorized      = openai.Sentinel(http.StatusUnauthorized, "unauthorized", "queen: unauthorized")
-	ErrRowNotFound       = openai.Sentinel(http.StatusNotFound, "worker_not_found", "queen: no such lifecycle row")
-	ErrRowEnded          = openai.Sentinel(http.StatusConflict, "worker_ended", "queen: worker has ended")
-	ErrNotStarted        = openai.Sentinel(http.StatusConflict, "worker_not_started", "queen: the hive has not accepted the worker yet")
-	ErrPoolUnavailable   = openai.Sentinel(http.StatusConflict, "pool_unavailable", "queen: pool is not available")
+	ErrUnauthorized      = openai.Sentinel(http.StatusUnauthorized, "unauthorized", "unauthorized")
+	ErrRowNotFound       = openai.Sentinel(http.StatusNotFound, "worker_not_found", "no such lifecycle row")
+	ErrRowEnded          = openai.Sentinel(http.StatusConflict, "worker_ended", "worker has ended")
+	ErrNotStarted        = openai.Sentinel(http.StatusConflict, "worker_not_started", "the hive has not accepted the worker yet")
+	ErrPoolUnavailable   = openai.Sentinel(http.StatusConflict, "pool_unavailable", "pool is not available")
 	ErrNoPool            = routing.ErrNoPool // a start without pool_id found none
-	ErrRefused           = openai.Sentinel(http.StatusConflict, "transition_refused", "queen: transition refused")
-	ErrHiveUnreachable   = openai.Sentinel(http.StatusBadGateway, "hive_unreachable", "queen: hive unreachable")
-	ErrClaimRefused      = openai.Sentinel(http.StatusConflict, "claim_refused", "queen: claim refused")
-	ErrClaimUnverified   = openai.Sentinel(http.StatusUnprocessableEntity, "claim_unverified", "queen: the claiming worker could not be verified")
-	ErrWorkerUnreachable = openai.Sentinel(http.StatusBadGateway, "worker_unreachable", "queen: worker unreachable")
-	ErrModelConfigured   = openai.Sentinel(http.StatusConflict, "model_configured", "queen: the model's replicas are set in the model config")
-	ErrShuttingDown      = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "queen: shutting down")
+	ErrRefused           = openai.Sentinel(http.StatusConflict, "transition_refused", "transition refused")
+	ErrHiveUnreachable   = openai.Sentinel(http.StatusBadGateway, "hive_unreachable", "hive unreachable")
+	ErrClaimRefused      = openai.Sentinel(http.StatusConflict, "claim_refused", "claim refused")
+	ErrClaimUnverified   = openai.Sentinel(http.StatusUnprocessableEntity, "claim_unverified", "the claiming worker could not be verified")
+	ErrWorkerUnreachable = openai.Sentinel(http.StatusBadGateway, "worker_unreachable", "worker unreachable")
+	ErrModelConfigured   = openai.Sentinel(http.StatusConflict, "model_configured", "the model's replicas are set in the model config")
+	ErrShuttingDown      = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "shutting down")
 	// ErrSteppedDown: the queen lost the database's lock and answers as
 	// a standby (the standby's code) while it stops.
-	ErrSteppedDown      = openai.Sentinel(http.StatusServiceUnavailable, "standby", "queen: this queen stepped down (it lost the database's lock); another queen takes over")
-	errMethodNotAllowed = openai.Sentinel(http.StatusMethodNotAllowed, "method_not_allowed", "queen: method not allowed")
+	ErrSteppedDown      = openai.Sentinel(http.StatusServiceUnavailable, "standby", "this queen stepped down (it lost the database's lock); another queen takes over")
+	errMethodNotAllowed = openai.Sentinel(http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed")
 )
 
 // HiveError is a hive's refusal, with the status and code it answered.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -228,20 +227,13 @@ const (
 	maxWorkers   = registry.MaxWorkersPerPool
 )
 
-var (
-	// It uses * and leaves the length to the code: a counted repetition
-	// such as {0,199} compiles into a program of that many copies, which
-	// cost every process start milliseconds.
-	lifecyclePatten = regexp.MustCompile(`^wk-[0-9a-f]{16}$`)
-)
-
 // checkID is api.CheckID: the hives check ids the same way.
 func checkID(what, s string) error { return api.CheckID(what, s) }
 
 func checkModel(s string) error { return api.CheckModel(s) }
 
 func checkLifecycleID(s string) error {
-	if !lifecyclePatten.MatchString(s) {
+	if !api.IsLifecycleID(s) {
 		return api.BadRequest("lifecycle id %q is not valid (want wk- and 16 hex digits)", s)
 	}
 	return nil

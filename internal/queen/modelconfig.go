@@ -63,11 +63,11 @@ func loadModelConfig(path string) (*modelConfig, error) {
 	}
 	data, st, err := readStamped(path)
 	if err != nil {
-		return nil, fmt.Errorf("queen: the model config: %w", err)
+		return nil, fmt.Errorf("the model config: %w", err)
 	}
 	f, err := modelconfig.Parse(data)
 	if err != nil {
-		return nil, fmt.Errorf("queen: the model config %s is not valid:\n%w", path, config.Rename(err, nil))
+		return nil, fmt.Errorf("the model config %s is not valid:\n%w", path, config.Rename(err, nil))
 	}
 	mc.cur.Store(f)
 	mc.seen = st
@@ -131,7 +131,7 @@ func (mc *modelConfig) workerOptions(ref string) api.WorkerOptions {
 }
 
 // errUnchanged is a reload that found the content in force.
-var errUnchanged = errors.New("queen: the model config is unchanged")
+var errUnchanged = errors.New("the model config is unchanged")
 
 // reload reads the file again; force reads it even when its stamp is the
 // one last tried (SIGHUP). It returns the new file and what changed,
@@ -180,12 +180,12 @@ func (mc *modelConfig) reload(force bool) (next *modelconfig.File, changes []str
 // serves; a queen without --config has nothing to reload.
 func (q *Queen) Reload(ctx context.Context) error {
 	if q.models.path == "" {
-		return errors.New("queen: no model config to reload (start the queen with --config FILE)")
+		return errors.New("no model config to reload (start the queen with --config FILE)")
 	}
 	select {
 	case <-q.ready:
 	case <-q.done:
-		return errors.New("queen: not running")
+		return errors.New("not running")
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -207,7 +207,7 @@ func (q *Queen) reloadModels(ctx context.Context, force bool, trigger string) er
 		controlPlane{q}.Audit(ctx, store.AuditEntry{Actor: registry.ActorQueen, Action: "config.reload_failed", Target: "config:" + q.models.path,
 			Reason: err.Error(), Metadata: map[string]any{"trigger": trigger}})
 		q.log.Error("model config refused; the one in force stays", "path", q.models.path, "trigger", trigger, "err", err)
-		return fmt.Errorf("queen: the model config %s is not valid; the one in force stays:\n%w", q.models.path, err)
+		return fmt.Errorf("the model config %s is not valid; the one in force stays:\n%w", q.models.path, err)
 	}
 	q.routing.SetModels(next)
 	controlPlane{q}.Audit(ctx, store.AuditEntry{Actor: registry.ActorQueen, Action: "config.reloaded", Target: "config:" + q.models.path,

@@ -30,7 +30,7 @@ type modelSettings struct {
 func loadModelSettings(ctx context.Context, st *store.Store) (*modelSettings, error) {
 	var list []store.ModelSetting
 	if err := st.View(ctx, func(tx *store.Tx) (err error) { list, err = tx.ModelSettings(); return err }); err != nil {
-		return nil, fmt.Errorf("queen: load model settings: %w", err)
+		return nil, fmt.Errorf("load model settings: %w", err)
 	}
 	s := &modelSettings{st: st, m: make(map[string]store.ModelSetting, len(list))}
 	for _, ms := range list {

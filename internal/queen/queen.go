@@ -166,7 +166,7 @@ func (q *Queen) Registry() *registry.Registry { return q.reg }
 // Run opens the store, loads pools and rows, serves until ctx ends or Close
 // is called, then shuts down in Close's order. Run may be called once.
 func (q *Queen) Run(ctx context.Context) error {
-	err := errors.New("queen: Run called twice")
+	err := errors.New("Run called twice")
 	q.runOnce.Do(func() { err = q.run(ctx) })
 	return err
 }
@@ -227,11 +227,11 @@ func (q *Queen) run(ctx context.Context) error {
 
 	ln, err := net.Listen("tcp", q.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("queen: listen on %s: %w", q.cfg.Addr, err)
+		return fmt.Errorf("listen on %s: %w", q.cfg.Addr, err)
 	}
 	q.addr = ln.Addr()
 	if ln, err = q.cfg.TLS.Listen(ln); err != nil {
-		return fmt.Errorf("queen: %w", err)
+		return err
 	}
 	if q.routing, err = routing.New(q.routingConfig(), controlPlane{q}); err != nil {
 		return err
@@ -259,7 +259,7 @@ func (q *Queen) run(ctx context.Context) error {
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			cancel()
-			return fmt.Errorf("queen: serve: %w", err)
+			return fmt.Errorf("serve: %w", err)
 		}
 		return nil
 	})

@@ -252,10 +252,10 @@ func TestReplicasRefusedStartsMakeACrashLoop(t *testing.T) {
 	})
 	x.registerAt("a", "http://hive-a")
 	x.logs.wait(t, 0, "hive model list read", map[string]string{"pool_id": "a"})
-	mh.set(&HiveError{Status: http.StatusBadRequest, Code: "invalid_model", Message: "hive: model is not a readable GGUF"}, nil)
+	mh.set(&HiveError{Status: http.StatusBadRequest, Code: "invalid_model", Message: "model is not a readable GGUF"}, nil)
 	x.scale("tiny", api.ModelScaleRequest{MinWorkers: intp(1), Reason: "refused starts"}, http.StatusOK)
 	rec, _ := x.logs.wait(t, 0, "model in a crash loop: it is replaced only at the slow pace until a worker serves", map[string]string{"model_ref": "tiny"})
-	if !strings.Contains(rec.Attrs["last_failure"], "invalid_model hive: model is not a readable GGUF") {
+	if !strings.Contains(rec.Attrs["last_failure"], "invalid_model model is not a readable GGUF") {
 		t.Errorf("crash loop's last failure: %q", rec.Attrs["last_failure"])
 	}
 	var entries api.AuditList

@@ -127,7 +127,7 @@ func (b *rowBook) load(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("queen: load lifecycle rows: %w", err)
+		return fmt.Errorf("load lifecycle rows: %w", err)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -231,7 +231,7 @@ func (b *rowBook) create(ctx context.Context, r store.Row, actor string, meta ma
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("queen: create lifecycle row: %w", err)
+		return fmt.Errorf("create lifecycle row: %w", err)
 	}
 	b.mu.Lock()
 	b.indexLocked(r)
@@ -314,7 +314,7 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 				return err
 			})
 			if err != nil {
-				return cur, false, fmt.Errorf("queen: audit %s: %w", id, err)
+				return cur, false, fmt.Errorf("audit %s: %w", id, err)
 			}
 			return cur, false, fmt.Errorf("%w: %s is %s", ErrRowEnded, id, cur.Status)
 		}
@@ -366,7 +366,7 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 		return err
 	})
 	if err != nil {
-		return cur, false, fmt.Errorf("queen: write lifecycle row %s: %w", id, err)
+		return cur, false, fmt.Errorf("write lifecycle row %s: %w", id, err)
 	}
 	b.mu.Lock()
 	if at, ok := b.seenAt(id); ok && (next.LastHeartbeatAt == nil || at.After(*next.LastHeartbeatAt)) {
@@ -551,7 +551,7 @@ func (b *rowBook) flush(ctx context.Context, all bool) error {
 	}
 	err := b.st.Update(ctx, func(tx *store.Tx) error { return tx.TouchRows(beats) })
 	if err != nil {
-		return fmt.Errorf("queen: write worker heartbeats: %w", err)
+		return fmt.Errorf("write worker heartbeats: %w", err)
 	}
 	b.mu.Lock()
 	for id, at := range beats {

@@ -38,11 +38,11 @@ const standbyRetryAfter = 1
 func (q *Queen) standBy(ctx context.Context, scfg store.Config) (*store.Store, error) {
 	ln, err := net.Listen("tcp", q.cfg.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("queen: listen on %s: %w", q.cfg.Addr, err)
+		return nil, fmt.Errorf("listen on %s: %w", q.cfg.Addr, err)
 	}
 	addr := ln.Addr()
 	if ln, err = q.cfg.TLS.Listen(ln); err != nil {
-		return nil, fmt.Errorf("queen: %w", err)
+		return nil, err
 	}
 	var active atomic.Pointer[string]
 	none := ""

@@ -116,7 +116,7 @@ func (u *ui) loadEnded(ctx context.Context, st *store.Store) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("queen: load the dashboard's ended rows: %w", err)
+		return fmt.Errorf("load the dashboard's ended rows: %w", err)
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()

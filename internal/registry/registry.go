@@ -39,9 +39,9 @@ import (
 
 // Sentinel errors.
 var (
-	ErrNotFound = openai.Sentinel(http.StatusNotFound, "pool_not_found", "registry: pool not found")
-	ErrOffline  = openai.Sentinel(http.StatusGone, "pool_offline", "registry: pool is offline")
-	ErrClosed   = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "registry: closed")
+	ErrNotFound = openai.Sentinel(http.StatusNotFound, "pool_not_found", "pool not found")
+	ErrOffline  = openai.Sentinel(http.StatusGone, "pool_offline", "pool is offline")
+	ErrClosed   = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "closed")
 )
 
 // Defaults from the contract's timing table.
@@ -243,7 +243,7 @@ func New(cfg Config) (*Registry, error) {
 func (r *Registry) Load(ctx context.Context) error {
 	recs, err := r.cfg.Store.LoadPools(ctx)
 	if err != nil {
-		return fmt.Errorf("registry: load pools: %w", err)
+		return fmt.Errorf("load pools: %w", err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -378,7 +378,7 @@ func (r *Registry) changeLocked(ctx context.Context, e *entry, next Pool, c chan
 	err := r.cfg.Store.SavePool(ctx, rec, audit)
 	r.mu.Lock()
 	if err != nil && !force {
-		return fmt.Errorf("registry: save pool %s: %w", next.ID, err)
+		return fmt.Errorf("save pool %s: %w", next.ID, err)
 	}
 	if e == nil {
 		e = &entry{Pool: Pool{ID: next.ID}}
@@ -973,7 +973,7 @@ func (r *Registry) flush(ctx context.Context, all bool) error {
 		}
 		r.pendingAudit = append(audit, r.pendingAudit...)
 		r.mu.Unlock()
-		return fmt.Errorf("registry: save heartbeats: %w", err)
+		return fmt.Errorf("save heartbeats: %w", err)
 	}
 	r.mu.RLock()
 	for _, p := range dirty {
@@ -1005,7 +1005,7 @@ func (r *Registry) flushStatuses(ctx context.Context) error {
 	r.mu.Unlock()
 	for _, p := range pending {
 		if err := r.cfg.Store.SavePool(ctx, toRecord(p)); err != nil {
-			return fmt.Errorf("registry: save pool %s: %w", p.ID, err)
+			return fmt.Errorf("save pool %s: %w", p.ID, err)
 		}
 		r.mu.Lock()
 		if e := r.pools[p.ID]; e != nil {

@@ -31,7 +31,7 @@ var transitions = map[Status][]Status{
 }
 
 // ErrInvalidTransition is wrapped by every refused status change.
-var ErrInvalidTransition = errors.New("registry: invalid pool status transition")
+var ErrInvalidTransition = errors.New("invalid pool status transition")
 
 // CanTransition reports whether the table allows from → to.
 func CanTransition(from, to Status) bool {
@@ -54,7 +54,7 @@ func checkTransition(from, to Status) error {
 func ParseStatus(s string) (Status, error) {
 	st := Status(s)
 	if _, ok := transitions[st]; !ok {
-		return "", fmt.Errorf("registry: unknown pool status %q (want healthy, unhealthy, draining or offline)", s)
+		return "", fmt.Errorf("unknown pool status %q (want healthy, unhealthy, draining or offline)", s)
 	}
 	return st, nil
 }

@@ -49,8 +49,8 @@ type BatchLimits struct {
 
 // Limits a batch attempt ran past.
 var (
-	ErrAttemptTimeout = errors.New("routing: the attempt ran past its deadline")
-	ErrAnswerTooLarge = errors.New("routing: the answer is larger than its bound")
+	ErrAttemptTimeout = errors.New("the attempt ran past its deadline")
+	ErrAnswerTooLarge = errors.New("the answer is larger than its bound")
 )
 
 // LimitError is a batch attempt that ran past one of its BatchLimits:

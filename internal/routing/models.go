@@ -109,7 +109,7 @@ func rewriteBody(body []byte, name string, r resolved) ([]byte, error) {
 	}
 	out, err := json.Marshal(fields)
 	if err != nil {
-		return nil, fmt.Errorf("routing: the request with its defaults: %w", err)
+		return nil, fmt.Errorf("the request with its defaults: %w", err)
 	}
 	return out, nil
 }

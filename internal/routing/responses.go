@@ -43,7 +43,7 @@ func (s *Service) postResponses(w http.ResponseWriter, r *http.Request, c *call)
 			return err
 		}
 		if err := json.Unmarshal(prev.Messages, &prior); err != nil {
-			return fmt.Errorf("routing: the kept conversation of %s: %w", *id, err)
+			return fmt.Errorf("the kept conversation of %s: %w", *id, err)
 		}
 	}
 	out, conversation, err := responses.Build(req, prior)

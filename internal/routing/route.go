@@ -156,7 +156,7 @@ func clientToken(r *http.Request, anthropicAPI bool) string {
 }
 
 // errClientGone means the client went away; nothing can be answered.
-var errClientGone = errors.New("queen: client went away")
+var errClientGone = errors.New("client went away")
 
 // upstreamError is a worker's error answer that the queen could not
 // pass on (it tried elsewhere, and no worker did better): a worker that

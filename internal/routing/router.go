@@ -27,10 +27,10 @@ var (
 	ErrNoPool        = openai.Sentinel(http.StatusServiceUnavailable, "no_pool_available", "no healthy pool")
 	// ErrPreempted ends a batch request whose slot an interactive request
 	// took: it was cancelled, through no fault of its worker.
-	ErrPreempted = errors.New("routing: preempted by an interactive request")
+	ErrPreempted = errors.New("preempted by an interactive request")
 	// ErrWithdrawn ends a batch request taken out of its queue before it
 	// got a slot (its batch was cancelled or expired).
-	ErrWithdrawn = errors.New("routing: withdrawn before it got a slot")
+	ErrWithdrawn = errors.New("withdrawn before it got a slot")
 )
 
 // codedError is a sentinel that names the request field at fault.

@@ -189,7 +189,7 @@ func New(cfg Config, cp ControlPlane) (*Service, error) {
 		return nil, err
 	}
 	if cfg.Models == nil {
-		return nil, errors.New("routing: Config.Models is required (the hives' model lists)")
+		return nil, errors.New("Config.Models is required (the hives' model lists)")
 	}
 	return newService(cfg, cp), nil
 }

@@ -42,14 +42,14 @@ func FromEnv() (*Notifier, error) {
 		_ = os.Unsetenv(v)
 	}
 	if n.socket != "" && n.socket[0] != '/' && n.socket[0] != '@' {
-		return nil, fmt.Errorf("sdnotify: $%s %q is neither a path nor an abstract socket (@name)", SocketEnv, n.socket)
+		return nil, fmt.Errorf("$%s %q is neither a path nor an abstract socket (@name)", SocketEnv, n.socket)
 	}
 	if usec == "" || (pid != "" && pid != strconv.Itoa(os.Getpid())) {
 		return n, nil
 	}
 	us, err := strconv.ParseUint(usec, 10, 63)
 	if err != nil || us == 0 {
-		return nil, fmt.Errorf("sdnotify: $%s %q is not a positive number of microseconds", WatchdogEnv, usec)
+		return nil, fmt.Errorf("$%s %q is not a positive number of microseconds", WatchdogEnv, usec)
 	}
 	n.watchdog = time.Duration(us) * time.Microsecond
 	return n, nil
@@ -79,11 +79,11 @@ func (n *Notifier) Send(states ...string) error {
 	}
 	conn, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: n.socket, Net: "unixgram"})
 	if err != nil {
-		return fmt.Errorf("sdnotify: %w", err)
+		return err
 	}
 	defer conn.Close()
 	if _, err := conn.Write([]byte(strings.Join(lines, "\n") + "\n")); err != nil {
-		return fmt.Errorf("sdnotify: %w", err)
+		return err
 	}
 	return nil
 }

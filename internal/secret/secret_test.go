@@ -57,12 +57,12 @@ func TestRedactError(t *testing.T) {
 		{"postgres://u:s3cr%zzet@h/db", "s3cr%zzet"},
 		{"postgresql://h/db?password=s3cret", "s3cret"},
 	} {
-		err := fmt.Errorf("store: connect to PostgreSQL: %w", fmt.Errorf("cannot parse `%s`: password %s: %w", tc.u, tc.pw, fs.ErrNotExist))
+		err := fmt.Errorf("cannot connect to PostgreSQL: %w", fmt.Errorf("cannot parse `%s`: password %s: %w", tc.u, tc.pw, fs.ErrNotExist))
 		got := RedactError(err, tc.u)
 		if strings.Contains(got.Error(), "s3") {
 			t.Errorf("RedactError(%q) = %q shows the password", tc.u, got)
 		}
-		if !strings.Contains(got.Error(), "store: connect to PostgreSQL: cannot parse") || !errors.Is(got, fs.ErrNotExist) {
+		if !strings.Contains(got.Error(), "cannot connect to PostgreSQL: cannot parse") || !errors.Is(got, fs.ErrNotExist) {
 			t.Errorf("RedactError(%q) = %q: lost the message or the chain", tc.u, got)
 		}
 	}

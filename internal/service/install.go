@@ -15,7 +15,7 @@ import (
 )
 
 // ErrNeedsRoot is wrapped when a step needs root and this process is not.
-var ErrNeedsRoot = errors.New("service: needs root")
+var ErrNeedsRoot = errors.New("needs root")
 
 // envFileHeader is what a new environment file holds: the variables'
 // names, commented out, and no value.
@@ -102,14 +102,14 @@ func checkWritable(dir string) error {
 		if errors.Is(err, fs.ErrPermission) {
 			return fmt.Errorf("%w to write units in %s: %w", ErrNeedsRoot, dir, err)
 		}
-		return fmt.Errorf("service: unit directory: %w", err)
+		return fmt.Errorf("unit directory: %w", err)
 	}
 	f, err := os.CreateTemp(dir, ".apiary-check-*")
 	if err != nil {
 		if errors.Is(err, fs.ErrPermission) {
 			return fmt.Errorf("%w to write units in %s: %w", ErrNeedsRoot, dir, err)
 		}
-		return fmt.Errorf("service: unit directory: %w", err)
+		return fmt.Errorf("unit directory: %w", err)
 	}
 	f.Close()
 	return os.Remove(f.Name())
@@ -126,7 +126,7 @@ func (in Installer) ensureUser(ctx context.Context, root bool) (uid, gid int, er
 	}
 	var unknown user.UnknownUserError
 	if !errors.As(err, &unknown) {
-		return 0, 0, fmt.Errorf("service: look up user %s: %w", name, err)
+		return 0, 0, fmt.Errorf("look up user %s: %w", name, err)
 	}
 	if !root {
 		return 0, 0, fmt.Errorf("%w to create the user %s (useradd --system), or name an existing one with --user", ErrNeedsRoot, name)
@@ -135,10 +135,10 @@ func (in Installer) ensureUser(ctx context.Context, root bool) (uid, gid int, er
 		"--home-dir", filepath.Dir(in.Unit.DataDir), "--shell", "/usr/sbin/nologin",
 		"--comment", "apiary "+string(in.Unit.Role), name)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return 0, 0, fmt.Errorf("service: useradd %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+		return 0, 0, fmt.Errorf("useradd %s: %w: %s", name, err, strings.TrimSpace(string(out)))
 	}
 	if usr, err = user.Lookup(name); err != nil {
-		return 0, 0, fmt.Errorf("service: user %s after useradd: %w", name, err)
+		return 0, 0, fmt.Errorf("user %s after useradd: %w", name, err)
 	}
 	in.say("created system user %s (uid %s, useradd --system)", name, usr.Uid)
 	return ids(usr)
@@ -148,13 +148,16 @@ func ids(u *user.User) (int, int, error) {
 	uid, err1 := strconv.Atoi(u.Uid)
 	gid, err2 := strconv.Atoi(u.Gid)
 	if err := errors.Join(err1, err2); err != nil {
-		return 0, 0, fmt.Errorf("service: user %s: %w", u.Username, err)
+		return 0, 0, fmt.Errorf("user %s: %w", u.Username, err)
 	}
 	return uid, gid, nil
 }
 
 // ensureDir creates d (mode 0750) when missing, and gives it to the user
 // when this process is root; a directory that exists keeps its owner.
+// The parents it creates are 0755, as /var/lib is: the daemon's user
+// must pass through them (a 0750 /var/lib/apiary owned by root kept the
+// queen out of its own data directory under systemd).
 func (in Installer) ensureDir(d string, uid, gid int, root bool) error {
 	_, err := os.Stat(d)
 	switch {
@@ -162,17 +165,20 @@ func (in Installer) ensureDir(d string, uid, gid int, root bool) error {
 		in.say("directory %s exists; kept as it is", d)
 		return nil
 	case !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
-	if err := os.MkdirAll(d, 0o750); err != nil {
-		return fmt.Errorf("service: %w", err)
+	if err := os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(d, 0o750); err != nil {
+		return err
 	}
 	if !root {
 		in.say("created %s (not root: owned by this user, not %s)", d, in.Unit.User)
 		return nil
 	}
 	if err := os.Chown(d, uid, gid); err != nil {
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	in.say("created %s, owned by %s", d, in.Unit.User)
 	return nil
@@ -186,7 +192,7 @@ func (in Installer) ensureEnvFile() error {
 	if err == nil {
 		if st.Mode().Perm() != 0o600 {
 			if err := os.Chmod(p, 0o600); err != nil {
-				return fmt.Errorf("service: %w", err)
+				return err
 			}
 			in.say("kept %s; its mode was %#o, now 0600", p, st.Mode().Perm())
 			return nil
@@ -195,10 +201,10 @@ func (in Installer) ensureEnvFile() error {
 		return nil
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	if err := writeFile(p, []byte(envFileHeader(in.Unit.Role)), 0o600); err != nil {
 		return err
@@ -212,22 +218,22 @@ func (in Installer) ensureEnvFile() error {
 func writeFile(path string, data []byte, mode fs.FileMode) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	defer os.Remove(f.Name())
 	if err := f.Chmod(mode); err != nil {
 		f.Close()
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	if _, err := f.Write(data); err != nil {
 		f.Close()
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	return nil
 }
@@ -329,7 +335,7 @@ func (in Installer) start(ctx context.Context) error {
 func systemctl(ctx context.Context, args ...string) error {
 	out, err := exec.CommandContext(ctx, "systemctl", args...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("service: systemctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("systemctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -344,7 +350,7 @@ func Uninstall(ctx context.Context, r Role, unitDir string, now bool, out io.Wri
 	}
 	path := filepath.Join(unitDir, r.UnitName())
 	if _, err := os.Stat(path); err != nil {
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	if now {
 		if err := systemctl(ctx, "disable", "--now", r.UnitName()); err != nil {
@@ -356,7 +362,7 @@ func Uninstall(ctx context.Context, r Role, unitDir string, now bool, out io.Wri
 		if errors.Is(err, fs.ErrPermission) {
 			return fmt.Errorf("%w to remove %s: %w", ErrNeedsRoot, path, err)
 		}
-		return fmt.Errorf("service: %w", err)
+		return err
 	}
 	fmt.Fprintf(out, "removed %s\n", path)
 	if now {

@@ -28,7 +28,7 @@ func ParseRole(s string) (Role, error) {
 	case Queen, Hive:
 		return r, nil
 	}
-	return "", fmt.Errorf("service: %q is not a service role: want queen or hive", s)
+	return "", fmt.Errorf("%q is not a service role: want queen or hive", s)
 }
 
 // UnitName is the unit's file name: apiary-queen.service, apiary-hive.service.

@@ -271,7 +271,11 @@ func TestInstallCreatesSystemUser(t *testing.T) {
 	name := fmt.Sprintf("apiary-t%d", os.Getpid()%100000)
 	root := t.TempDir()
 	u := testUnit(t, Queen)
-	u.User, u.DataDir, u.EnvFile = name, filepath.Join(root, "data"), filepath.Join(root, "queen.env")
+	// Regression: the data directory's missing parent (/var/lib/apiary)
+	// was created 0750 root:root, so the daemon's user could not reach its
+	// own data directory (found by booting the unit under systemd,
+	// TestProcessServiceInstallBootsUnderSystemd).
+	u.User, u.DataDir, u.EnvFile = name, filepath.Join(root, "var", "lib", "apiary", "queen"), filepath.Join(root, "queen.env")
 	var out bytes.Buffer
 	err := Installer{Unit: u, UnitDir: filepath.Join(root, "units"), Out: &out}.Install(t.Context())
 	if os.Geteuid() != 0 {
@@ -301,6 +305,18 @@ func TestInstallCreatesSystemUser(t *testing.T) {
 	}
 	if uid := fmt.Sprint(st.Sys().(*syscall.Stat_t).Uid); uid != usr.Uid {
 		t.Errorf("%s is owned by uid %s, want %s's %s", u.DataDir, uid, name, usr.Uid)
+	}
+	if st.Mode().Perm() != 0o750 {
+		t.Errorf("%s has mode %o, want 750", u.DataDir, st.Mode().Perm())
+	}
+	for _, d := range []string{filepath.Join(root, "var"), filepath.Join(root, "var", "lib"), filepath.Dir(u.DataDir)} {
+		st, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o755 {
+			t.Errorf("parent %s has mode %o, want 755 so that %s can pass through", d, st.Mode().Perm(), name)
+		}
 	}
 }
 

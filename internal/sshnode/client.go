@@ -17,13 +17,13 @@ import (
 
 // The kinds of failure a probe tells apart; each *Error wraps one.
 var (
-	ErrNoClient      = errors.New("sshnode: no ssh client")
-	ErrTimeout       = errors.New("sshnode: connection timed out")
-	ErrUnreachable   = errors.New("sshnode: node unreachable")
-	ErrHostKey       = errors.New("sshnode: host key not trusted")
-	ErrAuth          = errors.New("sshnode: authentication failed")
-	ErrMissingBinary = errors.New("sshnode: no usable apiary binary on the node")
-	ErrRemote        = errors.New("sshnode: remote command failed")
+	ErrNoClient      = errors.New("no ssh client")
+	ErrTimeout       = errors.New("connection timed out")
+	ErrUnreachable   = errors.New("node unreachable")
+	ErrHostKey       = errors.New("host key not trusted")
+	ErrAuth          = errors.New("authentication failed")
+	ErrMissingBinary = errors.New("no usable apiary binary on the node")
+	ErrRemote        = errors.New("remote command failed")
 )
 
 // Error is a failed ssh run: its kind (one of the Err… above), the target,
@@ -37,13 +37,14 @@ type Error struct {
 
 func (e *Error) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %s", e.Target, strings.TrimPrefix(e.Kind.Error(), "sshnode: "))
+	fmt.Fprintf(&b, "%s: %s", e.Target, e.Kind.Error())
 	if e.Hint != "" {
 		b.WriteString(": ")
 		b.WriteString(e.Hint)
 	}
 	if s := lastLine(e.Stderr); s != "" {
-		fmt.Fprintf(&b, " (ssh: %s)", s)
+		// ssh's own lines mostly start with "ssh: " already.
+		fmt.Fprintf(&b, " (ssh: %s)", strings.TrimPrefix(s, "ssh: "))
 	}
 	return b.String()
 }

@@ -158,7 +158,7 @@ func LocalBinary(path, version string) (Binary, error) {
 	if path == "" {
 		p, err := os.Executable()
 		if err != nil {
-			return Binary{}, fmt.Errorf("sshnode: find own executable: %w", err)
+			return Binary{}, fmt.Errorf("find own executable: %w", err)
 		}
 		path = p
 	}
@@ -179,7 +179,7 @@ func localBackend(dir string) ([]BackendFile, error) {
 	var files []BackendFile
 	cpu, err := filepath.Glob(filepath.Join(dir, CPUBackends))
 	if err != nil {
-		return nil, fmt.Errorf("sshnode: %w", err)
+		return nil, err
 	}
 	names := slices.Clone(BackendFiles)
 	for _, p := range cpu {
@@ -192,7 +192,7 @@ func localBackend(dir string) ([]BackendFile, error) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("sshnode: %w", err)
+			return nil, err
 		}
 		if !fi.Mode().IsRegular() {
 			continue
@@ -209,12 +209,12 @@ func localBackend(dir string) ([]BackendFile, error) {
 func hashFile(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", fmt.Errorf("sshnode: %w", err)
+		return "", err
 	}
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("sshnode: hash %s: %w", path, err)
+		return "", fmt.Errorf("hash %s: %w", path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
@@ -372,7 +372,7 @@ func (c Client) Ensure(ctx context.Context, t Target, installDir string, b Binar
 func (c Client) install(ctx context.Context, t Target, installDir, path, name, mode string) error {
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("sshnode: %w", err)
+		return err
 	}
 	defer f.Close()
 	_, err = c.Run(ctx, t, RemoteCommand(installScript, installDir, name, mode), f)
@@ -388,7 +388,7 @@ func ApiaryCommand(installDir string, args ...string) (string, error) {
 	}
 	for _, a := range args {
 		if strings.ContainsAny(a, "\x00\n\r") {
-			return "", fmt.Errorf("sshnode: argument %q holds a control character", a)
+			return "", fmt.Errorf("argument %q holds a control character", a)
 		}
 	}
 	return RemoteCommand(runScript, append([]string{installDir}, args...)...), nil

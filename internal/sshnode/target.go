@@ -35,7 +35,7 @@ var (
 )
 
 // ErrBadTarget is a malformed USER@HOST[:PORT].
-var ErrBadTarget = errors.New("sshnode: invalid ssh target")
+var ErrBadTarget = errors.New("invalid ssh target")
 
 // ParseTarget reads USER@HOST[:PORT] (USER@ optional; an IPv6 address in
 // brackets). Nothing that ssh could read as an option is accepted.
@@ -124,11 +124,11 @@ func CheckInstallDir(dir string) error { return CheckPath("install dir", dir) }
 // digits and _ . / + -, without "..". what names it in the error.
 func CheckPath(what, p string) error {
 	if len(p) > 512 || !installDirPattern.MatchString(p) {
-		return fmt.Errorf("sshnode: %s %q must be an absolute path or start with ~/, of letters, digits and _ . / + -", what, p)
+		return fmt.Errorf("%s %q must be an absolute path or start with ~/, of letters, digits and _ . / + -", what, p)
 	}
 	for _, part := range strings.Split(p, "/") {
 		if part == ".." {
-			return fmt.Errorf("sshnode: %s %q must not contain a \"..\" part", what, p)
+			return fmt.Errorf("%s %q must not contain a \"..\" part", what, p)
 		}
 	}
 	return nil

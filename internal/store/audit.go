@@ -38,14 +38,14 @@ func (t *Tx) Append(e AuditEntry) (AuditEntry, error) {
 	if len(e.Metadata) > 0 {
 		var err error
 		if meta, err = json.Marshal(e.Metadata); err != nil {
-			return e, fmt.Errorf("store: audit metadata: %w", err)
+			return e, fmt.Errorf("audit metadata: %w", err)
 		}
 	}
 	// The database gives the id (identity column, AUTOINCREMENT): never
 	// reused, across restarts, prunes and queens.
 	if err := t.queryRow("INSERT INTO audit_log (ts, actor, action, target, reason, metadata) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
 		micros(e.TS), e.Actor, e.Action, e.Target, e.Reason, string(meta)).Scan(&e.ID); err != nil {
-		return e, fmt.Errorf("store: append audit entry: %w", err)
+		return e, fmt.Errorf("append audit entry: %w", err)
 	}
 	e.TS = fromMicros(micros(e.TS))
 	return e, nil
@@ -86,7 +86,7 @@ func (t *Tx) Audit(f AuditFilter) ([]AuditEntry, error) {
 	}
 	rows, err := t.query(q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("store: read audit log: %w", err)
+		return nil, fmt.Errorf("read audit log: %w", err)
 	}
 	defer rows.Close()
 	var out []AuditEntry
@@ -95,18 +95,18 @@ func (t *Tx) Audit(f AuditFilter) ([]AuditEntry, error) {
 		var ts int64
 		var meta string
 		if err := rows.Scan(&e.ID, &ts, &e.Actor, &e.Action, &e.Target, &e.Reason, &meta); err != nil {
-			return nil, fmt.Errorf("store: read audit log: %w", err)
+			return nil, fmt.Errorf("read audit log: %w", err)
 		}
 		e.TS = fromMicros(ts)
 		if meta != "" && meta != "{}" {
 			if err := json.Unmarshal([]byte(meta), &e.Metadata); err != nil {
-				return nil, fmt.Errorf("store: audit entry %d metadata: %w", e.ID, err)
+				return nil, fmt.Errorf("audit entry %d metadata: %w", e.ID, err)
 			}
 		}
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: read audit log: %w", err)
+		return nil, fmt.Errorf("read audit log: %w", err)
 	}
 	return out, nil
 }

@@ -67,7 +67,7 @@ func (t *Tx) PutBatchFile(f BatchFile) error {
 	_, err := t.exec("INSERT INTO batch_files ("+batchFileCols+") VALUES (?, ?, ?, ?, ?, ?)",
 		f.ID, f.Purpose, f.Filename, f.Bytes, micros(f.CreatedAt), nullMicros(f.ExpiresAt))
 	if err != nil {
-		return fmt.Errorf("store: write file %s: %w", f.ID, err)
+		return fmt.Errorf("write file %s: %w", f.ID, err)
 	}
 	return nil
 }
@@ -90,7 +90,7 @@ func (t *Tx) BatchFile(id string) (BatchFile, error) {
 		return f, fmt.Errorf("%w: file %s", ErrNotFound, id)
 	}
 	if err != nil {
-		return f, fmt.Errorf("store: read file %s: %w", id, err)
+		return f, fmt.Errorf("read file %s: %w", id, err)
 	}
 	return f, nil
 }
@@ -113,11 +113,11 @@ func (t *Tx) BatchFiles(purpose, after string, limit int) ([]BatchFile, error) {
 // (PutBatchFileContent) when it has any; ErrNotFound when there is no row.
 func (t *Tx) DeleteBatchFile(id string) error {
 	if _, err := t.exec("DELETE FROM batch_file_chunks WHERE file_id = ?", id); err != nil {
-		return fmt.Errorf("store: delete the content of file %s: %w", id, err)
+		return fmt.Errorf("delete the content of file %s: %w", id, err)
 	}
 	res, err := t.exec("DELETE FROM batch_files WHERE id = ?", id)
 	if err != nil {
-		return fmt.Errorf("store: delete file %s: %w", id, err)
+		return fmt.Errorf("delete file %s: %w", id, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("%w: file %s", ErrNotFound, id)
@@ -129,7 +129,7 @@ func (t *Tx) DeleteBatchFile(id string) error {
 func (t *Tx) CountBatchFiles(purpose string) (int, error) {
 	var n int
 	if err := t.queryRow("SELECT COUNT(*) FROM batch_files WHERE purpose = ?", purpose).Scan(&n); err != nil {
-		return 0, fmt.Errorf("store: count files: %w", err)
+		return 0, fmt.Errorf("count files: %w", err)
 	}
 	return n, nil
 }
@@ -164,7 +164,7 @@ func (t *Tx) PutBatch(b Batch) error {
 		_, err = t.exec("INSERT INTO batches ("+batchCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", args...)
 	}
 	if err != nil {
-		return fmt.Errorf("store: write batch %s: %w", b.ID, err)
+		return fmt.Errorf("write batch %s: %w", b.ID, err)
 	}
 	return nil
 }
@@ -174,14 +174,14 @@ func (t *Tx) PutBatch(b Batch) error {
 func (t *Tx) UpdateBatch(b Batch, from string) error {
 	args, err := batchArgs(b)
 	if err != nil {
-		return fmt.Errorf("store: update batch %s: %w", b.ID, err)
+		return fmt.Errorf("update batch %s: %w", b.ID, err)
 	}
 	res, err := t.exec(`UPDATE batches SET endpoint = ?, input_file_id = ?, completion_window = ?, status = ?, output_file_id = ?,
 		error_file_id = ?, failure = ?, metadata = ?, total = ?, created_at = ?, expires_at = ?, in_progress_at = ?, finalizing_at = ?,
 		completed_at = ?, failed_at = ?, expired_at = ?, cancelling_at = ?, cancelled_at = ? WHERE id = ? AND status = ?`,
 		append(args[1:], b.ID, from)...)
 	if err != nil {
-		return fmt.Errorf("store: update batch %s: %w", b.ID, err)
+		return fmt.Errorf("update batch %s: %w", b.ID, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("%w: batch %s with status %s", ErrNotFound, b.ID, from)
@@ -214,7 +214,7 @@ func (t *Tx) Batch(id string) (Batch, error) {
 		return b, fmt.Errorf("%w: batch %s", ErrNotFound, id)
 	}
 	if err != nil {
-		return b, fmt.Errorf("store: read batch %s: %w", id, err)
+		return b, fmt.Errorf("read batch %s: %w", id, err)
 	}
 	return b, nil
 }
@@ -254,7 +254,7 @@ func (t *Tx) LockBatchCount() error {
 		return nil
 	}
 	if _, err := t.tx.ExecContext(t.ctx, "SELECT pg_advisory_xact_lock($1)", int64(batchCountLockKey)); err != nil {
-		return fmt.Errorf("store: lock the batches' count: %w", classifyPG(err))
+		return fmt.Errorf("lock the batches' count: %w", classifyPG(err))
 	}
 	return nil
 }
@@ -267,7 +267,7 @@ func (t *Tx) CountBatches(statuses ...string) (int, error) {
 	}
 	var n int
 	if err := t.queryRow("SELECT COUNT(*) FROM batches WHERE status IN (?"+repeat(", ?", len(statuses)-1)+")", args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("store: count batches: %w", err)
+		return 0, fmt.Errorf("count batches: %w", err)
 	}
 	return n, nil
 }
@@ -283,10 +283,10 @@ func repeat(s string, n int) string {
 // DeleteBatch removes a batch and its jobs.
 func (t *Tx) DeleteBatch(id string) error {
 	if _, err := t.exec("DELETE FROM batch_jobs WHERE batch_id = ?", id); err != nil {
-		return fmt.Errorf("store: delete the jobs of batch %s: %w", id, err)
+		return fmt.Errorf("delete the jobs of batch %s: %w", id, err)
 	}
 	if _, err := t.exec("DELETE FROM batches WHERE id = ?", id); err != nil {
-		return fmt.Errorf("store: delete batch %s: %w", id, err)
+		return fmt.Errorf("delete batch %s: %w", id, err)
 	}
 	return nil
 }
@@ -298,7 +298,7 @@ func (t *Tx) DeleteBatchJobs(batchID string, limit int) (int, error) {
 	res, err := t.exec(`DELETE FROM batch_jobs WHERE (batch_id, line) IN
 		(SELECT batch_id, line FROM batch_jobs WHERE batch_id = ? ORDER BY line DESC LIMIT ?)`, batchID, limit)
 	if err != nil {
-		return 0, fmt.Errorf("store: delete the jobs of batch %s: %w", batchID, err)
+		return 0, fmt.Errorf("delete the jobs of batch %s: %w", batchID, err)
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
@@ -310,13 +310,13 @@ const batchJobCols = "batch_id, line, custom_id, model_ref, body, state, attempt
 func (t *Tx) PutBatchJobs(jobs []BatchJob) error {
 	st, err := t.prepare("INSERT INTO batch_jobs (" + batchJobCols + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 	if err != nil {
-		return fmt.Errorf("store: write jobs: %w", err)
+		return fmt.Errorf("write jobs: %w", err)
 	}
 	defer st.Close()
 	for _, j := range jobs {
 		if _, err := st.ExecContext(t.ctx, j.BatchID, j.Line, j.CustomID, j.ModelRef, j.Body, j.State, j.Attempts, j.LifecycleID, j.Result,
 			micros(j.UpdatedAt)); err != nil {
-			return fmt.Errorf("store: write job %s/%d: %w", j.BatchID, j.Line, err)
+			return fmt.Errorf("write job %s/%d: %w", j.BatchID, j.Line, err)
 		}
 	}
 	return nil
@@ -371,14 +371,14 @@ func (t *Tx) UpdateBatchJobs(jobs []BatchJob, from string) (errs []error, err er
 	st, err := t.prepare(`UPDATE batch_jobs SET state = ?, attempts = ?, lifecycle_id = ?, result = ?, updated_at = ?
 		WHERE batch_id = ? AND line = ? AND state = ?`)
 	if err != nil {
-		return nil, fmt.Errorf("store: update jobs: %w", err)
+		return nil, fmt.Errorf("update jobs: %w", err)
 	}
 	defer st.Close()
 	errs = make([]error, len(jobs))
 	for i, j := range jobs {
 		res, err := st.ExecContext(t.ctx, j.State, j.Attempts, j.LifecycleID, j.Result, micros(j.UpdatedAt), j.BatchID, j.Line, from)
 		if err != nil {
-			return nil, fmt.Errorf("store: update job %s/%d: %w", j.BatchID, j.Line, err)
+			return nil, fmt.Errorf("update job %s/%d: %w", j.BatchID, j.Line, err)
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
 			errs[i] = fmt.Errorf("%w: job %s/%d in state %s", ErrNotFound, j.BatchID, j.Line, from)
@@ -394,7 +394,7 @@ func (t *Tx) RequeueBatchJobs(running, queued string, now time.Time) (int, error
 	res, err := t.exec(`UPDATE batch_jobs SET state = ?, updated_at = ?, attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
 		WHERE state = ?`, queued, micros(now), running)
 	if err != nil {
-		return 0, fmt.Errorf("store: requeue running jobs: %w", err)
+		return 0, fmt.Errorf("requeue running jobs: %w", err)
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
@@ -424,7 +424,7 @@ func (t *Tx) UpdateBatchJob(j BatchJob, from string) error {
 	res, err := t.exec(`UPDATE batch_jobs SET state = ?, attempts = ?, lifecycle_id = ?, result = ?, updated_at = ?
 		WHERE batch_id = ? AND line = ? AND state = ?`, j.State, j.Attempts, j.LifecycleID, j.Result, micros(j.UpdatedAt), j.BatchID, j.Line, from)
 	if err != nil {
-		return fmt.Errorf("store: update job %s/%d: %w", j.BatchID, j.Line, err)
+		return fmt.Errorf("update job %s/%d: %w", j.BatchID, j.Line, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("%w: job %s/%d in state %s", ErrNotFound, j.BatchID, j.Line, from)
@@ -439,7 +439,7 @@ func (t *Tx) MoveBatchJobs(batchID, from, to string, limit int, now time.Time) (
 	res, err := t.exec(`UPDATE batch_jobs SET state = ?, updated_at = ? WHERE (batch_id, line) IN
 		(SELECT batch_id, line FROM batch_jobs WHERE batch_id = ? AND state = ? ORDER BY line LIMIT ?)`, to, micros(now), batchID, from, limit)
 	if err != nil {
-		return 0, fmt.Errorf("store: move the jobs of batch %s from %s to %s: %w", batchID, from, to, err)
+		return 0, fmt.Errorf("move the jobs of batch %s from %s to %s: %w", batchID, from, to, err)
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
@@ -449,7 +449,7 @@ func (t *Tx) MoveBatchJobs(batchID, from, to string, limit int, now time.Time) (
 func (t *Tx) BatchJobCounts(batchID string) (map[string]int, error) {
 	rows, err := t.query("SELECT state, COUNT(*) FROM batch_jobs WHERE batch_id = ? GROUP BY state", batchID)
 	if err != nil {
-		return nil, fmt.Errorf("store: count the jobs of batch %s: %w", batchID, err)
+		return nil, fmt.Errorf("count the jobs of batch %s: %w", batchID, err)
 	}
 	defer rows.Close()
 	out := map[string]int{}
@@ -472,19 +472,19 @@ type scanner interface{ Scan(...any) error }
 func queryAll[T any](t *Tx, what string, scan func(scanner) (T, error), q string, args ...any) ([]T, error) {
 	rows, err := t.query(q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("store: %s: %w", what, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer rows.Close()
 	var out []T
 	for rows.Next() {
 		v, err := scan(rows)
 		if err != nil {
-			return nil, fmt.Errorf("store: %s: %w", what, err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		out = append(out, v)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: %s: %w", what, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
 }

@@ -20,11 +20,11 @@ const FileChunkBytes = 1 << 20
 // caller's (PutBatchFile), in the same transaction.
 func (t *Tx) PutBatchFileContent(id string, r io.Reader) (int64, error) {
 	if _, err := t.exec("DELETE FROM batch_file_chunks WHERE file_id = ?", id); err != nil {
-		return 0, fmt.Errorf("store: replace the content of file %s: %w", id, err)
+		return 0, fmt.Errorf("replace the content of file %s: %w", id, err)
 	}
 	stmt, err := t.prepare("INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)")
 	if err != nil {
-		return 0, fmt.Errorf("store: write the content of file %s: %w", id, err)
+		return 0, fmt.Errorf("write the content of file %s: %w", id, err)
 	}
 	defer stmt.Close()
 	buf := make([]byte, FileChunkBytes)
@@ -33,7 +33,7 @@ func (t *Tx) PutBatchFileContent(id string, r io.Reader) (int64, error) {
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 {
 			if _, err := stmt.ExecContext(t.ctx, id, seq, buf[:n]); err != nil {
-				return total, fmt.Errorf("store: write chunk %d of file %s: %w", seq, id, err)
+				return total, fmt.Errorf("write chunk %d of file %s: %w", seq, id, err)
 			}
 			total += int64(n)
 		}
@@ -42,7 +42,7 @@ func (t *Tx) PutBatchFileContent(id string, r io.Reader) (int64, error) {
 		case errors.Is(rerr, io.EOF), errors.Is(rerr, io.ErrUnexpectedEOF):
 			return total, nil
 		default:
-			return total, fmt.Errorf("store: read the content of file %s: %w", id, rerr)
+			return total, fmt.Errorf("read the content of file %s: %w", id, rerr)
 		}
 	}
 }
@@ -55,7 +55,7 @@ func (t *Tx) batchFileChunk(id string, seq int) ([]byte, error) {
 		return nil, fmt.Errorf("%w: chunk %d of file %s", ErrNotFound, seq, id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("store: read chunk %d of file %s: %w", seq, id, err)
+		return nil, fmt.Errorf("read chunk %d of file %s: %w", seq, id, err)
 	}
 	return data, nil
 }
@@ -90,10 +90,10 @@ func (f *fileContent) Read(p []byte) (int, error) {
 			return err
 		})
 		if err != nil {
-			return 0, fmt.Errorf("store: the content of file %s: %w", f.id, err)
+			return 0, fmt.Errorf("the content of file %s: %w", f.id, err)
 		}
 		if len(f.buf) == 0 || int64(len(f.buf)) > f.left {
-			return 0, fmt.Errorf("store: the content of file %s: chunk %d has %d bytes, %d were left to read", f.id, f.seq, len(f.buf), f.left)
+			return 0, fmt.Errorf("the content of file %s: chunk %d has %d bytes, %d were left to read", f.id, f.seq, len(f.buf), f.left)
 		}
 		f.seq++
 	}

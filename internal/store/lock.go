@@ -5,13 +5,42 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/apiary-llm/apiary/internal/rpc"
 	"github.com/apiary-llm/apiary/internal/secret"
 )
+
+// connectError is a failed connection to PostgreSQL told in one line:
+// pgx's own message lists every address it tried on lines of their own.
+// The cause stays wrapped for errors.Is and errors.As.
+type connectError struct {
+	msg string
+	err error
+}
+
+func (e *connectError) Error() string { return e.msg }
+func (e *connectError) Unwrap() error { return e.err }
+
+// connectFailed says which server did not take the connection and why,
+// in the network's words when the cause is one (connection refused, no
+// such host), and what to check.
+func connectFailed(cfg *pgx.ConnConfig, err error) error {
+	why, ok := rpc.NetReason(err)
+	if !ok {
+		return fmt.Errorf("cannot connect to PostgreSQL: %w", err)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && cfg.ConnectTimeout > 0 {
+		why = fmt.Sprintf("no answer within %s (connect_timeout)", cfg.ConnectTimeout)
+	}
+	return &connectError{err: err, msg: fmt.Sprintf("cannot connect to PostgreSQL at %s:%d (user %s, database %s): %s; check that the server runs and that the database URL names it",
+		cfg.Host, cfg.Port, cfg.User, cfg.Database, why)}
+}
 
 // pgLockKey is the advisory lock id of a queen on PostgreSQL ("apiary" in
 // ASCII).
@@ -36,12 +65,12 @@ type pgLock struct {
 func acquirePGLock(ctx context.Context, cfg *pgx.ConnConfig) (*pgLock, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("store: connect to PostgreSQL: %w", err)
+		return nil, connectFailed(cfg, err)
 	}
 	var got bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(pgLockKey)).Scan(&got); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("store: PostgreSQL advisory lock: %w", classifyPG(err))
+		return nil, fmt.Errorf("PostgreSQL advisory lock: %w", classifyPG(err))
 	}
 	if !got {
 		conn.Close(context.WithoutCancel(ctx))
@@ -139,7 +168,7 @@ func (s *Store) takeEpoch(ctx context.Context, holder string) error {
 		ON CONFLICT (id) DO UPDATE SET epoch = queen_lease.epoch + 1, holder = EXCLUDED.holder, taken_at = EXCLUDED.taken_at
 		RETURNING epoch`, holder, time.Now().UnixMilli()).Scan(&s.epoch)
 	if err != nil {
-		return fmt.Errorf("store: take the fencing epoch: %w", classifyPG(err))
+		return fmt.Errorf("take the fencing epoch: %w", classifyPG(err))
 	}
 	s.log.Info("fencing epoch taken", "epoch", s.epoch)
 	return nil
@@ -155,7 +184,7 @@ func (s *Store) proveEpoch(ctx context.Context, tx *sql.Tx) error {
 	var epoch int64
 	err := tx.QueryRowContext(ctx, "SELECT epoch FROM queen_lease WHERE id = 1 FOR SHARE").Scan(&epoch)
 	if err != nil {
-		return fmt.Errorf("store: prove the fencing epoch: %w", classifyPG(err))
+		return fmt.Errorf("prove the fencing epoch: %w", classifyPG(err))
 	}
 	if epoch != s.epoch {
 		s.markLost(fmt.Errorf("another queen took the database (fencing epoch %d, this queen's %d)", epoch, s.epoch))
@@ -173,12 +202,12 @@ func (s *Store) Epoch() int64 { return s.epoch }
 func ActiveHolder(ctx context.Context, url string) (holder string, epoch int64, err error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return "", 0, secret.RedactError(fmt.Errorf("store: PostgreSQL URL: %w", err), url)
+		return "", 0, secret.RedactError(fmt.Errorf("PostgreSQL URL: %w", err), url)
 	}
 	withPGDefaults(cfg)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return "", 0, secret.RedactError(fmt.Errorf("store: connect to PostgreSQL: %w", err), url)
+		return "", 0, secret.RedactError(fmt.Errorf("connect to PostgreSQL: %w", err), url)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	err = conn.QueryRow(ctx, "SELECT holder, epoch FROM queen_lease WHERE id = 1").Scan(&holder, &epoch)
@@ -187,7 +216,7 @@ func ActiveHolder(ctx context.Context, url string) (holder string, epoch int64, 
 	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pe) && pe.Code == "42P01": // no row, no table yet
 		return "", 0, nil
 	case err != nil:
-		return "", 0, secret.RedactError(fmt.Errorf("store: read the queen lease: %w", err), url)
+		return "", 0, secret.RedactError(fmt.Errorf("read the queen lease: %w", err), url)
 	}
 	return holder, epoch, nil
 }

@@ -44,7 +44,7 @@ func loadMigrations() ([]migration, error) {
 		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
 		v, err := strconv.Atoi(num)
 		if !ok || err != nil || v < 1 {
-			return nil, fmt.Errorf("store: migration %s: name must be NNNN_name.sql", e.Name())
+			return nil, fmt.Errorf("migration %s: name must be NNNN_name.sql", e.Name())
 		}
 		var d Dialect
 		for _, dd := range []Dialect{SQLite, Postgres} {
@@ -62,7 +62,7 @@ func loadMigrations() ([]migration, error) {
 			byVersion[v] = m
 		}
 		if _, dup := m.sql[d]; dup || m.name != name {
-			return nil, fmt.Errorf("store: migration %s: another file has version %d", e.Name(), v)
+			return nil, fmt.Errorf("migration %s: another file has version %d", e.Name(), v)
 		}
 		m.sql[d] = string(b)
 	}
@@ -72,14 +72,14 @@ func loadMigrations() ([]migration, error) {
 		_, lite := m.sql[SQLite]
 		_, post := m.sql[Postgres]
 		if both == (lite || post) || lite != post {
-			return nil, fmt.Errorf("store: migration %04d_%s: want one .sql file, or one .sqlite.sql and one .postgres.sql", m.version, m.name)
+			return nil, fmt.Errorf("migration %04d_%s: want one .sql file, or one .sqlite.sql and one .postgres.sql", m.version, m.name)
 		}
 		out = append(out, *m)
 	}
 	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
 	for i, m := range out {
 		if m.version != i+1 {
-			return nil, fmt.Errorf("store: migrations must be numbered 1, 2, …: found %d at position %d", m.version, i+1)
+			return nil, fmt.Errorf("migrations must be numbered 1, 2, …: found %d at position %d", m.version, i+1)
 		}
 	}
 	return out, nil
@@ -127,14 +127,14 @@ func (s *Store) migrate(ctx context.Context) error {
 		version    INTEGER PRIMARY KEY,
 		name       TEXT    NOT NULL,
 		applied_at BIGINT  NOT NULL)`); err != nil {
-		return fmt.Errorf("store: create schema_migrations: %w", err)
+		return fmt.Errorf("create schema_migrations: %w", err)
 	}
 	var current int
 	if err := s.db.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM schema_migrations").Scan(&current); err != nil {
-		return fmt.Errorf("store: read schema version: %w", err)
+		return fmt.Errorf("read schema version: %w", err)
 	}
 	if current > len(ms) {
-		return fmt.Errorf("store: the database has schema version %d, newer than this binary's %d: upgrade apiary", current, len(ms))
+		return fmt.Errorf("the database has schema version %d, newer than this binary's %d: upgrade apiary", current, len(ms))
 	}
 	for _, m := range ms[current:] {
 		err := s.Update(ctx, func(tx *Tx) error {
@@ -148,7 +148,7 @@ func (s *Store) migrate(ctx context.Context) error {
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("store: migration %04d_%s: %w", m.version, m.name, err)
+			return fmt.Errorf("migration %04d_%s: %w", m.version, m.name, err)
 		}
 		s.log.Info("applied migration", "version", m.version, "name", m.name, "dialect", string(s.dialect))
 	}

@@ -24,7 +24,7 @@ func (t *Tx) PutModelSetting(s ModelSetting) error {
 		reason = excluded.reason, updated_at = excluded.updated_at`,
 		s.ModelRef, s.MinWorkers, nullInt(s.MaxWorkers), s.Reason, micros(s.UpdatedAt))
 	if err != nil {
-		return fmt.Errorf("store: write the setting of model %s: %w", s.ModelRef, err)
+		return fmt.Errorf("write the setting of model %s: %w", s.ModelRef, err)
 	}
 	return nil
 }
@@ -33,7 +33,7 @@ func (t *Tx) PutModelSetting(s ModelSetting) error {
 func (t *Tx) ModelSettings() ([]ModelSetting, error) {
 	rows, err := t.query("SELECT model_ref, min_workers, max_workers, reason, updated_at FROM model_settings ORDER BY model_ref")
 	if err != nil {
-		return nil, fmt.Errorf("store: read model settings: %w", err)
+		return nil, fmt.Errorf("read model settings: %w", err)
 	}
 	defer rows.Close()
 	var out []ModelSetting
@@ -42,13 +42,13 @@ func (t *Tx) ModelSettings() ([]ModelSetting, error) {
 		var maxW sql.NullInt64
 		var updated int64
 		if err := rows.Scan(&s.ModelRef, &s.MinWorkers, &maxW, &s.Reason, &updated); err != nil {
-			return nil, fmt.Errorf("store: read model settings: %w", err)
+			return nil, fmt.Errorf("read model settings: %w", err)
 		}
 		s.MaxWorkers, s.UpdatedAt = intPtr(maxW), fromMicros(updated)
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: read model settings: %w", err)
+		return nil, fmt.Errorf("read model settings: %w", err)
 	}
 	return out, nil
 }

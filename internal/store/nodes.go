@@ -23,7 +23,7 @@ func (t *Tx) InsertNode(n Node) error {
 	}
 	if _, err := t.exec("INSERT INTO nodes (name, ssh_target, install_dir, created_at, metadata) VALUES (?, ?, ?, ?, ?)",
 		n.Name, n.SSHTarget, n.InstallDir, micros(n.CreatedAt), jsonOr(n.Metadata, "{}")); err != nil {
-		return fmt.Errorf("store: insert node %s: %w", n.Name, err)
+		return fmt.Errorf("insert node %s: %w", n.Name, err)
 	}
 	return nil
 }
@@ -32,7 +32,7 @@ func (t *Tx) InsertNode(n Node) error {
 func (t *Tx) DeleteNode(name string) error {
 	res, err := t.exec("DELETE FROM nodes WHERE name = ?", name)
 	if err != nil {
-		return fmt.Errorf("store: delete node %s: %w", name, err)
+		return fmt.Errorf("delete node %s: %w", name, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("%w: node %s", ErrNotFound, name)
@@ -44,7 +44,7 @@ func (t *Tx) DeleteNode(name string) error {
 func (t *Tx) Nodes() ([]Node, error) {
 	rows, err := t.query("SELECT name, ssh_target, install_dir, created_at, metadata FROM nodes ORDER BY name")
 	if err != nil {
-		return nil, fmt.Errorf("store: read nodes: %w", err)
+		return nil, fmt.Errorf("read nodes: %w", err)
 	}
 	defer rows.Close()
 	var out []Node
@@ -53,13 +53,13 @@ func (t *Tx) Nodes() ([]Node, error) {
 		var created int64
 		var meta string
 		if err := rows.Scan(&n.Name, &n.SSHTarget, &n.InstallDir, &created, &meta); err != nil {
-			return nil, fmt.Errorf("store: read nodes: %w", err)
+			return nil, fmt.Errorf("read nodes: %w", err)
 		}
 		n.CreatedAt, n.Metadata = fromMicros(created), json.RawMessage(meta)
 		out = append(out, n)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: read nodes: %w", err)
+		return nil, fmt.Errorf("read nodes: %w", err)
 	}
 	return out, nil
 }

@@ -50,7 +50,7 @@ func (t *Tx) PutPool(p Pool) error {
 		p.ID, p.Endpoint, p.NodeID, p.Version, p.Status, boolInt(p.Drained), micros(p.RegisteredAt),
 		micros(p.StatusChangedAt), nullMicros(p.LastHeartbeatAt), jsonOr(p.GPUs, "[]"), jsonOr(p.Workers, "[]"))
 	if err != nil {
-		return fmt.Errorf("store: put pool %s: %w", p.ID, err)
+		return fmt.Errorf("put pool %s: %w", p.ID, err)
 	}
 	return nil
 }
@@ -65,7 +65,7 @@ func (t *Tx) TouchPools(beats []Pool) error {
 	}
 	stmt, err := t.prepare("UPDATE pools SET last_heartbeat_at = ?, gpus = ?, workers = ? WHERE id = ?")
 	if err != nil {
-		return fmt.Errorf("store: touch pools: %w", err)
+		return fmt.Errorf("touch pools: %w", err)
 	}
 	defer stmt.Close()
 	for _, b := range beats {
@@ -74,7 +74,7 @@ func (t *Tx) TouchPools(beats []Pool) error {
 			at = *b.LastHeartbeatAt
 		}
 		if _, err := stmt.ExecContext(t.ctx, micros(at), jsonOr(b.GPUs, "[]"), jsonOr(b.Workers, "[]"), b.ID); err != nil {
-			return fmt.Errorf("store: touch pool %s: %w", b.ID, err)
+			return fmt.Errorf("touch pool %s: %w", b.ID, err)
 		}
 	}
 	return nil
@@ -84,7 +84,7 @@ func (t *Tx) TouchPools(beats []Pool) error {
 func (t *Tx) DeletePool(id string) error {
 	res, err := t.exec("DELETE FROM pools WHERE id = ?", id)
 	if err != nil {
-		return fmt.Errorf("store: delete pool %s: %w", id, err)
+		return fmt.Errorf("delete pool %s: %w", id, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("%w: pool %s", ErrNotFound, id)
@@ -111,7 +111,7 @@ func (t *Tx) pools(where string, args ...any) ([]Pool, error) {
 	rows, err := t.query(`SELECT id, endpoint, node_id, version, status, drained, registered_at,
 		status_changed_at, last_heartbeat_at, gpus, workers FROM pools `+where, args...)
 	if err != nil {
-		return nil, fmt.Errorf("store: read pools: %w", err)
+		return nil, fmt.Errorf("read pools: %w", err)
 	}
 	defer rows.Close()
 	var out []Pool
@@ -123,7 +123,7 @@ func (t *Tx) pools(where string, args ...any) ([]Pool, error) {
 		var gpus, workers string
 		if err := rows.Scan(&p.ID, &p.Endpoint, &p.NodeID, &p.Version, &p.Status, &drained, &reg,
 			&changed, &beat, &gpus, &workers); err != nil {
-			return nil, fmt.Errorf("store: read pools: %w", err)
+			return nil, fmt.Errorf("read pools: %w", err)
 		}
 		p.Drained = drained != 0
 		p.RegisteredAt, p.StatusChangedAt, p.LastHeartbeatAt = fromMicros(reg), fromMicros(changed), timePtr(beat)
@@ -131,7 +131,7 @@ func (t *Tx) pools(where string, args ...any) ([]Pool, error) {
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: read pools: %w", err)
+		return nil, fmt.Errorf("read pools: %w", err)
 	}
 	return out, nil
 }

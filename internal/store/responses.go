@@ -22,7 +22,7 @@ func (s *Store) PutResponse(ctx context.Context, r StoredResponse) error {
 		_, err := tx.exec("INSERT INTO responses (id, created_at, response, messages) VALUES (?, ?, ?, ?)",
 			r.ID, micros(r.CreatedAt), string(r.Response), string(r.Messages))
 		if err != nil {
-			return fmt.Errorf("store: keep response %s: %w", r.ID, err)
+			return fmt.Errorf("keep response %s: %w", r.ID, err)
 		}
 		return nil
 	})
@@ -39,7 +39,7 @@ func (s *Store) Response(ctx context.Context, id string) (StoredResponse, error)
 			return fmt.Errorf("%w: response %s", ErrNotFound, id)
 		}
 		if err != nil {
-			return fmt.Errorf("store: read response %s: %w", id, err)
+			return fmt.Errorf("read response %s: %w", id, err)
 		}
 		r.CreatedAt, r.Response, r.Messages = fromMicros(created), []byte(resp), []byte(msgs)
 		return nil
@@ -52,7 +52,7 @@ func (s *Store) DeleteResponse(ctx context.Context, id string) error {
 	return s.Update(ctx, func(tx *Tx) error {
 		res, err := tx.exec("DELETE FROM responses WHERE id = ?", id)
 		if err != nil {
-			return fmt.Errorf("store: delete response %s: %w", id, err)
+			return fmt.Errorf("delete response %s: %w", id, err)
 		}
 		if n, err := res.RowsAffected(); err == nil && n == 0 {
 			return fmt.Errorf("%w: response %s", ErrNotFound, id)

@@ -49,7 +49,7 @@ func (s *Store) Prune(ctx context.Context, auditBefore, rowsBefore time.Time) (P
 			(SELECT id FROM audit_log WHERE ts < ? ORDER BY ts LIMIT ?)`, micros(auditBefore))
 		p.Audit = n
 		if err != nil {
-			return p, fmt.Errorf("store: prune audit log: %w", err)
+			return p, fmt.Errorf("prune audit log: %w", err)
 		}
 	}
 	if !rowsBefore.IsZero() {
@@ -58,13 +58,13 @@ func (s *Store) Prune(ctx context.Context, auditBefore, rowsBefore time.Time) (P
 			string(lifecycle.StatusStopped), string(lifecycle.StatusFailed), micros(rowsBefore))
 		p.Rows = n
 		if err != nil {
-			return p, fmt.Errorf("store: prune ended worker rows: %w", err)
+			return p, fmt.Errorf("prune ended worker rows: %w", err)
 		}
 		n, err = s.pruneBatches(ctx, `DELETE FROM responses WHERE id IN
 			(SELECT id FROM responses WHERE created_at < ? LIMIT ?)`, micros(rowsBefore))
 		p.Responses = n
 		if err != nil {
-			return p, fmt.Errorf("store: prune kept responses: %w", err)
+			return p, fmt.Errorf("prune kept responses: %w", err)
 		}
 	}
 	return p, nil

@@ -43,31 +43,32 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 
+	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/secret"
 )
 
 // Sentinel errors.
 var (
-	ErrNotFound = errors.New("store: not found")
-	ErrExists   = errors.New("store: already exists")
-	ErrLocked   = openai.Sentinel(http.StatusServiceUnavailable, "store_locked", "store: database is in use by another queen")
+	ErrNotFound = errors.New("not found")
+	ErrExists   = errors.New("already exists")
+	ErrLocked   = openai.Sentinel(http.StatusServiceUnavailable, "store_locked", "database is in use by another queen")
 	// ErrLockLost: the one-queen lock is gone (its connection dropped or
 	// it was released); the queen must step down. A write refused for it
 	// is answered 503: another queen serves.
 	ErrLockLost = &openai.CodedError{Status: http.StatusServiceUnavailable, Code: "not_active_queen",
-		Message: "store: lost the one-queen lock", Retry: time.Second}
+		Message: "lost the one-queen lock", Retry: time.Second}
 	// ErrTimeout: PostgreSQL cancelled a statement that ran past
 	// statement_timeout or waited past lock_timeout, or the transaction
 	// ran past its client-side limit. Answered 503 with Retry-After.
 	ErrTimeout = &openai.CodedError{Status: http.StatusServiceUnavailable, Code: "database_timeout",
-		Message: "store: the database did not answer in time", Retry: 2 * time.Second}
+		Message: "the database did not answer in time", Retry: 2 * time.Second}
 	// ErrUnavailable: the database cannot be reached, dropped the
 	// connection, is shutting down, has no connection left, or is busy
 	// (SQLite's write lock held past its busy timeout; a serialization
 	// failure). Nothing was written; answered 503 with Retry-After.
 	ErrUnavailable = &openai.CodedError{Status: http.StatusServiceUnavailable, Code: "database_unavailable",
-		Message: "store: the database is unavailable or busy; nothing was written, try again", Retry: 2 * time.Second}
+		Message: "the database is unavailable or busy; nothing was written, try again", Retry: 2 * time.Second}
 )
 
 // Dialect is the database behind a Store.
@@ -181,12 +182,12 @@ func open(ctx context.Context, cfg Config) (*Store, error) {
 		s.dialect = Postgres
 		err = s.openPostgres(ctx, cfg.URL)
 	case cfg.URL != "":
-		return nil, fmt.Errorf("store: --database-url must start with postgres:// or postgresql://")
+		return nil, fmt.Errorf("--database-url must start with postgres:// or postgresql://")
 	case cfg.Path != "":
 		s.dialect = SQLite
 		err = s.openSQLite(ctx, cfg.Path)
 	default:
-		return nil, errors.New("store: no database: give a SQLite path or a PostgreSQL URL")
+		return nil, errors.New("no database: give a SQLite path or a PostgreSQL URL")
 	}
 	if err != nil {
 		return nil, err
@@ -215,7 +216,7 @@ func open(ctx context.Context, cfg Config) (*Store, error) {
 
 func (s *Store) openSQLite(ctx context.Context, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return fmt.Errorf("store: create data dir: %w", err)
+		return fmt.Errorf("%w %s: %w", datadir.ErrUnusable, filepath.Dir(path), err)
 	}
 	unlock, err := lockFile(path + ".lock")
 	if err != nil {
@@ -230,7 +231,7 @@ func (s *Store) openSQLite(ctx context.Context, path string) error {
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		_ = unlock()
-		return fmt.Errorf("store: open %s: %w", path, err)
+		return fmt.Errorf("open %s: %w", path, err)
 	}
 	// One writer at a time is all SQLite allows; a small pool lets reads
 	// (the admin API) run beside a write under WAL.
@@ -239,7 +240,7 @@ func (s *Store) openSQLite(ctx context.Context, path string) error {
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		_ = unlock()
-		return fmt.Errorf("store: open %s: %w", path, err)
+		return fmt.Errorf("open %s: %w", path, err)
 	}
 	s.db, s.unlock, s.gate = db, unlock, make(chan struct{}, 1)
 	return nil
@@ -250,14 +251,14 @@ func (s *Store) openSQLite(ctx context.Context, path string) error {
 func lockFile(path string) (func() error, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("store: lock file: %w", err)
+		return nil, fmt.Errorf("%w: lock file: %w", datadir.ErrUnusable, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%w (lock %s is held)", ErrLocked, path)
 		}
-		return nil, fmt.Errorf("store: lock %s: %w", path, err)
+		return nil, fmt.Errorf("%w: lock %s: %w", datadir.ErrUnusable, path, err)
 	}
 	return f.Close, nil
 }
@@ -265,7 +266,7 @@ func lockFile(path string) (func() error, error) {
 func (s *Store) openPostgres(ctx context.Context, url string) error {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return fmt.Errorf("store: PostgreSQL URL: %w", err)
+		return fmt.Errorf("PostgreSQL URL: %w", err)
 	}
 	stmt := withPGDefaults(cfg)
 	if stmt > 0 {
@@ -282,7 +283,7 @@ func (s *Store) openPostgres(ctx context.Context, url string) error {
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		lock.release()
-		return fmt.Errorf("store: connect to PostgreSQL: %w", err)
+		return connectFailed(cfg, err)
 	}
 	s.db, s.lock, s.unlock = db, lock, lock.release
 	s.log.Info("holding the one-queen lock", "lock_backend_pid", lock.pid, "connect_timeout", cfg.ConnectTimeout,
@@ -436,7 +437,7 @@ func classify(err error) error {
 	return err
 }
 
-var errTxTimeout = errors.New("store: transaction timeout")
+var errTxTimeout = errors.New("transaction timeout")
 
 // classifyPG marks PostgreSQL's statement and lock timeouts as ErrTimeout.
 func classifyPG(err error) error {
@@ -462,7 +463,7 @@ func (s *Store) runTx(ctx context.Context, readOnly bool, fn func(*Tx) error) (e
 	}
 	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
-		return fmt.Errorf("store: begin: %w", err)
+		return fmt.Errorf("begin: %w", err)
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -481,7 +482,7 @@ func (s *Store) runTx(ctx context.Context, readOnly bool, fn func(*Tx) error) (e
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("store: commit: %w", err)
+		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
 }

@@ -55,7 +55,7 @@ func (t *Tx) InsertRow(r Row) error {
 	}
 	_, err := t.exec(`INSERT INTO workers (`+rowColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, r.args()...)
 	if err != nil {
-		return fmt.Errorf("store: insert worker row %s: %w", r.ID, err)
+		return fmt.Errorf("insert worker row %s: %w", r.ID, err)
 	}
 	return nil
 }
@@ -67,7 +67,7 @@ func (t *Tx) UpdateRow(r Row) error {
 		reason = ?, owner = ?, created_at = ?, started_at = ?, ready_at = ?, stopped_at = ?, last_heartbeat_at = ?,
 		vram_bytes = ?, uri = ?, pid = ?, exit_code = ? WHERE id = ?`, append(a[1:], a[0])...)
 	if err != nil {
-		return fmt.Errorf("store: update worker row %s: %w", r.ID, err)
+		return fmt.Errorf("update worker row %s: %w", r.ID, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("%w: worker row %s", ErrNotFound, r.ID)
@@ -83,12 +83,12 @@ func (t *Tx) TouchRows(beats map[string]time.Time) error {
 	}
 	stmt, err := t.prepare("UPDATE workers SET last_heartbeat_at = ? WHERE id = ?")
 	if err != nil {
-		return fmt.Errorf("store: touch worker rows: %w", err)
+		return fmt.Errorf("touch worker rows: %w", err)
 	}
 	defer stmt.Close()
 	for id, at := range beats {
 		if _, err := stmt.ExecContext(t.ctx, micros(at), id); err != nil {
-			return fmt.Errorf("store: touch worker row %s: %w", id, err)
+			return fmt.Errorf("touch worker row %s: %w", id, err)
 		}
 	}
 	return nil
@@ -140,7 +140,7 @@ func (t *Tx) Rows(f RowFilter) ([]Row, error) {
 func (t *Tx) CountRows() (map[lifecycle.Status]int, error) {
 	rows, err := t.query("SELECT status, COUNT(*) FROM workers GROUP BY status")
 	if err != nil {
-		return nil, fmt.Errorf("store: count worker rows: %w", err)
+		return nil, fmt.Errorf("count worker rows: %w", err)
 	}
 	defer rows.Close()
 	out := map[lifecycle.Status]int{}
@@ -148,7 +148,7 @@ func (t *Tx) CountRows() (map[lifecycle.Status]int, error) {
 		var s string
 		var n int
 		if err := rows.Scan(&s, &n); err != nil {
-			return nil, fmt.Errorf("store: count worker rows: %w", err)
+			return nil, fmt.Errorf("count worker rows: %w", err)
 		}
 		out[lifecycle.Status(s)] = n
 	}
@@ -158,7 +158,7 @@ func (t *Tx) CountRows() (map[lifecycle.Status]int, error) {
 func (t *Tx) rows(clause string, args ...any) ([]Row, error) {
 	rows, err := t.query("SELECT "+rowColumns+" FROM workers "+clause, args...)
 	if err != nil {
-		return nil, fmt.Errorf("store: read worker rows: %w", err)
+		return nil, fmt.Errorf("read worker rows: %w", err)
 	}
 	defer rows.Close()
 	var out []Row
@@ -169,7 +169,7 @@ func (t *Tx) rows(clause string, args ...any) ([]Row, error) {
 		var created, vram int64
 		if err := rows.Scan(&r.ID, &r.PoolID, &r.WorkerID, &r.ModelRef, &gpu, &status, &r.Reason, &r.Owner, &created,
 			&started, &ready, &stopped, &beat, &vram, &r.URI, &pid, &exit); err != nil {
-			return nil, fmt.Errorf("store: read worker rows: %w", err)
+			return nil, fmt.Errorf("read worker rows: %w", err)
 		}
 		r.Status = lifecycle.Status(status)
 		r.GPUDevice, r.PID, r.ExitCode = intPtr(gpu), intPtr(pid), intPtr(exit)
@@ -179,7 +179,7 @@ func (t *Tx) rows(clause string, args ...any) ([]Row, error) {
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: read worker rows: %w", err)
+		return nil, fmt.Errorf("read worker rows: %w", err)
 	}
 	return out, nil
 }

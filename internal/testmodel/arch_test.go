@@ -389,7 +389,7 @@ func TestArchitectureValidate(t *testing.T) {
 		switch {
 		case tt.msg == "" && err != nil:
 			t.Errorf("Validate(%+v) = %v, want nil", tt.o, err)
-		case tt.msg != "" && (err == nil || err.Error() != "testmodel: invalid options: "+tt.msg || !errors.Is(err, testmodel.ErrOptions)):
+		case tt.msg != "" && (err == nil || err.Error() != "invalid options: "+tt.msg || !errors.Is(err, testmodel.ErrOptions)):
 			t.Errorf("Validate(%+v) = %v, want %q", tt.o, err, tt.msg)
 		}
 		if tt.msg == "" {

@@ -63,7 +63,7 @@ const (
 )
 
 // ErrOptions means Options are out of range.
-var ErrOptions = errors.New("testmodel: invalid options")
+var ErrOptions = errors.New("invalid options")
 
 // Options choose the model. A zero field takes its default.
 type Options struct {
@@ -372,7 +372,7 @@ func Write(w io.Writer, o Options) error {
 	}
 	gw, err := gguf.NewWriter(w, metadata(s), layouts)
 	if err != nil {
-		return fmt.Errorf("testmodel: %w", err)
+		return err
 	}
 	// One generator for all weights, drawn in file order: the bytes depend
 	// on the seed and the options only.
@@ -397,11 +397,11 @@ func Write(w io.Writer, o Options) error {
 			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
 		}
 		if err := gw.WriteTensor(buf); err != nil {
-			return fmt.Errorf("testmodel: %w", err)
+			return err
 		}
 	}
 	if err := gw.Close(); err != nil {
-		return fmt.Errorf("testmodel: %w", err)
+		return err
 	}
 	return nil
 }
@@ -415,7 +415,7 @@ func WriteFile(path string, o Options) (err error) {
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
-		return fmt.Errorf("testmodel: %w", err)
+		return err
 	}
 	defer func() {
 		if err != nil {
@@ -427,13 +427,13 @@ func WriteFile(path string, o Options) (err error) {
 		return err
 	}
 	if err := tmp.Chmod(0o644); err != nil {
-		return fmt.Errorf("testmodel: %w", err)
+		return err
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("testmodel: %w", err)
+		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("testmodel: %w", err)
+		return err
 	}
 	return nil
 }

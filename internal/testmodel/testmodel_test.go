@@ -213,11 +213,11 @@ func TestOptionsValidate(t *testing.T) {
 		{testmodel.Options{}, ""},
 		{testmodel.Options{Layers: 64, Dim: 4096}, ""},
 		{testmodel.Options{Layers: 1, Dim: 8}, ""},
-		{testmodel.Options{Layers: 65}, "testmodel: invalid options: layers 65 is not in 1…64"},
-		{testmodel.Options{Layers: -1}, "testmodel: invalid options: layers -1 is not in 1…64"},
-		{testmodel.Options{Dim: 4}, "testmodel: invalid options: dim 4 is not a multiple of 8 (2 × heads) in 8…4096"},
-		{testmodel.Options{Dim: 66}, "testmodel: invalid options: dim 66 is not a multiple of 8 (2 × heads) in 8…4096"},
-		{testmodel.Options{Dim: 4100}, "testmodel: invalid options: dim 4100 is not a multiple of 8 (2 × heads) in 8…4096"},
+		{testmodel.Options{Layers: 65}, "invalid options: layers 65 is not in 1…64"},
+		{testmodel.Options{Layers: -1}, "invalid options: layers -1 is not in 1…64"},
+		{testmodel.Options{Dim: 4}, "invalid options: dim 4 is not a multiple of 8 (2 × heads) in 8…4096"},
+		{testmodel.Options{Dim: 66}, "invalid options: dim 66 is not a multiple of 8 (2 × heads) in 8…4096"},
+		{testmodel.Options{Dim: 4100}, "invalid options: dim 4100 is not a multiple of 8 (2 × heads) in 8…4096"},
 	}
 	for _, tt := range tests {
 		err := tt.o.Validate()

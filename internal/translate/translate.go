@@ -55,7 +55,7 @@ func New(w http.ResponseWriter, answer Translator, d Dialect) *Writer {
 }
 
 // ErrClientGone wraps a failed write to the client.
-var ErrClientGone = errors.New("translate: the client went away")
+var ErrClientGone = errors.New("the client went away")
 
 // maxHeld bounds what the writer holds of a whole answer (an embedding
 // list of 2048 inputs is the largest: well under this).

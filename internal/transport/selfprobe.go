@@ -19,7 +19,7 @@ import (
 func (s ServerTLS) ProbeSelf(ctx context.Context, addr net.Addr, path string) error {
 	tcp, ok := addr.(*net.TCPAddr)
 	if !ok {
-		return fmt.Errorf("transport: probe of %s: not a TCP address", addr)
+		return fmt.Errorf("probe of %s: not a TCP address", addr)
 	}
 	host := tcp.IP
 	switch {
@@ -40,12 +40,12 @@ func (s ServerTLS) ProbeSelf(ctx context.Context, addr net.Addr, path string) er
 	}
 	resp, err := t.RoundTrip(req)
 	if err != nil {
-		return fmt.Errorf("transport: probe of %s: %w", u, err)
+		return fmt.Errorf("probe of %s: %w", u, err)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("transport: probe of %s: %s", u, resp.Status)
+		return fmt.Errorf("probe of %s: %s", u, resp.Status)
 	}
 	return nil
 }

@@ -19,10 +19,10 @@ var (
 	// ErrClaimRefused means the queen answered the claim with a 4xx: no
 	// such row, a row of another model, a row that no longer waits, or a
 	// worker the queen could not check.
-	ErrClaimRefused = errors.New("worker: claim refused by the queen")
+	ErrClaimRefused = errors.New("claim refused by the queen")
 	// ErrClaimFailed means the claim never got an answer it could accept
 	// within the allowed attempts.
-	ErrClaimFailed = errors.New("worker: claim failed")
+	ErrClaimFailed = errors.New("claim failed")
 )
 
 // claim tells the queen that this worker serves (POST

@@ -191,4 +191,4 @@ func (c *Config) Validate() error {
 }
 
 // ErrInvalidConfig wraps every Validate error.
-var ErrInvalidConfig = errors.New("worker: invalid configuration")
+var ErrInvalidConfig = errors.New("invalid configuration")

@@ -34,7 +34,7 @@ func (w *Worker) handleEmbeddings(rw http.ResponseWriter, r *http.Request) error
 	for i, s := range req.Input {
 		param := fmt.Sprintf("input[%d]", i)
 		if inputs[i], err = eng.Tokenize(s, true); err != nil {
-			return fmt.Errorf("worker: tokenize %s: %w", param, err)
+			return fmt.Errorf("tokenize %s: %w", param, err)
 		}
 		if len(inputs[i]) > info.CtxSize {
 			return &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeContextLength, Param: param,

@@ -28,7 +28,7 @@ const (
 const streamEventTimeout = time.Minute
 
 // errClientGone means the client disconnected; there is no one to answer.
-var errClientGone = errors.New("worker: client went away")
+var errClientGone = errors.New("client went away")
 
 // job is one generation, ready for the engine.
 type job struct {
@@ -42,7 +42,7 @@ type job struct {
 func newJob(eng engine.Engine, info engine.ModelInfo, prompt, param string, s openai.Sampling) (job, error) {
 	ids, err := eng.Tokenize(prompt, true)
 	if err != nil {
-		return job{}, fmt.Errorf("worker: tokenize %s: %w", param, err)
+		return job{}, fmt.Errorf("tokenize %s: %w", param, err)
 	}
 	if len(ids) == 0 {
 		return job{}, openai.Invalid(param, "%s is empty: the model needs at least one token to continue from", param)

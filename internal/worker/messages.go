@@ -251,7 +251,7 @@ func (w *Worker) handleCountTokens(rw http.ResponseWriter, r *http.Request) erro
 	}
 	ids, err := eng.Tokenize(prompt, true)
 	if err != nil {
-		return fmt.Errorf("worker: tokenize messages: %w", err)
+		return fmt.Errorf("tokenize messages: %w", err)
 	}
 	openai.WriteJSON(rw, http.StatusOK, map[string]int{"input_tokens": len(ids)})
 	return nil

@@ -22,19 +22,19 @@ import (
 // Sentinel errors.
 var (
 	// ErrModelFile means the model path does not exist or is not a GGUF file.
-	ErrModelFile = errors.New("worker: unusable model file")
+	ErrModelFile = errors.New("unusable model file")
 	// ErrLoad means the engine could not load the model.
-	ErrLoad = errors.New("worker: model load failed")
+	ErrLoad = errors.New("model load failed")
 	// ErrCallbackRefused means the ready callback was answered with a 4xx.
-	ErrCallbackRefused = errors.New("worker: ready callback refused")
+	ErrCallbackRefused = errors.New("ready callback refused")
 	// ErrCallbackFailed means the ready callback never got an answer it
 	// could accept within the allowed attempts.
-	ErrCallbackFailed = errors.New("worker: ready callback failed")
+	ErrCallbackFailed = errors.New("ready callback failed")
 	// ErrBadTransition means a status change the table does not allow.
-	ErrBadTransition = errors.New("worker: status transition not allowed")
+	ErrBadTransition = errors.New("status transition not allowed")
 	// ErrShutdown is the cause given to generations cancelled because the
 	// shutdown grace period ran out.
-	ErrShutdown = errors.New("worker: shut down before the generation finished")
+	ErrShutdown = errors.New("shut down before the generation finished")
 )
 
 // Loader loads the model; the worker calls it once, after it listens, with
@@ -157,7 +157,7 @@ func (w *Worker) RequestShutdown() { w.requestQuit() }
 // A shutdown requested while the model loads is clean too (nil).
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
-		return errors.New("worker: Run called twice")
+		return errors.New("Run called twice")
 	}
 	if err := checkModelFile(w.cfg.ModelPath); err != nil {
 		return err
@@ -166,13 +166,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	if ln == nil {
 		var err error
 		if ln, err = net.Listen("tcp", w.cfg.Addr); err != nil {
-			return fmt.Errorf("worker: listen on %s: %w", w.cfg.Addr, err)
+			return fmt.Errorf("listen on %s: %w", w.cfg.Addr, err)
 		}
 	}
 	addr := ln.Addr()
 	ln, err := w.cfg.TLS.Listen(ln)
 	if err != nil {
-		return fmt.Errorf("worker: %w", err)
+		return err
 	}
 	srv := transport.Serve(ln, w.Handler(), w.log)
 	w.mu.Lock()
