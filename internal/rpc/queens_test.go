@@ -25,11 +25,11 @@ func TestQueensFollow(t *testing.T) {
 		base  string
 	}{
 		{fmt.Errorf("%w: connection refused", ErrUnreachable), true, b}, // no answer: the next
-		{standby(c + "/"), true, c},                                    // a standby naming a listed queen: that one
-		{standby("http://elsewhere:8080"), true, a},                    // naming one not listed: the next
-		{standby(""), true, b},                                         // naming none: the next
-		{&StatusError{Status: http.StatusNotFound}, false, b},          // an answer of the active: stay
-		{errors.New("decode"), false, b},                               // another error: stay
+		{standby(c + "/"), true, c},                                     // a standby naming a listed queen: that one
+		{standby("http://elsewhere:8080"), true, a},                     // naming one not listed: the next
+		{standby(""), true, b},                                          // naming none: the next
+		{&StatusError{Status: http.StatusNotFound}, false, b},           // an answer of the active: stay
+		{errors.New("decode"), false, b},                                // another error: stay
 	}
 	for i, s := range steps {
 		from := q.Base()
