@@ -29,6 +29,16 @@ type ErrorDetail struct {
 	Param   *string `json:"param"`
 }
 
+// Liveness is the answer of a queen's GET /health/live: 200 while the
+// process answers, active or standby, for a watchdog (a standby's
+// /health is 503 for load balancers).
+type Liveness struct {
+	Status  string `json:"status"`           // "live"
+	Role    string `json:"role"`             // "active" or "standby"
+	Active  string `json:"active,omitempty"` // a standby's: the active queen's URL, when known
+	Version string `json:"version,omitempty"`
+}
+
 // Health is the answer of a daemon's GET /health.
 type Health struct {
 	Status  string `json:"status"`

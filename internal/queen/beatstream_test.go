@@ -177,6 +177,9 @@ func TestSteppedDownQueenAnswersAsAStandby(t *testing.T) {
 	if err := s.Round(api.Heartbeat{GPUs: []api.GPU{}, Workers: []api.Worker{}}, &ans, waitLimit); err != nil {
 		t.Fatal(err)
 	}
+	if status, body := x.do("GET", "/health/live", "", nil); status != http.StatusOK || !strings.Contains(string(body), `"role":"active"`) {
+		t.Errorf("/health/live of the active queen: %d %s, want 200 active", status, body)
+	}
 	x.q.steppedDown.Store(true)
 	var se *rpc.StatusError
 	if err := s.Round(api.Heartbeat{Unchanged: true}, &ans, waitLimit); !errors.As(err, &se) || se.Status != http.StatusServiceUnavailable || se.Code != "standby" {
@@ -188,6 +191,10 @@ func TestSteppedDownQueenAnswersAsAStandby(t *testing.T) {
 	status, body := x.do("GET", "/health", "", nil)
 	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), `"standby"`) {
 		t.Errorf("/health after the step-down: %d %s, want 503 standby", status, body)
+	}
+	// A watchdog's liveness check stays 200: the process answers.
+	if status, body := x.do("GET", "/health/live", "", nil); status != http.StatusOK || !strings.Contains(string(body), `"role":"standby"`) {
+		t.Errorf("/health/live after the step-down: %d %s, want 200 standby", status, body)
 	}
 	status, body = x.do("POST", "/v2/pools/a/heartbeat", "", api.Heartbeat{Unchanged: true})
 	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), `"standby"`) {

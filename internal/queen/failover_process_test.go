@@ -19,6 +19,7 @@ import (
 	oai "github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
 )
 
@@ -145,6 +146,20 @@ func TestProcessQueenFailover(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable || health["status"] != "standby" || health["active"] != urls[0] || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("the standby's /health: %d %v (Retry-After %q)", resp.StatusCode, health, resp.Header.Get("Retry-After"))
+	}
+	// A watchdog's liveness check is 200 on both: each process answers.
+	for i, u := range urls {
+		resp, err := http.Get(u + "/health/live")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var live api.Liveness
+		_ = json.NewDecoder(resp.Body).Decode(&live)
+		resp.Body.Close()
+		want := map[int]string{0: "active", 1: "standby"}[i]
+		if resp.StatusCode != http.StatusOK || live.Status != "live" || live.Role != want || i == 1 && live.Active != urls[0] {
+			t.Errorf("queen %d's /health/live: %d %+v, want 200 %s", i+1, resp.StatusCode, live, want)
+		}
 	}
 
 	hive := startHiveProc(t, urls[0]+","+urls[1], "node-1", 300*time.Millisecond)

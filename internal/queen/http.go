@@ -40,6 +40,7 @@ func (q *Queen) routes() http.Handler {
 	either := func(fn handlerFunc) http.Handler { return q.handle(fn, roleAdmin, roleCluster) }
 
 	mux.Handle("GET /health", open(q.getHealth))
+	mux.Handle("GET /health/live", open(q.getHealthLive))
 	mux.Handle("GET /metrics", either(q.getMetrics(promhttp.HandlerFor(q.metrics.reg, promhttp.HandlerOpts{}))))
 
 	mux.Handle("POST /v2/pools/register", cluster(q.postRegister))
@@ -255,6 +256,14 @@ func checkReason(s string) (string, error) {
 
 func (q *Queen) getHealth(w http.ResponseWriter, _ *http.Request, _ caller) error {
 	api.WriteJSON(w, http.StatusOK, api.Health{Status: "ok", Version: version.Version, Tokens: !q.cfg.Tokens.None()})
+	return nil
+}
+
+// getHealthLive is the liveness of the process, for a watchdog: 200
+// whenever the queen answers, active or standby (a standby's /health is
+// 503, so that a load balancer skips it; restarting it would not help).
+func (q *Queen) getHealthLive(w http.ResponseWriter, _ *http.Request, _ caller) error {
+	api.WriteJSON(w, http.StatusOK, api.Liveness{Status: "live", Role: "active", Version: version.Version})
 	return nil
 }
 

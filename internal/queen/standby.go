@@ -14,6 +14,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/store"
+	"github.com/apiary-llm/apiary/internal/version"
 )
 
 // Several queens on one PostgreSQL database: the one that holds the
@@ -105,8 +106,12 @@ func standbyHandler(active *atomic.Pointer[string]) http.Handler {
 			w.Header().Set(api.ActiveQueenHeader, a)
 		}
 		w.Header().Set("Retry-After", strconv.Itoa(standbyRetryAfter))
-		if r.URL.Path == "/health" {
+		switch {
+		case r.URL.Path == "/health":
 			api.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "standby", "active": a})
+			return
+		case r.URL.Path == "/health/live" && r.Method == http.MethodGet:
+			api.WriteJSON(w, http.StatusOK, api.Liveness{Status: "live", Role: "standby", Active: a, Version: version.Version})
 			return
 		}
 		msg := "this queen is a standby: another queen holds the database"
