@@ -7,8 +7,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -54,39 +51,6 @@ func checkWords(t *testing.T, what, answer string) {
 	}
 }
 
-// standin is an HTTP server that answers GET /health as a queen does and
-// every other request with 401: a queen somebody else runs, with tokens.
-// It counts what it is asked.
-type standin struct {
-	url string
-	mu  sync.Mutex
-	got []string // guarded by mu
-}
-
-func startStandin(t *testing.T) *standin {
-	t.Helper()
-	s := &standin{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		s.got = append(s.got, r.Method+" "+r.URL.Path)
-		s.mu.Unlock()
-		if r.URL.Path == "/health" {
-			fmt.Fprint(w, `{"status":"ok","version":"someone else's"}`)
-			return
-		}
-		http.Error(w, `{"error":{"code":"unauthorized","message":"missing or invalid bearer token"}}`, http.StatusUnauthorized)
-	}))
-	t.Cleanup(srv.Close)
-	s.url = srv.URL
-	return s
-}
-
-func (s *standin) requests() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.got)
-}
-
 // command is name with args in its own process group, killed with the
 // group when ctx ends or the test does.
 func command(t *testing.T, ctx context.Context, name string, args ...string) *exec.Cmd {
@@ -111,12 +75,12 @@ func command(t *testing.T, ctx context.Context, name string, args ...string) *ex
 // --ephemeral, so it asked such a queen and failed on its token), and
 // nothing the demo started is left.
 func TestDemoAnswersInWords(t *testing.T) {
-	other := startStandin(t)
+	other := testbin.StartOtherQueen(t)
 	marker := t.TempDir() // TMPDIR: the throwaway data dir of the demo's queen is made in it
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := command(t, ctx, "scripts/demo.sh")
-	cmd.Env = append(os.Environ(), "APIARY_BIN="+testbin.Path(t), "APIARY_DEMO_DIR="+t.TempDir(), "APIARY_QUEEN="+other.url, "TMPDIR="+marker)
+	cmd.Env = append(os.Environ(), "APIARY_BIN="+testbin.Path(t), "APIARY_DEMO_DIR="+t.TempDir(), "APIARY_QUEEN="+other.URL, "TMPDIR="+marker)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -130,7 +94,7 @@ func TestDemoAnswersInWords(t *testing.T) {
 	if !strings.Contains(stderr.String(), "expect random words") {
 		t.Errorf("stderr does not say what to expect:\n%s", stderr.String())
 	}
-	if got := other.requests(); len(got) != 0 {
+	if got := other.Requests(); len(got) != 0 {
 		t.Errorf("the queen at the default address got %q; the demo must start its own", got)
 	}
 	testbin.AwaitGone(t, marker, 30*time.Second)

@@ -2,14 +2,9 @@ package keeper
 
 import (
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -217,50 +212,14 @@ func TestKeeperKilled_EphemeralQueenStillCascades(t *testing.T) {
 	testbin.AwaitGone(t, k.marker, teardownLimit)
 }
 
-// standinQueen is an HTTP server that answers GET /health as a queen does
-// and every other request with 401, as a queen with tokens that the person
-// running the keeper does not have: a queen somebody else started at the
-// default address. It counts the requests it gets.
-type standinQueen struct {
-	url      string
-	mu       sync.Mutex
-	requests []string // guarded by mu
-}
-
-func startStandinQueen(t *testing.T) *standinQueen {
-	t.Helper()
-	s := &standinQueen{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		s.requests = append(s.requests, r.Method+" "+r.URL.Path)
-		s.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		if r.URL.Path == "/health" {
-			io.WriteString(w, `{"status":"ok","version":"someone else's"}`)
-			return
-		}
-		w.WriteHeader(http.StatusUnauthorized)
-		io.WriteString(w, `{"error":{"code":"unauthorized","message":"missing or invalid bearer token"}}`)
-	}))
-	t.Cleanup(srv.Close)
-	s.url = srv.URL
-	return s
-}
-
-func (s *standinQueen) got() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.requests)
-}
-
 // Issue #34: with a queen somebody else runs at the default address
 // (APIARY_QUEEN here, http://127.0.0.1:8080 without it), `apiary infer
 // --ephemeral` answers from a queen and hive of its own, on free ports,
 // and never asks the one it would otherwise have used.
 func TestEphemeralFlag_LeavesTheQueenAtTheDefaultAddressAlone(t *testing.T) {
-	other := startStandinQueen(t)
+	other := testbin.StartOtherQueen(t)
 	model := writeModel(t, t.TempDir(), "tiny")
-	k := startKeeperEnv(t, []string{"APIARY_QUEEN=" + other.url}, "--ephemeral", "--model", model, "--prompt", "hello bees",
+	k := startKeeperEnv(t, []string{"APIARY_QUEEN=" + other.URL}, "--ephemeral", "--model", model, "--prompt", "hello bees",
 		"--max-tokens", "8", "--worker-threads", "1", "--queen-arg=--hive-arg=--worker-ports=28000-28999")
 	if code := k.Wait(t); code != 0 {
 		t.Fatalf("keeper exit %d; stderr:\n%s", code, k.Lines.String())
@@ -271,13 +230,13 @@ func TestEphemeralFlag_LeavesTheQueenAtTheDefaultAddressAlone(t *testing.T) {
 	if !k.Lines.Has("--ephemeral: starting a queen with a local hive", nil) {
 		t.Errorf("stderr does not say why it started a queen:\n%s", k.Lines.String())
 	}
-	if got := other.got(); len(got) != 0 {
+	if got := other.Requests(); len(got) != 0 {
 		t.Errorf("the queen at the default address got %q; --ephemeral must never ask it", got)
 	}
 	k.gone(t)
 
 	// --ephemeral with --queen asks for two things at once.
-	both := startKeeperEnv(t, nil, "--ephemeral", "--queen", other.url, "--model", model, "--prompt", "x")
+	both := startKeeperEnv(t, nil, "--ephemeral", "--queen", other.URL, "--model", model, "--prompt", "x")
 	if code := both.Wait(t); code != 2 || !both.Lines.Has("--ephemeral starts a queen of its own and --queen names one to ask", nil) {
 		t.Errorf("--ephemeral --queen: exit %d, want 2 naming both flags; stderr:\n%s", code, both.Lines.String())
 	}
@@ -287,17 +246,17 @@ func TestEphemeralFlag_LeavesTheQueenAtTheDefaultAddressAlone(t *testing.T) {
 // named on stderr with how to choose, and its 401 says what to do; a
 // model given by path is refused with --ephemeral as the way out.
 func TestPersistentMode_NamesTheQueenItFoundAndHowToChoose(t *testing.T) {
-	other := startStandinQueen(t)
-	env := []string{"APIARY_QUEEN=" + other.url}
+	other := testbin.StartOtherQueen(t)
+	env := []string{"APIARY_QUEEN=" + other.URL}
 	k := startKeeperEnv(t, env, "--model", "tiny", "--prompt", "hello bees", "--max-tokens", "8")
 	if code := k.Wait(t); code != 1 {
 		t.Fatalf("keeper exit %d, want 1 (the queen refuses without a token); stderr:\n%s", code, k.Lines.String())
 	}
 	for _, want := range []string{
-		"a queen answers at " + other.url + ": asking it",
+		"a queen answers at " + other.URL + ": asking it",
 		"--ephemeral starts a throwaway queen and hive for this prompt instead, --queen URL asks another queen",
 		"missing or invalid bearer token",
-		"the queen at " + other.url + " wants a token (APIARY_API_TOKEN); if it is not yours, pass --ephemeral",
+		"the queen at " + other.URL + " wants a token (APIARY_API_TOKEN); if it is not yours, pass --ephemeral",
 	} {
 		if !k.Lines.Has(want, nil) {
 			t.Errorf("stderr lacks %q:\n%s", want, k.Lines.String())

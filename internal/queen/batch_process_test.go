@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -21,7 +20,6 @@ import (
 	oai "github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
 
-	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
@@ -402,17 +400,10 @@ func TestProcessBatchQueenKilled(t *testing.T) {
 	})
 }
 
-// apiary runs the apiary binary to its end and returns its stdout.
+// runApiary runs the apiary binary to its end and returns its stdout.
 func runApiary(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.Command(testbin.Path(t), args...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("apiary %s: %w: %s", strings.Join(args, " "), err, stderr.String())
-	}
-	return string(out), nil
+	return apiaryWith(t, nil, args...)
 }
 
 // apiary jobs: submit (with --model overriding body.model), ls, show,
