@@ -23,6 +23,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/rpc"
+	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
@@ -552,7 +553,7 @@ func TestProcessHandRunWorkerFollowsTheActiveQueen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs := []string{listenAddr(t), listenAddr(t)}
+	addrs := []string{testbin.FreeAddr(t), testbin.FreeAddr(t)}
 	urls := []string{"http://" + addrs[0], "http://" + addrs[1]}
 	q1 := startHandRunQueen(t, t.TempDir(), "--addr", addrs[0], "--database-url", u)
 	env := []string{"APIARY_API_TOKEN=" + claimAPIToken, "APIARY_ADMIN_TOKEN=" + claimAdminToken, "APIARY_CLUSTER_TOKEN=" + claimClusterToken}

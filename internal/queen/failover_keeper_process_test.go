@@ -40,7 +40,7 @@ func TestProcessKeeperFollowsTheActiveQueen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs := []string{listenAddr(t), listenAddr(t)}
+	addrs := []string{testbin.FreeAddr(t), testbin.FreeAddr(t)}
 	urls := []string{"http://" + addrs[0], "http://" + addrs[1]}
 	q1, _ := startQueenProc(t, "", u, "--addr", addrs[0], "--data-dir", t.TempDir())
 	q2 := startProc(t, "queen 2", nil, "queen", "--addr", addrs[1], "--flush-interval", "100ms", "--database-url", u, "--data-dir", t.TempDir())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
 // startHAProxy runs HAProxy (Debian's package; scripts/deps.sh installs
@@ -33,7 +33,7 @@ func startHAProxy(t *testing.T, addrs ...string) string {
 	if err != nil {
 		t.Fatalf("haproxy is not installed (scripts/deps.sh installs it): %v", err)
 	}
-	front := listenAddr(t)
+	front := testbin.FreeAddr(t)
 	var servers strings.Builder
 	for i, a := range addrs {
 		fmt.Fprintf(&servers, "    server queen%d %s check\n", i+1, a)
@@ -78,17 +78,6 @@ backend queens
     default-server inter 300ms fall 1 rise 1
 %s`
 
-// listenAddr is a loopback address free a moment ago.
-func listenAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // failoverRoundsEnv sets the rounds of TestProcessQueenFailover (default
 // 2: one SIGKILL, one cut-off; docs/deploy.md's soak ran 20).
 const failoverRoundsEnv = "APIARY_FAILOVER_ROUNDS"
@@ -121,7 +110,7 @@ func TestProcessQueenFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	dirs := []string{t.TempDir(), t.TempDir()}
-	addrs := []string{listenAddr(t), listenAddr(t)}
+	addrs := []string{testbin.FreeAddr(t), testbin.FreeAddr(t)}
 	urls := []string{"http://" + addrs[0], "http://" + addrs[1]}
 	startStandby := func(i int, active string) *proc {
 		t.Helper()

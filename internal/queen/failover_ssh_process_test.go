@@ -69,7 +69,7 @@ func TestProcessQueenFailoverSSHNode(t *testing.T) {
 	dir := t.TempDir()
 	var addrs, urls [2]string
 	for i := range addrs {
-		addrs[i] = net.JoinHostPort(nodes.HostIP(), strconv.Itoa(freePortOn(t, nodes.HostIP())))
+		addrs[i] = net.JoinHostPort(nodes.HostIP(), strconv.Itoa(testbin.FreePortOn(t, nodes.HostIP())))
 		urls[i] = "http://" + addrs[i]
 	}
 	clients := [2]*keeper.Client{}
@@ -279,17 +279,6 @@ func TestProcessQueenFailoverSSHNode(t *testing.T) {
 	if !testbin.Alive(opWorker[0].PID) {
 		t.Errorf("the operator's worker died")
 	}
-}
-
-// freePortOn is a TCP port free a moment ago on ip.
-func freePortOn(t *testing.T, ip string) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // nodeProcs lists the apiary processes of role ("" for all) on node i.

@@ -10,7 +10,6 @@ package queen
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
 // llamaSwapEnv names the llama-swap binary the benchmark runs.
@@ -75,7 +76,7 @@ func runLlamaSwap(b *testing.B, bin, config string) (string, int) {
 	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	addr := freeAddr(b)
+	addr := testbin.FreeAddr(b)
 	logf, err := os.Create(filepath.Join(dir, "llama-swap.log"))
 	if err != nil {
 		b.Fatal(err)
@@ -112,18 +113,6 @@ func runLlamaSwap(b *testing.B, bin, config string) (string, int) {
 			b.Fatalf("llama-swap did not answer %s/health within 10s (%v); its log:\n%s", base, err, log)
 		}
 	}
-}
-
-// freeAddr is a loopback address with a port free a moment ago
-// (llama-swap takes a fixed address).
-func freeAddr(b *testing.B) string {
-	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // spread is the median of per-round figures and their range and
