@@ -26,6 +26,19 @@ func TestMain(m *testing.M) {
 // registers one pool whose hive does not answer.
 func startTestQueen(t *testing.T) string {
 	t.Helper()
+	url := runTestQueen(t)
+	// p2's hive never answers: a start there fails and makes it
+	// unhealthy; p1 stays healthy for the pool commands.
+	for _, id := range []string{"p1", "p2"} {
+		registerTestPool(t, url, id, "http://127.0.0.1:1")
+	}
+	return url
+}
+
+// runTestQueen runs a queen in this process (SQLite in a temp dir) until
+// the test ends, and returns its URL.
+func runTestQueen(t *testing.T) string {
+	t.Helper()
 	q, err := queen.New(queen.Config{Addr: "127.0.0.1:0", DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -40,21 +53,23 @@ func startTestQueen(t *testing.T) string {
 		}
 		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	})
-	// p2's hive never answers: a start there fails and makes it
-	// unhealthy; p1 stays healthy for the pool commands.
-	for _, id := range []string{"p1", "p2"} {
-		body, _ := json.Marshal(api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:1", NodeID: "n1", Version: "t",
-			GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 6 << 30}}})
-		resp, err := http.Post(q.URL()+"/v2/pools/register", "application/json", bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("register %s: %s", id, resp.Status)
-		}
-	}
 	return q.URL()
+}
+
+// registerTestPool registers pool id, whose hive is at endpoint, with the
+// queen at url: one CPU with 6 GiB free.
+func registerTestPool(t *testing.T, url, id, endpoint string) {
+	t.Helper()
+	body, _ := json.Marshal(api.RegisterPool{PoolID: id, Endpoint: endpoint, NodeID: "n1", Version: "t",
+		GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 6 << 30}}})
+	resp, err := http.Post(url+"/v2/pools/register", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("register %s: %s", id, resp.Status)
+	}
 }
 
 // apiary runs the CLI and returns its exit code, stdout and stderr.
@@ -217,22 +232,9 @@ func TestStartOfAModelNoPoolHasIsNotFound(t *testing.T) {
 		http.NotFound(w, r)
 	}))
 	t.Cleanup(hive.Close)
-	q, err := queen.New(queen.Config{Addr: "127.0.0.1:0", DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- q.Run(context.Background()) }()
-	<-q.Ready()
-	t.Cleanup(func() { q.Close(); <-errc })
-	body, _ := json.Marshal(api.RegisterPool{PoolID: "p1", Endpoint: hive.URL, NodeID: "n1", Version: "t",
-		GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 6 << 30}}})
-	resp, err := http.Post(q.URL()+"/v2/pools/register", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	code, _, errOut := apiary(t, "workers", "start", "--model", "nosuch", "--reason", "x", "--queen="+q.URL())
+	url := runTestQueen(t)
+	registerTestPool(t, url, "p1", hive.URL)
+	code, _, errOut := apiary(t, "workers", "start", "--model", "nosuch", "--reason", "x", "--queen="+url)
 	if code != 1 || !strings.Contains(errOut, "model_not_found") || !strings.Contains(errOut, "no pool has model nosuch") {
 		t.Errorf("start of a model no pool has: exit %d, %q", code, errOut)
 	}
