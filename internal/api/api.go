@@ -137,6 +137,9 @@ type Worker struct {
 	// LastUsedAt is when the worker last finished a request through the
 	// queen (its listings only; absent: never since the queen started).
 	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
+	// IdleTimeoutMS is how long the hive lets the worker stay ready with
+	// no request before it stops it (0 or absent: never).
+	IdleTimeoutMS int64 `json:"idle_timeout_ms,omitempty"`
 	// History is the worker's last transitions (lifecycle.HistoryLimit at
 	// most), in the hive's own API only: heartbeats and events leave it
 	// out. Transitions counts them all.
@@ -202,6 +205,15 @@ type Model struct {
 	// (every engine the hive has); absent from an older hive: builtin
 	// only.
 	Engines []string `json:"engines,omitempty"`
+	// ParameterCount is the elements of all the model's tensors, and
+	// FileType its GGUF file type (F16, Q4_K_M …), as its header says;
+	// absent from an older hive.
+	ParameterCount uint64 `json:"parameter_count,omitempty"`
+	FileType       string `json:"file_type,omitempty"`
+	// Digest is "sha256:<hex>" of the model's bytes, once the hive has
+	// hashed the file (it does so in the background after it is first
+	// listed); absent until then.
+	Digest string `json:"digest,omitempty"`
 }
 
 // ModelList is the answer of GET /v2/models.

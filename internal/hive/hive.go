@@ -24,6 +24,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/version"
 )
 
@@ -40,6 +41,7 @@ type Hive struct {
 	data     *dataDir
 	queen    *queenClient // nil when standalone
 	pulls    *pulls       // model pulls (POST /v2/models/pull)
+	digests  *modelstore.Digests
 	// onEvent, when set before Run (tests), sees every worker event
 	// synchronously, in order, from the worker's owner.
 	onEvent func(api.WorkerEvent)
@@ -115,6 +117,7 @@ func New(cfg Config) (*Hive, error) {
 	h.checkCtx, h.stopChecks = context.WithCancel(context.Background())
 	h.metrics = newMetrics(h)
 	h.pulls = newPulls(h)
+	h.digests = modelstore.NewDigests()
 	if cfg.LeaseTimeout > 0 {
 		h.lease = make(chan struct{}, 1)
 	}
@@ -204,6 +207,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	}
 	stopOwnerLoops := h.ownerLoops(func(fn func()) { g.Go(func() error { fn(); return nil }) }, queenCtx)
 	g.Go(func() error { h.pruneLogsLoop(queenCtx); return nil })
+	g.Go(func() error { h.digests.Run(queenCtx); return nil })
 	h.log.Info("hive serving", "addr", h.addr.String(), "url", h.URL(), "data_dir", h.cfg.DataDir, "models_dir", h.cfg.ModelsDir,
 		"version", version.Version, "owner", h.cfg.Owner)
 	close(h.ready)

@@ -192,7 +192,7 @@ func (h *Hive) getGPUs(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *Hive) getModels(w http.ResponseWriter, _ *http.Request) error {
-	models, err := listModels(h.cfg.ModelsDir, h.cfg.CtxSize)
+	models, err := listModels(h.cfg.ModelsDir, h.cfg.CtxSize, h.digests)
 	if err != nil {
 		return err
 	}
@@ -214,11 +214,15 @@ func (h *Hive) postShutdown(w http.ResponseWriter, _ *http.Request) error {
 // `apiary models ls` shows, less the files the GGUF reader rejects (a
 // truncated file, a split model that lacks a part): the queen never
 // places a worker on those. Each carries the estimate a start is checked
-// against at ctxSize (the hive's --worker-ctx-size).
-func listModels(dir string, ctxSize int) ([]api.Model, error) {
+// against at ctxSize (the hive's --worker-ctx-size), and its digest once
+// digests has it (nil: none).
+func listModels(dir string, ctxSize int, digests *modelstore.Digests) ([]api.Model, error) {
 	models, err := modelstore.List(dir)
 	if err != nil {
 		return nil, fmt.Errorf("list models: %w", err)
+	}
+	if digests != nil {
+		digests.Forget(models)
 	}
 	out := make([]api.Model, 0, len(models))
 	for _, m := range models {
@@ -229,6 +233,10 @@ func listModels(dir string, ctxSize int) ([]api.Model, error) {
 		if m.Info != nil {
 			am.Architecture = m.Info.Architecture
 			am.EstimateBytes = int64(m.Info.EstimateMemory(ctxSize).Total)
+			am.ParameterCount, am.FileType = m.Info.ParameterCount, m.Info.FileType.String()
+		}
+		if digests != nil {
+			am.Digest = digests.Lookup(m)
 		}
 		out = append(out, am)
 	}

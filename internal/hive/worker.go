@@ -213,7 +213,7 @@ func (w *worker) publish() api.Worker {
 	snap := api.Worker{
 		WorkerID: w.id, LifecycleID: w.lifecycle, ModelRef: w.modelRef, GPUDevice: w.device.ID,
 		VRAMBytes: w.vram, URI: w.uri, Status: string(st), Reason: w.reason, PID: w.proc.PID(),
-		InFlight: w.inFlight, StartedAt: w.spawnedAt,
+		InFlight: w.inFlight, StartedAt: w.spawnedAt, IdleTimeoutMS: max(w.idleTimeout, 0).Milliseconds(),
 	}
 	if !w.readyAt.IsZero() {
 		t := w.readyAt

@@ -44,6 +44,7 @@ type chunk struct {
 	Error *struct {
 		Message string `json:"message"`
 	} `json:"error"`
+	Timings *openai.Timings `json:"timings"` // the worker's, when it sends them
 }
 
 type callPart struct {
@@ -64,7 +65,13 @@ type Answer struct {
 	calls       []call
 	done        string // done_reason once a choice finished
 	prompt, gen int
+	load        time.Duration   // waiting for a worker (SetLoad)
+	timings     *openai.Timings // the worker's, from a whole answer
 }
+
+// SetLoad records how long the request waited for a worker of its model
+// (a cold start, a swap, a free slot): Ollama's load_duration.
+func (a *Answer) SetLoad(d time.Duration) { a.load = d }
 
 type call struct {
 	name string
@@ -117,10 +124,16 @@ func (a *Answer) stats(m map[string]any, now time.Time) {
 		first = now
 	}
 	m["total_duration"] = now.Sub(a.start).Nanoseconds()
-	m["load_duration"] = 0
+	m["load_duration"] = a.load.Nanoseconds()
 	m["prompt_eval_count"] = a.prompt
-	m["prompt_eval_duration"] = first.Sub(a.start).Nanoseconds()
 	m["eval_count"] = a.gen
+	if t := a.timings; t != nil {
+		// The worker's own: a whole answer's first token is not seen here.
+		m["prompt_eval_duration"] = int64(t.PromptMS * 1e6)
+		m["eval_duration"] = int64(t.PredictedMS * 1e6)
+		return
+	}
+	m["prompt_eval_duration"] = max(first.Sub(a.start)-a.load, 0).Nanoseconds()
 	m["eval_duration"] = now.Sub(first).Nanoseconds()
 }
 
@@ -180,6 +193,7 @@ func (a *Answer) Whole(data []byte, now time.Time) ([]byte, error) {
 	if c.Usage != nil {
 		a.prompt, a.gen = c.Usage.PromptTokens, c.Usage.CompletionTokens
 	}
+	a.timings = c.Timings
 	calls, err := a.toolCalls()
 	if err != nil {
 		return nil, err
@@ -299,4 +313,15 @@ var Dialect = translate.Dialect{
 		}
 		openai.WriteJSON(w, status, Error{Error: msg})
 	},
+}
+
+// Done is the answer to a load or an unload (reason "load" or "unload")
+// of model, for /api/chat or /api/generate: done at once, with nothing
+// generated.
+func Done(kind Kind, model, reason string, now time.Time) ([]byte, error) {
+	a := &Answer{kind: kind, model: model}
+	m := a.head(now)
+	a.text(m, "", nil)
+	m["done"], m["done_reason"] = true, reason
+	return json.Marshal(m)
 }

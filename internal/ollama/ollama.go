@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -145,7 +146,10 @@ func sampling(body map[string]any, options map[string]any) error {
 }
 
 // format adds Ollama's format ("json", or a JSON schema) as a
-// response_format.
+// response_format. A schema is enforced as given, as Ollama does: not in
+// OpenAI's strict mode, which would refuse a plain schema (an object
+// without "additionalProperties": false, a property left out of
+// required); the worker's grammar enforces every keyword it takes.
 func format(body map[string]any, f json.RawMessage) error {
 	f = bytes.TrimSpace(f)
 	if len(f) == 0 || string(f) == "null" || string(f) == `""` {
@@ -160,7 +164,7 @@ func format(body map[string]any, f json.RawMessage) error {
 		return badf(`format must be "json" or a JSON schema object`)
 	}
 	body["response_format"] = map[string]any{"type": "json_schema",
-		"json_schema": map[string]any{"name": "format", "schema": schema, "strict": true}}
+		"json_schema": map[string]any{"name": "format", "schema": schema}}
 	return nil
 }
 
@@ -174,18 +178,77 @@ func streamFields(body map[string]any, stream bool) {
 	}
 }
 
-// Chat turns an /api/chat body into a /v1/chat/completions body.
-func Chat(data []byte) (req ChatRequest, openaiBody []byte, err error) {
+// Action is what a request with nothing to answer asks for: Ollama's
+// clients load a model with a chat of no messages or a generate of no
+// prompt, and unload it with the same and keep_alive 0.
+type Action int
+
+const (
+	ActionNone   Action = iota // a request to answer
+	ActionLoad                 // load the model; done_reason "load"
+	ActionUnload               // unload it; done_reason "unload"
+)
+
+// action is the Action of a request with no input (empty) and keep_alive.
+func action(empty bool, keepAlive json.RawMessage) (Action, error) {
+	if !empty {
+		return ActionNone, nil
+	}
+	zero, err := keepAliveZero(keepAlive)
+	if err != nil {
+		return ActionNone, err
+	}
+	if zero {
+		return ActionUnload, nil
+	}
+	return ActionLoad, nil
+}
+
+// keepAliveZero says whether keep_alive is 0 (a number of seconds, or a
+// duration string such as "0", "0s" or "0m"): unload now. Absent, null
+// or any other value keeps the model.
+func keepAliveZero(raw json.RawMessage) (bool, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return false, nil
+	}
+	var n float64
+	if json.Unmarshal(raw, &n) == nil {
+		return n == 0, nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return false, badf("keep_alive must be a number of seconds or a duration such as \"5m\"")
+	}
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		return f == 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return false, badf("keep_alive %q is not a duration such as \"5m\" or a number of seconds", s)
+	}
+	return d == 0, nil
+}
+
+// Chat turns an /api/chat body into a /v1/chat/completions body. A chat
+// of no messages is a load or an unload (act): no body.
+func Chat(data []byte) (req ChatRequest, act Action, openaiBody []byte, err error) {
 	if err := strict(data, &req); err != nil {
-		return req, nil, err
+		return req, ActionNone, nil, err
 	}
-	if len(req.Messages) == 0 {
-		return req, nil, badf("messages is required: at least one message")
+	if act, err = action(len(req.Messages) == 0, req.KeepAlive); err != nil || act != ActionNone {
+		return req, act, nil, err
 	}
+	openaiBody, err = chatBody(req)
+	return req, ActionNone, openaiBody, err
+}
+
+// chatBody is Chat's OpenAI body for a chat with messages.
+func chatBody(req ChatRequest) ([]byte, error) {
 	msgs := make([]map[string]any, 0, len(req.Messages))
 	for i, m := range req.Messages {
 		if len(m.Images) > 0 {
-			return req, nil, badf("messages[%d].images: the workers take text only", i)
+			return nil, badf("messages[%d].images: the workers take text only", i)
 		}
 		om := map[string]any{"role": m.Role, "content": m.Content}
 		switch m.Role {
@@ -208,7 +271,7 @@ func Chat(data []byte) (req ChatRequest, openaiBody []byte, err error) {
 			// one the assistant message before gave it.
 			om["tool_call_id"] = toolCallID(req.Messages[:i], m.ToolName)
 		default:
-			return req, nil, badf("messages[%d].role %q: want system, user, assistant or tool", i, m.Role)
+			return nil, badf("messages[%d].role %q: want system, user, assistant or tool", i, m.Role)
 		}
 		msgs = append(msgs, om)
 	}
@@ -217,14 +280,13 @@ func Chat(data []byte) (req ChatRequest, openaiBody []byte, err error) {
 		body["tools"] = req.Tools
 	}
 	if err := format(body, req.Format); err != nil {
-		return req, nil, err
+		return nil, err
 	}
 	if err := sampling(body, req.Options); err != nil {
-		return req, nil, err
+		return nil, err
 	}
 	streamFields(body, streamOf(req.Stream))
-	b, err := json.Marshal(body)
-	return req, b, err
+	return json.Marshal(body)
 }
 
 // toolCallID is the id Chat gave the last call of name among msgs (the
@@ -242,20 +304,30 @@ func toolCallID(msgs []Message, name string) string {
 
 // Generate turns an /api/generate body into a /v1/chat/completions body
 // (the model's chat template applies, as in Ollama), or with raw into a
-// /v1/completions one; path says which.
-func Generate(data []byte) (req GenerateRequest, path string, openaiBody []byte, err error) {
+// /v1/completions one; path says which. A generate of no prompt (and no
+// system prompt or images) is a load or an unload (act): no body.
+func Generate(data []byte) (req GenerateRequest, act Action, path string, openaiBody []byte, err error) {
 	if err := strict(data, &req); err != nil {
-		return req, "", nil, err
+		return req, ActionNone, "", nil, err
 	}
+	if act, err = action(req.Prompt == "" && req.System == "" && len(req.Images) == 0, req.KeepAlive); err != nil || act != ActionNone {
+		return req, act, "", nil, err
+	}
+	path, openaiBody, err = generateBody(req)
+	return req, ActionNone, path, openaiBody, err
+}
+
+// generateBody is Generate's path and OpenAI body for a prompt.
+func generateBody(req GenerateRequest) (path string, openaiBody []byte, err error) {
 	switch {
 	case len(req.Images) > 0:
-		return req, "", nil, badf("images: the workers take text only")
+		return "", nil, badf("images: the workers take text only")
 	case req.Template != "":
-		return req, "", nil, badf("template: the worker applies the model's own chat template; send raw with the prompt as it should be")
+		return "", nil, badf("template: the worker applies the model's own chat template; send raw with the prompt as it should be")
 	case len(req.Context) > 0:
-		return req, "", nil, badf("context: this server keeps no token context between requests; send the conversation to /api/chat")
+		return "", nil, badf("context: this server keeps no token context between requests; send the conversation to /api/chat")
 	case req.Suffix != "":
-		return req, "", nil, badf("suffix (fill-in-the-middle) is not served")
+		return "", nil, badf("suffix (fill-in-the-middle) is not served")
 	}
 	body := map[string]any{"model": req.Model}
 	path = "/v1/chat/completions"
@@ -270,14 +342,14 @@ func Generate(data []byte) (req GenerateRequest, path string, openaiBody []byte,
 		body["messages"] = append(msgs, map[string]any{"role": "user", "content": req.Prompt})
 	}
 	if err := format(body, req.Format); err != nil {
-		return req, "", nil, err
+		return "", nil, err
 	}
 	if err := sampling(body, req.Options); err != nil {
-		return req, "", nil, err
+		return "", nil, err
 	}
 	streamFields(body, streamOf(req.Stream))
 	b, err := json.Marshal(body)
-	return req, path, b, err
+	return path, b, err
 }
 
 // Embed turns an /api/embed body into a /v1/embeddings body.

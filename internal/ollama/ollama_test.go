@@ -22,7 +22,7 @@ func decodeMap(t *testing.T, b []byte) map[string]any {
 // by the call's id); options map to sampling fields, Ollama's load
 // options are left out, a misspelt one is refused.
 func TestChatTranslates(t *testing.T) {
-	req, body, err := Chat([]byte(`{"model":"tiny:latest","messages":[
+	req, _, body, err := Chat([]byte(`{"model":"tiny:latest","messages":[
 		{"role":"user","content":"Weather in Paris?"},
 		{"role":"assistant","content":"","tool_calls":[{"function":{"name":"get_weather","arguments":{"city":"Paris"}}}]},
 		{"role":"tool","content":"sunny","tool_name":"get_weather"}],
@@ -55,7 +55,7 @@ func TestChatTranslates(t *testing.T) {
 		t.Errorf("format or tools lost: %v", m)
 	}
 
-	_, body, err = Chat([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false,"format":{"type":"object"},"options":{"num_predict":-1}}`))
+	_, _, body, err = Chat([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false,"format":{"type":"object"},"options":{"num_predict":-1}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,8 +66,7 @@ func TestChatTranslates(t *testing.T) {
 	}
 
 	for in, want := range map[string]string{
-		`{"model":"m","messages":[{"role":"user","content":"x"}],"options":{"temprature":0}}`: "options.temprature is not an Ollama option",
-		`{"model":"m","messages":[]}`:                                                            "messages is required",
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"options":{"temprature":0}}`:    "options.temprature is not an Ollama option",
 		`{"model":"m","messages":[{"role":"robot","content":"x"}]}`:                              `messages[0].role "robot"`,
 		`{"model":"m","messages":[{"role":"user","content":"x","images":["aGk="]}]}`:             "text only",
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"format":"yaml"}`:               `format must be "json" or a JSON schema`,
@@ -75,21 +74,21 @@ func TestChatTranslates(t *testing.T) {
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"frobnicate":1}`:                `unknown field "frobnicate"`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}]} {}`:                            "more than one JSON value",
 	} {
-		if _, _, err := Chat([]byte(in)); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), want) {
+		if _, _, _, err := Chat([]byte(in)); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", in, err, want)
 		}
 	}
 }
 
 func TestGenerateAndEmbedTranslate(t *testing.T) {
-	_, path, body, err := Generate([]byte(`{"model":"m","prompt":"hi","system":"be brief","stream":false}`))
+	_, _, path, body, err := Generate([]byte(`{"model":"m","prompt":"hi","system":"be brief","stream":false}`))
 	if err != nil || path != "/v1/chat/completions" {
 		t.Fatalf("%s %v", path, err)
 	}
 	if msgs := decodeMap(t, body)["messages"].([]any); len(msgs) != 2 || msgs[0].(map[string]any)["role"] != "system" {
 		t.Errorf("messages %v", msgs)
 	}
-	_, path, body, err = Generate([]byte(`{"model":"m","prompt":"hi","raw":true}`))
+	_, _, path, body, err = Generate([]byte(`{"model":"m","prompt":"hi","raw":true}`))
 	if err != nil || path != "/v1/completions" || decodeMap(t, body)["prompt"] != "hi" {
 		t.Errorf("raw: %s %s %v", path, body, err)
 	}
@@ -98,7 +97,7 @@ func TestGenerateAndEmbedTranslate(t *testing.T) {
 		`{"model":"m","prompt":"x","template":"{{}}"}`: "model's own chat template",
 		`{"model":"m","prompt":"x","suffix":"y"}`:      "fill-in-the-middle",
 	} {
-		if _, _, _, err := Generate([]byte(in)); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), want) {
+		if _, _, _, _, err := Generate([]byte(in)); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", in, err, want)
 		}
 	}
@@ -180,5 +179,66 @@ func TestAnswerWhole(t *testing.T) {
 	}
 	if _, err := NewAnswer(KindChat, "m", time.Now()).Whole([]byte(`<html>`), time.Now()); err == nil {
 		t.Errorf("a page was taken for an answer")
+	}
+}
+
+// A chat of no messages, or a generate of no prompt, is a load; with
+// keep_alive 0 (a number or a duration string) an unload; a request with
+// input is neither, whatever its keep_alive. The answer is done at once.
+func TestLoadAndUnloadRequests(t *testing.T) {
+	for in, want := range map[string]Action{
+		`{"model":"m"}`:                                                           ActionLoad,
+		`{"model":"m","messages":[]}`:                                             ActionLoad,
+		`{"model":"m","keep_alive":"5m"}`:                                         ActionLoad,
+		`{"model":"m","keep_alive":-1}`:                                           ActionLoad,
+		`{"model":"m","keep_alive":0}`:                                            ActionUnload,
+		`{"model":"m","messages":[],"keep_alive":"0"}`:                            ActionUnload,
+		`{"model":"m","keep_alive":"0s"}`:                                         ActionUnload,
+		`{"model":"m","keep_alive":0.0}`:                                          ActionUnload,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"keep_alive":0}`: ActionNone,
+	} {
+		_, act, body, err := Chat([]byte(in))
+		if err != nil || act != want || (act != ActionNone) != (body == nil) {
+			t.Errorf("chat %s: action %d, body %s, %v; want action %d", in, act, body, err, want)
+		}
+	}
+	for in, want := range map[string]Action{
+		`{"model":"m"}`: ActionLoad,
+		`{"model":"m","prompt":"","keep_alive":0}`:   ActionUnload,
+		`{"model":"m","prompt":"hi","keep_alive":0}`: ActionNone,
+		`{"model":"m","system":"be brief"}`:          ActionNone,
+	} {
+		_, act, _, _, err := Generate([]byte(in))
+		if err != nil || act != want {
+			t.Errorf("generate %s: action %d, %v; want %d", in, act, err, want)
+		}
+	}
+	for _, in := range []string{`{"model":"m","keep_alive":"soon"}`, `{"model":"m","keep_alive":true}`} {
+		if _, _, _, err := Chat([]byte(in)); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "keep_alive") {
+			t.Errorf("%s: %v, want a keep_alive error", in, err)
+		}
+	}
+	at := time.Date(2026, 11, 29, 1, 2, 3, 0, time.UTC)
+	b, err := Done(KindGenerate, "tiny:latest", "unload", at)
+	if m := decodeMap(t, b); err != nil || m["done"] != true || m["done_reason"] != "unload" || m["response"] != "" || m["model"] != "tiny:latest" {
+		t.Errorf("generate's unload: %s %v", b, err)
+	}
+	b, _ = Done(KindChat, "tiny", "load", at)
+	if m := decodeMap(t, b); m["done_reason"] != "load" || m["message"].(map[string]any)["content"] != "" {
+		t.Errorf("chat's load: %s", b)
+	}
+}
+
+// A JSON schema as format is taken as given, as Ollama takes it: not in
+// OpenAI's strict mode (no additionalProperties needed).
+func TestFormatSchemaIsNotStrict(t *testing.T) {
+	_, _, body, err := Chat([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],
+		"format":{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name"]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := decodeMap(t, body)["response_format"].(map[string]any)["json_schema"].(map[string]any)
+	if _, set := js["strict"]; set || js["schema"].(map[string]any)["required"] == nil {
+		t.Errorf("json_schema %v: want the schema as given, without strict", js)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"time"
 )
 
 // Object names, as OpenAI puts them in "object".
@@ -390,4 +391,55 @@ func randomHex() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return hex.EncodeToString(b[:])
+}
+
+// Timings is how long a worker spent on a request, in llama-server's
+// shape (the "timings" object beside its answer's fields): the prompt
+// until the first token, and the tokens after it. Clients that show
+// speeds read it (Ollama's eval_duration is made from it).
+type Timings struct {
+	PromptN            int     `json:"prompt_n"`
+	PromptMS           float64 `json:"prompt_ms"`
+	PredictedN         int     `json:"predicted_n"`
+	PredictedMS        float64 `json:"predicted_ms"`
+	PredictedPerSecond float64 `json:"predicted_per_second"`
+}
+
+// NewTimings is the Timings of a generation that began at start, gave
+// its first token at first (zero: none) and ended at end.
+func NewTimings(prompt, predicted int, start, first, end time.Time) Timings {
+	if first.IsZero() {
+		first = end
+	}
+	t := Timings{PromptN: prompt, PromptMS: ms(first.Sub(start)), PredictedN: predicted, PredictedMS: ms(end.Sub(first))}
+	if t.PredictedMS > 0 {
+		t.PredictedPerSecond = float64(predicted) / t.PredictedMS * 1000
+	}
+	return t
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// Timed is an answer body with its Timings as one more field, "timings".
+type Timed struct {
+	Body    any
+	Timings Timings
+}
+
+// MarshalJSON writes Body's object with "timings" added last.
+func (t Timed) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(t.Body)
+	if err != nil || len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
+		return b, err
+	}
+	tb, err := json.Marshal(t.Timings)
+	if err != nil {
+		return nil, err
+	}
+	out := append(b[:len(b)-1:len(b)-1], ',')
+	if len(b) == 2 {
+		out = out[:1]
+	}
+	out = append(append(append(out, `"timings":`...), tb...), '}')
+	return out, nil
 }

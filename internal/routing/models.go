@@ -157,3 +157,12 @@ func (s *Service) apartFrom(model string) func(other string) string {
 		return f.Apart(self, name(other))
 	}
 }
+
+// nameOf is the name a user gave the model whose file is ref in the
+// config (ref itself when no configured model has it).
+func (s *Service) nameOf(ref string) string {
+	if name, _, ok := s.models.Load().ByFile(ref); ok {
+		return name
+	}
+	return ref
+}

@@ -7,15 +7,18 @@ package routing
 // the same token.
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/ollama"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/registry"
@@ -77,11 +80,35 @@ func ollamaBad(err error) error {
 }
 
 // modelDetails are the details Ollama lists for a model, from what its
-// pools' hives report.
+// pools' hives report of its GGUF header.
 func modelDetails(m api.Model) map[string]any {
 	return map[string]any{"format": "gguf", "family": m.Architecture, "families": []string{m.Architecture},
-		"parameter_size": "", "quantization_level": "", "parent_model": ""}
+		"parameter_size": parameterSize(m.ParameterCount), "quantization_level": m.FileType, "parent_model": ""}
 }
+
+// parameterSize is a parameter count as Ollama writes it: 8.0B, 494.03M,
+// 6.5M ("" when unknown).
+func parameterSize(n uint64) string {
+	switch {
+	case n == 0:
+		return ""
+	case n >= 1e9:
+		return strconv.FormatFloat(float64(n)/1e9, 'f', 1, 64) + "B"
+	case n >= 1e6:
+		return strconv.FormatFloat(float64(n)/1e6, 'f', 2, 64) + "M"
+	case n >= 1e3:
+		return strconv.FormatFloat(float64(n)/1e3, 'f', 0, 64) + "K"
+	}
+	return strconv.FormatUint(n, 10)
+}
+
+// ollamaName is a model's name as Ollama lists it: with its tag,
+// ":latest" (apiary's models have no other).
+func ollamaName(name string) string { return name + ":latest" }
+
+// neverExpires is the expires_at of a worker that no idle timeout stops
+// (Ollama's keep_alive -1 answers a date centuries ahead too).
+var neverExpires = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 
 func (s *Service) getOllamaTags(w http.ResponseWriter, r *http.Request, _ *call) error {
 	list, err := s.listModels(r)
@@ -96,13 +123,17 @@ func (s *Service) getOllamaTags(w http.ResponseWriter, r *http.Request, _ *call)
 		if modified.IsZero() {
 			modified = time.Unix(m.Created, 0)
 		}
-		models = append(models, map[string]any{"name": m.ID, "model": m.ID, "modified_at": modified.UTC().Format(time.RFC3339),
-			"size": info.SizeBytes, "digest": "", "details": modelDetails(info)})
+		models = append(models, map[string]any{"name": ollamaName(m.ID), "model": ollamaName(m.ID), "modified_at": modified.UTC().Format(time.RFC3339),
+			"size": info.SizeBytes, "digest": strings.TrimPrefix(info.Digest, "sha256:"), "details": modelDetails(info)})
 	}
 	openai.WriteJSON(w, http.StatusOK, map[string]any{"models": models})
 	return nil
 }
 
+// getOllamaPS lists the workers that take requests, one entry a worker,
+// with when its hive's idle timeout stops it if no request comes
+// (expires_at: its last request through this queen, or its start, plus
+// the timeout).
 func (s *Service) getOllamaPS(w http.ResponseWriter, r *http.Request, _ *call) error {
 	pools := s.servable()
 	models := []map[string]any{}
@@ -116,9 +147,21 @@ func (s *Service) getOllamaPS(w http.ResponseWriter, r *http.Request, _ *call) e
 			if i := slices.IndexFunc(p.GPUs, func(g api.GPU) bool { return g.ID == wk.GPUDevice }); i < 0 || p.GPUs[i].Kind == api.DeviceCPU {
 				vram = 0 // a CPU's memory is no VRAM
 			}
-			models = append(models, map[string]any{"name": wk.ModelRef, "model": wk.ModelRef, "size": wk.VRAMBytes,
-				"digest": "", "details": modelDetails(info), "expires_at": time.Time{}.Format(time.RFC3339), "size_vram": vram,
-				"pool": p.ID, "worker_id": wk.WorkerID})
+			expires := neverExpires
+			if wk.IdleTimeoutMS > 0 {
+				from := wk.StartedAt
+				if wk.ReadyAt != nil {
+					from = *wk.ReadyAt
+				}
+				if last := s.LastUsed(p.ID, wk.WorkerID); last.After(from) {
+					from = last
+				}
+				expires = from.Add(time.Duration(wk.IdleTimeoutMS) * time.Millisecond)
+			}
+			name := ollamaName(s.nameOf(wk.ModelRef))
+			models = append(models, map[string]any{"name": name, "model": name, "size": wk.VRAMBytes,
+				"digest": strings.TrimPrefix(info.Digest, "sha256:"), "details": modelDetails(info), "expires_at": expires.UTC().Format(time.RFC3339Nano),
+				"size_vram": vram, "pool": p.ID, "worker_id": wk.WorkerID})
 		}
 	}
 	openai.WriteJSON(w, http.StatusOK, map[string]any{"models": models})
@@ -162,72 +205,189 @@ func cmpOr(a, b string) string {
 }
 
 func (s *Service) postOllamaChat(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveOllama(w, r, c, ollama.KindChat, s.cfg.MaxBodyBytes, func(body []byte) (string, string, bool, []byte, error) {
-		req, out, err := ollama.Chat(body)
-		return req.Model, "/v1/chat/completions", req.Stream == nil || *req.Stream, out, err
+	return s.serveOllama(w, r, c, ollama.KindChat, s.cfg.MaxBodyBytes, func(body []byte) (ollamaCall, error) {
+		req, act, out, err := ollama.Chat(body)
+		return ollamaCall{model: req.Model, path: "/v1/chat/completions", body: out, action: act, stream: req.Stream == nil || *req.Stream}, err
 	})
 }
 
 func (s *Service) postOllamaGenerate(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveOllama(w, r, c, ollama.KindGenerate, s.cfg.MaxBodyBytes, func(body []byte) (string, string, bool, []byte, error) {
-		req, path, out, err := ollama.Generate(body)
-		return req.Model, path, req.Stream == nil || *req.Stream, out, err
+	return s.serveOllama(w, r, c, ollama.KindGenerate, s.cfg.MaxBodyBytes, func(body []byte) (ollamaCall, error) {
+		req, act, path, out, err := ollama.Generate(body)
+		return ollamaCall{model: req.Model, path: path, body: out, action: act, stream: req.Stream == nil || *req.Stream}, err
 	})
 }
 
 func (s *Service) postOllamaEmbed(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveOllama(w, r, c, ollama.KindEmbed, max(s.cfg.MaxBodyBytes, openai.MaxEmbeddingBodyBytes), func(body []byte) (string, string, bool, []byte, error) {
+	return s.serveOllama(w, r, c, ollama.KindEmbed, max(s.cfg.MaxBodyBytes, openai.MaxEmbeddingBodyBytes), func(body []byte) (ollamaCall, error) {
 		req, out, err := ollama.Embed(body)
-		return req.Model, "/v1/embeddings", false, out, err
+		return ollamaCall{model: req.Model, path: "/v1/embeddings", body: out}, err
 	})
 }
 
 func (s *Service) postOllamaEmbeddings(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveOllama(w, r, c, ollama.KindEmbeddings, s.cfg.MaxBodyBytes, func(body []byte) (string, string, bool, []byte, error) {
+	return s.serveOllama(w, r, c, ollama.KindEmbeddings, s.cfg.MaxBodyBytes, func(body []byte) (ollamaCall, error) {
 		req, out, err := ollama.Embeddings(body)
-		return req.Model, "/v1/embeddings", false, out, err
+		return ollamaCall{model: req.Model, path: "/v1/embeddings", body: out}, err
 	})
+}
+
+// ollamaCall is an Ollama request translated: the OpenAI request to
+// relay (path and body), or a load or an unload (action).
+type ollamaCall struct {
+	model  string // as the client named it
+	path   string
+	body   []byte
+	stream bool
+	action ollama.Action
 }
 
 // serveOllama reads an Ollama request, translates it to the OpenAI
 // request of path, checks that as the OpenAI endpoint would, and relays
-// it, the worker's answer translated back on its way to the client.
+// it, the worker's answer translated back on its way to the client. A
+// load or an unload is done here (ollamaAction).
 func (s *Service) serveOllama(w http.ResponseWriter, r *http.Request, c *call, kind ollama.Kind, limit int64,
-	convert func([]byte) (model, path string, stream bool, openaiBody []byte, err error)) error {
+	convert func([]byte) (ollamaCall, error)) error {
 	body, err := openai.ReadBody(w, r, limit)
 	if err != nil {
 		return err
 	}
-	name, path, _, out, err := convert(body)
+	oc, err := convert(body)
 	if err != nil {
 		return ollamaBad(err)
 	}
+	name, path := oc.model, oc.path
 	if name == "" {
 		return ollamaBad(fmt.Errorf("%w: model is required", ollama.ErrBadRequest))
 	}
+	if oc.action != ollama.ActionNone {
+		return s.ollamaAction(w, r, c, kind, name, oc)
+	}
 	// The model as the client named it, without Ollama's default tag.
-	if out, err = setModel(out, ollamaModel(name)); err != nil {
+	out, err := setModel(oc.body, ollamaModel(name))
+	if err != nil {
 		return err
 	}
 	decode := func(b []byte) (string, bool, error) {
 		switch path {
 		case "/v1/chat/completions":
 			req, err := openai.DecodeChatCompletionRequest(b, openai.Limits{})
-			return req.Model, req.Stream, err
+			return req.Model, req.Stream, ollamaParams(err)
 		case "/v1/completions":
 			req, err := openai.DecodeCompletionRequest(b, openai.Limits{})
-			return req.Model, req.Stream, err
+			return req.Model, req.Stream, ollamaParams(err)
 		default:
 			req, err := openai.DecodeEmbeddingRequest(b)
 			return req.Model, false, err
 		}
 	}
-	tw := translate.New(w, ollama.NewAnswer(kind, name, c.start), ollama.Dialect)
+	ans := ollama.NewAnswer(kind, name, c.start)
+	c.granted = ans.SetLoad
+	tw := translate.New(w, ans, ollama.Dialect)
 	err = s.serveRead(tw, r, c, path, out, decode)
 	if ferr := tw.Finish(); ferr != nil && err == nil {
 		err = ferr
 	}
 	return err
+}
+
+// ollamaParams names the fields of an OpenAI request the translation
+// made as the Ollama client sent them: format's schema is the OpenAI
+// request's response_format.json_schema.schema.
+func ollamaParams(err error) error {
+	var oe *openai.Error
+	if !errors.As(err, &oe) {
+		return err
+	}
+	const schema = "response_format.json_schema.schema"
+	e := *oe
+	e.Param = strings.Replace(e.Param, schema, "format", 1)
+	e.Message = strings.ReplaceAll(e.Message, schema, "format")
+	return &e
+}
+
+// ollamaAction loads or unloads the model a request names and answers
+// done at once, as Ollama does (done_reason "load" or "unload"), with
+// nothing generated. A load waits until a worker of the model takes
+// requests (a cold start, or a swap, as for any request) and hands its
+// slot back unused; an unload stops the model's workers (each finishing
+// what it serves), audited with why. A model the config pins or keeps
+// min_workers of is not unloaded: 409, with why.
+func (s *Service) ollamaAction(w http.ResponseWriter, r *http.Request, c *call, kind ollama.Kind, name string, oc ollamaCall) error {
+	pool := r.Header.Get(api.PoolHeader)
+	if pool != "" {
+		if err := s.usablePool(pool); err != nil {
+			return err
+		}
+	}
+	ref := s.resolve(ollamaModel(name)).ref
+	if err := s.knownModel(r.Context(), ref, pool); err != nil {
+		return err
+	}
+	c.model = ref
+	reason := "load"
+	if oc.action == ollama.ActionUnload {
+		reason = "unload"
+		if err := s.unloadModel(r.Context(), ref, pool, "unloaded by an API client: "+r.URL.Path+" with keep_alive 0"); err != nil {
+			return err
+		}
+	} else {
+		l, err := s.router.acquire(r.Context(), routeReq{model: ref, pool: pool, session: r.Header.Get(api.SessionHeader)})
+		if err != nil {
+			if r.Context().Err() != nil {
+				return fmt.Errorf("%w: while waiting for a worker: %w", errClientGone, err)
+			}
+			return err
+		}
+		s.router.settle(l, verdictNone, nil)
+	}
+	out, err := ollama.Done(kind, name, reason, time.Now())
+	if err != nil {
+		return err
+	}
+	ct := "application/json"
+	if oc.stream {
+		ct = "application/x-ndjson"
+	}
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(http.StatusOK)
+	_, err = w.Write(append(out, '\n'))
+	return err
+}
+
+// unloadModel stops every live worker of model (on pool, when it names
+// one) with reason; each finishes the requests it serves first. A model
+// the config pins, or keeps min_workers of, is refused with 409: its
+// workers would only be started again.
+func (s *Service) unloadModel(ctx context.Context, model, pool, reason string) error {
+	switch {
+	case s.pinned(model):
+		return &openai.Error{Status: http.StatusConflict, Code: "model_pinned",
+			Message: fmt.Sprintf("model %s is pinned by the queen's config: it stays loaded; an operator stops its workers (apiary workers stop)", model)}
+	case s.cp.Replicas()[model].Min > 0:
+		return &openai.Error{Status: http.StatusConflict, Code: "model_kept",
+			Message: fmt.Sprintf("the queen's config keeps %d workers of model %s running (min_workers): they would be started again", s.cp.Replicas()[model].Min, model)}
+	}
+	var failed []string
+	for _, p := range s.cp.Pools(registry.Filter{}) {
+		if pool != "" && p.ID != pool {
+			continue
+		}
+		for _, wk := range p.Workers {
+			if wk.ModelRef != model || wk.LifecycleID == "" || !live(wk) || lifecycle.State(wk.Status) == lifecycle.Draining {
+				continue
+			}
+			if err := s.cp.StopWorker(ctx, wk.LifecycleID, reason); err != nil {
+				s.log.Warn("unload could not stop a worker", "model_ref", model, "lifecycle_id", wk.LifecycleID, "pool_id", p.ID, "err", err)
+				failed = append(failed, p.ID)
+			}
+		}
+	}
+	if len(failed) > 0 {
+		return &openai.Error{Status: http.StatusServiceUnavailable, Code: openai.CodeServiceUnavailable, RetryAfter: time.Second,
+			Message: fmt.Sprintf("model %s is not unloaded: %d of its workers could not be stopped now; try again", model, len(failed))}
+	}
+	return nil
 }
 
 // setModel puts model in an OpenAI body.

@@ -41,6 +41,9 @@ type relayReq struct {
 	name string
 	// tl records where the time went, for the Debug log (nil: Debug is off).
 	tl *relayTimeline
+	// granted, when set, learns how long the request waited for its
+	// first worker.
+	granted func(waited time.Duration)
 }
 
 // outcome is how one attempt on one worker ended.
@@ -84,6 +87,9 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 			return err
 		}
 		rr.tl.granted(attempt)
+		if rr.granted != nil && attempt == 1 {
+			rr.granted(time.Since(rr.start))
+		}
 		if rr.session != "" && attempt == 1 {
 			result := "miss"
 			if l.pinned {

@@ -83,6 +83,9 @@ type call struct {
 	endpoint string
 	model    string // modelUnknown until the model is known to exist
 	start    time.Time
+	// granted, when set, learns how long the request waited for a worker
+	// (before the answer's first byte).
+	granted func(waited time.Duration)
 }
 
 // inferenceFunc is an OpenAI handler: it returns its error, which
@@ -423,7 +426,7 @@ func (s *Service) serveBody(w http.ResponseWriter, r *http.Request, c *call, rr 
 		return err
 	}
 	c.model = rr.model
-	rr.start = c.start
+	rr.start, rr.granted = c.start, c.granted
 	return s.relay(w, r, rr)
 }
 

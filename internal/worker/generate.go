@@ -258,6 +258,7 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		wave += n
 	}
 	start := time.Now()
+	var firstToken time.Time // of any choice
 	var total engine.Result
 	run := func(first, m int, out func(int, string, []engine.Token) error) ([]outcome, error) {
 		outs, err := generateChoices(ctx, eng, j, first, m, out)
@@ -275,6 +276,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		for first := 0; first < j.choices; first += wave {
 			m := min(wave, j.choices-first)
 			outs, err := run(first, m, func(i int, s string, toks []engine.Token) error {
+				if firstToken.IsZero() && len(toks) > 0 {
+					firstToken = time.Now()
+				}
 				texts[i].WriteString(s)
 				if keep {
 					choices[i].toks = append(choices[i].toks, toks...)
@@ -289,7 +293,13 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 				c.text, c.finish, c.stop = texts[first+k].String(), o.FinishReason, o.stop
 			}
 		}
-		openai.WriteJSON(rw, http.StatusOK, f.whole(choices, usageOf(total)))
+		var body any = f.whole(choices, usageOf(total))
+		if endpoint != "messages" {
+			// OpenAI's shapes carry llama-server's timings beside their
+			// fields (Anthropic's have no place for them).
+			body = openai.Timed{Body: body, Timings: openai.NewTimings(total.PromptTokens, total.CompletionTokens, start, firstToken, time.Now())}
+		}
+		openai.WriteJSON(rw, http.StatusOK, body)
 	} else {
 		sse := openai.NewSSEWriter(rw)
 		sse.SetEventTimeout(streamEventTimeout)
