@@ -93,6 +93,10 @@ type StartWorkerResponse struct {
 type StopWorkerRequest struct {
 	Drain        bool `json:"drain"`
 	GraceSeconds *int `json:"grace_seconds,omitempty"`
+	// Reason is why the queen stops it (evicted for a model, unloaded,
+	// stopped by an operator): the worker's stop reason on the hive, in
+	// its events and log. Absent: "stop requested" or "drain requested".
+	Reason string `json:"reason,omitempty"`
 }
 
 // StopWorkerResponse is the 202 answer to a stop.

@@ -139,6 +139,10 @@ func (h *Hive) postStart(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// maxStopReason bounds a stop's reason (it is kept in the worker's
+// history and sent in its events).
+const maxStopReason = 1024
+
 func (h *Hive) postStop(w http.ResponseWriter, r *http.Request) error {
 	var req api.StopWorkerRequest
 	if err := api.Decode(r, &req, true); err != nil {
@@ -146,6 +150,9 @@ func (h *Hive) postStop(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.GraceSeconds != nil && *req.GraceSeconds < 0 {
 		return api.BadRequest("grace_seconds must not be negative")
+	}
+	if len(req.Reason) > maxStopReason {
+		return api.BadRequest("reason must be at most %d bytes, got %d", maxStopReason, len(req.Reason))
 	}
 	id := r.PathValue("id")
 	wk, ok := h.reg.get(id, false)
@@ -155,6 +162,9 @@ func (h *Hive) postStop(w http.ResponseWriter, r *http.Request) error {
 	c := stopCmd{drain: req.Drain, reason: "stop requested"}
 	if req.Drain {
 		c.reason = "drain requested"
+	}
+	if req.Reason != "" {
+		c.reason = api.Printable(req.Reason, maxStopReason)
 	}
 	if req.GraceSeconds != nil {
 		c.grace = secondsDuration(*req.GraceSeconds)

@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/apiary-llm/apiary/internal/testbin"
 )
@@ -26,7 +28,40 @@ type ollamaChat struct {
 	EvalCount  int    `json:"eval_count"`
 	PromptEval int    `json:"prompt_eval_count"`
 	Total      int64  `json:"total_duration"`
+	EvalDur    int64  `json:"eval_duration"`
+	PromptDur  int64  `json:"prompt_eval_duration"`
 }
+
+type ollamaListed struct {
+	Name, Model, Digest string
+	Size                int64
+	Details             struct {
+		Format, Family    string
+		ParameterSize     string `json:"parameter_size"`
+		QuantizationLevel string `json:"quantization_level"`
+	}
+}
+
+type ollamaPS struct {
+	Models []struct {
+		Name, Digest string
+		Size         int64
+		SizeVRAM     int64     `json:"size_vram"`
+		ExpiresAt    time.Time `json:"expires_at"`
+	}
+}
+
+type ollamaAction struct {
+	Model, Response string
+	Message         struct{ Content string }
+	Done            bool
+	DoneReason      string  `json:"done_reason"`
+	EvalCount       int     `json:"eval_count"`
+	MS              float64 `json:"ms"`
+}
+
+// sha256Hex is a digest as Ollama lists it: 64 hex digits.
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 type ollamaFailure struct {
 	Message string
@@ -45,11 +80,7 @@ func TestProcessOllamaNPMClient(t *testing.T) {
 	var r struct {
 		Version string
 		List    struct {
-			Models []struct {
-				Name, Model string
-				Size        int64
-				Details     struct{ Format, Family string }
-			}
+			Models []ollamaListed
 		}
 		Show struct {
 			Details      struct{ Format, Family string }
@@ -62,13 +93,17 @@ func TestProcessOllamaNPMClient(t *testing.T) {
 			Text  string
 			Last  ollamaChat
 		}
-		PS struct {
-			Models []struct {
-				Name     string
-				Size     int64
-				SizeVRAM int64 `json:"size_vram"`
-			}
-		} `json:"ps"`
+		PS            ollamaPS `json:"ps"`
+		PSAfterUnload ollamaPS `json:"ps_after_unload"`
+		PSAfterLoad   ollamaPS `json:"ps_after_load"`
+		Unload        ollamaAction
+		Load          ollamaAction
+		ChatLoad      ollamaAction `json:"chat_load"`
+		SchemaFormat  struct {
+			Text  string
+			Calls []json.RawMessage
+			Last  ollamaChat
+		} `json:"schema_format"`
 		Generate struct {
 			Model, Response string
 			Done            bool
@@ -91,14 +126,11 @@ func TestProcessOllamaNPMClient(t *testing.T) {
 	if r.Version != npmOllamaVersion {
 		t.Errorf("the script loaded ollama %s, want %s", r.Version, npmOllamaVersion)
 	}
-	if i := slices.IndexFunc(r.List.Models, func(m struct {
-		Name, Model string
-		Size        int64
-		Details     struct{ Format, Family string }
-	}) bool {
-		return m.Name == "tiny"
-	}); i < 0 || r.List.Models[i].Size <= 0 || r.List.Models[i].Details.Format != "gguf" || r.List.Models[i].Details.Family != "llama" {
-		t.Errorf("list: %+v, want tiny with its size, gguf, llama", r.List.Models)
+	if i := slices.IndexFunc(r.List.Models, func(m ollamaListed) bool { return m.Name == "tiny:latest" }); i < 0 {
+		t.Errorf("list: %+v, want tiny:latest", r.List.Models)
+	} else if m := r.List.Models[i]; m.Model != "tiny:latest" || m.Size <= 0 || !sha256Hex.MatchString(m.Digest) || m.Details.Format != "gguf" ||
+		m.Details.Family != "llama" || m.Details.ParameterSize == "" || m.Details.QuantizationLevel == "" {
+		t.Errorf("list: %+v, want tiny:latest with its size, a sha256 digest, gguf, llama, its parameter size and file type", m)
 	}
 	if r.Show.Details.Family != "llama" || r.VersionAPI.Version == "" {
 		t.Errorf("show %+v, version %+v", r.Show, r.VersionAPI)
@@ -107,7 +139,8 @@ func TestProcessOllamaNPMClient(t *testing.T) {
 	// The greedy answer of the OpenAI endpoint, for the same request.
 	want := openAIChatText(t, c.url, token)
 	if r.Chat.Message.Role != "assistant" || r.Chat.Message.Content != want || !r.Chat.Done || r.Chat.DoneReason != "length" ||
-		r.Chat.EvalCount != 8 || r.Chat.PromptEval == 0 || r.Chat.Total <= 0 || r.Chat.Model != "tiny" {
+		r.Chat.EvalCount != 8 || r.Chat.PromptEval == 0 || r.Chat.Total <= 0 || r.Chat.Model != "tiny" || r.Chat.EvalDur <= 0 || r.Chat.PromptDur <= 0 ||
+		r.Chat.EvalDur+r.Chat.PromptDur > r.Chat.Total {
 		t.Errorf("chat: %+v, want %q after 8 tokens (length)", r.Chat, want)
 	}
 	if r.Streamed.Text != want || r.Streamed.Parts < 3 || !r.Streamed.Last.Done || r.Streamed.Last.DoneReason != "length" || r.Streamed.Last.EvalCount != 8 {
@@ -120,8 +153,45 @@ func TestProcessOllamaNPMClient(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.JSONFormat.Message.Content), &obj); err != nil && r.JSONFormat.DoneReason != "length" {
 		t.Errorf("format json: %q is no JSON object (%v)", r.JSONFormat.Message.Content, err)
 	}
-	if len(r.PS.Models) != 1 || r.PS.Models[0].Name != "tiny" || r.PS.Models[0].Size <= 0 || r.PS.Models[0].SizeVRAM != 0 {
-		t.Errorf("ps: %+v, want the one CPU worker of tiny", r.PS.Models)
+	if len(r.PS.Models) != 1 || r.PS.Models[0].Name != "tiny:latest" || r.PS.Models[0].Size <= 0 || r.PS.Models[0].SizeVRAM != 0 ||
+		!sha256Hex.MatchString(r.PS.Models[0].Digest) || !r.PS.Models[0].ExpiresAt.After(time.Now()) {
+		t.Errorf("ps: %+v, want the one CPU worker of tiny, expiring after now", r.PS.Models)
+	}
+
+	// A plain schema with tools, streamed: a call, or text that the
+	// schema validates.
+	if len(r.SchemaFormat.Calls) == 0 {
+		var v struct {
+			Name  *string
+			Count *int
+			Note  *string
+		}
+		dec := json.NewDecoder(strings.NewReader(r.SchemaFormat.Text))
+		if err := dec.Decode(&v); err != nil || v.Name == nil || v.Count == nil || len(*v.Name) > 12 || *v.Count < 0 || *v.Count > 99 ||
+			(v.Note != nil && len(*v.Note) > 4) || !r.SchemaFormat.Last.Done || r.SchemaFormat.Last.DoneReason != "stop" {
+			t.Errorf("chat with tools and a plain schema: %q (%v), last %+v; want an object the schema validates", r.SchemaFormat.Text, err, r.SchemaFormat.Last)
+		}
+	}
+
+	// Unload and load: done at once, nothing generated; the worker stops
+	// (audited with why), and a load brings one back.
+	for what, a := range map[string]ollamaAction{"unload": r.Unload, "load": r.Load, "chat load": r.ChatLoad} {
+		if !a.Done || a.DoneReason != strings.Fields(what)[len(strings.Fields(what))-1] || a.Response != "" || a.EvalCount != 0 || a.Model != "tiny" {
+			t.Errorf("%s: %+v", what, a)
+		}
+		t.Logf("%s answered in %.1f ms", what, a.MS)
+	}
+	if len(r.PSAfterUnload.Models) != 0 || len(r.PSAfterLoad.Models) != 1 {
+		t.Errorf("ps after the unload %+v, after the load %+v; want none, then one", r.PSAfterUnload.Models, r.PSAfterLoad.Models)
+	}
+	stopped := 0
+	for _, row := range c.rows() {
+		if row.Status == "STOPPED" && strings.Contains(row.Reason, "keep_alive 0") {
+			stopped++
+		}
+	}
+	if stopped != 1 {
+		t.Errorf("%d rows stopped by the unload, want 1: %+v", stopped, c.rows())
 	}
 
 	vecs := openAIEmbeddings(t, c.url, token, []string{"a bee", "a wasp"})

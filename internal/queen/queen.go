@@ -548,7 +548,7 @@ func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, a
 	if !ok || pool.Status == registry.Offline {
 		return row, fmt.Errorf("%w: pool %s of %s is gone; its row fails when the watchdog notices", ErrPoolUnavailable, row.PoolID, id)
 	}
-	err = q.hives.StopWorker(ctx, pool.Endpoint, row.WorkerID, api.StopWorkerRequest{Drain: drain})
+	err = q.hives.StopWorker(ctx, pool.Endpoint, row.WorkerID, api.StopWorkerRequest{Drain: drain, Reason: reason})
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	switch {

@@ -329,12 +329,20 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 	if c.set != nil {
 		c.set(&next)
 	}
+	if to == cur.Status && to == rowDraining && !c.fromHive && c.reason != "" {
+		next.Reason = c.reason // why it stops, over the hive's "drain requested"
+	}
 	if to != cur.Status {
 		if !cur.Status.CanTransition(to) {
 			b.refused(cur, to, c)
 			return cur, false, fmt.Errorf("%w: %s %s → %s is not in the table", ErrRefused, id, cur.Status, to)
 		}
 		next.Status, next.Reason = to, c.reason
+		if cur.Status == rowDraining && to == rowStopped && cur.Reason != "" && cur.Reason != c.reason {
+			// Why it stopped (evicted, unloaded, idle, drained by whom),
+			// then how: the row says both.
+			next.Reason = cur.Reason + " (" + c.reason + ")"
+		}
 		if to.Terminal() && next.StoppedAt == nil {
 			now := micro(time.Now())
 			next.StoppedAt = &now

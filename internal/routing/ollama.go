@@ -356,9 +356,11 @@ func (s *Service) ollamaAction(w http.ResponseWriter, r *http.Request, c *call, 
 }
 
 // unloadModel stops every live worker of model (on pool, when it names
-// one) with reason; each finishes the requests it serves first. A model
-// the config pins, or keeps min_workers of, is refused with 409: its
-// workers would only be started again.
+// one) with reason, and returns once their rows have ended (as Ollama
+// answers an unload once the model is out of memory); each finishes the
+// requests it serves first. A model the config pins, or keeps
+// min_workers of, is refused with 409: its workers would only be started
+// again.
 func (s *Service) unloadModel(ctx context.Context, model, pool, reason string) error {
 	switch {
 	case s.pinned(model):
@@ -368,7 +370,7 @@ func (s *Service) unloadModel(ctx context.Context, model, pool, reason string) e
 		return &openai.Error{Status: http.StatusConflict, Code: "model_kept",
 			Message: fmt.Sprintf("the queen's config keeps %d workers of model %s running (min_workers): they would be started again", s.cp.Replicas()[model].Min, model)}
 	}
-	var failed []string
+	var failed, stopped []string
 	for _, p := range s.cp.Pools(registry.Filter{}) {
 		if pool != "" && p.ID != pool {
 			continue
@@ -380,12 +382,29 @@ func (s *Service) unloadModel(ctx context.Context, model, pool, reason string) e
 			if err := s.cp.StopWorker(ctx, wk.LifecycleID, reason); err != nil {
 				s.log.Warn("unload could not stop a worker", "model_ref", model, "lifecycle_id", wk.LifecycleID, "pool_id", p.ID, "err", err)
 				failed = append(failed, p.ID)
+				continue
 			}
+			stopped = append(stopped, wk.LifecycleID)
 		}
 	}
 	if len(failed) > 0 {
 		return &openai.Error{Status: http.StatusServiceUnavailable, Code: openai.CodeServiceUnavailable, RetryAfter: time.Second,
 			Message: fmt.Sprintf("model %s is not unloaded: %d of its workers could not be stopped now; try again", model, len(failed))}
+	}
+	for _, id := range stopped {
+		for {
+			changed := s.changes.wait()
+			row, err := s.cp.Row(ctx, id)
+			if err != nil || row.Status == lifecycle.StatusStopped || row.Status == lifecycle.StatusFailed {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w: while its workers stopped: %w", errClientGone, ctx.Err())
+			case <-changed:
+			case <-time.After(evictPoll):
+			}
+		}
 	}
 	return nil
 }

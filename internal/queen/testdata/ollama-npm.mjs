@@ -30,6 +30,32 @@ out.streamed = { parts: parts.length, text: parts.map((p) => p.message.content).
 out.ps = await ollama.ps();
 out.generate = await ollama.generate({ model: `${model}:latest`, prompt: 'Say hello to the bees.', options: opts });
 out.json_format = await ollama.chat({ model, messages, format: 'json', options: { num_predict: 40, temperature: 0 } });
+// A plain JSON schema (no additionalProperties, a property not required),
+// with tools, streamed: the answer must validate by the schema.
+const schema = {
+  type: 'object',
+  properties: { name: { type: 'string', maxLength: 12 }, count: { type: 'integer', minimum: 0, maximum: 99 }, note: { type: 'string', maxLength: 4 } },
+  required: ['name', 'count'],
+};
+const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
+  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+const schemaParts = [];
+for await (const part of await ollama.chat({ model, messages, tools, format: schema, stream: true, options: { num_predict: 120, temperature: 0 } })) {
+  schemaParts.push(part);
+}
+out.schema_format = { text: schemaParts.map((p) => p.message.content).join(''), calls: schemaParts.flatMap((p) => p.message.tool_calls ?? []),
+  last: schemaParts[schemaParts.length - 1] };
+// Unload, then load: each answered done at once with nothing generated.
+const timed = async (fn) => {
+  const t0 = performance.now();
+  const r = await fn();
+  return { ...r, ms: performance.now() - t0 };
+};
+out.unload = await timed(() => ollama.generate({ model, prompt: '', keep_alive: 0, stream: false }));
+out.ps_after_unload = await ollama.ps();
+out.load = await timed(() => ollama.generate({ model, prompt: '', stream: false }));
+out.ps_after_load = await ollama.ps();
+out.chat_load = await timed(() => ollama.chat({ model, messages: [], stream: false }));
 out.embed = await ollama.embed({ model, input: ['a bee', 'a wasp'] });
 out.embeddings = await ollama.embeddings({ model, prompt: 'a bee' });
 
