@@ -14,6 +14,7 @@ var (
 		"Addr": "--addr", "Advertise": "--advertise", "DataDir": "--data-dir", "DatabaseURL": "--database-url",
 		"HeartbeatTimeout": "--heartbeat-timeout", "UnhealthyGrace": "--unhealthy-grace", "OfflineRetention": "--offline-retention",
 		"FlushInterval": "--flush-interval", "HiveTimeout": "--hive-timeout",
+		"LeaseDuration": "--lease-duration", "LeaseRenew": "--lease-renew",
 		"ClaimTimeout": "--claim-timeout", "ClaimHealthInterval": "--claim-health-interval", "AuditRetention": "--audit-retention",
 		"RowsRetention": "--rows-retention", "ModelsFile": "--config", "ModelsPoll": "--config-poll", "MaxBodyBytes": "--max-body-bytes", "TLS": "--tls-cert/--tls-key",
 		"CORSOrigins": "--cors-origin", "Tokens": "the tokens (APIARY_API_TOKEN, APIARY_ADMIN_TOKEN, APIARY_CLUSTER_TOKEN)",

@@ -21,6 +21,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/sdnotify"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/sshnode"
+	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -37,6 +38,7 @@ type queenFlags struct {
 	auditRetention, rowsRetention         time.Duration
 	maxBody                               int64
 	standby                               bool
+	leaseDuration, leaseRenew             time.Duration
 	log                                   logFlags
 	owner, lifeline, sshConfig            string
 	localHive                             bool
@@ -108,6 +110,8 @@ address only.`,
 	fl.StringVar(&f.advertise, "advertise", "", "URL hives and clients use to reach this queen (default http://ADDR)")
 	fl.StringVar(&f.dataDir, "data-dir", queen.DefaultDataDir(), "directory of the queen's SQLite database")
 	fl.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL (postgres://…) instead of SQLite "+envDefault(databaseURLEnv))
+	fl.DurationVar(&f.leaseDuration, "lease-duration", store.DefaultLeaseDuration, "with --database-url: how long a renewal of the active queen's lease keeps it; a standby takes over at most this long after the active's last renewal (it died, froze or lost the database)")
+	fl.DurationVar(&f.leaseRenew, "lease-renew", store.DefaultLeaseRenew, "with --database-url: how often the active queen renews its lease (at most a third of --lease-duration); it stops acting 3/4 of --lease-duration after its last renewal was sent")
 	fl.BoolVar(&f.standby, "standby", true, "with --database-url: when another queen holds the database, stand by (503 with the active queen's URL) and take over when it goes; false: exit")
 	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", registry.DefaultHeartbeatTimeout, "a pool without a heartbeat this long is unhealthy")
 	fl.DurationVar(&f.unhealthyGrace, "unhealthy-grace", 0, "a pool unhealthy this long has its workers' rows FAILED (default: --heartbeat-timeout)")
@@ -151,7 +155,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		return queen.Config{}, err
 	}
 	if err := notZero(cmd.Flags(), "heartbeat-timeout", "offline-retention", "flush-interval", "hive-timeout", "max-body-bytes", "claim-timeout", "claim-health-interval",
-		"hive-stop-timeout", "affinity-ttl", "queue-size", "queue-timeout", "swap-wait", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
+		"hive-stop-timeout", "lease-duration", "lease-renew", "affinity-ttl", "queue-size", "queue-timeout", "swap-wait", "scale-up-after", "max-workers", "worker-slots", "models-refresh",
 		"strike-limit", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after", "config-poll",
 		"batch-max-file-bytes", "batch-max-attempts", "batch-concurrency", "batch-max-lines", "batch-max-files", "batch-max-open-batches",
 		"batch-attempt-timeout", "batch-max-answer-bytes"); err != nil {
@@ -176,6 +180,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 	routing := f.routing.config()
 	return queen.Config{
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL, Standby: f.standby,
+		LeaseDuration: f.leaseDuration, LeaseRenew: f.leaseRenew,
 		HeartbeatTimeout: f.heartbeatTimeout, UnhealthyGrace: f.unhealthyGrace, OfflineRetention: f.offlineRetention,
 		FlushInterval: f.flushInterval, HiveTimeout: f.hiveTimeout, ClaimTimeout: f.claimTimeout, ClaimHealthInterval: f.claimHealthInterval,
 		AuditRetention: f.auditRetention, RowsRetention: f.rowsRetention, ModelsFile: f.modelsFile, ModelsPoll: f.modelsPoll,

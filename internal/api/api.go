@@ -250,6 +250,12 @@ type RegisterPool struct {
 // hive holds the pool now.
 const HiveInstanceHeader = "X-Apiary-Hive-Instance"
 
+// QueenEpochHeader carries the fencing epoch of the queen on its commands
+// to a hive. A hive refuses (409 stale_queen) a command of an epoch older
+// than the newest it has seen, in a command or a heartbeat's answer
+// (HeartbeatAnswer.QueenEpoch): that queen was deposed.
+const QueenEpochHeader = "X-Apiary-Queen-Epoch"
+
 // WorkerTokens is the answer of a hive's GET /v2/workers/tokens: its live
 // workers' own bearer tokens by worker id, for the queen only.
 type WorkerTokens struct {
@@ -298,6 +304,10 @@ type HeartbeatAnswer struct {
 	// FullWanted answers an unchanged beat that the queen could not take:
 	// the hive sends its full heartbeat at once.
 	FullWanted bool `json:"full_wanted,omitempty"`
+	// QueenEpoch is the fencing epoch of the queen that answered (0: a
+	// queen without one, on SQLite): the hive refuses commands of an
+	// older epoch from then on (QueenEpochHeader).
+	QueenEpoch int64 `json:"queen_epoch,omitempty"`
 }
 
 // RefusedWorker is one worker entry of a heartbeat the queen refused.

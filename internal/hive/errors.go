@@ -28,6 +28,7 @@ var (
 	ErrImplausibleReady = openai.Sentinel(http.StatusUnprocessableEntity, "implausible_ready", "implausible ready callback")
 	ErrWorkerEnded      = openai.Sentinel(http.StatusConflict, "worker_ended", "worker has ended")
 	ErrMaxLoaded        = openai.Sentinel(http.StatusConflict, "max_loaded", "the hive runs its --max-loaded workers")
+	ErrStaleQueen       = openai.Sentinel(http.StatusConflict, "stale_queen", "a command from a queen that was deposed")
 	ErrSpawn            = errors.New("cannot start worker process") // an internal error
 )
 

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -40,8 +41,11 @@ type Hive struct {
 	reg      *registry
 	data     *dataDir
 	queen    *queenClient // nil when standalone
-	pulls    *pulls       // model pulls (POST /v2/models/pull)
-	digests  *modelstore.Digests
+	// queenEpoch is the newest fencing epoch of a queen this hive has
+	// seen (fence.go).
+	queenEpoch atomic.Int64
+	pulls      *pulls // model pulls (POST /v2/models/pull)
+	digests    *modelstore.Digests
 	// onEvent, when set before Run (tests), sees every worker event
 	// synchronously, in order, from the worker's owner.
 	onEvent func(api.WorkerEvent)

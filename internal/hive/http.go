@@ -73,6 +73,10 @@ func (h *Hive) handle(fn handlerFunc, needToken bool) http.Handler {
 			}
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
+		if err := h.checkQueenEpoch(r); err != nil {
+			writeError(w, err)
+			return
+		}
 		if err := fn(w, r); err != nil {
 			if status, _ := api.StatusOf(err); status >= 500 {
 				h.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)

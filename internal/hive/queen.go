@@ -236,6 +236,9 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 		var ans api.HeartbeatAnswer
 		err := q.beat(ctx, api.Heartbeat{Unchanged: true}, &ans)
 		var qa *queenAnswer
+		if err == nil {
+			q.h.seeQueenEpoch(ans.QueenEpoch)
+		}
 		switch {
 		case err == nil && !ans.FullWanted:
 			q.h.metrics.heartbeats.WithLabelValues("unchanged").Inc()
@@ -253,6 +256,7 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 	if err := q.beat(ctx, hb, &ans); err != nil {
 		return err
 	}
+	q.h.seeQueenEpoch(ans.QueenEpoch)
 	q.last = lastBeat{hb: hb, at: now, ok: len(ans.Refused) == 0}
 	q.h.metrics.heartbeats.WithLabelValues("full").Inc()
 	for _, r := range ans.Refused {

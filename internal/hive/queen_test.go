@@ -49,6 +49,8 @@ type fakeQueen struct {
 	// api.HiveInstanceHeader of the stream or the post).
 	instances map[string]bool
 	change    chan struct{}
+	// epoch, when set, is the queen_epoch of full heartbeats' answers.
+	epoch int64
 }
 
 func newFakeQueen(t testing.TB, token string) *fakeQueen {
@@ -143,6 +145,9 @@ func (q *fakeQueen) beat(id string, b []byte) (int, string) {
 		return http.StatusOK, `{"pool_id":"` + id + `","status":"healthy","full_wanted":true}`
 	}
 	q.heartbeats = append(q.heartbeats, hb)
+	if q.epoch > 0 {
+		return http.StatusOK, fmt.Sprintf(`{"pool_id":%q,"status":"healthy","queen_epoch":%d}`, id, q.epoch)
+	}
 	return http.StatusOK, `{"pool_id":"` + id + `","status":"healthy"}`
 }
 

@@ -87,7 +87,7 @@ func (q *Queen) postBeats(w http.ResponseWriter, r *http.Request, _ caller) erro
 			return nil
 		case err != nil: // the hive ended it (io.EOF), went away, or the queen stops
 			return nil
-		case q.steppedDown.Load():
+		case q.deposed():
 			// As a standby answers: the hive moves to the next queen.
 			q.writeBeatLine(w, rc, api.FailLine(ErrSteppedDown, "queen"))
 			return nil

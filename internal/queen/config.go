@@ -37,6 +37,14 @@ type Config struct {
 	// as its standby and take over when it goes (standby.go); false: exit
 	// with store.ErrLocked.
 	Standby bool
+	// LeaseDuration is how long a renewal of the PostgreSQL lease keeps
+	// it: a standby takes over at most this long (plus StandbyPoll) after
+	// the active queen's last renewal; default store.DefaultLeaseDuration.
+	LeaseDuration time.Duration
+	// LeaseRenew is how often the active queen renews its lease, at most
+	// a third of LeaseDuration; it stops acting 3/4 of LeaseDuration after
+	// its last renewal was sent; default store.DefaultLeaseRenew.
+	LeaseRenew time.Duration
 
 	HeartbeatTimeout time.Duration // a pool without a heartbeat this long is unhealthy
 	UnhealthyGrace   time.Duration // unhealthy this long: its workers' rows become FAILED
@@ -133,6 +141,8 @@ func (c Config) withDefaults() Config {
 	config.Default(&c.UnhealthyGrace, c.HeartbeatTimeout)
 	config.Default(&c.OfflineRetention, registry.DefaultOfflineRetention)
 	config.Default(&c.FlushInterval, registry.DefaultFlushInterval)
+	config.Default(&c.LeaseDuration, store.DefaultLeaseDuration)
+	config.Default(&c.LeaseRenew, store.DefaultLeaseRenew)
 	config.Default(&c.HiveTimeout, DefaultHiveTimeout)
 	config.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
 	config.Default(&c.ModelsPoll, DefaultModelsPoll)
@@ -202,7 +212,8 @@ func (c Config) Validate() error {
 		v     time.Duration
 	}{{"HeartbeatTimeout", c.HeartbeatTimeout}, {"UnhealthyGrace", c.UnhealthyGrace}, {"OfflineRetention", c.OfflineRetention},
 		{"FlushInterval", c.FlushInterval}, {"HiveTimeout", c.HiveTimeout}, {"ClaimTimeout", c.ClaimTimeout},
-		{"ClaimHealthInterval", c.ClaimHealthInterval}, {"ModelsPoll", c.ModelsPoll}} {
+		{"ClaimHealthInterval", c.ClaimHealthInterval}, {"ModelsPoll", c.ModelsPoll},
+		{"LeaseDuration", c.LeaseDuration}, {"LeaseRenew", c.LeaseRenew}} {
 		if d.v <= 0 {
 			p.Add(d.field, "must be positive, got %s", d.v)
 		}
@@ -214,6 +225,9 @@ func (c Config) Validate() error {
 		if d.v > 0 && d.v < minRetention {
 			p.Add(d.field, "%s is shorter than %s: give at least %s, or 0 to keep forever", d.v, minRetention, minRetention)
 		}
+	}
+	if c.LeaseRenew > 0 && c.LeaseRenew*3 > c.LeaseDuration {
+		p.Add("LeaseRenew", "%s must be at most a third of LeaseDuration %s", c.LeaseRenew, c.LeaseDuration)
 	}
 	if c.MaxBodyBytes < 1 {
 		p.Add("MaxBodyBytes", "must be positive, got %d", c.MaxBodyBytes)

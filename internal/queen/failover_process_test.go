@@ -20,6 +20,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/store/pgtest"
 	"github.com/apiary-llm/apiary/internal/testbin"
 )
 
@@ -79,25 +80,42 @@ backend queens
 %s`
 
 // failoverRoundsEnv sets the rounds of TestProcessQueenFailover (default
-// 2: one SIGKILL, one cut-off; docs/deploy.md's soak ran 20).
+// 4: one of each fault in failoverFaults, which more rounds repeat in
+// turn; docs/deploy.md's soak ran 20).
 const failoverRoundsEnv = "APIARY_FAILOVER_ROUNDS"
+
+// failoverFaults are what ends the active queen in the rounds of
+// TestProcessQueenFailover, in turn.
+var failoverFaults = []string{"SIGKILL", "cut off", "partition", "SIGSTOP"}
+
+// failoverLease is the lease the queens of TestProcessQueenFailover run
+// with (--lease-duration, --lease-renew): short, so that a round takes
+// seconds; the bounds the test asserts derive from it.
+const failoverLease, failoverRenew = 2 * time.Second, 250 * time.Millisecond
 
 // Two queens on one PostgreSQL database, each with a data dir of its own
 // (the batch files live in the database), one hive configured with both,
 // 4 streams of steady load through HAProxy in front of both and a running
 // batch, and an input file uploaded to the first queen that a batch is
 // made of after the first takeover. The second queen stands
-// by (its /health 503 "standby" naming the active one). Then rounds, each
-// ending the active queen — SIGKILL in even rounds, its database session
-// terminated while it runs in odd ones — and starting it again as the
-// standby: the standby is active within 5 s of a kill (the cut-off queen
-// steps down within 2 s), requests are served through HAProxy again
-// within 10 s, by the same worker (same row, same process), the batch
-// ends with every request once, and the audit has one queen.takeover a
-// round; the batch made after the takeover, of the file the first queen
-// took, ends with every request once too.
+// by (its /health 503 "standby" naming the active one). Each queen
+// reaches PostgreSQL through a relay of its own (pgtest.Relay). Then
+// rounds, each ending the active queen in one of four ways, in turn:
+// SIGKILL; its lock's database session terminated while it runs; a
+// partition (its relay stops passing bytes: connections open, nothing
+// answered, the server keeps its sessions); SIGSTOP (frozen). The
+// standby is active within 5 s of the fault (the cut-off queen steps down
+// within 2 s; the partitioned one stops acting before the standby takes
+// over), requests are served through HAProxy again within 10 s, by the
+// same worker (same row, same process). When the fault heals (the relay
+// passes bytes again, SIGCONT), the old queen writes nothing: it steps
+// down at once (its lease ran out on its own clock), answers as a
+// standby, and exits; it is started again as the standby. The batch ends
+// with every request once, and the audit has one queen.takeover a round;
+// the batch made after the takeover, of the file the first queen took,
+// ends with every request once too.
 func TestProcessQueenFailover(t *testing.T) {
-	rounds := 2
+	rounds := len(failoverFaults)
 	if v := os.Getenv(failoverRoundsEnv); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -112,14 +130,27 @@ func TestProcessQueenFailover(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir()}
 	addrs := []string{testbin.FreeAddr(t), testbin.FreeAddr(t)}
 	urls := []string{"http://" + addrs[0], "http://" + addrs[1]}
+	// Each queen reaches the database through a relay of its own.
+	var relays [2]*pgtest.Relay
+	var dbURLs [2]string
+	for i := range relays {
+		if relays[i], err = pgtest.NewRelay(u); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(relays[i].Close)
+		if dbURLs[i], err = relays[i].URL(u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease := []string{"--lease-duration", failoverLease.String(), "--lease-renew", failoverRenew.String()}
 	startStandby := func(i int, active string) *proc {
 		t.Helper()
-		q := startProc(t, fmt.Sprintf("queen %d", i+1), nil, "queen", "--addr", addrs[i], "--flush-interval", "100ms",
-			"--database-url", u, "--data-dir", dirs[i])
+		q := startProc(t, fmt.Sprintf("queen %d", i+1), nil, append([]string{"queen", "--addr", addrs[i], "--flush-interval", "100ms",
+			"--database-url", dbURLs[i], "--data-dir", dirs[i]}, lease...)...)
 		q.logs.wait(t, 0, "queen standing by: another queen holds the database", map[string]string{"active": active})
 		return q
 	}
-	q1, _ := startQueenProc(t, "", u, "--addr", addrs[0], "--data-dir", dirs[0])
+	q1, _ := startQueenProc(t, "", dbURLs[0], append([]string{"--addr", addrs[0], "--data-dir", dirs[0]}, lease...)...)
 	queens := []*proc{q1, startStandby(1, urls[0])}
 	t.Cleanup(func() {
 		for _, q := range queens {
@@ -240,12 +271,20 @@ func TestProcessQueenFailover(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 
+	// The standby takes over when the lease lapses, at most failoverLease
+	// after the fault, and tries every failoverRenew: 5 s (the bar) leaves
+	// it 2.75 s to start on a loaded machine.
+	const takeoverBound = 5 * time.Second
 	active := 0
 	for round := range rounds {
 		old, next := active, 1-active
-		cut := round%2 == 1
+		fault := failoverFaults[round%len(failoverFaults)]
 		var from time.Time
-		if cut {
+		// The old queen's writes before it could have noticed: none may
+		// follow the fault's healing.
+		changedBefore := 0
+		switch fault {
+		case "cut off":
 			killQueenLock(t, u)
 			from = time.Now()
 			rec, _ := queens[old].logs.wait(t, 0, "queen stepping down", nil)
@@ -257,18 +296,55 @@ func TestProcessQueenFailover(t *testing.T) {
 			case <-time.After(waitLimit):
 				t.Fatalf("round %d: the queen that stepped down still runs", round)
 			}
-		} else {
+		case "SIGKILL":
 			_ = queens[old].stop(t, syscall.SIGKILL)
 			from = time.Now() // the process is gone: nothing it answered counts after this
+		case "partition":
+			relays[old].Freeze()
+			from = time.Now()
+		case "SIGSTOP":
+			queens[old].Signal(syscall.SIGSTOP)
+			from = time.Now()
+			changedBefore = queens[old].logs.Count("lifecycle row changed", nil)
 		}
 		rec, _ := queens[next].logs.wait(t, 0, "queen serving", nil)
 		took := logTime(t, rec).Sub(from)
+		taken, _ := queens[next].logs.wait(t, 0, "fencing epoch taken", nil)
+		switch fault {
+		case "partition":
+			// The partitioned queen stopped acting on its own clock
+			// before the standby took the lease: never two actives.
+			down, _ := queens[old].logs.wait(t, 0, "queen stepping down", nil)
+			if !logTime(t, down).Before(logTime(t, taken)) {
+				t.Errorf("round %d: the partitioned queen stepped down at %s, not before the standby took the lease at %s",
+					round, down.Attrs["time"], taken.Attrs["time"])
+			}
+			changedBefore = queens[old].logs.Count("lifecycle row changed", nil)
+			relays[old].Thaw()
+		case "SIGSTOP":
+			queens[old].Signal(syscall.SIGCONT)
+			// It wakes past its lease's deadline: it steps down before it
+			// acts, and answers as a standby while it stops.
+			down, _ := queens[old].logs.wait(t, 0, "queen stepping down", nil)
+			if !strings.Contains(down.Attrs["err"], "lease") {
+				t.Errorf("round %d: the woken queen stepped down for %q, want its lease", round, down.Attrs["err"])
+			}
+		}
+		if fault == "partition" || fault == "SIGSTOP" {
+			select {
+			case <-queens[old].done:
+			case <-time.After(waitLimit):
+				t.Fatalf("round %d: the queen deposed by a %s still runs", round, fault)
+			}
+			if n := queens[old].logs.Count("lifecycle row changed", nil); n != changedBefore {
+				t.Errorf("round %d: the queen deposed by a %s changed %d lifecycle rows after the fault", round, fault, n-changedBefore)
+			}
+		}
 		again := servedAfter(from)
-		how := map[bool]string{false: "SIGKILL", true: "cut off"}[cut]
 		t.Logf("round %d (%s of queen %d): queen %d active %s after, served through HAProxy again %s after",
-			round, how, old+1, next+1, took.Round(time.Millisecond), again.Round(time.Millisecond))
-		if took > 5*time.Second {
-			t.Errorf("round %d: the standby took over %s after, want within 5s", round, took)
+			round, fault, old+1, next+1, took.Round(time.Millisecond), again.Round(time.Millisecond))
+		if took > takeoverBound {
+			t.Errorf("round %d: the standby took over %s after, want within %s", round, took, takeoverBound)
 		}
 		if again == 0 || again > 10*time.Second {
 			t.Errorf("round %d: requests served again %s after, want within 10s", round, again)

@@ -7,11 +7,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/rpc"
+	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/transport"
 )
 
@@ -29,7 +32,16 @@ const maxHiveAnswer = 1 << 20
 type httpHiveClient struct {
 	token string
 	hc    *http.Client
+	// fence is the queen's store once it holds the database: every
+	// call proves the lease first and carries its epoch
+	// (api.QueenEpochHeader). Set before the queen serves.
+	fence atomic.Pointer[store.Store]
 }
+
+// fenced is a HiveClient whose calls the queen's lease fences.
+type fenced interface{ setFence(*store.Store) }
+
+func (c *httpHiveClient) setFence(st *store.Store) { c.fence.Store(st) }
 
 // NewHTTPHiveClient is the HiveClient of a running queen.
 func NewHTTPHiveClient(clusterToken string, timeout time.Duration) HiveClient {
@@ -55,6 +67,17 @@ func (c *httpHiveClient) post(ctx context.Context, endpoint, path string, body, 
 // ErrHiveUnreachable.
 func (c *httpHiveClient) call(ctx context.Context, rc rpc.Call) error {
 	rc.Token = c.token
+	if st := c.fence.Load(); st != nil {
+		// A queen whose lease ran out sends nothing: another may hold
+		// the database. A hive that has seen a newer epoch refuses an
+		// older one (a call that left just before the lease ran out).
+		if err := st.Fence(); err != nil {
+			return fmt.Errorf("not sent to the hive: %w", err)
+		}
+		if e := st.Epoch(); e > 0 {
+			rc.Header = http.Header{api.QueenEpochHeader: {strconv.FormatInt(e, 10)}}
+		}
+	}
 	err := rpc.Do(ctx, c.hc, rc)
 	var se *rpc.StatusError
 	switch {

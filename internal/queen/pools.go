@@ -277,7 +277,7 @@ func (q *Queen) takeBeat(ctx context.Context, id, instance string, hb api.Heartb
 		// repeats the last one is an unchanged beat (which pokes nothing).
 		q.routing.Poke()
 	}
-	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), Refused: refused}, nil
+	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), Refused: refused, QueenEpoch: q.st.Epoch()}, nil
 }
 
 // unchangedBeat takes a heartbeat that says nothing changed since the
@@ -296,7 +296,7 @@ func (q *Queen) unchangedBeat(ctx context.Context, id string, hb api.Heartbeat, 
 	if !beat.FullWanted {
 		q.reconcile(ctx, id, beat, beat.Workers, nil)
 	}
-	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), FullWanted: beat.FullWanted}, nil
+	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), FullWanted: beat.FullWanted, QueenEpoch: q.st.Epoch()}, nil
 }
 
 // splitWorkers checks each worker entry (and its token) alone: the good

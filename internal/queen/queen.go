@@ -95,7 +95,7 @@ type Queen struct {
 	followers context.Context
 
 	// steppedDown is set once the queen lost the database's lock: from
-	// then on it answers as a standby does (standby.go).
+	// then on it answers as a standby does (standby.go); see deposed.
 	steppedDown atomic.Bool
 
 	ready     chan struct{}
@@ -180,7 +180,7 @@ func (q *Queen) run(ctx context.Context) error {
 	q.stop = cancel
 	q.stopMu.Unlock()
 
-	scfg := store.Config{URL: q.cfg.DatabaseURL, Logger: q.cfg.Logger,
+	scfg := store.Config{URL: q.cfg.DatabaseURL, Logger: q.cfg.Logger, LeaseDuration: q.cfg.LeaseDuration, LeaseRenew: q.cfg.LeaseRenew,
 		Retention: store.Retention{Audit: max(q.cfg.AuditRetention, 0), Rows: max(q.cfg.RowsRetention, 0)}}
 	if q.cfg.DatabaseURL == "" {
 		scfg.Path = filepath.Join(q.cfg.DataDir, store.SQLiteFile)
@@ -198,6 +198,9 @@ func (q *Queen) run(ctx context.Context) error {
 	}
 	defer st.Close() // step 5
 	q.st = st
+	if f, ok := q.hives.(fenced); ok {
+		f.setFence(st)
+	}
 	q.rows = newRowBook(st, q.log, q.metrics)
 	q.ui = newUI(q.uiSnapshot)
 	q.rows.onChange = q.ui.rowChanged
@@ -300,7 +303,7 @@ func (q *Queen) run(ctx context.Context) error {
 	if tookOver {
 		q.log.Info("queen took over the database from standby", "epoch", st.Epoch())
 		controlPlane{q}.Audit(ctx, store.AuditEntry{Actor: registry.ActorQueen, Action: "queen.takeover", Target: "queen:" + q.URL(),
-			Reason:   fmt.Sprintf("the active queen's session ended; this standby holds the database now (fencing epoch %d)", st.Epoch()),
+			Reason:   fmt.Sprintf("the active queen's lease ended (released, or lapsed); this standby holds the database now (fencing epoch %d)", st.Epoch()),
 			Metadata: map[string]any{"epoch": st.Epoch()}})
 	}
 

@@ -23,8 +23,10 @@ import (
 // {"status":"standby","active":URL}, every other path 503 with
 // Retry-After and the active's advertised URL — so that a load balancer
 // sends clients to the active, and tries the lock every StandbyPoll. When
-// the active's session ends (it stopped, died, or lost the database) the
-// standby takes the lock, raises the fencing epoch and starts as any
+// the active's lease ends — released when it stops, or lapsed on the
+// database's clock when it died, froze or lost the database (the standby
+// then ends the sessions it left, store/lease.go) — the standby takes
+// the lock and the lease, raises the fencing epoch and starts as any
 // queen does: pools, rows and settings from the store, workers' tokens
 // from their hives.
 
@@ -35,7 +37,8 @@ const StandbyPoll = 500 * time.Millisecond
 const standbyRetryAfter = 1
 
 // standBy serves the standby's refusal on the queen's address until the
-// database's lock is this queen's, and returns the store it opened.
+// database's lock is this queen's, and returns the store it opened. It
+// tries every StandbyPoll (or the lease's renew interval when shorter).
 func (q *Queen) standBy(ctx context.Context, scfg store.Config) (*store.Store, error) {
 	ln, err := net.Listen("tcp", q.cfg.Addr)
 	if err != nil {
@@ -53,7 +56,7 @@ func (q *Queen) standBy(ctx context.Context, scfg store.Config) (*store.Store, e
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	logged := ""
-	t := time.NewTicker(StandbyPoll)
+	t := time.NewTicker(min(StandbyPoll, q.cfg.LeaseRenew))
 	defer t.Stop()
 	for {
 		if holder, epoch, err := store.ActiveHolder(ctx, scfg.URL); err == nil && holder != logged {
@@ -90,12 +93,20 @@ func (q *Queen) unlessSteppedDown(h http.Handler) http.Handler {
 	nobody.Store(&unknown)
 	refuse := standbyHandler(&nobody)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if q.steppedDown.Load() {
+		if q.deposed() {
 			refuse.ServeHTTP(w, r)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// deposed reports whether the queen must no longer act: it stepped
+// down, or its lease ran out on its own clock (a queen that wakes from a
+// pause finds it so before it serves one more request; its store marks
+// itself lost, and the queen steps down).
+func (q *Queen) deposed() bool {
+	return q.steppedDown.Load() || q.st != nil && q.st.Fence() != nil
 }
 
 // standbyHandler answers every request of a standby queen.

@@ -50,8 +50,8 @@ func TestProcessQueenStepsDownWhenItsPostgresLockIsLost(t *testing.T) {
 	killQueenLock(t, u)
 	killed := time.Now()
 	rec, _ := q1.logs.wait(t, 0, "queen stepping down", nil)
-	if took := logTime(t, rec).Sub(killed); took > store.DefaultLockCheckInterval+2*time.Second {
-		t.Errorf("stepped down %s after the lock was lost; the check interval is %s", took, store.DefaultLockCheckInterval)
+	if took := logTime(t, rec).Sub(killed); took > store.DefaultLeaseRenew+2*time.Second {
+		t.Errorf("stepped down %s after the lock was lost; the renew interval is %s", took, store.DefaultLeaseRenew)
 	}
 	if !strings.Contains(rec.Attrs["err"], "lost the one-queen lock") {
 		t.Errorf("step-down line does not say why: %v", rec.Attrs)

@@ -6,7 +6,6 @@ import (
 	"io"
 	"testing"
 	"testing/iotest"
-	"time"
 
 	"github.com/apiary-llm/apiary/internal/store"
 )
@@ -88,18 +87,10 @@ func TestBatchFileContentRoundTrip(t *testing.T) {
 func TestPostgresBatchFileContentIsFenced(t *testing.T) {
 	u := newPG(t)
 	db := admin(t, u)
-	a := open(t, store.Config{URL: u, LockCheckInterval: time.Hour})
+	a := open(t, shortLease(u))
+	a.BlindToLease()
 	terminate(t, db, lockHolder(t, db))
-	for deadline := time.Now().Add(waitLimit); ; time.Sleep(20 * time.Millisecond) {
-		b, err := store.Open(t.Context(), store.Config{URL: u})
-		if err == nil {
-			t.Cleanup(func() { b.Close() })
-			break
-		}
-		if !errors.Is(err, store.ErrLocked) || time.Now().After(deadline) {
-			t.Fatalf("the second store cannot take the freed lock: %v", err)
-		}
-	}
+	takeOver(t, u)
 	err := a.Update(t.Context(), func(tx *store.Tx) error {
 		_, err := tx.PutBatchFileContent("file-old", bytes.NewReader(content(100)))
 		return err

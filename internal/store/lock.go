@@ -46,11 +46,6 @@ func connectFailed(cfg *pgx.ConnConfig, err error) error {
 // ASCII).
 const pgLockKey = 0x617069617279
 
-// lockCheckTimeout bounds one check of the lock: a lock connection that
-// does not answer this long is taken as lost (it cannot be replaced
-// without giving the lock up).
-const lockCheckTimeout = 10 * time.Second
-
 // pgLock is the one-queen lock on PostgreSQL: a session advisory lock held
 // by a connection of its own, outside the pool, so that nothing else ever
 // runs on it or closes it. Only the store's lock watcher uses conn after
@@ -60,30 +55,57 @@ type pgLock struct {
 	pid  uint32 // the backend holding the lock
 }
 
+// lockWait bounds the wait for the advisory lock once the sessions of a
+// holder whose lease lapsed were ended (their backends exit at once).
+const lockWait = 2 * time.Second
+
 // acquirePGLock connects and takes the lock, or answers ErrLocked when
-// another session holds it.
-func acquirePGLock(ctx context.Context, cfg *pgx.ConnConfig) (*pgLock, error) {
+// another session holds it and its lease is live. A holder whose lease
+// lapsed is ended (endLapsed) and the lock waited for.
+func (s *Store) acquirePGLock(ctx context.Context, cfg *pgx.ConnConfig) (*pgLock, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, connectFailed(cfg, err)
 	}
-	var got bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(pgLockKey)).Scan(&got); err != nil {
+	fail := func(err error) (*pgLock, error) {
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("PostgreSQL advisory lock: %w", classifyPG(err))
+		return nil, err
+	}
+	got, err := tryLock(ctx, conn)
+	if err == nil && !got {
+		var ended bool
+		if ended, err = s.endLapsed(ctx, conn); ended {
+			for deadline := time.Now().Add(lockWait); err == nil && !got && time.Now().Before(deadline); {
+				select {
+				case <-ctx.Done():
+					return fail(ctx.Err())
+				case <-time.After(20 * time.Millisecond):
+				}
+				got, err = tryLock(ctx, conn)
+			}
+		}
+	}
+	if err != nil {
+		return fail(err)
 	}
 	if !got {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("%w (PostgreSQL advisory lock %d is held)", ErrLocked, pgLockKey)
+		return fail(fmt.Errorf("%w (PostgreSQL advisory lock %d is held)", ErrLocked, pgLockKey))
 	}
 	return &pgLock{conn: conn, pid: conn.PgConn().PID()}, nil
+}
+
+// tryLock tries the advisory lock on conn.
+func tryLock(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var got bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(pgLockKey)).Scan(&got); err != nil {
+		return false, fmt.Errorf("PostgreSQL advisory lock: %w", classifyPG(err))
+	}
+	return got, nil
 }
 
 // check confirms that the lock's session is alive and still holds the
 // lock (pg_locks of its own backend).
 func (l *pgLock) check(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, lockCheckTimeout)
-	defer cancel()
 	var held bool
 	err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
 		AND pid = pg_backend_pid() AND granted AND objsubid = 1
@@ -99,36 +121,13 @@ func (l *pgLock) check(ctx context.Context) error {
 
 // release gives the lock up and closes its connection.
 func (l *pgLock) release() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	var err error
 	if !l.conn.IsClosed() {
 		_, err = l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", int64(pgLockKey))
 	}
 	return errors.Join(err, l.conn.Close(ctx))
-}
-
-// watchLock checks the lock every interval until ctx ends or the lock is
-// lost; then it marks the store lost.
-func (s *Store) watchLock(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		err := s.lock.check(ctx)
-		if err == nil {
-			continue
-		}
-		if ctx.Err() != nil {
-			return // Close cancelled the check
-		}
-		s.markLost(err)
-		return
-	}
 }
 
 // markLost records why the lock is gone and closes LockLost.
@@ -141,8 +140,10 @@ func (s *Store) markLost(cause error) {
 }
 
 // LockLost is closed when the one-queen lock is gone (PostgreSQL: its
-// connection dropped or no longer holds it; found within the check
-// interval). From then on Update answers LockErr. On SQLite (a file lock
+// connection dropped or no longer holds it, the lease was taken, or no
+// renewal succeeded before the holder's deadline; found within the renew
+// interval, or at the first Fence after it). From then on Update answers
+// LockErr. On SQLite (a file lock
 // that ends only with the process) it is never closed.
 func (s *Store) LockLost() <-chan struct{} { return s.lost }
 
@@ -157,37 +158,27 @@ func (s *Store) LockErr() error {
 	}
 }
 
-// takeEpoch raises the fencing epoch for this store, which holds the
-// advisory lock: from now on a write of any store with an older epoch
-// fails (proveEpoch).
-func (s *Store) takeEpoch(ctx context.Context, holder string) error {
-	if holder == "" {
-		holder = fmt.Sprintf("backend pid %d", s.lock.pid)
-	}
-	err := s.db.QueryRowContext(ctx, `INSERT INTO queen_lease (id, epoch, holder, taken_at) VALUES (1, 1, $1, $2)
-		ON CONFLICT (id) DO UPDATE SET epoch = queen_lease.epoch + 1, holder = EXCLUDED.holder, taken_at = EXCLUDED.taken_at
-		RETURNING epoch`, holder, time.Now().UnixMilli()).Scan(&s.epoch)
-	if err != nil {
-		return fmt.Errorf("take the fencing epoch: %w", classifyPG(err))
-	}
-	s.log.Info("fencing epoch taken", "epoch", s.epoch)
-	return nil
-}
-
 // proveEpoch is the first statement of every write transaction on
-// PostgreSQL: the lease row read FOR SHARE must hold this store's epoch.
-// The share lock keeps another queen from raising the epoch until the
-// transaction ends, so no write of this store lands after another queen
-// took the lock. A newer epoch means the lock is lost: the store is marked
-// so and writes nothing more.
+// PostgreSQL: the lease row read FOR KEY SHARE must hold this store's
+// epoch and be live on the database's clock. The row lock keeps another
+// queen from taking the lease (takeLease locks the row FOR UPDATE) until
+// the transaction ends, so no write of this store lands after another
+// queen took over; the renewal (an UPDATE of no key) does not wait for
+// it. A newer epoch or a lapsed lease means the lock is lost: the store
+// is marked so and writes nothing more.
 func (s *Store) proveEpoch(ctx context.Context, tx *sql.Tx) error {
 	var epoch int64
-	err := tx.QueryRowContext(ctx, "SELECT epoch FROM queen_lease WHERE id = 1 FOR SHARE").Scan(&epoch)
+	var live bool
+	err := tx.QueryRowContext(ctx, "SELECT epoch, expires_at > "+dbNow+" FROM queen_lease WHERE id = 1 FOR KEY SHARE").Scan(&epoch, &live)
 	if err != nil {
 		return fmt.Errorf("prove the fencing epoch: %w", classifyPG(err))
 	}
-	if epoch != s.epoch {
+	switch {
+	case epoch != s.epoch:
 		s.markLost(fmt.Errorf("another queen took the database (fencing epoch %d, this queen's %d)", epoch, s.epoch))
+		return s.lostErr
+	case !live:
+		s.markLost(fmt.Errorf("the lease of fencing epoch %d lapsed on the database's clock", epoch))
 		return s.lostErr
 	}
 	return nil
@@ -205,6 +196,7 @@ func ActiveHolder(ctx context.Context, url string) (holder string, epoch int64, 
 		return "", 0, secret.RedactError(fmt.Errorf("PostgreSQL URL: %w", err), url)
 	}
 	withPGDefaults(cfg)
+	withNetDefaults(cfg, DefaultLeaseDuration, "")
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return "", 0, secret.RedactError(fmt.Errorf("connect to PostgreSQL: %w", err), url)

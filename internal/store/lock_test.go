@@ -28,7 +28,7 @@ func TestPostgresLockLossIsDetectedAndAnotherStoreTakesOver(t *testing.T) {
 	const every = 300 * time.Millisecond
 	u := newPG(t)
 	db := admin(t, u)
-	a := open(t, store.Config{URL: u, LockCheckInterval: every})
+	a := open(t, store.Config{URL: u, LeaseDuration: 3 * every, LeaseRenew: every})
 	if _, err := store.Open(t.Context(), store.Config{URL: u}); !errors.Is(err, store.ErrLocked) {
 		t.Fatalf("second open while the lock is held: got %v, want ErrLocked", err)
 	}
@@ -44,7 +44,7 @@ func TestPostgresLockLossIsDetectedAndAnotherStoreTakesOver(t *testing.T) {
 		t.Fatalf("lock loss not noticed within %s", waitLimit)
 	}
 	if took := time.Since(killed); took > every+2*time.Second {
-		t.Errorf("lock loss noticed after %s; the check interval is %s", took, every)
+		t.Errorf("lock loss noticed after %s; the renew interval is %s", took, every)
 	}
 	if err := a.LockErr(); !errors.Is(err, store.ErrLockLost) {
 		t.Errorf("LockErr = %v, want ErrLockLost", err)
@@ -54,7 +54,8 @@ func TestPostgresLockLossIsDetectedAndAnotherStoreTakesOver(t *testing.T) {
 		t.Errorf("write after the loss: got %v, want ErrLockLost", err)
 	}
 
-	b := open(t, store.Config{URL: u}) // the lock is free: a second queen starts
+	// The lock is free and the lease released: a second queen starts.
+	b := open(t, store.Config{URL: u})
 	select {
 	case <-b.LockLost():
 		t.Fatalf("the new owner's lock is lost: %v", b.LockErr())
@@ -69,30 +70,21 @@ func TestPostgresLockLossIsDetectedAndAnotherStoreTakesOver(t *testing.T) {
 }
 
 // The lock fences writes: a queen whose lock session ended, and that has
-// not noticed yet (its check interval is an hour here), cannot write one
-// more row once another queen took the lock, even on its pooled
-// connections that stayed open: every write transaction proves the
-// fencing epoch the lock gave, and the second queen raised it.
+// not noticed (it renews nothing and misjudges its own deadline here),
+// cannot write one more row once another queen took the lease, even on
+// its pooled connections that stayed open: every write transaction
+// proves the fencing epoch the lease gave, and the second queen raised
+// it.
 func TestPostgresLostLockFencesWritesAtOnce(t *testing.T) {
 	u := newPG(t)
 	db := admin(t, u)
-	a := open(t, store.Config{URL: u, LockCheckInterval: time.Hour})
+	a := open(t, shortLease(u))
 	if _, err := appendEntry(t.Context(), a, "before"); err != nil {
 		t.Fatal(err)
 	}
+	a.BlindToLease()
 	terminate(t, db, lockHolder(t, db))
-	var b *store.Store
-	for deadline := time.Now().Add(waitLimit); ; time.Sleep(20 * time.Millisecond) {
-		s, err := store.Open(t.Context(), store.Config{URL: u})
-		if err == nil {
-			b = s
-			t.Cleanup(func() { b.Close() })
-			break
-		}
-		if !errors.Is(err, store.ErrLocked) || time.Now().After(deadline) {
-			t.Fatalf("the second store cannot take the freed lock: %v", err)
-		}
-	}
+	b := takeOver(t, u)
 	if _, err := appendEntry(t.Context(), a, "from the old queen"); !errors.Is(err, store.ErrLockLost) {
 		t.Fatalf("a write of the queen that lost the lock: got %v, want ErrLockLost", err)
 	}
@@ -117,7 +109,8 @@ func TestPostgresLostLockFencesWritesAtOnce(t *testing.T) {
 func TestPostgresAuditIDsUniqueAcrossStores(t *testing.T) {
 	u := newPG(t)
 	db := admin(t, u)
-	a := open(t, store.Config{URL: u, LockCheckInterval: time.Hour}) // never notices in this test
+	a := open(t, shortLease(u))
+	a.BlindToLease() // never notices in this test
 	ids := map[int64]string{}
 	add := func(s *store.Store, who string) {
 		t.Helper()
@@ -133,7 +126,7 @@ func TestPostgresAuditIDsUniqueAcrossStores(t *testing.T) {
 	add(a, "a")
 	add(a, "a")
 	terminate(t, db, lockHolder(t, db))
-	b := open(t, store.Config{URL: u})
+	b := takeOver(t, u)
 	add(b, "b")
 	// The store that has not noticed is fenced (TestPostgresLostLockFencesWritesAtOnce).
 	if _, err := appendEntry(t.Context(), a, "a, not yet aware"); !errors.Is(err, store.ErrLockLost) {
@@ -181,7 +174,7 @@ func TestAuditIDsNotReusedAfterPruneAndReopen(t *testing.T) {
 // SQLite's guard is a file lock that lasts as long as the process: it is
 // never reported lost.
 func TestSQLiteLockIsNeverLost(t *testing.T) {
-	s := open(t, store.Config{Path: filepath.Join(t.TempDir(), store.SQLiteFile), LockCheckInterval: time.Millisecond})
+	s := open(t, store.Config{Path: filepath.Join(t.TempDir(), store.SQLiteFile), LeaseRenew: time.Millisecond})
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	select {
@@ -247,7 +240,7 @@ func TestUpgradeKeepsAuditIDsAndContinuesAfterThem(t *testing.T) {
 func TestPostgresOutageIsAnsweredAsUnavailable(t *testing.T) {
 	u := newPG(t)
 	db := admin(t, u)
-	s := open(t, store.Config{URL: u, LockCheckInterval: time.Hour})
+	s := open(t, store.Config{URL: u})
 	if _, err := appendEntry(t.Context(), s, "before"); err != nil {
 		t.Fatal(err)
 	}
@@ -285,5 +278,27 @@ func TestPostgresOutageIsAnsweredAsUnavailable(t *testing.T) {
 	}
 	if _, err := appendEntry(t.Context(), s, "after the outage"); err != nil {
 		t.Errorf("a write after the outage: %v", err)
+	}
+}
+
+// shortLease is a store of u whose lease lapses 900 ms after its last
+// renewal: a standby takes it soon after the holder stops renewing.
+func shortLease(u string) store.Config {
+	return store.Config{URL: u, LeaseDuration: 900 * time.Millisecond, LeaseRenew: 300 * time.Millisecond}
+}
+
+// takeOver opens a store of u as a standby does, trying until the lease
+// is free (released, or lapsed): the second queen.
+func takeOver(t *testing.T, u string) *store.Store {
+	t.Helper()
+	for deadline := time.Now().Add(waitLimit); ; time.Sleep(20 * time.Millisecond) {
+		s, err := store.Open(t.Context(), store.Config{URL: u})
+		if err == nil {
+			t.Cleanup(func() { s.Close() })
+			return s
+		}
+		if !errors.Is(err, store.ErrLocked) || time.Now().After(deadline) {
+			t.Fatalf("the second store cannot take the lease: %v", err)
+		}
 	}
 }

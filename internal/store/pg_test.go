@@ -3,15 +3,13 @@ package store_test
 import (
 	"context"
 	"database/sql"
-	"net"
 	"net/url"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/store"
+	"github.com/apiary-llm/apiary/internal/store/pgtest"
 )
 
 // waitLimit bounds every wait of these tests: reaching it is a failure.
@@ -87,105 +85,19 @@ func withParams(t *testing.T, u string, kv ...string) string {
 	return p.String()
 }
 
-// stallProxy forwards TCP connections to the test cluster's unix socket
-// until it is frozen: then it keeps every connection open and passes no
-// byte, as a network that stopped answering.
-type stallProxy struct {
-	ln     net.Listener
-	target string
-	gate   sync.RWMutex // write-held while frozen
-	mu     sync.Mutex
-	conns  []net.Conn // guarded by mu
-	closed bool       // guarded by mu
-	wg     sync.WaitGroup
-}
-
-func newStallProxy(t *testing.T, clusterURL string) *stallProxy {
+// newRelay is a pgtest.Relay to the test cluster, closed at the end of
+// the test; url is the database of clusterURL through it.
+func newRelay(t *testing.T, clusterURL string) (r *pgtest.Relay, url string) {
 	t.Helper()
-	p, err := url.Parse(clusterURL)
+	r, err := pgtest.NewRelay(clusterURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	t.Cleanup(r.Close)
+	if url, err = r.URL(clusterURL); err != nil {
 		t.Fatal(err)
 	}
-	sp := &stallProxy{ln: ln, target: filepath.Join(p.Query().Get("host"), ".s.PGSQL."+p.Query().Get("port"))}
-	sp.wg.Go(sp.accept)
-	t.Cleanup(sp.close)
-	return sp
-}
-
-// url is clusterURL's database through the proxy.
-func (sp *stallProxy) url(t *testing.T, clusterURL string) string {
-	t.Helper()
-	p, err := url.Parse(clusterURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := p.Query()
-	q.Del("host")
-	q.Del("port")
-	p.Host, p.RawQuery = sp.ln.Addr().String(), q.Encode()
-	return p.String()
-}
-
-func (sp *stallProxy) accept() {
-	for {
-		c, err := sp.ln.Accept()
-		if err != nil {
-			return
-		}
-		up, err := net.Dial("unix", sp.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		sp.mu.Lock()
-		if sp.closed {
-			sp.mu.Unlock()
-			c.Close()
-			up.Close()
-			return
-		}
-		sp.conns = append(sp.conns, c, up)
-		sp.mu.Unlock()
-		sp.wg.Go(func() { sp.pipe(up, c) })
-		sp.wg.Go(func() { sp.pipe(c, up) })
-	}
-}
-
-func (sp *stallProxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			sp.gate.RLock()
-			_, werr := dst.Write(buf[:n])
-			sp.gate.RUnlock()
-			if werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			dst.Close()
-			return
-		}
-	}
-}
-
-func (sp *stallProxy) freeze()   { sp.gate.Lock() }
-func (sp *stallProxy) unfreeze() { sp.gate.Unlock() }
-
-func (sp *stallProxy) close() {
-	sp.ln.Close()
-	sp.mu.Lock()
-	sp.closed = true
-	for _, c := range sp.conns {
-		c.Close()
-	}
-	sp.mu.Unlock()
-	sp.wg.Wait()
+	return r, url
 }
 
 // mustContain fails unless err's text holds every part.

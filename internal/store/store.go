@@ -19,7 +19,6 @@
 package store
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -88,9 +87,12 @@ type Config struct {
 	Path   string
 	Logger *slog.Logger
 
-	// LockCheckInterval is how often a PostgreSQL store checks that it
-	// still holds the one-queen lock; default DefaultLockCheckInterval.
-	LockCheckInterval time.Duration
+	// LeaseDuration is how long a renewal of the PostgreSQL lease keeps
+	// it (lease.go); default DefaultLeaseDuration.
+	LeaseDuration time.Duration
+	// LeaseRenew is how often the holder renews the lease and checks its
+	// lock, at most a third of LeaseDuration; default DefaultLeaseRenew.
+	LeaseRenew time.Duration
 	// Retention is what the store prunes in the background; the zero
 	// value prunes nothing.
 	Retention Retention
@@ -111,9 +113,6 @@ const (
 	// DefaultLockTimeout is the server's limit on waiting for a row or
 	// table lock.
 	DefaultLockTimeout = 5 * time.Second
-	// DefaultLockCheckInterval is how often the one-queen lock is
-	// re-checked.
-	DefaultLockCheckInterval = time.Second
 )
 
 // SQLiteFile is the name of the queen's SQLite database in its data dir.
@@ -145,6 +144,7 @@ type Store struct {
 
 	unlock func() error // releases the owner lock
 	lock   *pgLock      // PostgreSQL's lock connection; nil on SQLite
+	lease  *lease       // PostgreSQL's lease; nil on SQLite
 	// epoch is the fencing epoch this store took with the lock
 	// (PostgreSQL; 0 on SQLite): every write transaction proves it.
 	epoch int64
@@ -180,7 +180,9 @@ func open(ctx context.Context, cfg Config) (*Store, error) {
 	switch {
 	case cfg.URL != "" && IsPostgresURL(cfg.URL):
 		s.dialect = Postgres
-		err = s.openPostgres(ctx, cfg.URL)
+		if s.lease, err = newLease(cfg.LeaseDuration, cfg.LeaseRenew); err == nil {
+			err = s.openPostgres(ctx, cfg.URL)
+		}
 	case cfg.URL != "":
 		return nil, fmt.Errorf("--database-url must start with postgres:// or postgresql://")
 	case cfg.Path != "":
@@ -197,7 +199,7 @@ func open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	if s.lock != nil {
-		if err := s.takeEpoch(ctx, cfg.Holder); err != nil {
+		if err := s.takeLease(ctx, cfg.Holder); err != nil {
 			s.Close()
 			return nil, err
 		}
@@ -205,8 +207,7 @@ func open(ctx context.Context, cfg Config) (*Store, error) {
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.bgCancel = cancel
 	if s.lock != nil {
-		every := cmp.Or(cfg.LockCheckInterval, DefaultLockCheckInterval)
-		s.bg.Go(func() { s.watchLock(bg, every) })
+		s.bg.Go(func() { s.keepLease(bg) })
 	}
 	if cfg.Retention.enabled() {
 		s.bg.Go(func() { s.runRetention(bg, cfg.Retention) })
@@ -272,9 +273,10 @@ func (s *Store) openPostgres(ctx context.Context, url string) error {
 	if stmt > 0 {
 		s.txTimeout = 2 * stmt
 	}
+	withNetDefaults(cfg, s.lease.dur, s.lease.session)
 	// The lock first, on a connection of its own: the pool's connections
 	// come and go, the lock lives as long as its session.
-	lock, err := acquirePGLock(ctx, cfg)
+	lock, err := s.acquirePGLock(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -330,9 +332,10 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 // Close releases the owner lock and closes the database. It is idempotent.
 //
 // Order:
-//  1. stop the lock check and the pruning, and wait for them,
-//  2. release the owner lock (PostgreSQL: on its own connection),
-//  3. close the connection pool.
+//  1. stop the lease's renewal and the pruning, and wait for them,
+//  2. release the lease (PostgreSQL; a standby takes it at once),
+//  3. release the owner lock (PostgreSQL: on its own connection),
+//  4. close the connection pool.
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
@@ -341,6 +344,10 @@ func (s *Store) Close() error {
 		s.bgCancel()
 	}
 	s.bg.Wait()
+	if s.lease != nil && s.epoch != 0 {
+		s.lease.until.Store(0) // nothing more is done under it
+		s.releaseLease()
+	}
 	var errs []error
 	if s.unlock != nil {
 		errs = append(errs, s.unlock())
@@ -373,10 +380,8 @@ func (s *Store) View(ctx context.Context, fn func(*Tx) error) error {
 
 func (s *Store) run(ctx context.Context, readOnly bool, fn func(*Tx) error) error {
 	if !readOnly {
-		select {
-		case <-s.lost:
-			return s.lostErr
-		default:
+		if err := s.Fence(); err != nil {
+			return err
 		}
 	}
 	if s.gate != nil {

@@ -123,16 +123,16 @@ func TestConnectToSilentServerTimesOut(t *testing.T) {
 // the client side after twice the statement timeout.
 func TestStalledNetworkFailsTheTransaction(t *testing.T) {
 	u := newPG(t)
-	proxy := newStallProxy(t, u)
-	s := open(t, store.Config{URL: withParams(t, proxy.url(t, u), "statement_timeout", "300"), LockCheckInterval: time.Hour})
+	proxy, pu := newRelay(t, u)
+	s := open(t, store.Config{URL: withParams(t, pu, "statement_timeout", "300")})
 	if _, err := appendEntry(t.Context(), s, "before"); err != nil {
 		t.Fatal(err)
 	}
-	proxy.freeze()
+	proxy.Freeze()
 	start := time.Now()
 	_, err := appendEntry(t.Context(), s, "stalled")
 	took := time.Since(start)
-	proxy.unfreeze()
+	proxy.Thaw()
 	if !errors.Is(err, store.ErrTimeout) {
 		t.Fatalf("append over a stalled network: got %v after %s, want ErrTimeout", err, took)
 	}
