@@ -82,6 +82,7 @@ func TestProcessQueenFailoverSSHNode(t *testing.T) {
 		t.Helper()
 		q := startProc(t, fmt.Sprintf("queen %d", i+1), failoverTokens, "queen", "--addr", addrs[i], "--database-url", u, "--data-dir", dir,
 			"--flush-interval", "100ms", "--heartbeat-timeout", failoverHeartbeat.String(), "--unhealthy-grace", "1s",
+			"--lease-duration", failoverLease.String(), "--lease-renew", failoverRenew.String(),
 			"--ssh-config", nodes.SSHConfig("ssh_config"), "--ssh-timeout", "2s", "--hive-stop-timeout", "20s",
 			"--hive-arg=--worker-threads=1", "--hive-arg=--stop-grace="+failoverStopGrace.String(), "--hive-arg=--shutdown-ack=1s")
 		if active == "" {
