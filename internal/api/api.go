@@ -260,6 +260,10 @@ const QueenEpochHeader = "X-Apiary-Queen-Epoch"
 // workers' own bearer tokens by worker id, for the queen only.
 type WorkerTokens struct {
 	WorkerTokens map[string]string `json:"worker_tokens"`
+	// Instance is the answering hive process's (RegisterPool.Instance):
+	// a restarted queen that hears it from a pool's holder routes to the
+	// pool again before its next heartbeat.
+	Instance string `json:"instance,omitempty"`
 }
 
 // Heartbeat is the body of the queen's POST /v2/pools/{id}/heartbeat.

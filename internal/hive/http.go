@@ -102,7 +102,11 @@ func (h *Hive) listWorkers(w http.ResponseWriter, r *http.Request) error {
 // instead of waiting for the next beat.
 func (h *Hive) getWorkerTokens(w http.ResponseWriter, r *http.Request) error {
 	_, tokens := h.reg.heartbeat()
-	api.WriteJSON(w, http.StatusOK, api.WorkerTokens{WorkerTokens: tokens})
+	out := api.WorkerTokens{WorkerTokens: tokens}
+	if h.queen != nil {
+		out.Instance = h.queen.instance
+	}
+	api.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -55,6 +55,9 @@ type queenClient struct {
 	// heldLogged is when the heartbeat loop last logged that another hive
 	// holds the pool (the heartbeat loop's alone).
 	heldLogged time.Time
+	// unsent are the events the queen did not take for want of an answer
+	// (unsent.go).
+	unsent unsent
 }
 
 // heldLogEvery is how often a hive that the queen refuses because another
@@ -120,6 +123,16 @@ func (q *queenClient) enqueue(ev api.WorkerEvent) {
 // run heartbeats and delivers events until ctx ends, then tries for a
 // moment to deliver what is still queued and to take the pool offline.
 func (q *queenClient) run(ctx context.Context) {
+	if q.h.data != nil {
+		evs, err := q.h.data.loadUnsent()
+		if err != nil {
+			q.log.Warn("cannot read the worker events a previous hive left unsent", "err", err)
+		}
+		if len(evs) > 0 {
+			q.log.Info("worker events a previous hive left unsent: sent after the registration", "events", len(evs))
+		}
+		q.unsent.add(evs...)
+	}
 	var g errgroup.Group
 	g.Go(func() error { q.heartbeats(ctx); return nil })
 	g.Go(func() error { q.deliver(ctx); return nil })
@@ -128,6 +141,15 @@ func (q *queenClient) run(ctx context.Context) {
 		q.stream.Close()
 	}
 	q.goOffline()
+	if q.h.data != nil {
+		evs := q.unsent.take()
+		if err := q.h.data.saveUnsent(evs); err != nil {
+			q.log.Error("cannot keep the worker events the queen did not take; their rows will be marked lost", "events", len(evs), "err", err)
+		} else if len(evs) > 0 {
+			q.log.Warn("the queen did not take the last worker events; kept for when this hive registers again", "events", len(evs),
+				"file", q.h.data.unsentPath())
+		}
+	}
 	q.hc.CloseIdleConnections()
 }
 
@@ -138,6 +160,12 @@ func (q *queenClient) run(ctx context.Context) {
 func (q *queenClient) goOffline() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	if q.unsent.pending() && q.sendUnsent(ctx) != nil {
+		// Offline would write the rows off as lost before their events
+		// arrive: they are kept for the next registration instead.
+		q.log.Warn("pool not taken offline at the queen: worker events are unsent; it goes unhealthy when the heartbeats stop")
+		return
+	}
 	err := q.post(ctx, "/v2/pools/"+url.PathEscape(q.h.cfg.PoolID)+"/offline", api.PoolAction{Reason: "the hive stopped"})
 	if err != nil {
 		q.log.Warn("could not take the pool offline at the queen; it goes unhealthy when the heartbeats stop", "err", err)
@@ -164,7 +192,12 @@ func (q *queenClient) heartbeats(ctx context.Context) {
 				q.log.Info("registered with queen")
 			}
 		}
-		if registered {
+		if registered && q.unsent.pending() {
+			// Before the heartbeat, whose inventory lacks the workers
+			// these events end.
+			err = q.sendUnsent(ctx)
+		}
+		if registered && err == nil {
 			if err = q.heartbeat(ctx); err == nil {
 				q.h.renewLease()
 			} else if errors.Is(err, errQueenForgot) || errors.Is(err, errPoolHeld) {
@@ -325,6 +358,10 @@ func (q *queenClient) deliver(ctx context.Context) {
 			q.flush()
 			return
 		}
+		if q.unsent.pending() {
+			q.unsent.add(ev) // behind the unsent ones, in order
+			continue
+		}
 		pause := max(q.h.cfg.HeartbeatInterval/10, 10*time.Millisecond)
 		for attempt := 1; ; attempt++ {
 			err := q.post(ctx, "/v2/internal/workers/events", ev)
@@ -337,6 +374,12 @@ func (q *queenClient) deliver(ctx context.Context) {
 				return
 			}
 			if drop, why := eventDropped(err, attempt); drop {
+				if unreachable(err) {
+					q.unsent.add(ev)
+					q.log.Warn("the queen does not take worker events; kept, to be sent before the next heartbeat", "worker_id", ev.WorkerID,
+						"to", ev.To, "attempts", attempt, "err", err)
+					break
+				}
 				q.h.metrics.queenEventsDrop.Inc()
 				q.log.Warn("queen event dropped: "+why, "worker_id", ev.WorkerID, "to", ev.To, "attempts", attempt, "err", err)
 				break
@@ -372,12 +415,32 @@ func eventDropped(err error, attempt int) (bool, string) {
 func (q *queenClient) flush() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	if q.unsent.pending() && q.sendUnsent(ctx) != nil {
+		q.keepQueued()
+		return
+	}
 	for {
 		select {
 		case ev := <-q.events:
 			if err := q.post(ctx, "/v2/internal/workers/events", ev); err != nil {
+				if unreachable(err) {
+					q.unsent.add(ev)
+					q.keepQueued()
+				}
 				return
 			}
+		default:
+			return
+		}
+	}
+}
+
+// keepQueued moves what is queued to the unsent list, in order.
+func (q *queenClient) keepQueued() {
+	for {
+		select {
+		case ev := <-q.events:
+			q.unsent.add(ev)
 		default:
 			return
 		}
@@ -387,7 +450,9 @@ func (q *queenClient) flush() {
 func (q *queenClient) sendFinal(ev api.WorkerEvent) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_ = q.post(ctx, "/v2/internal/workers/events", ev)
+	if err := q.post(ctx, "/v2/internal/workers/events", ev); err != nil && unreachable(err) {
+		q.unsent.add(ev)
+	}
 }
 
 // queenAnswer is a non-2xx answer of the queen.

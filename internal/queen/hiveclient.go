@@ -127,14 +127,14 @@ func hiveCode(err error, code string) bool {
 // tokenSource is a HiveClient that can ask a hive for its workers'
 // tokens (the HTTP one; test hives may not).
 type tokenSource interface {
-	WorkerTokens(ctx context.Context, endpoint string) (map[string]string, error)
+	WorkerTokens(ctx context.Context, endpoint string) (api.WorkerTokens, error)
 }
 
 // WorkerTokens implements tokenSource: GET /v2/workers/tokens.
-func (c *httpHiveClient) WorkerTokens(ctx context.Context, endpoint string) (map[string]string, error) {
+func (c *httpHiveClient) WorkerTokens(ctx context.Context, endpoint string) (api.WorkerTokens, error) {
 	var out api.WorkerTokens
 	err := c.call(ctx, rpc.Call{URL: strings.TrimSuffix(endpoint, "/") + "/v2/workers/tokens", Out: &out, MaxAnswer: maxHiveAnswer})
-	return out.WorkerTokens, err
+	return out, err
 }
 
 // Models implements routing.HiveModels: GET /v2/models.

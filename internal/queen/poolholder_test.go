@@ -3,6 +3,7 @@ package queen
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/rpc"
 )
 
 // hiveCall sends what a hive of instance sends (the cluster token, and
@@ -158,4 +160,69 @@ func TestPoolOfASilentHiveIsTakenOver(t *testing.T) {
 	if p := x.pool("node"); p.Endpoint != "http://127.0.0.1:2" || p.Status != "healthy" {
 		t.Errorf("pool after the old holder's messages: %+v", p)
 	}
+}
+
+// After a queen restart the holder of a pool is the one stored: another
+// hive with its pool id is refused at registration (409), and so is every
+// later call it makes — heartbeats, the heartbeat stream, events, a pull
+// report, going offline — each changing nothing: the holder's worker's
+// row stays RUNNING, the pool healthy. Before, a restarted queen knew no
+// holder and let every call through: the refused hive's going offline
+// took the pool down and failed the holder's worker's row.
+func TestRefusedHiveChangesNothingAfterQueenRestart(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		dir, url := b.new(t)
+		x := startQueen(t, dir, url)
+		if code, body := x.hiveCall("POST", "/v2/pools/register", "", hiveRegistration("node", "http://127.0.0.1:1", "node", "hive-a")); code != http.StatusOK {
+			t.Fatalf("registration: %d %s", code, body)
+		}
+		lc := x.start("tiny", "node")
+		w := worker(lc.Worker.WorkerID, lc.LifecycleID, "ready")
+		hb := api.Heartbeat{GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 4 << 30}}, Workers: []api.Worker{w}}
+		if code, body := x.hiveCall("POST", "/v2/pools/node/heartbeat", "hive-a", hb); code != http.StatusOK {
+			t.Fatalf("heartbeat: %d %s", code, body)
+		}
+		x.q.Close()
+
+		y := startQueen(t, dir, url)
+		if code, body := y.hiveCall("POST", "/v2/pools/node/heartbeat", "hive-a", hb); code != http.StatusOK {
+			t.Fatalf("the holder's heartbeat to the restarted queen: %d %s", code, body)
+		}
+		code, body := y.hiveCall("POST", "/v2/pools/register", "", hiveRegistration("node", "http://127.0.0.1:2", "node-b", "hive-b"))
+		if code != http.StatusConflict || !strings.Contains(body, "pool_id_in_use") {
+			t.Fatalf("another hive registering after the restart: %d %s", code, body)
+		}
+		for _, c := range []struct {
+			path string
+			body any
+		}{
+			{"/v2/pools/node/heartbeat", api.Heartbeat{}},
+			{"/v2/internal/workers/events", api.WorkerEvent{PoolID: "node", WorkerID: w.WorkerID, LifecycleID: lc.LifecycleID,
+				From: "ready", To: "failed", Reason: "the refused hive's view", Worker: w}},
+			{"/v2/internal/models/pulls", api.ModelPull{ID: "pull-1", PoolID: "node", Model: "tiny", State: api.PullDone}},
+			{"/v2/pools/node/offline", api.PoolAction{Reason: "the hive stopped"}},
+		} {
+			code, body := y.hiveCall("POST", c.path, "hive-b", c.body)
+			if code != http.StatusConflict || !strings.Contains(body, "pool_id_in_use") || !strings.Contains(body, "http://127.0.0.1:1") {
+				t.Errorf("the refused hive's POST %s: %d %s", c.path, code, body)
+			}
+		}
+		// The heartbeat stream refuses its beats the same way.
+		hc := &http.Client{}
+		s, err := rpc.OpenStream(t.Context(), hc, rpc.Call{URL: y.url + "/v2/pools/node/beats", Header: http.Header{api.HiveInstanceHeader: {"hive-b"}}}, waitLimit)
+		if err == nil {
+			var ans api.HeartbeatAnswer
+			err = s.Round(api.Heartbeat{}, &ans, waitLimit)
+			s.Close()
+		}
+		if se := (*rpc.StatusError)(nil); !errors.As(err, &se) || se.Status != http.StatusConflict {
+			t.Errorf("the refused hive's heartbeat stream: %v, want 409", err)
+		}
+		if r := y.row(lc.LifecycleID); r.Status != "RUNNING" {
+			t.Errorf("the holder's worker's row after the refused hive's calls: %+v", r)
+		}
+		if p := y.pool("node"); p.Status != "healthy" || p.Endpoint != "http://127.0.0.1:1" || len(p.Workers) != 1 {
+			t.Errorf("the pool after the refused hive's calls: %+v", p)
+		}
+	})
 }

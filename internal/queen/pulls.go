@@ -171,6 +171,9 @@ func (q *Queen) postPullReport(w http.ResponseWriter, r *http.Request, _ caller)
 	if err := checkID("pool_id", st.PoolID); err != nil {
 		return err
 	}
+	if err := q.reg.CheckHolder(st.PoolID, hiveInstance(r)); err != nil {
+		return err // a hive refused for the pool id: its pulls are not the pool's
+	}
 	pool, ok := q.reg.Get(st.PoolID)
 	if !ok {
 		return fmt.Errorf("%w: %s", registry.ErrNotFound, st.PoolID)

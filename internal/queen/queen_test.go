@@ -386,13 +386,20 @@ func TestRestartKeepsRowsAndPools(t *testing.T) {
 		if r := y.row(running); r.LastHeartbeatAt == nil {
 			t.Errorf("last heartbeat of the running row was not kept: %+v", r)
 		}
+		// Not healthy until its hive is heard from (these hives do not
+		// answer the queen's calls): a hive may have stopped with the queen.
 		for _, id := range []string{"a", "b"} {
-			if p := y.pool(id); p.Status != "healthy" {
-				t.Errorf("pool %s after restart: %s", id, p.Status)
+			if p := y.pool(id); p.Status != "unhealthy" {
+				t.Errorf("pool %s after restart, before its hive beat: %s", id, p.Status)
 			}
 		}
 		y.beat("a", worker("worker-1", running, "ready"))
 		y.beat("b")
+		for _, id := range []string{"a", "b"} {
+			if p := y.pool(id); p.Status != "healthy" {
+				t.Errorf("pool %s after its hive beat: %s", id, p.Status)
+			}
+		}
 		if r := y.row(running); r.Status != "RUNNING" {
 			t.Errorf("running row after the first heartbeat: %+v", r)
 		}

@@ -75,10 +75,18 @@ func (q *Queen) fetchTokensNow(src tokenSource, pool string) {
 	ctx, cancel := context.WithTimeout(context.Background(), q.cfg.HiveTimeout)
 	defer cancel()
 	start := time.Now()
-	tokens, err := src.WorkerTokens(ctx, p.Endpoint)
+	answer, err := src.WorkerTokens(ctx, p.Endpoint)
 	if err != nil {
 		q.log.Warn("cannot ask a hive for its workers' tokens; waiting for its heartbeat", "pool_id", pool, "endpoint", p.Endpoint, "err", err)
 		return
+	}
+	tokens := answer.WorkerTokens
+	// A pool the queen restored at its start is unhealthy until its hive
+	// is heard from: the holder answering is that (registry.Answered).
+	if back, err := q.reg.Answered(ctx, pool, answer.Instance); err != nil {
+		q.log.Warn("cannot record that a hive answered", "pool_id", pool, "err", err)
+	} else if back {
+		q.routing.Poke()
 	}
 	known := make(map[string]bool, len(p.Workers))
 	for _, w := range p.Workers {
@@ -97,12 +105,17 @@ func (q *Queen) fetchTokensNow(src tokenSource, pool string) {
 }
 
 // fetchAllTokens asks every pool with live workers for its tokens: a
-// queen that just loaded its store knows none.
+// queen that just loaded its store knows none. The hives of the other
+// pools it restored are asked too: one that answers has its pool back
+// before its next heartbeat.
 func (q *Queen) fetchAllTokens() {
 	for _, p := range q.reg.Query(registry.Filter{}) {
-		if len(p.Workers) > 0 && p.Status != registry.Offline {
-			q.tokens.unknownPool(p.ID)
-			q.fetchTokens(p.ID)
+		if p.Status == registry.Offline {
+			continue
 		}
+		if len(p.Workers) > 0 {
+			q.tokens.unknownPool(p.ID)
+		}
+		q.fetchTokens(p.ID)
 	}
 }

@@ -128,46 +128,10 @@ type Pool struct {
 	// stored, and the hive refuses a start past it either way).
 	MaxLoaded int
 	// Instance is the hive process that holds the pool, as it last
-	// registered ("" for an older hive, or not registered since the queen
-	// started: it is not stored, and the endpoint tells hives apart
-	// meanwhile).
+	// registered ("" for a hive that names none). It is stored, so that a
+	// restarted queen still tells the holder from another hive with the
+	// pool's id.
 	Instance string
-}
-
-// HeldError refuses a hive's registration, or its later messages, for a
-// pool that another hive holds: two hives with one pool id (the clones of
-// one machine, or one --pool-id given twice) would otherwise take turns
-// at it, and each one's heartbeats would mark the other's workers lost.
-// The queen answers it 409 pool_id_in_use.
-type HeldError struct {
-	PoolID string
-	Holder Pool // the holder as it last registered and beat
-	// Registering is true for a refused registration, false for a
-	// message of a hive that no longer holds the pool.
-	Registering bool
-}
-
-func (e *HeldError) Error() string {
-	h := e.Holder
-	holder := fmt.Sprintf("the hive at %s (node %q, last heartbeat %s ago)", h.Endpoint, h.NodeID,
-		time.Since(h.LastHeartbeatAt).Round(time.Millisecond))
-	if e.Registering {
-		return fmt.Sprintf("pool id %q is held by %s, which is alive; two hives cannot share a pool id: "+
-			"start this hive with its own --pool-id (the pool can be taken over once its holder stops beating)", e.PoolID, holder)
-	}
-	return fmt.Sprintf("pool id %q is held by another hive now, %s; this hive's messages for it are refused: "+
-		"it must register again, and needs its own --pool-id while that one is alive", e.PoolID, holder)
-}
-
-// HTTPStatus and ErrorCode make a HeldError a 409 pool_id_in_use.
-func (e *HeldError) HTTPStatus() int   { return http.StatusConflict }
-func (e *HeldError) ErrorCode() string { return "pool_id_in_use" }
-
-// sameHive reports whether reg comes from the hive that holds p: the same
-// hive process (instance), or a hive at the same endpoint (the same hive
-// restarted: two live hives cannot listen at one address).
-func sameHive(p Pool, reg api.RegisterPool) bool {
-	return reg.Instance != "" && reg.Instance == p.Instance || reg.Endpoint == p.Endpoint
 }
 
 // entry is a pool with its lease. Every field is guarded by Registry.mu;
@@ -188,8 +152,14 @@ type entry struct {
 	savedBeatAt    time.Time // lease field; the LastHeartbeatAt the store holds (as this registry last wrote it)
 	owner          *Spares   // lease field; the heartbeat stream whose beat brought GPUs and Workers (nil: another way)
 	lent           bool      // lease field; GPUs or Workers were handed out since they came: they may be read outside the locks
-	statusDirty    bool      // a status write failed; Flush retries it
-	models         []string  // the models of its live workers: its keys in Registry.byModel
+	// restored is set for a pool that was live when the queen loaded it
+	// and whose hive has not been heard from since (see Load): it is
+	// unhealthy, yet held by its hive until heldUntil, the lease the
+	// restart gave it.
+	restored    bool
+	heldUntil   time.Time
+	statusDirty bool     // a status write failed; Flush retries it
+	models      []string // the models of its live workers: its keys in Registry.byModel
 }
 
 // Registry is the set of pools. Create it with New, fill it with Load, keep
@@ -236,10 +206,17 @@ func New(cfg Config) (*Registry, error) {
 		byModel: map[string][]*entry{}, modelGen: map[string]*atomic.Uint64{}}, nil
 }
 
-// Load reads the pools of the store. Every pool that was not offline gets a
-// fresh lease (a restarted queen gives each hive a full timeout to beat);
-// an unhealthy one also gets a fresh grace. The first heartbeat of every
-// loaded pool counts as its full inventory.
+// Load reads the pools of the store. A pool that was live (healthy or
+// draining) is restored unhealthy: the queen has not heard from its hive
+// since it started, and a pool whose hive stopped with the queen must not
+// be shown healthy or routed to. It comes back with its hive's first
+// heartbeat (or Answered), and stays held by the hive that held it (its
+// stored instance) for a full heartbeat timeout, the lease a restarted
+// queen gives each hive: another hive with its pool id is refused
+// meanwhile. Its workers are presumed lost after the timeout and the
+// unhealthy grace, as a live pool's would be. An unhealthy pool gets a
+// fresh grace. The first heartbeat of every loaded pool counts as its
+// full inventory.
 func (r *Registry) Load(ctx context.Context) error {
 	recs, err := r.cfg.Store.LoadPools(ctx)
 	if err != nil {
@@ -248,6 +225,7 @@ func (r *Registry) Load(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
+	restored := 0
 	for _, rec := range recs {
 		e := &entry{Pool: fromRecord(rec), awaitInventory: true}
 		r.addLocked(e)
@@ -258,10 +236,11 @@ func (r *Registry) Load(ctx context.Context) error {
 			e.lostPending = true
 			r.armLocked(e, r.cfg.UnhealthyGrace)
 		default:
-			r.armLocked(e, r.cfg.HeartbeatTimeout)
+			r.restoreLocked(e, now)
+			restored++
 		}
 	}
-	r.log.Info("loaded pools", "pools", len(recs))
+	r.log.Info("loaded pools", "pools", len(recs), "awaiting_their_hives", restored)
 	return nil
 }
 
@@ -441,7 +420,7 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 	reason := "registered"
 	meta := map[string]any{"endpoint": reg.Endpoint, "version": reg.Version, "node_id": reg.NodeID}
 	if e != nil {
-		if (e.Status == Healthy || e.Status == Draining) && !sameHive(e.Pool, reg) {
+		if e.heldLocked(now) && !sameHive(e.Pool, reg) {
 			err := &HeldError{PoolID: reg.PoolID, Holder: e.lend(), Registering: true}
 			r.log.Warn("registration refused: another live hive holds the pool id", "pool_id", reg.PoolID,
 				"endpoint", reg.Endpoint, "node_id", reg.NodeID, "holder_endpoint", e.Endpoint, "holder_node_id", e.NodeID)
@@ -467,29 +446,9 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 		return Pool{}, err
 	}
 	e = r.pools[reg.PoolID]
-	e.awaitInventory, e.lostPending, e.beatDirty, e.current = true, false, false, false
+	e.awaitInventory, e.lostPending, e.beatDirty, e.current, e.restored = true, false, false, false, false
 	r.armLocked(e, r.cfg.HeartbeatTimeout)
 	return e.lend(), nil
-}
-
-// CheckHolder refuses (*HeldError) a message of hive instance for pool id
-// when another hive holds the pool now: a hive that was taken over must
-// not report its workers (its heartbeats would mark the holder's workers
-// lost). A message that names no instance comes from a hive older than
-// the queen, which is refused only when the holder has one. A message
-// for a pool whose holder is not known by instance (an older hive, or one
-// that registered before the queen started) or for an unknown pool is not
-// refused here.
-func (r *Registry) CheckHolder(id, instance string) error {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	e := r.pools[id]
-	if e == nil || e.Instance == "" || e.Instance == instance {
-		return nil
-	}
-	e.beat.Lock() // LastHeartbeatAt is a lease field
-	defer e.beat.Unlock()
-	return &HeldError{PoolID: id, Holder: e.lend()}
 }
 
 // Beat is what the queen learns from a heartbeat beyond the pool itself.
@@ -638,11 +597,16 @@ func (r *Registry) HeartbeatReusing(ctx context.Context, id string, hb api.Heart
 		next := e.lend()
 		next.Status = live(e.Drained)
 		next.LastHeartbeatAt, next.GPUs, next.Workers = now, gpus, workers
-		err := r.changeLocked(ctx, e, next, change{actor: "hive:" + id, action: "pool." + string(next.Status),
-			reason: fmt.Sprintf("heartbeat resumed after %s", now.Sub(e.LastHeartbeatAt).Round(time.Millisecond))}, false)
+		reason := fmt.Sprintf("heartbeat resumed after %s", now.Sub(e.LastHeartbeatAt).Round(time.Millisecond))
+		if e.restored {
+			reason = fmt.Sprintf("its hive's first heartbeat since the queen restarted (%s after the one before)",
+				now.Sub(e.LastHeartbeatAt).Round(time.Millisecond))
+		}
+		err := r.changeLocked(ctx, e, next, change{actor: "hive:" + id, action: "pool." + string(next.Status), reason: reason}, false)
 		if err != nil {
 			return Beat{}, err
 		}
+		e.restored = false
 	} else {
 		gpus, workers, c, dirty := e.inventoryOf(hb)
 		if changed = c; changed {
@@ -774,7 +738,7 @@ func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Po
 		r.wmu.Unlock()
 		return Pool{}, err
 	}
-	e.lostPending, e.awaitInventory = false, false
+	e.lostPending, e.awaitInventory, e.restored = false, false, false
 	r.armLocked(e, r.cfg.OfflineRetention)
 	p := e.lend()
 	r.hooks.Add(1)
@@ -1061,7 +1025,8 @@ func toRecord(p Pool) store.Pool {
 	gpus, _ := json.Marshal(nonNil(p.GPUs))
 	workers, _ := json.Marshal(nonNil(p.Workers))
 	rec := store.Pool{ID: p.ID, Endpoint: p.Endpoint, NodeID: p.NodeID, Version: p.Version, Status: string(p.Status),
-		Drained: p.Drained, RegisteredAt: p.RegisteredAt, StatusChangedAt: p.StatusChangedAt, GPUs: gpus, Workers: workers}
+		Drained: p.Drained, RegisteredAt: p.RegisteredAt, StatusChangedAt: p.StatusChangedAt, GPUs: gpus, Workers: workers,
+		Instance: p.Instance}
 	if !p.LastHeartbeatAt.IsZero() {
 		t := p.LastHeartbeatAt
 		rec.LastHeartbeatAt = &t
@@ -1071,7 +1036,7 @@ func toRecord(p Pool) store.Pool {
 
 func fromRecord(rec store.Pool) Pool {
 	p := Pool{ID: rec.ID, Endpoint: rec.Endpoint, NodeID: rec.NodeID, Version: rec.Version, Status: Status(rec.Status),
-		Drained: rec.Drained, RegisteredAt: rec.RegisteredAt, StatusChangedAt: rec.StatusChangedAt}
+		Drained: rec.Drained, RegisteredAt: rec.RegisteredAt, StatusChangedAt: rec.StatusChangedAt, Instance: rec.Instance}
 	if rec.LastHeartbeatAt != nil {
 		p.LastHeartbeatAt = *rec.LastHeartbeatAt
 	}

@@ -410,14 +410,16 @@ func TestLoadGivesFreshLeasesAndKeepsStatus(t *testing.T) {
 		if err := h2.r.Load(h2.ctx); err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]Status{"healthy": Healthy, "sick": Unhealthy, "gone": Offline}
+		// A live pool is restored unhealthy: its hive has not been heard
+		// from since the queen started (TestRestoredPoolIsHeldAndUnhealthy).
+		want := map[string]Status{"healthy": Unhealthy, "sick": Unhealthy, "gone": Offline}
 		for id, s := range want {
 			if got := h2.status(id); got != s {
 				t.Errorf("%s after load: %s, want %s", id, got, s)
 			}
 		}
-		if b := h2.beat("healthy"); !b.FullInventory {
-			t.Error("first beat after load is not the full inventory")
+		if b := h2.beat("healthy"); !b.FullInventory || b.Status != Healthy {
+			t.Errorf("first beat after load: %+v, want the full inventory of a healthy pool", b)
 		}
 		advance(ttl - time.Millisecond)
 		if got := h2.status("healthy"); got != Healthy {

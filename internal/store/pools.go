@@ -22,6 +22,9 @@ type Pool struct {
 	LastHeartbeatAt *time.Time
 	GPUs            json.RawMessage
 	Workers         json.RawMessage
+	// Instance is the hive process that holds the pool, as it last
+	// registered ("" for a hive that names none).
+	Instance string
 }
 
 func jsonOr(raw json.RawMessage, empty string) string {
@@ -41,14 +44,15 @@ func boolInt(b bool) int {
 // PutPool inserts p or replaces the pool with its id.
 func (t *Tx) PutPool(p Pool) error {
 	_, err := t.exec(`INSERT INTO pools (id, endpoint, node_id, version, status, drained, registered_at,
-			status_changed_at, last_heartbeat_at, gpus, workers)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			status_changed_at, last_heartbeat_at, gpus, workers, instance)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET endpoint = excluded.endpoint, node_id = excluded.node_id,
 			version = excluded.version, status = excluded.status, drained = excluded.drained,
 			registered_at = excluded.registered_at, status_changed_at = excluded.status_changed_at,
-			last_heartbeat_at = excluded.last_heartbeat_at, gpus = excluded.gpus, workers = excluded.workers`,
+			last_heartbeat_at = excluded.last_heartbeat_at, gpus = excluded.gpus, workers = excluded.workers,
+			instance = excluded.instance`,
 		p.ID, p.Endpoint, p.NodeID, p.Version, p.Status, boolInt(p.Drained), micros(p.RegisteredAt),
-		micros(p.StatusChangedAt), nullMicros(p.LastHeartbeatAt), jsonOr(p.GPUs, "[]"), jsonOr(p.Workers, "[]"))
+		micros(p.StatusChangedAt), nullMicros(p.LastHeartbeatAt), jsonOr(p.GPUs, "[]"), jsonOr(p.Workers, "[]"), p.Instance)
 	if err != nil {
 		return fmt.Errorf("put pool %s: %w", p.ID, err)
 	}
@@ -109,7 +113,7 @@ func (t *Tx) Pools() ([]Pool, error) { return t.pools("ORDER BY id") }
 
 func (t *Tx) pools(where string, args ...any) ([]Pool, error) {
 	rows, err := t.query(`SELECT id, endpoint, node_id, version, status, drained, registered_at,
-		status_changed_at, last_heartbeat_at, gpus, workers FROM pools `+where, args...)
+		status_changed_at, last_heartbeat_at, gpus, workers, instance FROM pools `+where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read pools: %w", err)
 	}
@@ -122,7 +126,7 @@ func (t *Tx) pools(where string, args ...any) ([]Pool, error) {
 		var beat sql.NullInt64
 		var gpus, workers string
 		if err := rows.Scan(&p.ID, &p.Endpoint, &p.NodeID, &p.Version, &p.Status, &drained, &reg,
-			&changed, &beat, &gpus, &workers); err != nil {
+			&changed, &beat, &gpus, &workers, &p.Instance); err != nil {
 			return nil, fmt.Errorf("read pools: %w", err)
 		}
 		p.Drained = drained != 0

@@ -83,12 +83,13 @@ func TestPoolsRoundTrip(t *testing.T) {
 		ctx := t.Context()
 		p := store.Pool{ID: "node-a", Endpoint: "http://127.0.0.1:9200", NodeID: "a", Version: "1",
 			Status: "healthy", RegisteredAt: at(1), StatusChangedAt: at(1),
-			GPUs: json.RawMessage(`[{"id":0}]`), Workers: json.RawMessage(`[]`)}
+			GPUs: json.RawMessage(`[{"id":0}]`), Workers: json.RawMessage(`[]`), Instance: "hive-1"}
 		if err := s.Update(ctx, func(tx *store.Tx) error { return tx.PutPool(p) }); err != nil {
 			t.Fatal(err)
 		}
+		// The holder's instance is kept, and replaced with the rest.
 		p.Status, p.Drained, p.LastHeartbeatAt = "draining", true, ptr(at(5))
-		p.Endpoint = "http://127.0.0.1:9300"
+		p.Endpoint, p.Instance = "http://127.0.0.1:9300", "hive-2"
 		if err := s.Update(ctx, func(tx *store.Tx) error { return tx.PutPool(p) }); err != nil {
 			t.Fatal(err)
 		}
