@@ -32,6 +32,7 @@ type rowsPlane struct {
 	rows   map[string]store.Row // guarded by mu
 	doomed string               // guarded by mu; the row that fails at the next Count
 	failAt map[string]time.Time // guarded by mu; when each row failed
+	evicted []string            // guarded by mu; the rows EvictWorker stopped, in order
 }
 
 func newRowsPlane(replicas map[string]Replica, failBeforeCount bool) *rowsPlane {
@@ -101,6 +102,12 @@ func (p *rowsPlane) LiveModels() []string                             { return n
 func (p *rowsPlane) TokenRefused(string, string)                      {}
 func (p *rowsPlane) WorkerLost(context.Context, string, string) error { return nil }
 func (p *rowsPlane) StopWorker(context.Context, string, string) error { return nil }
+func (p *rowsPlane) EvictWorker(_ context.Context, id, _ string, _ map[string]any) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.evicted = append(p.evicted, id)
+	return nil
+}
 func (p *rowsPlane) Audit(context.Context, store.AuditEntry)          {}
 func (p *rowsPlane) Replicas() map[string]Replica {
 	out := map[string]Replica{}
