@@ -35,6 +35,9 @@ type job struct {
 	req     engine.Request
 	stops   []string
 	choices int // n: seeds Seed, Seed+1, …; at once on an engine.Choices with free slots, else one after another
+	// hold, when not nil, is called before each token after the first
+	// (the test knob Config.TestHoldDir).
+	hold func(ctx context.Context)
 }
 
 // newJob tokenizes prompt and turns the request's sampling into an engine
@@ -135,7 +138,11 @@ func generateChoices(ctx context.Context, eng engine.Engine, j job, first, m int
 	for k := range filters {
 		filters[k] = newTextFilter(j.stops)
 	}
+	emitted := 0
 	emit := func(k int, t engine.Token) error {
+		if emitted++; emitted > 1 && j.hold != nil {
+			j.hold(ctx)
+		}
 		f := filters[k]
 		text, stopped := f.push(t.Piece)
 		toks[k] = append(toks[k], t)
@@ -231,6 +238,7 @@ func (openAIStream) fail(sse *openai.SSEWriter, err error) error { return sse.Er
 // error event.
 func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng engine.Engine, j job, s openai.Sampling, f format, endpoint string) error {
 	j.req.Background = r.Header.Get(api.BatchHeader) == "1"
+	j.hold = w.testHold()
 	tl := w.newTimeline(r.Context(), endpoint, s.Stream)
 	defer tl.log()
 	release, err := w.admitGeneration(r.Context())
