@@ -163,8 +163,8 @@ func TestProcessSwapOnDemand(t *testing.T) {
 	}
 	h.release("tiny")
 	c.checkWhole(<-done, n)
-	if evs := c.evictionEntries(); len(evs) != 3 {
-		t.Errorf("%d worker.evicted audit entries, want 3 (tiny for b, b for tiny twice): %+v", len(evs), evs)
+	if evs := c.evictionEntries(); len(evs) != 4 {
+		t.Errorf("%d worker.evicted audit entries, want 4 (tiny for b, b for tiny, twice each): %+v", len(evs), evs)
 	}
 }
 
@@ -417,7 +417,7 @@ func TestProcessSwapUnderLoad(t *testing.T) {
 				}
 				if s.err != nil || s.tokens != 8 || s.usage != 8 || s.finish != "length" {
 					if failed.Add(1) <= 3 {
-						t.Errorf("client %d, %s: %+v, want 8 tokens received and reported, finish_reason length", i, models[k%3], s)
+						t.Errorf("client %d, %s: %d tokens received, %d reported, finish_reason %q, err %v; want 8, 8, length", i, models[k%3], s.tokens, s.usage, s.finish, s.err)
 					}
 					continue
 				}

@@ -67,8 +67,9 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 			return n
 		}
 		// Workers another eviction took whose stop is not written yet
-		// still count as live rows: they are gone already.
-		n := s.counts(target{model: m}, true).Live() - replicas[m].Min - s.ledger.evictedOf(m, s.cp.Running)
+		// still count as live rows: they are gone already. Workers being
+		// placed have no row yet: they are coming.
+		n := s.counts(target{model: m}, true).Live() + s.ledger.placingOf(m) - replicas[m].Min - s.ledger.evictedOf(m, s.cp.Running)
 		spare[m] = n
 		return n
 	}

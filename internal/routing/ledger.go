@@ -136,6 +136,20 @@ func (l *ledger) evictedOf(model string, running func(pool, lifecycleID, worker 
 	return n
 }
 
+// placingOf counts the reservations of model whose row is not written
+// yet: workers coming that no row counts.
+func (l *ledger) placingOf(model string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.starts {
+		if r.model == model && r.lifecycleID == "" {
+			n++
+		}
+	}
+	return n
+}
+
 // view returns pools as placement must see them: each reservation the
 // pool does not list yet (but except) added as a starting worker, each
 // victim the pool still lists as serving shown draining. Entries their

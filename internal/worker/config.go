@@ -97,7 +97,8 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// TestHoldDir is a test knob, off when empty (the default): while a
 	// file named ModelRef exists in it, every generation waits before each
-	// token after its first, at most MaxTestHold in all, so that a test
+	// piece of text after the first it sent, at most MaxTestHold in all
+	// (the tokens stay in the answer), so that a test
 	// holds a stream open as long as it needs whatever the CPU's speed.
 	// cmd/apiary takes it from $APIARY_TEST_HOLD_DIR (TestHoldEnv); it is
 	// never for production.

@@ -35,8 +35,8 @@ type job struct {
 	req     engine.Request
 	stops   []string
 	choices int // n: seeds Seed, Seed+1, …; at once on an engine.Choices with free slots, else one after another
-	// hold, when not nil, is called before each token after the first
-	// (the test knob Config.TestHoldDir).
+	// hold, when not nil, is called before each piece of text after the
+	// first that goes out (the test knob Config.TestHoldDir).
 	hold func(ctx context.Context)
 }
 
@@ -138,19 +138,19 @@ func generateChoices(ctx context.Context, eng engine.Engine, j job, first, m int
 	for k := range filters {
 		filters[k] = newTextFilter(j.stops)
 	}
-	emitted := 0
+	sent := false // a chunk went out: the test knob holds the next
 	emit := func(k int, t engine.Token) error {
-		if emitted++; emitted > 1 && j.hold != nil {
-			j.hold(ctx)
-		}
 		f := filters[k]
 		text, stopped := f.push(t.Piece)
 		toks[k] = append(toks[k], t)
 		if text != "" {
+			if sent && j.hold != nil {
+				j.hold(ctx)
+			}
 			if err := out(first+k, text, toks[k]); err != nil {
 				return err
 			}
-			toks[k] = toks[k][:0]
+			toks[k], sent = toks[k][:0], true
 		}
 		if stopped {
 			return engine.ErrStop

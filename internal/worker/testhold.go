@@ -19,8 +19,8 @@ const MaxTestHold = 2 * time.Minute
 // testHoldPoll is how often a held generation looks at the file again.
 const testHoldPoll = 5 * time.Millisecond
 
-// testHold returns what a generation calls before each token after its
-// first: nil without Config.TestHoldDir, else a wait while the file named
+// testHold returns what a generation calls before each piece of text
+// after the first it sent: nil without Config.TestHoldDir, else a wait while the file named
 // the model exists there, until ctx ends or MaxTestHold has passed in all.
 func (w *Worker) testHold() func(ctx context.Context) {
 	if w.cfg.TestHoldDir == "" {
