@@ -396,8 +396,8 @@ func TestProcessSwapUnderLoad(t *testing.T) {
 		if c.hive.logs.Has("worker state", map[string]string{"worker_id": busy.Attrs["worker_id"], "from": "busy", "to": "ready"}) {
 			t.Errorf("round %d: the hive saw %s's worker ready again before it was evicted", i+1, held)
 		}
-		t.Logf("round %d: %s served %s after %s's stream ended (its first token; whole after %s)", i+1, next,
-			o.firstAt.Sub(s.end).Round(time.Millisecond), held, o.end.Sub(s.end).Round(time.Millisecond))
+		t.Logf("round %d: %s served %s after %s's stream ended (its first token; whole after %s; the eviction after %s)", i+1, next,
+			o.firstAt.Sub(s.end).Round(time.Millisecond), held, o.end.Sub(s.end).Round(time.Millisecond), logTime(t, ev).Sub(s.end).Round(time.Millisecond))
 	}
 
 	// Six clients, each asking the three models in turn.

@@ -87,7 +87,6 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 		// used first; what leaves soon on its own is counted apart.
 		var cands []victim
 		takeable := map[string]bool{} // worker id → may be taken
-		leaving := map[int]uint64{}   // device → bytes of workers stopping
 		nLive := 0
 		for _, w := range p.Workers {
 			if !live(w) {
@@ -95,7 +94,6 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 			}
 			st := lifecycle.State(w.Status)
 			if st == lifecycle.Draining {
-				leaving[w.GPUDevice] += w.VRAMBytes
 				continue
 			}
 			nLive++
@@ -144,7 +142,9 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 					continue devices
 				}
 			}
-			free := deviceFree(p, g, cat[p.ID]) + leaving[g.ID]
+			// What stops comes back (a reservation made for it counts
+			// against it).
+			free := freeOn(p, g, cat[p.ID], true)
 			for _, v := range order {
 				free += v.bytes
 			}
