@@ -163,6 +163,7 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		Slots:         f.slots,
 		QueueSize:     f.queue,
 		ShutdownGrace: f.shutdownGrace,
+		TestHoldDir:   os.Getenv(worker.TestHoldEnv),
 		Engine: engine.Options{
 			CtxSize:   f.ctxSize,
 			Threads:   f.threads,
@@ -175,6 +176,9 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	}
 	load := func(ctx context.Context, opts engine.Options, log *slog.Logger) (engine.Engine, error) {
 		return llamacpp.Load(ctx, opts, log)
+	}
+	if cfg.TestHoldDir != "" {
+		logger.Warn("generations are held while a file named the model exists in $"+worker.TestHoldEnv+" (a test knob)", "dir", cfg.TestHoldDir)
 	}
 	w, err := worker.New(cfg, load)
 	if err != nil && ln != nil {

@@ -104,6 +104,16 @@ func (c controlPlane) StopWorker(ctx context.Context, lifecycleID, reason string
 	return err
 }
 
+// EvictWorker stops a worker to make room for another model's, as
+// StopWorker does, audited worker.evicted (CONTRACT.md) with meta.
+func (c controlPlane) EvictWorker(ctx context.Context, lifecycleID, reason string, meta map[string]any) error {
+	_, err := c.q.stopWorker(ctx, lifecycleID, stopOrder{drain: true, reason: reason, actor: registry.ActorQueen, action: "worker.evicted", meta: meta})
+	if errors.Is(err, ErrRowEnded) {
+		return nil
+	}
+	return err
+}
+
 // Audit appends e; a failure is logged and counted.
 func (c controlPlane) Audit(ctx context.Context, e store.AuditEntry) {
 	err := c.q.st.Update(ctx, func(tx *store.Tx) error {

@@ -532,8 +532,24 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 }
 
 // StopWorker asks the hive to stop the row's worker and marks the row
-// DRAINING. A worker its hive no longer knows is lost: its row is FAILED.
+// DRAINING (audited worker.stop). A worker its hive no longer knows is
+// lost: its row is FAILED.
 func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, actor string) (store.Row, error) {
+	return q.stopWorker(ctx, id, stopOrder{drain: drain, reason: reason, actor: actor, action: "worker.stop"})
+}
+
+// stopOrder is a stop as StopWorker takes it, with the audit entry's
+// action (worker.stop, worker.evicted) and what it adds to its metadata.
+type stopOrder struct {
+	drain         bool
+	reason, actor string
+	action        string
+	meta          map[string]any
+}
+
+// stopWorker is StopWorker with the audit entry's action and metadata.
+func (q *Queen) stopWorker(ctx context.Context, id string, o stopOrder) (store.Row, error) {
+	drain, reason, actor := o.drain, o.reason, o.actor
 	row, err := q.rows.get(ctx, id)
 	if err != nil {
 		return store.Row{}, err
@@ -567,8 +583,13 @@ func (q *Queen) StopWorker(ctx context.Context, id string, drain bool, reason, a
 	case err != nil:
 		return row, fmt.Errorf("stop %s on pool %s: %w", id, row.PoolID, err)
 	}
-	r, _, err := q.rows.apply(wctx, id, rowChange{to: rowDraining, reason: reason, actor: actor, action: "worker.stop",
-		meta: map[string]any{"drain": drain}, always: true})
+	meta := maps.Clone(o.meta)
+	if meta == nil {
+		meta = map[string]any{}
+	}
+	meta["drain"] = drain
+	r, _, err := q.rows.apply(wctx, id, rowChange{to: rowDraining, reason: reason, actor: actor, action: o.action,
+		meta: meta, always: true})
 	if errors.Is(err, ErrRowEnded) || errors.Is(err, ErrRefused) {
 		return q.rows.get(wctx, id) // it ended meanwhile
 	}

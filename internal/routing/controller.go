@@ -238,6 +238,9 @@ func (c *controller) run(ctx context.Context) {
 			st := state(res.target)
 			st.pending--
 			rs := reps[res.target.model]
+			if errors.Is(res.err, errRoomComing) {
+				break // no failure: the requests wait on (see noPlace)
+			}
 			if res.err == nil {
 				st.fails, st.failRetry, st.lastFailure = 0, time.Time{}, ""
 				st.placed = append(st.placed, res.row.ID)
@@ -299,7 +302,7 @@ func (c *controller) run(ctx context.Context) {
 		// target waits for the pull.
 		noPlace := func(st *placing, t target, need string, waited time.Duration) (why string, pulling bool) {
 			if pools == nil {
-				pools, models = c.s.cp.Pools(registry.Filter{}), rt.catalog.snapshot()
+				pools, models = c.s.pools(registry.Filter{}, nil), rt.catalog.snapshot()
 			}
 			req := PlaceRequest{Model: t.model, Pool: t.pool, Models: models, Pools: c.s.allowedPools(t.model), Engine: c.s.engineOf(t.model),
 				Apart: c.s.apartFrom(t.model)}
@@ -508,26 +511,71 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
+// errRoomComing is a placement that found no room now, with room coming:
+// workers of other models hold it that are busy (or young) now, or a
+// hive's memory or --max-loaded is still taken by workers it is
+// stopping. It is not a failure: the requests wait on, up to
+// --swap-wait (see noPlace).
+var errRoomComing = errors.New("no room yet; workers of other models hold it")
+
 // place starts one worker of o.Model (on o.Pool when it names one):
-// placement, lifecycle row, hive start. A hive that refuses (or does not answer) is left out and the
-// placement is made again without it.
+// placement, lifecycle row, hive start. Its decision is reserved (see
+// ledger) until the pool lists the worker. Without room, idle workers of
+// other models are evicted first (once); with only busy ones, the
+// placement ends with errRoomComing. A hive that refuses (or does not
+// answer) is left out and the placement is made again without it; one
+// that has no room yet (its memory or --max-loaded, taken by workers it
+// is still stopping) is tried again after a change, up to --swap-wait,
+// when no other pool takes the worker.
 func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 	start := time.Now()
 	exclude := map[string]string{}
+	noRoom := map[string]string{} // pools whose hive had no room yet, and why
 	evicted := false
-	var roomBy time.Time // after an eviction: when a hive's "no room yet" is final
+	var res *reservation
+	fail := func(err error) placeResult {
+		c.s.ledger.release(res)
+		return placeResult{target: o.target(), err: err}
+	}
+	roomBy := start.Add(c.s.cfg.SwapWait)
+	pause := evictPoll
 	for {
 		req := PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude}
-		d, err := c.s.placeWith(ctx, req, false)
-		if err != nil && len(exclude) == 0 && !evicted && c.evict(ctx, o.Model, o.Pool) {
-			// Idle workers of other models made room: place again.
-			evicted, roomBy = true, time.Now().Add(c.s.cfg.EvictWait)
+		if len(noRoom) > 0 {
+			req.Exclude = maps.Clone(exclude)
+			maps.Copy(req.Exclude, noRoom)
+		}
+		d, err := c.s.decide(ctx, req, false, &res)
+		if err != nil && len(exclude) == 0 && len(noRoom) == 0 && !evicted {
+			if r, ok := c.evict(ctx, o.Model, o.Pool); ok {
+				// Idle workers of other models made room: place again.
+				c.s.ledger.release(res)
+				res, evicted = r, true
+				continue
+			}
+			if need := c.s.needOf(o.Model); need > 0 {
+				if _, ok := c.s.planEviction(o.Model, o.Pool, need, true); ok {
+					return fail(fmt.Errorf("%w: %w", errRoomComing, err))
+				}
+			}
+		}
+		if err != nil && len(noRoom) > 0 && time.Now().Before(roomBy) {
+			// The hive that had no room may have it after its next event.
+			select {
+			case <-ctx.Done():
+				return fail(ctx.Err())
+			case <-c.s.changes.wait():
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, time.Second)
+			clear(noRoom)
 			continue
 		}
 		if err != nil {
-			c.s.placeFailed(ctx, req, err)
+			maps.Copy(exclude, noRoom)
+			c.s.placeFailed(ctx, PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude}, err)
 			c.s.m.placements.WithLabelValues(o.Model, "failed").Inc()
-			return placeResult{target: o.target(), err: err}
+			return fail(err)
 		}
 		gpu := d.GPU
 		row, err := c.s.cp.StartWorker(ctx, Start{Model: o.Model, Pool: d.Pool.ID, GPU: gpu, Reason: o.Reason,
@@ -535,26 +583,23 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 		var refused *StartRefused
 		switch {
 		case err == nil:
+			c.s.ledger.started(res, row.ID)
 			c.s.m.placements.WithLabelValues(o.Model, "started").Inc()
 			c.log.Info("worker placed on demand", "model_ref", o.Model, "kind", o.Kind, "pool_id", d.Pool.ID, "gpu_device", gpu,
 				"lifecycle_id", row.ID, "duration_ms", time.Since(start).Milliseconds())
 			return placeResult{target: o.target(), row: row}
 		case ctx.Err() != nil:
-			return placeResult{target: o.target(), err: err}
-		case errors.As(err, &refused) && refused.NoRoomYet && evicted && time.Now().Before(roomBy):
-			// The evicted workers have not left the hive's table yet.
-			select {
-			case <-ctx.Done():
-				return placeResult{target: o.target(), err: ctx.Err()}
-			case <-c.s.changes.wait():
-			case <-time.After(evictPoll):
-			}
-			continue
+			return fail(err)
+		case errors.As(err, &refused) && refused.NoRoomYet && time.Now().Before(roomBy):
+			// Workers it is stopping have not left the hive's table yet,
+			// or it counts one the queen does not see yet: another pool
+			// first, this one again after a change.
+			noRoom[d.Pool.ID] = refused.Why
 		case errors.As(err, &refused):
 			exclude[d.Pool.ID] = refused.Why
 		default:
 			c.s.m.placements.WithLabelValues(o.Model, "failed").Inc()
-			return placeResult{target: o.target(), err: err}
+			return fail(err)
 		}
 		c.log.Warn("placement refused; placing again without the pool", "model_ref", o.Model, "pool_id", d.Pool.ID, "err", err)
 	}
@@ -571,6 +616,14 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest) (Decision, error)
 
 // placeWith is Place; a failure is audited only with audit.
 func (s *Service) placeWith(ctx context.Context, req PlaceRequest, audit bool) (Decision, error) {
+	return s.decide(ctx, req, audit, nil)
+}
+
+// decide is placeWith that, with res, reserves what it decides (see
+// ledger): *res is made, or moved to the new decision; the pools are seen
+// without *res itself. The decision and the reservation are one step
+// under placeMu.
+func (s *Service) decide(ctx context.Context, req PlaceRequest, audit bool, res **reservation) (Decision, error) {
 	if req.Pools == nil {
 		req.Pools = s.allowedPools(req.Model)
 	}
@@ -580,16 +633,28 @@ func (s *Service) placeWith(ctx context.Context, req PlaceRequest, audit bool) (
 	if req.Apart == nil {
 		req.Apart = s.apartFrom(req.Model)
 	}
-	pools := s.cp.Pools(registry.Filter{})
 	var healthy []registry.Pool
-	for _, p := range pools {
+	for _, p := range s.cp.Pools(registry.Filter{}) {
 		if p.Status == registry.Healthy && (req.Pool == "" || p.ID == req.Pool) && (req.Pools == nil || slices.Contains(req.Pools, p.ID)) {
 			healthy = append(healthy, p)
 		}
 	}
 	s.catalog.ensure(ctx, healthy, req.Model)
 	req.Models = s.catalog.snapshot()
-	d, err := s.cfg.Placer.Place(pools, req)
+	var own *reservation
+	if res != nil {
+		own = *res
+	}
+	s.placeMu.Lock()
+	d, err := s.cfg.Placer.Place(s.pools(registry.Filter{}, own), req)
+	if err == nil && res != nil {
+		if own == nil {
+			*res = s.ledger.reserve(req.Model, d.Pool.ID, d.GPU, time.Now())
+		} else {
+			s.ledger.move(own, d.Pool.ID, d.GPU)
+		}
+	}
+	s.placeMu.Unlock()
 	if err == nil {
 		return d, nil
 	}

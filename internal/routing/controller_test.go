@@ -28,10 +28,11 @@ type rowsPlane struct {
 	failBeforeCount bool
 	started         chan string // the id of each row started
 
-	mu     sync.Mutex
-	rows   map[string]store.Row // guarded by mu
-	doomed string               // guarded by mu; the row that fails at the next Count
-	failAt map[string]time.Time // guarded by mu; when each row failed
+	mu      sync.Mutex
+	rows    map[string]store.Row // guarded by mu
+	doomed  string               // guarded by mu; the row that fails at the next Count
+	failAt  map[string]time.Time // guarded by mu; when each row failed
+	evicted []string             // guarded by mu; the rows EvictWorker stopped, in order
 }
 
 func newRowsPlane(replicas map[string]Replica, failBeforeCount bool) *rowsPlane {
@@ -101,7 +102,13 @@ func (p *rowsPlane) LiveModels() []string                             { return n
 func (p *rowsPlane) TokenRefused(string, string)                      {}
 func (p *rowsPlane) WorkerLost(context.Context, string, string) error { return nil }
 func (p *rowsPlane) StopWorker(context.Context, string, string) error { return nil }
-func (p *rowsPlane) Audit(context.Context, store.AuditEntry)          {}
+func (p *rowsPlane) EvictWorker(_ context.Context, id, _ string, _ map[string]any) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.evicted = append(p.evicted, id)
+	return nil
+}
+func (p *rowsPlane) Audit(context.Context, store.AuditEntry) {}
 func (p *rowsPlane) Replicas() map[string]Replica {
 	out := map[string]Replica{}
 	for m, r := range p.replicas {

@@ -66,14 +66,17 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 		if n, ok := spare[m]; ok {
 			return n
 		}
-		n := s.counts(target{model: m}, true).Live() - replicas[m].Min
+		// Workers another eviction took whose stop is not written yet
+		// still count as live rows: they are gone already. Workers being
+		// placed have no row yet: they are coming.
+		n := s.counts(target{model: m}, true).Live() + s.ledger.placingOf(m) - replicas[m].Min - s.ledger.evictedOf(m, s.cp.Running)
 		spare[m] = n
 		return n
 	}
 	var best eviction
 	var bestNewest time.Time
 	found := false
-	for _, p := range s.cp.Pools(registry.Filter{Statuses: []registry.Status{registry.Healthy}}) {
+	for _, p := range s.pools(registry.Filter{Statuses: []registry.Status{registry.Healthy}}, nil) {
 		if pool != "" && p.ID != pool || allowed != nil && !slices.Contains(allowed, p.ID) {
 			continue
 		}
@@ -84,7 +87,6 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 		// used first; what leaves soon on its own is counted apart.
 		var cands []victim
 		takeable := map[string]bool{} // worker id → may be taken
-		leaving := map[int]uint64{}   // device → bytes of workers stopping
 		nLive := 0
 		for _, w := range p.Workers {
 			if !live(w) {
@@ -92,7 +94,6 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 			}
 			st := lifecycle.State(w.Status)
 			if st == lifecycle.Draining {
-				leaving[w.GPUDevice] += w.VRAMBytes
 				continue
 			}
 			nLive++
@@ -141,7 +142,9 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 					continue devices
 				}
 			}
-			free := deviceFree(p, g, cat[p.ID]) + leaving[g.ID]
+			// What stops comes back (a reservation made for it counts
+			// against it).
+			free := freeOn(p, g, cat[p.ID], true)
 			for _, v := range order {
 				free += v.bytes
 			}
@@ -186,19 +189,32 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 
 // evictable says whether worker w of pool may be stopped to make room for
 // a worker of model (see planEviction; patient: busy and young ones too).
+// The hive's report that w is busy may be older than the queen's count:
+// it probes its workers every --health-interval, and says busy until the
+// next probe after a stream ended. A report the queen's own last request
+// on w ended after (it saw the report before) is explained by requests the
+// queen relayed, all ended when it has none in flight now: w is idle. A
+// request from elsewhere still running is not cut either: an eviction
+// drains the worker.
 func (s *Service) evictable(pool string, w api.Worker, model string, now time.Time, patient bool) bool {
 	st := lifecycle.State(w.Status)
 	if w.ModelRef == model || w.ModelRef == "" || w.LifecycleID == "" || s.pinned(w.ModelRef) {
 		return false
 	}
-	if st != lifecycle.Ready && !(patient && (st == lifecycle.Busy || st == lifecycle.Starting)) {
-		return false // a starting one is waited for: it serves what waits for it, then may go
+	k := WorkerKey{Pool: pool, Worker: w.WorkerID}
+	switch {
+	case st == lifecycle.Ready, st == lifecycle.Busy:
+	case patient && st == lifecycle.Starting:
+		return true // a starting one is waited for: it serves what waits for it, then may go
+	default:
+		return false
 	}
+	reported := s.busy.note(k, st == lifecycle.Busy || w.InFlight > 0, now)
 	if patient {
 		return true
 	}
-	inflight, _ := s.router.usage(WorkerKey{Pool: pool, Worker: w.WorkerID})
-	if w.InFlight > 0 || inflight > 0 || s.router.waiting(w.ModelRef, pool) {
+	inflight, last := s.router.usage(k)
+	if inflight > 0 || !reported.IsZero() && !last.After(reported) || s.router.waiting(w.ModelRef, pool) {
 		return false // busy, or its own model's requests wait for it: served first
 	}
 	return !s.young(pool, w, now)
@@ -230,66 +246,129 @@ func (s *Service) needOf(model string) uint64 {
 }
 
 // evict makes room for a worker of model (on pool when it is not ""): it
-// plans an eviction, stops its victims (reason "evicted for MODEL",
-// audited as any stop, counted in apiary_queen_evictions_total) and waits
-// until a placement of model on that device would succeed (the memory
-// reported back, the workers gone), at most EvictWait. It reports
-// whether the room is there.
-func (c *controller) evict(ctx context.Context, model, pool string) bool {
-	need := c.s.needOf(model)
+// plans an eviction and takes its victims (the router sends them no more
+// requests, no other plan takes them) and reserves the room for model
+// (no other placement counts it), in one step under placeMu; then it
+// stops the victims (reason "evicted for MODEL", audited worker.evicted,
+// counted in apiary_queen_evictions_total) and waits until a placement of
+// model on that device would succeed (the memory reported back, the
+// workers gone), at most EvictWait. It returns the reservation when the
+// room is there; the caller places into it (or releases it).
+func (c *controller) evict(ctx context.Context, model, pool string) (*reservation, bool) {
+	s := c.s
+	need := s.needOf(model)
 	if need == 0 {
-		return false
+		return nil, false
 	}
-	ev, ok := c.s.planEviction(model, pool, need, false)
-	if !ok {
+	s.placeMu.Lock()
+	ev, ok := s.planEviction(model, pool, need, false)
+	var res *reservation
+	now := time.Now()
+	if ok && s.router.claimIdle(ev.victims) {
+		res = s.ledger.reserve(model, ev.pool, ev.gpu, now)
+		s.ledger.evict(ev.victims, model, now)
+	}
+	s.placeMu.Unlock()
+	if res == nil {
 		c.log.Info("no idle workers to evict make room", "for", model, "need", api.FormatBytes(need))
-		return false
+		return nil, false
 	}
 	reason := "evicted for " + model
-	now := time.Now()
 	var done []api.Eviction
+	failed := false
 	for _, v := range ev.victims {
-		err := c.s.cp.StopWorker(ctx, v.lifecycleID, reason)
-		if err == nil {
-			e := api.Eviction{At: now.UTC(), WorkerID: v.key.Worker, LifecycleID: v.lifecycleID, GPUDevice: v.gpu, Model: v.model, For: model}
-			if !v.last.IsZero() {
-				t := v.last.UTC()
-				e.LastUsedAt = &t
-			}
-			done = append(done, e)
-			c.s.m.evictions.WithLabelValues(v.model, model).Inc()
-			c.log.Info("worker evicted", "lifecycle_id", v.lifecycleID, "model_ref", v.model, "for", model, "pool_id", ev.pool,
-				"gpu_device", v.gpu, "bytes", api.FormatBytes(v.bytes), "last_used", v.last)
+		if failed {
+			s.ledger.unevict(v.key)
 			continue
 		}
-		c.log.Warn("eviction could not stop a worker", "lifecycle_id", v.lifecycleID, "model_ref", v.model, "for", model, "err", err)
-		break
+		e := api.Eviction{At: now.UTC(), WorkerID: v.key.Worker, LifecycleID: v.lifecycleID, GPUDevice: v.gpu, Model: v.model, For: model}
+		meta := map[string]any{"for": model, "model_ref": v.model, "pool_id": ev.pool, "gpu_device": v.gpu, "bytes": v.bytes}
+		if !v.last.IsZero() {
+			t := v.last.UTC()
+			e.LastUsedAt, meta["last_used_at"] = &t, t
+		}
+		if err := s.cp.EvictWorker(ctx, v.lifecycleID, reason, meta); err != nil {
+			c.log.Warn("eviction could not stop a worker", "lifecycle_id", v.lifecycleID, "model_ref", v.model, "for", model, "err", err)
+			s.ledger.unevict(v.key)
+			failed = true
+			continue
+		}
+		done = append(done, e)
+		s.m.evictions.WithLabelValues(v.model, model).Inc()
+		c.log.Info("worker evicted", "lifecycle_id", v.lifecycleID, "model_ref", v.model, "for", model, "pool_id", ev.pool,
+			"gpu_device", v.gpu, "bytes", api.FormatBytes(v.bytes), "last_used", v.last)
 	}
+	s.router.unclaim(ev.victims) // their rows are DRAINING: no candidates
 	if len(done) > 0 {
-		c.s.evictions.add(ev.pool, ev.gpu, now, done)
+		s.evictions.add(ev.pool, ev.gpu, now, done)
 	}
-	if len(done) < len(ev.victims) {
-		return false
+	if failed {
+		s.ledger.release(res)
+		return nil, false
 	}
 	gpu := ev.gpu
-	req := PlaceRequest{Model: model, Pool: ev.pool, GPU: &gpu, Pools: c.s.allowedPools(model), Engine: c.s.engineOf(model), Apart: c.s.apartFrom(model)}
-	deadline := time.Now().Add(c.s.cfg.EvictWait)
+	req := PlaceRequest{Model: model, Pool: ev.pool, GPU: &gpu, Pools: s.allowedPools(model), Engine: s.engineOf(model), Apart: s.apartFrom(model)}
+	deadline := time.Now().Add(s.cfg.EvictWait)
 	for {
-		changed := c.s.changes.wait() // before the look: an event after it wakes the next wait
-		req.Models = c.s.catalog.snapshot()
-		if _, err := c.s.cfg.Placer.Place(c.s.cp.Pools(registry.Filter{}), req); err == nil {
-			return true
+		changed := s.changes.wait() // before the look: an event after it wakes the next wait
+		req.Models = s.catalog.snapshot()
+		if _, err := s.cfg.Placer.Place(s.pools(registry.Filter{}, res), req); err == nil {
+			return res, true
 		} else if time.Now().After(deadline) {
-			c.log.Warn("evicted workers' room not back in time", "for", model, "pool_id", ev.pool, "gpu_device", ev.gpu, "wait", c.s.cfg.EvictWait, "err", err)
-			return false
+			c.log.Warn("evicted workers' room not back in time", "for", model, "pool_id", ev.pool, "gpu_device", ev.gpu, "wait", s.cfg.EvictWait, "err", err)
+			s.ledger.release(res)
+			return nil, false
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			s.ledger.release(res)
+			return nil, false
 		case <-changed:
 		case <-time.After(evictPoll):
 		}
 	}
+}
+
+// claimIdle takes the victims of an eviction off routing, if each still
+// has no request of the queen's in flight and none waiting for its model
+// (checked under the router's lock, so that no request is routed to them
+// in between); it reports whether it took them.
+func (r *router) claimIdle(vs []victim) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, v := range vs {
+		if n := r.inflight[v.key]; n != nil && *n > 0 || r.waitingLocked(target{v.model, ""}) || r.waitingLocked(target{v.model, v.key.Pool}) {
+			return false
+		}
+	}
+	for _, v := range vs {
+		r.evicting[v.key] = true
+	}
+	return true
+}
+
+// unclaim gives the victims of an eviction back to routing: their stops
+// are written (their rows are no longer RUNNING), or failed.
+func (r *router) unclaim(vs []victim) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, v := range vs {
+		delete(r.evicting, v.key)
+	}
+}
+
+// swapWaitsLocked says whether worker k is idle while requests wait for a
+// model other than its own (model): an eviction may make room for them.
+func (r *router) swapWaitsLocked(k WorkerKey, model string) bool {
+	if n := r.inflight[k]; n != nil && *n > 0 {
+		return false
+	}
+	for t := range r.queues {
+		if t.model != model {
+			return true
+		}
+	}
+	return false
 }
 
 // evictPoll is how often eviction looks for the room without an event

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -188,5 +189,143 @@ func thrashing(n int) func(s *Service) {
 		for range n {
 			s.evictions.add("a", 0, time.Now(), nil)
 		}
+	}
+}
+
+// runningPlane is a rowsPlane whose Running reads the rows, as the queen's
+// does (an eviction's stop written: the row is no longer RUNNING).
+type runningPlane struct{ *rowsPlane }
+
+func (p runningPlane) Running(_, lifecycleID, _ string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rows[lifecycleID].Status == lifecycle.StatusRunning
+}
+
+// takeRoom is evict's first step, under placeMu as there: plan, claim the
+// victims off routing, reserve the room.
+func takeRoom(t *testing.T, s *Service, model string) []string {
+	t.Helper()
+	s.placeMu.Lock()
+	defer s.placeMu.Unlock()
+	ev, ok := s.planEviction(model, "", s.needOf(model), false)
+	if !ok {
+		return nil
+	}
+	if !s.router.claimIdle(ev.victims) {
+		t.Fatalf("victims %v not claimed", victims(ev))
+	}
+	s.ledger.reserve(model, ev.pool, ev.gpu, time.Now())
+	s.ledger.evict(ev.victims, model, time.Now())
+	return victims(ev)
+}
+
+// TestPlanEvictionSeesPending: a plan made while another eviction's
+// victim still shows ready in the pool's list (its stop not yet seen) and
+// the room it made is reserved for its model takes another worker, never
+// the same one, and counts the reserved room as taken; a victim is off
+// routing until its stop is written; a reservation the pool lists is
+// dropped.
+func TestPlanEvictionSeesPending(t *testing.T) {
+	s := evictionCase(t, "", nil)
+	if got := takeRoom(t, s, "m"); !slices.Equal(got, []string{"x1"}) {
+		t.Fatalf("first plan %v, want [x1]", got)
+	}
+	// x1 (4 GiB) leaves, but its room and the 1 GiB free go to m (5
+	// GiB): z (1 GiB) needs y1's room.
+	if got := takeRoom(t, s, "z"); !slices.Equal(got, []string{"y1"}) {
+		t.Errorf("plan for z %v, want [y1]: x1 is taken, its room reserved", got)
+	}
+	for _, patient := range []bool{false, true} {
+		// Even z1 gone leaves 4 GiB: x1's and y1's rooms are reserved.
+		if ev, ok := s.planEviction("m", "", 5<<30, patient); ok {
+			t.Errorf("another plan for m (patient %v): %v, want none", patient, victims(ev))
+		}
+	}
+	cands := s.router.usableLocked([]Candidate{{Key: WorkerKey{"a", "x1"}}, {Key: WorkerKey{"a", "y1"}}, {Key: WorkerKey{"a", "z1"}}}, time.Now())
+	if len(cands) != 1 || cands[0].Key.Worker != "z1" {
+		t.Errorf("candidates while x1 and y1 are evicted: %v, want z1 alone", cands)
+	}
+
+	// The pool lists x1 draining and the first m's worker: the ledger
+	// drops both.
+	p := s.cp.Pools(registry.Filter{})[0]
+	cp := s.cp.(*rowsPlane)
+	cp.pool.Workers[0].Status = string(lifecycle.Draining)
+	s.ledger.mu.Lock()
+	var first *reservation
+	for _, r := range s.ledger.starts {
+		if first == nil || r.id < first.id {
+			first = r
+		}
+	}
+	s.ledger.mu.Unlock()
+	s.ledger.started(first, "wk-m1")
+	cp.pool.Workers = append(cp.pool.Workers, api.Worker{WorkerID: "m1", LifecycleID: "wk-m1", ModelRef: "m", Status: "starting"})
+	view := s.pools(registry.Filter{}, nil)[0]
+	if len(s.ledger.starts) != 1 || s.ledger.evicted(WorkerKey{"a", "x1"}) || !s.ledger.evicted(WorkerKey{"a", "y1"}) {
+		t.Errorf("ledger after the pool lists x1 draining and m1: %d reservations, stops %v; want z's and y1", len(s.ledger.starts), s.ledger.stops)
+	}
+	if len(view.Workers) != len(p.Workers)+2 || view.Workers[1].Status != string(lifecycle.Draining) {
+		t.Errorf("view %+v: want the pool's workers (y1 draining), m1, and z's reservation", view.Workers)
+	}
+}
+
+// TestConcurrentEvictionsTakeEachWorkerOnce: evictions for two models at
+// once stop each worker at most once, and never a model's workers below
+// its min_workers (x keeps one of x1, x2).
+func TestConcurrentEvictionsTakeEachWorkerOnce(t *testing.T) {
+	ready := time.Now().Add(-time.Hour)
+	s := evictionCase(t, "models:\n  m: {}\n  n: {}\n  x: {min_workers: 1}\n  y: {}\n  z: {}\n", func(p *registry.Pool) {
+		p.Workers = append(p.Workers, api.Worker{WorkerID: "x2", LifecycleID: "wk-x2", ModelRef: "x", Status: "ready", VRAMBytes: 4 << 30, ReadyAt: &ready})
+		p.GPUs[0].TotalBytes += 4 << 30
+	})
+	cp := s.cp.(*rowsPlane)
+	cp.replicas = map[string]Replica{"x": {Min: 1}}
+	s.cp = runningPlane{cp}
+	s.cfg.EvictWait = 10 * time.Millisecond // the fake pool never gives the room back
+	var wg sync.WaitGroup
+	for _, model := range []string{"m", "m", "m"} {
+		wg.Go(func() { s.ctl.evict(t.Context(), model, "") })
+	}
+	wg.Wait()
+	seen := map[string]int{}
+	for _, id := range cp.evicted {
+		if seen[id]++; seen[id] > 1 {
+			t.Errorf("%s evicted twice: %v", id, cp.evicted)
+		}
+	}
+	if seen["wk-x1"]+seen["wk-x2"] > 1 {
+		t.Errorf("evicted %v: x's min_workers 1 keeps one of x1, x2", cp.evicted)
+	}
+	if len(cp.evicted) != 2 {
+		t.Errorf("evicted %v, want two (one of x, and y)", cp.evicted)
+	}
+}
+
+// TestHiveBusyReportOlderThanTheQueensLastRequest: a worker its hive
+// reports busy is idle for eviction once the queen's own last request on
+// it ended after placement first saw the report, and none is in flight;
+// not before.
+func TestHiveBusyReportOlderThanTheQueensLastRequest(t *testing.T) {
+	s := evictionCase(t, "models:\n  m: {}\n  x: {pin: true}\n  y: {pin: true}\n  z: {}\n", func(p *registry.Pool) {
+		p.Workers[2].VRAMBytes = 4 << 30
+		p.GPUs[0].TotalBytes += 3 << 30
+		p.GPUs[0].AllocatedBytes += 3 << 30
+	})
+	z := WorkerKey{"a", "z1"}
+	s.router.lastUsed[z] = time.Now().Add(-time.Hour)
+	if ev, ok := s.planEviction("m", "", 5<<30, false); ok {
+		t.Fatalf("plan %v while z1 is reported busy and the queen's last request on it ended before", victims(ev))
+	}
+	s.router.lastUsed[z] = time.Now()
+	ev, ok := s.planEviction("m", "", 5<<30, false)
+	if !ok || !slices.Equal(victims(ev), []string{"z1"}) {
+		t.Errorf("plan %v, %v after the queen's last request on z1 ended: want [z1]", victims(ev), ok)
+	}
+	n := 1
+	s.router.inflight[z] = &n
+	if ev, ok := s.planEviction("m", "", 5<<30, false); ok {
+		t.Errorf("plan %v with a request of the queen's in flight on z1", victims(ev))
 	}
 }

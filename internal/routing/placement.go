@@ -233,8 +233,23 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 // reports holding, or for one still starting its model's estimate (from
 // models, the pool's model list).
 func deviceFree(p registry.Pool, g api.GPU, models map[string]api.Model) uint64 {
+	return freeOn(p, g, models, false)
+}
+
+// freeOn is deviceFree; with stoppingGone, the workers stopping (draining)
+// count as gone: their memory is coming back.
+func freeOn(p registry.Pool, g api.GPU, models map[string]api.Model, stoppingGone bool) uint64 {
+	gone := func(w api.Worker) bool {
+		return w.GPUDevice != g.ID || w.StoppedAt != nil || stoppingGone && lifecycle.State(w.Status) == lifecycle.Draining
+	}
 	if g.TotalBytes == 0 {
-		return g.FreeBytes // no total reported: the reading is all there is
+		free := g.FreeBytes // no total reported: the reading is all there is
+		for _, w := range p.Workers {
+			if stoppingGone && w.GPUDevice == g.ID && w.StoppedAt == nil && lifecycle.State(w.Status) == lifecycle.Draining {
+				free += w.VRAMBytes
+			}
+		}
+		return free
 	}
 	var foreign uint64
 	if used := g.FreeBytes + g.AllocatedBytes + g.ReservedBytes; used < g.TotalBytes {
@@ -242,7 +257,7 @@ func deviceFree(p registry.Pool, g api.GPU, models map[string]api.Model) uint64 
 	}
 	held := foreign
 	for _, w := range p.Workers {
-		if w.GPUDevice != g.ID || w.StoppedAt != nil {
+		if gone(w) {
 			continue
 		}
 		if w.VRAMBytes > 0 {

@@ -226,13 +226,16 @@ type router struct {
 	// lastUsed is when each worker last finished a request of this
 	// queen's, for eviction (least recently used first).
 	lastUsed map[WorkerKey]time.Time // guarded by mu
-	closed   bool                    // guarded by mu
+	// evicting holds the workers an eviction is stopping, from its plan
+	// until the stop is written (claimIdle): no request goes to them.
+	evicting map[WorkerKey]bool // guarded by mu
+	closed   bool               // guarded by mu
 }
 
 func newRouter(cfg Config, log *slog.Logger, source func(target) []Candidate, aff *affinity, m *routeMetrics, demand func()) *router {
 	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
 		inflight: map[WorkerKey]*int{}, views: map[target]candidateView{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}, batches: map[target][]*waiter{},
-		holds: map[WorkerKey][]*batchHold{}, lastUsed: map[WorkerKey]time.Time{}}
+		holds: map[WorkerKey][]*batchHold{}, lastUsed: map[WorkerKey]time.Time{}, evicting: map[WorkerKey]bool{}}
 }
 
 // acquire returns a lease on a worker of req.model: at once when one has a
@@ -565,12 +568,12 @@ func (r *router) waitingLocked(t target) bool {
 // usableLocked drops the workers that broke a connection lately and the
 // degraded ones.
 func (r *router) usableLocked(cands []Candidate, now time.Time) []Candidate {
-	if len(r.broken) == 0 && r.degraded == 0 {
+	if len(r.broken) == 0 && r.degraded == 0 && len(r.evicting) == 0 {
 		return cands
 	}
 	out := cands[:0:0]
 	for _, c := range cands {
-		if until, ok := r.broken[c.Key]; ok && now.Before(until) {
+		if until, ok := r.broken[c.Key]; (ok && now.Before(until)) || r.evicting[c.Key] {
 			continue
 		}
 		if e := r.strikes[c.LifecycleID]; e != nil && e.state.Degraded {
@@ -640,7 +643,13 @@ func (r *router) settle(l lease, v verdict, cause error) strikeStep {
 		r.aff.forget(l.cand.Key)
 	}
 	waiting := [2]bool{r.waitingLocked(targets[0]), r.waitingLocked(targets[1])}
+	// A worker that went idle while requests wait for other models may be
+	// evicted for them now: the controller looks at once.
+	swap := r.swapWaitsLocked(l.cand.Key, l.model)
 	r.mu.Unlock()
+	if swap {
+		r.demand()
+	}
 	for i, t := range targets {
 		if !waiting[i] {
 			continue

@@ -73,6 +73,11 @@ type ControlPlane interface {
 	// queen as the actor: its row goes DRAINING, then STOPPED or FAILED.
 	// A row that ended meanwhile is no error.
 	StopWorker(ctx context.Context, lifecycleID, reason string) error
+	// EvictWorker stops a worker to make room for another model's: as
+	// StopWorker (it drains), audited worker.evicted with reason and
+	// meta (the model it makes room for, …). A row that ended meanwhile
+	// is no error.
+	EvictWorker(ctx context.Context, lifecycleID, reason string, meta map[string]any) error
 	// Audit appends an entry to the audit log; a failure is the control
 	// plane's to log and count.
 	Audit(ctx context.Context, e store.AuditEntry)
@@ -152,6 +157,12 @@ type Service struct {
 	loops   map[string]CrashLoop // guarded by loopsMu; the models in a crash loop, as the controller last published them
 
 	evictions evictionLog
+	// placeMu makes each placement decision and eviction plan one step
+	// with the reservation it makes in ledger: two decisions never count
+	// the same room, nor take the same worker.
+	placeMu sync.Mutex
+	ledger  *ledger
+	busy    busyLog
 	// changes fires at each Poke: an eviction waiting for its room looks
 	// again at once when a worker's event lands.
 	changes broadcast
@@ -206,6 +217,7 @@ func newService(cfg Config, cp ControlPlane) *Service {
 		strikeWake: make(chan struct{}, 1),
 		up:         transport.NewClient(upstreamTransport(), 0),
 		upBatch:    upstreamTransport(),
+		ledger:     newLedger(),
 	}
 	s.m = newRouteMetrics(cfg.Metrics, s.aff.size)
 	s.ctl = newController(s)
@@ -293,6 +305,13 @@ func (s *Service) Close() { s.router.close() }
 // candidates is the router's source: the workers of t's model that take
 // requests now.
 func (s *Service) candidates(t target) []Candidate { return s.cp.Candidates(t.model, t.pool) }
+
+// pools returns the registered pools f selects as placement sees them:
+// with the workers the queen placed or is evicting that their lists do
+// not show yet (but except, the caller's own reservation).
+func (s *Service) pools(f registry.Filter, except *reservation) []registry.Pool {
+	return s.ledger.view(s.cp.Pools(f), except, time.Now())
+}
 
 // counts counts the live rows of t (on healthy pools only, or all).
 func (s *Service) counts(t target, healthyOnly bool) Count {

@@ -232,6 +232,14 @@ func (l *Lines) Wait(t testing.TB, from int, msg string, want map[string]string)
 	}
 }
 
+// Len is how many records there are: a later Wait from it sees only
+// those that come after.
+func (l *Lines) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.records)
+}
+
 // Count counts the records that match.
 func (l *Lines) Count(msg string, want map[string]string) int {
 	l.mu.Lock()

@@ -95,6 +95,14 @@ type Config struct {
 	// ShutdownGrace is how long in-flight generations may run after a
 	// shutdown began before they are cancelled (default 30s).
 	ShutdownGrace time.Duration
+	// TestHoldDir is a test knob, off when empty (the default): while a
+	// file named ModelRef exists in it, every generation waits before each
+	// piece of text after the first it sent, at most MaxTestHold in all
+	// (the tokens stay in the answer), so that a test
+	// holds a stream open as long as it needs whatever the CPU's speed.
+	// cmd/apiary takes it from $APIARY_TEST_HOLD_DIR (TestHoldEnv); it is
+	// never for production.
+	TestHoldDir string
 	// CallbackAttempts, CallbackBackoff and CallbackTimeout bound the ready
 	// callback: tries, the first pause between tries (doubled each time),
 	// and the time one try may take.

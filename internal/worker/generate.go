@@ -35,6 +35,9 @@ type job struct {
 	req     engine.Request
 	stops   []string
 	choices int // n: seeds Seed, Seed+1, …; at once on an engine.Choices with free slots, else one after another
+	// hold, when not nil, is called before each piece of text after the
+	// first that goes out (the test knob Config.TestHoldDir).
+	hold func(ctx context.Context)
 }
 
 // newJob tokenizes prompt and turns the request's sampling into an engine
@@ -135,15 +138,19 @@ func generateChoices(ctx context.Context, eng engine.Engine, j job, first, m int
 	for k := range filters {
 		filters[k] = newTextFilter(j.stops)
 	}
+	sent := false // a chunk went out: the test knob holds the next
 	emit := func(k int, t engine.Token) error {
 		f := filters[k]
 		text, stopped := f.push(t.Piece)
 		toks[k] = append(toks[k], t)
 		if text != "" {
+			if sent && j.hold != nil {
+				j.hold(ctx)
+			}
 			if err := out(first+k, text, toks[k]); err != nil {
 				return err
 			}
-			toks[k] = toks[k][:0]
+			toks[k], sent = toks[k][:0], true
 		}
 		if stopped {
 			return engine.ErrStop
@@ -231,6 +238,7 @@ func (openAIStream) fail(sse *openai.SSEWriter, err error) error { return sse.Er
 // error event.
 func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng engine.Engine, j job, s openai.Sampling, f format, endpoint string) error {
 	j.req.Background = r.Header.Get(api.BatchHeader) == "1"
+	j.hold = w.testHold()
 	tl := w.newTimeline(r.Context(), endpoint, s.Stream)
 	defer tl.log()
 	release, err := w.admitGeneration(r.Context())
