@@ -130,6 +130,26 @@ func ephemeralArgs(t *testing.T, extra ...string) []string {
 	return append(args, extra...)
 }
 
+// testHoldEnv is the workers' test knob (worker.TestHoldEnv; not
+// imported, so that this package's tests stay free of cgo).
+const testHoldEnv = "APIARY_TEST_HOLD_DIR"
+
+// startHeldKeeper starts an ephemeral keeper (ephemeralArgs with extra)
+// whose worker holds its answer after its first 16 pieces (the test knob,
+// passed down by the queen and the hive), so that a signal lands while
+// tokens are being generated however fast the CPU is.
+func startHeldKeeper(t *testing.T, extra ...string) *keeper {
+	t.Helper()
+	dir := t.TempDir()
+	// 16 pieces first: one that is only control characters (a random
+	// model's) prints nothing.
+	if err := os.WriteFile(filepath.Join(dir, "tiny"), []byte("16"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pass := []string{"--queen-arg=--pass-env=" + testHoldEnv, "--queen-arg=--hive-arg=--pass-env=" + testHoldEnv}
+	return startKeeperEnv(t, []string{testHoldEnv + "=" + dir}, ephemeralArgs(t, append(pass, extra...)...)...)
+}
+
 // gone checks that no process of the keeper's tree is left and that the
 // throwaway data dir was removed.
 func (k *keeper) gone(t *testing.T) {

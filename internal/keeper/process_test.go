@@ -126,16 +126,11 @@ func TestWhatDiesWhen_CtrlCEphemeral_KeeperQueenHiveWorkerAllDie(t *testing.T) {
 			k.gone(t)
 		})
 		t.Run(sig.name+"/generating", func(t *testing.T) {
-			k := startKeeper(t, ephemeralArgs(t, "--prompt", "hello", "--max-tokens", "2000")...)
-			// The worker is found while it loads: once tokens flow, a
-			// loaded machine may not find it before its answer ends.
-			worker := testbin.AwaitProcess(t, k.marker, " worker --worker-id")
+			// The worker holds its answer after the first token, so the
+			// signal surely lands while tokens are being generated.
+			k := startHeldKeeper(t, "--prompt", "hello", "--max-tokens", "64")
 			k.WaitStdout(t, 1)
-			// Hold the worker mid-stream so that the signal surely
-			// lands while tokens are being generated.
-			_ = syscall.Kill(worker, syscall.SIGSTOP)
 			k.Signal(sig.sig)
-			_ = syscall.Kill(worker, syscall.SIGCONT)
 			if code := k.Wait(t); code != sig.code {
 				t.Errorf("exit %d, want %d; stderr:\n%s", code, sig.code, k.Lines.String())
 			}
@@ -203,7 +198,8 @@ func awaitStderr(t *testing.T, k *keeper, text string) {
 // A keeper killed with SIGKILL cannot tear down; its queen gets SIGTERM
 // from the kernel (its death signal) and cascades all the same.
 func TestKeeperKilled_EphemeralQueenStillCascades(t *testing.T) {
-	k := startKeeper(t, ephemeralArgs(t, "--prompt", "hello", "--max-tokens", "2000")...)
+	k := startHeldKeeper(t, "--prompt", "hello", "--max-tokens", "64") // still answering when killed
+
 	k.WaitStdout(t, 1)
 	k.Signal(syscall.SIGKILL)
 	if code := k.Wait(t); code != -1 {

@@ -45,14 +45,16 @@ func refusedFast(t *testing.T, what string, start time.Time, err error, want ...
 // got 503 no_capacity, an outage). A request pinned to another model
 // needs a new worker there, which a drained pool does not get.
 func TestProcessDrainedPoolKeepsServing(t *testing.T) {
-	c := startClusterWith(t, clusterOptions{model: holdingModel}, []string{"--queue-timeout", longQueue.String(), "--log-level", "debug"})
+	h := newHolds(t)
+	c := startClusterWith(t, clusterOptions{hiveEnv: h.env()}, []string{"--queue-timeout", longQueue.String(), "--log-level", "debug"}, h.hiveArgs()...)
 	ctx := t.Context()
 	first := make(chan struct{})
-	long, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
+	h.hold("tiny") // the stream keeps the slot until the test lets it go
+	var long streamed
 	go func() {
 		defer close(done)
-		c.stream(long, completion(1800), first)
+		long = c.stream(ctx, completion(32), first)
 	}()
 	<-first
 	queued := make(chan error, 1)
@@ -65,13 +67,17 @@ func TestProcessDrainedPoolKeepsServing(t *testing.T) {
 	if _, err := c.admin.DrainPool(ctx, "node-1", "capacity test"); err != nil {
 		t.Fatal(err)
 	}
+	c.queen.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "draining"})
 	select {
 	case err := <-queued:
 		t.Fatalf("the waiting request was answered while the slot was still taken: %v", err)
-	case <-time.After(500 * time.Millisecond):
+	default:
 	}
-	stop() // the slot frees
+	h.release("tiny") // the slot frees once the stream ends
 	<-done
+	if long.err != nil || long.tokens != 32 {
+		t.Errorf("the stream that held the slot: %d tokens, %v; want all 32", long.tokens, long.err)
+	}
 	select {
 	case err := <-queued:
 		if err != nil {

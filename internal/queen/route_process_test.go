@@ -257,19 +257,25 @@ func TestProcessUnknownModel(t *testing.T) {
 
 // Four concurrent streams with one slot per worker and up to two workers:
 // the queue's wait places a second worker, and the streams are spread
-// over both.
+// over both. The streams are held (the workers' test knob) until the
+// second worker is ready, so that they still wait then on any CPU.
 func TestProcessConcurrentStreamsAcrossTwoWorkers(t *testing.T) {
-	c := startCluster(t, []string{"--max-workers", "2", "--scale-up-after", "100ms"})
+	h := newHolds(t)
+	c := startClusterWith(t, clusterOptions{hiveEnv: h.env()}, []string{"--max-workers", "2", "--scale-up-after", "100ms"}, h.hiveArgs()...)
 	ctx := t.Context()
 	var wg sync.WaitGroup
 	results := make([]streamed, 4)
+	h.hold("tiny")
 	for i := range results {
-		wg.Go(func() { results[i] = c.stream(ctx, completion(1200), nil) })
+		wg.Go(func() { results[i] = c.stream(ctx, completion(64), nil) })
 	}
+	_, next := c.queen.logs.wait(t, 0, "lifecycle row changed", map[string]string{"to": "RUNNING"})
+	c.queen.logs.wait(t, next, "lifecycle row changed", map[string]string{"to": "RUNNING"})
+	h.release("tiny")
 	wg.Wait()
 	workers := map[string]int{}
 	for i, r := range results {
-		if r.err != nil || r.tokens != 1200 || r.text != results[0].text {
+		if r.err != nil || r.tokens != 64 || r.text != results[0].text {
 			t.Errorf("stream %d: %d chunks, %v", i, r.chunks, r.err)
 		}
 		workers[r.worker]++
@@ -303,27 +309,65 @@ func TestProcessConcurrentStreamsAcrossTwoWorkers(t *testing.T) {
 // stays on the worker that served its first request, waiting for it when
 // it is busy rather than going to the free one.
 func TestProcessSessionAffinity(t *testing.T) {
-	c := startCluster(t, []string{"--affinity-ttl", "1m"})
+	h := newHolds(t)
+	c := startClusterWith(t, clusterOptions{hiveEnv: h.env()}, []string{"--affinity-ttl", "1m", "--log-level", "debug"}, h.hiveArgs()...)
 	ctx := t.Context()
+	var ids []string
 	for range 2 {
-		if _, err := c.admin.StartWorker(ctx, "tiny", "node-1", nil, "affinity test"); err != nil {
+		row, err := c.admin.StartWorker(ctx, "tiny", "node-1", nil, "affinity test")
+		if err != nil {
 			t.Fatal(err)
 		}
+		ids = append(ids, row.LifecycleID)
+		h.hold("tiny@" + row.LifecycleID) // each worker holds its streams until let go
 	}
 	_, next := c.queen.logs.wait(t, 0, "lifecycle row changed", map[string]string{"to": "RUNNING"})
 	c.queen.logs.wait(t, next, "lifecycle row changed", map[string]string{"to": "RUNNING"})
 
 	session := func(id string) option.RequestOption { return option.WithHeader(api.SessionHeader, id) }
-	// a's first request holds one worker while b's first goes to the other.
-	aFirst := make(chan struct{})
+	// a's first request holds one worker (the test knob keeps it busy,
+	// however fast the CPU) while b's first goes to the other, let go.
 	var a1 streamed
 	var wg sync.WaitGroup
-	wg.Go(func() { a1 = c.stream(ctx, completion(1500), aFirst, session("a")) })
-	<-aFirst
+	var aResp *http.Response
+	p := completion(32)
+	p.StreamOptions = oai.ChatCompletionStreamOptionsParam{IncludeUsage: oai.Bool(true)}
+	as := c.client.Completions.NewStreaming(ctx, p, session("a"), ignoreEOS, option.WithResponseInto(&aResp))
+	defer as.Close()
+	if !as.Next() {
+		t.Fatalf("a's first request: no first chunk: %v", as.Err())
+	}
+	wg.Go(func() {
+		for as.Next() {
+			if u := as.Current().Usage; u.CompletionTokens > 0 {
+				a1.tokens = u.CompletionTokens
+			}
+		}
+		a1.err = as.Err()
+	})
+	aWorker := aResp.Header.Get(api.WorkerHeader)
+	a1.worker = aWorker
+	if !slices.Contains(ids, aWorker) {
+		t.Fatalf("a's first request went to %q, not one of %v", aWorker, ids)
+	}
+	for _, id := range ids {
+		if id != aWorker {
+			h.release("tiny@" + id)
+		}
+	}
 	b1 := c.stream(ctx, completion(8), nil, session("b"))
 	// While a's first stream still runs on its worker, a's second request
 	// waits for it although b's worker is free.
-	a2 := c.stream(ctx, completion(8), nil, session("a"))
+	var a2 streamed
+	a2Done := make(chan struct{})
+	wg.Go(func() { defer close(a2Done); a2 = c.stream(ctx, completion(8), nil, session("a")) })
+	c.queen.logs.wait(t, 0, "request queued", map[string]string{"model_ref": "tiny"})
+	select {
+	case <-a2Done:
+		t.Fatalf("a's second request was answered while its worker was busy: %+v", a2)
+	default:
+	}
+	h.release("tiny@" + aWorker)
 	wg.Wait()
 	b2 := c.stream(ctx, completion(8), nil, session("b"))
 	for name, r := range map[string]streamed{"a1": a1, "b1": b1, "a2": a2, "b2": b2} {
@@ -343,7 +387,8 @@ func TestProcessSessionAffinity(t *testing.T) {
 // ends with an error within a second, the row is FAILED, and the next
 // request is served by a new worker.
 func TestProcessWorkerKilledMidStream(t *testing.T) {
-	c := startCluster(t, nil)
+	h := newHolds(t)
+	c := startClusterWith(t, clusterOptions{hiveEnv: h.env()}, nil, h.hiveArgs()...)
 	ctx := t.Context()
 	if r := c.stream(ctx, completion(4), nil); r.err != nil {
 		t.Fatalf("cold request: %v", r.err)
@@ -354,10 +399,14 @@ func TestProcessWorkerKilledMidStream(t *testing.T) {
 	}
 	victim := rows[0]
 
+	// Held after its first token (the test knob), the stream is still
+	// under way when its worker is killed, however fast the CPU.
+	h.hold("tiny@" + victim.ID)
 	var resp *http.Response
 	s := c.client.Completions.NewStreaming(ctx, completion(1800), ignoreEOS, option.WithResponseInto(&resp))
 	defer s.Close()
-	for i := 0; i < 3 && s.Next(); i++ {
+	if !s.Next() {
+		t.Fatalf("no first chunk: %v", s.Err())
 	}
 	killed := time.Now()
 	if err := syscall.Kill(*victim.PID, syscall.SIGKILL); err != nil {
@@ -384,18 +433,13 @@ func TestProcessWorkerKilledMidStream(t *testing.T) {
 	}
 }
 
-// holdingModel is a model larger than the default one, for tests whose
-// long stream must hold a slot while something else happens: its
-// 1800-token stream takes about 3 s on a fast CPU, the default model's
-// under 0.2 s.
-var holdingModel = testmodel.Options{Layers: 8, Dim: 256}
-
 // One slot, a queue of one: a third request is refused with 429 and
 // Retry-After, and a queued request that waits past the queue timeout
-// gets 504. The long stream (holdingModel) holds the slot well past the
-// timeout.
+// gets 504. The test holds the long stream (the workers' test knob) until
+// both answers came, then lets it finish whole.
 func TestProcessQueueFullAndTimeout(t *testing.T) {
-	c := startClusterWith(t, clusterOptions{model: holdingModel}, []string{"--queue-size", "1", "--queue-timeout", "500ms", "--log-level", "debug"})
+	h := newHolds(t)
+	c := startClusterWith(t, clusterOptions{hiveEnv: h.env()}, []string{"--queue-size", "1", "--queue-timeout", "500ms", "--log-level", "debug"}, h.hiveArgs()...)
 	ctx := t.Context()
 	if _, err := c.admin.StartWorker(ctx, "tiny", "node-1", nil, "queue test"); err != nil {
 		t.Fatal(err)
@@ -405,12 +449,10 @@ func TestProcessQueueFullAndTimeout(t *testing.T) {
 	var long streamed
 	var wg sync.WaitGroup
 	longDone := make(chan struct{})
-	longStart := time.Now()
-	var longTook time.Duration
+	h.hold("tiny")
 	wg.Go(func() {
 		defer close(longDone)
-		long = c.stream(ctx, completion(1800), first)
-		longTook = time.Since(longStart)
+		long = c.stream(ctx, completion(64), first)
 	})
 	select {
 	case <-first:
@@ -435,11 +477,16 @@ func TestProcessQueueFullAndTimeout(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusGatewayTimeout || apiErr.Code != "queue_timeout" {
 		t.Errorf("queued request: %v, want 504 queue_timeout", err)
 	}
-	wg.Wait()
-	if long.err != nil {
-		t.Errorf("the long stream: %v", long.err)
+	select {
+	case <-longDone:
+		t.Errorf("the held stream ended before the test let it: %+v", long)
+	default:
 	}
-	t.Logf("the long stream took %s", longTook)
+	h.release("tiny")
+	wg.Wait()
+	if long.err != nil || long.tokens != 64 {
+		t.Errorf("the long stream: %d tokens, %v; want all 64", long.tokens, long.err)
+	}
 	if got := c.metric(`apiary_queen_queue_rejected_total{model="tiny",reason="queue_full"}`); got != "1" {
 		t.Errorf("queue_full count %q", got)
 	}

@@ -96,7 +96,8 @@ type Config struct {
 	// shutdown began before they are cancelled (default 30s).
 	ShutdownGrace time.Duration
 	// TestHoldDir is a test knob, off when empty (the default): while a
-	// file named ModelRef exists in it, every generation waits before each
+	// file named ModelRef (or ModelRef@LifecycleID, for this worker
+	// alone) exists in it, every generation waits before each
 	// piece of text after the first it sent, at most MaxTestHold in all
 	// (the tokens stay in the answer), so that a test
 	// holds a stream open as long as it needs whatever the CPU's speed.

@@ -37,7 +37,7 @@ type job struct {
 	choices int // n: seeds Seed, Seed+1, …; at once on an engine.Choices with free slots, else one after another
 	// hold, when not nil, is called before each piece of text after the
 	// first that goes out (the test knob Config.TestHoldDir).
-	hold func(ctx context.Context)
+	hold func(ctx context.Context, sent int)
 }
 
 // newJob tokenizes prompt and turns the request's sampling into an engine
@@ -138,19 +138,23 @@ func generateChoices(ctx context.Context, eng engine.Engine, j job, first, m int
 	for k := range filters {
 		filters[k] = newTextFilter(j.stops)
 	}
-	sent := false // a chunk went out: the test knob holds the next
+	sent := 0 // chunks that went out: the test knob holds the next
 	emit := func(k int, t engine.Token) error {
 		f := filters[k]
 		text, stopped := f.push(t.Piece)
 		toks[k] = append(toks[k], t)
 		if text != "" {
-			if sent && j.hold != nil {
-				j.hold(ctx)
+			if sent > 0 && j.hold != nil {
+				j.hold(ctx, sent)
+				if ctx.Err() != nil {
+					return context.Cause(ctx) // ended while held: as the engine ends on a cancel
+				}
 			}
 			if err := out(first+k, text, toks[k]); err != nil {
 				return err
 			}
-			toks[k], sent = toks[k][:0], true
+			toks[k] = toks[k][:0]
+			sent++
 		}
 		if stopped {
 			return engine.ErrStop

@@ -306,11 +306,30 @@ func streamUntilFirstToken(t *testing.T, url string, maxTokens int) (*sseReader,
 	return s, func() { res.Body.Close() }
 }
 
+// heldModel makes a directory for the workers' test knob (TestHoldEnv)
+// holding the test model's generations after their first token; it
+// returns the worker's environment and what lets them go.
+func heldModel(t *testing.T) (env []string, release func()) {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, strings.TrimSuffix(filepath.Base(testModelPath(t)), ".gguf"))
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return []string{TestHoldEnv + "=" + dir}, func() {
+		if err := os.Remove(file); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 func TestBinarySIGTERMCancelsStreamAfterGrace(t *testing.T) {
-	// A generation that fills a 16k context runs for seconds; the grace is
-	// far shorter, so the stream is cancelled and ends with an error event.
-	p, url := startWorkerBinary(t, nil, "--ctx-size", "16384", "--shutdown-grace", "100ms")
-	s, closeBody := streamUntilFirstToken(t, url, 0)
+	// The stream is held after its first token (the test knob) past the
+	// grace, however fast the CPU: it is cancelled and ends with an
+	// error event.
+	env, _ := heldModel(t)
+	p, url := startWorkerBinary(t, env, "--shutdown-grace", "100ms")
+	s, closeBody := streamUntilFirstToken(t, url, 200)
 	defer closeBody()
 
 	p.signal(t, syscall.SIGTERM)
@@ -329,7 +348,8 @@ func TestBinarySIGTERMCancelsStreamAfterGrace(t *testing.T) {
 }
 
 func TestBinarySIGTERMLetsStreamFinish(t *testing.T) {
-	p, url := startWorkerBinary(t, nil, "--shutdown-grace", "60s")
+	env, release := heldModel(t) // the stream is still under way at SIGTERM, however fast the CPU
+	p, url := startWorkerBinary(t, env, "--shutdown-grace", "60s")
 	s, closeBody := streamUntilFirstToken(t, url, 200)
 	defer closeBody()
 
@@ -338,6 +358,7 @@ func TestBinarySIGTERMLetsStreamFinish(t *testing.T) {
 	if rec["in_flight"] != float64(1) {
 		t.Errorf("draining began with in_flight %v, want 1 (the stream)", rec["in_flight"])
 	}
+	release()
 	var events []string
 	for ev := s.next(); ev != ""; ev = s.next() {
 		events = append(events, ev)
