@@ -590,7 +590,7 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 			return placeResult{target: o.target(), row: row}
 		case ctx.Err() != nil:
 			return fail(err)
-		case errors.As(err, &refused) && refused.NoRoomYet && time.Now().Before(roomBy):
+		case errors.As(err, &refused) && refused.NoRoomYet && time.Now().Before(roomBy) && c.s.roomMayCome(o.Model, d.Pool.ID):
 			// Workers it is stopping have not left the hive's table yet,
 			// or it counts one the queen does not see yet: another pool
 			// first, this one again after a change.
@@ -603,6 +603,30 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 		}
 		c.log.Warn("placement refused; placing again without the pool", "model_ref", o.Model, "pool_id", d.Pool.ID, "err", err)
 	}
+}
+
+// roomMayCome says whether a hive's "no room" for a worker of model may
+// pass on its own within --swap-wait: a worker stops there (an eviction's
+// victim, a draining one), or workers of other models there could be
+// evicted once they are done. Otherwise the refusal is the answer (the
+// model does not fit beside what stays).
+func (s *Service) roomMayCome(model, pool string) bool {
+	if s.ledger.stopping(pool) {
+		return true
+	}
+	if p, ok := s.cp.Pool(pool); ok {
+		for _, w := range p.Workers {
+			if live(w) && lifecycle.State(w.Status) == lifecycle.Draining {
+				return true
+			}
+		}
+	}
+	if need := s.needOf(model); need > 0 {
+		if _, ok := s.planEviction(model, pool, need, true); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Place places a worker of req.Model: the catalog is brought up to date

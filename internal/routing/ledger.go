@@ -122,6 +122,19 @@ func (l *ledger) evicted(k WorkerKey) bool {
 	return ok
 }
 
+// stopping says whether an eviction's victim on pool has not left its
+// pool's list yet: room there is on its way.
+func (l *ledger) stopping(pool string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k := range l.stops {
+		if k.Pool == pool {
+			return true
+		}
+	}
+	return false
+}
+
 // evictedOf counts the victims of model whose rows count forward (running
 // says whether a row still does: its stop has not been written yet).
 func (l *ledger) evictedOf(model string, running func(pool, lifecycleID, worker string) bool) int {
