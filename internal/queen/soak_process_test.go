@@ -88,7 +88,7 @@ func TestSoak(t *testing.T) {
 	})
 
 	rng := rand.New(rand.NewPCG(uint64(start.UnixNano()), 12))
-	var deck []int // kills in a random order, each kind in every four: a minute sees them all
+	var deck []int // kills in a random order, each kind in every five: a minute sees them all
 	for time.Since(start) < *soakFor {
 		pause := soakPause/2 + time.Duration(rng.Int64N(int64(soakPause)))
 		select {
@@ -97,7 +97,7 @@ func TestSoak(t *testing.T) {
 			t.Fatal("test context ended")
 		}
 		if len(deck) == 0 {
-			deck = []int{0, 1, 2, 3}
+			deck = []int{0, 1, 2, 3, 4}
 			rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		}
 		kill := deck[0]
@@ -109,6 +109,8 @@ func TestSoak(t *testing.T) {
 			s.restart(t, s.hiveB)
 		case 3:
 			s.restart(t, s.queen)
+		case 4:
+			s.freeze(t, rng)
 		}
 	}
 	chaos := time.Since(start)
@@ -136,7 +138,7 @@ type soak struct {
 	queen, hiveA, hiveB *daemon
 
 	mu       sync.Mutex     // guards the fields below and every daemon's p and lives
-	kills    map[string]int // by kind: worker, hive, queen
+	kills    map[string]int // by kind: worker, hive, queen, queen freeze
 	noVictim int            // worker kills that found no worker
 	ok       [2]int         // completions in full: [0] whole, [1] streamed
 	failed   map[string]int // by kind (errKind)
@@ -240,6 +242,28 @@ func (s *soak) restart(t *testing.T, d *daemon) {
 		t.Fatalf("%s exited cleanly after SIGKILL", d.name)
 	}
 	s.start(t, d)
+}
+
+// freeze stops the queen (SIGSTOP) for 0.5–6 s, a GC pause or a stalled
+// VM, at times past the hives' heartbeat timeout (3 s), and lets it go on
+// (SIGCONT): it wakes with beats and requests waiting, and must not take
+// the workers that ran meanwhile for lost.
+func (s *soak) freeze(t *testing.T, rng *rand.Rand) {
+	t.Helper()
+	s.mu.Lock()
+	pid := s.queen.p.cmd.Process.Pid
+	s.kills["queen freeze"]++
+	s.mu.Unlock()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-time.After(500*time.Millisecond + time.Duration(rng.Int64N(int64(5500*time.Millisecond)))):
+	case <-t.Context().Done():
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // workers lists the pids of the `apiary worker` processes of the test.
@@ -488,8 +512,8 @@ func (s *soak) report(t *testing.T, chaos time.Duration, final agreement) {
 	for _, d := range []*daemon{s.queen, s.hiveA, s.hiveB} {
 		s.sampleLocked(d.lives[len(d.lives)-1])
 	}
-	t.Logf("soak: %s of chaos on %d CPUs; kills: worker %d (%d times none ran), hive %d, queen %d; restarts: hive %d, queen %d",
-		chaos.Round(time.Second), nproc(), s.kills["worker"], s.noVictim, s.kills["hive"], s.kills["queen"],
+	t.Logf("soak: %s of chaos on %d CPUs; kills: worker %d (%d times none ran), hive %d, queen %d; queen freezes %d; restarts: hive %d, queen %d",
+		chaos.Round(time.Second), nproc(), s.kills["worker"], s.noVictim, s.kills["hive"], s.kills["queen"], s.kills["queen freeze"],
 		len(s.hiveB.lives)-1, len(s.queen.lives)-1)
 	failed := 0
 	var kinds []string
