@@ -72,12 +72,7 @@ func nodeMarker(i int) string { return cluster.Marker(i) }
 // freePort is a free TCP port on the queen's address.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", queenIP+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return testbin.FreePortOn(t, queenIP)
 }
 
 type queen struct {
