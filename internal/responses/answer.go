@@ -59,6 +59,7 @@ type Answer struct {
 	calls   map[int]int      // a chat call's index → its output index
 	args    map[int]*strings.Builder
 	finish  string
+	failure map[string]any // the error of a response that failed
 	in, out int
 	// Stored says the response is kept (store, and a store to keep it in).
 	Stored bool
@@ -102,7 +103,11 @@ func (a *Answer) object(status string) map[string]any {
 	if output == nil {
 		output = []map[string]any{}
 	}
-	return map[string]any{"id": a.id, "object": "response", "created_at": a.created, "status": status, "error": nil,
+	var failure any
+	if status == "failed" {
+		failure = a.failure
+	}
+	return map[string]any{"id": a.id, "object": "response", "created_at": a.created, "status": status, "error": failure,
 		"incomplete_details": incomplete, "instructions": a.req.Instructions, "max_output_tokens": a.req.MaxOutputTokens,
 		"model": a.model, "output": output, "parallel_tool_calls": a.req.ParallelToolCalls == nil || *a.req.ParallelToolCalls,
 		"previous_response_id": a.req.PreviousResponseID, "reasoning": map[string]any{"effort": nil, "summary": nil}, "store": a.Stored,
@@ -134,8 +139,9 @@ func messageItem(id, status, text string, done bool) map[string]any {
 	return map[string]any{"type": "message", "id": id, "status": status, "role": "assistant", "content": content}
 }
 
-// closeText ends the open message, if any.
-func (a *Answer) closeText() [][]byte {
+// closeText ends the open message, if any, with status (completed, or
+// incomplete when the length bound cut it).
+func (a *Answer) closeText(status string) [][]byte {
 	if a.text == nil {
 		return nil
 	}
@@ -143,7 +149,7 @@ func (a *Answer) closeText() [][]byte {
 	id := a.output[i]["id"].(string)
 	text := a.text.String()
 	a.text = nil
-	a.output[i] = messageItem(id, "completed", text, true)
+	a.output[i] = messageItem(id, status, text, true)
 	part := map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
 	return [][]byte{
 		a.event("response.output_text.done", map[string]any{"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": []any{}}),
@@ -159,6 +165,37 @@ func (a *Answer) status() string {
 		return "incomplete"
 	}
 	return "completed"
+}
+
+// itemStatus is the status of output item k once the response ended:
+// the last item is the one the length bound cut, and is incomplete with
+// the response; the items before it ended well.
+func (a *Answer) itemStatus(k int) string {
+	if k == len(a.output)-1 {
+		return a.status()
+	}
+	return "completed"
+}
+
+// fail ends the stream with response.failed: the response as it stood,
+// status failed, its error code and message; items still open are
+// incomplete (a message with the text it had).
+func (a *Answer) fail(code, message string) []byte {
+	if code == "" {
+		code = "server_error"
+	}
+	a.failure = map[string]any{"code": code, "message": message}
+	if a.text != nil {
+		i := len(a.output) - 1
+		a.output[i] = messageItem(a.output[i]["id"].(string), "incomplete", a.text.String(), true)
+		a.text = nil
+	}
+	for ci, k := range a.calls {
+		if it := a.output[k]; it["status"] == "in_progress" {
+			a.output[k] = callItem(it["id"].(string), it["call_id"].(string), it["name"].(string), a.args[ci].String(), "incomplete")
+		}
+	}
+	return a.event("response.failed", map[string]any{"response": a.object("failed")})
 }
 
 func callItem(id, callID, name, args, status string) map[string]any {
@@ -178,7 +215,9 @@ func (a *Answer) Event(data []byte, now time.Time) (out [][]byte, last bool, err
 			a.event("response.in_progress", map[string]any{"response": a.object("in_progress")}))
 	}
 	if string(data) == "[DONE]" {
-		out = append(out, a.closeText()...)
+		if a.text != nil {
+			out = append(out, a.closeText(a.itemStatus(len(a.output)-1))...)
+		}
 		for k := range len(a.output) {
 			it := a.output[k]
 			if it["type"] != "function_call" || it["status"] == "completed" {
@@ -191,7 +230,7 @@ func (a *Answer) Event(data []byte, now time.Time) (out [][]byte, last bool, err
 				}
 			}
 			args := a.args[idx].String()
-			a.output[k] = callItem(it["id"].(string), it["call_id"].(string), it["name"].(string), args, "completed")
+			a.output[k] = callItem(it["id"].(string), it["call_id"].(string), it["name"].(string), args, a.itemStatus(k))
 			out = append(out, a.event("response.function_call_arguments.done", map[string]any{"item_id": it["id"], "output_index": k, "arguments": args}),
 				a.event("response.output_item.done", map[string]any{"output_index": k, "item": a.output[k]}))
 		}
@@ -203,11 +242,10 @@ func (a *Answer) Event(data []byte, now time.Time) (out [][]byte, last bool, err
 	}
 	var c chunk
 	if err := json.Unmarshal(data, &c); err != nil {
-		return out, true, fmt.Errorf("the worker's stream sent an event that is no JSON: %w", err)
+		return append(out, a.fail("", "the worker's stream sent an event that is no JSON")), true, nil
 	}
 	if c.Error != nil {
-		out = append(out, a.event("error", map[string]any{"code": c.Error.Code, "message": c.Error.Message, "param": c.Error.Param}))
-		return out, true, nil
+		return append(out, a.fail(c.Error.Code, c.Error.Message)), true, nil
 	}
 	if c.Usage != nil {
 		a.in, a.out = c.Usage.PromptTokens, c.Usage.CompletionTokens
@@ -237,7 +275,7 @@ func (a *Answer) Event(data []byte, now time.Time) (out [][]byte, last bool, err
 	for _, p := range ch.Delta.ToolCalls {
 		k, ok := a.calls[p.Index]
 		if !ok {
-			out = append(out, a.closeText()...)
+			out = append(out, a.closeText("completed")...)
 			callID := p.ID
 			if callID == "" {
 				callID = NewID("call")
@@ -284,6 +322,9 @@ func (a *Answer) Whole(data []byte, _ time.Time) ([]byte, error) {
 			callID = NewID("call")
 		}
 		a.output = append(a.output, callItem(NewID("fc"), callID, p.Function.Name, p.Function.Arguments, "completed"))
+	}
+	if k := len(a.output) - 1; a.status() == "incomplete" {
+		a.output[k]["status"] = "incomplete"
 	}
 	b, err := json.Marshal(a.object(a.status()))
 	if err == nil {

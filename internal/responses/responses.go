@@ -63,6 +63,10 @@ type Request struct {
 	SafetyIdentifier   string          `json:"safety_identifier"`
 	TopLogprobs        *int            `json:"top_logprobs"`
 	MaxToolCalls       *int            `json:"max_tool_calls"`
+	// Conversation and Prompt name things kept at OpenAI (a conversation,
+	// a prompt template); refused unless null.
+	Conversation json.RawMessage `json:"conversation"`
+	Prompt       json.RawMessage `json:"prompt"`
 }
 
 // Tool is a tools entry; only functions are served.
@@ -103,15 +107,57 @@ type item struct {
 	Status    string          `json:"status"`
 }
 
-// Parse reads a POST /v1/responses body.
+// Parse reads a POST /v1/responses body. Fields it does not know are
+// ignored, at every level; a known field of the wrong type is refused.
 func Parse(data []byte) (Request, error) {
 	var req Request
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := json.Unmarshal(data, &req); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return req, bad(te.Field, "%s must be %s, not a JSON %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
+		}
 		return req, bad("", "the body is not a valid request: %s", strings.TrimPrefix(err.Error(), "json: "))
 	}
 	return req, nil
+}
+
+// jsonKind names a Go kind as the JSON a client sends.
+func jsonKind(kind string) string {
+	switch kind {
+	case "string":
+		return "a string"
+	case "bool":
+		return "true or false"
+	case "int", "int64", "float64":
+		return "a number"
+	case "slice":
+		return "a list"
+	case "map", "struct":
+		return "an object"
+	}
+	return "another type"
+}
+
+// isNull says raw is absent or JSON null.
+func isNull(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// reasoningAsked says reasoning asks for an effort or a summary (an
+// effort of "none" asks for nothing).
+func reasoningAsked(raw json.RawMessage) bool {
+	if isNull(raw) {
+		return false
+	}
+	var r struct {
+		Effort  *string         `json:"effort"`
+		Summary json.RawMessage `json:"summary"`
+	}
+	if json.Unmarshal(raw, &r) != nil {
+		return true
+	}
+	return (r.Effort != nil && *r.Effort != "none") || !isNull(r.Summary)
 }
 
 // Chat turns a POST /v1/responses body into a /v1/chat/completions body;
@@ -137,8 +183,12 @@ func Build(req Request, prior []map[string]any) (body []byte, conversation []map
 	switch {
 	case req.Background:
 		return nil, nil, bad("background", "background responses are not served")
-	case req.Reasoning != nil && string(req.Reasoning) != "null":
-		return nil, nil, bad("reasoning", "reasoning options are not served")
+	case reasoningAsked(req.Reasoning):
+		return nil, nil, bad("reasoning", "reasoning effort and summaries are not served: the workers' models answer without them")
+	case !isNull(req.Conversation):
+		return nil, nil, bad("conversation", "conversations are not kept here: send the conversation in input, or continue from previous_response_id")
+	case !isNull(req.Prompt):
+		return nil, nil, bad("prompt", "prompt templates are not served: send instructions and input")
 	case req.TopLogprobs != nil && *req.TopLogprobs > 0:
 		return nil, nil, bad("top_logprobs", "top_logprobs is not served on /v1/responses; use /v1/chat/completions")
 	}
@@ -179,14 +229,17 @@ func Build(req Request, prior []map[string]any) (body []byte, conversation []map
 		}
 		fields["tools"] = tools
 	}
+	forced := false // the answer is a call: tool_choice forces one
 	if tc := bytes.TrimSpace(req.ToolChoice); len(tc) > 0 && string(tc) != "null" {
 		var mode string
 		var named struct{ Type, Name string }
 		switch {
 		case json.Unmarshal(tc, &mode) == nil:
 			fields["tool_choice"] = mode
+			forced = mode == "required" && len(req.Tools) > 0
 		case json.Unmarshal(tc, &named) == nil && named.Type == "function" && named.Name != "":
 			fields["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": named.Name}}
+			forced = true
 		default:
 			return nil, nil, bad("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "name": …}`)
 		}
@@ -195,22 +248,16 @@ func Build(req Request, prior []map[string]any) (body []byte, conversation []map
 		fields["parallel_tool_calls"] = *req.ParallelToolCalls
 	}
 	if req.Text != nil && req.Text.Format != nil {
+		// A forced call is constrained by its tool's parameters; the format
+		// constrains text, which such an answer has none of, so it is not
+		// sent (a later request, once the call's output is back and no
+		// call is forced, answers in the format). OpenAI takes both.
 		f := req.Text.Format
-		switch f.Type {
-		case "text":
-		case "json_object":
-			fields["response_format"] = map[string]any{"type": "json_object"}
-		case "json_schema":
-			js := map[string]any{"name": f.Name, "schema": f.Schema}
-			if f.Strict != nil {
-				js["strict"] = *f.Strict
+		structured := f.Type == "json_object" || f.Type == "json_schema"
+		if f.Type != "text" && !(structured && forced) {
+			if err := addFormat(fields, f); err != nil {
+				return nil, nil, err
 			}
-			if f.Description != "" {
-				js["description"] = f.Description
-			}
-			fields["response_format"] = map[string]any{"type": "json_schema", "json_schema": js}
-		default:
-			return nil, nil, bad("text.format.type", "text.format.type %q: want text, json_object or json_schema", f.Type)
 		}
 	}
 	if req.MaxOutputTokens != nil {
@@ -224,6 +271,26 @@ func Build(req Request, prior []map[string]any) (body []byte, conversation []map
 	}
 	body, err = json.Marshal(fields)
 	return body, conversation, err
+}
+
+// addFormat sets the chat body's response_format to text.format f.
+func addFormat(fields map[string]any, f *Format) error {
+	switch f.Type {
+	case "json_object":
+		fields["response_format"] = map[string]any{"type": "json_object"}
+	case "json_schema":
+		js := map[string]any{"name": f.Name, "schema": f.Schema}
+		if f.Strict != nil {
+			js["strict"] = *f.Strict
+		}
+		if f.Description != "" {
+			js["description"] = f.Description
+		}
+		fields["response_format"] = map[string]any{"type": "json_schema", "json_schema": js}
+	default:
+		return bad("text.format.type", "text.format.type %q: want text, json_object or json_schema", f.Type)
+	}
+	return nil
 }
 
 // input turns input (a string, or a list of items) into chat messages.
