@@ -42,7 +42,10 @@ func (h *Hive) routes() http.Handler {
 	mux.Handle("GET /v2/models/pulls", auth(h.listPulls))
 	mux.Handle("GET /v2/models/pulls/{id}", auth(h.getPull))
 	mux.Handle("POST /v2/shutdown", auth(h.postShutdown))
-	mux.Handle("/", open(func(http.ResponseWriter, *http.Request) error {
+	// Any other path or method: 404 to a caller with the cluster token,
+	// 401 without (as for the routes that exist, so that a caller
+	// without it cannot tell which do).
+	mux.Handle("/", auth(func(http.ResponseWriter, *http.Request) error {
 		return &api.RequestError{Status: http.StatusNotFound, Code: "not_found", Err: errors.New("no such endpoint")}
 	}))
 	return mux
@@ -78,7 +81,7 @@ func (h *Hive) handle(fn handlerFunc, needToken bool) http.Handler {
 			return
 		}
 		if err := fn(w, r); err != nil {
-			if status, _ := api.StatusOf(err); status >= 500 {
+			if status, _ := api.StatusOf(err); status >= 500 && r.Context().Err() == nil { // a caller that went away is no failure
 				h.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
 			writeError(w, err)

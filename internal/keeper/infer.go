@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	neturl "net/url"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -361,6 +362,11 @@ func (k *Infer) generate(ctx context.Context, url, ref string) error {
 	if k.cfg.Node != "" {
 		req.Header.Set(api.PoolHeader, k.cfg.Node)
 	}
+	// A model the queen does not know is said at once, before any
+	// "waiting for a worker of …" line.
+	if err := k.checkModel(ctx, url, ref); err != nil {
+		return err
+	}
 	prog := k.startProgress(ctx, url, ref)
 	defer prog.stop()
 	resp, err := oneShotClient().Do(req)
@@ -376,6 +382,31 @@ func (k *Infer) generate(ctx context.Context, url, ref string) error {
 		return answerError(resp)
 	}
 	return k.stream(ctx, resp.Body, prog)
+}
+
+// checkModel asks the queen whether it knows model ref (GET
+// /v1/models/{ref}): a 404 is the queen's answer, in its words. Any
+// other trouble is left to the request itself, which says it.
+func (k *Infer) checkModel(ctx context.Context, url, ref string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/models/"+neturl.PathEscape(ref), nil)
+	if err != nil {
+		return nil
+	}
+	if k.cfg.Tokens.API != "" {
+		req.Header.Set("Authorization", "Bearer "+k.cfg.Tokens.API)
+	}
+	if k.cfg.Node != "" {
+		req.Header.Set(api.PoolHeader, k.cfg.Node)
+	}
+	resp, err := oneShotClient().Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return answerError(resp)
+	}
+	return nil
 }
 
 // answerError reads an OpenAI error answer.

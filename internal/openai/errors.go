@@ -188,6 +188,41 @@ func (e *CodedError) ErrorCode() string         { return e.Code }
 func (e *CodedError) RetryAfter() time.Duration { return e.Retry }
 func (e *CodedError) ErrorType() string         { return e.Type }
 
+// PublicError is an error with two texts: Error, for the log and the
+// audit (file paths, addresses, lifecycle ids and other processes' words
+// as they came), and Message, for an API client (the reason in words).
+// It is made where both are known; AsError answers with Message.
+type PublicError struct {
+	Message string
+	Err     error
+}
+
+func (e *PublicError) Error() string         { return e.Err.Error() }
+func (e *PublicError) Unwrap() error         { return e.Err }
+func (e *PublicError) PublicMessage() string { return e.Message }
+
+// Public wraps err with the words an API client reads instead of its text.
+func Public(err error, format string, a ...any) error {
+	return &PublicError{Message: fmt.Sprintf(format, a...), Err: err}
+}
+
+// PublicText is what an API client reads of err: the public message of
+// the first error in its chain that has one (PublicMessage() string),
+// else err's text.
+func PublicText(err error) string {
+	var p interface{ PublicMessage() string }
+	if errors.As(err, &p) {
+		return p.PublicMessage()
+	}
+	return err.Error()
+}
+
+// hasPublic says whether err's chain has a public message.
+func hasPublic(err error) bool {
+	var p interface{ PublicMessage() string }
+	return errors.As(err, &p)
+}
+
 // HTTPStatus makes *Error a Coded error.
 func (e *Error) HTTPStatus() int { return e.status() }
 
@@ -196,10 +231,13 @@ func (e *Error) ErrorCode() string { return e.Code }
 
 // AsError converts any error into an *Error: an *Error found with errors.As
 // is returned as is; any other Coded error gives its status, code (and
-// Retry-After, param and type when it has them) with the outermost error's
-// message; a body over the limit becomes 413; a deadline that passed
-// becomes 504 timeout; anything else becomes an opaque 500 (the cause is
-// kept in Err for logging, not shown).
+// Retry-After, param and type when it has them) with its public text
+// (PublicText: the public message its chain carries, else the outermost
+// error's message); a body over the limit becomes 413; a deadline that
+// passed becomes 504 timeout (its public message, or only that it timed
+// out: the text of a call that timed out names where it went); anything
+// else becomes an opaque 500 (the cause is kept in Err for logging, not
+// shown).
 func AsError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
@@ -207,7 +245,7 @@ func AsError(err error) *Error {
 	}
 	var c Coded
 	if errors.As(err, &c) {
-		out := &Error{Status: c.HTTPStatus(), Code: c.ErrorCode(), Message: err.Error(), Err: err}
+		out := &Error{Status: c.HTTPStatus(), Code: c.ErrorCode(), Message: PublicText(err), Err: err}
 		var r interface{ RetryAfter() time.Duration }
 		if errors.As(err, &r) {
 			out.RetryAfter = r.RetryAfter()
@@ -223,7 +261,11 @@ func AsError(err error) *Error {
 		return out
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return &Error{Status: http.StatusGatewayTimeout, Code: "timeout", Type: TypeServer, Message: err.Error(), Err: err}
+		msg := "the request timed out"
+		if hasPublic(err) {
+			msg = PublicText(err)
+		}
+		return &Error{Status: http.StatusGatewayTimeout, Code: "timeout", Type: TypeServer, Message: msg, Err: err}
 	}
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {

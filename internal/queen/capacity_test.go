@@ -189,7 +189,13 @@ func TestRoutePlacedWorkerRefusedByTheHive(t *testing.T) {
 	x.logs.wait(t, 0, "hive model list read", map[string]string{"pool_id": "a"})
 	mh.set(&HiveError{Status: http.StatusInsufficientStorage, Code: "insufficient_memory", Message: "tiny needs 9 GiB, device 0 has 4 GiB"}, nil)
 	a := x.send(t.Context(), `{"model":"tiny","prompt":"hi"}`)
-	noCapacity(t, "refused start", a, "a: its hive refused the start: insufficient_memory tiny needs 9 GiB")
+	// The client reads the reason in words; the hive's own message is in
+	// the queen's log.
+	noCapacity(t, "refused start", a, "a: its hive has not enough memory for it")
+	if strings.Contains(a.body, "9 GiB") {
+		t.Errorf("the answer holds the hive's message: %s", a.body)
+	}
+	x.logs.wait(t, 0, "placement refused; placing again without the pool", map[string]string{"pool_id": "a"})
 	if got := metricLine(x, `apiary_queen_placements_total{model="tiny",result="failed"}`); got != "1" {
 		t.Errorf("failed placements %q", got)
 	}
@@ -216,8 +222,14 @@ func TestRoutePlacedWorkerFailsToStart(t *testing.T) {
 		Reason: "exit status 1: cannot load tiny.gguf", At: failed.UTC(),
 		Worker: api.Worker{WorkerID: row.WorkerID, LifecycleID: req.LifecycleID, ModelRef: "tiny", Status: "failed", PID: 1, StartedAt: failed.UTC()}})
 	a := wait(t, out)
-	want := fmt.Sprintf("the worker placed for tiny (%s on pool a) failed to start: exit status 1: cannot load tiny.gguf", req.LifecycleID)
+	// The client reads that it failed; the row, and the worker's exit
+	// that names its file, are in the log (and the row's audit entries).
+	want := "the worker placed for tiny on pool a failed to start"
 	noCapacity(t, "waiting for the worker that failed", a, want)
+	if strings.Contains(a.body, req.LifecycleID) || strings.Contains(a.body, "tiny.gguf") {
+		t.Errorf("the answer holds the row or the worker's exit: %s", a.body)
+	}
+	x.logs.wait(t, 0, "a worker placed on demand failed to start", map[string]string{"lifecycle_id": req.LifecycleID, "reason": "exit status 1: cannot load tiny.gguf"})
 	// Within the backoff (a second from the failure) a new request gets
 	// the same reason without a new start.
 	if time.Since(failed) < time.Second/2 {

@@ -3,11 +3,11 @@ package queen
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 
 	"github.com/apiary-llm/apiary/internal/fleet"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/routing"
 	"github.com/apiary-llm/apiary/internal/store"
@@ -66,16 +66,21 @@ func (c controlPlane) StartWorker(ctx context.Context, s routing.Start) (store.R
 	gpu := s.GPU
 	row, err := c.q.StartWorker(ctx, StartRequest{Model: s.Model, PoolID: s.Pool, GPU: &gpu, Reason: s.Reason,
 		Actor: registry.ActorQueen, Owner: OwnerQueen, Meta: s.Meta})
+	// Why is in words (it reaches API clients among the placement's
+	// reasons); err keeps what the hive said, the row and the address,
+	// for the log, and the row's audit entry has them.
 	var he *HiveError
 	switch {
 	case err == nil:
 	case errors.As(err, &he):
-		return row, &routing.StartRefused{Why: fmt.Sprintf("its hive refused the start: %s %s", he.Code, he.Message), Err: err,
+		return row, &routing.StartRefused{Why: he.PublicMessage(), Err: err,
 			NoRoomYet: he.Code == "max_loaded" || he.Code == "insufficient_memory"}
 	case errors.As(err, new(*poolDownError)):
-		return row, &routing.StartRefused{Why: err.Error(), Err: err}
-	case errors.Is(err, ErrHiveUnreachable), errors.Is(err, ErrPoolUnavailable):
-		return row, &routing.StartRefused{Why: "its hive did not answer the start: " + err.Error(), Err: err}
+		return row, &routing.StartRefused{Why: "its hive did not answer (the pool is marked unhealthy)", Err: err}
+	case errors.Is(err, ErrHiveUnreachable):
+		return row, &routing.StartRefused{Why: "its hive did not answer the start in time", Err: err}
+	case errors.Is(err, ErrPoolUnavailable):
+		return row, &routing.StartRefused{Why: openai.PublicText(err), Err: err}
 	}
 	return row, err
 }

@@ -62,6 +62,29 @@ func (e *HiveError) ErrorCode() string {
 	return "hive_error"
 }
 
+// PublicMessage is the refusal in words for API clients (a request the
+// controller placed a worker for): the hive's own message may name its
+// models directory or other files, and stays in the log and the audit.
+func (e *HiveError) PublicMessage() string {
+	switch e.Code {
+	case "model_not_found":
+		return "its hive does not have the model's file"
+	case "insufficient_memory":
+		return "its hive has not enough memory for it"
+	case "max_loaded":
+		return "its hive runs its --max-loaded workers"
+	case "invalid_model", "unsupported_model":
+		return "its hive cannot load the model's file (" + e.Code + ")"
+	case "device_unusable", "device_not_found":
+		return "its hive cannot use the device (" + e.Code + ")"
+	case "unknown_engine":
+		return "its hive has no such engine"
+	case "shutting_down":
+		return "its hive is shutting down"
+	}
+	return fmt.Sprintf("its hive refused the start (%d %s)", e.Status, api.Printable(e.Code, 64))
+}
+
 // writeError answers {"error":{"code","message"}} with the status and code
 // err carries. Internal errors say only that something failed; the log
 // has the details.

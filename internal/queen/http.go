@@ -91,25 +91,48 @@ func (q *Queen) getMetrics(h http.Handler) handlerFunc {
 
 // contractErrors answers the mux's own 404 and 405 in the contract's
 // error shape, and counts every answer. A queen without tokens answers
-// only requests addressed to loopback (transport.CheckHost).
+// only requests addressed to loopback (transport.CheckHost). A request
+// for apiary's own API (/v2/…, /api/admin/…) that no route of its method
+// takes is authenticated first, with either token: without one it is
+// 401 like a request for a route that exists, so that a caller without
+// a token cannot tell which paths and methods do.
 func (q *Queen) contractErrors(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &api.StatusRecorder{ResponseWriter: w}
+		_, pattern := mux.Handler(r)
 		if err := q.checkHost(r); err != nil {
 			writeError(sw, err)
-		} else if _, pattern := mux.Handler(r); pattern == "" {
-			probe := &api.StatusRecorder{ResponseWriter: discardWriter{h: w.Header()}}
-			mux.ServeHTTP(probe, r)
-			if probe.Status == http.StatusMethodNotAllowed {
-				writeError(sw, fmt.Errorf("%w: %s %s", errMethodNotAllowed, r.Method, r.URL.Path))
+		} else if ownAPI(r.URL.Path) && !strings.Contains(pattern, " ") {
+			if _, ok := q.authenticate(r, []role{roleAdmin, roleCluster}); !ok {
+				writeError(sw, fmt.Errorf("%w: missing or wrong bearer token (%s)", ErrUnauthorized, tokenNames([]role{roleAdmin, roleCluster})))
 			} else {
-				writeError(sw, &api.RequestError{Status: http.StatusNotFound, Code: "not_found", Err: fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path)})
+				q.noRoute(sw, mux, r, w.Header())
 			}
+		} else if pattern == "" {
+			q.noRoute(sw, mux, r, w.Header())
 		} else {
 			mux.ServeHTTP(sw, r)
 		}
 		q.metrics.request(sw.Code())
 	})
+}
+
+// ownAPI says whether path is apiary's own API, which only its tokens
+// may explore.
+func ownAPI(path string) bool {
+	return strings.HasPrefix(path, "/v2/") || strings.HasPrefix(path, "/api/admin/") || path == "/v2" || path == "/api/admin"
+}
+
+// noRoute answers a request no route takes: 405 when the path takes
+// other methods, else 404.
+func (q *Queen) noRoute(sw *api.StatusRecorder, mux *http.ServeMux, r *http.Request, h http.Header) {
+	probe := &api.StatusRecorder{ResponseWriter: discardWriter{h: h}}
+	mux.ServeHTTP(probe, r)
+	if probe.Status == http.StatusMethodNotAllowed {
+		writeError(sw, fmt.Errorf("%w: %s %s", errMethodNotAllowed, r.Method, r.URL.Path))
+		return
+	}
+	writeError(sw, &api.RequestError{Status: http.StatusNotFound, Code: "not_found", Err: fmt.Errorf("no such endpoint: %s %s", r.Method, r.URL.Path)})
 }
 
 type discardWriter struct{ h http.Header }
@@ -160,7 +183,14 @@ func (q *Queen) handleBody(fn handlerFunc, limit bool, roles ...role) http.Handl
 			r.Body = http.MaxBytesReader(w, r.Body, q.cfg.MaxBodyBytes)
 		}
 		if err := fn(w, r, c); err != nil {
-			if status, _ := api.StatusOf(err); status >= 500 {
+			status, _ := api.StatusOf(err)
+			switch {
+			case r.Context().Err() != nil:
+				// The client went away (an apiary infer that ended, a
+				// page closed): nobody reads the answer, and it is not
+				// the queen's failure.
+				q.log.Debug("request ended: the client went away", "method", r.Method, "path", r.URL.Path, "err", err)
+			case status >= 500:
 				q.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
 			writeError(w, err)

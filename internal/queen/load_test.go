@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -85,7 +86,7 @@ func benchHeartbeats(b *testing.B, loadPools int, kind string, stream bool) {
 		sync.Mutex
 		n int
 	}
-	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	fake := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seq.Lock()
 		seq.n++
 		id := fmt.Sprintf("w-%d", seq.n)
@@ -93,7 +94,18 @@ func benchHeartbeats(b *testing.B, loadPools int, kind string, stream bool) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(api.StartWorkerResponse{WorkerID: id, Status: "starting"})
 	}))
+	// Every pool has an endpoint of its own (the queen refuses a second
+	// live pool at one): the fake listens on every address, and pool i
+	// is at 127.0.x.y, which all reach it.
+	all, err := net.Listen("tcp4", ":0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	fake.Listener.Close()
+	fake.Listener = all
+	fake.Start()
 	defer fake.Close()
+	port := all.Addr().(*net.TCPAddr).Port
 
 	q, qURL := startQueenProcB(b)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: loadPools + 1, MaxIdleConns: loadPools + 1}, Timeout: 30 * time.Second}
@@ -136,7 +148,7 @@ func benchHeartbeats(b *testing.B, loadPools int, kind string, stream bool) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			id := poolName(i)
-			if _, err := post("/v2/pools/register", marshal(api.RegisterPool{PoolID: id, Endpoint: fake.URL, NodeID: id, Version: "bench", GPUs: gpus})); err != nil {
+			if _, err := post("/v2/pools/register", marshal(api.RegisterPool{PoolID: id, Endpoint: fmt.Sprintf("http://127.0.%d.%d:%d", 1+i/250, 1+i%250, port), NodeID: id, Version: "bench", GPUs: gpus})); err != nil {
 				errs <- err
 				return
 			}

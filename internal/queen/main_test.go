@@ -266,9 +266,14 @@ func (x *tq) ok(method, path string, body any, want int, out any) {
 	}
 }
 
+// fakeEndpoint is pool id's endpoint where the fake hive answers for
+// every pool (each pool has its own: the queen refuses a second live pool
+// at one). Nothing dials it.
+func fakeEndpoint(id string) string { return "http://" + id + ".hive.invalid" }
+
 func (x *tq) register(id string) {
 	x.t.Helper()
-	x.ok("POST", "/v2/pools/register", api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:1", NodeID: id, Version: "t",
+	x.ok("POST", "/v2/pools/register", api.RegisterPool{PoolID: id, Endpoint: fakeEndpoint(id), NodeID: id, Version: "t",
 		GPUs: []api.GPU{{ID: 0, Kind: "cpu", TotalBytes: 8 << 30, FreeBytes: 4 << 30}}}, http.StatusOK, nil)
 }
 

@@ -35,6 +35,7 @@ type cluster struct {
 	url    string
 	client oai.Client
 	admin  *keeper.Client
+	dir    string // the hive's data directory (its models under models/)
 }
 
 // startCluster runs a queen (with extra flags) and a hive "node-1" with
@@ -85,7 +86,7 @@ func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveAr
 		"--heartbeat-interval", "500ms", "--worker-ports", "23000-23999", "--worker-threads", "1"}, hiveArgs...)
 	hive := startProc(t, "hive node-1", append(hiveEnv, o.hiveEnv...), hargs...)
 	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
-	c := &cluster{t: t, queen: q, hive: hive, url: qURL, admin: keeper.NewClient(qURL, adminToken, clusterToken),
+	c := &cluster{t: t, queen: q, hive: hive, url: qURL, dir: dir, admin: keeper.NewClient(qURL, adminToken, clusterToken),
 		client: oai.NewClient(option.WithBaseURL(qURL+"/v1/"), option.WithAPIKey(cmp.Or(o.apiToken, "unused")), option.WithMaxRetries(0))}
 	t.Cleanup(func() {
 		if t.Failed() {

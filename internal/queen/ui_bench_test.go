@@ -46,7 +46,7 @@ func newUIFleet(b *testing.B) *uiFleet {
 	f := &uiFleet{x: x}
 	for p := range uiPools {
 		id := poolName(p)
-		x.ok("POST", "/v2/pools/register", api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:1", NodeID: id, Version: "t",
+		x.ok("POST", "/v2/pools/register", api.RegisterPool{PoolID: id, Endpoint: fakeEndpoint(id), NodeID: id, Version: "t",
 			GPUs: []api.GPU{{ID: 0, Kind: "cuda", Name: "sim", TotalBytes: 24 << 30, FreeBytes: 12 << 30},
 				{ID: 1, Kind: "cuda", Name: "sim", TotalBytes: 24 << 30, FreeBytes: 20 << 30}}}, http.StatusOK, nil)
 		for range uiSlotsPerPool {

@@ -21,7 +21,7 @@ func benchRegistry(b *testing.B, n int) *Registry {
 	ctx := context.Background()
 	for i := range n {
 		id := fmt.Sprintf("pool-%04d", i)
-		if _, err := r.Register(ctx, api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:1"}, "bench"); err != nil {
+		if _, err := r.Register(ctx, api.RegisterPool{PoolID: id, Endpoint: "http://" + id + ".hive.invalid"}, "bench"); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := r.Heartbeat(ctx, id, benchBeat(i)); err != nil {

@@ -47,6 +47,46 @@ func (e *HeldError) Error() string {
 func (e *HeldError) HTTPStatus() int   { return http.StatusConflict }
 func (e *HeldError) ErrorCode() string { return "pool_id_in_use" }
 
+// EndpointError refuses a hive's registration at an endpoint that
+// another pool's live hive registered: the queen would send one pool's
+// starts and stops to the other's hive (two hives that advertise the same
+// loopback address from two machines, say). The queen answers it 409
+// endpoint_in_use. The holder's endpoint becomes free when its lease runs
+// out (it stopped beating) or it goes offline.
+type EndpointError struct {
+	Endpoint string
+	Holder   Pool // the pool that registered the endpoint
+}
+
+func (e *EndpointError) Error() string {
+	h := e.Holder
+	return fmt.Sprintf("endpoint %s is registered by pool %q (node %q, last heartbeat %s ago), which is alive; "+
+		"two pools cannot share an endpoint: give this hive its own address (hive --advertise), "+
+		"or stop the hive of pool %q first", e.Endpoint, h.ID, h.NodeID, time.Since(h.LastHeartbeatAt).Round(time.Millisecond), h.ID)
+}
+
+// HTTPStatus and ErrorCode make an EndpointError a 409 endpoint_in_use.
+func (e *EndpointError) HTTPStatus() int   { return http.StatusConflict }
+func (e *EndpointError) ErrorCode() string { return "endpoint_in_use" }
+
+// endpointHolderLocked returns the pool other than reg's whose live hive
+// registered reg's endpoint, unless it is the hive registering (the same
+// instance, under a new pool id); nil when none. A pool whose lease ran
+// out, or that went offline, holds nothing: a hive restarted at the same
+// address with another pool id registers once the old one stops beating.
+// The caller holds mu.
+func (r *Registry) endpointHolderLocked(reg api.RegisterPool, now time.Time) *entry {
+	for id, e := range r.pools {
+		if id == reg.PoolID || e.Endpoint != reg.Endpoint || reg.Instance != "" && reg.Instance == e.Instance {
+			continue
+		}
+		if e.heldLocked(now) {
+			return e
+		}
+	}
+	return nil
+}
+
 // sameHive reports whether reg comes from the hive that holds p: the same
 // hive process (instance), or a hive at the same endpoint (the same hive
 // restarted: two live hives cannot listen at one address).

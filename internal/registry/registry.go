@@ -419,6 +419,12 @@ func (r *Registry) Register(ctx context.Context, reg api.RegisterPool, actor str
 	next := Pool{ID: reg.PoolID, Status: Healthy, RegisteredAt: now, StatusChangedAt: now}
 	reason := "registered"
 	meta := map[string]any{"endpoint": reg.Endpoint, "version": reg.Version, "node_id": reg.NodeID}
+	if other := r.endpointHolderLocked(reg, now); other != nil {
+		err := &EndpointError{Endpoint: reg.Endpoint, Holder: other.lend()}
+		r.log.Warn("registration refused: another live pool has the endpoint", "pool_id", reg.PoolID,
+			"endpoint", reg.Endpoint, "node_id", reg.NodeID, "holder_pool_id", other.ID, "holder_node_id", other.NodeID)
+		return Pool{}, err
+	}
 	if e != nil {
 		if e.heldLocked(now) && !sameHive(e.Pool, reg) {
 			err := &HeldError{PoolID: reg.PoolID, Holder: e.lend(), Registering: true}

@@ -154,7 +154,7 @@ func (h *harness) lostCalls() []lostCall {
 
 func (h *harness) register(id string) {
 	h.testT.Helper()
-	if _, err := h.r.Register(h.ctx, api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:9200", NodeID: id, Version: "t"}, "hive:"+id); err != nil {
+	if _, err := h.r.Register(h.ctx, api.RegisterPool{PoolID: id, Endpoint: "http://" + id + ".hive.invalid", NodeID: id, Version: "t"}, "hive:"+id); err != nil {
 		h.testT.Fatal(err)
 	}
 }
@@ -710,7 +710,7 @@ func TestQueryByModelFollowsEveryChange(t *testing.T) {
 		id := fmt.Sprintf("p%d", rng.IntN(12))
 		switch op := rng.IntN(10); {
 		case op < 2:
-			_, _ = h.r.Register(h.ctx, api.RegisterPool{PoolID: id, Endpoint: "http://127.0.0.1:1"}, "test")
+			_, _ = h.r.Register(h.ctx, api.RegisterPool{PoolID: id, Endpoint: "http://" + id + ".hive.invalid"}, "test")
 		case op < 6:
 			ws := make([]api.Worker, rng.IntN(5))
 			for i := range ws {

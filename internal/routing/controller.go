@@ -13,6 +13,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
+	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
 )
@@ -34,11 +35,14 @@ type modelDemand struct {
 	RetryAt    time.Time // no placement before this (after failures)
 	// NoPlace is why no pool can take a new worker of the target now (the
 	// placement's reasons, from the pools and model lists as known); ""
-	// when one can or may.
+	// when one can or may. Like LastFailure it is in the words an API
+	// client reads (openai.PublicText): no file path, address or
+	// lifecycle id; the details went to the log and the audit where the
+	// failure was seen.
 	NoPlace string
 	// LastFailure is why the target's last placement gave no worker (no
 	// pool, every hive refused, or the placed worker failed to start), or
-	// why the pull of its model failed.
+	// why the pull of its model failed, in public words.
 	LastFailure string
 	// Pulling: no pool has the model's file, and a pull of it runs on a
 	// pool the target may use; its requests wait for it.
@@ -60,7 +64,7 @@ func (o placeOrder) target() target { return target{o.Model, o.Pool} }
 // serves or starts, and none can be placed now.
 type refusal struct {
 	Model, Pool string
-	Why         string
+	Why         string        // in public words (see modelDemand.NoPlace)
 	RetryAfter  time.Duration // when a new placement may be tried; 0: unknown
 }
 
@@ -249,7 +253,10 @@ func (c *controller) run(ctx context.Context) {
 				}
 				break
 			}
-			st.failed(time.Now(), res.err.Error())
+			// The requests learn why in words; the log keeps the details
+			// (the audit has them from where the placement failed).
+			c.log.Warn("a placement gave no worker", "model_ref", res.target.model, "pool_id", res.target.pool, "err", res.err)
+			st.failed(time.Now(), openai.PublicText(res.err))
 			if rs != nil {
 				c.replicaFailed(ctx, &wg, res.target.model, rs, failure{At: time.Now(), Reason: "the placement gave no worker: " + res.err.Error()})
 			}
@@ -262,11 +269,11 @@ func (c *controller) run(ctx context.Context) {
 			c.log.Warn("a pull of a model that requests waited for failed", "model_ref", f.model, "pool_id", f.pool, "why", f.why)
 			for _, s := range rt.router.queueStats() {
 				if s.target.model == f.model && (s.target.pool == "" || s.target.pool == f.pool) {
-					state(s.target).failed(time.Now(), f.why)
+					state(s.target).failed(time.Now(), f.public)
 				}
 			}
 			if rs := reps[f.model]; rs != nil {
-				state(target{model: f.model}).failed(time.Now(), f.why)
+				state(target{model: f.model}).failed(time.Now(), f.public)
 			}
 		}
 		// Rows placed on demand that ended before they served: their
@@ -321,8 +328,9 @@ func (c *controller) run(ctx context.Context) {
 						recheck = minPositive(recheck, swapRecheck)
 						return "", true
 					}
-					err = fmt.Errorf("%w; workers of other models hold the room it needs, busy (or loaded too recently on a device that swaps often: each stays as long as it took to load, at least --min-residency %s), and did not come free within --swap-wait %s",
-						err, c.s.cfg.MinResidency, c.s.cfg.SwapWait)
+					more := fmt.Sprintf("workers of other models hold the room it needs, busy (or loaded too recently on a device that swaps often: each stays as long as it took to load, at least --min-residency %s), and did not come free within --swap-wait %s",
+						c.s.cfg.MinResidency, c.s.cfg.SwapWait)
+					err = openai.Public(fmt.Errorf("%w; %s", err, more), "%s; %s", openai.PublicText(err), more)
 				}
 			}
 			if src := c.s.pullSource(t.model); src != "" {
@@ -353,7 +361,7 @@ func (c *controller) run(ctx context.Context) {
 				st.noPlace, st.noPlaceAt = why, now
 				wg.Go(func() { c.s.placeFailed(ctx, req, err) })
 			}
-			return err.Error(), false
+			return openai.PublicText(err), false
 		}
 
 		// Replicas: no request needs to wait for them.
@@ -416,8 +424,10 @@ func (c *controller) weighDemand(now time.Time, stats []queueStat, replicas map[
 		if rs := reps[s.target.model]; rs != nil && rs.loop != nil {
 			// A model in a crash loop is not placed faster on demand.
 			m.RetryAt = later(m.RetryAt, rs.retry)
-			m.LastFailure = fmt.Sprintf("model %s is in a crash loop (%d failures within %s; replaced every %s); the last: %s",
-				s.target.model, rs.loop.Failures, c.s.cfg.CrashLoopWindow, c.s.cfg.CrashLoopBackoff, rs.loop.LastFailure)
+			// Its last failure (a worker's exit, with paths) is in the
+			// log and the audit, not in the refusal.
+			m.LastFailure = fmt.Sprintf("model %s is in a crash loop (%d failures within %s; replaced every %s)",
+				s.target.model, rs.loop.Failures, c.s.cfg.CrashLoopWindow, c.s.cfg.CrashLoopBackoff)
 		}
 		if m.Live == 0 && m.Routable == 0 && m.MaxWorkers > 0 {
 			// Nothing serves or starts: can a worker be placed at all?
@@ -482,8 +492,9 @@ func (p *placing) failed(now time.Time, why string) {
 }
 
 // followPlaced drops the rows of st.placed that serve (RUNNING) and
-// records a failed placement for each that ended before it served, with
-// the row's reason.
+// records a failed placement for each that ended before it served: in
+// words for the waiting requests, with the row and its reason (a worker's
+// exit, which may name files) in the log; the row's audit entries have it.
 func (c *controller) followPlaced(ctx context.Context, t target, st *placing) {
 	kept := st.placed[:0]
 	for _, id := range st.placed {
@@ -495,9 +506,11 @@ func (c *controller) followPlaced(ctx context.Context, t target, st *placing) {
 			kept = append(kept, id)
 		case row.Status == lifecycle.StatusRunning:
 		case row.Status == lifecycle.StatusFailed:
-			st.failed(time.Now(), fmt.Sprintf("the worker placed for %s (%s on pool %s) failed to start: %s", t, id, row.PoolID, row.Reason))
+			c.log.Warn("a worker placed on demand failed to start", "model_ref", t.model, "lifecycle_id", id, "pool_id", row.PoolID, "reason", row.Reason)
+			st.failed(time.Now(), fmt.Sprintf("the worker placed for %s on pool %s failed to start", t, row.PoolID))
 		default:
-			st.failed(time.Now(), fmt.Sprintf("the worker placed for %s (%s on pool %s) was stopped before it was ready: %s", t, id, row.PoolID, row.Reason))
+			c.log.Warn("a worker placed on demand was stopped before it was ready", "model_ref", t.model, "lifecycle_id", id, "pool_id", row.PoolID, "reason", row.Reason)
+			st.failed(time.Now(), fmt.Sprintf("the worker placed for %s on pool %s was stopped before it was ready", t, row.PoolID))
 		}
 	}
 	clear(st.placed[len(kept):])

@@ -36,7 +36,22 @@ type PlaceRequest struct {
 // Rejection is a pool a placement did not choose, and why.
 type Rejection struct {
 	PoolID string
+	// Reason is why in words an API client may read: no file path,
+	// address or lifecycle id.
 	Reason string
+	// Detail is the reason in full when it says more than Reason: with
+	// what a hive said (a device's trouble, which may name a library's
+	// path). The log, the audit and the operator see it, API clients do
+	// not. "": Reason says it all.
+	Detail string
+}
+
+// full is the reason in full.
+func (r Rejection) full() string {
+	if r.Detail == "" {
+		return r.Reason
+	}
+	return r.Detail
 }
 
 // Decision is a placement: the pool and device chosen, and every other
@@ -58,7 +73,7 @@ func (d Decision) AuditMeta() map[string]any {
 func rejectedMeta(rs []Rejection) map[string]any {
 	out := make(map[string]any, len(rs))
 	for _, r := range rs {
-		out[r.PoolID] = r.Reason
+		out[r.PoolID] = r.full()
 	}
 	return out
 }
@@ -73,13 +88,21 @@ type PlacementError struct {
 // thousands); the audit entry of the placement has every one.
 const maxReasons = 8
 
-func (e *PlacementError) Error() string {
+func (e *PlacementError) Error() string { return e.text(Rejection.full) }
+
+// PublicMessage is the error in words for API clients: each pool's
+// reason without the hives' details.
+func (e *PlacementError) PublicMessage() string {
+	return e.text(func(r Rejection) string { return r.Reason })
+}
+
+func (e *PlacementError) text(reason func(Rejection) string) string {
 	if len(e.Rejected) == 0 {
 		return fmt.Sprintf("no pool can run %s: no hive has registered", e.Model)
 	}
 	parts := make([]string, 0, min(len(e.Rejected), maxReasons)+1)
 	for _, r := range e.Rejected[:min(len(e.Rejected), maxReasons)] {
-		parts = append(parts, r.PoolID+": "+r.Reason)
+		parts = append(parts, r.PoolID+": "+reason(r))
 	}
 	if n := len(e.Rejected) - maxReasons; n > 0 {
 		parts = append(parts, fmt.Sprintf("and %d more pools", n))
@@ -125,7 +148,9 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		}
 	}
 	for _, p := range pools {
-		reject := func(format string, a ...any) { rejected = append(rejected, Rejection{p.ID, fmt.Sprintf(format, a...)}) }
+		reject := func(format string, a ...any) {
+			rejected = append(rejected, Rejection{PoolID: p.ID, Reason: fmt.Sprintf(format, a...)})
+		}
 		if req.Pool != "" && p.ID != req.Pool {
 			reject("the request is pinned to pool %s", req.Pool)
 			continue
@@ -164,13 +189,14 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		best, bestFree, bestGPU, found := 0, uint64(0), false, false
 		var roomiest api.GPU
 		seen := false
-		var unusable []string
+		var unusable, trouble []string
 		for _, g := range p.GPUs {
 			if req.GPU != nil && g.ID != *req.GPU {
 				continue
 			}
 			if g.Unusable != "" {
-				unusable = append(unusable, fmt.Sprintf("device %d is unusable: %s", g.ID, g.Unusable))
+				unusable = append(unusable, fmt.Sprintf("device %d is unusable", g.ID))
+				trouble = append(trouble, fmt.Sprintf("device %d is unusable: %s", g.ID, g.Unusable))
 				continue
 			}
 			if why := apartOn(p, g.ID, req.Apart); why != "" {
@@ -190,7 +216,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		}
 		switch {
 		case !seen && len(unusable) > 0:
-			reject("%s", strings.Join(unusable, "; "))
+			rejected = append(rejected, Rejection{PoolID: p.ID, Reason: strings.Join(unusable, "; "), Detail: strings.Join(trouble, "; ")})
 		case !seen && req.GPU != nil:
 			reject("has no device %d", *req.GPU)
 		case !seen:
@@ -214,10 +240,10 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		switch {
 		case f.pool.ID == win.pool.ID:
 		case win.onGPU && !f.onGPU:
-			rejected = append(rejected, Rejection{f.pool.ID, fmt.Sprintf("fits on device %d with %s free, its CPU; %s has a GPU where it fits (device %d)",
+			rejected = append(rejected, Rejection{PoolID: f.pool.ID, Reason: fmt.Sprintf("fits on device %d with %s free, its CPU; %s has a GPU where it fits (device %d)",
 				f.gpu, api.FormatBytes(f.free), win.pool.ID, win.gpu)})
 		default:
-			rejected = append(rejected, Rejection{f.pool.ID, fmt.Sprintf("fits on device %d with %s free; %s has more (%s on device %d, ties go to the smaller id)",
+			rejected = append(rejected, Rejection{PoolID: f.pool.ID, Reason: fmt.Sprintf("fits on device %d with %s free; %s has more (%s on device %d, ties go to the smaller id)",
 				f.gpu, api.FormatBytes(f.free), win.pool.ID, api.FormatBytes(win.free), win.gpu)})
 		}
 	}
@@ -339,7 +365,7 @@ func unplaceable(placer Placer, pools []registry.Pool, req PlaceRequest) error {
 		// Pinned: the one pool's reason, not every other pool's "pinned".
 		pools = slices.DeleteFunc(slices.Clone(pools), func(p registry.Pool) bool { return p.ID != req.Pool })
 		if len(pools) == 0 {
-			return &PlacementError{Model: req.Model, Rejected: []Rejection{{req.Pool, "pool is not registered"}}}
+			return &PlacementError{Model: req.Model, Rejected: []Rejection{{PoolID: req.Pool, Reason: "pool is not registered"}}}
 		}
 	}
 	for _, p := range pools {

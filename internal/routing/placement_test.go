@@ -39,25 +39,25 @@ func TestPlacement(t *testing.T) {
 		rejected []Rejection
 	}{
 		{name: "most free memory where the model fits, ties by id", pools: pools, want: "b", wantGPU: 1, rejected: []Rejection{
-			{"c", "pool is draining"},
-			{"e", "no device has room for tiny (2.0 GiB): the roomiest, device 0, has 1.0 GiB free"},
-			{"f", "does not have model tiny"},
-			{"g", "its model list is not known (the hive has not answered GET /v2/models)"},
-			{"h", "pool is unhealthy"},
-			{"a", "fits on device 0 with 10.0 GiB free; b has more (30.0 GiB on device 1, ties go to the smaller id)"},
-			{"d", "fits on device 0 with 30.0 GiB free; b has more (30.0 GiB on device 1, ties go to the smaller id)"},
+			{PoolID: "c", Reason: "pool is draining"},
+			{PoolID: "e", Reason: "no device has room for tiny (2.0 GiB): the roomiest, device 0, has 1.0 GiB free"},
+			{PoolID: "f", Reason: "does not have model tiny"},
+			{PoolID: "g", Reason: "its model list is not known (the hive has not answered GET /v2/models)"},
+			{PoolID: "h", Reason: "pool is unhealthy"},
+			{PoolID: "a", Reason: "fits on device 0 with 10.0 GiB free; b has more (30.0 GiB on device 1, ties go to the smaller id)"},
+			{PoolID: "d", Reason: "fits on device 0 with 30.0 GiB free; b has more (30.0 GiB on device 1, ties go to the smaller id)"},
 		}},
 		{name: "on a given device", pools: pools[:5], gpu: &zero, want: "d", wantGPU: 0, rejected: []Rejection{
-			{"c", "pool is draining"},
-			{"e", "no device has room for tiny (2.0 GiB): the roomiest, device 0, has 1.0 GiB free"},
-			{"a", "fits on device 0 with 10.0 GiB free; d has more (30.0 GiB on device 0, ties go to the smaller id)"},
-			{"b", "fits on device 0 with 5.0 GiB free; d has more (30.0 GiB on device 0, ties go to the smaller id)"},
+			{PoolID: "c", Reason: "pool is draining"},
+			{PoolID: "e", Reason: "no device has room for tiny (2.0 GiB): the roomiest, device 0, has 1.0 GiB free"},
+			{PoolID: "a", Reason: "fits on device 0 with 10.0 GiB free; d has more (30.0 GiB on device 0, ties go to the smaller id)"},
+			{PoolID: "b", Reason: "fits on device 0 with 5.0 GiB free; d has more (30.0 GiB on device 0, ties go to the smaller id)"},
 		}},
 		{name: "a device only one pool has", pools: pools[:2], gpu: &one, want: "b", wantGPU: 1, rejected: []Rejection{
-			{"a", "has no device 1"},
+			{PoolID: "a", Reason: "has no device 1"},
 		}},
 		{name: "an excluded pool is left out with its reason", pools: pools[:2], exclude: map[string]string{"b": "its hive refused the start"},
-			want: "a", rejected: []Rejection{{"b", "its hive refused the start"}}},
+			want: "a", rejected: []Rejection{{PoolID: "b", Reason: "its hive refused the start"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := MostFreeMemory{}.Place(tc.pools, PlaceRequest{Model: "tiny", GPU: tc.gpu, Models: models, Exclude: tc.exclude})
@@ -78,7 +78,7 @@ func TestPlacement(t *testing.T) {
 		if !errors.Is(err, ErrNoPool) || err.Error() != "no pool can run tiny (c: pool is draining)" {
 			t.Errorf("err %v", err)
 		}
-		if diff := cmp.Diff([]Rejection{{"c", "pool is draining"}}, placementRejections(err)); diff != "" {
+		if diff := cmp.Diff([]Rejection{{PoolID: "c", Reason: "pool is draining"}}, placementRejections(err)); diff != "" {
 			t.Errorf("rejections (-want +got):\n%s", diff)
 		}
 		_, err = MostFreeMemory{}.Place(nil, PlaceRequest{Model: "tiny"})
@@ -161,7 +161,7 @@ func TestPlacementKeepsToTheModelsPools(t *testing.T) {
 	if err != nil || d.Pool.ID != "b" {
 		t.Fatalf("Place = %+v, %v; want pool b", d, err)
 	}
-	want := []Rejection{{"a", "model tiny may run only on pools b (its pools in the queen's config)"}}
+	want := []Rejection{{PoolID: "a", Reason: "model tiny may run only on pools b (its pools in the queen's config)"}}
 	if diff := cmp.Diff(want, d.Rejected); diff != "" {
 		t.Errorf("rejected (-want +got):\n%s", diff)
 	}
@@ -197,8 +197,8 @@ func TestPlacementOnlyOnPoolsWithTheEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Rejection{
-		{"old", "has no engine vllm (its hive declares builtin)"},
-		{"plain", "has no engine vllm (its hive declares builtin)"},
+		{PoolID: "old", Reason: "has no engine vllm (its hive declares builtin)"},
+		{PoolID: "plain", Reason: "has no engine vllm (its hive declares builtin)"},
 	}
 	if d.Pool.ID != "vllm" || !cmp.Equal(d.Rejected, want) {
 		t.Errorf("placed on %s, rejected %v", d.Pool.ID, d.Rejected)
@@ -226,7 +226,7 @@ func TestPlacementSkipsUnusableDevices(t *testing.T) {
 	if d.Pool.ID != "b" || d.GPU != 1 {
 		t.Errorf("placed on %s device %d, want b device 1", d.Pool.ID, d.GPU)
 	}
-	want := []Rejection{{"a", "device 0 is unusable: no usable GPU backend: /opt/bin/libggml-cuda.so is not there"}}
+	want := []Rejection{{PoolID: "a", Reason: "device 0 is unusable", Detail: "device 0 is unusable: no usable GPU backend: /opt/bin/libggml-cuda.so is not there"}}
 	if diff := cmp.Diff(want, d.Rejected); diff != "" {
 		t.Errorf("rejections (-want +got):\n%s", diff)
 	}

@@ -33,14 +33,18 @@ type pullState struct {
 	endedID string    // the id of the last pull that ended: a late word of its start is not a new pull
 	fails   int       // pulls in a row that failed
 	retryAt time.Time // the controller pulls again no sooner (after a failure)
-	lastErr string    // why the last pull failed
+	lastErr string    // why the last pull failed, as the hive said (for the log)
+	// lastPublic is lastErr in words for API clients and the placement's
+	// reasons: no source address or file.
+	lastPublic string
 }
 
 // pullFailure is a pull that failed, for the controller to fail the
 // requests that waited for it.
 type pullFailure struct {
 	pool, model string
-	why         string
+	why         string // with the hive's error, for the log
+	public      string // in words, for the requests that waited
 }
 
 // pullForget is how long an ended pull's state is kept after its
@@ -142,8 +146,11 @@ func (p *pulls) ended(mp api.ModelPull, now time.Time) {
 	st.fails++
 	st.retryAt = now.Add(pullBackoff(st.fails))
 	st.lastErr = fmt.Sprintf("pulling %s from %s on pool %s failed: %s", mp.Model, mp.Ref, mp.PoolID, mp.Error)
+	// The hive's error may name files and the source addresses: API
+	// clients read only that the pull failed.
+	st.lastPublic = fmt.Sprintf("pulling %s on pool %s failed", mp.Model, mp.PoolID)
 	if followed && len(p.failed) < maxUnseenFailures {
-		p.failed = append(p.failed, pullFailure{pool: mp.PoolID, model: mp.Model, why: st.lastErr})
+		p.failed = append(p.failed, pullFailure{pool: mp.PoolID, model: mp.Model, why: st.lastErr, public: st.lastPublic})
 	}
 }
 
@@ -189,7 +196,7 @@ func (p *pulls) forModel(model string, now time.Time) (running []string, backoff
 			if backoff == nil {
 				backoff = map[string]string{}
 			}
-			backoff[k.pool] = fmt.Sprintf("%s; not pulled there again before %s", st.lastErr, st.retryAt.UTC().Format(time.RFC3339))
+			backoff[k.pool] = fmt.Sprintf("%s; not pulled there again before %s", st.lastPublic, st.retryAt.UTC().Format(time.RFC3339))
 		}
 	}
 	slices.Sort(running)

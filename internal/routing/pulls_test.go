@@ -75,10 +75,13 @@ func TestPullsOnePerPoolAndModel(t *testing.T) {
 	p.ended(api.ModelPull{ID: "p1", PoolID: "a", Ref: "hf://o/r:Q4_K_M", Model: "big", State: api.PullFailed, Error: "gone"}, now)
 	p.started("a", api.ModelPull{ID: "p1", Model: "big", State: api.PullRunning}, "queen", "why")
 	running, backoff := p.forModel("big", now)
-	if len(running) != 0 || !strings.Contains(backoff["a"], "pulling big from hf://o/r:Q4_K_M on pool a failed: gone") {
+	// The backoff's reason is among a placement's reasons, which API
+	// clients read: the source and the hive's error are for the log.
+	if len(running) != 0 || !strings.Contains(backoff["a"], "pulling big on pool a failed; not pulled there again before") {
 		t.Errorf("after a failure: running %v, backoff %v", running, backoff)
 	}
-	if f := p.takeFailed(); len(f) != 1 || f[0].pool != "a" {
+	if f := p.takeFailed(); len(f) != 1 || f[0].pool != "a" || !strings.Contains(f[0].why, "pulling big from hf://o/r:Q4_K_M on pool a failed: gone") ||
+		f[0].public != "pulling big on pool a failed" {
 		t.Errorf("failures handed to the controller: %+v", f)
 	}
 	if _, backoff := p.forModel("big", now.Add(pullBackoff(1))); len(backoff) != 0 {

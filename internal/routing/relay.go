@@ -82,7 +82,9 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 				return fmt.Errorf("%w: while waiting for a worker: %w", errClientGone, err)
 			}
 			if last != nil {
-				return fmt.Errorf("%w (after: %w)", err, last)
+				// The workers' failures name them and their addresses:
+				// the log has them, the client reads that they failed.
+				return openai.Public(fmt.Errorf("%w (after: %w)", err, last), "%s (after %d workers failed)", openai.PublicText(err), attempt-1)
 			}
 			return err
 		}
@@ -119,11 +121,15 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 		s.log.Warn("worker failed before the first byte; trying another", "model_ref", rr.model, "lifecycle_id", l.cand.LifecycleID,
 			"attempt", attempt, "err", o.err)
 	}
+	// The client reads that the workers failed, and the last one's status
+	// and code when it answered; the log has each worker and why.
 	if ue := new(upstreamError); errors.As(last, &ue) {
 		// The workers' own answer (a 503 busy, say) says how to answer.
-		return fmt.Errorf("%s: %d workers failed: %w", ErrUpstream, maxAttempts, last)
+		return openai.Public(fmt.Errorf("%s: %d workers failed: %w", ErrUpstream, maxAttempts, last),
+			"%s: %d workers failed; the last answered %d %s", ErrUpstream, maxAttempts, ue.status, ue.code)
 	}
-	return fmt.Errorf("%w: %d workers failed: %w", ErrUpstream, maxAttempts, last)
+	return openai.Public(fmt.Errorf("%w: %d workers failed: %w", ErrUpstream, maxAttempts, last),
+		"%s: %d workers failed", ErrUpstream, maxAttempts)
 }
 
 // attempt sends rr to the leased worker and relays its answer.
@@ -338,7 +344,7 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 			m.broken.WithLabelValues(rr.model).Inc()
 			cause := fmt.Errorf("worker %s stopped answering mid-stream: %w", l.cand.LifecycleID, noEOF(err))
 			fe := &openai.Error{Status: http.StatusBadGateway, Code: "worker_failed", Type: openai.TypeServer,
-				Message: "the worker serving this stream stopped answering; the answer is incomplete (" + noEOF(err).Error() + ")"}
+				Message: "the worker serving this stream stopped answering; the answer is incomplete"}
 			final, _ := json.Marshal(openai.Response(fe))
 			name := ""
 			if rr.anthropic {

@@ -129,11 +129,12 @@ func (s *Service) inferenceWith(endpoint string, fn inferenceFunc, writeError fu
 		} else {
 			err = fn(sw, r, c)
 		}
+		gone := err != nil && (errors.Is(err, errClientGone) || r.Context().Err() != nil)
 		switch {
-		case err == nil, errors.Is(err, errClientGone):
+		case err == nil, gone:
 			// Nobody is left to answer.
 		case sw.Status == 0:
-			oe := openai.AsError(err)
+			oe := s.guarded(openai.AsError(err), r)
 			writeError(sw, oe)
 			if oe.Status >= 500 && oe.Status != http.StatusServiceUnavailable && oe.Status != http.StatusGatewayTimeout {
 				s.log.Error("inference request failed", "path", r.URL.Path, "model_ref", c.model, "status", oe.Status, "err", err)
@@ -142,7 +143,7 @@ func (s *Service) inferenceWith(endpoint string, fn inferenceFunc, writeError fu
 			s.log.Warn("inference request failed after its answer began", "path", r.URL.Path, "model_ref", c.model, "err", err)
 		}
 		code := strconv.Itoa(sw.Code())
-		if errors.Is(err, errClientGone) {
+		if gone {
 			code = "499" // nginx's "client closed request"
 		}
 		s.m.requests.WithLabelValues(c.model, c.endpoint, code).Inc()
@@ -305,7 +306,7 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) erro
 // before the answer is no.
 func (s *Service) knownModel(ctx context.Context, model, pool string) error {
 	if api.CheckModel(model) != nil {
-		return fmt.Errorf("%w: %q is not a model ref (a GGUF file name without .gguf); see GET /v1/models", ErrModelNotFound, model)
+		return modelNotFound("%q is not a model ref (a GGUF file name without .gguf); see GET /v1/models", model)
 	}
 	// A live worker of the model answers it without a look at every pool
 	// (the common case, and cheap with thousands of pools).
@@ -327,7 +328,14 @@ func (s *Service) knownModel(ctx context.Context, model, pool string) error {
 	if s.pullSource(model) != "" {
 		return nil // the controller pulls it on a pool
 	}
-	return fmt.Errorf("%w: %s model %q; see GET /v1/models", ErrModelNotFound, where, model)
+	return modelNotFound("%s model %q; see GET /v1/models", where, model)
+}
+
+// modelNotFound is ErrModelNotFound (404 model_not_found, the field
+// "model") said once, in the words given.
+func modelNotFound(format string, a ...any) error {
+	return &openai.Error{Status: http.StatusNotFound, Code: openai.CodeModelNotFound, Param: "model",
+		Message: fmt.Sprintf(format, a...), Err: ErrModelNotFound}
 }
 
 func (s *Service) postCompletions(w http.ResponseWriter, r *http.Request, c *call) error {

@@ -116,7 +116,11 @@ type Start struct {
 // StartRefused is a start that a pool's hive refused, or did not
 // answer: another pool may take it.
 type StartRefused struct {
-	Why string // "its hive refused the start: …"
+	// Why is in words an API client may read ("its hive does not have
+	// the model's file"): it becomes the pool's reason in the placement
+	// that leaves it out. Err keeps what the hive said and where, for the
+	// log.
+	Why string
 	Err error
 	// NoRoomYet: the hive had no room at that moment (its memory or its
 	// --max-loaded): workers just evicted or stopped may not have left
