@@ -454,7 +454,7 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 		if err != nil {
 			if q.noPoolHas(req.Model) {
 				return store.Row{}, &api.RequestError{Status: http.StatusNotFound, Code: "model_not_found",
-					Err: fmt.Errorf("no pool has model %s: `apiary models ls --all` lists the models the hives have (%w)", req.Model, err)}
+					Err: fmt.Errorf("no pool has model %s: `apiary models ls --all` lists the models the hives have (%w)", q.models.shown(req.Model), err)}
 			}
 			return store.Row{}, err
 		}

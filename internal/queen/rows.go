@@ -10,6 +10,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -307,8 +308,16 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 	if cur.Status.Terminal() {
 		if c.always {
 			// The operator's action is on record even though the row
-			// ended before it landed.
+			// ended before it landed. A stop whose worker's end reached
+			// the queen first (a small model stops at once) is why it
+			// stopped: the row says so, then how.
+			next, amend := stoppedBy(cur, c)
 			err := b.st.Update(ctx, func(tx *store.Tx) error {
+				if amend {
+					if err := tx.UpdateRow(next); err != nil {
+						return err
+					}
+				}
 				_, err := tx.Append(store.AuditEntry{Actor: c.actor, Action: c.action, Target: id, Reason: c.reason,
 					Metadata: map[string]any{"pool_id": cur.PoolID, "status": string(cur.Status), "note": "the row had already ended"}})
 				return err
@@ -316,7 +325,10 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 			if err != nil {
 				return cur, false, fmt.Errorf("audit %s: %w", id, err)
 			}
-			return cur, false, fmt.Errorf("%w: %s is %s", ErrRowEnded, id, cur.Status)
+			if amend {
+				b.changed(next)
+			}
+			return next, false, fmt.Errorf("%w: %s is %s", ErrRowEnded, id, cur.Status)
 		}
 		if to != cur.Status {
 			b.refused(cur, to, c)
@@ -389,6 +401,23 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 			"from", cur.Status, "to", to, "reason", c.reason, "actor", c.actor)
 	}
 	return next, !same, nil
+}
+
+// stoppedBy is cur, a row that ended while c, a stop (c.always), was
+// on its way, with why it stopped in front of how when c's reason is
+// not there yet: "evicted for b (graceful stop: exit code 0)", as a row
+// that was DRAINING when it stopped says it. Only a STOPPED row: a
+// FAILED one keeps its failure.
+func stoppedBy(cur store.Row, c rowChange) (store.Row, bool) {
+	if cur.Status != rowStopped || c.reason == "" || strings.HasPrefix(cur.Reason, c.reason) {
+		return cur, false
+	}
+	next := cur
+	next.Reason = c.reason
+	if cur.Reason != "" {
+		next.Reason += " (" + cur.Reason + ")"
+	}
+	return next, true
 }
 
 func (b *rowBook) changed(r store.Row) {
