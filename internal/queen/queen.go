@@ -453,8 +453,14 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 		d, err := q.routing.Place(ctx, routing.PlaceRequest{Model: req.Model, GPU: req.GPU})
 		if err != nil {
 			if q.noPoolHas(req.Model) {
+				// By the name the user gave it, with its file (the
+				// placement's reasons would name the file alone).
+				what := req.Model
+				if name := q.models.nameOf(req.Model); name != "" {
+					what = fmt.Sprintf("%s (its file %s.gguf)", name, req.Model)
+				}
 				return store.Row{}, &api.RequestError{Status: http.StatusNotFound, Code: "model_not_found",
-					Err: fmt.Errorf("no pool has model %s: `apiary models ls --all` lists the models the hives have (%w)", q.models.shown(req.Model), err)}
+					Err: fmt.Errorf("no pool has model %s: `apiary models ls --all` lists the models the hives have", what)}
 			}
 			return store.Row{}, err
 		}

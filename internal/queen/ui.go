@@ -264,6 +264,8 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 		live = append(live, *r)
 		if at, ok := q.rows.seenAt(r.ID); ok {
 			beats.Workers[r.ID] = at
+		} else if r.LastHeartbeatAt != nil {
+			beats.Workers[r.ID] = r.LastHeartbeatAt.UTC()
 		}
 	}
 	q.rows.mu.Unlock()
