@@ -133,7 +133,9 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		if err := checkLifecycleID(req.LifecycleID); err != nil {
 			return err
 		}
-		row, err := q.StopWorker(r.Context(), req.LifecycleID, req.Drain, reason, c.actor)
+		// The row says who stopped it; the audit entry has the actor.
+		row, err := q.stopWorker(r.Context(), req.LifecycleID, stopOrder{drain: req.Drain, reason: reason, actor: c.actor, action: "worker.stop",
+			rowReason: "stopped by " + c.actor + ": " + reason})
 		if err != nil {
 			return err
 		}

@@ -223,6 +223,13 @@ func TestProcessOneNameEverywhere(t *testing.T) {
 		t.Errorf("the running worker's page: %q, want its last heartbeat", got)
 	}
 	b.checkClean()
+
+	// An operator's stop: the row says who stopped it, and why.
+	must("workers", "stop", wasps, "--reason", "names test done")
+	c.queen.logs.wait(t, 0, "lifecycle row changed", map[string]string{"lifecycle_id": wasps, "to": "STOPPED"})
+	if out := must("workers", "ls", "--model", "wasps"); !strings.Contains(out, "stopped by admin: names test done") {
+		t.Errorf("workers ls after workers stop:\n%s", out)
+	}
 }
 
 func keys[V any](m map[string]V) []string {

@@ -551,6 +551,9 @@ type stopOrder struct {
 	reason, actor string
 	action        string
 	meta          map[string]any
+	// rowReason, when set, is the row's reason instead of reason (the
+	// audit entry's and the hive's): who stopped it, for an operator.
+	rowReason string
 }
 
 // stopWorker is StopWorker with the audit entry's action and metadata.
@@ -594,7 +597,7 @@ func (q *Queen) stopWorker(ctx context.Context, id string, o stopOrder) (store.R
 		meta = map[string]any{}
 	}
 	meta["drain"] = drain
-	r, _, err := q.rows.apply(wctx, id, rowChange{to: rowDraining, reason: reason, actor: actor, action: o.action,
+	r, _, err := q.rows.apply(wctx, id, rowChange{to: rowDraining, reason: reason, rowReason: o.rowReason, actor: actor, action: o.action,
 		meta: meta, always: true})
 	if errors.Is(err, ErrRowEnded) || errors.Is(err, ErrRefused) {
 		return q.rows.get(wctx, id) // it ended meanwhile

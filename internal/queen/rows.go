@@ -60,10 +60,21 @@ type rowChange struct {
 	// operator's action is on record even when a hive event got there
 	// first).
 	always bool
+	// rowReason, when set, is the row's reason instead of reason (which
+	// the audit entry keeps): an operator's stop says who stopped it.
+	rowReason string
 	// check, when set, may refuse the change after the row is read and
 	// before anything is written (a claim must find its row as it
 	// expects); its error is returned as it is.
 	check func(cur store.Row) error
+}
+
+// rowWhy is the reason the row gets.
+func (c rowChange) rowWhy() string {
+	if c.rowReason != "" {
+		return c.rowReason
+	}
+	return c.reason
 }
 
 type workerKey struct{ pool, worker string }
@@ -342,14 +353,14 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 		c.set(&next)
 	}
 	if to == cur.Status && to == rowDraining && !c.fromHive && c.reason != "" {
-		next.Reason = c.reason // why it stops, over the hive's "drain requested"
+		next.Reason = c.rowWhy() // why it stops, over the hive's "drain requested"
 	}
 	if to != cur.Status {
 		if !cur.Status.CanTransition(to) {
 			b.refused(cur, to, c)
 			return cur, false, fmt.Errorf("%w: %s %s → %s is not in the table", ErrRefused, id, cur.Status, to)
 		}
-		next.Status, next.Reason = to, c.reason
+		next.Status, next.Reason = to, c.rowWhy()
 		if cur.Status == rowDraining && to == rowStopped && cur.Reason != "" && cur.Reason != c.reason {
 			// Why it stopped (evicted, unloaded, idle, drained by whom),
 			// then how: the row says both.
@@ -409,11 +420,12 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 // that was DRAINING when it stopped says it. Only a STOPPED row: a
 // FAILED one keeps its failure.
 func stoppedBy(cur store.Row, c rowChange) (store.Row, bool) {
-	if cur.Status != rowStopped || c.reason == "" || strings.HasPrefix(cur.Reason, c.reason) {
+	why := c.rowWhy()
+	if cur.Status != rowStopped || why == "" || strings.HasPrefix(cur.Reason, why) {
 		return cur, false
 	}
 	next := cur
-	next.Reason = c.reason
+	next.Reason = why
 	if cur.Reason != "" {
 		next.Reason += " (" + cur.Reason + ")"
 	}
