@@ -198,13 +198,16 @@ func readmeBlocks(t *testing.T) []block {
 // run, the URLs of text blocks are opened (GET). It runs them in a network
 // namespace of their own, so that the blocks' fixed default ports (queen
 // 8080, hive 9200, worker 8001) are free whatever else runs on this
-// machine, with a fresh HOME and bin/apiary in a fresh directory.
+// machine, with a fresh HOME and bin/apiary in a fresh directory, and
+// XDG_DATA_HOME set elsewhere than ~/.local/share (the blocks once wrote
+// the model there, where apiary did not look): everything goes there.
 func TestREADMERunsAsWritten(t *testing.T) {
 	blocks := readmeBlocks(t)
 	if len(blocks) < 2 || !strings.Contains(blocks[0].body, "make demo") || !strings.Contains(blocks[0].body, "make test") {
 		t.Fatalf("README.md's first block is not make demo and make test: %+v", blocks)
 	}
 	work, home := t.TempDir(), t.TempDir()
+	data := filepath.Join(home, "xdg-data")
 	if err := os.Mkdir(filepath.Join(work, "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +248,7 @@ func TestREADMERunsAsWritten(t *testing.T) {
 	defer cancel()
 	cmd := command(t, ctx, "unshare", append(unshare, "bash", "-c", script.String())...)
 	cmd.Dir = work
-	cmd.Env = []string{"HOME=" + home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8"} // no APIARY_*, no XDG_*
+	cmd.Env = []string{"HOME=" + home, "XDG_DATA_HOME=" + data, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8"} // no APIARY_*, no other XDG_*
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -281,8 +284,14 @@ func TestREADMERunsAsWritten(t *testing.T) {
 			// ended it at once), after what models testmodel writes and
 			// before the workers table.
 			if j := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "ID ") }); j >= 0 {
-				if table := strings.Join(lines[j:], "\n"); !strings.Contains(table, "RUNNING") || !strings.Contains(table, "tiny") {
+				table := strings.Join(lines[j:], "\n")
+				if !strings.Contains(table, "RUNNING") || !strings.Contains(table, "tiny") {
 					t.Errorf("%s: workers ls shows no running worker of tiny:\n%s", where, table)
+				}
+				// The model by the name the config gives it, its file beside.
+				if strings.Contains(b.body, "models ls --config") &&
+					(!strings.Contains(table, "bees (tiny)") || !regexp.MustCompile(`(?m)^bees\s+tiny\s`).MatchString(table)) {
+					t.Errorf("%s: workers ls and models ls --config do not show bees with its file tiny:\n%s", where, table)
 				}
 				lines = lines[:j]
 			}
@@ -301,6 +310,12 @@ func TestREADMERunsAsWritten(t *testing.T) {
 			checkWords(t, where, text[1])
 			answers++
 		}
+	}
+	if _, err := os.Stat(filepath.Join(data, "apiary", "models", "tiny.gguf")); err != nil {
+		t.Errorf("the blocks' model is not in $XDG_DATA_HOME/apiary/models: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(home, ".local", "share", "apiary")); err == nil {
+		t.Errorf("the blocks wrote into ~/.local/share/apiary although XDG_DATA_HOME is set")
 	}
 	if answers != 3 {
 		t.Errorf("%d blocks answered a prompt, want 3 (two apiary infer, one curl)", answers)

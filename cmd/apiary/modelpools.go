@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -95,15 +96,16 @@ func printPulls(w io.Writer, pulls []api.ModelPull) error {
 	return t.flush()
 }
 
-// printPoolModels writes the table of `models ls --all`.
+// printPoolModels writes the table of `models ls --all`: NAME is the
+// name the queen's config gives a file ("-": none).
 func printPoolModels(w io.Writer, pools []api.PoolModels) error {
-	t := newTable(w, "POOL", "REF", "ARCH", "SIZE")
+	t := newTable(w, "POOL", "NAME", "REF", "ARCH", "SIZE")
 	for _, p := range pools {
 		if len(p.Models) == 0 {
-			t.row(p.PoolID, "-", "-", "-")
+			t.row(p.PoolID, "-", "-", "-", "-")
 		}
 		for _, m := range p.Models {
-			t.row(p.PoolID, m.Ref, orDash(m.Architecture), api.FormatBytes(uint64(m.SizeBytes)))
+			t.row(p.PoolID, orDash(strings.Join(m.Names, ", ")), m.Ref, orDash(m.Architecture), api.FormatBytes(uint64(m.SizeBytes)))
 		}
 	}
 	return t.flush()

@@ -26,21 +26,22 @@ func newModelsCmd() *cobra.Command {
 		Long: `List, pull and generate GGUF models. A model's ref is its file name in the
 models directory without ".gguf" (DIR/tiny.gguf is "tiny"). The models
 directory defaults to $XDG_DATA_HOME/apiary/models (~/.local/share/apiary/models).
-scale sets, through the queen, how many workers of a model stay live.`,
+path prints where a model's file goes. scale sets, through the queen, how
+many workers of a model stay live.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usagef("unknown command %q for %q (want ls, pull, testmodel or scale)", args[0], cmd.CommandPath())
+				return usagef("unknown command %q for %q (want ls, path, pull, testmodel or scale)", args[0], cmd.CommandPath())
 			}
-			return usagef("%s: missing command (ls, pull, testmodel or scale)", cmd.CommandPath())
+			return usagef("%s: missing command (ls, path, pull, testmodel or scale)", cmd.CommandPath())
 		},
 	}
-	cmd.AddCommand(newModelsLsCmd(), newModelsPullCmd(), newModelsTestmodelCmd(), newModelsScaleCmd())
+	cmd.AddCommand(newModelsLsCmd(), newModelsPathCmd(), newModelsPullCmd(), newModelsTestmodelCmd(), newModelsScaleCmd())
 	return cmd
 }
 
 func newModelsLsCmd() *cobra.Command {
-	var dir string
+	var dir, configPath string
 	var asJSON, all bool
 	pf := &poolFlags{}
 	cmd := &cobra.Command{
@@ -49,14 +50,17 @@ func newModelsLsCmd() *cobra.Command {
 		Long: `List the *.gguf files of the models directory with what their headers say.
 A file that cannot be read (not a GGUF, truncated, a split model that lacks a
 part) is listed with the reason; a download under way (*.partial) is not
-listed. With --all, list instead the models of every pool as the queen
-reads them from their hives (which leave out the files they cannot read);
-uses $APIARY_ADMIN_TOKEN.`,
+listed. With --config FILE (the queen's model config), each file's NAME is
+the name the config gives it, and a configured model whose file is not
+there is listed too. With --all, list instead the models of every pool as
+the queen reads them from their hives (which leave out the files they
+cannot read), each with the name the queen's config gives it; uses
+$APIARY_ADMIN_TOKEN.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if all {
-				if cmd.Flags().Changed("models-dir") {
-					return usagef("models ls: --models-dir does not go with --all")
+				if cmd.Flags().Changed("models-dir") || configPath != "" {
+					return usagef("models ls: --models-dir and --config do not go with --all (the queen has its own config)")
 				}
 				c, err := pf.client()
 				if err != nil {
@@ -79,6 +83,9 @@ uses $APIARY_ADMIN_TOKEN.`,
 			if err != nil {
 				return err
 			}
+			if configPath != "" {
+				return listNamedModels(cmd, dir, configPath, models, asJSON)
+			}
 			if asJSON {
 				if models == nil {
 					models = []modelstore.Model{}
@@ -97,6 +104,7 @@ uses $APIARY_ADMIN_TOKEN.`,
 	cmd.Flags().StringVar(&dir, "models-dir", "", "models directory (default $XDG_DATA_HOME/apiary/models)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.Flags().BoolVar(&all, "all", false, "list the models of every pool, through the queen")
+	cmd.Flags().StringVar(&configPath, "config", "", "the queen's model config (YAML): show the name it gives each file")
 	pf.register(cmd)
 	return cmd
 }
@@ -334,12 +342,15 @@ func (p *progress) print(now time.Time, final bool) {
 
 func newModelsTestmodelCmd() *cobra.Command {
 	var opts testmodel.Options
-	var arch string
+	var arch, dir string
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "testmodel [--arch ARCH] OUT.gguf",
+		Use:   "testmodel [--arch ARCH] OUT.gguf | REF",
 		Short: "Write a small deterministic model with random weights",
-		Long: `Write a small GGUF model with random weights to OUT.gguf, of architecture
+		Long: `Write a small GGUF model with random weights to OUT.gguf, or, given a model
+REF (no "/", no ".gguf"), to REF.gguf in the models directory (--models-dir,
+default $XDG_DATA_HOME/apiary/models; apiary models path REF prints it), of
+architecture
 --arch (default llama): ` + testmodel.ArchNames() + `.
 Each has the metadata and tensors llama.cpp's loader of that architecture
 requires, and its family's specifics (Qwen2's Q/K/V biases, Qwen3's Q/K
@@ -358,7 +369,10 @@ model the tests use, whose answers are mostly bytes that are no text
 			if err := opts.Validate(); err != nil {
 				return usagef("%v", err)
 			}
-			out := args[0]
+			out, err := testmodelPath(args[0], dir)
+			if err != nil {
+				return err
+			}
 			if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 				return err
 			}
@@ -388,6 +402,7 @@ model the tests use, whose answers are mostly bytes that are no text
 	fl.BoolVar(&opts.Text, "text", true, "words in the vocabulary and weights that write only those (--text=false: the byte-level model of the tests)")
 	fl.BoolVar(&opts.ToolTemplate, "tool-template", false, "give the model a ChatML chat template with Hermes-style tool calling")
 	fl.BoolVar(&force, "force", false, "replace an existing file")
+	fl.StringVar(&dir, "models-dir", "", "models directory a REF is written to (default $XDG_DATA_HOME/apiary/models)")
 	return cmd
 }
 
@@ -470,7 +485,7 @@ func printModelSettings(w io.Writer, settings []api.ModelSetting, now time.Time)
 		} else if s.Starting+s.Running < s.MinWorkers {
 			state = "below min"
 		}
-		t.row(s.Model, strconv.Itoa(s.MinWorkers), maxW, strconv.Itoa(s.Starting), strconv.Itoa(s.Running), state, oneLine(s.Reason, 60))
+		t.row(modelShown(s.ModelName, s.Model), strconv.Itoa(s.MinWorkers), maxW, strconv.Itoa(s.Starting), strconv.Itoa(s.Running), state, oneLine(s.Reason, 60))
 	}
 	return t.flush()
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -43,7 +44,7 @@ func newPoolsLsCmd(a *adminFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&f.Status, "status", "", "only pools of these statuses (comma-separated: healthy, unhealthy, draining, offline)")
-	cmd.Flags().StringVar(&f.Model, "model", "", "only pools with a live worker of this model")
+	cmd.Flags().StringVar(&f.Model, "model", "", "only pools with a live worker of this model (a configured name or alias, or a ref)")
 	cmd.Flags().Uint64Var(&f.MinVRAMBytes, "min-vram-bytes", 0, "only pools with a device with at least this much free memory")
 	return cmd
 }
@@ -121,8 +122,9 @@ func printPools(w io.Writer, pools []api.Pool, now time.Time) error {
 	return t.flush()
 }
 
-// loadedCell is what a pool's live workers run, with when each last
-// served a request through the queen: "tiny 3s ago, b unused".
+// loadedCell is what a pool's live workers run (by the names the
+// queen's config gives them), with when each last served a request
+// through the queen: "bees 3s ago, b unused".
 func loadedCell(ws []api.Worker, now time.Time) string {
 	var parts []string
 	for _, w := range ws {
@@ -133,7 +135,7 @@ func loadedCell(ws []api.Worker, now time.Time) string {
 		if w.LastUsedAt != nil {
 			used = age(now, *w.LastUsedAt) + " ago"
 		}
-		parts = append(parts, w.ModelRef+" "+used)
+		parts = append(parts, cmp.Or(w.ModelName, w.ModelRef)+" "+used)
 	}
 	if len(parts) == 0 {
 		return "-"
@@ -141,13 +143,14 @@ func loadedCell(ws []api.Worker, now time.Time) string {
 	return strings.Join(parts, ", ")
 }
 
-// evictionCell is a pool's latest eviction: "tiny for b 2m ago".
+// evictionCell is a pool's latest eviction, by the names the queen's
+// config gives the models: "bees for b 2m ago".
 func evictionCell(evs []api.Eviction, now time.Time) string {
 	if len(evs) == 0 {
 		return "-"
 	}
 	e := evs[0]
-	return fmt.Sprintf("%s for %s %s ago", e.Model, e.For, age(now, e.At))
+	return fmt.Sprintf("%s for %s %s ago", cmp.Or(e.ModelName, e.Model), cmp.Or(e.ForName, e.For), age(now, e.At))
 }
 
 // devicesCell is a pool's device count for a table, with how many of

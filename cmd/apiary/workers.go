@@ -116,7 +116,7 @@ select pulls too; --json prints the rows only.`,
 		},
 	}
 	cmd.Flags().StringVar(&f.Status, "status", "", "only rows of these statuses (comma-separated: STARTING, RUNNING, DRAINING, STOPPED, FAILED)")
-	cmd.Flags().StringVar(&f.Model, "model", "", "only rows of this model")
+	cmd.Flags().StringVar(&f.Model, "model", "", "only rows of this model (a configured name or alias, or a ref)")
 	cmd.Flags().StringVar(&f.PoolID, "pool", "", "only rows of this pool")
 	cmd.Flags().IntVar(&f.Limit, "limit", 0, "at most this many rows (default 100)")
 	return cmd
@@ -126,9 +126,10 @@ func newWorkersStartCmd(a *adminFlags) *cobra.Command {
 	var model, pool, reason string
 	var gpu int
 	cmd := &cobra.Command{
-		Use:   "start --model REF [--pool ID] [--gpu N] --reason TEXT",
+		Use:   "start --model NAME [--pool ID] [--gpu N] --reason TEXT",
 		Short: "Start a worker",
-		Long: `Start a worker of model REF: the queen writes a STARTING lifecycle row and asks
+		Long: `Start a worker of model NAME (a name or alias of the queen's --config, or a
+model ref: a GGUF file name without .gguf): the queen writes a STARTING lifecycle row and asks
 the pool's hive to start it. Without --pool the queen picks the healthy pool
 with the most free memory. Prints the lifecycle id.`,
 		Args: usageArgs(cobra.NoArgs),
@@ -153,7 +154,7 @@ with the most free memory. Prints the lifecycle id.`,
 			return a.printStarted(cmd, resp)
 		},
 	}
-	cmd.Flags().StringVar(&model, "model", "", "model ref: the GGUF file name in the hive's models dir without .gguf (required)")
+	cmd.Flags().StringVar(&model, "model", "", "model: a name or alias of the queen's --config, or the GGUF file name in the hive's models dir without .gguf (required)")
 	cmd.Flags().StringVar(&pool, "pool", "", "pool to start on (default: the queen picks)")
 	cmd.Flags().IntVar(&gpu, "gpu", 0, "device to start on (default: the hive picks)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
@@ -163,9 +164,10 @@ with the most free memory. Prints the lifecycle id.`,
 func newWorkersCreateCmd(a *adminFlags) *cobra.Command {
 	var model, pool, placement, reason string
 	cmd := &cobra.Command{
-		Use:   "create --model REF --placement auto|operator [--pool ID] --reason TEXT",
+		Use:   "create --model NAME --placement auto|operator [--pool ID] --reason TEXT",
 		Short: "Create a worker's lifecycle row",
-		Long: `Create a STARTING lifecycle row for a worker of model REF. With --placement auto
+		Long: `Create a STARTING lifecycle row for a worker of model NAME (a name or alias
+of the queen's --config, or a GGUF file name without .gguf). With --placement auto
 the queen places the worker (on --pool, or the healthy pool with the most free
 memory) and asks the pool's hive to start it, as workers start does. With
 --placement operator the row waits for a worker you run by hand to claim it:
@@ -193,7 +195,7 @@ memory) and asks the pool's hive to start it, as workers start does. With
 			return a.printStarted(cmd, resp)
 		},
 	}
-	cmd.Flags().StringVar(&model, "model", "", "model ref: a GGUF file name without .gguf (required)")
+	cmd.Flags().StringVar(&model, "model", "", "model: a name or alias of the queen's --config, or a GGUF file name without .gguf (required)")
 	cmd.Flags().StringVar(&placement, "placement", api.PlacementAuto, "auto: the queen places and starts the worker; operator: the row waits for a worker run by hand")
 	cmd.Flags().StringVar(&pool, "pool", "", "with --placement auto: pool to start on (default: the queen picks)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
@@ -320,11 +322,7 @@ func printWorkers(w io.Writer, pulls []api.ModelPull, rows []api.LifecycleRow, n
 		if r.Strikes != nil && r.Strikes.Degraded {
 			status += " (degraded)"
 		}
-		model := r.ModelRef
-		if r.ModelName != "" {
-			model = r.ModelName + " (" + r.ModelRef + ")" // the name clients send, and the file that serves it
-		}
-		t.row(r.ID, status, model, r.PoolID, gpu, vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
+		t.row(r.ID, status, modelShown(r.ModelName, r.ModelRef), r.PoolID, gpu, vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
 	}
 	return t.flush()
 }
@@ -380,7 +378,18 @@ func (a *adminFlags) printStarted(cmd *cobra.Command, resp api.AdminWorkerRespon
 	if err := printLine(cmd.OutOrStdout(), "%s", resp.LifecycleID); err != nil {
 		return err
 	}
-	return printLine(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID, resp.Worker.ModelRef)
+	return printLine(cmd.ErrOrStderr(), "%s: %s on pool %s (%s)", resp.LifecycleID, resp.Worker.Status, resp.Worker.PoolID,
+		modelShown(resp.Worker.ModelName, resp.Worker.ModelRef))
+}
+
+// modelShown is a model for a person: the name the queen's config gives
+// it with its file beside it ("bees (tiny)"), or its file when the
+// config names none.
+func modelShown(name, ref string) string {
+	if name == "" || name == ref {
+		return ref
+	}
+	return name + " (" + ref + ")"
 }
 
 // pullProgress is how far a pull is, for a table: "42% of 4.1 GiB from

@@ -124,20 +124,23 @@ type Transition struct {
 // Worker is one entry of the hive's worker registry (WLIFE-10020 plus what
 // the queen's lifecycle row needs).
 type Worker struct {
-	WorkerID    string     `json:"worker_id"`
-	LifecycleID string     `json:"lifecycle_id,omitempty"`
-	ModelRef    string     `json:"model_ref"`
-	GPUDevice   int        `json:"gpu_device"`
-	VRAMBytes   uint64     `json:"vram_bytes"`
-	URI         string     `json:"uri"`
-	Status      string     `json:"status"`
-	Reason      string     `json:"reason,omitempty"`
-	PID         int        `json:"pid"`
-	ExitCode    *int       `json:"exit_code,omitempty"`
-	InFlight    int        `json:"in_flight"`
-	StartedAt   time.Time  `json:"started_at"`
-	ReadyAt     *time.Time `json:"ready_at,omitempty"`
-	StoppedAt   *time.Time `json:"stopped_at,omitempty"`
+	WorkerID    string `json:"worker_id"`
+	LifecycleID string `json:"lifecycle_id,omitempty"`
+	ModelRef    string `json:"model_ref"`
+	// ModelName is the name the queen's --config gives the model (the
+	// queen's listings only); absent when the config names none.
+	ModelName string     `json:"model_name,omitempty"`
+	GPUDevice int        `json:"gpu_device"`
+	VRAMBytes uint64     `json:"vram_bytes"`
+	URI       string     `json:"uri"`
+	Status    string     `json:"status"`
+	Reason    string     `json:"reason,omitempty"`
+	PID       int        `json:"pid"`
+	ExitCode  *int       `json:"exit_code,omitempty"`
+	InFlight  int        `json:"in_flight"`
+	StartedAt time.Time  `json:"started_at"`
+	ReadyAt   *time.Time `json:"ready_at,omitempty"`
+	StoppedAt *time.Time `json:"stopped_at,omitempty"`
 	// LastUsedAt is when the worker last finished a request through the
 	// queen (its listings only; absent: never since the queen started).
 	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
@@ -196,7 +199,10 @@ type GPUList struct {
 
 // Model is one GGUF in a hive's models dir.
 type Model struct {
-	Ref          string    `json:"ref"`
+	Ref string `json:"ref"`
+	// Names are the names the queen's --config gives the model whose file
+	// this is (the queen's listings only); absent when it names none.
+	Names        []string  `json:"names,omitempty"`
 	SizeBytes    int64     `json:"size_bytes"`
 	ModifiedAt   time.Time `json:"modified_at"`
 	Architecture string    `json:"architecture,omitempty"`

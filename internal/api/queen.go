@@ -45,8 +45,12 @@ type Eviction struct {
 	WorkerID    string    `json:"worker_id"`
 	LifecycleID string    `json:"lifecycle_id"`
 	GPUDevice   int       `json:"gpu_device"`
-	Model       string    `json:"model"`
-	For         string    `json:"for"`
+	Model       string    `json:"model"` // the evicted worker's model ref
+	For         string    `json:"for"`   // the ref of the model it made room for
+	// ModelName and ForName are the names the queen's --config gives
+	// Model and For; absent when it names none.
+	ModelName string `json:"model_name,omitempty"`
+	ForName   string `json:"for_name,omitempty"`
 	// LastUsedAt is when the worker last finished a request (absent:
 	// never, through this queen).
 	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
@@ -250,7 +254,10 @@ type ModelScaleRequest struct {
 // queen sees of it now: the answer of PUT /api/admin/models/{name} and an
 // entry of GET /api/admin/models.
 type ModelSetting struct {
-	Model      string    `json:"model"`
+	Model string `json:"model"` // the model's ref (its file)
+	// ModelName is the name the queen's --config gives the model; absent
+	// when it names none.
+	ModelName  string    `json:"model_name,omitempty"`
 	MinWorkers int       `json:"min_workers"`
 	MaxWorkers *int      `json:"max_workers"` // null: the queen's bound
 	Reason     string    `json:"reason"`

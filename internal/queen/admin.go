@@ -36,7 +36,7 @@ func (q *Queen) getWorkers(w http.ResponseWriter, r *http.Request, _ caller) err
 		if err := checkModel(m); err != nil {
 			return err
 		}
-		f.ModelRef = m
+		f.ModelRef = q.models.resolve(m) // a configured name or alias selects its model's file
 	}
 	if p := qs["pool_id"]; p != "" {
 		if err := checkID("pool_id", p); err != nil {
@@ -99,7 +99,7 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 			if err := checkModel(req.Model); err != nil {
 				return err
 			}
-			row, err := q.createOperatorRow(r.Context(), req.Model, reason, c.actor)
+			row, err := q.createOperatorRow(r.Context(), q.models.resolve(req.Model), reason, c.actor)
 			if err != nil {
 				return err
 			}
@@ -119,7 +119,8 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		if req.GPU != nil && *req.GPU < 0 {
 			return api.BadRequest("gpu %d is negative", *req.GPU)
 		}
-		row, err := q.StartWorker(r.Context(), StartRequest{Model: req.Model, PoolID: req.PoolID, GPU: req.GPU,
+		// A configured name or alias starts a worker of its model's file.
+		row, err := q.StartWorker(r.Context(), StartRequest{Model: q.models.resolve(req.Model), PoolID: req.PoolID, GPU: req.GPU,
 			Reason: reason, Actor: c.actor, Owner: OwnerOperator})
 		if err != nil {
 			return err
@@ -132,7 +133,9 @@ func (q *Queen) postWorkers(w http.ResponseWriter, r *http.Request, c caller) er
 		if err := checkLifecycleID(req.LifecycleID); err != nil {
 			return err
 		}
-		row, err := q.StopWorker(r.Context(), req.LifecycleID, req.Drain, reason, c.actor)
+		// The row says who stopped it; the audit entry has the actor.
+		row, err := q.stopWorker(r.Context(), req.LifecycleID, stopOrder{drain: req.Drain, reason: reason, actor: c.actor, action: "worker.stop",
+			rowReason: "stopped by " + c.actor + ": " + reason})
 		if err != nil {
 			return err
 		}
@@ -208,9 +211,7 @@ func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
 		DeviceKind: q.deviceKind(r.PoolID, r.GPUDevice), Status: string(r.Status), Reason: r.Reason, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, ReadyAt: r.ReadyAt,
 		StoppedAt: r.StoppedAt, LastHeartbeatAt: r.LastHeartbeatAt, VRAMBytes: r.VRAMBytes, URI: r.URI, PID: r.PID,
 		ExitCode: r.ExitCode, Owner: r.Owner}
-	if name, _, ok := q.models.file().ByFile(r.ModelRef); ok && name != r.ModelRef {
-		w.ModelName = name
-	}
+	w.ModelName = q.models.nameOf(r.ModelRef)
 	if r.Status == rowRunning && q.routing != nil {
 		if s, ok := q.routing.Strikes(r.ID); ok {
 			w.Strikes = &s

@@ -1,6 +1,7 @@
 package queen
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -229,4 +230,28 @@ func (q *Queen) watchModels(ctx context.Context, interval time.Duration) {
 			_ = q.reloadModels(ctx, false, "file changed")
 		}
 	}
+}
+
+// resolve is the model ref a configured name or alias stands for; any
+// other name is a ref as it is.
+func (mc *modelConfig) resolve(name string) string {
+	if _, m, ok := mc.file().Resolve(name); ok {
+		return m.File
+	}
+	return name
+}
+
+// nameOf is the name the config gives the model whose file is ref; ""
+// when it names none (or names it by its file).
+func (mc *modelConfig) nameOf(ref string) string {
+	if name, _, ok := mc.file().ByFile(ref); ok && name != ref {
+		return name
+	}
+	return ""
+}
+
+// shown is how a person sees model ref: by the name the config gives
+// it, else by its file.
+func (mc *modelConfig) shown(ref string) string {
+	return cmp.Or(mc.nameOf(ref), ref)
 }

@@ -173,7 +173,7 @@ func (q *Queen) getModels(w http.ResponseWriter, r *http.Request, _ caller) erro
 
 func (q *Queen) modelWire(ms store.ModelSetting, loops map[string]routing.CrashLoop) api.ModelSetting {
 	n := controlPlane{q}.Count(ms.ModelRef, "", true)
-	out := api.ModelSetting{Model: ms.ModelRef, MinWorkers: ms.MinWorkers, MaxWorkers: ms.MaxWorkers, Reason: ms.Reason,
+	out := api.ModelSetting{Model: ms.ModelRef, ModelName: q.models.nameOf(ms.ModelRef), MinWorkers: ms.MinWorkers, MaxWorkers: ms.MaxWorkers, Reason: ms.Reason,
 		UpdatedAt: ms.UpdatedAt, Starting: n.Starting, Running: n.Running}
 	if l, ok := loops[ms.ModelRef]; ok {
 		out.CrashLoop = &api.CrashLoop{Since: l.Since, Failures: l.Failures, LastFailure: l.LastFailure, LastExit: l.LastExit, NextTry: l.NextTry}

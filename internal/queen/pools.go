@@ -438,7 +438,7 @@ func (q *Queen) memoryLeaked(w http.ResponseWriter, r *http.Request, ev api.Work
 
 // poolFilter reads ?status=&model=&min_vram_bytes=; status may list
 // several, comma-separated.
-func poolFilter(r *http.Request) (registry.Filter, error) {
+func (q *Queen) poolFilter(r *http.Request) (registry.Filter, error) {
 	qs, err := query(r, "status", "model", "min_vram_bytes")
 	if err != nil {
 		return registry.Filter{}, err
@@ -457,7 +457,7 @@ func poolFilter(r *http.Request) (registry.Filter, error) {
 		if err := checkModel(m); err != nil {
 			return f, err
 		}
-		f.Model = m
+		f.Model = q.models.resolve(m)
 	}
 	if v := qs["min_vram_bytes"]; v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
@@ -470,7 +470,7 @@ func poolFilter(r *http.Request) (registry.Filter, error) {
 }
 
 func (q *Queen) getPools(w http.ResponseWriter, r *http.Request, _ caller) error {
-	f, err := poolFilter(r)
+	f, err := q.poolFilter(r)
 	if err != nil {
 		return err
 	}
@@ -490,17 +490,28 @@ func (q *Queen) getPools(w http.ResponseWriter, r *http.Request, _ caller) error
 func (q *Queen) addUsage(pools []api.Pool) {
 	for i := range pools {
 		p := &pools[i]
-		p.Evictions = q.routing.Evictions(p.PoolID)
+		p.Evictions = q.evictions(p.PoolID)
 		// The registry lends its workers: change a copy.
 		p.Workers = slices.Clone(p.Workers)
 		for j := range p.Workers {
 			w := &p.Workers[j]
+			w.ModelName = q.models.nameOf(w.ModelRef)
 			if last := q.routing.LastUsed(p.PoolID, w.WorkerID); !last.IsZero() && w.StoppedAt == nil {
 				t := last.UTC()
 				w.LastUsedAt = &t
 			}
 		}
 	}
+}
+
+// evictions is pool's latest evictions with the names the model config
+// gives their models.
+func (q *Queen) evictions(pool string) []api.Eviction {
+	evs := q.routing.Evictions(pool)
+	for i := range evs {
+		evs[i].ModelName, evs[i].ForName = q.models.nameOf(evs[i].Model), q.models.nameOf(evs[i].For)
+	}
+	return evs
 }
 
 func (q *Queen) getPool(w http.ResponseWriter, r *http.Request, _ caller) error {

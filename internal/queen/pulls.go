@@ -154,7 +154,15 @@ func (q *Queen) getPoolModels(w http.ResponseWriter, r *http.Request, _ caller) 
 	if _, err := query(r); err != nil {
 		return err
 	}
-	api.WriteJSON(w, http.StatusOK, api.PoolModelsList{Pools: q.routing.PoolModels(r.Context())})
+	pools := q.routing.PoolModels(r.Context())
+	for _, p := range pools {
+		for i := range p.Models {
+			if name := q.models.nameOf(p.Models[i].Ref); name != "" {
+				p.Models[i].Names = []string{name}
+			}
+		}
+	}
+	api.WriteJSON(w, http.StatusOK, api.PoolModelsList{Pools: pools})
 	return nil
 }
 

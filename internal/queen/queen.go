@@ -453,8 +453,14 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 		d, err := q.routing.Place(ctx, routing.PlaceRequest{Model: req.Model, GPU: req.GPU})
 		if err != nil {
 			if q.noPoolHas(req.Model) {
+				// By the name the user gave it, with its file (the
+				// placement's reasons would name the file alone).
+				what := req.Model
+				if name := q.models.nameOf(req.Model); name != "" {
+					what = fmt.Sprintf("%s (its file %s.gguf)", name, req.Model)
+				}
 				return store.Row{}, &api.RequestError{Status: http.StatusNotFound, Code: "model_not_found",
-					Err: fmt.Errorf("no pool has model %s: `apiary models ls --all` lists the models the hives have (%w)", req.Model, err)}
+					Err: fmt.Errorf("no pool has model %s: `apiary models ls --all` lists the models the hives have", what)}
 			}
 			return store.Row{}, err
 		}
@@ -545,6 +551,9 @@ type stopOrder struct {
 	reason, actor string
 	action        string
 	meta          map[string]any
+	// rowReason, when set, is the row's reason instead of reason (the
+	// audit entry's and the hive's): who stopped it, for an operator.
+	rowReason string
 }
 
 // stopWorker is StopWorker with the audit entry's action and metadata.
@@ -588,7 +597,7 @@ func (q *Queen) stopWorker(ctx context.Context, id string, o stopOrder) (store.R
 		meta = map[string]any{}
 	}
 	meta["drain"] = drain
-	r, _, err := q.rows.apply(wctx, id, rowChange{to: rowDraining, reason: reason, actor: actor, action: o.action,
+	r, _, err := q.rows.apply(wctx, id, rowChange{to: rowDraining, reason: reason, rowReason: o.rowReason, actor: actor, action: o.action,
 		meta: meta, always: true})
 	if errors.Is(err, ErrRowEnded) || errors.Is(err, ErrRefused) {
 		return q.rows.get(wctx, id) // it ended meanwhile

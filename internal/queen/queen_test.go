@@ -147,7 +147,7 @@ func TestEventsDriveTheRow(t *testing.T) {
 		ev("busy", "draining", "drain requested")
 		ev("draining", "stopped", "exit code 0")
 		r = x.row(id)
-		if r.Status != "STOPPED" || r.StoppedAt == nil || r.ExitCode == nil || *r.ExitCode != 0 || r.Reason != "scale down (exit code 0)" {
+		if r.Status != "STOPPED" || r.StoppedAt == nil || r.ExitCode == nil || *r.ExitCode != 0 || r.Reason != "stopped by admin: scale down (exit code 0)" { // who stopped it, why, then how
 			t.Errorf("after stopped: %+v", r)
 		}
 		want := []string{"worker.start", "worker.spawned", "worker.starting", "worker.running", "worker.stop", "worker.stopped"}

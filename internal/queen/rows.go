@@ -10,6 +10,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,10 +60,21 @@ type rowChange struct {
 	// operator's action is on record even when a hive event got there
 	// first).
 	always bool
+	// rowReason, when set, is the row's reason instead of reason (which
+	// the audit entry keeps): an operator's stop says who stopped it.
+	rowReason string
 	// check, when set, may refuse the change after the row is read and
 	// before anything is written (a claim must find its row as it
 	// expects); its error is returned as it is.
 	check func(cur store.Row) error
+}
+
+// rowWhy is the reason the row gets.
+func (c rowChange) rowWhy() string {
+	if c.rowReason != "" {
+		return c.rowReason
+	}
+	return c.reason
 }
 
 type workerKey struct{ pool, worker string }
@@ -307,8 +319,16 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 	if cur.Status.Terminal() {
 		if c.always {
 			// The operator's action is on record even though the row
-			// ended before it landed.
+			// ended before it landed. A stop whose worker's end reached
+			// the queen first (a small model stops at once) is why it
+			// stopped: the row says so, then how.
+			next, amend := stoppedBy(cur, c)
 			err := b.st.Update(ctx, func(tx *store.Tx) error {
+				if amend {
+					if err := tx.UpdateRow(next); err != nil {
+						return err
+					}
+				}
 				_, err := tx.Append(store.AuditEntry{Actor: c.actor, Action: c.action, Target: id, Reason: c.reason,
 					Metadata: map[string]any{"pool_id": cur.PoolID, "status": string(cur.Status), "note": "the row had already ended"}})
 				return err
@@ -316,7 +336,10 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 			if err != nil {
 				return cur, false, fmt.Errorf("audit %s: %w", id, err)
 			}
-			return cur, false, fmt.Errorf("%w: %s is %s", ErrRowEnded, id, cur.Status)
+			if amend {
+				b.changed(next)
+			}
+			return next, false, fmt.Errorf("%w: %s is %s", ErrRowEnded, id, cur.Status)
 		}
 		if to != cur.Status {
 			b.refused(cur, to, c)
@@ -330,14 +353,14 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 		c.set(&next)
 	}
 	if to == cur.Status && to == rowDraining && !c.fromHive && c.reason != "" {
-		next.Reason = c.reason // why it stops, over the hive's "drain requested"
+		next.Reason = c.rowWhy() // why it stops, over the hive's "drain requested"
 	}
 	if to != cur.Status {
 		if !cur.Status.CanTransition(to) {
 			b.refused(cur, to, c)
 			return cur, false, fmt.Errorf("%w: %s %s → %s is not in the table", ErrRefused, id, cur.Status, to)
 		}
-		next.Status, next.Reason = to, c.reason
+		next.Status, next.Reason = to, c.rowWhy()
 		if cur.Status == rowDraining && to == rowStopped && cur.Reason != "" && cur.Reason != c.reason {
 			// Why it stopped (evicted, unloaded, idle, drained by whom),
 			// then how: the row says both.
@@ -389,6 +412,24 @@ func (b *rowBook) apply(ctx context.Context, id string, c rowChange) (store.Row,
 			"from", cur.Status, "to", to, "reason", c.reason, "actor", c.actor)
 	}
 	return next, !same, nil
+}
+
+// stoppedBy is cur, a row that ended while c, a stop (c.always), was
+// on its way, with why it stopped in front of how when c's reason is
+// not there yet: "evicted for b (graceful stop: exit code 0)", as a row
+// that was DRAINING when it stopped says it. Only a STOPPED row: a
+// FAILED one keeps its failure.
+func stoppedBy(cur store.Row, c rowChange) (store.Row, bool) {
+	why := c.rowWhy()
+	if cur.Status != rowStopped || why == "" || strings.HasPrefix(cur.Reason, why) {
+		return cur, false
+	}
+	next := cur
+	next.Reason = why
+	if cur.Reason != "" {
+		next.Reason += " (" + cur.Reason + ")"
+	}
+	return next, true
 }
 
 func (b *rowBook) changed(r store.Row) {

@@ -145,7 +145,7 @@ func (q *Queen) sampleUI(ctx context.Context) {
 func (q *Queen) uiTotals() map[string]dashboard.Counts {
 	out := map[string]dashboard.Counts{}
 	for model, t := range q.routing.Totals() {
-		out[model] = dashboard.Counts{Requests: t.Requests, Tokens: t.Tokens, TTFTCount: t.TTFTCount, TTFTSum: t.TTFTSum,
+		out[q.models.shown(model)] = dashboard.Counts{Requests: t.Requests, Tokens: t.Tokens, TTFTCount: t.TTFTCount, TTFTSum: t.TTFTSum,
 			ITLCount: t.ITLCount, ITLSum: t.ITLSum}
 	}
 	return out
@@ -177,13 +177,28 @@ type uiPool struct {
 	Evictions []api.Eviction `json:"evictions,omitempty"`
 }
 
-// uiLoaded is one live worker of a pool card: its row's id, its model,
+// uiLoaded is one live worker of a pool card: its row's id, its model
+// (by the name the config gives it, and its file),
 // its state and when it last served (to the page's time grain).
 type uiLoaded struct {
 	ID         string     `json:"id"`
-	Model      string     `json:"model"`
+	Model      string     `json:"model"` // its configured name, else its file
+	Ref        string     `json:"ref"`
 	Status     string     `json:"status"`
 	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
+}
+
+// uiBeats is the "beats" item: when each pool and each live row's
+// worker was last in a heartbeat, to the microsecond, and At, the
+// queen's time when it was built. The page shows a beat's age as At
+// minus the beat plus the time since the item came, so that the
+// browser's clock does not count and the age agrees with `pools ls`.
+// It changes at every build; the page then updates only those texts.
+// Bounded by the pools and the live rows.
+type uiBeats struct {
+	At      time.Time            `json:"at"`
+	Pools   map[string]time.Time `json:"pools"`
+	Workers map[string]time.Time `json:"workers"`
 }
 
 // uiDevice is a pool's device, with whether a new worker can go there.
@@ -219,14 +234,18 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 	}
 	catalog := q.routing.Catalog()
 	pools := q.reg.Query(registry.Filter{})
+	beats := uiBeats{At: time.Now().UTC(), Pools: map[string]time.Time{}, Workers: map[string]time.Time{}}
 	for _, p := range pools {
+		if !p.LastHeartbeatAt.IsZero() {
+			beats.Pools[p.ID] = p.LastHeartbeatAt.UTC()
+		}
 		up := uiPoolOf(p, catalog[p.ID])
-		up.Evictions = q.routing.Evictions(p.ID)
+		up.Evictions = q.evictions(p.ID)
 		for _, w := range p.Workers {
 			if w.StoppedAt != nil || lifecycle.State(w.Status).Terminal() {
 				continue
 			}
-			l := uiLoaded{ID: cmp.Or(w.LifecycleID, w.WorkerID), Model: w.ModelRef, Status: w.Status}
+			l := uiLoaded{ID: cmp.Or(w.LifecycleID, w.WorkerID), Model: q.models.shown(w.ModelRef), Ref: w.ModelRef, Status: w.Status}
 			if last := q.routing.LastUsed(p.ID, w.WorkerID); !last.IsZero() {
 				t := last.UTC().Truncate(uiTimeGrain)
 				l.LastUsedAt = &t
@@ -243,8 +262,14 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 	live := make([]store.Row, 0, len(q.rows.active))
 	for _, r := range q.rows.active {
 		live = append(live, *r)
+		if at, ok := q.rows.seenAt(r.ID); ok {
+			beats.Workers[r.ID] = at
+		} else if r.LastHeartbeatAt != nil {
+			beats.Workers[r.ID] = r.LastHeartbeatAt.UTC()
+		}
 	}
 	q.rows.mu.Unlock()
+	s["beats"] = beats
 	q.ui.mu.Lock()
 	rows := append(live, slices.Collect(maps.Values(q.ui.ended))...)
 	cache := maps.Clone(q.ui.rowJSON)
@@ -328,11 +353,17 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 func (q *Queen) uiRow(r store.Row, cache, fresh map[string]cachedRow) any {
 	var beat time.Time
 	if !r.Status.Terminal() {
-		q.rows.mu.Lock()
-		if live, ok := q.rows.active[r.ID]; ok && live.LastHeartbeatAt != nil {
-			beat = live.LastHeartbeatAt.Truncate(uiTimeGrain)
+		// When its worker was last in a heartbeat (the rowBook's memory;
+		// the row in memory gets it only when it is written).
+		q.rows.mu.RLock()
+		at, ok := q.rows.seenAt(r.ID)
+		if live := q.rows.active[r.ID]; !ok && live != nil && live.LastHeartbeatAt != nil {
+			at, ok = *live.LastHeartbeatAt, true
 		}
-		q.rows.mu.Unlock()
+		q.rows.mu.RUnlock()
+		if ok {
+			beat = at.Truncate(uiTimeGrain)
+		}
 	} else if r.LastHeartbeatAt != nil {
 		beat = r.LastHeartbeatAt.Truncate(uiTimeGrain)
 	}

@@ -349,7 +349,7 @@ func (c *controller) run(ctx context.Context) {
 					// passes.
 					return "", false
 				default:
-					reason := fmt.Sprintf("%s; no pool has model %s: pulling it on pool %s from %s", need, t.model, pd.Pool.ID, src)
+					reason := fmt.Sprintf("%s; no pool has model %s: pulling it on pool %s from %s", need, c.s.nameOf(t.model), pd.Pool.ID, src)
 					if rt.pulls.reserve(pd.Pool.ID, t.model, registry.ActorQueen, reason, src, now) {
 						pool := pd.Pool.ID
 						wg.Go(func() { c.s.startPull(ctx, pool, t.model, src, reason) })

@@ -273,7 +273,7 @@ func (c *controller) evict(ctx context.Context, model, pool string) (*reservatio
 		c.log.Info("no idle workers to evict make room", "for", model, "need", api.FormatBytes(need))
 		return nil, false
 	}
-	reason := "evicted for " + model
+	reason := "evicted for " + s.nameOf(model) // the name a person gave it
 	var done []api.Eviction
 	failed := false
 	for _, v := range ev.victims {
@@ -282,7 +282,7 @@ func (c *controller) evict(ctx context.Context, model, pool string) (*reservatio
 			continue
 		}
 		e := api.Eviction{At: now.UTC(), WorkerID: v.key.Worker, LifecycleID: v.lifecycleID, GPUDevice: v.gpu, Model: v.model, For: model}
-		meta := map[string]any{"for": model, "model_ref": v.model, "pool_id": ev.pool, "gpu_device": v.gpu, "bytes": v.bytes}
+		meta := map[string]any{"for": s.nameOf(model), "for_ref": model, "model": s.nameOf(v.model), "model_ref": v.model, "pool_id": ev.pool, "gpu_device": v.gpu, "bytes": v.bytes}
 		if !v.last.IsZero() {
 			t := v.last.UTC()
 			e.LastUsedAt, meta["last_used_at"] = &t, t

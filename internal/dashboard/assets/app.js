@@ -8,7 +8,8 @@ const KEY_ADMIN = 'apiary.adminToken';
 const KEY_API = 'apiary.apiToken';
 
 const state = {
-  items: new Map(), // the queen's snapshot: "pool/ID", "worker/ID", "model/NAME", "stats", "queen"
+  items: new Map(), // the queen's snapshot: "pool/ID", "worker/ID", "model/NAME", "stats", "queen", "beats"
+  beatsCame: 0, // performance.now() when the "beats" item last came
   seq: 0,
   stream: null, // AbortController of the event stream
   signedOut: false,
@@ -52,13 +53,36 @@ function bytes(n) {
 
 function ago(t) {
   if (!t) return '–';
-  const s = Math.round((Date.now() - new Date(t).getTime()) / 1000);
+  return agoSeconds(Math.round((Date.now() - new Date(t).getTime()) / 1000));
+}
+
+function agoSeconds(s) {
   if (s < 0) return 'now';
   if (s < 60) return s + 's ago';
   if (s < 3600) return Math.round(s / 60) + 'm ago';
   if (s < 86400) return Math.round(s / 3600) + 'h ago';
   return Math.round(s / 86400) + 'd ago';
 }
+
+// beatAgo is how long ago a pool's or a worker's (kind 'pools' or
+// 'workers') last heartbeat was, by the queen's clock: the "beats" item's
+// time minus the beat, plus the time since the item came (the browser's
+// clock may be off; `apiary pools ls` floors to the second as this does).
+// Without a beat there, t by this browser's clock.
+function beatAgo(kind, id, t) {
+  const b = state.items.get('beats');
+  const at = b && b[kind] && b[kind][id];
+  if (!at) return ago(t);
+  return agoSeconds(Math.max(0, Math.floor((Date.parse(b.at) - Date.parse(at) + performance.now() - state.beatsCame) / 1000)));
+}
+
+// refreshBeats rewrites the heartbeat ages on the page, in place.
+function refreshBeats() {
+  for (const el of document.querySelectorAll('[data-beat-kind]')) {
+    el.textContent = (el.dataset.beatPrefix || '') + beatAgo(el.dataset.beatKind, el.dataset.beatId, el.dataset.beatAt);
+  }
+}
+setInterval(refreshBeats, 1000);
 
 function time(t) { return t ? new Date(t).toLocaleString() : '–'; }
 
@@ -168,6 +192,12 @@ function apply(msg) {
   state.seq = msg.seq;
   setConn('live');
   document.body.dataset.seq = String(msg.seq);
+  const set = Object.keys(msg.set || {});
+  if (set.includes('beats')) state.beatsCame = performance.now();
+  if (!msg.full && set.length === 1 && set[0] === 'beats' && !(msg.del || []).length) {
+    refreshBeats(); // only the heartbeats' times changed
+    return;
+  }
   if (!pending) {
     pending = true;
     requestAnimationFrame(() => {
@@ -295,7 +325,8 @@ function overview() {
 
     const poolCards = pools.length ? h('div', { class: 'cards' }, pools.map(p => h('div', { class: 'card', 'data-pool': p.id, 'data-status': p.status },
       h('div', { class: 'head' }, h('b', { text: p.id }), badge(p.status),
-        h('span', { class: 'muted', text: 'node ' + (p.node_id || '–') + ' · beat ' + ago(p.last_heartbeat_at) }),
+        h('span', { class: 'muted' }, 'node ' + (p.node_id || '–') + ' · ',
+          h('span', { 'data-beat-kind': 'pools', 'data-beat-id': p.id, 'data-beat-at': p.last_heartbeat_at || '', 'data-beat-prefix': 'beat ', text: 'beat ' + beatAgo('pools', p.id, p.last_heartbeat_at) })),
         p.status === 'offline' ? null : (p.drained
           ? h('button', { type: 'button', 'data-action': 'undrain', onclick: () => drainPool(p.id, false), text: 'Undrain' })
           : h('button', { type: 'button', class: 'danger', 'data-action': 'drain', onclick: () => drainPool(p.id, true), text: 'Drain' }))),
@@ -315,7 +346,7 @@ function overview() {
       h('div', { class: 'line', 'data-loaded': '' }, h('span', { class: 'muted', text: 'loaded' + (p.max_loaded ? ' (at most ' + p.max_loaded + ')' : '') + ': ' }),
         h('span', { text: (p.loaded || []).length ? p.loaded.map(l => l.model + ' ' + (l.last_used_at ? 'used ' + ago(l.last_used_at) : 'unused') + ' (' + l.status + ')').join(', ') : 'nothing' })),
       (p.evictions || []).length ? h('div', { class: 'line muted', 'data-evictions': '' },
-        'evicted: ' + p.evictions.slice(0, 3).map(e => e.model + ' for ' + e.for + ' ' + ago(e.at)).join(', ')) : null))) : h('p', { class: 'muted', text: 'No pool has registered: start a hive that points here, e.g. apiary hive --queen ' + location.origin + ' (or apiary nodes add NAME --ssh HOST to have the queen start one over SSH).' });
+        'evicted: ' + p.evictions.slice(0, 3).map(e => (e.model_name || e.model) + ' for ' + (e.for_name || e.for) + ' ' + ago(e.at)).join(', ')) : null))) : h('p', { class: 'muted', text: 'No pool has registered: start a hive that points here, e.g. apiary hive --queen ' + location.origin + ' (or apiary nodes add NAME --ssh HOST to have the queen start one over SSH).' });
 
     const workerTable = workers.length ? h('div', { class: 'scroll' }, h('table', { id: 'workers' },
       h('thead', {}, h('tr', {}, ['lifecycle id', 'model', 'pool', 'device', 'state', 'reason', 'memory', 'created', ''].map((t, i) => h('th', { class: i === 5 || i === 7 ? 'hide-narrow' : null, text: t })))),
@@ -340,7 +371,7 @@ function overview() {
         h('td', { class: 'num', 'data-queued': m.queued || 0, text: m.queued || 0 }),
         h('td', { text: m.oldest_wait ? ago(m.oldest_wait) : '–' }),
         h('td', { text: (m.min_workers === undefined ? '–' : m.min_workers) + ' / ' + (m.max_workers === undefined ? '–' : m.max_workers) }),
-        h('td', {}, h('button', { type: 'button', 'data-action': 'start', onclick: () => startWorker(m.ref || m.name), text: 'Start' }))))))) : h('p', { class: 'muted', text: 'No model known: no hive has listed one and the model config names none.' });
+        h('td', {}, h('button', { type: 'button', 'data-action': 'start', onclick: () => startWorker(m.name), text: 'Start' }))))))) : h('p', { class: 'muted', text: 'No model known: no hive has listed one and the model config names none.' });
 
     const charts = Object.keys(stats.models || {}).sort().map(name => {
       const s = stats.models[name];
@@ -382,7 +413,7 @@ function worker(id) {
     const dl = h('dl', { class: 'kv', 'data-worker': r.id, 'data-status': r.status });
     const add = (k, v) => dl.append(h('dt', { text: k }), h('dd', {}, v));
     add('state', [badge(r.status), ' ', r.reason || '']);
-    add('model', r.model_ref);
+    add('model', r.model_name ? r.model_name + ' (' + r.model_ref + ')' : r.model_ref);
     add('pool', r.pool_id + (r.worker_id ? ' · hive worker ' + r.worker_id : ''));
     add('device', r.gpu_device === undefined || r.gpu_device === null ? '–' : (r.device_kind || 'device') + ' ' + r.gpu_device);
     add('memory', r.vram_bytes ? bytes(r.vram_bytes) : '–');
@@ -394,7 +425,7 @@ function worker(id) {
     add('ready', time(r.ready_at));
     add('stopped', time(r.stopped_at));
     add('exit code', r.exit_code === undefined || r.exit_code === null ? '–' : r.exit_code);
-    add('last heartbeat', ago(r.last_heartbeat_at));
+    add('last heartbeat', h('span', { 'data-beat-kind': 'workers', 'data-beat-id': r.id, 'data-beat-at': r.last_heartbeat_at || '', text: beatAgo('workers', r.id, r.last_heartbeat_at) }));
     if (r.strikes) add('strikes', r.strikes.failures + ' of ' + r.strikes.limit + (r.strikes.degraded ? ' (degraded)' : '') + (r.strikes.last_error ? ': ' + r.strikes.last_error : ''));
     const actions = h('div', {});
     if (['STARTING', 'RUNNING'].includes(r.status)) actions.append(h('button', { type: 'button', class: 'danger', 'data-action': 'stop', onclick: () => stopWorker(r.id), text: 'Stop' }));
