@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -27,10 +28,11 @@ func TestMain(m *testing.M) {
 func startTestQueen(t *testing.T) string {
 	t.Helper()
 	url := runTestQueen(t)
-	// p2's hive never answers: a start there fails and makes it
-	// unhealthy; p1 stays healthy for the pool commands.
-	for _, id := range []string{"p1", "p2"} {
-		registerTestPool(t, url, id, "http://127.0.0.1:1")
+	// Neither hive answers (ports 1 and 2 of loopback; one endpoint a
+	// pool): a start on p2 fails and makes it unhealthy; p1 stays
+	// healthy for the pool commands.
+	for i, id := range []string{"p1", "p2"} {
+		registerTestPool(t, url, id, fmt.Sprintf("http://127.0.0.1:%d", i+1))
 	}
 	return url
 }

@@ -385,8 +385,9 @@ func (k *Infer) generate(ctx context.Context, url, ref string) error {
 }
 
 // checkModel asks the queen whether it knows model ref (GET
-// /v1/models/{ref}): a 404 is the queen's answer, in its words. Any
-// other trouble is left to the request itself, which says it.
+// /v1/models/{ref}): a 404 model_not_found is the queen's answer, in its
+// words. Any other trouble (another 404: a queen without the endpoint)
+// is left to the request itself, which says it.
 func (k *Infer) checkModel(ctx context.Context, url, ref string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/models/"+neturl.PathEscape(ref), nil)
 	if err != nil {
@@ -403,8 +404,12 @@ func (k *Infer) checkModel(ctx context.Context, url, ref string) error {
 		return nil
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound {
-		return answerError(resp)
+	if resp.StatusCode != http.StatusNotFound {
+		return nil
+	}
+	var ae *APIError
+	if err := answerError(resp); errors.As(err, &ae) && ae.Code == openai.CodeModelNotFound {
+		return err
 	}
 	return nil
 }
