@@ -172,7 +172,10 @@ func TestFailedPullFailsItsWaitersAndBacksOff(t *testing.T) {
 	}
 	x.ok("POST", "/v2/internal/models/pulls", api.ModelPull{ID: "pull-1", PoolID: "a", Ref: req.Ref, Model: "big", State: api.PullFailed,
 		Error: "org/big-GGUF has no GGUF file of quantization Q4_K_M"}, http.StatusNoContent, nil)
-	const why = "pulling big from hf://org/big-GGUF:Q4_K_M on pool a failed: org/big-GGUF has no GGUF file of quantization Q4_K_M"
+	// A pull that failed on the hive is told to API clients in words (the
+	// hive's error may name its files); the queen's log has the whole.
+	const why = "pulling big on pool a failed"
+	const detail = "pulling big from hf://org/big-GGUF:Q4_K_M on pool a failed: org/big-GGUF has no GGUF file of quantization Q4_K_M"
 	a := await(t, waiting)
 	if a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, why) {
 		t.Errorf("the waiting request: %d %s, want 503 with %q", a.status, a.body, why)
@@ -184,6 +187,7 @@ func TestFailedPullFailsItsWaitersAndBacksOff(t *testing.T) {
 	if n := ph.count(); n != 1 {
 		t.Errorf("%d pulls asked, want 1 (the failed pool is in its backoff)", n)
 	}
+	x.logs.wait(t, 0, "a pull of a model that requests waited for failed", map[string]string{"why": detail})
 	if p := x.q.routing.Pulls(); len(p) != 0 {
 		t.Errorf("pulls followed after the failure: %+v", p)
 	}

@@ -62,6 +62,9 @@ func (e *HiveError) ErrorCode() string {
 	return "hive_error"
 }
 
+// HiveMessage is the hive's own words.
+func (e *HiveError) HiveMessage() string { return e.Message }
+
 // PublicMessage is the refusal in words for API clients (a request the
 // controller placed a worker for): the hive's own message may name its
 // models directory or other files, and stays in the log and the audit.

@@ -40,7 +40,7 @@ func TestWorkerLogsRefusals(t *testing.T) {
 		{"/api/admin/workers/" + live + "/logs?follow=yes", 400, "invalid_request", "follow"},
 		{"/api/admin/workers/" + live + "/logs?since=1h", 400, "invalid_request", "unknown query parameter"},
 		{"/api/admin/workers/" + never + "/logs", 404, "log_not_found", "never started on its hive"},
-		{"/api/admin/workers/" + live + "/logs", 502, "hive_unreachable", "the hive of pool a (http://127.0.0.1:1) does not answer"},
+		{"/api/admin/workers/" + live + "/logs", 502, "hive_unreachable", "the hive of pool a (" + fakeEndpoint("a") + ") does not answer"},
 	} {
 		status, body := x.do("GET", tc.path, "", nil)
 		if status != tc.status || !strings.Contains(string(body), `"code":"`+tc.code+`"`) || !strings.Contains(string(body), tc.says) {

@@ -543,7 +543,8 @@ var errRoomComing = errors.New("no room yet; workers of other models hold it")
 func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 	start := time.Now()
 	exclude := map[string]string{}
-	noRoom := map[string]string{} // pools whose hive had no room yet, and why
+	excludeDetail := map[string]string{} // what the excluded pools' hives said, for the log
+	noRoom := map[string]string{}        // pools whose hive had no room yet, and why
 	evicted := false
 	var res *reservation
 	fail := func(err error) placeResult {
@@ -553,7 +554,7 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 	roomBy := start.Add(c.s.cfg.SwapWait)
 	pause := evictPoll
 	for {
-		req := PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude}
+		req := PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude, ExcludeDetail: excludeDetail}
 		if len(noRoom) > 0 {
 			req.Exclude = maps.Clone(exclude)
 			maps.Copy(req.Exclude, noRoom)
@@ -586,7 +587,7 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 		}
 		if err != nil {
 			maps.Copy(exclude, noRoom)
-			c.s.placeFailed(ctx, PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude}, err)
+			c.s.placeFailed(ctx, PlaceRequest{Model: o.Model, Pool: o.Pool, Exclude: exclude, ExcludeDetail: excludeDetail}, err)
 			c.s.m.placements.WithLabelValues(o.Model, "failed").Inc()
 			return fail(err)
 		}
@@ -610,6 +611,9 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 			noRoom[d.Pool.ID] = refused.Why
 		case errors.As(err, &refused):
 			exclude[d.Pool.ID] = refused.Why
+			if refused.Err != nil {
+				excludeDetail[d.Pool.ID] = refused.Why + ": " + refused.Err.Error()
+			}
 		default:
 			c.s.m.placements.WithLabelValues(o.Model, "failed").Inc()
 			return fail(err)

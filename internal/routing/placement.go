@@ -28,6 +28,10 @@ type PlaceRequest struct {
 	// Exclude names pools this placement must not use, with why (a hive
 	// that refused the same start a moment ago).
 	Exclude map[string]string
+	// ExcludeDetail is, for a pool of Exclude, the reason in full (what
+	// its hive said) when it says more than Exclude's words: the log and
+	// the audit get it (Rejection.Detail).
+	ExcludeDetail map[string]string
 	// Apart says why a worker of Model may not share a device with one of
 	// model other (the queen's groups); nil or "": it may.
 	Apart func(other string) string
@@ -164,7 +168,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			continue
 		}
 		if why, ok := req.Exclude[p.ID]; ok {
-			reject("%s", why)
+			rejected = append(rejected, Rejection{PoolID: p.ID, Reason: why, Detail: req.ExcludeDetail[p.ID]})
 			continue
 		}
 		models, known := req.Models[p.ID]

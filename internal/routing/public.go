@@ -16,8 +16,9 @@ import (
 
 var (
 	// an address: an IPv4 literal, IPv6 loopback, localhost with a port,
-	// or a URL's scheme.
-	addressRE = regexp.MustCompile(`\b(?:\d{1,3}\.){3}\d{1,3}\b|\[::1?\]|\blocalhost:\d+|[a-zA-Z][a-zA-Z0-9+.-]*://`)
+	// or a network URL (not a model source such as hf://ORG/REPO, which
+	// names what the config asks for).
+	addressRE = regexp.MustCompile(`\b(?:\d{1,3}\.){3}\d{1,3}\b|\[::1?\]|\blocalhost:\d+|(?i)\b(?:https?|wss?|tcp|udp|unix|postgres(?:ql)?|ssh)://`)
 	// a lifecycle id (wk- and 16 hex digits).
 	lifecycleRE = regexp.MustCompile(`\bwk-[0-9a-f]{8,}\b`)
 	// an absolute path of two segments or more.

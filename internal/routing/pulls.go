@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -126,7 +127,7 @@ func (p *pulls) progress(mp api.ModelPull) {
 // ended records the end of a pull. A failure of a pull that was followed
 // (running) starts its backoff and is handed to the controller; a success
 // clears the model's failures on the pool.
-func (p *pulls) ended(mp api.ModelPull, now time.Time) {
+func (p *pulls) ended(mp api.ModelPull, public string, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	k := pullKey{mp.PoolID, mp.Model}
@@ -147,8 +148,13 @@ func (p *pulls) ended(mp api.ModelPull, now time.Time) {
 	st.retryAt = now.Add(pullBackoff(st.fails))
 	st.lastErr = fmt.Sprintf("pulling %s from %s on pool %s failed: %s", mp.Model, mp.Ref, mp.PoolID, mp.Error)
 	// The hive's error may name files and the source addresses: API
-	// clients read only that the pull failed.
+	// clients read only that the pull failed, or public when the hive
+	// refused the source the config names (its words are about that
+	// name).
 	st.lastPublic = fmt.Sprintf("pulling %s on pool %s failed", mp.Model, mp.PoolID)
+	if public != "" {
+		st.lastPublic = public
+	}
 	if followed && len(p.failed) < maxUnseenFailures {
 		p.failed = append(p.failed, pullFailure{pool: mp.PoolID, model: mp.Model, why: st.lastErr, public: st.lastPublic})
 	}
@@ -306,7 +312,9 @@ func (s *Service) startPull(ctx context.Context, pool, model, src, reason string
 	mp, err := s.cp.PullModel(ctx, pool, api.PullModelRequest{Ref: src, Name: model, Exact: true, Reason: reason})
 	switch {
 	case err != nil:
-		s.PullEnded(ctx, api.ModelPull{PoolID: pool, Ref: src, Model: model, State: api.PullFailed, Error: "the hive did not start it: " + err.Error()})
+		failed := api.ModelPull{PoolID: pool, Ref: src, Model: model, State: api.PullFailed, Error: "the hive did not start it: " + err.Error()}
+		s.pulls.ended(failed, sourceRefused(err, model, src, pool), time.Now())
+		s.ctl.signal()
 	case mp.State == api.PullDone:
 		mp.PoolID, mp.Model = pool, model
 		s.PullEnded(ctx, mp)
@@ -339,8 +347,28 @@ func (s *Service) PullEnded(ctx context.Context, mp api.ModelPull) {
 			}
 		}
 	}
-	s.pulls.ended(mp, time.Now())
+	s.pulls.ended(mp, "", time.Now())
 	s.ctl.signal()
+}
+
+// sourceRefusals are the codes of a hive's refusal of a pull's source
+// itself (a reference that is no model, a quantization the repository
+// lacks, a split model named otherwise, a gated repository): its words
+// are about the source the queen's config names, for the client too.
+var sourceRefusals = []string{"invalid_ref", "invalid_model_ref", "model_not_found", "hub_refused"}
+
+// sourceRefused is what API clients read of a pull the hive refused to
+// start: the hive's words when it refused the source itself, else ""
+// (only that the pull failed).
+func sourceRefused(err error, model, src, pool string) string {
+	var he interface {
+		ErrorCode() string
+		HiveMessage() string
+	}
+	if !errors.As(err, &he) || !slices.Contains(sourceRefusals, he.ErrorCode()) {
+		return ""
+	}
+	return fmt.Sprintf("pulling %s from %s on pool %s failed: %s", model, src, pool, he.HiveMessage())
 }
 
 // Pulls returns the pulls running on the pools, as last known.

@@ -72,7 +72,7 @@ func TestPullsOnePerPoolAndModel(t *testing.T) {
 	if !p.reserve("a", "big", "queen", "why", "hf://o/r:Q4_K_M", now) || p.reserve("a", "big", "queen", "why", "hf://o/r:Q4_K_M", now) {
 		t.Fatal("reserve: want the first, not the second")
 	}
-	p.ended(api.ModelPull{ID: "p1", PoolID: "a", Ref: "hf://o/r:Q4_K_M", Model: "big", State: api.PullFailed, Error: "gone"}, now)
+	p.ended(api.ModelPull{ID: "p1", PoolID: "a", Ref: "hf://o/r:Q4_K_M", Model: "big", State: api.PullFailed, Error: "gone"}, "", now)
 	p.started("a", api.ModelPull{ID: "p1", Model: "big", State: api.PullRunning}, "queen", "why")
 	running, backoff := p.forModel("big", now)
 	// The backoff's reason is among a placement's reasons, which API

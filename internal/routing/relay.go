@@ -84,7 +84,11 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 			if last != nil {
 				// The workers' failures name them and their addresses:
 				// the log has them, the client reads that they failed.
-				return openai.Public(fmt.Errorf("%w (after: %w)", err, last), "%s (after %d workers failed)", openai.PublicText(err), attempt-1)
+				why := fmt.Sprintf("%s (after %d workers failed)", openai.PublicText(err), attempt-1)
+				if p := (interface{ PublicMessage() string })(nil); errors.As(last, &p) {
+					why = fmt.Sprintf("%s (after %d workers failed; the last: %s)", openai.PublicText(err), attempt-1, p.PublicMessage())
+				}
+				return openai.Public(fmt.Errorf("%w (after: %w)", err, last), "%s", why)
 			}
 			return err
 		}
@@ -196,14 +200,16 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 		if rr.anthropic {
 			ae, ok := anthropicClientError(resp.StatusCode, data)
 			if !ok {
-				return outcome{retry: true, verdict: verdictFailed, err: fmt.Errorf("worker %s answered %s without an Anthropic error", l.cand.LifecycleID, resp.Status)}
+				return outcome{retry: true, verdict: verdictFailed, err: openai.Public(fmt.Errorf("worker %s answered %s without an Anthropic error", l.cand.LifecycleID, resp.Status),
+					"a worker answered %s without an Anthropic error", resp.Status)}
 			}
 			anthropic.WriteError(w, ae)
 			return outcome{started: true}
 		}
 		oe, ok := clientError(resp.StatusCode, data)
 		if !ok {
-			return outcome{retry: true, verdict: verdictFailed, err: fmt.Errorf("worker %s answered %s without an OpenAI error", l.cand.LifecycleID, resp.Status)}
+			return outcome{retry: true, verdict: verdictFailed, err: openai.Public(fmt.Errorf("worker %s answered %s without an OpenAI error", l.cand.LifecycleID, resp.Status),
+				"a worker answered %s without an OpenAI error", resp.Status)}
 		}
 		openai.WriteError(w, oe)
 		return outcome{started: true}
@@ -212,8 +218,9 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 	case strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json"):
 		return s.copyAnswer(w, resp)
 	default:
-		return outcome{retry: true, verdict: verdictFailed, err: fmt.Errorf("worker %s answered 200 with Content-Type %q, not an OpenAI answer",
-			l.cand.LifecycleID, api.Printable(resp.Header.Get("Content-Type"), 100))}
+		ct := api.Printable(resp.Header.Get("Content-Type"), 100)
+		return outcome{retry: true, verdict: verdictFailed, err: openai.Public(fmt.Errorf("worker %s answered 200 with Content-Type %q, not an OpenAI answer",
+			l.cand.LifecycleID, ct), "a worker answered 200 with Content-Type %q, not an OpenAI answer", ct)}
 	}
 }
 
