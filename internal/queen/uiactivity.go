@@ -8,6 +8,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/dashboard"
+	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/routing"
 )
@@ -82,7 +83,8 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func round1(v float64) float64 { return math.Round(v*10) / 10 }
 
 // nodeSample is one node's load at one time: the hive's load and the
-// pool's devices as the registry had them then.
+// pool's GPUs as the registry had them then (a CPU device is the node's
+// memory, graphed as such).
 type nodeSample struct {
 	at       time.Time
 	cpu      *float64
@@ -131,6 +133,9 @@ func (u *ui) nodeLoad(p registry.Pool, load api.NodeLoad, now time.Time) {
 		util[g.ID] = g.UtilPercent
 	}
 	for _, g := range p.GPUs {
+		if g.Kind == gpu.KindCPU {
+			continue // the node's memory, graphed as such
+		}
 		gs := gpuSample{id: g.ID, name: g.Name, used: g.TotalBytes - min(g.FreeBytes, g.TotalBytes), total: g.TotalBytes}
 		if v, ok := util[g.ID]; ok {
 			gs.util = &v
