@@ -21,9 +21,10 @@ const flagGroupsKey = "apiary.flag_groups"
 // groupFlags has cmd's --help list its flags under groups' headings (as
 // kubectl and docker do) instead of one alphabetical list; a flag no group
 // names goes under "Other flags", with --help. Call it once every flag is
-// added.
+// added: the list is made then, its defaults redacted as the root's are.
 func groupFlags(cmd *cobra.Command, groups []flagGroup) {
 	cmd.InitDefaultHelpFlag()
+	redactDefaults(cmd)
 	fl := cmd.LocalNonPersistentFlags()
 	var b strings.Builder
 	named := map[string]bool{}
