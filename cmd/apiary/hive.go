@@ -112,7 +112,18 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.DurationVar(&f.leaseTimeout, "lease-timeout", 0, "shut down when the queen answered no heartbeat for this long (with --owner queen|keeper; 0: never)")
 	addTLSFlags(fl, &f.tls)
 	f.log.add(fl)
+	groupFlags(cmd, hiveFlagGroups)
 	return cmd
+}
+
+// hiveFlagGroups are the headings of `apiary hive --help`.
+var hiveFlagGroups = []flagGroup{
+	{"Network and TLS", []string{"addr", "advertise", "tls-cert", "tls-key"}},
+	{"Queen and pool", []string{"queen", "pool-id", "node-id", "heartbeat-interval", "lease-timeout", "shutdown-ack", "owner", "lifeline"}},
+	{"Models and storage", []string{"data-dir", "models-dir", "engines", "pull-stall-timeout", "log-retention"}},
+	{"Workers", []string{"max-loaded", "cpu-memory", "worker-ports", "worker-slots", "worker-threads", "worker-ctx-size", "idle-timeout",
+		"callback-timeout", "health-interval", "stop-grace", "pass-env"}},
+	{"Logs", []string{"log-level", "log-json"}},
 }
 
 // queenFlagUsage is the help of the keeper commands' --queen.

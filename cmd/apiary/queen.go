@@ -146,7 +146,23 @@ address only.`,
 	addTLSFlags(fl, &f.tls)
 	fl.StringArrayVar(&f.corsOrigins, "cors-origin", nil, "browser origin allowed to call the OpenAI endpoints, e.g. https://chat.example.com (repeatable; * for any); default none")
 	f.log.add(fl)
+	groupFlags(cmd, queenFlagGroups)
 	return cmd
+}
+
+// queenFlagGroups are the headings of `apiary queen --help`.
+var queenFlagGroups = []flagGroup{
+	{"Network and TLS", []string{"addr", "advertise", "tls-cert", "tls-key", "cors-origin", "max-body-bytes"}},
+	{"Store and high availability", []string{"data-dir", "database-url", "standby", "lease-duration", "lease-renew", "flush-interval",
+		"audit-retention", "rows-retention"}},
+	{"Pools and hives", []string{"heartbeat-timeout", "unhealthy-grace", "offline-retention", "hive-timeout", "claim-timeout",
+		"claim-health-interval", "local-hive", "hive-arg", "pass-env", "hive-stop-timeout", "ssh-config", "ssh-timeout", "owner", "lifeline"}},
+	{"Models, placement and swap", []string{"config", "config-poll", "models-refresh", "max-workers", "model-max-workers", "scale-up-after",
+		"swap-wait", "min-residency", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after"}},
+	{"Routing", []string{"worker-slots", "queue-size", "queue-timeout", "affinity-ttl", "strike-limit"}},
+	{"Batches", []string{"batch-concurrency", "batch-max-attempts", "batch-attempt-timeout", "batch-max-file-bytes", "batch-max-lines",
+		"batch-max-files", "batch-max-open-batches", "batch-max-answer-bytes", "batch-file-retention"}},
+	{"Logs", []string{"log-level", "log-json"}},
 }
 
 func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {

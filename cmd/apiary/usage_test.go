@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/apiary-llm/apiary/internal/api"
 )
@@ -308,5 +309,46 @@ func TestMalformedQueenListExits2(t *testing.T) {
 	t.Setenv("APIARY_QUEEN", list)
 	if code, _, errOut := apiary(t, "workers", "ls"); code != 2 || !strings.Contains(errOut, "element 2 is empty") {
 		t.Errorf("APIARY_QUEEN=%s apiary workers ls: exit %d, stderr %q; want 2 and the bad element named", list, code, errOut)
+	}
+}
+
+// `apiary queen --help` and `apiary hive --help` list their flags under
+// headings (network and TLS, store, placement, routing, batches, logs …)
+// instead of one alphabetical list: every flag under one heading, once,
+// none left over but --help.
+func TestDaemonHelpGroupsTheFlags(t *testing.T) {
+	for _, tc := range []struct {
+		cmd    *cobra.Command
+		groups []flagGroup
+	}{{newQueenCmd(), queenFlagGroups}, {newHiveCmd(), hiveFlagGroups}} {
+		name := tc.cmd.Name()
+		if left := ungrouped(tc.cmd, tc.groups); len(left) > 0 {
+			t.Errorf("apiary %s: flags under no heading: %v", name, left)
+		}
+		code, out, errOut := apiary(t, name, "--help")
+		if code != 0 {
+			t.Fatalf("apiary %s --help: exit %d: %s", name, code, errOut)
+		}
+		at := 0
+		for _, g := range tc.groups {
+			i := strings.Index(out[at:], "\n"+g.title+":\n")
+			if i < 0 {
+				t.Errorf("apiary %s --help has no heading %q after byte %d:\n%s", name, g.title, at, out)
+				continue
+			}
+			at += i + 1
+		}
+		tc.cmd.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
+			if f.Hidden {
+				return
+			}
+			line := regexp.MustCompile(`(?m)^ +(-\w, )?--` + regexp.QuoteMeta(f.Name) + ` `)
+			if n := len(line.FindAllString(out, -1)); n != 1 {
+				t.Errorf("apiary %s --help lists --%s %d times, want once", name, f.Name, n)
+			}
+		})
+		if strings.Contains(out, "\nFlags:\n") {
+			t.Errorf("apiary %s --help still has one alphabetical Flags list", name)
+		}
 	}
 }

@@ -286,6 +286,32 @@ type Heartbeat struct {
 	// not hold that heartbeat (it restarted, or the pool registered again
 	// or went unhealthy since) answers FullWanted and renews nothing.
 	Unchanged bool `json:"unchanged,omitempty"`
+	// Load is the node's load now (CPU, memory, GPU utilisation), sent
+	// on a full or an unchanged beat at most every LoadEverySeconds the
+	// queen's last answer asked for; absent otherwise.
+	Load *NodeLoad `json:"load,omitempty"`
+}
+
+// NodeLoad is a hive's node as loaded now, read from /proc and the GPU
+// driver: what the dashboard graphs per node.
+type NodeLoad struct {
+	// CPUPercent is the node's CPU time spent busy since the hive's last
+	// load, over all its cores (0–100); absent when it cannot be read.
+	CPUPercent *float64 `json:"cpu_percent,omitempty"`
+	// MemTotalBytes and MemAvailableBytes are /proc/meminfo's MemTotal
+	// and MemAvailable; 0 when they cannot be read.
+	MemTotalBytes     uint64 `json:"mem_total_bytes,omitempty"`
+	MemAvailableBytes uint64 `json:"mem_available_bytes,omitempty"`
+	// GPUs are the devices' utilisation, for those whose driver reports
+	// one (NVML), by device id.
+	GPUs []GPULoad `json:"gpus,omitempty"`
+}
+
+// GPULoad is one device's utilisation: the percent of the last sample
+// period its driver saw a kernel running.
+type GPULoad struct {
+	ID          int `json:"id"`
+	UtilPercent int `json:"util_percent"`
 }
 
 // decodeKnown takes an unchanged heartbeat without the JSON decoder
@@ -318,6 +344,9 @@ type HeartbeatAnswer struct {
 	// queen without one, on SQLite): the hive refuses commands of an
 	// older epoch from then on (QueenEpochHeader).
 	QueenEpoch int64 `json:"queen_epoch,omitempty"`
+	// LoadEverySeconds asks the hive for its node's load (Heartbeat.Load)
+	// at most this often; 0 (an older queen): never.
+	LoadEverySeconds int `json:"load_every_s,omitempty"`
 }
 
 // RefusedWorker is one worker entry of a heartbeat the queen refused.

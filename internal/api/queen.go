@@ -308,3 +308,18 @@ type WorkerReport struct {
 	Status string `json:"status"`
 	Reason string `json:"reason"`
 }
+
+// UnloadRequest is the body of the queen's POST
+// /api/admin/models/{name}/unload: why (for the audit log), and the pool
+// to unload it from ("": every pool).
+type UnloadRequest struct {
+	PoolID string `json:"pool_id,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// UnloadAnswer is its 200: the model, and the lifecycle ids of the
+// workers stopped (each drained first; their rows have ended).
+type UnloadAnswer struct {
+	Model   string   `json:"model"`
+	Stopped []string `json:"stopped"`
+}

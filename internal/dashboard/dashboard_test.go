@@ -222,7 +222,7 @@ func TestWindowRates(t *testing.T) {
 // nothing outside the embedded directory is reachable.
 func TestFiles(t *testing.T) {
 	for name, ct := range map[string]string{"": "text/html; charset=utf-8", "index.html": "text/html; charset=utf-8",
-		"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8", "icon.svg": "image/svg+xml"} {
+		"app.js": "text/javascript; charset=utf-8", "activity.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8", "icon.svg": "image/svg+xml"} {
 		data, got, ok := File(name)
 		if !ok || got != ct || len(data) == 0 {
 			t.Errorf("File(%q): ok %v, %q, %d bytes; want %q", name, ok, got, len(data), ct)

@@ -34,6 +34,7 @@ type Device struct {
 	TotalBytes   uint64
 	FreeBytes    uint64
 	TemperatureC *int // nil when the device does not report one
+	UtilPercent  *int // the driver's utilisation over its last sample period; nil when it reports none
 	// Unusable says why workers cannot use the device ("": they can). The
 	// device is still reported, but no worker is placed on it.
 	Unusable string

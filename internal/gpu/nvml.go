@@ -65,6 +65,10 @@ func (g *NVML) Device(i int) (Device, error) {
 		c := int(t)
 		d.TemperatureC = &c
 	}
+	if u, ret := h.GetUtilizationRates(); ret == nvml.SUCCESS {
+		pct := int(min(u.Gpu, 100))
+		d.UtilPercent = &pct
+	}
 	return d, nil
 }
 

@@ -37,6 +37,9 @@ type queenClient struct {
 	// an unchanged beat (one older than this hive): full beats only.
 	last        lastBeat
 	noUnchanged bool
+	// load is the node's load the beats carry when the queen asks (the
+	// heartbeat loop's alone).
+	load nodeLoad
 	// stream is the open heartbeat stream (nil: none), on streamHC (no
 	// time limit of its own); noStream is set when the queen has none (an
 	// older queen): one POST a beat then.
@@ -96,6 +99,7 @@ func newQueenClient(h *Hive) *queenClient {
 		streamHC: transport.NewClient(hc.Transport.(*http.Transport), 0),
 		log:      h.log.With("queen", h.cfg.QueenURL),
 		events:   make(chan api.WorkerEvent, eventQueue),
+		load:     nodeLoad{proc: "/proc"},
 	}
 }
 
@@ -258,19 +262,25 @@ func (q *queenClient) register(ctx context.Context) error {
 }
 
 func (q *queenClient) heartbeat(ctx context.Context) error {
-	gpus, err := q.h.gpus(ctx)
+	devs, err := q.h.devices.Devices(ctx)
 	if err != nil {
 		return err
 	}
+	gpus := q.h.reg.devices(devs)
 	workers, tokens := q.h.reg.heartbeat()
 	hb := api.Heartbeat{GPUs: gpus, Workers: workers, WorkerTokens: tokens}
 	now := time.Now()
+	var load *api.NodeLoad
+	if q.load.due(now) {
+		load = q.load.read(devs)
+	}
 	if !q.noUnchanged && q.last.unchanged(hb, now) {
 		var ans api.HeartbeatAnswer
-		err := q.beat(ctx, api.Heartbeat{Unchanged: true}, &ans)
+		err := q.beat(ctx, api.Heartbeat{Unchanged: true, Load: load}, &ans)
 		var qa *queenAnswer
 		if err == nil {
 			q.h.seeQueenEpoch(ans.QueenEpoch)
+			q.loadTaken(load, ans, now)
 		}
 		switch {
 		case err == nil && !ans.FullWanted:
@@ -286,10 +296,13 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 	}
 	var ans api.HeartbeatAnswer
 	q.last = lastBeat{}
+	hb.Load = load
 	if err := q.beat(ctx, hb, &ans); err != nil {
 		return err
 	}
+	hb.Load = nil
 	q.h.seeQueenEpoch(ans.QueenEpoch)
+	q.loadTaken(load, ans, now)
 	q.last = lastBeat{hb: hb, at: now, ok: len(ans.Refused) == 0}
 	q.h.metrics.heartbeats.WithLabelValues("full").Inc()
 	for _, r := range ans.Refused {
@@ -298,6 +311,20 @@ func (q *queenClient) heartbeat(ctx context.Context) error {
 		q.log.Warn("queen refused this hive's report of a worker", "worker_id", r.WorkerID, "reason", r.Reason)
 	}
 	return nil
+}
+
+// loadTaken notes a beat the queen answered: when its load went, and how
+// often the queen wants one from now on.
+func (q *queenClient) loadTaken(load *api.NodeLoad, ans api.HeartbeatAnswer, now time.Time) {
+	if load != nil {
+		q.load.sent = now
+	}
+	every := time.Duration(max(0, ans.LoadEverySeconds)) * time.Second
+	if q.load.every == 0 && every > 0 {
+		// The baseline: the first load's CPU is over the next beat.
+		q.load.prev, _ = q.load.proc.cpu()
+	}
+	q.load.every = every
 }
 
 // beat sends one heartbeat on the pool's heartbeat stream, opening it

@@ -237,5 +237,6 @@ func (q *Queen) routingConfig() routing.Config {
 	}
 	rc.Models = src
 	rc.Responses = q.st
+	rc.Finished = q.ui.requestFinished
 	return rc
 }

@@ -68,6 +68,7 @@ func (q *Queen) routes() http.Handler {
 	mux.Handle("GET /api/admin/audit", admin(q.getAudit))
 	mux.Handle("GET /api/admin/models", admin(q.getModels))
 	mux.Handle("PUT /api/admin/models/{name}", admin(q.putModel))
+	mux.Handle("POST /api/admin/models/{name}/unload", admin(q.postModelUnload))
 	mux.Handle("GET /api/admin/nodes", admin(q.getNodes))
 	mux.Handle("POST /api/admin/nodes", admin(q.postNode))
 	mux.Handle("DELETE /api/admin/nodes/{name}", admin(q.deleteNode))

@@ -253,6 +253,9 @@ func (q *Queen) takeBeat(ctx context.Context, id, instance string, hb api.Heartb
 	if err := checkGPUs(hb.GPUs); err != nil {
 		return api.HeartbeatAnswer{}, err
 	}
+	if err := checkLoad(hb.Load); err != nil {
+		return api.HeartbeatAnswer{}, err
+	}
 	if len(hb.Workers) > maxWorkers {
 		return api.HeartbeatAnswer{}, api.BadRequest("%d workers: at most %d", len(hb.Workers), maxWorkers)
 	}
@@ -277,7 +280,9 @@ func (q *Queen) takeBeat(ctx context.Context, id, instance string, hb api.Heartb
 		// repeats the last one is an unchanged beat (which pokes nothing).
 		q.routing.Poke()
 	}
-	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), Refused: refused, QueenEpoch: q.st.Epoch()}, nil
+	q.takeLoad(id, hb.Load)
+	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), Refused: refused, QueenEpoch: q.st.Epoch(),
+		LoadEverySeconds: int(uiLoadStep / time.Second)}, nil
 }
 
 // unchangedBeat takes a heartbeat that says nothing changed since the
@@ -288,6 +293,9 @@ func (q *Queen) unchangedBeat(ctx context.Context, id string, hb api.Heartbeat, 
 	if len(hb.GPUs) > 0 || len(hb.Workers) > 0 || len(hb.WorkerTokens) > 0 {
 		return api.HeartbeatAnswer{}, api.BadRequest("an unchanged heartbeat carries no gpus, workers or worker_tokens")
 	}
+	if err := checkLoad(hb.Load); err != nil {
+		return api.HeartbeatAnswer{}, err
+	}
 	q.metrics.unchangedBeats.Inc()
 	beat, err := q.reg.HeartbeatReusing(ctx, id, hb, spares)
 	if err != nil {
@@ -295,8 +303,10 @@ func (q *Queen) unchangedBeat(ctx context.Context, id string, hb api.Heartbeat, 
 	}
 	if !beat.FullWanted {
 		q.reconcile(ctx, id, beat, beat.Workers, nil)
+		q.takeLoad(id, hb.Load)
 	}
-	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), FullWanted: beat.FullWanted, QueenEpoch: q.st.Epoch()}, nil
+	return api.HeartbeatAnswer{PoolID: id, Status: string(beat.Status), FullWanted: beat.FullWanted, QueenEpoch: q.st.Epoch(),
+		LoadEverySeconds: int(uiLoadStep / time.Second)}, nil
 }
 
 // splitWorkers checks each worker entry (and its token) alone: the good
@@ -666,4 +676,37 @@ func poolWire(p registry.Pool) api.Pool {
 		out.Workers = []api.Worker{}
 	}
 	return out
+}
+
+// checkLoad checks a heartbeat's node load (nil: none): at most maxGPUs
+// devices, percentages within 0–100.
+func checkLoad(l *api.NodeLoad) error {
+	if l == nil {
+		return nil
+	}
+	if len(l.GPUs) > maxGPUs {
+		return api.BadRequest("load of %d gpus: at most %d", len(l.GPUs), maxGPUs)
+	}
+	if c := l.CPUPercent; c != nil && !(*c >= 0 && *c <= 100) {
+		return api.BadRequest("load cpu_percent %v is not within 0 and 100", *c)
+	}
+	for _, g := range l.GPUs {
+		if g.UtilPercent < 0 || g.UtilPercent > 100 {
+			return api.BadRequest("gpu %d util_percent %d is not within 0 and 100", g.ID, g.UtilPercent)
+		}
+	}
+	return nil
+}
+
+// takeLoad records a heartbeat's node load for the dashboard's graphs:
+// one sample a uiLoadStep at most, with the pool's devices as the
+// registry has them now.
+func (q *Queen) takeLoad(id string, l *api.NodeLoad) {
+	now := time.Now()
+	if l == nil || !q.ui.loadDue(id, now) {
+		return
+	}
+	if p, ok := q.reg.Get(id); ok {
+		q.ui.nodeLoad(p, *l, now)
+	}
 }

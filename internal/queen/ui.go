@@ -55,6 +55,13 @@ type ui struct {
 	// gen counts the row changes (guarded by mu): a build keeps no JSON
 	// of a row that changed after the build began.
 	gen uint64
+	// requests are the recent requests' items, the newest
+	// uiRecentRequests; reqSeq numbers them. Guarded by mu.
+	requests *dashboard.Ring[uiItem]
+	reqSeq   uint64
+	// nodes are the pools' load samples, each the last uiLoadSamples, at
+	// most uiMaxNodes pools. Guarded by mu.
+	nodes map[string]*nodeSeries
 }
 
 // cachedRow is a row's item as last marshalled (nil: none since its
@@ -68,7 +75,8 @@ type cachedRow struct {
 
 func newUI(build func() dashboard.Snapshot) *ui {
 	return &ui{hub: dashboard.NewHub(dashboard.HubConfig{Build: build}), window: dashboard.NewWindow(uiStep, uiBuckets),
-		ended: map[string]store.Row{}, rowJSON: map[string]cachedRow{}}
+		ended: map[string]store.Row{}, rowJSON: map[string]cachedRow{},
+		requests: dashboard.NewRing[uiItem](uiRecentRequests), nodes: map[string]*nodeSeries{}}
 }
 
 // rowChanged is the rowBook's hook: an ended row joins the recent ones,
@@ -235,6 +243,11 @@ func (q *Queen) uiSnapshot() dashboard.Snapshot {
 	catalog := q.routing.Catalog()
 	pools := q.reg.Query(registry.Filter{})
 	beats := uiBeats{At: time.Now().UTC(), Pools: map[string]time.Time{}, Workers: map[string]time.Time{}}
+	livePools := make(map[string]bool, len(pools))
+	for _, p := range pools {
+		livePools[p.ID] = true
+	}
+	q.ui.activityItems(s, livePools)
 	for _, p := range pools {
 		if !p.LastHeartbeatAt.IsZero() {
 			beats.Pools[p.ID] = p.LastHeartbeatAt.UTC()

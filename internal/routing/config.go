@@ -131,6 +131,11 @@ type Config struct {
 	// previous_response_id and GET /v1/responses/{id}; nil keeps none
 	// (previous_response_id is refused).
 	Responses ResponseStore
+	// Finished, when set, learns of each request relayed to a worker (or
+	// refused while it waited for one) once its answer ended, for the
+	// dashboard's recent requests; it is called on the request's own
+	// goroutine and must not block.
+	Finished func(Finished)
 	// Placer picks a pool for a worker placed on demand; default
 	// MostFreeMemory.
 	Placer  Placer

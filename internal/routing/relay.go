@@ -44,6 +44,8 @@ type relayReq struct {
 	// granted, when set, learns how long the request waited for its
 	// first worker.
 	granted func(waited time.Duration)
+	// stats, when set, learns what the answer said of its tokens.
+	stats *reqStats
 }
 
 // outcome is how one attempt on one worker ended.
@@ -104,6 +106,9 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 			rt.m.affinity.WithLabelValues(result).Inc()
 		}
 		w.Header().Set(api.WorkerHeader, l.cand.LifecycleID)
+		if rr.stats != nil {
+			rr.stats.worker = l.cand.LifecycleID
+		}
 		o := s.attempt(ctx, w, l, rr)
 		broken := o.verdict == verdictBroken
 		if step := rt.router.settle(l, o.verdict, o.err); step != stepNone || o.verdict == verdictFailed || broken {
@@ -216,7 +221,7 @@ func (s *Service) attempt(ctx context.Context, w http.ResponseWriter, l lease, r
 	case rr.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
 		return s.relayStream(ctx, w, resp, l, rr)
 	case strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json"):
-		return s.copyAnswer(w, resp)
+		return s.copyAnswer(w, resp, rr.stats)
 	default:
 		ct := api.Printable(resp.Header.Get("Content-Type"), 100)
 		return outcome{retry: true, verdict: verdictFailed, err: openai.Public(fmt.Errorf("worker %s answered 200 with Content-Type %q, not an OpenAI answer",
@@ -260,16 +265,29 @@ func workerAnswer(status int, data []byte) error {
 	return newUpstreamError(status, d.Code, d.Message)
 }
 
-// copyAnswer passes a worker's whole answer on.
-func (s *Service) copyAnswer(w http.ResponseWriter, resp *http.Response) outcome {
+// copyAnswer passes a worker's whole answer on; st, when set, learns its
+// usage and timings from its last bytes.
+func (s *Service) copyAnswer(w http.ResponseWriter, resp *http.Response, st *reqStats) outcome {
 	for _, h := range []string{"Content-Type", "Content-Length", "Retry-After"} {
 		if v := resp.Header.Get(h); v != "" {
 			w.Header().Set(h, v)
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
-	if _, err := io.Copy(w, resp.Body); err != nil {
+	var body io.Reader = resp.Body
+	var tail *tailWriter
+	if st != nil {
+		tail = tailPool.Get().(*tailWriter)
+		tail.buf = tail.buf[:0]
+		defer tailPool.Put(tail)
+		body = io.TeeReader(resp.Body, tail)
+	}
+	if _, err := io.Copy(w, body); err != nil {
 		return outcome{started: true, err: fmt.Errorf("%w: copying the answer: %w", errClientGone, err)}
+	}
+	if st != nil {
+		st.end = time.Now()
+		st.readTail(tail.buf)
 	}
 	return outcome{started: true, verdict: verdictServed}
 }
@@ -401,6 +419,9 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 				itl.Observe(now.Sub(last).Seconds())
 			}
 			last = now
+			if st := rr.stats; st != nil {
+				st.streamEvent(ev, now)
+			}
 		}
 		ev = ev[:0]
 	}

@@ -86,6 +86,9 @@ type call struct {
 	// granted, when set, learns how long the request waited for a worker
 	// (before the answer's first byte).
 	granted func(waited time.Duration)
+	// stats, once the request goes to the relay, is what its answer
+	// said, for Config.Finished.
+	stats *reqStats
 }
 
 // inferenceFunc is an OpenAI handler: it returns its error, which
@@ -147,6 +150,13 @@ func (s *Service) inferenceWith(endpoint string, fn inferenceFunc, writeError fu
 			code = "499" // nginx's "client closed request"
 		}
 		s.m.requests.WithLabelValues(c.model, c.endpoint, code).Inc()
+		if c.stats != nil && s.cfg.Finished != nil {
+			status := sw.Code()
+			if gone {
+				status = 499
+			}
+			s.cfg.Finished(c.stats.finished(c.start, c.endpoint, s.nameOf(c.model), c.stats.stream, status))
+		}
 	})
 }
 
@@ -434,7 +444,8 @@ func (s *Service) serveBody(w http.ResponseWriter, r *http.Request, c *call, rr 
 		return err
 	}
 	c.model = rr.model
-	rr.start, rr.granted = c.start, c.granted
+	c.stats = &reqStats{stream: rr.stream}
+	rr.start, rr.granted, rr.stats = c.start, c.granted, c.stats
 	return s.relay(w, r, rr)
 }
 

@@ -248,9 +248,9 @@ function signIn(message) {
 
 // confirmAction asks before an action; with a reason (the admin API
 // requires one for the audit log) the action gets what was typed.
-function confirmAction(title, detail, run) {
+function confirmAction(title, detail, run, defaultReason) {
   const modal = document.getElementById('modal');
-  const reason = h('input', { id: 'confirm-reason', placeholder: 'reason (for the audit log)', autocomplete: 'off' });
+  const reason = h('input', { id: 'confirm-reason', placeholder: 'reason (for the audit log)', autocomplete: 'off', value: defaultReason || '' });
   const err = h('div', { class: 'error', id: 'confirm-error' });
   const ok = h('button', { class: 'danger', type: 'submit', id: 'confirm-ok', text: 'Confirm' });
   const close = () => { modal.hidden = true; modal.replaceChildren(); };
@@ -287,15 +287,18 @@ function drainPool(id, drain) {
 
 const STATES = ['STARTING', 'RUNNING', 'DRAINING', 'STOPPED', 'FAILED'];
 
-function chart(title, values, unit, digits) {
+// chart draws values as a line; top, when given, is the top of its
+// scale (else the largest value), graph names it (data-graph).
+function chart(title, values, unit, digits, top, graph) {
   const vals = values || [];
   const nums = vals.filter(v => v !== null && v !== undefined);
   const last = nums.length ? nums[nums.length - 1] : null;
-  const maxV = Math.max(1e-9, ...nums);
+  const maxV = top || Math.max(1e-9, ...nums);
   const n = Math.max(vals.length, 2);
   const pts = [];
   vals.forEach((v, i) => { if (v !== null && v !== undefined) pts.push((i / (n - 1) * 100).toFixed(2) + ',' + (38 - v / maxV * 36).toFixed(2)); });
-  return h('div', { class: 'chart' },
+  if (pts.length === 1) pts.push('100,' + pts[0].split(',')[1]); // one sample: a level line
+  return h('div', { class: 'chart', 'data-graph': graph, 'data-points': String(nums.length) },
     h('div', { class: 't' }, h('span', { text: title }), h('b', { text: last === null ? '–' : num(last, digits) + ' ' + unit })),
     svg('svg', { viewBox: '0 0 100 40', preserveAspectRatio: 'none', role: 'img', 'aria-label': title },
       svg('polyline', { points: pts.join(' ') })));
@@ -371,7 +374,8 @@ function overview() {
         h('td', { class: 'num', 'data-queued': m.queued || 0, text: m.queued || 0 }),
         h('td', { text: m.oldest_wait ? ago(m.oldest_wait) : '–' }),
         h('td', { text: (m.min_workers === undefined ? '–' : m.min_workers) + ' / ' + (m.max_workers === undefined ? '–' : m.max_workers) }),
-        h('td', {}, h('button', { type: 'button', 'data-action': 'start', onclick: () => startWorker(m.name), text: 'Start' }))))))) : h('p', { class: 'muted', text: 'No model known: no hive has listed one and the model config names none.' });
+        h('td', {}, h('button', { type: 'button', 'data-action': 'start', onclick: () => startWorker(m.name), text: 'Start' }),
+          (m.running_on || []).length ? [' ', h('button', { type: 'button', class: 'danger', 'data-action': 'unload', onclick: () => unloadModel(m.name), text: 'Unload' })] : null)))))) : h('p', { class: 'muted', text: 'No model known: no hive has listed one and the model config names none.' });
 
     const charts = Object.keys(stats.models || {}).sort().map(name => {
       const s = stats.models[name];
@@ -385,6 +389,8 @@ function overview() {
       h('h2', { text: 'Pools' }), poolCards,
       h('h2', { text: 'Workers' }), workerTable,
       h('h2', { text: 'Models' }), modelTable,
+      h('h2', { text: 'Recent requests' }), requestsSection(),
+      h('h2', { text: 'Nodes, last hour' }), nodesSection(),
       h('h2', { text: 'Last ' + Math.round((stats.step_s || 5) * (stats.buckets || 120) / 60) + ' minutes, per ' + (stats.step_s || 5) + ' s' }),
       charts.length ? h('div', { id: 'rates' }, charts) : h('p', { class: 'muted', text: 'No request yet.' }));
   };
