@@ -26,7 +26,8 @@ func TestInternalTextIsFound(t *testing.T) {
 		{`dial tcp 10.1.2.3:9200: i/o timeout`, "10.1.2.3"},
 		{`lifecycle row wk-0123456789abcdef is FAILED`, "wk-0123456789abcdef"},
 		{`dial tcp [::1]:9200: connection refused`, "[::1]"},
-		{`pulling from hf://org/repo failed`, "hf://"},
+		{`pulling big from hf://org/big-GGUF:Q4_K_M on pool a failed: no GGUF file of quantization Q4_K_M`, ""}, // the config's source
+		{`GET https://huggingface.co/api/models/org/repo: 502`, "https://"},
 	} {
 		if got := internalText(tc.msg, r); got != tc.want {
 			t.Errorf("internalText(%q) = %q, want %q", tc.msg, got, tc.want)
