@@ -90,6 +90,16 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t s
 	return NVML_SUCCESS;
 }
 
+// Utilisation: the stand-in does no work, so it reports the share of its
+// memory that processes hold, for both the GPU and its memory.
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+	int i = index_of(d);
+	if (i < 0 || !u) return NVML_ERROR_INVALID_ARGUMENT;
+	unsigned long long total = specs[i].total, used = total - standin_free(dir, i, total);
+	u->gpu = u->memory = total ? (unsigned int)(used * 100 / total) : 0;
+	return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
 	int i = index_of(d);
 	if (i < 0 || !m) return NVML_ERROR_INVALID_ARGUMENT;
