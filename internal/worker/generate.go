@@ -276,6 +276,8 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		outs, err := generateChoices(ctx, eng, j, first, m, out)
 		for _, o := range outs {
 			total.PromptTokens = o.PromptTokens
+			total.CachedTokens = o.CachedTokens
+			total.Slot = o.Slot
 			total.CompletionTokens += o.CompletionTokens
 			total.FinishReason = o.FinishReason
 		}
@@ -309,7 +311,7 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		if endpoint != "messages" {
 			// OpenAI's shapes carry llama-server's timings beside their
 			// fields (Anthropic's have no place for them).
-			body = openai.Timed{Body: body, Timings: openai.NewTimings(total.PromptTokens, total.CompletionTokens, start, firstToken, time.Now())}
+			body = openai.Timed{Body: body, Timings: openai.NewTimings(total.PromptTokens, total.CachedTokens, total.CompletionTokens, start, firstToken, time.Now())}
 		}
 		openai.WriteJSON(rw, http.StatusOK, body)
 	} else {
@@ -376,12 +378,13 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 	}
 	elapsed := time.Since(start)
 	w.log.Info("generation finished", "endpoint", endpoint, "stream", s.Stream, "choices", j.choices, "prompt_tokens", total.PromptTokens,
+		"cached_tokens", total.CachedTokens,
 		"completion_tokens", total.CompletionTokens, "finish_reason", total.FinishReason, "duration_ms", elapsed.Milliseconds())
 	return nil
 }
 
 func usageOf(res engine.Result) *openai.Usage {
-	return openai.NewUsage(res.PromptTokens, res.CompletionTokens)
+	return openai.NewCachedUsage(res.PromptTokens, res.CachedTokens, res.CompletionTokens)
 }
 
 // generationError classifies an error that ended a generation.
