@@ -269,6 +269,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		defer free()
 		wave += n
 	}
+	// The queen learns what the slot now holds from a trailer (the slot
+	// is known only once the engine took the request).
+	rw.Header().Set("Trailer", api.PrefixTrailer)
 	start := time.Now()
 	var firstToken time.Time // of any choice
 	var total engine.Result
@@ -348,6 +351,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			var outs []outcome
 			if err == nil {
 				outs, err = run(first, m, func(i int, s string, toks []engine.Token) error {
+					if firstToken.IsZero() && len(toks) > 0 {
+						firstToken = time.Now()
+					}
 					ev := f.delta(i, s, toks, offsets[i])
 					if tl != nil && tl.firstEvent.IsZero() {
 						tl.firstTokens = len(toks)
@@ -376,6 +382,11 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			return err
 		}
 	}
+	if firstToken.IsZero() {
+		firstToken = time.Now()
+	}
+	rw.Header().Set(api.PrefixTrailer, api.PrefixReport{Slot: total.Slot, Slots: w.cfg.Slots, Prompt: total.PromptTokens,
+		Cached: total.CachedTokens, PromptMS: float64(firstToken.Sub(start).Microseconds()) / 1000}.String())
 	elapsed := time.Since(start)
 	w.log.Info("generation finished", "endpoint", endpoint, "stream", s.Stream, "choices", j.choices, "prompt_tokens", total.PromptTokens,
 		"cached_tokens", total.CachedTokens,
