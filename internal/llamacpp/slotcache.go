@@ -20,9 +20,14 @@ func newSlotCache(slots int) *slotCache {
 	return &slotCache{held: make([][]int, slots), used: make([]uint64, slots)}
 }
 
-// pick returns the free slot (active[i] == nil) whose memory shares the
-// longest prefix with prompt, else the least recently used free slot;
-// -1 when none is free.
+// pick returns the free slot (active[i] == nil) to run prompt in: of
+// the slots that would keep at least half of what they hold (an empty
+// one keeps all of its nothing), the one sharing the longest prefix with
+// prompt, the least recently used among equals; when every free slot
+// would lose more than half, the least recently used. So a new
+// conversation takes an empty slot, or one whose conversation has been
+// idle longest, rather than the slot whose memory shares only the chat
+// template's first tokens with it. -1 when none is free.
 func (c *slotCache) pick(active []*sequence, prompt []int) int {
 	best, bestLen := -1, -1
 	for i, a := range active {
@@ -30,9 +35,15 @@ func (c *slotCache) pick(active []*sequence, prompt []int) int {
 			continue
 		}
 		n := commonPrefix(c.held[i], prompt)
+		if 2*n < len(c.held[i]) {
+			continue
+		}
 		if n > bestLen || (n == bestLen && c.used[i] < c.used[best]) {
 			best, bestLen = i, n
 		}
+	}
+	if best < 0 {
+		return c.pickLRU(active)
 	}
 	return best
 }

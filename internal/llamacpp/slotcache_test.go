@@ -55,3 +55,19 @@ func commonLen(a, b []int) int {
 	}
 	return n
 }
+
+// A new conversation takes a free slot whose memory it would not waste
+// (an empty one), not the slot of another conversation that shares only
+// the first tokens with it: that conversation's next turn still finds
+// its prefix.
+func TestNewPromptSparesAnotherConversationsSlot(t *testing.T) {
+	e := loadCtx(t, 2, 512)
+	a := engine.Request{Prompt: prompt(t, e, "Q: "+strings.Repeat("the first conversation about bees. ", 6)), MaxTokens: 4, IgnoreEOS: true}
+	b := engine.Request{Prompt: prompt(t, e, "Q: "+strings.Repeat("another one, about goats and hay. ", 6)), MaxTokens: 4, IgnoreEOS: true}
+	collect(t, e, a)
+	collect(t, e, b)
+	_, res := collect(t, e, a)
+	if res.CachedTokens != len(a.Prompt)-1 {
+		t.Errorf("a again after b: %d cached tokens, want %d (b took the other slot)", res.CachedTokens, len(a.Prompt)-1)
+	}
+}
