@@ -275,7 +275,11 @@ func (s *Service) copyAnswer(w http.ResponseWriter, resp *http.Response) outcome
 	if _, err := io.Copy(w, resp.Body); err != nil {
 		return outcome{started: true, err: fmt.Errorf("%w: copying the answer: %w", errClientGone, err)}
 	}
-	return outcome{started: true, verdict: verdictServed, prefix: resp.Trailer.Get(api.PrefixTrailer)}
+	prefix := resp.Header.Get(api.PrefixTrailer) // a whole answer's
+	if v := resp.Trailer.Get(api.PrefixTrailer); v != "" {
+		prefix = v
+	}
+	return outcome{started: true, verdict: verdictServed, prefix: prefix}
 }
 
 // SSE lines the relay looks for.

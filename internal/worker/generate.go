@@ -269,12 +269,19 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		defer free()
 		wave += n
 	}
-	// The queen learns what the slot now holds from a trailer (the slot
-	// is known only once the engine took the request).
-	rw.Header().Set("Trailer", api.PrefixTrailer)
 	start := time.Now()
 	var firstToken time.Time // of any choice
 	var total engine.Result
+	// The queen learns what the slot now holds from api.PrefixTrailer: a
+	// header on a whole answer (written at its end), a trailer after a
+	// stream (the slot is known only once the engine took the request).
+	report := func() {
+		if firstToken.IsZero() {
+			firstToken = time.Now()
+		}
+		rw.Header().Set(api.PrefixTrailer, api.PrefixReport{Slot: total.Slot, Slots: w.cfg.Slots, Prompt: total.PromptTokens,
+			Cached: total.CachedTokens, PromptMS: float64(firstToken.Sub(start).Microseconds()) / 1000}.String())
+	}
 	run := func(first, m int, out func(int, string, []engine.Token) error) ([]outcome, error) {
 		outs, err := generateChoices(ctx, eng, j, first, m, out)
 		for _, o := range outs {
@@ -316,8 +323,10 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			// fields (Anthropic's have no place for them).
 			body = openai.Timed{Body: body, Timings: openai.NewTimings(total.PromptTokens, total.CachedTokens, total.CompletionTokens, start, firstToken, time.Now())}
 		}
+		report()
 		openai.WriteJSON(rw, http.StatusOK, body)
 	} else {
+		rw.Header().Set("Trailer", api.PrefixTrailer)
 		sse := openai.NewSSEWriter(rw)
 		sse.SetEventTimeout(streamEventTimeout)
 		var send func(ev any) error
@@ -382,11 +391,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			return err
 		}
 	}
-	if firstToken.IsZero() {
-		firstToken = time.Now()
+	if s.Stream {
+		report()
 	}
-	rw.Header().Set(api.PrefixTrailer, api.PrefixReport{Slot: total.Slot, Slots: w.cfg.Slots, Prompt: total.PromptTokens,
-		Cached: total.CachedTokens, PromptMS: float64(firstToken.Sub(start).Microseconds()) / 1000}.String())
 	elapsed := time.Since(start)
 	w.log.Info("generation finished", "endpoint", endpoint, "stream", s.Stream, "choices", j.choices, "prompt_tokens", total.PromptTokens,
 		"cached_tokens", total.CachedTokens,
