@@ -311,7 +311,7 @@ func (e *Engine) run() {
 		if !s.req.Background {
 			lastForeground = time.Now()
 		}
-		C.llama_memory_seq_rm(mem, C.llama_seq_id(s.seq), -1, -1)
+		e.keep(s, err)
 		for _, f := range active {
 			if f != nil && f.follow == s {
 				f.follow = nil // decodes the prompt itself
@@ -346,16 +346,7 @@ func (e *Engine) run() {
 			waiting = u
 			return false
 		}
-		for _, s := range u {
-			for i, a := range active {
-				if a == nil {
-					s.seq = i
-					s.taken = time.Now()
-					active[i] = s
-					break
-				}
-			}
-		}
+		e.place(u, active)
 		free -= len(u)
 		return true
 	}
@@ -388,6 +379,9 @@ func (e *Engine) run() {
 			case u := <-e.submit:
 				e.notComing(u)
 				admit(u)
+			case f := <-e.ctl: // ExportSlots, ImportSlot: only while no sequence runs
+				f()
+				continue
 			case <-e.quit:
 				return
 			}
