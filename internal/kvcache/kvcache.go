@@ -39,6 +39,8 @@ var (
 	ErrMismatch = errors.New("saved KV cache does not match this worker")
 	// ErrCorrupt means a save's files are not what its manifest says.
 	ErrCorrupt = errors.New("saved KV cache is damaged")
+	// ErrNothingToSave means no slot held tokens.
+	ErrNothingToSave = errors.New("no slot holds tokens: nothing to save")
 )
 
 // ModelFile identifies a model file by name, size and modification
@@ -168,7 +170,7 @@ func Save(root string, key Key, export func(put Put) error) (Manifest, error) {
 		return nil
 	})
 	if err == nil && len(m.Slots) == 0 {
-		err = errors.New("no slot holds tokens: nothing to save")
+		err = ErrNothingToSave
 	}
 	if err != nil {
 		_ = os.RemoveAll(tmp)

@@ -99,9 +99,13 @@ func TestRestoreRefusesAnotherKey(t *testing.T) {
 func TestRestoreRefusesDamagedFiles(t *testing.T) {
 	for name, damage := range map[string]func(dir string) error{
 		"truncated": func(dir string) error { return os.Truncate(filepath.Join(dir, "slot-1.state"), 3) },
-		"flipped":   func(dir string) error { return os.WriteFile(filepath.Join(dir, "slot-1.state"), []byte("state One"), 0o600) },
-		"missing":   func(dir string) error { return os.Remove(filepath.Join(dir, "slot-0.state")) },
-		"manifest":  func(dir string) error { return os.WriteFile(filepath.Join(dir, manifestName), []byte(`{"format":1,`), 0o600) },
+		"flipped": func(dir string) error {
+			return os.WriteFile(filepath.Join(dir, "slot-1.state"), []byte("state One"), 0o600)
+		},
+		"missing": func(dir string) error { return os.Remove(filepath.Join(dir, "slot-0.state")) },
+		"manifest": func(dir string) error {
+			return os.WriteFile(filepath.Join(dir, manifestName), []byte(`{"format":1,`), 0o600)
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			root := t.TempDir()
