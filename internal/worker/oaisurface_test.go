@@ -362,8 +362,11 @@ func checkSamplingLogprobsAndChoices(t *testing.T, client oai.Client) {
 		if len(streamed) != len(lps) {
 			t.Fatalf("stream: %d token logprobs, want %d", len(streamed), len(lps))
 		}
+		// The second request takes its prompt's prefix from the KV the
+		// slot kept of the first: its logits come from other batches,
+		// equal to float rounding, not bit for bit.
 		for i := range lps {
-			if streamed[i].Logprob != lps[i].Logprob || streamed[i].Token != lps[i].Token {
+			if math.Abs(streamed[i].Logprob-lps[i].Logprob) > 1e-4 || streamed[i].Token != lps[i].Token {
 				t.Errorf("token %d: streamed %q %v, whole %q %v", i, streamed[i].Token, streamed[i].Logprob, lps[i].Token, lps[i].Logprob)
 			}
 		}
