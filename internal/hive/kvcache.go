@@ -20,10 +20,14 @@ func (h *Hive) kvCacheArgs() []string {
 	return []string{"--kv-cache-dir", h.data.kvCacheDir(), "--kv-cache-disk", strconv.FormatUint(h.cfg.KVCacheDisk, 10)}
 }
 
-// pruneKVCache brings the saves within KVCacheDisk at start (all of them
+// pruneKVCache removes saves left unfinished (a worker killed while it
+// saved: no worker runs yet) and brings the rest within KVCacheDisk at start (all of them
 // removed when it is 0): a budget lowered since the last run, or saves
 // turned off, takes effect at once. Workers prune after each save.
 func (h *Hive) pruneKVCache() {
+	if tmp, err := kvcache.RemoveUnfinished(h.data.kvCacheDir()); len(tmp) > 0 || err != nil {
+		h.log.Info("unfinished KV cache saves removed", "removed", len(tmp), "err", err)
+	}
 	removed, err := kvcache.Prune(h.data.kvCacheDir(), int64(min(h.cfg.KVCacheDisk, 1<<62)))
 	if len(removed) > 0 || err != nil {
 		h.log.Info("KV cache saves removed to stay within --kv-cache-disk", "removed", len(removed),

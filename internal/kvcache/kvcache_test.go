@@ -173,3 +173,18 @@ func TestPruneKeepsTheRecentlyRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestRemoveUnfinished(t *testing.T) {
+	root := t.TempDir()
+	done := saveOne(t, root, testKey())
+	if err := os.MkdirAll(filepath.Join(root, "x-123.tmp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := RemoveUnfinished(root)
+	if err != nil || len(removed) != 1 {
+		t.Fatalf("removed %v, %v; want the one .tmp", removed, err)
+	}
+	if _, err := os.Stat(done); err != nil {
+		t.Fatalf("a finished save was removed: %v", err)
+	}
+}

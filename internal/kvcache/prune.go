@@ -83,3 +83,18 @@ func Prune(root string, limit int64) ([]string, error) {
 	}
 	return removed, errors.Join(errs...)
 }
+
+// RemoveUnfinished removes the saves under root that were being written
+// (*.tmp: a worker killed while saving). Call it only while no worker
+// of root saves (a hive at start).
+func RemoveUnfinished(root string) ([]string, error) {
+	dirs, err := filepath.Glob(filepath.Join(root, "*.tmp"))
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, d := range dirs {
+		errs = append(errs, os.RemoveAll(d))
+	}
+	return dirs, errors.Join(errs...)
+}
