@@ -299,7 +299,7 @@ func (e *Engine) run() {
 	defer C.llama_batch_free(batch)
 	mem := C.llama_get_memory(e.lctx)
 	pieceBuf := make([]byte, 256)
-	cache := newSlotCache(e.slots)
+	cache := e.cache             // the decode loop's: ExportSlots and ImportSlot run on it too
 	var cand *C.llama_token_data // candidates of a grammar's lazy sampling, made on first use
 	defer func() {
 		if cand != nil {
@@ -362,6 +362,7 @@ func (e *Engine) run() {
 			s.taken = time.Now()
 			active[s.seq] = s
 			s.cached = cache.reuse(e, mem, s)
+			e.promptReused.Add(int64(s.cached))
 		}
 		free -= len(u)
 		return true
@@ -395,6 +396,9 @@ func (e *Engine) run() {
 			case u := <-e.submit:
 				e.notComing(u)
 				admit(u)
+			case f := <-e.ctl: // ExportSlots, ImportSlot: only while no sequence runs
+				f()
+				continue
 			case <-e.quit:
 				return
 			}
