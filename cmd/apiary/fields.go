@@ -20,7 +20,7 @@ var (
 		"CORSOrigins": "--cors-origin", "Tokens": "the tokens (APIARY_API_TOKEN, APIARY_ADMIN_TOKEN, APIARY_CLUSTER_TOKEN)",
 		"Tokens.API": "APIARY_API_TOKEN", "Tokens.Admin": "APIARY_ADMIN_TOKEN", "Tokens.Cluster": "APIARY_CLUSTER_TOKEN",
 		"Ownership.Owner": "--owner", "Ownership.HiveArgs": "--hive-arg", "Ownership.PassEnv": "--pass-env", "Ownership.HiveStopTimeout": "--hive-stop-timeout",
-		"Routing.AffinityTTL": "--affinity-ttl", "Routing.QueueSize": "--queue-size", "Routing.QueueTimeout": "--queue-timeout", "Routing.SwapWait": "--swap-wait", "Routing.MinResidency": "--min-residency",
+		"Routing.Routing": "--routing", "Routing.AffinityTTL": "--affinity-ttl", "Routing.QueueSize": "--queue-size", "Routing.QueueTimeout": "--queue-timeout", "Routing.SwapWait": "--swap-wait", "Routing.MinResidency": "--min-residency",
 		"Routing.ScaleUpAfter": "--scale-up-after", "Routing.MaxWorkers": "--max-workers", "Routing.ModelMaxWorkers": "--model-max-workers",
 		"Routing.WorkerSlots": "--worker-slots", "Routing.ModelsRefresh": "--models-refresh", "Routing.MaxBodyBytes": "--max-body-bytes",
 		"Routing.StrikeLimit":       "--strike-limit",

@@ -31,6 +31,7 @@ type hiveFlags struct {
 	pullStallTimeout                       time.Duration
 	cpuMemory                              string
 	maxLoaded                              int
+	kvCacheDisk                            string
 	logRetention                           time.Duration
 	log                                    logFlags
 	owner, lifeline, workerPath            string
@@ -98,6 +99,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.DurationVar(&f.shutdownAck, "shutdown-ack", hive.DefaultShutdownAck, "wait for a worker's shutdown acknowledgement, and from SIGTERM to SIGKILL")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", hive.DefaultIdleTimeout, "stop a ready worker without requests for this long (0: never)")
 	fl.StringVar(&f.cpuMemory, "cpu-memory", "", "memory the CPU device offers workers, e.g. 24GiB (default: the machine's); the queen evicts idle workers to make room within it")
+	fl.StringVar(&f.kvCacheDisk, "kv-cache-disk", "2GiB", "disk the KV caches of stopped workers may take under DATA_DIR/hive/kvcache, for the next worker of the model to restore (least recently used removed first); 0: workers save none")
 	fl.IntVar(&f.maxLoaded, "max-loaded", 0, "most workers this hive runs at once, of any models (0: no limit but memory); the queen evicts idle workers to make room within it")
 	fl.DurationVar(&f.logRetention, "log-retention", hive.DefaultLogRetention, "remove ended workers' log files last written longer ago, hourly (0: keep forever)")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", hive.DefaultHeartbeatInterval, "period of heartbeats to the queen")
@@ -180,6 +182,10 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 			return hive.Config{}, usagef("--cpu-memory: %v", err)
 		}
 	}
+	kvCacheDisk, err := api.ParseBytes(f.kvCacheDisk)
+	if err != nil {
+		return hive.Config{}, usagef("--kv-cache-disk: %v", err)
+	}
 	if f.maxLoaded < 0 || f.maxLoaded > hive.MaxMaxLoaded {
 		return hive.Config{}, usagef("--max-loaded must be from 0 (no limit) to %d, got %d", hive.MaxMaxLoaded, f.maxLoaded)
 	}
@@ -195,7 +201,7 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads, WorkerSlots: f.slots,
 		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
 		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle, LogRetention: logRetention,
-		HeartbeatInterval: f.heartbeatInterval, CPUMemory: cpuMemory, MaxLoaded: f.maxLoaded, PullStallTimeout: f.pullStallTimeout,
+		HeartbeatInterval: f.heartbeatInterval, CPUMemory: cpuMemory, MaxLoaded: f.maxLoaded, KVCacheDisk: kvCacheDisk, PullStallTimeout: f.pullStallTimeout,
 		QueenURL: f.queen, PoolID: f.poolID, NodeID: f.nodeID,
 		ClusterToken: os.Getenv(secret.ClusterTokenEnv),
 		TLS:          f.tls, PassEnv: f.passEnv,

@@ -10,6 +10,7 @@ import (
 // routingFlags are the flags of `apiary queen` for inference routing and
 // placement on demand; config turns them into a routing.Config.
 type routingFlags struct {
+	routing                      string
 	affinityTTL, queueTimeout    time.Duration
 	swapWait, minResidency       time.Duration
 	scaleUpAfter, modelsRefresh  time.Duration
@@ -22,6 +23,7 @@ type routingFlags struct {
 }
 
 func (r *routingFlags) add(fl *pflag.FlagSet) {
+	fl.StringVar(&r.routing, "routing", routing.RoutePrefix, "how a worker is chosen: prefix (the one whose cache holds most of the request's prompt, unless its load makes a colder one faster) or least-loaded")
 	fl.DurationVar(&r.affinityTTL, "affinity-ttl", routing.DefaultAffinityTTL, "an X-Session-Id stays pinned to its worker this long after its last request")
 	fl.IntVar(&r.queueSize, "queue-size", routing.DefaultQueueSize, "requests of one model that may wait for a worker; one more gets 429")
 	fl.DurationVar(&r.queueTimeout, "queue-timeout", routing.DefaultQueueTimeout, "longest wait for a worker (cold starts included); then 504")
@@ -42,7 +44,7 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 // config is the routing settings as the flags give them; the queen
 // checks them (routing.Config.Validate).
 func (r *routingFlags) config() routing.Config {
-	return routing.Config{AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout, SwapWait: r.swapWait, MinResidency: r.minResidency,
+	return routing.Config{Routing: r.routing, AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout, SwapWait: r.swapWait, MinResidency: r.minResidency,
 		ScaleUpAfter: r.scaleUpAfter, MaxWorkers: r.maxWorkers, ModelMaxWorkers: r.modelMaxWorkers,
 		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh, StrikeLimit: r.strikeLimit, CrashLoopFailures: r.crashLoopFailures,
 		CrashLoopWindow: r.crashLoopWindow, CrashLoopBackoff: r.crashLoopBackoff, StableAfter: r.stable}

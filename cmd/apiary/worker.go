@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/apiary-llm/apiary/internal/api"
 	"io"
 	"log/slog"
 	"net"
@@ -36,6 +37,8 @@ type workerFlags struct {
 	queenURL      string
 	advertise     string
 	lifecycleID   string
+	kvCacheDir    string
+	kvCacheDisk   string
 	ctxSize       int
 	slots         int
 	threads       int
@@ -89,6 +92,8 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.IntVar(&f.slots, "slots", worker.DefaultSlots, "generations run in parallel")
 	fl.IntVar(&f.threads, "threads", 0, "CPU threads; 0: one per CPU")
 	fl.IntVar(&f.queue, "queue", 0, "requests that may wait for a slot; 0: 4 per slot, -1: none")
+	fl.StringVar(&f.kvCacheDir, "kv-cache-dir", "", "directory to save the slots' KV cache in on a graceful stop and restore it from at start (a hive passes DATA_DIR/kvcache); none: no save")
+	fl.StringVar(&f.kvCacheDisk, "kv-cache-disk", "2GiB", "disk budget of the saves in --kv-cache-dir; the least recently used past it are removed")
 	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "time in-flight generations get to finish on shutdown")
 	addTLSFlags(fl, &f.tls)
 	f.log.add(fl)
@@ -114,6 +119,10 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	}
 	if f.claimInterval <= 0 {
 		return usagef("--claim-interval must be positive, got %s", f.claimInterval)
+	}
+	kvDisk, err := api.ParseBytes(f.kvCacheDisk)
+	if err != nil || kvDisk == 0 || kvDisk > 1<<62 {
+		return usagef("--kv-cache-disk %q: a size such as 2GiB, more than 0", f.kvCacheDisk)
 	}
 	logger, err := f.log.logger(stderr)
 	if err != nil {
@@ -164,6 +173,8 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		QueueSize:     f.queue,
 		ShutdownGrace: f.shutdownGrace,
 		TestHoldDir:   os.Getenv(worker.TestHoldEnv),
+		KVCacheDir:    f.kvCacheDir,
+		KVCacheDisk:   int64(kvDisk),
 		Engine: engine.Options{
 			CtxSize:   f.ctxSize,
 			Threads:   f.threads,

@@ -49,8 +49,17 @@ const StopToolUse = "tool_use"
 
 // Usage counts tokens.
 type Usage struct {
-	InputTokens  int `json:"input_tokens"`
+	InputTokens  int `json:"input_tokens"` // not counting those read from the cache
 	OutputTokens int `json:"output_tokens"`
+	// CacheReadInputTokens are the input tokens found in the cache.
+	CacheReadInputTokens int `json:"cache_read_input_tokens"`
+}
+
+// NewUsage is the usage of an answer to prompt tokens, cached of them
+// found in the cache, and completion tokens: input_tokens counts the
+// others, as Anthropic's does.
+func NewUsage(prompt, cached, completion int) Usage {
+	return Usage{InputTokens: prompt - cached, OutputTokens: completion, CacheReadInputTokens: cached}
 }
 
 // ContentBlock is one block of an answer: text, or a tool_use (a call).

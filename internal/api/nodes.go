@@ -95,4 +95,11 @@ const (
 	// ActiveQueenHeader, on a standby queen's 503, is the advertised URL
 	// of the queen that holds the database.
 	ActiveQueenHeader = "X-Apiary-Active-Queen"
+	// PrefixTrailer is the trailer of a worker's generation answer that
+	// tells the queen what its cache now holds (see FormatPrefixReport);
+	// the queen reads it and does not pass it on.
+	PrefixTrailer = "X-Apiary-Prefix"
+	// RouteHeader, on the queen's answer, says how the request was routed
+	// and why (`--routing`).
+	RouteHeader = "X-Apiary-Route"
 )

@@ -134,6 +134,12 @@ type Result struct {
 	PromptTokens     int
 	CompletionTokens int
 	FinishReason     string
+	// CachedTokens counts the prompt tokens found in the slot's memory
+	// (a previous request's prefix), not decoded again.
+	CachedTokens int
+	// Slot is the slot (llama.cpp sequence) that ran it, for engines
+	// that keep a slot's memory between requests.
+	Slot int
 }
 
 // Emit receives each token as soon as it is sampled. Returning ErrStop ends

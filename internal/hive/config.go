@@ -122,6 +122,13 @@ type Config struct {
 	// CPUMemory caps the memory the CPU device offers workers (0: the
 	// machine's), so that a CPU node behaves as a GPU of that size.
 	CPUMemory uint64
+	// KVCacheDisk bounds, in bytes, the KV caches this hive's workers
+	// save under DATA_DIR/hive/kvcache when they stop gracefully (an
+	// eviction among them), for the next worker of the model to restore
+	// (least recently used saves removed first). Default 0: workers save
+	// nothing, and saves left on disk are removed at start; `apiary hive`
+	// sets 2 GiB (--kv-cache-disk).
+	KVCacheDisk uint64
 	// MaxLoaded is the most live workers the hive runs at once (0: no
 	// limit but memory); a start past it is refused (ErrMaxLoaded), and
 	// the queen, told at registration, evicts idle workers instead.

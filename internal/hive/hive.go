@@ -210,6 +210,7 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 		g.Go(func() error { h.queen.run(queenCtx); return nil })
 	}
 	stopOwnerLoops := h.ownerLoops(func(fn func()) { g.Go(func() error { fn(); return nil }) }, queenCtx)
+	h.pruneKVCache()
 	g.Go(func() error { h.pruneLogsLoop(queenCtx); return nil })
 	g.Go(func() error { h.digests.Run(queenCtx); return nil })
 	h.log.Info("hive serving", "addr", h.addr.String(), "url", h.URL(), "data_dir", h.cfg.DataDir, "models_dir", h.cfg.ModelsDir,

@@ -239,6 +239,7 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 	if opts.CtxSize > 0 {
 		args = append(args, "--ctx-size", strconv.Itoa(opts.CtxSize))
 	}
+	args = append(args, h.kvCacheArgs()...)
 	if h.cfg.TLS.Enabled() {
 		// A TLS hive's workers serve TLS with the node's certificate.
 		args = append(args, "--tls-cert", h.cfg.TLS.CertFile, "--tls-key", h.cfg.TLS.KeyFile)

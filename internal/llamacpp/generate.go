@@ -88,8 +88,10 @@ type sequence struct {
 	follow    *sequence // the choice decoding the shared prompt, until this one gets a copy of it
 	seq       int       // llama.cpp sequence id (= slot)
 	sampler   sampling
-	promptPos int // prompt tokens already decoded
-	nPast     int // tokens in the KV cache for this sequence
+	promptPos int   // prompt tokens already decoded
+	nPast     int   // tokens in the KV cache for this sequence
+	cached    int   // prompt tokens its slot's memory held already (see slotCache)
+	outs      []int // the tokens sampled, for slotCache.keep
 	generated int
 	last      C.llama_token // last sampled token, decoded in the next step
 	outIdx    int           // index in the current batch whose logits to sample, -1 if none
@@ -297,6 +299,7 @@ func (e *Engine) run() {
 	defer C.llama_batch_free(batch)
 	mem := C.llama_get_memory(e.lctx)
 	pieceBuf := make([]byte, 256)
+	cache := e.cache             // the decode loop's: ExportSlots and ImportSlot run on it too
 	var cand *C.llama_token_data // candidates of a grammar's lazy sampling, made on first use
 	defer func() {
 		if cand != nil {
@@ -311,7 +314,7 @@ func (e *Engine) run() {
 		if !s.req.Background {
 			lastForeground = time.Now()
 		}
-		C.llama_memory_seq_rm(mem, C.llama_seq_id(s.seq), -1, -1)
+		cache.keep(mem, s, err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 		for _, f := range active {
 			if f != nil && f.follow == s {
 				f.follow = nil // decodes the prompt itself
@@ -324,6 +327,8 @@ func (e *Engine) run() {
 		}
 		res.PromptTokens = len(s.req.Prompt)
 		res.CompletionTokens = s.generated
+		res.CachedTokens = s.cached
+		res.Slot = s.seq
 		s.finish(res, err)
 	}
 	// waiting is a request's choices that came when fewer slots were
@@ -346,15 +351,18 @@ func (e *Engine) run() {
 			waiting = u
 			return false
 		}
-		for _, s := range u {
-			for i, a := range active {
-				if a == nil {
-					s.seq = i
-					s.taken = time.Now()
-					active[i] = s
-					break
-				}
+		// The first choice takes the slot whose memory holds the most of
+		// its prompt; the others (copies of it) the least recently used.
+		for k, s := range u {
+			if k == 0 {
+				s.seq = cache.pick(active, s.req.Prompt)
+			} else {
+				s.seq = cache.pickLRU(active)
 			}
+			s.taken = time.Now()
+			active[s.seq] = s
+			s.cached = cache.reuse(e, mem, s)
+			e.promptReused.Add(int64(s.cached))
 		}
 		free -= len(u)
 		return true
@@ -388,6 +396,9 @@ func (e *Engine) run() {
 			case u := <-e.submit:
 				e.notComing(u)
 				admit(u)
+			case f := <-e.ctl: // ExportSlots, ImportSlot: only while no sequence runs
+				f()
+				continue
 			case <-e.quit:
 				return
 			}
@@ -561,6 +572,7 @@ func (e *Engine) run() {
 			if l := s.follow; l.promptPos == len(l.req.Prompt) && l.outIdx >= 0 && l.generated == 0 {
 				C.llama_memory_seq_cp(mem, C.llama_seq_id(l.seq), C.llama_seq_id(s.seq), -1, -1)
 				s.promptPos, s.nPast, s.outIdx, s.follow = l.promptPos, l.nPast, l.outIdx, nil
+				s.cached = l.cached
 			}
 		}
 		for _, s := range active {
@@ -583,6 +595,7 @@ func (e *Engine) run() {
 				continue
 			}
 			s.last = id
+			s.outs = append(s.outs, int(id))
 			if s.generated == 1 {
 				s.firstToken = time.Now()
 				s.firstStep = s.firstToken.Sub(stepStart)

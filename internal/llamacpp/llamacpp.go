@@ -128,6 +128,11 @@ type Engine struct {
 	submit chan []*sequence // the choices of one request, admitted together
 
 	promptDecoded atomic.Int64 // prompt tokens decoded, for tests
+	promptReused  atomic.Int64 // prompt tokens taken from a slot's kept KV (kvslots.go)
+
+	cache  *slotCache  // owned by the decode loop: the tokens whose KV each slot keeps (slotcache.go)
+	ctl    chan func() // functions the decode loop runs while no sequence is active (kvslots.go)
+	kvType string      // the K and V cache types, "f16/f16"
 
 	// Background steps a foreground request ends (see run): abortFlag is
 	// C memory that llama.cpp's abort callback reads between the nodes
@@ -265,6 +270,9 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 		threads:   opts.Threads,
 		nCtxSeq:   int(C.llama_n_ctx_seq(lctx)),
 		submit:    make(chan []*sequence),
+		cache:     newSlotCache(opts.Slots),
+		ctl:       make(chan func()),
+		kvType:    C.GoString(C.ggml_type_name(cparams.type_k)) + "/" + C.GoString(C.ggml_type_name(cparams.type_v)),
 		quit:      make(chan struct{}),
 		done:      make(chan struct{}),
 	}

@@ -38,8 +38,11 @@ type chunk struct {
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 	Error *struct {
 		Message string `json:"message"`
@@ -191,7 +194,12 @@ func (a *Answer) Whole(data []byte, now time.Time) ([]byte, error) {
 		a.done = doneReason(*ch.FinishReason)
 	}
 	if c.Usage != nil {
+		// prompt_eval_count counts the tokens evaluated: not those
+		// the worker found in its cache.
 		a.prompt, a.gen = c.Usage.PromptTokens, c.Usage.CompletionTokens
+		if d := c.Usage.PromptTokensDetails; d != nil {
+			a.prompt -= d.CachedTokens
+		}
 	}
 	a.timings = c.Timings
 	calls, err := a.toolCalls()
@@ -272,7 +280,12 @@ func (a *Answer) Event(data []byte, now time.Time) (lines [][]byte, last bool, e
 		return [][]byte{b}, true, nil
 	}
 	if c.Usage != nil {
+		// prompt_eval_count counts the tokens evaluated: not those
+		// the worker found in its cache.
 		a.prompt, a.gen = c.Usage.PromptTokens, c.Usage.CompletionTokens
+		if d := c.Usage.PromptTokensDetails; d != nil {
+			a.prompt -= d.CachedTokens
+		}
 	}
 	if len(c.Choices) == 0 {
 		return nil, false, nil

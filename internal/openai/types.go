@@ -257,6 +257,22 @@ type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// PromptTokensDetails, in generations' usage, says how many of the
+	// prompt tokens a worker found in its cache.
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptTokensDetails is OpenAI's breakdown of the prompt tokens.
+type PromptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// NewCachedUsage is NewUsage with cached of the prompt tokens taken from
+// the worker's cache.
+func NewCachedUsage(prompt, cached, completion int) *Usage {
+	u := NewUsage(prompt, completion)
+	u.PromptTokensDetails = &PromptTokensDetails{CachedTokens: cached}
+	return u
 }
 
 // NewUsage fills TotalTokens.
@@ -398,7 +414,8 @@ func randomHex() string {
 // until the first token, and the tokens after it. Clients that show
 // speeds read it (Ollama's eval_duration is made from it).
 type Timings struct {
-	PromptN            int     `json:"prompt_n"`
+	CacheN             int     `json:"cache_n"`  // prompt tokens found in the cache, not decoded
+	PromptN            int     `json:"prompt_n"` // prompt tokens decoded
 	PromptMS           float64 `json:"prompt_ms"`
 	PredictedN         int     `json:"predicted_n"`
 	PredictedMS        float64 `json:"predicted_ms"`
@@ -407,11 +424,11 @@ type Timings struct {
 
 // NewTimings is the Timings of a generation that began at start, gave
 // its first token at first (zero: none) and ended at end.
-func NewTimings(prompt, predicted int, start, first, end time.Time) Timings {
+func NewTimings(prompt, cached, predicted int, start, first, end time.Time) Timings {
 	if first.IsZero() {
 		first = end
 	}
-	t := Timings{PromptN: prompt, PromptMS: ms(first.Sub(start)), PredictedN: predicted, PredictedMS: ms(end.Sub(first))}
+	t := Timings{CacheN: cached, PromptN: prompt - cached, PromptMS: ms(first.Sub(start)), PredictedN: predicted, PredictedMS: ms(end.Sub(first))}
 	if t.PredictedMS > 0 {
 		t.PredictedPerSecond = float64(predicted) / t.PredictedMS * 1000
 	}

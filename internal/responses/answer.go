@@ -25,6 +25,9 @@ type chunk struct {
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
@@ -61,6 +64,7 @@ type Answer struct {
 	finish  string
 	failure map[string]any // the error of a response that failed
 	in, out int
+	cached  int // of in, found in the worker's cache
 	// Stored says the response is kept (store, and a store to keep it in).
 	Stored bool
 	final  []byte // the response object once it ended
@@ -96,7 +100,7 @@ func (a *Answer) object(status string) map[string]any {
 	}
 	var usage any
 	if status == "completed" || status == "incomplete" {
-		usage = map[string]any{"input_tokens": a.in, "input_tokens_details": map[string]any{"cached_tokens": 0},
+		usage = map[string]any{"input_tokens": a.in, "input_tokens_details": map[string]any{"cached_tokens": a.cached},
 			"output_tokens": a.out, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": a.in + a.out}
 	}
 	output := a.output
@@ -249,6 +253,9 @@ func (a *Answer) Event(data []byte, now time.Time) (out [][]byte, last bool, err
 	}
 	if c.Usage != nil {
 		a.in, a.out = c.Usage.PromptTokens, c.Usage.CompletionTokens
+		if d := c.Usage.PromptTokensDetails; d != nil {
+			a.cached = d.CachedTokens
+		}
 	}
 	if len(c.Choices) == 0 {
 		return out, false, nil
@@ -308,6 +315,9 @@ func (a *Answer) Whole(data []byte, _ time.Time) ([]byte, error) {
 	}
 	if c.Usage != nil {
 		a.in, a.out = c.Usage.PromptTokens, c.Usage.CompletionTokens
+		if d := c.Usage.PromptTokensDetails; d != nil {
+			a.cached = d.CachedTokens
+		}
 	}
 	text := ""
 	if ch.Message.Content != nil {

@@ -51,6 +51,9 @@ const (
 // Config is how the queen routes inference and turns demand into
 // workers. Zero fields take the defaults above.
 type Config struct {
+	// Routing is how a worker is chosen among those of a model with a
+	// free slot: RoutePrefix (default) or RouteLeastLoaded (--routing).
+	Routing string
 	// AffinityTTL is how long an X-Session-Id stays pinned to its worker
 	// after its last request (--affinity-ttl).
 	AffinityTTL time.Duration
@@ -145,6 +148,7 @@ type Config struct {
 
 // WithDefaults fills the zero fields with the defaults above.
 func (c Config) WithDefaults() Config {
+	config.Default(&c.Routing, RoutePrefix)
 	config.Default(&c.AffinityTTL, DefaultAffinityTTL)
 	config.Default(&c.QueueTimeout, DefaultQueueTimeout)
 	config.Default(&c.EvictWait, DefaultEvictWait)
@@ -189,6 +193,9 @@ func (c Config) Validate() error {
 		if n.v < 1 {
 			p.Add(n.field, "must be at least 1, got %d", n.v)
 		}
+	}
+	if c.Routing != RoutePrefix && c.Routing != RouteLeastLoaded {
+		p.Add("Routing", "must be %q or %q, got %q", RoutePrefix, RouteLeastLoaded, c.Routing)
 	}
 	if c.MaxBodyBytes < 1 {
 		p.Add("MaxBodyBytes", "must be positive, got %d", c.MaxBodyBytes)

@@ -17,6 +17,9 @@ type routeMetrics struct {
 	placements   *prometheus.CounterVec   // model, result
 	evictions    *prometheus.CounterVec   // model (evicted), for (the model placed)
 	affinity     *prometheus.CounterVec   // result
+	prefixRoutes *prometheus.CounterVec   // result
+	promptTokens *prometheus.CounterVec   // model
+	cachedTokens *prometheus.CounterVec   // model
 	retries      *prometheus.CounterVec   // model, reason
 	broken       *prometheus.CounterVec   // model
 	preempted    *prometheus.CounterVec   // model
@@ -60,6 +63,13 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "apiary_queen_placements_total", Help: "Workers the controller placed on demand: started (the hive accepted), failed (no pool, or every hive refused)."},
 			[]string{"model", "result"}),
+		prefixRoutes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_prefix_routes_total", Help: "Requests --routing prefix sent to a worker holding a prefix of their text (hit) or to one holding none (miss)."},
+			[]string{"result"}),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_prompt_tokens_total", Help: "Prompt tokens of the answers whose worker reported its cache, by model."}, []string{"model"}),
+		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apiary_queen_cached_prompt_tokens_total", Help: "Of apiary_queen_prompt_tokens_total, those the workers found in their caches."}, []string{"model"}),
 		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "apiary_queen_affinity_total", Help: "Requests with X-Session-Id: hit (served by the session's worker) or miss."}, []string{"result"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -86,7 +96,7 @@ func newRouteMetrics(reg prometheus.Registerer, sessions func() int) *routeMetri
 		sessionsDesc: prometheus.NewDesc("apiary_queen_affinity_sessions", "Sessions pinned to a worker.", nil, nil),
 		sessions:     sessions,
 	}
-	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.evictions, m.affinity,
+	reg.MustRegister(m.requests, m.ttft, m.interToken, m.queueDepth, m.queueWait, m.rejected, m.placements, m.evictions, m.affinity, m.prefixRoutes, m.promptTokens, m.cachedTokens,
 		m.retries, m.broken, m.preempted, m.strikes, m.degraded, m.strikeStops, m.rounds, m.crashLoop, sessionGauge{m})
 	return m
 }

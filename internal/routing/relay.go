@@ -60,6 +60,8 @@ type outcome struct {
 	// started: the answer to the client began.
 	started bool
 	err     error
+	// prefix is the worker's api.PrefixTrailer, read at the answer's end.
+	prefix string
 }
 
 // relay sends rr to a worker of its model and relays the answer. The
@@ -77,8 +79,13 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 	}
 	exclude := map[WorkerKey]bool{}
 	var last error
+	var prefix *prefixKey
+	if s.cfg.Routing == RoutePrefix && !rr.batch {
+		k := requestPrefix(s.prefixSeed, rr.body)
+		prefix = &k
+	}
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
-		l, err := rt.router.acquire(ctx, routeReq{model: rr.model, pool: rr.pool, session: rr.session, exclude: exclude, retry: attempt > 1})
+		l, err := rt.router.acquire(ctx, routeReq{model: rr.model, pool: rr.pool, session: rr.session, exclude: exclude, retry: attempt > 1, prefix: prefix})
 		if err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("%w: while waiting for a worker: %w", errClientGone, err)
@@ -109,7 +116,11 @@ func (s *Service) relay(w http.ResponseWriter, r *http.Request, rr relayReq) err
 		if rr.stats != nil {
 			rr.stats.worker = l.cand.LifecycleID
 		}
+		s.routed(w, l, rr)
 		o := s.attempt(ctx, w, l, rr)
+		if o.verdict == verdictServed {
+			s.learn(l, o.prefix)
+		}
 		broken := o.verdict == verdictBroken
 		if step := rt.router.settle(l, o.verdict, o.err); step != stepNone || o.verdict == verdictFailed || broken {
 			s.wakeStrikes() // the step's effects; the watcher also sweeps the entry once its row ends
@@ -289,7 +300,11 @@ func (s *Service) copyAnswer(w http.ResponseWriter, resp *http.Response, st *req
 		st.end = time.Now()
 		st.readTail(tail.buf)
 	}
-	return outcome{started: true, verdict: verdictServed}
+	prefix := resp.Header.Get(api.PrefixTrailer) // a whole answer's
+	if v := resp.Trailer.Get(api.PrefixTrailer); v != "" {
+		prefix = v
+	}
+	return outcome{started: true, verdict: verdictServed, prefix: prefix}
 }
 
 // SSE lines the relay looks for.
@@ -358,7 +373,7 @@ func (s *Service) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 		if err != nil {
 			switch {
 			case done:
-				return outcome{started: started, verdict: verdictServed}
+				return outcome{started: started, verdict: verdictServed, prefix: resp.Trailer.Get(api.PrefixTrailer)}
 			case ended:
 				return outcome{started: started} // the worker's own error event
 			case ctx.Err() != nil:

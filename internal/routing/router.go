@@ -137,6 +137,7 @@ type lease struct {
 	pinned bool          // served by the session's pinned worker
 	waited time.Duration // in the queue
 	hold   *batchHold    // a batch request's lease; nil for an interactive one
+	route  *prefixRoute  // how the prefix policy chose; nil when it did not
 }
 
 // batchHold is a slot a batch request holds, which an interactive request
@@ -166,6 +167,9 @@ type routeReq struct {
 	// that finds every slot taken may take the slot of the youngest batch
 	// request (nil: never preempted).
 	preempt context.CancelCauseFunc
+	// prefix is the request's text in hashed blocks, for RoutePrefix
+	// (nil: routed by load).
+	prefix *prefixKey
 }
 
 func (r routeReq) target() target { return target{r.model, r.pool} }
@@ -230,12 +234,13 @@ type router struct {
 	// until the stop is written (claimIdle): no request goes to them.
 	evicting map[WorkerKey]bool // guarded by mu
 	closed   bool               // guarded by mu
+	prefix   *prefixIndex       // its own mutex, taken inside mu
 }
 
 func newRouter(cfg Config, log *slog.Logger, source func(target) []Candidate, aff *affinity, m *routeMetrics, demand func()) *router {
 	return &router{cfg: cfg, log: log, source: source, aff: aff, m: m, demand: demand,
 		inflight: map[WorkerKey]*int{}, views: map[target]candidateView{}, broken: map[WorkerKey]time.Time{}, strikes: map[string]*striker{}, queues: map[target][]*waiter{}, batches: map[target][]*waiter{},
-		holds: map[WorkerKey][]*batchHold{}, lastUsed: map[WorkerKey]time.Time{}, evicting: map[WorkerKey]bool{}}
+		holds: map[WorkerKey][]*batchHold{}, lastUsed: map[WorkerKey]time.Time{}, evicting: map[WorkerKey]bool{}, prefix: newPrefixIndex()}
 }
 
 // acquire returns a lease on a worker of req.model: at once when one has a
@@ -339,16 +344,19 @@ func (r *router) tryLocked(req routeReq, cands []Candidate, since, now time.Time
 		slots = r.slots(req.model)
 	}
 	counts := r.countersLocked(req.target(), cands)
-	res := pick(cands, counts, slots, pin, req.exclude)
+	res, route := r.pickLocked(req, cands, counts, slots, pin)
 	if res.index < 0 {
 		return lease{}, false
 	}
 	c := cands[res.index]
+	if route != nil {
+		route.inflight = *counts[res.index]
+	}
 	*counts[res.index]++
 	if req.session != "" {
 		r.aff.set(req.model, req.session, c.Key, now)
 	}
-	l := lease{model: req.model, cand: c, pinned: res.pinned, waited: now.Sub(since)}
+	l := lease{model: req.model, cand: c, pinned: res.pinned, waited: now.Sub(since), route: route}
 	if req.batch && req.preempt != nil {
 		l.hold = &batchHold{key: c.Key, since: now, cancel: req.preempt}
 		r.holds[c.Key] = append(r.holds[c.Key], l.hold)
@@ -484,6 +492,7 @@ func (r *router) pruneLocked() {
 	for k, n := range r.inflight {
 		if *n == 0 {
 			delete(r.inflight, k)
+			r.prefix.forget(k)
 		}
 	}
 }

@@ -14,6 +14,7 @@ package routing
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -134,16 +135,18 @@ func (e *StartRefused) Unwrap() error { return e.Err }
 // Service is the routing of one queen. Create it with New; serve its
 // routes (Routes) once Run is under way.
 type Service struct {
-	cfg     Config
-	cp      ControlPlane
-	log     *slog.Logger
-	router  *router
-	aff     *affinity
-	catalog *catalog
-	pulls   *pulls
-	ctl     *controller
-	m       *routeMetrics
-	up      *http.Client // to workers
+	cfg Config
+	// prefixSeed keys the hashes of requests' text (prefix.go).
+	prefixSeed maphash.Seed
+	cp         ControlPlane
+	log        *slog.Logger
+	router     *router
+	aff        *affinity
+	catalog    *catalog
+	pulls      *pulls
+	ctl        *controller
+	m          *routeMetrics
+	up         *http.Client // to workers
 	// upBatch is the Batch API's connections to workers, apart from
 	// up's: a preempted batch request's connection is closed (its
 	// answer cut off), and batch requests would otherwise take every
@@ -225,6 +228,7 @@ func newService(cfg Config, cp ControlPlane) *Service {
 	}
 	s.m = newRouteMetrics(cfg.Metrics, s.aff.size)
 	s.ctl = newController(s)
+	s.prefixSeed = maphash.MakeSeed()
 	s.router = newRouter(cfg, s.log, s.candidates, s.aff, s.m, s.ctl.signal)
 	s.router.slots = s.slotsOf
 	return s

@@ -75,6 +75,15 @@ type Config struct {
 	// Advertise is the URL others reach the worker at, sent in the ready
 	// callback or the claim; default the scheme and listening address.
 	Advertise string
+	// KVCacheDir, when set, is where the worker saves its slots' KV
+	// cache when it stops gracefully and restores it from before it
+	// serves (see package kvcache); a hive passes DATA_DIR/kvcache.
+	// Default "": no save, no restore.
+	KVCacheDir string
+	// KVCacheDisk bounds the saves under KVCacheDir in bytes: after a
+	// save the least recently used ones past it are removed. Required
+	// (positive) with a KVCacheDir.
+	KVCacheDisk int64
 	// CPUBackend is the level of llama.cpp's CPU backend this worker
 	// loaded (haswell, skylakex, …; see internal/cpuvariant) and
 	// CPUBackendReason why; they are logged at start.
@@ -126,6 +135,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: the model path is required", ErrInvalidConfig)
 	}
 	config.Default(&c.ModelRef, strings.TrimSuffix(filepath.Base(c.ModelPath), ".gguf"))
+	if c.KVCacheDir != "" && c.KVCacheDisk <= 0 {
+		return fmt.Errorf("%w: a KV cache directory needs a positive disk budget", ErrInvalidConfig)
+	}
 	if c.CallbackURL != "" {
 		if _, err := transport.CheckURL("callback URL", c.CallbackURL); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -272,10 +272,22 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 	start := time.Now()
 	var firstToken time.Time // of any choice
 	var total engine.Result
+	// The queen learns what the slot now holds from api.PrefixTrailer: a
+	// header on a whole answer (written at its end), a trailer after a
+	// stream (the slot is known only once the engine took the request).
+	report := func() {
+		if firstToken.IsZero() {
+			firstToken = time.Now()
+		}
+		rw.Header().Set(api.PrefixTrailer, api.PrefixReport{Slot: total.Slot, Slots: w.cfg.Slots, Prompt: total.PromptTokens,
+			Cached: total.CachedTokens, PromptMS: float64(firstToken.Sub(start).Microseconds()) / 1000}.String())
+	}
 	run := func(first, m int, out func(int, string, []engine.Token) error) ([]outcome, error) {
 		outs, err := generateChoices(ctx, eng, j, first, m, out)
 		for _, o := range outs {
 			total.PromptTokens = o.PromptTokens
+			total.CachedTokens = o.CachedTokens
+			total.Slot = o.Slot
 			total.CompletionTokens += o.CompletionTokens
 			total.FinishReason = o.FinishReason
 		}
@@ -309,10 +321,12 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		if endpoint != "messages" {
 			// OpenAI's shapes carry llama-server's timings beside their
 			// fields (Anthropic's have no place for them).
-			body = openai.Timed{Body: body, Timings: openai.NewTimings(total.PromptTokens, total.CompletionTokens, start, firstToken, time.Now())}
+			body = openai.Timed{Body: body, Timings: openai.NewTimings(total.PromptTokens, total.CachedTokens, total.CompletionTokens, start, firstToken, time.Now())}
 		}
+		report()
 		openai.WriteJSON(rw, http.StatusOK, body)
 	} else {
+		rw.Header().Set("Trailer", api.PrefixTrailer)
 		sse := openai.NewSSEWriter(rw)
 		sse.SetEventTimeout(streamEventTimeout)
 		var send func(ev any) error
@@ -346,6 +360,9 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			var outs []outcome
 			if err == nil {
 				outs, err = run(first, m, func(i int, s string, toks []engine.Token) error {
+					if firstToken.IsZero() && len(toks) > 0 {
+						firstToken = time.Now()
+					}
 					ev := f.delta(i, s, toks, offsets[i])
 					if tl != nil && tl.firstEvent.IsZero() {
 						tl.firstTokens = len(toks)
@@ -374,14 +391,18 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 			return err
 		}
 	}
+	if s.Stream {
+		report()
+	}
 	elapsed := time.Since(start)
 	w.log.Info("generation finished", "endpoint", endpoint, "stream", s.Stream, "choices", j.choices, "prompt_tokens", total.PromptTokens,
+		"cached_tokens", total.CachedTokens,
 		"completion_tokens", total.CompletionTokens, "finish_reason", total.FinishReason, "duration_ms", elapsed.Milliseconds())
 	return nil
 }
 
 func usageOf(res engine.Result) *openai.Usage {
-	return openai.NewUsage(res.PromptTokens, res.CompletionTokens)
+	return openai.NewCachedUsage(res.PromptTokens, res.CachedTokens, res.CompletionTokens)
 }
 
 // generationError classifies an error that ended a generation.

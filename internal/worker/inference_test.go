@@ -26,7 +26,7 @@ func TestCompletionNotStreamed(t *testing.T) {
 	stop := "stop"
 	want := openai.Completion{Object: "text_completion", Model: "tiny",
 		Choices: []openai.CompletionChoice{{Text: "Hello world", FinishReason: &stop}},
-		Usage:   &openai.Usage{PromptTokens: 3, CompletionTokens: 3, TotalTokens: 6}}
+		Usage:   openai.NewCachedUsage(3, 0, 3)}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(openai.Completion{}, "ID", "Created")); diff != "" {
 		t.Errorf("response mismatch (-want +got):\n%s", diff)
 	}
@@ -83,7 +83,7 @@ func TestCompletionStreamsEachToken(t *testing.T) {
 	}
 	var usage openai.Completion
 	s.nextJSON(&usage)
-	if diff := cmp.Diff(&openai.Usage{PromptTokens: 3, CompletionTokens: 3, TotalTokens: 6}, usage.Usage); diff != "" || len(usage.Choices) != 0 {
+	if diff := cmp.Diff(openai.NewCachedUsage(3, 0, 3), usage.Usage); diff != "" || len(usage.Choices) != 0 {
 		t.Errorf("usage chunk %+v (-want +got):\n%s", usage, diff)
 	}
 	if got := s.next(); got != "[DONE]" {
@@ -231,7 +231,7 @@ func TestChatNotStreamed(t *testing.T) {
 	}
 	want := openai.ChatCompletion{Object: "chat.completion", Model: "tiny",
 		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: "Hi there"}, FinishReason: "stop"}},
-		Usage:   &openai.Usage{PromptTokens: 29, CompletionTokens: 2, TotalTokens: 31}}
+		Usage:   openai.NewCachedUsage(29, 0, 2)}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(openai.ChatCompletion{}, "ID", "Created")); diff != "" {
 		t.Errorf("response mismatch (-want +got):\n%s", diff)
 	}
@@ -272,7 +272,7 @@ func TestChatStreamed(t *testing.T) {
 		{Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Content: str("Hi")}}}},
 		{Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Content: str("!")}}}},
 		{Choices: []openai.ChatChunkChoice{{FinishReason: str("stop")}}},
-		{Choices: []openai.ChatChunkChoice{}, Usage: &openai.Usage{PromptTokens: 19, CompletionTokens: 2, TotalTokens: 21}},
+		{Choices: []openai.ChatChunkChoice{}, Usage: openai.NewCachedUsage(19, 0, 2)},
 	}
 	for i := range chunks {
 		if chunks[i].Object != "chat.completion.chunk" || chunks[i].Model != "tiny" || chunks[i].ID != chunks[0].ID {

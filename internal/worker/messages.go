@@ -164,7 +164,7 @@ func (f messagesFormat) last(_ int, o outcome) any {
 	return append(events,
 		event("message_delta", anthropic.MessageDelta{Type: "message_delta",
 			Delta: anthropic.MessageDeltaEnd{StopReason: reason, StopSequence: stopSequence(o.stop)},
-			Usage: anthropic.Usage{InputTokens: o.PromptTokens, OutputTokens: o.CompletionTokens}}),
+			Usage: anthropic.NewUsage(o.PromptTokens, o.CachedTokens, o.CompletionTokens)}),
 		event("message_stop", anthropic.MessageStop{Type: "message_stop"}),
 	)
 }
@@ -208,7 +208,11 @@ func (f messagesFormat) whole(choices []choice, u *openai.Usage) any {
 			}
 		}
 	}
-	m := f.message(content, anthropic.Usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens})
+	cached := 0
+	if u.PromptTokensDetails != nil {
+		cached = u.PromptTokensDetails.CachedTokens
+	}
+	m := f.message(content, anthropic.NewUsage(u.PromptTokens, cached, u.CompletionTokens))
 	m.StopReason, m.StopSequence = &reason, stopSequence(c.stop)
 	return m
 }

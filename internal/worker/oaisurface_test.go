@@ -362,8 +362,11 @@ func checkSamplingLogprobsAndChoices(t *testing.T, client oai.Client) {
 		if len(streamed) != len(lps) {
 			t.Fatalf("stream: %d token logprobs, want %d", len(streamed), len(lps))
 		}
+		// The second run finds the prompt in the slot's memory and decodes
+		// only its last token: the logits agree to float rounding (a batch
+		// of one sums in another order), not to the last bit.
 		for i := range lps {
-			if streamed[i].Logprob != lps[i].Logprob || streamed[i].Token != lps[i].Token {
+			if math.Abs(streamed[i].Logprob-lps[i].Logprob) > 1e-4 || streamed[i].Token != lps[i].Token {
 				t.Errorf("token %d: streamed %q %v, whole %q %v", i, streamed[i].Token, streamed[i].Logprob, lps[i].Token, lps[i].Logprob)
 			}
 		}

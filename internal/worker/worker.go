@@ -257,6 +257,7 @@ func (w *Worker) loadModel(ctx context.Context) (engine.Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrLoad, w.cfg.ModelPath, err)
 	}
+	w.restoreKV(ctx, eng)
 	info := eng.Info()
 	w.mu.Lock()
 	w.eng, w.info = eng, info
@@ -289,7 +290,8 @@ func (w *Worker) setStatus(to Status, reason string) {
 //  3. the ones still running are cancelled (a stream gets a final error
 //     event) and given cancelWait to return;
 //  4. the HTTP server stops;
-//  5. the engine is closed, unloading the model; status stopped.
+//  5. with a KVCacheDir, the slots' KV cache is saved (see saveKV);
+//  6. the engine is closed, unloading the model; status stopped.
 func (w *Worker) drain(srv *transport.Server, eng engine.Engine) error {
 	w.mu.Lock()
 	if err := w.transitionLocked(StatusDraining, "shutdown requested"); err != nil {
@@ -317,6 +319,7 @@ func (w *Worker) drain(srv *transport.Server, eng engine.Engine) error {
 		}
 	}
 	srv.Stop(w.log, cancelWait)
+	w.saveKV(eng)
 	w.closeEngine(eng)
 	w.setStatus(StatusStopped, "drained")
 	return nil
