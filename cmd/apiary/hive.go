@@ -122,7 +122,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 var hiveFlagGroups = []flagGroup{
 	{"Network and TLS", []string{"addr", "advertise", "tls-cert", "tls-key"}},
 	{"Queen and pool", []string{"queen", "pool-id", "node-id", "heartbeat-interval", "lease-timeout", "shutdown-ack", "owner", "lifeline"}},
-	{"Models and storage", []string{"data-dir", "models-dir", "engines", "pull-stall-timeout", "log-retention"}},
+	{"Models and storage", []string{"data-dir", "models-dir", "engines", "pull-stall-timeout", "log-retention", "kv-cache-disk"}},
 	{"Workers", []string{"max-loaded", "cpu-memory", "worker-ports", "worker-slots", "worker-threads", "worker-ctx-size", "idle-timeout",
 		"callback-timeout", "health-interval", "stop-grace", "pass-env"}},
 	{"Logs", []string{"log-level", "log-json"}},
