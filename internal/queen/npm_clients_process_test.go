@@ -65,6 +65,7 @@ type npmSurfaceRun struct {
 		Usage          struct {
 			InputTokens  int `json:"input_tokens"`
 			OutputTokens int `json:"output_tokens"`
+			CacheRead    int `json:"cache_read_input_tokens"`
 		}
 	}
 	MessagesStreamed struct {
@@ -286,9 +287,11 @@ func checkNPMSurface(t *testing.T, how string, r npmSurfaceRun) {
 	if len(mt.Answered.Content) == 0 || (mt.Answered.StopReason != "max_tokens" && mt.Answered.StopReason != "end_turn" && mt.Answered.StopReason != "tool_use") {
 		t.Errorf("%s: after the tool_result: %+v", how, mt.Answered)
 	}
-	// count_tokens counts the prompt the same messages make.
-	if r.CountTokens.InputTokens != m.Usage.InputTokens {
-		t.Errorf("%s: count_tokens %d, the message's input_tokens %d", how, r.CountTokens.InputTokens, m.Usage.InputTokens)
+	// count_tokens counts the prompt the same messages make: as
+	// Anthropic's API, input_tokens leaves out what the cache held
+	// (cache_read_input_tokens).
+	if r.CountTokens.InputTokens != m.Usage.InputTokens+m.Usage.CacheRead {
+		t.Errorf("%s: count_tokens %d, the message's input_tokens %d and cache_read_input_tokens %d", how, r.CountTokens.InputTokens, m.Usage.InputTokens, m.Usage.CacheRead)
 	}
 	ms := r.MessagesStreamed
 	if len(ms.Events) < 5 || ms.Events[0] != "message_start" || ms.Events[len(ms.Events)-1] != "message_stop" ||
