@@ -290,6 +290,7 @@ type Completion struct {
 	SystemFingerprint string             `json:"system_fingerprint,omitempty"`
 	Choices           []CompletionChoice `json:"choices"`
 	Usage             *Usage             `json:"usage,omitempty"`
+	Timings           *Timings           `json:"timings,omitempty"` // a worker's whole answer: llama-server's timings
 }
 
 // CompletionChoice is one choice of a Completion. FinishReason is null in
@@ -342,6 +343,7 @@ type ChatCompletion struct {
 	SystemFingerprint string       `json:"system_fingerprint,omitempty"`
 	Choices           []ChatChoice `json:"choices"`
 	Usage             *Usage       `json:"usage,omitempty"`
+	Timings           *Timings     `json:"timings,omitempty"` // a worker's whole answer: llama-server's timings
 }
 
 // ChatChoice is one choice of a ChatCompletion.
@@ -436,27 +438,3 @@ func NewTimings(prompt, cached, predicted int, start, first, end time.Time) Timi
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// Timed is an answer body with its Timings as one more field, "timings".
-type Timed struct {
-	Body    any
-	Timings Timings
-}
-
-// MarshalJSON writes Body's object with "timings" added last.
-func (t Timed) MarshalJSON() ([]byte, error) {
-	b, err := json.Marshal(t.Body)
-	if err != nil || len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
-		return b, err
-	}
-	tb, err := json.Marshal(t.Timings)
-	if err != nil {
-		return nil, err
-	}
-	out := append(b[:len(b)-1:len(b)-1], ',')
-	if len(b) == 2 {
-		out = out[:1]
-	}
-	out = append(append(append(out, `"timings":`...), tb...), '}')
-	return out, nil
-}

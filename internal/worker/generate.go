@@ -317,11 +317,15 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 				c.text, c.finish, c.stop = texts[first+k].String(), o.FinishReason, o.stop
 			}
 		}
-		var body any = f.whole(choices, usageOf(total))
-		if endpoint != "messages" {
-			// OpenAI's shapes carry llama-server's timings beside their
-			// fields (Anthropic's have no place for them).
-			body = openai.Timed{Body: body, Timings: openai.NewTimings(total.PromptTokens, total.CachedTokens, total.CompletionTokens, start, firstToken, time.Now())}
+		body := f.whole(choices, usageOf(total))
+		// OpenAI's shapes carry llama-server's timings beside their
+		// fields (Anthropic's have no place for them).
+		timings := openai.NewTimings(total.PromptTokens, total.CachedTokens, total.CompletionTokens, start, firstToken, time.Now())
+		switch b := body.(type) {
+		case openai.ChatCompletion:
+			b.Timings, body = &timings, b
+		case openai.Completion:
+			b.Timings, body = &timings, b
 		}
 		report()
 		openai.WriteJSON(rw, http.StatusOK, body)
