@@ -4,11 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -137,13 +134,7 @@ func hashModel(ctx context.Context, path string) (digest, error) {
 	if err != nil {
 		return digest{}, err
 	}
-	paths := []string{path}
-	if sm := splitName.FindStringSubmatch(filepath.Base(path)); sm != nil && sm[2] == "00001" {
-		n, _ := strconv.Atoi(sm[3])
-		for i := 2; i <= n; i++ {
-			paths = append(paths, filepath.Join(filepath.Dir(path), fmt.Sprintf("%s-%05d-of-%s%s", sm[1], i, sm[3], Ext)))
-		}
-	}
+	paths := append([]string{path}, laterParts(path)...)
 	h := sha256.New()
 	var size int64
 	for _, p := range paths {

@@ -175,15 +175,10 @@ func readInfo(path string) (gguf.Info, int64, error) {
 		return gguf.Info{}, size, err
 	}
 	info := f.Info()
-	sm := splitName.FindStringSubmatch(filepath.Base(path))
-	if sm == nil || sm[2] != "00001" {
-		return info, size, nil
-	}
-	n, _ := strconv.Atoi(sm[3])
-	dir := filepath.Dir(path)
-	for i := 2; i <= n; i++ {
-		name := fmt.Sprintf("%s-%05d-of-%s%s", sm[1], i, sm[3], Ext)
-		p := filepath.Join(dir, name)
+	rest := laterParts(path)
+	n := len(rest) + 1
+	for k, p := range rest {
+		i, name := k+2, filepath.Base(p)
 		part, err := gguf.Open(p)
 		if errors.Is(err, fs.ErrNotExist) {
 			return gguf.Info{}, size, fmt.Errorf("split model: part %d of %d (%s) is missing", i, n, name)
@@ -201,6 +196,22 @@ func readInfo(path string) (gguf.Info, int64, error) {
 		}
 	}
 	return info, size, nil
+}
+
+// laterParts are the paths of a split model's parts after the first,
+// in order, when path is the first part's (NAME-00001-of-0000N.gguf);
+// none otherwise.
+func laterParts(path string) []string {
+	sm := splitName.FindStringSubmatch(filepath.Base(path))
+	if sm == nil || sm[2] != "00001" {
+		return nil
+	}
+	n, _ := strconv.Atoi(sm[3])
+	var out []string
+	for i := 2; i <= n; i++ {
+		out = append(out, filepath.Join(filepath.Dir(path), fmt.Sprintf("%s-%05d-of-%s%s", sm[1], i, sm[3], Ext)))
+	}
+	return out
 }
 
 // describe returns what is wrong with a file, without its path when the
