@@ -323,9 +323,11 @@ func (w *Worker) serveGeneration(rw http.ResponseWriter, r *http.Request, eng en
 		timings := openai.NewTimings(total.PromptTokens, total.CachedTokens, total.CompletionTokens, start, firstToken, time.Now())
 		switch b := body.(type) {
 		case openai.ChatCompletion:
-			b.Timings, body = &timings, b
+			b.Timings = &timings
+			body = b
 		case openai.Completion:
-			b.Timings, body = &timings, b
+			b.Timings = &timings
+			body = b
 		}
 		report()
 		openai.WriteJSON(rw, http.StatusOK, body)

@@ -27,8 +27,11 @@ func TestCompletionNotStreamed(t *testing.T) {
 	want := openai.Completion{Object: "text_completion", Model: "tiny",
 		Choices: []openai.CompletionChoice{{Text: "Hello world", FinishReason: &stop}},
 		Usage:   openai.NewCachedUsage(3, 0, 3)}
-	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(openai.Completion{}, "ID", "Created")); diff != "" {
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(openai.Completion{}, "ID", "Created", "Timings")); diff != "" {
 		t.Errorf("response mismatch (-want +got):\n%s", diff)
+	}
+	if got.Timings == nil || got.Timings.PredictedN != 3 || got.Timings.PromptN != 3 {
+		t.Errorf("timings %+v, want 3 prompt and 3 predicted tokens", got.Timings)
 	}
 	if !strings.HasPrefix(got.ID, "cmpl-") || got.Created == 0 {
 		t.Errorf("id %q created %d", got.ID, got.Created)
@@ -232,7 +235,7 @@ func TestChatNotStreamed(t *testing.T) {
 	want := openai.ChatCompletion{Object: "chat.completion", Model: "tiny",
 		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: "Hi there"}, FinishReason: "stop"}},
 		Usage:   openai.NewCachedUsage(29, 0, 2)}
-	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(openai.ChatCompletion{}, "ID", "Created")); diff != "" {
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(openai.ChatCompletion{}, "ID", "Created", "Timings")); diff != "" {
 		t.Errorf("response mismatch (-want +got):\n%s", diff)
 	}
 	if !strings.HasPrefix(got.ID, "chatcmpl-") {

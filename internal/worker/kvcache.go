@@ -34,18 +34,29 @@ func (w *Worker) kvKey(eng kvEngine) (kvcache.Key, error) {
 	return kvcache.Key{Model: id, CtxPerSlot: ctx, Slots: slots, KVType: kvType, LlamaCpp: version.LlamaCpp}, nil
 }
 
+// kvTarget is the engine and key of the worker's KV saves; ok is false
+// without KVCacheDir, with an engine that keeps no KV, or when the key
+// cannot be made (logged with why, after not).
+func (w *Worker) kvTarget(eng engine.Engine, not string) (kvEngine, kvcache.Key, bool) {
+	ke, ok := eng.(kvEngine)
+	if w.cfg.KVCacheDir == "" || !ok {
+		return nil, kvcache.Key{}, false
+	}
+	key, err := w.kvKey(ke)
+	if err != nil {
+		w.log.Warn(not, "err", err)
+		return nil, kvcache.Key{}, false
+	}
+	return ke, key, true
+}
+
 // restoreKV loads the slots saved by the last worker of this model under
 // KVCacheDir, before the worker reports ready. A save made for another
 // model file or other context settings, or damaged, is refused (logged,
 // removed) and the worker starts with empty slots.
 func (w *Worker) restoreKV(ctx context.Context, eng engine.Engine) {
-	ke, ok := eng.(kvEngine)
-	if w.cfg.KVCacheDir == "" || !ok {
-		return
-	}
-	key, err := w.kvKey(ke)
-	if err != nil {
-		w.log.Warn("saved KV cache not looked for", "err", err)
+	ke, key, ok := w.kvTarget(eng, "saved KV cache not looked for")
+	if !ok {
 		return
 	}
 	start := time.Now()
@@ -69,13 +80,8 @@ func (w *Worker) restoreKV(ctx context.Context, eng engine.Engine) {
 // eviction, an idle stop, an operator's stop): the next worker of the
 // model restores what is still on disk.
 func (w *Worker) saveKV(eng engine.Engine) {
-	ke, ok := eng.(kvEngine)
-	if w.cfg.KVCacheDir == "" || !ok {
-		return
-	}
-	key, err := w.kvKey(ke)
-	if err != nil {
-		w.log.Warn("KV cache not saved", "err", err)
+	ke, key, ok := w.kvTarget(eng, "KV cache not saved")
+	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), kvSaveWait)
