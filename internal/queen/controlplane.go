@@ -149,6 +149,10 @@ func (c controlPlane) LogTail(ctx context.Context, lifecycleID string, n int) ([
 // LiveModels returns the models that have a STARTING or RUNNING row.
 func (c controlPlane) LiveModels() []string { return c.q.rows.liveModels() }
 
+// AwaitedPools returns the pools restored at the queen's start whose
+// hives have not been heard from yet.
+func (c controlPlane) AwaitedPools() []string { return c.q.reg.Awaited() }
+
 // TokenRefused drops the worker's token and asks its hive for it again.
 func (c controlPlane) TokenRefused(pool, workerID string) {
 	if pool == HandRunPool {

@@ -116,6 +116,24 @@ func (e *entry) heldLocked(now time.Time) bool {
 	return e.Status == Healthy || e.Status == Draining || e.restored && now.Before(e.heldUntil)
 }
 
+// Awaited returns the pools restored at the queen's start (see Load)
+// whose hives have not been heard from yet while the lease the restart
+// gave them runs: their workers are presumed alive, and requests for them
+// wait for their hives rather than being refused as by a pool that is
+// down.
+func (r *Registry) Awaited() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	now := time.Now()
+	var ids []string
+	for _, e := range r.order {
+		if e.restored && e.Status == Unhealthy && now.Before(e.heldUntil) {
+			ids = append(ids, e.ID)
+		}
+	}
+	return ids
+}
+
 // CheckHolder refuses (*HeldError) a message of hive instance for pool id
 // when it does not come from the hive that holds the pool: a hive that
 // was refused or taken over must not report workers (its heartbeats would

@@ -317,6 +317,14 @@ func (c *controller) run(ctx context.Context) {
 			if err == nil {
 				return "", false
 			}
+			if c.s.awaitsHive(t.model, t.pool) {
+				// A pool the queen restored at its start may serve it once
+				// its hive is heard from (a heartbeat, or the answer to the
+				// token fetch): its workers are presumed alive until the
+				// lease the restart gave it runs out.
+				recheck = minPositive(recheck, swapRecheck)
+				return "", true
+			}
 			if need := c.s.needOf(t.model); need > 0 {
 				if _, ok := c.s.planEviction(t.model, t.pool, need, false); ok {
 					return "", false // idle workers of other models can make room: the placement evicts them
@@ -620,6 +628,19 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 		}
 		c.log.Warn("placement refused; placing again without the pool", "model_ref", o.Model, "pool_id", d.Pool.ID, "err", err)
 	}
+}
+
+// awaitsHive says whether a pool the queen restored at its start, whose
+// hive it has not heard from yet, may serve model (on pool, when it is
+// not ""): one the model may run on.
+func (s *Service) awaitsHive(model, pool string) bool {
+	allowed := s.allowedPools(model)
+	for _, id := range s.cp.AwaitedPools() {
+		if (pool == "" || id == pool) && (allowed == nil || slices.Contains(allowed, id)) {
+			return true
+		}
+	}
+	return false
 }
 
 // roomMayCome says whether a hive's "no room" for a worker of model may

@@ -27,6 +27,7 @@ type rowsPlane struct {
 	replicas        map[string]Replica
 	failBeforeCount bool
 	started         chan string // the id of each row started
+	awaited         []string    // the pools whose hives the queen awaits after its restart
 
 	mu      sync.Mutex
 	rows    map[string]store.Row // guarded by mu
@@ -50,7 +51,7 @@ func (p *rowsPlane) failDoomedLocked() {
 	p.rows[r.ID], p.failAt[r.ID], p.doomed = r, time.Now(), ""
 }
 
-func (p *rowsPlane) Count(model, pool string, _ bool) Count {
+func (p *rowsPlane) Count(model, pool string, healthyOnly bool) Count {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.failBeforeCount {
@@ -60,6 +61,7 @@ func (p *rowsPlane) Count(model, pool string, _ bool) Count {
 	for _, r := range p.rows {
 		switch {
 		case r.ModelRef != model || (pool != "" && r.PoolID != pool):
+		case healthyOnly && p.pool.Status != registry.Healthy:
 		case r.Status == lifecycle.StatusStarting:
 			c.Starting++
 		case r.Status == lifecycle.StatusRunning:
@@ -100,6 +102,7 @@ func (p *rowsPlane) Candidates(string, string) []Candidate            { return n
 func (p *rowsPlane) Running(string, string, string) bool              { return false }
 func (p *rowsPlane) LiveModels() []string                             { return nil }
 func (p *rowsPlane) TokenRefused(string, string)                      {}
+func (p *rowsPlane) AwaitedPools() []string                           { return p.awaited }
 func (p *rowsPlane) WorkerLost(context.Context, string, string) error { return nil }
 func (p *rowsPlane) StopWorker(context.Context, string, string) error { return nil }
 func (p *rowsPlane) EvictWorker(_ context.Context, id, _ string, _ map[string]any) error {
@@ -183,6 +186,46 @@ func TestReplicaFailingDuringTheRoundWaitsForItsBackoff(t *testing.T) {
 						t.Errorf("replacement %d (%s) came %s after %s failed, before its backoff %s", i, id, gap, prev, want)
 					}
 					prev = id
+				}
+			})
+		})
+	}
+}
+
+// After a queen restart, a pool it restored is unhealthy until its hive is
+// heard from (the next heartbeat, or the answer to the token fetch), and
+// its worker's row is RUNNING. A request for the worker's model waits for
+// the hive then; it is refused only when no such pool is awaited (CI saw
+// 503 "no pool can run tiny (node-1: pool is unhealthy)" in the moment
+// between the restart and the hive's answer: TestProcessQueenRestartUnderLoad).
+func TestRequestsWaitForAHiveTheRestartedQueenAwaits(t *testing.T) {
+	for _, awaited := range []bool{true, false} {
+		t.Run(fmt.Sprintf("awaited=%v", awaited), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cp := newRowsPlane(nil, false)
+				cp.pool.Status = registry.Unhealthy
+				cp.rows["wk-1"] = store.Row{ID: "wk-1", ModelRef: "tiny", PoolID: "a", Status: lifecycle.StatusRunning}
+				if awaited {
+					cp.awaited = []string{"a"}
+				}
+				s, err := New(Config{Placer: firstPool{}, Logger: slog.New(slog.DiscardHandler),
+					Models: &listHive{models: map[string][]api.Model{"http://a": {{Ref: "tiny", SizeBytes: 1 << 20}}}}}, cp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan struct{})
+				go func() { defer close(done); s.ctl.run(ctx) }()
+				defer func() { cancel(); <-done }()
+
+				rctx, rcancel := context.WithTimeout(ctx, time.Minute)
+				defer rcancel()
+				err = s.Route(rctx, "tiny", "")
+				switch {
+				case awaited && !errors.Is(err, context.DeadlineExceeded):
+					t.Errorf("a request while the pool's hive is awaited: %v; want it to wait (for a minute here)", err)
+				case !awaited && (err == nil || errors.Is(err, context.DeadlineExceeded)):
+					t.Errorf("a request when no pool can serve and none is awaited: %v; want it refused", err)
 				}
 			})
 		})

@@ -97,6 +97,10 @@ type ControlPlane interface {
 	// token it was sent (401): the token is dropped (the worker is not a
 	// candidate without one) and asked of its hive again at once.
 	TokenRefused(pool, workerID string)
+	// AwaitedPools returns the pools the queen restored at its start
+	// whose hives it awaits (their lease from the restart runs): what they
+	// run is presumed alive, and requests that only they can serve wait.
+	AwaitedPools() []string
 }
 
 // Count is the live rows of a target.

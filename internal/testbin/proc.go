@@ -21,6 +21,10 @@ import (
 // not a timing guess.
 var WaitLimit = 60 * time.Second
 
+// gracePeriod is how long a process left running at the end of a test has
+// to stop on SIGTERM before it is killed.
+const gracePeriod = 20 * time.Second
+
 // Proc is an apiary process run by a test in its own process group, with
 // its stderr read line by line (JSON log records parsed) and its stdout
 // kept.
@@ -33,9 +37,12 @@ type Proc struct {
 	err    error         // set before done is closed
 }
 
-// Start runs the apiary binary with args (env added to the test's); the
-// process is SIGKILLed with its group at the end of the test if it still
-// runs.
+// Start runs the apiary binary with args (env added to the test's). A
+// process that still runs at the end of the test is stopped as an
+// operator stops it: SIGTERM (and SIGCONT, should the test have frozen
+// it) to its group, so that it stops what it started before the test's
+// directories go (a hive it started is in a group of its own and would
+// write into them after a SIGKILL); SIGKILL after gracePeriod.
 func Start(t testing.TB, name string, env []string, args ...string) *Proc {
 	t.Helper()
 	return StartCmd(t, name, env, Path(t), args...)
@@ -74,8 +81,14 @@ func StartCmd(t testing.TB, name string, env []string, path string, args ...stri
 		select {
 		case <-p.done:
 		default:
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT)
+			select {
+			case <-p.done:
+			case <-time.After(gracePeriod):
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				<-p.done
+			}
 		}
 		if t.Failed() {
 			t.Logf("%s (pid %d) stderr:\n%s", name, cmd.Process.Pid, p.Lines.String())
