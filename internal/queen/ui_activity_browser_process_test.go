@@ -45,6 +45,25 @@ func TestDashboardActivityInBrowser(t *testing.T) {
 		}
 	}
 
+	// The route of each (the queen's default --routing prefix), and the
+	// model's cache over the listed requests: the same prompt three times
+	// to one worker, so its later answers found their prompts cached.
+	var routes []string
+	b.eval(`[...document.querySelectorAll('#requests tbody tr')].map(tr => tr.dataset.route)`, &routes)
+	for i, r := range routes {
+		if r != "prefix hit" && r != "prefix miss" {
+			t.Errorf("request row %d routed %q; want a prefix route", i+1, r)
+		}
+	}
+	var sum map[string]string
+	b.eval(`(() => { const tr = document.querySelector('#cache-summary tr[data-model="tiny"]');
+		const col = name => tr.querySelector('[data-col="' + name + '"]').textContent;
+		return {requests: col('requests'), cached: col('cached'), title: tr.querySelector('[data-col="cached"]').title, hits: col('hits')} })()`, &sum)
+	if n, m, ok := cachedOf(sum["title"]); sum["requests"] != "3" || !ok || n == 0 || n > m || !strings.HasSuffix(sum["cached"], " %") ||
+		!strings.Contains(sum["hits"], " of 3 ") {
+		t.Errorf("the cache summary of tiny: %v; want 3 requests, some of their prompt tokens cached, the prefix routes' hits of 3", sum)
+	}
+
 	// A CPU graph for the node, with a sample in it (the hive sends its
 	// load on the beat after the queen asks for it).
 	b.wait("the node's CPU graph", `[data-node="node-1"] [data-graph="cpu"]:not([data-points="0"])`)
@@ -79,4 +98,10 @@ func TestDashboardActivityInBrowser(t *testing.T) {
 		t.Errorf("no worker.stop entry by admin with the page's reason for %s: %+v", id, entries)
 	}
 	b.checkClean()
+}
+
+// cachedOf reads the cache summary's "N of M prompt tokens".
+func cachedOf(s string) (n, m int, ok bool) {
+	_, err := fmt.Sscanf(s, "%d of %d prompt tokens", &n, &m)
+	return n, m, err == nil
 }

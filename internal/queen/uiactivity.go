@@ -38,6 +38,7 @@ type uiRequest struct {
 	Endpoint         string   `json:"endpoint"`
 	Model            string   `json:"model"`
 	Worker           string   `json:"worker,omitempty"`
+	Route            string   `json:"route,omitempty"`
 	Stream           bool     `json:"stream"`
 	Status           int      `json:"status"`
 	PromptTokens     *int     `json:"prompt_tokens,omitempty"`
@@ -59,7 +60,7 @@ type uiItem struct {
 func (u *ui) requestFinished(f routing.Finished) {
 	u.mu.Lock()
 	u.reqSeq++
-	r := uiRequest{Seq: u.reqSeq, At: f.At.UTC().Format(time.RFC3339Nano), Endpoint: f.Endpoint, Model: f.Model, Worker: f.Worker,
+	r := uiRequest{Seq: u.reqSeq, At: f.At.UTC().Format(time.RFC3339Nano), Endpoint: f.Endpoint, Model: f.Model, Worker: f.Worker, Route: f.Route,
 		Stream: f.Stream, Status: f.Status, PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens,
 		CachedTokens: f.CachedTokens, DurationMS: round1(ms(f.Duration))}
 	if f.TTFT != nil {

@@ -61,22 +61,28 @@ func (s *Service) learn(l lease, trailer string) {
 	s.router.prefix.record(l.cand.Key, l.route.key, rep, ok, l.route.inflight, slots)
 }
 
+// routeSession is a Finished.Route: the worker a session id is pinned to.
+const routeSession = "session"
+
 // routed says how l was chosen: the X-Apiary-Route header, a Debug log
 // line, and the prefix routes' hit rate.
 func (s *Service) routed(w http.ResponseWriter, l lease, rr relayReq) {
-	why := RouteLeastLoaded
+	why, kind := RouteLeastLoaded, RouteLeastLoaded
 	switch {
+	case l.route != nil && l.route.why.pinned:
+		why, kind = l.route.header(), routeSession
 	case l.route != nil:
-		why = l.route.header()
-		if !l.route.why.pinned {
-			result := "miss"
-			if l.route.why.hit {
-				result = "hit"
-			}
-			s.m.prefixRoutes.WithLabelValues(result).Inc()
+		why, kind = l.route.header(), "prefix miss"
+		result := "miss"
+		if l.route.why.hit {
+			result, kind = "hit", "prefix hit"
 		}
+		s.m.prefixRoutes.WithLabelValues(result).Inc()
 	case l.pinned:
-		why = "session: the worker X-Session-Id is pinned to"
+		why, kind = "session: the worker X-Session-Id is pinned to", routeSession
+	}
+	if rr.stats != nil {
+		rr.stats.route = kind
 	}
 	w.Header().Set(api.RouteHeader, why)
 	s.log.Debug("request routed", "model_ref", rr.model, "lifecycle_id", l.cand.LifecycleID, "route", why)

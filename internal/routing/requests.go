@@ -18,6 +18,10 @@ type Finished struct {
 	// answered ("" when none did).
 	Model  string
 	Worker string
+	// Route is how the worker was chosen: "prefix hit", "prefix miss"
+	// (--routing prefix), "least-loaded", "session" (X-Session-Id); ""
+	// when none was.
+	Route  string
 	Stream bool
 	// Status is the HTTP status the client got (499: it went away).
 	Status int
@@ -40,6 +44,7 @@ type Finished struct {
 type reqStats struct {
 	stream bool
 	worker string
+	route  string // see Finished.Route
 	usage  *answerUsage
 	timing *answerTimings
 	// A stream's data events, and when the first and the last came.
@@ -94,7 +99,7 @@ func (st *reqStats) finished(start time.Time, endpoint, model string, stream boo
 	if end.IsZero() {
 		end = time.Now()
 	}
-	f := Finished{At: start, Endpoint: endpoint, Model: model, Worker: st.worker, Stream: stream, Status: status, Duration: end.Sub(start)}
+	f := Finished{At: start, Endpoint: endpoint, Model: model, Worker: st.worker, Route: st.route, Stream: stream, Status: status, Duration: end.Sub(start)}
 	if u := st.usage; u != nil {
 		f.PromptTokens, f.CompletionTokens = u.PromptTokens, u.CompletionTokens
 		if u.Details != nil {
