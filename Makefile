@@ -28,7 +28,7 @@ export CGO_LDFLAGS := -L$(LLAMA_LIB) -Wl,-rpath,$(LLAMA_LIB)
 
 TEST_FLAGS ?= -count=1 -timeout 60m
 
-.PHONY: all build llama cuda deps deps-build lint llama-server test demo bench bench-worker clean
+.PHONY: all build llama cuda deps deps-build lint llama-server test demo bench bench-worker bench-prefix clean
 
 all: build
 
@@ -89,6 +89,11 @@ demo: build
 
 bench: deps build
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -run '^$$' -bench . -benchtime 3x ./...
+
+# Prefix-aware routing against least-loaded: the multi-turn and the
+# shared-system-prompt workloads (docs/benchmarks.md, "Routing by prefix").
+bench-prefix: deps build
+	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -run '^$$' -bench PrefixRouting -benchtime 1x -timeout 30m ./internal/queen/
 
 # Generation speed through the worker's HTTP API vs the engine in-process.
 bench-worker: deps build

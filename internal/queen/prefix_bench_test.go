@@ -4,7 +4,7 @@ package queen
 // queen, a hive and four workers of the test model, a multi-turn chat
 // workload without session ids.
 //
-//	go test -run '^$' -bench PrefixRouting -benchtime 1x ./internal/queen/
+//	make bench-prefix   # go test -run '^$' -bench PrefixRouting -benchtime 1x ./internal/queen/
 
 import (
 	"bufio"
@@ -36,6 +36,10 @@ const (
 	prefixClients       = 4
 	prefixSystemWords   = 170 // about 1,000 bytes: the test model's tokens are bytes
 	prefixAnswerTokens  = 16
+	// The shared-system-prompt workload: prefixApps system prompts,
+	// prefixSharedRequests requests per client.
+	prefixApps           = 4
+	prefixSharedRequests = 12
 )
 
 // prefixModel is the model's shape: 8 layers of 256 (about 12 MB), so
@@ -49,26 +53,45 @@ type turnSample struct {
 	turn           int
 	ttft           time.Duration
 	prompt, cached int
+	completion     int
 	route          string
 }
 
-// BenchmarkPrefixRouting runs the workload once with --routing
+// BenchmarkPrefixRouting runs each workload once with --routing
 // least-loaded and once with --routing prefix, each on a fresh queen and
-// hive, and reports the time to first token of turns 2.. (p50, p95), the
-// share of their prompt tokens the workers reported cached, and the
-// prefix routes' hit rate.
+// hive, and reports the time to first token (of turns 2.. in a
+// conversation; of every request with a shared system prompt), p50 and
+// p95, the throughput, the share of the prompt tokens the workers
+// reported cached, and the prefix routes' hit rate.
 func BenchmarkPrefixRouting(b *testing.B) {
-	results := map[string][]turnSample{}
-	for b.Loop() {
-		for _, routing := range []string{"least-loaded", "prefix"} {
-			results[routing] = append(results[routing], runPrefixWorkload(b, routing)...)
-		}
+	for _, w := range []struct {
+		name string
+		run  func(b *testing.B, qURL string) []turnSample
+	}{{"multi-turn", multiTurnWorkload}, {"shared-system", sharedSystemWorkload}} {
+		b.Run(w.name, func(b *testing.B) {
+			results := map[string][]turnSample{}
+			took := map[string]time.Duration{}
+			for b.Loop() {
+				for _, routing := range []string{"least-loaded", "prefix"} {
+					samples, d := runPrefixWorkload(b, routing, w.run)
+					results[routing] = append(results[routing], samples...)
+					took[routing] += d
+				}
+			}
+			reportPrefixRuns(b, results, took)
+		})
 	}
+}
+
+// reportPrefixRuns reports the figures of both routings' samples (those
+// of a conversation's first turn left out) and their ratio.
+func reportPrefixRuns(b *testing.B, results map[string][]turnSample, took map[string]time.Duration) {
 	var p50 [2]time.Duration
 	for i, routing := range []string{"least-loaded", "prefix"} {
 		var ttft []time.Duration
-		prompt, cached, hits, routes := 0, 0, 0, 0
+		prompt, cached, hits, routes, completion := 0, 0, 0, 0, 0
 		for _, s := range results[routing] {
+			completion += s.completion
 			if s.turn == 0 {
 				continue
 			}
@@ -86,11 +109,14 @@ func BenchmarkPrefixRouting(b *testing.B) {
 		p50[i] = ttft[len(ttft)/2]
 		p95 := ttft[min(len(ttft)-1, len(ttft)*95/100)]
 		share := float64(cached) / float64(max(prompt, 1))
+		rate := float64(len(results[routing])) / took[routing].Seconds()
 		b.ReportMetric(float64(p50[i].Microseconds())/1000, routing+"-ttft-p50-ms")
 		b.ReportMetric(float64(p95.Microseconds())/1000, routing+"-ttft-p95-ms")
 		b.ReportMetric(share*100, routing+"-cached-%")
-		line := fmt.Sprintf("%s: turns 2..%d, %d requests: TTFT p50 %s p95 %s; %d of %d prompt tokens cached (%.1f %%)",
-			routing, prefixTurns, len(ttft), p50[i].Round(time.Millisecond), p95.Round(time.Millisecond), cached, prompt, share*100)
+		b.ReportMetric(rate, routing+"-req/s")
+		line := fmt.Sprintf("%s: %d requests counted: TTFT p50 %s p95 %s; %d of %d prompt tokens cached (%.1f %%); %d requests in %s (%.2f/s, %.1f completion tok/s)",
+			routing, len(ttft), p50[i].Round(time.Millisecond), p95.Round(time.Millisecond), cached, prompt, share*100,
+			len(results[routing]), took[routing].Round(time.Millisecond), rate, float64(completion)/took[routing].Seconds())
 		if routes > 0 {
 			b.ReportMetric(100*float64(hits)/float64(routes), routing+"-hit-%")
 			line += fmt.Sprintf("; prefix routes: %d hits of %d", hits, routes)
@@ -98,15 +124,14 @@ func BenchmarkPrefixRouting(b *testing.B) {
 		b.Log(line)
 	}
 	b.ReportMetric(float64(p50[1])/float64(p50[0]), "prefix/least-loaded-p50")
-	b.Logf("TTFT p50 prefix / least-loaded = %.3f (bar: ≤ 0.3); machine: %s; load %s", float64(p50[1])/float64(p50[0]),
+	b.Logf("TTFT p50 prefix / least-loaded = %.3f; machine: %s; load %s", float64(p50[1])/float64(p50[0]),
 		machineLine(), benchmark.LoadAverage())
 }
 
 // runPrefixWorkload starts a queen with --routing routing and a hive
-// with prefixWorkers workers, and runs the conversations: prefixClients
-// clients take the conversations in turns (conversation c's turn t after
-// its turn t-1 answered), each request streamed with its usage.
-func runPrefixWorkload(b *testing.B, routing string) []turnSample {
+// with prefixWorkers workers, and runs the workload on them; it returns
+// its samples and how long it took.
+func runPrefixWorkload(b *testing.B, routing string, workload func(b *testing.B, qURL string) []turnSample) ([]turnSample, time.Duration) {
 	dataDir := b.TempDir()
 	slots := fmt.Sprint(prefixSlots)
 	q, qURL := startQueenProc(b, dataDir, "", "--routing", routing, "--worker-slots", slots, "--max-workers", fmt.Sprint(prefixWorkers))
@@ -148,11 +173,34 @@ func runPrefixWorkload(b *testing.B, routing string) []turnSample {
 			b.Fatalf("%d of %d workers RUNNING after 2 minutes (%v)", len(rows), prefixWorkers, err)
 		}
 	}
-
-	type message struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
+	start := time.Now()
+	samples := workload(b, qURL)
+	took := time.Since(start)
+	if f := os.Getenv("APIARY_BENCH_ROUTES"); f != "" {
+		// Every request's figures and route, and the queen's log, to a file.
+		var out strings.Builder
+		for _, s := range samples {
+			fmt.Fprintf(&out, "%s turn %d: prompt %d cached %d ttft %s route %q\n", routing, s.turn+1, s.prompt, s.cached, s.ttft.Round(time.Millisecond), s.route)
+		}
+		out.WriteString(q.logs.String())
+		if err := os.WriteFile(f+"."+strings.ReplaceAll(b.Name(), "/", "-")+"."+routing, []byte(out.String()), 0o644); err != nil {
+			b.Error(err)
+		}
 	}
+	return samples, took
+}
+
+// message is a chat message of the workloads.
+type message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// multiTurnWorkload: prefixClients clients take prefixConversations
+// conversations, each with its own long system prompt, in turns
+// (conversation c's turn t after its turn t-1 answered), each request
+// streamed with its usage.
+func multiTurnWorkload(b *testing.B, qURL string) []turnSample {
 	convs := make([][]message, prefixConversations)
 	for c := range convs {
 		convs[c] = []message{{Role: "system", Content: benchmark.Words(uint64(1000+c), prefixSystemWords)}}
@@ -198,17 +246,53 @@ func runPrefixWorkload(b *testing.B, routing string) []turnSample {
 		})
 	}
 	wg.Wait()
-	if f := os.Getenv("APIARY_BENCH_ROUTES"); f != "" {
-		// Every request's figures and route, and the queen's log, to a file.
-		var out strings.Builder
-		for _, s := range samples {
-			fmt.Fprintf(&out, "%s turn %d: prompt %d cached %d ttft %s route %q\n", routing, s.turn+1, s.prompt, s.cached, s.ttft.Round(time.Millisecond), s.route)
-		}
-		out.WriteString(q.logs.String())
-		if err := os.WriteFile(f+"."+routing, []byte(out.String()), 0o644); err != nil {
-			b.Error(err)
-		}
+	return samples
+}
+
+// sharedSystemWorkload: the traffic of agents and RAG front ends, single
+// requests that share a long system prompt (one of prefixApps, each
+// about 1,000 bytes) and differ in their question. prefixClients clients
+// send prefixSharedRequests requests each, one after the other, the
+// apps in a shuffled order. A request counts from its app's second on
+// (turn 1): the first of each app is cold under any routing.
+func sharedSystemWorkload(b *testing.B, qURL string) []turnSample {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: prefixClients}}
+	defer hc.CloseIdleConnections()
+	systems := make([]string, prefixApps)
+	for a := range systems {
+		systems[a] = benchmark.Words(uint64(2000+a), prefixSystemWords)
 	}
+	var (
+		mu      sync.Mutex
+		samples []turnSample
+		seen    = map[int]bool{}
+		wg      sync.WaitGroup
+	)
+	for k := range prefixClients {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(k), 11))
+			for i := range prefixSharedRequests {
+				a := rng.IntN(prefixApps)
+				msgs := []message{{Role: "system", Content: systems[a]},
+					{Role: "user", Content: benchmark.Words(uint64(k*1000+i), 12)}}
+				body, _ := json.Marshal(map[string]any{"model": "tiny", "messages": msgs, "max_tokens": prefixAnswerTokens,
+					"temperature": 0, "stream": true, "stream_options": map[string]any{"include_usage": true}})
+				s, _, err := streamTurn(hc, qURL, body)
+				if err != nil {
+					b.Errorf("client %d request %d: %v", k, i+1, err)
+					return
+				}
+				mu.Lock()
+				if seen[a] {
+					s.turn = 1
+				}
+				seen[a] = true
+				samples = append(samples, s)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
 	return samples
 }
 
@@ -241,6 +325,7 @@ func streamTurn(hc *http.Client, base string, body []byte) (turnSample, string, 
 			} `json:"choices"`
 			Usage *struct {
 				PromptTokens        int `json:"prompt_tokens"`
+				CompletionTokens    int `json:"completion_tokens"`
 				PromptTokensDetails struct {
 					CachedTokens int `json:"cached_tokens"`
 				} `json:"prompt_tokens_details"`
@@ -256,7 +341,7 @@ func streamTurn(hc *http.Client, base string, body []byte) (turnSample, string, 
 			answer.WriteString(c.Delta.Content)
 		}
 		if ch.Usage != nil {
-			s.prompt, s.cached = ch.Usage.PromptTokens, ch.Usage.PromptTokensDetails.CachedTokens
+			s.prompt, s.cached, s.completion = ch.Usage.PromptTokens, ch.Usage.PromptTokensDetails.CachedTokens, ch.Usage.CompletionTokens
 		}
 	}
 	if s.prompt == 0 {
