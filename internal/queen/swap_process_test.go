@@ -400,7 +400,44 @@ func TestProcessSwapUnderLoad(t *testing.T) {
 			o.firstAt.Sub(s.end).Round(time.Millisecond), held, o.end.Sub(s.end).Round(time.Millisecond), logTime(t, ev).Sub(s.end).Round(time.Millisecond))
 	}
 
-	// Six clients, each asking the three models in turn.
+	swapUnderConcurrency(t, c, "--max-loaded 1", load)
+}
+
+// The same six clients on a hive whose CPU memory (--cpu-memory) holds
+// one worker of the three models and not two: the hive refuses a second
+// one 507, which the queen must not pass on to a client while an eviction
+// can make the room (the issue saw 503 4 ms after such a refusal). The
+// models are big enough that the hive's estimate, not a worker count,
+// is the limit.
+func TestProcessSwapUnderLoadCPUMemory(t *testing.T) {
+	load := durationEnv(t, swapLoadEnv, 4*time.Second)
+	shape := testmodel.Options{Dim: 256, Heads: 4, Layers: 4, FF: 512, Vocab: 2000}
+	probe := filepath.Join(t.TempDir(), "probe.gguf")
+	if err := testmodel.WriteFile(probe, shape); err != nil {
+		t.Fatal(err)
+	}
+	info, err := modelstore.ReadInfo(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity := info.EstimateMemory(1024).Total * 6 / 5
+	config := filepath.Join(t.TempDir(), "models.yaml")
+	if err := os.WriteFile(config, []byte("models:\n  tiny: {}\n  b: {}\n  c: {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, cc := shape, shape
+	b.Seed, cc.Seed = 2, 3
+	c := startClusterWith(t, clusterOptions{model: shape, more: map[string]testmodel.Options{"b": b, "c": cc}},
+		[]string{"--config", config, "--min-residency", "0"}, "--cpu-memory", fmt.Sprint(capacity), "--worker-ctx-size", "1024")
+	swapUnderConcurrency(t, c, "--cpu-memory for one worker", load)
+}
+
+// swapUnderConcurrency runs six clients for load, each asking the three
+// models tiny, b and c in turn: every request is answered 200 and
+// streamed whole, no worker is evicted twice, and each eviction is one
+// worker.evicted audit entry.
+func swapUnderConcurrency(t *testing.T, c *cluster, limit string, load time.Duration) {
+	t.Helper()
 	models := []string{"tiny", "b", "c"}
 	before := c.evictionEntries()
 	var served, failed atomic.Int64
@@ -428,8 +465,8 @@ func TestProcessSwapUnderLoad(t *testing.T) {
 	wg.Wait()
 	evs := c.evictionEntries()
 	swaps := len(evs) - len(before)
-	t.Logf("6 clients, 3 models, --max-loaded 1, for %s: %d served whole, %d not, %d swaps (%.0f a minute), slowest request %s",
-		load, served.Load(), failed.Load(), swaps, float64(swaps)*time.Minute.Seconds()/load.Seconds(), time.Duration(worst.Load()).Round(time.Millisecond))
+	t.Logf("6 clients, 3 models, %s, for %s: %d served whole, %d not, %d swaps (%.0f a minute), slowest request %s",
+		limit, load, served.Load(), failed.Load(), swaps, float64(swaps)*time.Minute.Seconds()/load.Seconds(), time.Duration(worst.Load()).Round(time.Millisecond))
 	if served.Load() == 0 {
 		t.Errorf("no request served in %s", load)
 	}

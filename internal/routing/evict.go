@@ -101,7 +101,7 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 			if idle || patient && s.evictable(p.ID, w, model, now, true) {
 				_, last := s.router.usage(WorkerKey{Pool: p.ID, Worker: w.WorkerID})
 				cands = append(cands, victim{key: WorkerKey{Pool: p.ID, Worker: w.WorkerID}, lifecycleID: w.LifecycleID,
-					model: w.ModelRef, gpu: w.GPUDevice, bytes: w.VRAMBytes, last: last, wait: !idle})
+					model: w.ModelRef, gpu: w.GPUDevice, bytes: heldBy(w, cat[p.ID]), last: last, wait: !idle})
 				takeable[w.WorkerID] = true
 			}
 		}

@@ -266,6 +266,19 @@ func deviceFree(p registry.Pool, g api.GPU, models map[string]api.Model) uint64 
 	return freeOn(p, g, models, false)
 }
 
+// heldBy is the memory worker w holds, or will once loaded: what it
+// reported, else (starting, or placed and not listed yet) its model's
+// need from the pool's model list.
+func heldBy(w api.Worker, models map[string]api.Model) uint64 {
+	if w.VRAMBytes > 0 {
+		return w.VRAMBytes
+	}
+	if m, ok := models[w.ModelRef]; ok {
+		return modelNeed(m)
+	}
+	return 0
+}
+
 // freeOn is deviceFree; with stoppingGone, the workers stopping (draining)
 // count as gone: their memory is coming back.
 func freeOn(p registry.Pool, g api.GPU, models map[string]api.Model, stoppingGone bool) uint64 {
@@ -290,11 +303,7 @@ func freeOn(p registry.Pool, g api.GPU, models map[string]api.Model, stoppingGon
 		if gone(w) {
 			continue
 		}
-		if w.VRAMBytes > 0 {
-			held += w.VRAMBytes
-		} else if m, ok := models[w.ModelRef]; ok {
-			held += modelNeed(m)
-		}
+		held += heldBy(w, models)
 	}
 	if held >= g.TotalBytes {
 		return 0
