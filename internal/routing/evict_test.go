@@ -1,7 +1,10 @@
 package routing
 
 import (
+	"context"
+	"errors"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +14,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/modelconfig"
+	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/registry"
 	"github.com/apiary-llm/apiary/internal/store"
 )
@@ -333,5 +337,29 @@ func TestHiveBusyReportOlderThanTheQueensLastRequest(t *testing.T) {
 	s.router.inflight[z] = &n
 	if ev, ok := s.planEviction("m", "", 5<<30, false); ok {
 		t.Errorf("plan %v with a request of the queen's in flight on z1", victims(ev))
+	}
+}
+
+// Unload refuses 409 a model the config pins (model_pinned) or keeps
+// running (min_workers: model_kept), saying why by its name, and stops no
+// worker.
+func TestUnloadRefusesWhatTheConfigKeeps(t *testing.T) {
+	s := evictionCase(t, "models:\n  m: {}\n  x: {pin: true}\n  y: {}\n  z: {}\n", nil)
+	cp := s.cp.(*rowsPlane)
+	cp.replicas = map[string]Replica{"y": {Min: 1}}
+	var stopped []string
+	stop := func(_ context.Context, id string) error { stopped = append(stopped, id); return nil }
+	for _, c := range []struct{ model, code, says string }{
+		{"x", "model_pinned", "model x is pinned"},
+		{"y", "model_kept", "keeps 1 workers of model y"},
+	} {
+		_, err := s.Unload(t.Context(), c.model, "", stop)
+		var oe *openai.Error
+		if !errors.As(err, &oe) || oe.Status != http.StatusConflict || oe.Code != c.code || !strings.Contains(oe.Message, c.says) {
+			t.Errorf("unload %s: %v; want 409 %s saying %q", c.model, err, c.code, c.says)
+		}
+	}
+	if len(stopped) > 0 {
+		t.Errorf("refused unloads stopped %v", stopped)
 	}
 }
