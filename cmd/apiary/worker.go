@@ -189,8 +189,8 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		KVCacheDir:    f.kvCacheDir,
 		KVCacheDisk:   int64(kvDisk),
 		Engine: engine.Options{
-			CtxSize:   f.ctxSize,
-			Threads:   f.threads,
+			CtxSize:    f.ctxSize,
+			Threads:    f.threads,
 			GPUDevice:  f.gpuDevice,
 			GPUDevices: f.gpuDevices,
 			SplitMode:  f.splitMode,
