@@ -40,7 +40,7 @@ var (
 		"Addr": "--addr", "Advertise": "--advertise", "QueenURL": "--queen", "TLS": "--tls-cert/--tls-key",
 		"PortMin": "--worker-ports", "CallbackTimeout": "--callback-timeout", "HealthInterval": "--health-interval",
 		"StopGrace": "--stop-grace", "ShutdownAck": "--shutdown-ack", "HeartbeatInterval": "--heartbeat-interval",
-		"WorkerSlots": "--worker-slots", "WorkerThreads": "--worker-threads", "CtxSize": "--worker-ctx-size",
+		"WorkerSlots": "--worker-slots", "WorkerThreads": "--worker-threads", "CtxSize": "--worker-ctx-size", "SplitMode": "--split-mode",
 		"Owner": "--owner", "LeaseTimeout": "--lease-timeout", "ClusterToken": "APIARY_CLUSTER_TOKEN",
 		"PassEnv": "--pass-env", "PullStallTimeout": "--pull-stall-timeout",
 	}

@@ -25,6 +25,7 @@ type hiveFlags struct {
 	addr, advertise, queen, poolID, nodeID string
 	dataDir, modelsDir, ports              string
 	ctxSize, threads, slots                int
+	splitMode                              string
 	callbackTimeout, healthInterval        time.Duration
 	stopGrace, shutdownAck                 time.Duration
 	idleTimeout, heartbeatInterval         time.Duration
@@ -92,6 +93,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	fl.StringVar(&f.ports, "worker-ports", fmt.Sprintf("%d-%d", hive.DefaultPortMin, hive.DefaultPortMax), "port range for workers, FROM-TO")
 	fl.IntVar(&f.ctxSize, "worker-ctx-size", 0, "context size for workers (0: the model's, at most 4096)")
 	fl.IntVar(&f.threads, "worker-threads", 0, "CPU threads of each worker (0: one per CPU); workers sharing CPUs should split them")
+	fl.StringVar(&f.splitMode, "split-mode", "layer", "how a worker split over several GPUs of this node (a model too big for one) splits its model: layer (whole layers on each GPU, in proportion to their free memory) or row")
 	fl.IntVar(&f.slots, "worker-slots", 0, "generations each worker runs at once (0: the worker's default, 1); tell the queen the same (its --worker-slots)")
 	fl.DurationVar(&f.callbackTimeout, "callback-timeout", hive.DefaultCallbackTimeout, "ready callback deadline after spawn; then SIGKILL and failed")
 	fl.DurationVar(&f.healthInterval, "health-interval", hive.DefaultHealthInterval, "period of each worker's /health check (3 misses in a row: failed)")
@@ -123,7 +125,7 @@ var hiveFlagGroups = []flagGroup{
 	{"Network and TLS", []string{"addr", "advertise", "tls-cert", "tls-key"}},
 	{"Queen and pool", []string{"queen", "pool-id", "node-id", "heartbeat-interval", "lease-timeout", "shutdown-ack", "owner", "lifeline"}},
 	{"Models and storage", []string{"data-dir", "models-dir", "engines", "pull-stall-timeout", "log-retention", "kv-cache-disk"}},
-	{"Workers", []string{"max-loaded", "cpu-memory", "worker-ports", "worker-slots", "worker-threads", "worker-ctx-size", "idle-timeout",
+	{"Workers", []string{"max-loaded", "cpu-memory", "worker-ports", "worker-slots", "worker-threads", "worker-ctx-size", "split-mode", "idle-timeout",
 		"callback-timeout", "health-interval", "stop-grace", "pass-env"}},
 	{"Logs", []string{"log-level", "log-json"}},
 }
@@ -198,7 +200,7 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 	return hive.Config{
 		Engines: engines,
 		Addr:    f.addr, Advertise: f.advertise, DataDir: dataDir, ModelsDir: modelsDir,
-		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads, WorkerSlots: f.slots,
+		PortMin: pmin, PortMax: pmax, CtxSize: f.ctxSize, WorkerThreads: f.threads, SplitMode: f.splitMode, WorkerSlots: f.slots,
 		CallbackTimeout: f.callbackTimeout, HealthInterval: f.healthInterval,
 		StopGrace: f.stopGrace, ShutdownAck: f.shutdownAck, IdleTimeout: idle, LogRetention: logRetention,
 		HeartbeatInterval: f.heartbeatInterval, CPUMemory: cpuMemory, MaxLoaded: f.maxLoaded, KVCacheDisk: kvCacheDisk, PullStallTimeout: f.pullStallTimeout,

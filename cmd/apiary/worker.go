@@ -29,6 +29,8 @@ type workerFlags struct {
 	workerID      string
 	model         string
 	gpuDevice     int
+	gpuDevices    []int
+	splitMode     string
 	gpuLayers     int
 	host          string
 	port          int
@@ -79,6 +81,8 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.StringVar(&f.workerID, "worker-id", "", "id of this worker, sent in the ready callback (required with --callback-url)")
 	fl.StringVar(&f.model, "model", "", "path of the GGUF model file to serve (required); its name without .gguf is the model id")
 	fl.IntVar(&f.gpuDevice, "gpu-device", -1, "GPU to load the model on, with the CUDA backend beside the binary (or in $"+gpu.BackendDirEnv+"); -1 runs on the CPU. A GPU the worker cannot use is an error, never a fallback to the CPU")
+	fl.IntSliceVar(&f.gpuDevices, "gpu-devices", nil, "GPUs to split the model over, comma-separated (0,1): for a model too big for one; not with --gpu-device (one GPU is --gpu-device N)")
+	fl.StringVar(&f.splitMode, "split-mode", engine.SplitLayer, "with --gpu-devices, how the model is split: layer (whole layers on each GPU, in proportion to their free memory) or row (each layer's rows over the GPUs)")
 	fl.IntVar(&f.gpuLayers, "gpu-layers", 0, "layers to offload to the GPU; 0 offloads all")
 	fl.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fl.IntVar(&f.port, "port", 0, "port to listen on; 0 picks a free one (logged, and reported in the ready callback)")
@@ -120,6 +124,9 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 	if f.claimInterval <= 0 {
 		return usagef("--claim-interval must be positive, got %s", f.claimInterval)
 	}
+	if err := checkGPUDevices(&f); err != nil {
+		return err
+	}
 	kvDisk, err := api.ParseBytes(f.kvCacheDisk)
 	if err != nil || kvDisk == 0 || kvDisk > 1<<62 {
 		return usagef("--kv-cache-disk %q: a size such as 2GiB, more than 0", f.kvCacheDisk)
@@ -141,7 +148,13 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 
 	// A worker asked for a GPU runs on it or not at all: the GPU backend
 	// is loaded from beside the binary before anything else.
-	if f.gpuDevice >= 0 {
+	if len(f.gpuDevices) > 0 {
+		for _, d := range f.gpuDevices {
+			if err := llamacpp.UseGPU(gpu.BackendDir(), d, logger); err != nil {
+				return fmt.Errorf("--gpu-devices %s: %w", joinInts(f.gpuDevices), err)
+			}
+		}
+	} else if f.gpuDevice >= 0 {
 		if err := llamacpp.UseGPU(gpu.BackendDir(), f.gpuDevice, logger); err != nil {
 			return fmt.Errorf("--gpu-device %d: %w", f.gpuDevice, err)
 		}
@@ -176,10 +189,12 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 		KVCacheDir:    f.kvCacheDir,
 		KVCacheDisk:   int64(kvDisk),
 		Engine: engine.Options{
-			CtxSize:   f.ctxSize,
-			Threads:   f.threads,
-			GPUDevice: f.gpuDevice,
-			GPULayers: f.gpuLayers,
+			CtxSize:    f.ctxSize,
+			Threads:    f.threads,
+			GPUDevice:  f.gpuDevice,
+			GPUDevices: f.gpuDevices,
+			SplitMode:  f.splitMode,
+			GPULayers:  f.gpuLayers,
 		},
 		CPUBackend:       cpuBackend.Name,
 		CPUBackendReason: cpuBackend.Reason,
@@ -227,4 +242,39 @@ func inheritedListener(fd, port int) (net.Listener, error) {
 		return nil, fmt.Errorf("--listen-fd %d listens on %s, but --port says %d", fd, tcp, port)
 	}
 	return ln, nil
+}
+
+// checkGPUDevices checks --gpu-devices and --split-mode; one device is
+// --gpu-device N, and several set --gpu-device to the first.
+func checkGPUDevices(f *workerFlags) error {
+	if f.splitMode != engine.SplitLayer && f.splitMode != engine.SplitRow {
+		return usagef("--split-mode %q: layer or row", f.splitMode)
+	}
+	if len(f.gpuDevices) == 0 {
+		return nil
+	}
+	if f.gpuDevice >= 0 {
+		return usagef("--gpu-device and --gpu-devices together: one GPU is --gpu-device N, several --gpu-devices N,M")
+	}
+	seen := map[int]bool{}
+	for _, d := range f.gpuDevices {
+		if d < 0 || seen[d] {
+			return usagef("--gpu-devices %s: GPU numbers from 0, each once", joinInts(f.gpuDevices))
+		}
+		seen[d] = true
+	}
+	f.gpuDevice = f.gpuDevices[0]
+	if len(f.gpuDevices) == 1 {
+		f.gpuDevices = nil
+	}
+	return nil
+}
+
+// joinInts is ns comma-separated, as a flag takes them.
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
 }

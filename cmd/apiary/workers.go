@@ -333,6 +333,8 @@ func deviceName(r api.LifecycleRow) string {
 	switch {
 	case r.GPUDevice == nil:
 		return "-"
+	case len(r.GPUDevices) > 1:
+		return "gpus " + joinInts(r.GPUDevices) // a split over several
 	case r.DeviceKind == api.DeviceCPU:
 		return "cpu"
 	case r.DeviceKind != "":

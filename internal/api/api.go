@@ -51,8 +51,12 @@ type Health struct {
 
 // StartWorkerRequest is the body of the hive's POST /v2/workers/start.
 type StartWorkerRequest struct {
-	ModelRef    string `json:"model_ref"`
-	GPUDevice   *int   `json:"gpu_device,omitempty"`
+	ModelRef  string `json:"model_ref"`
+	GPUDevice *int   `json:"gpu_device,omitempty"`
+	// GPUDevices are the GPUs of one node a model too big for one is
+	// split over (llama.cpp's layer split), more than one; GPUDevice, when
+	// given too, must be the first. Absent: one device (GPUDevice).
+	GPUDevices  []int  `json:"gpu_devices,omitempty"`
 	LifecycleID string `json:"lifecycle_id,omitempty"`
 	// Engine names the hive's engine that runs the worker; "" is the
 	// built-in one. A hive without it answers 400 unknown_engine.
@@ -129,18 +133,23 @@ type Worker struct {
 	ModelRef    string `json:"model_ref"`
 	// ModelName is the name the queen's --config gives the model (the
 	// queen's listings only); absent when the config names none.
-	ModelName string     `json:"model_name,omitempty"`
-	GPUDevice int        `json:"gpu_device"`
-	VRAMBytes uint64     `json:"vram_bytes"`
-	URI       string     `json:"uri"`
-	Status    string     `json:"status"`
-	Reason    string     `json:"reason,omitempty"`
-	PID       int        `json:"pid"`
-	ExitCode  *int       `json:"exit_code,omitempty"`
-	InFlight  int        `json:"in_flight"`
-	StartedAt time.Time  `json:"started_at"`
-	ReadyAt   *time.Time `json:"ready_at,omitempty"`
-	StoppedAt *time.Time `json:"stopped_at,omitempty"`
+	ModelName string `json:"model_name,omitempty"`
+	GPUDevice int    `json:"gpu_device"`
+	VRAMBytes uint64 `json:"vram_bytes"`
+	// Devices are, for a worker split over more than one GPU, every one
+	// it runs on (GPUDevice first) with what it holds there: the driver's
+	// count once ready, its share of the estimate before. VRAMBytes is
+	// their sum. Absent for a worker on one device (GPUDevice).
+	Devices   []WorkerDevice `json:"devices,omitempty"`
+	URI       string         `json:"uri"`
+	Status    string         `json:"status"`
+	Reason    string         `json:"reason,omitempty"`
+	PID       int            `json:"pid"`
+	ExitCode  *int           `json:"exit_code,omitempty"`
+	InFlight  int            `json:"in_flight"`
+	StartedAt time.Time      `json:"started_at"`
+	ReadyAt   *time.Time     `json:"ready_at,omitempty"`
+	StoppedAt *time.Time     `json:"stopped_at,omitempty"`
 	// LastUsedAt is when the worker last finished a request through the
 	// queen (its listings only; absent: never since the queen started).
 	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
@@ -152,6 +161,39 @@ type Worker struct {
 	// out. Transitions counts them all.
 	History     []Transition `json:"history,omitempty"`
 	Transitions int          `json:"transitions,omitempty"`
+}
+
+// WorkerDevice is one device of a split worker and what it holds there.
+type WorkerDevice struct {
+	ID        int    `json:"id"`
+	VRAMBytes uint64 `json:"vram_bytes"`
+}
+
+// DeviceIDs are every device w runs on: Devices' ids, or GPUDevice.
+func (w Worker) DeviceIDs() []int {
+	if len(w.Devices) == 0 {
+		return []int{w.GPUDevice}
+	}
+	ids := make([]int, len(w.Devices))
+	for i, d := range w.Devices {
+		ids[i] = d.ID
+	}
+	return ids
+}
+
+// On says whether w runs on device id and what it holds there: its entry
+// of Devices, or VRAMBytes on GPUDevice (0 while it starts: the caller
+// counts its estimate).
+func (w Worker) On(id int) (uint64, bool) {
+	if len(w.Devices) == 0 {
+		return w.VRAMBytes, w.GPUDevice == id
+	}
+	for _, d := range w.Devices {
+		if d.ID == id {
+			return d.VRAMBytes, true
+		}
+	}
+	return 0, false
 }
 
 // Brief is w without its history: what the hive sends the queen in every

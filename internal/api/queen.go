@@ -82,6 +82,10 @@ type LifecycleRow struct {
 	// clients send); absent when the config names none for model_ref.
 	ModelName string `json:"model_name,omitempty"`
 	GPUDevice *int   `json:"gpu_device"`
+	// GPUDevices are, for a worker split over more than one GPU, every
+	// one it runs on (gpu_device first), as its hive reports them; absent
+	// for a worker on one device.
+	GPUDevices []int `json:"gpu_devices,omitempty"`
 	// DeviceKind is the kind of device gpu_device names (DeviceCPU: the
 	// CPU, not a GPU; DeviceCUDA), from its pool's inventory; empty when
 	// the pool is no longer known.

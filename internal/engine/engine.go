@@ -34,8 +34,22 @@ type Options struct {
 	Threads   int // 0 = number of CPUs
 	BatchSize int // prompt processing batch; 0 = 512
 	GPUDevice int // -1 = CPU only
+	// GPUDevices, when more than one, are the GPUs the model is split
+	// over (GPUDevice is the first): llama.cpp's tensor_split in
+	// proportion to each one's free memory at load.
+	GPUDevices []int
+	// SplitMode is how a model is split over GPUDevices: SplitLayer
+	// (default: whole layers on each GPU) or SplitRow (each layer's rows
+	// over the GPUs; needs a backend with a split buffer type, as CUDA's).
+	SplitMode string
 	GPULayers int // layers offloaded when a GPU backend is present
 }
+
+// Split modes of Options.SplitMode.
+const (
+	SplitLayer = "layer"
+	SplitRow   = "row"
+)
 
 // ModelInfo describes the loaded model.
 type ModelInfo struct {

@@ -59,6 +59,10 @@ type Config struct {
 	// default, one per CPU). llama.cpp's threads spin-wait for each other,
 	// so workers sharing a CPU node should split its cores between them.
 	WorkerThreads int
+	// SplitMode is how a worker split over several GPUs splits its model:
+	// "layer" (default: whole layers on each, in proportion to their free
+	// memory) or "row" (each layer's rows; needs CUDA's split buffers).
+	SplitMode string
 	// WorkerSlots is passed to workers as --slots (0: the worker's
 	// default, 1): generations one worker runs at once. A queen routing to
 	// these workers should be told the same (its --worker-slots).
@@ -169,6 +173,7 @@ func (c Config) withDefaults() Config {
 	config.Default(&c.Addr, DefaultAddr)
 	config.Default(&c.DataDir, DefaultDataDir())
 	config.Default(&c.ModelsDir, filepath.Join(c.DataDir, "models"))
+	config.Default(&c.SplitMode, "layer")
 	if c.WorkerArgs == nil {
 		c.WorkerArgs = []string{"worker"}
 	}
@@ -219,6 +224,9 @@ func (c Config) Validate() error {
 	}
 	if err := secret.CheckPassEnv(c.PassEnv); err != nil {
 		p.Add("PassEnv", "%v", err)
+	}
+	if c.SplitMode != "" && c.SplitMode != "layer" && c.SplitMode != "row" {
+		p.Add("SplitMode", "%q: layer or row", c.SplitMode)
 	}
 	if c.Advertise != "" {
 		if _, err := transport.CheckBaseURL("", c.Advertise); err != nil {

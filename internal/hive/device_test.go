@@ -80,3 +80,30 @@ func TestCUDAWorkerNumbersGPUsAsNVML(t *testing.T) {
 		}
 	}
 }
+
+// A start split over GPUs: each device must be a usable GPU of the node,
+// named once, and gets its share of the estimate in proportion to what
+// it has available; an engine of the split gets every UUID in
+// {gpu_uuids}.
+func TestChooseSplitSharesByAvailableMemory(t *testing.T) {
+	devs := []gpu.Device{
+		{ID: 0, Kind: gpu.KindCUDA, UUID: "GPU-a", TotalBytes: 128 << 20, FreeBytes: 128 << 20},
+		{ID: 1, Kind: gpu.KindCUDA, UUID: "GPU-b", TotalBytes: 128 << 20, FreeBytes: 64 << 20},
+		{ID: 2, Kind: gpu.KindCUDA, UUID: "GPU-c", TotalBytes: 128 << 20, FreeBytes: 128 << 20, Unusable: "memory leaked"},
+		{ID: 3, Kind: gpu.KindCPU, TotalBytes: 1 << 30, FreeBytes: 1 << 30},
+	}
+	none := func(int) held { return held{} }
+	split, shares, err := chooseSplit(devs, []int{0, 1}, 150<<20, none)
+	if err != nil || len(split) != 2 || shares[0] != 100<<20 || shares[1] != 50<<20 {
+		t.Errorf("split %v shares %v, %v; want 100 and 50 MiB", split, shares, err)
+	}
+	for _, ids := range [][]int{{0, 2}, {0, 3}, {0, 0}, {0, 9}} {
+		if _, _, err := chooseSplit(devs, ids, 150<<20, none); err == nil {
+			t.Errorf("split over %v accepted", ids)
+		}
+	}
+	vals := engineValues("/m", "m", "127.0.0.1", 1, split, startOptions{}, "")
+	if vals["gpu_uuids"] != "GPU-a,GPU-b" || vals["gpu_uuid"] != "GPU-a" || vals["gpu"] != "0" {
+		t.Errorf("placeholders %v", vals)
+	}
+}

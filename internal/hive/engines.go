@@ -48,7 +48,7 @@ type Engine struct {
 // -1 on the CPU device, see gpuUUID), and a random key its front then
 // sends as the bearer of every request (an engine whose command does not
 // use {api_key} gets no bearer).
-var Placeholders = []string{"model", "model_ref", "host", "port", "ctx_size", "slots", "threads", "gpu", "gpu_uuid", "api_key"}
+var Placeholders = []string{"model", "model_ref", "host", "port", "ctx_size", "slots", "threads", "gpu", "gpu_uuid", "gpu_uuids", "api_key"}
 
 // CUDA numbers GPUs fastest first by default; NVML, which the hive's
 // device indexes come from, by PCI bus. A process on a CUDA device gets
@@ -57,6 +57,9 @@ var Placeholders = []string{"model", "model_ref", "host", "port", "ctx_size", "s
 const (
 	cudaOrderKey = "CUDA_DEVICE_ORDER"
 	cudaOrderPCI = cudaOrderKey + "=PCI_BUS_ID"
+	// cudaVisibleKey: an engine split over several GPUs gets them, by
+	// UUID, in CUDA_VISIBLE_DEVICES ({gpu_uuids}).
+	cudaVisibleKey = "CUDA_VISIBLE_DEVICES"
 )
 
 // placeholderRE matches one placeholder: a name in braces.
@@ -161,7 +164,12 @@ func (e Engine) healthPath() string {
 // engineValues are the placeholders' values for one spawn. A zero
 // ctx_size, slots or threads takes the built-in worker's default: 4096,
 // 1, one thread per CPU.
-func engineValues(model, modelRef, host string, port int, dev gpu.Device, o startOptions, apiKey string) map[string]string {
+func engineValues(model, modelRef, host string, port int, devs []gpu.Device, o startOptions, apiKey string) map[string]string {
+	dev := devs[0]
+	uuids := make([]string, len(devs))
+	for i, d := range devs {
+		uuids[i] = gpuUUID(d)
+	}
 	ctx, slots, threads := o.CtxSize, o.Slots, o.Threads
 	if ctx <= 0 {
 		ctx = 4096
@@ -175,7 +183,7 @@ func engineValues(model, modelRef, host string, port int, dev gpu.Device, o star
 	return map[string]string{
 		"model": model, "model_ref": modelRef, "host": host, "port": strconv.Itoa(port), "ctx_size": strconv.Itoa(ctx),
 		"slots": strconv.Itoa(slots), "threads": strconv.Itoa(threads), "gpu": strconv.Itoa(workerDevice(dev)), "gpu_uuid": gpuUUID(dev),
-		"api_key": apiKey,
+		"gpu_uuids": strings.Join(uuids, ","), "api_key": apiKey,
 	}
 }
 

@@ -20,6 +20,7 @@ var (
 	ErrUnsupportedModel = openai.Sentinel(http.StatusUnprocessableEntity, "unsupported_model", "unsupported model architecture")
 	ErrUnknownEngine    = openai.Sentinel(http.StatusBadRequest, "unknown_engine", "this hive has no such engine")
 	ErrDeviceNotFound   = openai.Sentinel(http.StatusBadRequest, "device_not_found", "no such device")
+	ErrBadDevices       = openai.Sentinel(http.StatusBadRequest, "invalid_gpu_devices", "invalid gpu_devices")
 	ErrDeviceUnusable   = openai.Sentinel(http.StatusConflict, "device_unusable", "no worker can use this device")
 	ErrNoFreePort       = openai.Sentinel(http.StatusServiceUnavailable, "no_free_port", "no free port in the worker range")
 	ErrShuttingDown     = openai.Sentinel(http.StatusServiceUnavailable, "shutting_down", "shutting down")

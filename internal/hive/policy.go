@@ -117,12 +117,22 @@ func checkFit(d deviceInfo, h held, need uint64) error {
 }
 
 // plausibleVRAM refuses a ready callback's vram_bytes that cannot be true.
-func plausibleVRAM(vram uint64, d deviceInfo) error {
+func plausibleVRAM(vram uint64, devs []deviceInfo) error {
 	if vram == 0 {
 		return fmt.Errorf("%w: vram_bytes is 0; a loaded model occupies memory", ErrImplausibleReady)
 	}
-	if d.TotalBytes > 0 && vram > d.TotalBytes {
-		return fmt.Errorf("%w: vram_bytes %d exceeds device %d's %d bytes", ErrImplausibleReady, vram, d.ID, d.TotalBytes)
+	var total uint64
+	for _, d := range devs {
+		if d.TotalBytes == 0 {
+			return nil // a device of no known size
+		}
+		total += d.TotalBytes
+	}
+	if len(devs) == 1 && vram > total {
+		return fmt.Errorf("%w: vram_bytes %d exceeds device %d's %d bytes", ErrImplausibleReady, vram, devs[0].ID, total)
+	}
+	if vram > total {
+		return fmt.Errorf("%w: vram_bytes %d exceeds the %d bytes of its %d devices", ErrImplausibleReady, vram, total, len(devs))
 	}
 	return nil
 }

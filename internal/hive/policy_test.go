@@ -128,7 +128,7 @@ func TestPlausibleVRAM(t *testing.T) {
 		vram uint64
 		ok   bool
 	}{{0, false}, {1, true}, {1 << 30, true}, {1<<30 + 1, false}} {
-		if err := plausibleVRAM(c.vram, d); (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrImplausibleReady)) {
+		if err := plausibleVRAM(c.vram, []deviceInfo{d}); (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrImplausibleReady)) {
 			t.Errorf("plausibleVRAM(%d) = %v", c.vram, err)
 		}
 	}

@@ -43,9 +43,11 @@ func newRegistry(portMin, maxLoaded int) *registry {
 func (r *registry) heldLocked(id int) held {
 	var h held
 	for _, w := range r.live {
-		if w.device.ID == id {
-			h.allocated += w.hold.allocated
-			h.reserved += w.hold.reserved
+		for i, d := range w.devs() {
+			if d.ID == id && i < len(w.hold) {
+				h.allocated += w.hold[i].allocated
+				h.reserved += w.hold[i].reserved
+			}
 		}
 	}
 	return h
@@ -64,15 +66,20 @@ func (r *registry) admit(w *worker, host string, portMin, portMax int) error {
 	if n := r.loadedLocked(); r.maxLoaded > 0 && n >= r.maxLoaded {
 		return fmt.Errorf("%w: %d workers live (starting, running or stopping), --max-loaded %d; stop one first", ErrMaxLoaded, n, r.maxLoaded)
 	}
-	if err := checkFit(w.device, r.heldLocked(w.device.ID), w.estimate); err != nil {
-		return err
+	for i, d := range w.devs() {
+		if err := checkFit(d, r.heldLocked(d.ID), w.share(i)); err != nil {
+			return err
+		}
 	}
 	ln, port, err := r.takePortLocked(host, portMin, portMax)
 	if err != nil {
 		return err
 	}
 	w.port, w.listener = port, ln
-	w.hold = held{reserved: w.estimate}
+	w.hold = make([]held, len(w.devs()))
+	for i := range w.hold {
+		w.hold[i].reserved = w.share(i)
+	}
 	r.live[w.id] = w
 	return nil
 }
@@ -114,7 +121,7 @@ func (r *registry) takePortLocked(host string, portMin, portMax int) (*net.TCPLi
 }
 
 // publish stores a worker's snapshot and memory hold.
-func (r *registry) publish(w *worker, snap api.Worker, h held) {
+func (r *registry) publish(w *worker, snap api.Worker, h []held) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w.snap = snap
@@ -131,7 +138,7 @@ func (r *registry) remove(w *worker) {
 	delete(r.live, w.id)
 	delete(r.ports, w.port)
 	w.closeListener()
-	w.hold = held{}
+	w.hold = nil
 	r.recent = append(r.recent, w)
 	if len(r.recent) > recentMax {
 		r.recent = slices.Delete(r.recent, 0, len(r.recent)-recentMax)
@@ -252,7 +259,7 @@ func (r *registry) devices(devs []gpu.Device) []api.GPU {
 			AllocatedBytes: h.allocated, ReservedBytes: h.reserved, Workers: []string{}, Unusable: d.Unusable,
 		}
 		for _, w := range r.live {
-			if w.device.ID == d.ID {
+			if slices.ContainsFunc(w.devs(), func(wd gpu.Device) bool { return wd.ID == d.ID }) {
 				g.Workers = append(g.Workers, w.id)
 			}
 		}

@@ -26,7 +26,7 @@ func TestRegistryLeavesOutWorkersNotSpawnedYet(t *testing.T) {
 		return w
 	}
 	spawned := admit("w-spawned")
-	r.publish(spawned, api.Worker{WorkerID: spawned.id, Status: "starting"}, held{reserved: spawned.estimate})
+	r.publish(spawned, api.Worker{WorkerID: spawned.id, Status: "starting"}, []held{{reserved: spawned.estimate}})
 	admit("w-admitted") // not spawned yet: no snapshot
 	ws, tokens := r.heartbeat()
 	if len(ws) != 1 || ws[0].WorkerID != "w-spawned" || len(tokens) != 1 || tokens["w-spawned"] != "token-of-w-spawned" {

@@ -135,15 +135,15 @@ func (r *registry) withLeaksLocked(devs []gpu.Device) []gpu.Device {
 	return out
 }
 
-// checkRelease runs after worker w (pid, on device d) has ended: it polls
+// checkRelease runs after worker w (pid, on device d; a split worker's
+// on each of its devices) has ended: it polls
 // the driver every ReleasePoll until the memory is back (releaseVerdict),
 // for ReleaseTimeout at most. Memory still held then marks the device,
 // logs, and sends the queen a memory_leaked event; the polling goes on,
 // ReleaseTimeout apart, until the memory is back, which lifts the mark.
-func (h *Hive) checkRelease(w *worker, pid int, baseline uint64) {
+func (h *Hive) checkRelease(w *worker, d gpu.Device, pid int, baseline uint64) {
 	defer h.checks.Done()
 	ctx := h.checkCtx
-	d := w.device
 	deadline := time.Now().Add(h.cfg.ReleaseTimeout)
 	interval := h.cfg.ReleasePoll
 	reported := ""

@@ -142,25 +142,49 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		return snap, fmt.Errorf("device inventory: %w", err)
 	}
 	devs = h.reg.withLeaks(devs)
-	dev, err := chooseDevice(devs, req.GPUDevice, info.MemoryBytes, func(id int) held {
+	heldOf := func(id int) held {
 		h.reg.mu.Lock()
 		defer h.reg.mu.Unlock()
 		return h.reg.heldLocked(id)
-	})
-	if err != nil {
-		return snap, err
+	}
+	var split []gpu.Device
+	var shares []uint64
+	var dev gpu.Device
+	if len(req.GPUDevices) > 1 {
+		if req.GPUDevice != nil && *req.GPUDevice != req.GPUDevices[0] {
+			return snap, fmt.Errorf("%w: gpu_device %d is not the first of gpu_devices %v", ErrBadDevices, *req.GPUDevice, req.GPUDevices)
+		}
+		if split, shares, err = chooseSplit(devs, req.GPUDevices, info.MemoryBytes, heldOf); err != nil {
+			return snap, err
+		}
+		dev = split[0]
+	} else {
+		want := req.GPUDevice
+		if len(req.GPUDevices) == 1 {
+			want = &req.GPUDevices[0]
+		}
+		if dev, err = chooseDevice(devs, want, info.MemoryBytes, heldOf); err != nil {
+			return snap, err
+		}
 	}
 
 	id := "worker-" + newUUID()
 	w := &worker{
 		h: h, id: id, lifecycle: req.LifecycleID, modelRef: strings.TrimSuffix(req.ModelRef, ".gguf"),
-		device: dev, estimate: info.MemoryBytes, token: randomHex(32), idleTimeout: opts.idleTimeout,
+		device: dev, split: split, shares: shares, estimate: info.MemoryBytes, token: randomHex(32), idleTimeout: opts.idleTimeout,
 		engine: eng, cmds: make(chan any), done: make(chan struct{}),
 	}
 	// The memory no process holds on a GPU before the worker: after it
 	// ends, the driver must be back to it (checkRelease).
 	w.baseline, w.driverCounts = h.unownedBaseline(ctx, dev)
+	for _, d := range split {
+		b, _ := h.unownedBaseline(ctx, d)
+		w.baselines = append(w.baselines, b)
+	}
 	w.log = h.log.With("worker_id", id, "model_ref", w.modelRef, deviceAttr(dev))
+	if len(split) > 0 {
+		w.log = w.log.With("gpu_devices", deviceIDs(split))
+	}
 	if eng != nil {
 		w.log = w.log.With("engine", req.Engine)
 	}
@@ -206,6 +230,9 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		w.log.Error("cannot record child; a crash of this hive could orphan it", "err", err)
 	}
 	w.reason = fmt.Sprintf("spawned pid %d on %s device %d, port %d", proc.PID(), dev.Kind, dev.ID, w.port)
+	if len(split) > 0 {
+		w.reason = fmt.Sprintf("spawned pid %d split over %s devices %s, port %d", proc.PID(), dev.Kind, deviceIDs(split), w.port)
+	}
 	snap = w.publish()
 	h.metrics.workers.WithLabelValues(string(lifecycle.Starting)).Inc()
 	w.log.Info("worker spawned", "pid", proc.PID(), "port", w.port, "estimate", api.FormatBytes(w.estimate))
@@ -221,12 +248,16 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 	args = append(args,
 		"--worker-id", w.id,
 		"--model", path,
-		"--gpu-device", strconv.Itoa(workerDevice(w.device)),
 		"--port", strconv.Itoa(w.port),
 		"--host", h.cfg.WorkerHost,
 		"--listen-fd", "3", // w.listener, ExtraFiles[0]
 		"--callback-url", h.callbackURL(),
 	)
+	if len(w.split) > 0 {
+		args = append(args, "--gpu-devices", deviceIDs(w.split), "--split-mode", h.cfg.SplitMode)
+	} else {
+		args = append(args, "--gpu-device", strconv.Itoa(workerDevice(w.device)))
+	}
 	if req.LifecycleID != "" {
 		args = append(args, "--lifecycle-id", req.LifecycleID)
 	}
@@ -280,7 +311,7 @@ func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) (
 	if e.usesAPIKey() {
 		key = randomHex(32)
 	}
-	vals := engineValues(path, w.modelRef, engineHost, port, w.device, opts, key)
+	vals := engineValues(path, w.modelRef, engineHost, port, w.devs(), opts, key)
 	engineURL := "http://" + hostPort(engineHost, port)
 	w.healthURL = engineURL + e.healthPath()
 	args := append([]string(nil), h.cfg.FrontArgs...)
@@ -320,6 +351,10 @@ func (h *Hive) engineSpec(w *worker, e Engine, path string, opts startOptions) (
 	}
 	if _, own := e.Env[cudaOrderKey]; !own && w.device.Kind == gpu.KindCUDA {
 		env = append(env, cudaOrderPCI) // so that even {gpu} is NVML's index
+	}
+	if _, own := e.Env[cudaVisibleKey]; !own && len(w.split) > 0 {
+		// A split engine sees its GPUs, and only them (by UUID).
+		env = append(env, cudaVisibleKey+"="+vals["gpu_uuids"])
 	}
 	env = append(env, secret.WorkerTokenEnv+"="+w.token)
 	if key != "" {
@@ -425,6 +460,68 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// chooseSplit checks the devices ids a model is split over (each a
+// usable GPU of this node, each once) and gives each its share of need, in
+// proportion to the memory it has available: a share that does not fit
+// is refused by admit, as a whole model is on one device.
+func chooseSplit(devs []gpu.Device, ids []int, need uint64, heldOf func(int) held) ([]gpu.Device, []uint64, error) {
+	var out []gpu.Device
+	var avail []uint64
+	var sum uint64
+	for _, id := range ids {
+		i := slices.IndexFunc(devs, func(d gpu.Device) bool { return d.ID == id })
+		switch {
+		case i < 0:
+			return nil, nil, fmt.Errorf("%w: gpu_devices %v: no device %d (this node has %d)", ErrDeviceNotFound, ids, id, len(devs))
+		case devs[i].Kind == gpu.KindCPU:
+			return nil, nil, fmt.Errorf("%w: gpu_devices %v: device %d is the CPU; a model is split over GPUs only", ErrBadDevices, ids, id)
+		case devs[i].Unusable != "":
+			return nil, nil, fmt.Errorf("%w: %s device %d: %s", ErrDeviceUnusable, devs[i].Kind, id, devs[i].Unusable)
+		case slices.ContainsFunc(out, func(d gpu.Device) bool { return d.ID == id }):
+			return nil, nil, fmt.Errorf("%w: gpu_devices %v names device %d twice", ErrBadDevices, ids, id)
+		}
+		out = append(out, devs[i])
+		a := available(devs[i], heldOf(id))
+		avail = append(avail, a)
+		sum += a
+	}
+	return out, splitShares(need, avail), nil
+}
+
+// splitShares divides need over devices in proportion to avail, their
+// available memory (llama.cpp's tensor_split from their free memory):
+// each share is at most its device's when need fits their sum. Equal
+// shares when none has any.
+func splitShares(need uint64, avail []uint64) []uint64 {
+	var sum uint64
+	for _, a := range avail {
+		sum += a
+	}
+	shares := make([]uint64, len(avail))
+	var given uint64
+	for i, a := range avail {
+		if sum == 0 {
+			shares[i] = need / uint64(len(avail))
+		} else {
+			shares[i] = uint64(float64(need) * float64(a) / float64(sum))
+		}
+		given += shares[i]
+	}
+	if len(shares) > 0 && given < need {
+		shares[0] += need - given // the rounding, on the main GPU
+	}
+	return shares
+}
+
+// deviceIDs are ds' ids comma-separated, as --gpu-devices takes them.
+func deviceIDs(ds []gpu.Device) string {
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = strconv.Itoa(d.ID)
+	}
+	return strings.Join(s, ",")
 }
 
 // workerDevice is the worker's --gpu-device: the GPU's index, or -1 for

@@ -27,8 +27,13 @@ type worker struct {
 	id        string
 	lifecycle string
 	modelRef  string
-	device    gpu.Device
-	port      int
+	device    gpu.Device // the worker's device; of a split worker, the first
+	// split are, for a worker split over several GPUs, every one (device
+	// first), and shares its estimate's share on each (in proportion to
+	// what each had available at its start); nil for one device.
+	split  []gpu.Device
+	shares []uint64
+	port   int
 	// listener is the worker's socket, bound by admit and handed to the
 	// process at spawn (--listen-fd); the hive closes its copy then.
 	listener *net.TCPListener
@@ -40,6 +45,7 @@ type worker struct {
 	// device at spawn.
 	driverCounts bool
 	baseline     uint64
+	baselines    []uint64 // of a split worker, baseline on each device
 	// engine is the external engine this worker runs behind its front
 	// (apiary engine-front); nil: the built-in worker. healthURL is the
 	// engine's health path on its loopback port.
@@ -60,6 +66,7 @@ type worker struct {
 	m        *lifecycle.Machine
 	reason   string
 	vram     uint64
+	vramOn   []uint64 // of a split worker, the driver's count on each device
 	readyAt  time.Time
 	lastReq  *time.Time
 	inFlight int
@@ -69,7 +76,23 @@ type worker struct {
 
 	// guarded by registry.mu:
 	snap api.Worker
-	hold held
+	hold []held // on each of devs()
+}
+
+// devs are every device the worker runs on: split, or device alone.
+func (w *worker) devs() []gpu.Device {
+	if len(w.split) == 0 {
+		return []gpu.Device{w.device}
+	}
+	return w.split
+}
+
+// share is the worker's estimate on its i-th device (devs).
+func (w *worker) share(i int) uint64 {
+	if len(w.shares) == 0 {
+		return w.estimate
+	}
+	return w.shares[i]
 }
 
 type readyCmd struct {
@@ -96,7 +119,7 @@ func (w *worker) ready(c readyCmd) error {
 	if st := w.m.State(); st != lifecycle.Starting {
 		return fmt.Errorf("%w: worker %s is %s", ErrNotStarting, w.id, st)
 	}
-	err := plausibleVRAM(c.cb.VRAMBytes, w.device)
+	err := plausibleVRAM(c.cb.VRAMBytes, w.devs())
 	if err == nil {
 		err = w.checkURI(c.cb.URI)
 	}
@@ -109,8 +132,20 @@ func (w *worker) ready(c readyCmd) error {
 	w.vram = c.cb.VRAMBytes // w.uri stays the hive's own: its host and scheme
 	if w.driverCounts {
 		// On a GPU the driver's count of the process's memory is the truth.
-		if used, ok := w.h.driverVRAM(context.Background(), w.device, w.proc.PID()); ok && used > 0 {
+		var on []uint64
+		var used uint64
+		listed := false
+		for _, d := range w.devs() {
+			u, ok := w.h.driverVRAM(context.Background(), d, w.proc.PID())
+			on = append(on, u)
+			used += u
+			listed = listed || ok
+		}
+		if listed && used > 0 {
 			w.vram = used
+			if len(w.split) > 0 {
+				w.vramOn = on
+			}
 		} else {
 			w.log.Warn("the driver lists no GPU memory for the worker's process; keeping its own report", "pid", w.proc.PID(), "vram_bytes", w.vram)
 		}
@@ -176,8 +211,14 @@ func (w *worker) exited(kind string) {
 	w.h.reg.remove(w)
 	w.h.metrics.workers.WithLabelValues(string(w.m.State())).Dec()
 	if w.driverCounts {
-		w.h.checks.Add(1)
-		go w.h.checkRelease(w, w.proc.PID(), w.baseline)
+		for i, d := range w.devs() {
+			base := w.baseline
+			if len(w.baselines) > 0 {
+				base = w.baselines[i]
+			}
+			w.h.checks.Add(1)
+			go w.h.checkRelease(w, d, w.proc.PID(), base)
+		}
 	}
 }
 
@@ -234,15 +275,28 @@ func (w *worker) publish() api.Worker {
 		})
 	}
 	// Memory is held until the process is gone, whatever the state says.
-	var h held
-	switch {
-	case w.exit != nil:
-	case w.vram > 0:
-		h.allocated = w.vram
-	default:
-		h.reserved = w.estimate
+	devs := w.devs()
+	hs := make([]held, len(devs))
+	for i := range devs {
+		switch {
+		case w.exit != nil:
+		case w.vram > 0 && len(w.split) == 0:
+			hs[i].allocated = w.vram
+		case w.vram > 0 && len(w.vramOn) == len(devs):
+			hs[i].allocated = w.vramOn[i]
+		case w.vram > 0:
+			// The worker's own report of a split: each device's share of it.
+			hs[i].allocated = w.vram * w.share(i) / max(w.estimate, 1)
+		default:
+			hs[i].reserved = w.share(i)
+		}
 	}
-	w.h.reg.publish(w, snap, h)
+	if len(w.split) > 0 {
+		for i, d := range devs {
+			snap.Devices = append(snap.Devices, api.WorkerDevice{ID: d.ID, VRAMBytes: hs[i].total()})
+		}
+	}
+	w.h.reg.publish(w, snap, hs)
 	return snap
 }
 

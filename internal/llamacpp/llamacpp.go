@@ -68,6 +68,27 @@ static ggml_backend_dev_t *device_list(ggml_backend_dev_t d) {
 	return l;
 }
 
+// gpu_device_list returns the NULL-terminated list of the GPUs ids[0..n)
+// (NULL if one is missing or out of memory) and sets split[i] to device
+// i's free memory: llama.cpp's tensor_split, proportions of the layers.
+static ggml_backend_dev_t gpu_device(int n);
+static ggml_backend_dev_t *gpu_device_list(const int *ids, int n, float *split) {
+	ggml_backend_dev_t *l = calloc(n + 1, sizeof(ggml_backend_dev_t));
+	if (!l) return NULL;
+	for (int i = 0; i < n; i++) {
+		ggml_backend_dev_t d = gpu_device(ids[i]);
+		if (!d) {
+			free(l);
+			return NULL;
+		}
+		size_t free_bytes = 0, total = 0;
+		ggml_backend_dev_memory(d, &free_bytes, &total);
+		l[i] = d;
+		split[i] = (float)free_bytes;
+	}
+	return l;
+}
+
 // gpu_device returns the n-th GPU (or integrated GPU) backend device, or NULL.
 static ggml_backend_dev_t gpu_device(int n) {
 	for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
@@ -97,6 +118,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/gpu"
 )
@@ -192,7 +214,13 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 
 	mparams := C.llama_model_default_params()
 	mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP
-	if opts.GPUDevice >= 0 {
+	if len(opts.GPUDevices) > 1 {
+		if err := splitOver(&mparams, opts, log); err != nil {
+			return nil, err
+		}
+		defer C.free(unsafe.Pointer(mparams.devices))
+		defer C.free(unsafe.Pointer(mparams.tensor_split))
+	} else if opts.GPUDevice >= 0 {
 		if d := C.gpu_device(C.int(opts.GPUDevice)); d != nil {
 			devs := C.device_list(d)
 			if devs == nil {
@@ -530,4 +558,50 @@ func residentBytes() uint64 {
 		}
 	}
 	return 0
+}
+
+// splitOver sets mparams to split the model over opts.GPUDevices:
+// llama.cpp's layer split (or row split, opts.SplitMode) with tensor_split
+// in proportion to each device's free memory now. The device list and
+// the split are C memory the caller frees after the load.
+func splitOver(mparams *C.struct_llama_model_params, opts engine.Options, log *slog.Logger) error {
+	n := len(opts.GPUDevices)
+	if maxDevs := int(C.llama_max_devices()); n > maxDevs {
+		return fmt.Errorf("%d GPUs: llama.cpp splits a model over %d at most", n, maxDevs)
+	}
+	ids := (*C.int)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(C.int(0)))))
+	defer C.free(unsafe.Pointer(ids))
+	idv := unsafe.Slice(ids, n)
+	for i, id := range opts.GPUDevices {
+		idv[i] = C.int(id)
+	}
+	split := (*C.float)(C.calloc(C.llama_max_devices(), C.size_t(unsafe.Sizeof(C.float(0)))))
+	if split == nil {
+		return errors.New("out of memory for the tensor split")
+	}
+	devs := C.gpu_device_list(ids, C.int(n), split)
+	if devs == nil {
+		C.free(unsafe.Pointer(split))
+		return fmt.Errorf("%w: ggml's backends lack a GPU of %v (load the GPU backend first)", gpu.ErrNoBackend, opts.GPUDevices)
+	}
+	mparams.devices = devs
+	mparams.tensor_split = split
+	mparams.main_gpu = 0
+	mparams.n_gpu_layers = 999
+	if opts.GPULayers > 0 {
+		mparams.n_gpu_layers = C.int32_t(opts.GPULayers)
+	}
+	mode := "layer"
+	mparams.split_mode = C.LLAMA_SPLIT_MODE_LAYER
+	if opts.SplitMode == engine.SplitRow {
+		mode = "row"
+		mparams.split_mode = C.LLAMA_SPLIT_MODE_ROW
+	}
+	props := make([]any, 0, 2*n+2)
+	props = append(props, "split_mode", mode)
+	for i, f := range unsafe.Slice(split, n) {
+		props = append(props, fmt.Sprintf("gpu_%d_free", opts.GPUDevices[i]), api.FormatBytes(uint64(f)))
+	}
+	log.Info("splitting the model over GPUs in proportion to their free memory", props...)
+	return nil
 }

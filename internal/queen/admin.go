@@ -212,12 +212,32 @@ func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
 		StoppedAt: r.StoppedAt, LastHeartbeatAt: r.LastHeartbeatAt, VRAMBytes: r.VRAMBytes, URI: r.URI, PID: r.PID,
 		ExitCode: r.ExitCode, Owner: r.Owner}
 	w.ModelName = q.models.nameOf(r.ModelRef)
+	w.GPUDevices = q.splitDevices(r.PoolID, r.WorkerID)
 	if r.Status == rowRunning && q.routing != nil {
 		if s, ok := q.routing.Strikes(r.ID); ok {
 			w.Strikes = &s
 		}
 	}
 	return w
+}
+
+// splitDevices are the devices worker workerID of pool poolID is split
+// over, as its hive lists it; nil for a worker on one device, or one the
+// pool does not list (any more).
+func (q *Queen) splitDevices(poolID, workerID string) []int {
+	if workerID == "" {
+		return nil
+	}
+	p, ok := q.reg.Get(poolID)
+	if !ok {
+		return nil
+	}
+	for _, w := range p.Workers {
+		if w.WorkerID == workerID && len(w.Devices) > 1 {
+			return w.DeviceIDs()
+		}
+	}
+	return nil
 }
 
 // deviceKind is the kind of device dev of pool poolID (api.DeviceCPU or

@@ -64,7 +64,7 @@ func (c controlPlane) Running(pool, lifecycleID, workerID string) bool {
 // it is a *routing.StartRefused.
 func (c controlPlane) StartWorker(ctx context.Context, s routing.Start) (store.Row, error) {
 	gpu := s.GPU
-	row, err := c.q.StartWorker(ctx, StartRequest{Model: s.Model, PoolID: s.Pool, GPU: &gpu, Reason: s.Reason,
+	row, err := c.q.StartWorker(ctx, StartRequest{Model: s.Model, PoolID: s.Pool, GPU: &gpu, GPUs: s.GPUs, Reason: s.Reason,
 		Actor: registry.ActorQueen, Owner: OwnerQueen, Meta: s.Meta})
 	// Why is in words (it reaches API clients among the placement's
 	// reasons); err keeps what the hive said, the row and the address,

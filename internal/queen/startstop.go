@@ -22,6 +22,7 @@ type StartRequest struct {
 	Model  string
 	PoolID string // "" lets the Placer choose
 	GPU    *int
+	GPUs   []int // a split over several GPUs of the pool (GPU first)
 	Reason string
 	Actor  string
 	Owner  string // OwnerOperator or OwnerQueen
@@ -63,6 +64,7 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 		if req.GPU == nil {
 			g := d.GPU
 			req.GPU = &g
+			req.GPUs = d.GPUs
 		}
 		req.Meta = maps.Clone(req.Meta)
 		if req.Meta == nil {
@@ -78,10 +80,13 @@ func (q *Queen) StartWorker(ctx context.Context, req StartRequest) (store.Row, e
 	if req.GPU != nil {
 		meta["gpu_device"] = *req.GPU
 	}
+	if len(req.GPUs) > 0 {
+		meta["gpu_devices"] = req.GPUs
+	}
 	if err := q.rows.create(ctx, row, req.Actor, meta); err != nil {
 		return store.Row{}, err
 	}
-	resp, err := q.hives.StartWorker(ctx, pool.Endpoint, api.StartWorkerRequest{ModelRef: req.Model, GPUDevice: req.GPU, LifecycleID: row.ID,
+	resp, err := q.hives.StartWorker(ctx, pool.Endpoint, api.StartWorkerRequest{ModelRef: req.Model, GPUDevice: req.GPU, GPUDevices: req.GPUs, LifecycleID: row.ID,
 		Engine: q.models.engine(req.Model), WorkerOptions: q.models.workerOptions(req.Model)})
 	// The row's fate no longer depends on the caller waiting for it.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

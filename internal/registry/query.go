@@ -174,7 +174,7 @@ func stillWorker(a, b *api.Worker) bool {
 }
 
 func movingWorker(a, b *api.Worker) bool {
-	return a.InFlight == b.InFlight && a.VRAMBytes == b.VRAMBytes
+	return a.InFlight == b.InFlight && a.VRAMBytes == b.VRAMBytes && slices.Equal(a.Devices, b.Devices)
 }
 
 func samePtr[T any](a, b *T, eq func(x, y T) bool) bool {

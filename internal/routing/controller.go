@@ -600,14 +600,14 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 			return fail(err)
 		}
 		gpu := d.GPU
-		row, err := c.s.cp.StartWorker(ctx, Start{Model: o.Model, Pool: d.Pool.ID, GPU: gpu, Reason: o.Reason,
+		row, err := c.s.cp.StartWorker(ctx, Start{Model: o.Model, Pool: d.Pool.ID, GPU: gpu, GPUs: d.GPUs, Reason: o.Reason,
 			Meta: map[string]any{"placement": d.AuditMeta(), "demand": o.Kind}})
 		var refused *StartRefused
 		switch {
 		case err == nil:
 			c.s.ledger.started(res, row.ID)
 			c.s.m.placements.WithLabelValues(o.Model, "started").Inc()
-			c.log.Info("worker placed on demand", "model_ref", o.Model, "kind", o.Kind, "pool_id", d.Pool.ID, "gpu_device", gpu,
+			c.log.Info("worker placed on demand", "model_ref", o.Model, "kind", o.Kind, "pool_id", d.Pool.ID, "gpu_device", gpu, "gpu_devices", d.GPUs,
 				"lifecycle_id", row.ID, "duration_ms", time.Since(start).Milliseconds())
 			return placeResult{target: o.target(), row: row}
 		case ctx.Err() != nil:
@@ -715,6 +715,7 @@ func (s *Service) decide(ctx context.Context, req PlaceRequest, audit bool, res 
 		} else {
 			s.ledger.move(own, d.Pool.ID, d.GPU)
 		}
+		s.ledger.split(*res, d.GPUs, d.Shares)
 	}
 	s.placeMu.Unlock()
 	if err == nil {

@@ -22,10 +22,19 @@ type victim struct {
 	key         WorkerKey
 	lifecycleID string
 	model       string
-	gpu         int
-	bytes       uint64
-	last        time.Time // its last request through this queen (zero: none)
-	wait        bool      // busy or young: only a patient plan takes it
+	gpu         int            // its device (of a split worker, the first)
+	on          map[int]uint64 // what it holds on each of its devices
+	last        time.Time      // its last request through this queen (zero: none)
+	wait        bool           // busy or young: only a patient plan takes it
+}
+
+// bytes is what v holds on all its devices.
+func (v victim) bytes() uint64 {
+	var n uint64
+	for _, b := range v.on {
+		n += b
+	}
+	return n
 }
 
 // eviction is a device and the workers to stop there (and, for a pool at
@@ -100,8 +109,12 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 			idle := s.evictable(p.ID, w, model, now, false)
 			if idle || patient && s.evictable(p.ID, w, model, now, true) {
 				_, last := s.router.usage(WorkerKey{Pool: p.ID, Worker: w.WorkerID})
+				on := map[int]uint64{}
+				for _, id := range w.DeviceIDs() {
+					on[id] = heldBy(w, id, cat[p.ID])
+				}
 				cands = append(cands, victim{key: WorkerKey{Pool: p.ID, Worker: w.WorkerID}, lifecycleID: w.LifecycleID,
-					model: w.ModelRef, gpu: w.GPUDevice, bytes: heldBy(w, cat[p.ID]), last: last, wait: !idle})
+					model: w.ModelRef, gpu: w.GPUDevice, on: on, last: last, wait: !idle})
 				takeable[w.WorkerID] = true
 			}
 		}
@@ -134,7 +147,7 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 			}
 			// The workers the groups keep apart must all go.
 			for _, w := range p.Workers {
-				if w.GPUDevice != g.ID || !live(w) || lifecycle.State(w.Status) == lifecycle.Draining || apart == nil || apart(w.ModelRef) == "" {
+				if _, on := w.On(g.ID); !on || !live(w) || lifecycle.State(w.Status) == lifecycle.Draining || apart == nil || apart(w.ModelRef) == "" {
 					continue
 				}
 				i := slices.IndexFunc(cands, func(v victim) bool { return v.key.Worker == w.WorkerID })
@@ -146,14 +159,14 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 			// against it).
 			free := freeOn(p, g, cat[p.ID], true)
 			for _, v := range order {
-				free += v.bytes
+				free += v.on[g.ID]
 			}
 			for _, v := range cands {
 				if free >= need {
 					break
 				}
-				if v.gpu == g.ID && !chosen[v.key] && take(v) {
-					free += v.bytes
+				if _, on := v.on[g.ID]; on && !chosen[v.key] && take(v) {
+					free += v.on[g.ID]
 				}
 			}
 			if free < need {
@@ -282,7 +295,7 @@ func (c *controller) evict(ctx context.Context, model, pool string) (*reservatio
 			continue
 		}
 		e := api.Eviction{At: now.UTC(), WorkerID: v.key.Worker, LifecycleID: v.lifecycleID, GPUDevice: v.gpu, Model: v.model, For: model}
-		meta := map[string]any{"for": s.nameOf(model), "for_ref": model, "model": s.nameOf(v.model), "model_ref": v.model, "pool_id": ev.pool, "gpu_device": v.gpu, "bytes": v.bytes}
+		meta := map[string]any{"for": s.nameOf(model), "for_ref": model, "model": s.nameOf(v.model), "model_ref": v.model, "pool_id": ev.pool, "gpu_device": v.gpu, "bytes": v.bytes()}
 		if !v.last.IsZero() {
 			t := v.last.UTC()
 			e.LastUsedAt, meta["last_used_at"] = &t, t
@@ -296,7 +309,7 @@ func (c *controller) evict(ctx context.Context, model, pool string) (*reservatio
 		done = append(done, e)
 		s.m.evictions.WithLabelValues(v.model, model).Inc()
 		c.log.Info("worker evicted", "lifecycle_id", v.lifecycleID, "model_ref", v.model, "for", model, "pool_id", ev.pool,
-			"gpu_device", v.gpu, "bytes", api.FormatBytes(v.bytes), "last_used", v.last)
+			"gpu_device", v.gpu, "bytes", api.FormatBytes(v.bytes()), "last_used", v.last)
 	}
 	s.router.unclaim(ev.victims) // their rows are DRAINING: no candidates
 	if len(done) > 0 {

@@ -30,10 +30,14 @@ const ledgerTTL = 2 * time.Minute
 // --max-loaded place are counted on its device from the decision until
 // the pool lists the worker, or the placement gives up (release).
 type reservation struct {
-	id          uint64
-	model       string
-	pool        string
-	gpu         int
+	id    uint64
+	model string
+	pool  string
+	gpu   int
+	// gpus and shares are a split's GPUs and the model's share on each
+	// (Decision.GPUs, Decision.Shares); nil: gpu alone.
+	gpus        []int
+	shares      []uint64
 	lifecycleID string // its row, once written; "" before
 	at          time.Time
 }
@@ -79,6 +83,14 @@ func (l *ledger) move(r *reservation, pool string, gpu int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r.pool, r.gpu = pool, gpu
+}
+
+// split puts r over gpus with shares on each (a split placement), or
+// on its gpu alone when gpus is nil.
+func (l *ledger) split(r *reservation, gpus []int, shares []uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r.gpus, r.shares = gpus, shares
 }
 
 // started records r's row: the pool lists the worker under it soon.
@@ -240,8 +252,12 @@ func (r *reservation) worker() api.Worker {
 	if id == "" {
 		id = fmt.Sprintf("placing-%d", r.id)
 	}
-	return api.Worker{WorkerID: fmt.Sprintf("placing-%d", r.id), LifecycleID: id, ModelRef: r.model, GPUDevice: r.gpu,
+	w := api.Worker{WorkerID: fmt.Sprintf("placing-%d", r.id), LifecycleID: id, ModelRef: r.model, GPUDevice: r.gpu,
 		Status: string(lifecycle.Starting), StartedAt: r.at}
+	for i, g := range r.gpus {
+		w.Devices = append(w.Devices, api.WorkerDevice{ID: g, VRAMBytes: r.shares[i]})
+	}
+	return w
 }
 
 // serving says whether a pool lists w as a worker that still serves (or

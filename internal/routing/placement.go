@@ -61,17 +61,36 @@ func (r Rejection) full() string {
 // Decision is a placement: the pool and device chosen, and every other
 // pool with the reason it was not.
 type Decision struct {
-	Pool      registry.Pool
-	GPU       int    // the device chosen
-	FreeBytes uint64 // its free memory
+	Pool registry.Pool
+	GPU  int // the device chosen; of a split, the first of GPUs
+	// GPUs are, when the model fits no one device of the pool, the GPUs
+	// of the pool it is split over (the fewest that hold it, the roomiest
+	// first), and Shares its share of NeedBytes on each, in proportion to
+	// their free memory (llama.cpp's layer split); nil: GPU alone.
+	GPUs      []int
+	Shares    []uint64
+	FreeBytes uint64 // its free memory (of a split, the GPUs' together)
 	NeedBytes uint64 // the model's size: the least it needs
 	Rejected  []Rejection
 }
 
+// Devices are every device the decision uses: GPUs, or GPU.
+func (d Decision) Devices() []int {
+	if len(d.GPUs) > 0 {
+		return d.GPUs
+	}
+	return []int{d.GPU}
+}
+
 // AuditMeta is the decision as the audit entry of the start shows it.
 func (d Decision) AuditMeta() map[string]any {
-	return map[string]any{"pool_id": d.Pool.ID, "gpu_device": d.GPU, "free_bytes": d.FreeBytes, "need_bytes": d.NeedBytes,
+	m := map[string]any{"pool_id": d.Pool.ID, "gpu_device": d.GPU, "free_bytes": d.FreeBytes, "need_bytes": d.NeedBytes,
 		"rejected": rejectedMeta(d.Rejected)}
+	if len(d.GPUs) > 0 {
+		m["gpu_devices"] = d.GPUs
+		m["share_bytes"] = d.Shares
+	}
+	return m
 }
 
 func rejectedMeta(rs []Rejection) map[string]any {
@@ -137,10 +156,26 @@ type MostFreeMemory struct{}
 // Place implements Placer.
 func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, error) {
 	type fit struct {
-		pool  registry.Pool
-		gpu   int
-		free  uint64
-		onGPU bool // the device is a GPU, not the node's CPU
+		pool   registry.Pool
+		gpu    int
+		gpus   []int // a split over several GPUs; nil: gpu alone
+		shares []uint64
+		free   uint64
+		onGPU  bool // the device is a GPU, not the node's CPU
+	}
+	// better ranks fits: a GPU before the CPU, one GPU before a split,
+	// a split over fewer GPUs before more, then more free memory, then
+	// the smaller pool id.
+	better := func(a, b fit) bool {
+		switch {
+		case a.onGPU != b.onGPU:
+			return a.onGPU
+		case len(a.gpus) != len(b.gpus):
+			return len(a.gpus) < len(b.gpus)
+		case a.free != b.free:
+			return a.free > b.free
+		}
+		return a.pool.ID < b.pool.ID
 	}
 	var fits []fit
 	var rejected []Rejection
@@ -194,6 +229,7 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 		var roomiest api.GPU
 		seen := false
 		var unusable, trouble []string
+		var gpus []api.GPU // the usable GPUs, with their free memory now
 		for _, g := range p.GPUs {
 			if req.GPU != nil && g.ID != *req.GPU {
 				continue
@@ -213,6 +249,9 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			}
 			seen = true
 			onGPU := g.Kind != api.DeviceCPU
+			if onGPU {
+				gpus = append(gpus, g)
+			}
 			if g.FreeBytes >= size && (!found || onGPU && !bestGPU ||
 				onGPU == bestGPU && (g.FreeBytes > bestFree || (g.FreeBytes == bestFree && g.ID < best))) {
 				best, bestFree, bestGPU, found = g.ID, g.FreeBytes, onGPU, true
@@ -225,10 +264,23 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 			reject("has no device %d", *req.GPU)
 		case !seen:
 			reject("reports no devices")
+		case (!found || !bestGPU) && req.GPU == nil && len(gpus) >= 2:
+			// No one device holds it (or the CPU only): the fewest GPUs
+			// that hold it together.
+			if ids, shares, free, ok := splitFit(gpus, size); ok {
+				fits = append(fits, fit{pool: p, gpu: ids[0], gpus: ids, shares: shares, free: free, onGPU: true})
+				continue
+			}
+			if found {
+				fits = append(fits, fit{pool: p, gpu: best, free: bestFree, onGPU: bestGPU})
+				continue
+			}
+			reject("no device has room for %s (%s): the roomiest, device %d, has %s free%s", req.Model, api.FormatBytes(size), roomiest.ID,
+				api.FormatBytes(roomiest.FreeBytes), gpusFree(gpus))
 		case !found:
 			reject("no device has room for %s (%s): the roomiest, device %d, has %s free", req.Model, api.FormatBytes(size), roomiest.ID, api.FormatBytes(roomiest.FreeBytes))
 		default:
-			fits = append(fits, fit{p, best, bestFree, bestGPU})
+			fits = append(fits, fit{pool: p, gpu: best, free: bestFree, onGPU: bestGPU})
 		}
 	}
 	if len(fits) == 0 {
@@ -236,13 +288,16 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 	}
 	win := fits[0]
 	for _, f := range fits[1:] {
-		if f.onGPU && !win.onGPU || f.onGPU == win.onGPU && (f.free > win.free || (f.free == win.free && f.pool.ID < win.pool.ID)) {
+		if better(f, win) {
 			win = f
 		}
 	}
 	for _, f := range fits {
 		switch {
 		case f.pool.ID == win.pool.ID:
+		case len(f.gpus) > len(win.gpus) && win.onGPU:
+			rejected = append(rejected, Rejection{PoolID: f.pool.ID, Reason: fmt.Sprintf("fits only split over %d GPUs (%s); %s holds it on fewer (%s)",
+				len(f.gpus), intList(f.gpus), win.pool.ID, intList(Decision{GPU: win.gpu, GPUs: win.gpus}.Devices()))})
 		case win.onGPU && !f.onGPU:
 			rejected = append(rejected, Rejection{PoolID: f.pool.ID, Reason: fmt.Sprintf("fits on device %d with %s free, its CPU; %s has a GPU where it fits (device %d)",
 				f.gpu, api.FormatBytes(f.free), win.pool.ID, win.gpu)})
@@ -251,7 +306,86 @@ func (MostFreeMemory) Place(pools []registry.Pool, req PlaceRequest) (Decision, 
 				f.gpu, api.FormatBytes(f.free), win.pool.ID, api.FormatBytes(win.free), win.gpu)})
 		}
 	}
-	return Decision{Pool: win.pool, GPU: win.gpu, FreeBytes: win.free, NeedBytes: need, Rejected: rejected}, nil
+	return Decision{Pool: win.pool, GPU: win.gpu, GPUs: win.gpus, Shares: win.shares, FreeBytes: win.free, NeedBytes: need, Rejected: rejected}, nil
+}
+
+// splitFit finds the fewest GPUs of gpus (their free memory now) that
+// hold size together, at least two, the roomiest first (ties: the
+// smaller id), and each one's share of size in proportion to its free
+// memory, as llama.cpp's layer split divides it: every share fits its
+// GPU when size fits their sum. ok is false when all of them together
+// cannot hold it.
+func splitFit(gpus []api.GPU, size uint64) (ids []int, shares []uint64, free uint64, ok bool) {
+	gpus = slices.Clone(gpus)
+	slices.SortFunc(gpus, func(a, b api.GPU) int {
+		if a.FreeBytes != b.FreeBytes {
+			if a.FreeBytes > b.FreeBytes {
+				return -1
+			}
+			return 1
+		}
+		return a.ID - b.ID
+	})
+	for i, g := range gpus {
+		free += g.FreeBytes
+		if i == 0 || free < size {
+			continue
+		}
+		avail := make([]uint64, i+1)
+		for j, g := range gpus[:i+1] {
+			ids = append(ids, g.ID)
+			avail[j] = g.FreeBytes
+		}
+		return ids, SplitShares(size, avail), free, true
+	}
+	return nil, nil, 0, false
+}
+
+// SplitShares divides need over devices in proportion to avail, the
+// memory each has free: each share is at most its device's when need
+// fits their sum; the rounding goes to the first. Equal shares when none
+// has any.
+func SplitShares(need uint64, avail []uint64) []uint64 {
+	var sum uint64
+	for _, a := range avail {
+		sum += a
+	}
+	shares := make([]uint64, len(avail))
+	var given uint64
+	for i, a := range avail {
+		if sum == 0 {
+			shares[i] = need / uint64(len(avail))
+		} else {
+			shares[i] = uint64(float64(need) * float64(a) / float64(sum))
+		}
+		given += shares[i]
+	}
+	if len(shares) > 0 && given < need {
+		shares[0] += need - given
+	}
+	return shares
+}
+
+// gpusFree says, for a pool of more than one GPU, what they have free
+// together: a split over all of them would not hold the model either.
+func gpusFree(gpus []api.GPU) string {
+	if len(gpus) < 2 {
+		return ""
+	}
+	var sum uint64
+	for _, g := range gpus {
+		sum += g.FreeBytes
+	}
+	return fmt.Sprintf(", its %d GPUs %s together", len(gpus), api.FormatBytes(sum))
+}
+
+// intList is ns comma-separated.
+func intList(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ",")
 }
 
 // deviceFree is the memory device g of pool p has free as the queen
@@ -266,12 +400,13 @@ func deviceFree(p registry.Pool, g api.GPU, models map[string]api.Model) uint64 
 	return freeOn(p, g, models, false)
 }
 
-// heldBy is the memory worker w holds, or will once loaded: what it
-// reported, else (starting, or placed and not listed yet) its model's
-// need from the pool's model list.
-func heldBy(w api.Worker, models map[string]api.Model) uint64 {
-	if w.VRAMBytes > 0 {
-		return w.VRAMBytes
+// heldBy is the memory worker w holds on device id, or will once loaded:
+// what it reported there (of a split worker, its part), else (starting,
+// or placed and not listed yet) its model's need from the pool's model
+// list.
+func heldBy(w api.Worker, id int, models map[string]api.Model) uint64 {
+	if b, _ := w.On(id); b > 0 {
+		return b
 	}
 	if m, ok := models[w.ModelRef]; ok {
 		return modelNeed(m)
@@ -283,13 +418,14 @@ func heldBy(w api.Worker, models map[string]api.Model) uint64 {
 // count as gone: their memory is coming back.
 func freeOn(p registry.Pool, g api.GPU, models map[string]api.Model, stoppingGone bool) uint64 {
 	gone := func(w api.Worker) bool {
-		return w.GPUDevice != g.ID || w.StoppedAt != nil || stoppingGone && lifecycle.State(w.Status) == lifecycle.Draining
+		_, on := w.On(g.ID)
+		return !on || w.StoppedAt != nil || stoppingGone && lifecycle.State(w.Status) == lifecycle.Draining
 	}
 	if g.TotalBytes == 0 {
 		free := g.FreeBytes // no total reported: the reading is all there is
 		for _, w := range p.Workers {
-			if stoppingGone && w.GPUDevice == g.ID && w.StoppedAt == nil && lifecycle.State(w.Status) == lifecycle.Draining {
-				free += w.VRAMBytes
+			if b, on := w.On(g.ID); stoppingGone && on && w.StoppedAt == nil && lifecycle.State(w.Status) == lifecycle.Draining {
+				free += b
 			}
 		}
 		return free
@@ -303,7 +439,7 @@ func freeOn(p registry.Pool, g api.GPU, models map[string]api.Model, stoppingGon
 		if gone(w) {
 			continue
 		}
-		held += heldBy(w, models)
+		held += heldBy(w, g.ID, models)
 	}
 	if held >= g.TotalBytes {
 		return 0
@@ -335,7 +471,7 @@ func apartOn(p registry.Pool, gpu int, apart func(string) string) string {
 		return ""
 	}
 	for _, w := range p.Workers {
-		if w.GPUDevice == gpu && live(w) {
+		if _, on := w.On(gpu); on && live(w) {
 			if why := apart(w.ModelRef); why != "" {
 				return fmt.Sprintf("a worker of %s (%s)", w.ModelRef, why)
 			}

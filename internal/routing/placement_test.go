@@ -3,6 +3,7 @@ package routing
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -264,5 +265,76 @@ func TestPlacementPrefersAGPU(t *testing.T) {
 		if len(d.Rejected) != 1 || !strings.Contains(d.Rejected[0].Reason, tc.whyOther) {
 			t.Errorf("%s: rejected %+v, want the other pool with %q", api.FormatBytes(uint64(tc.size)), d.Rejected, tc.whyOther)
 		}
+	}
+}
+
+// A model that fits no one GPU is split over the fewest GPUs of one pool
+// that hold it, the roomiest first, each given a share in proportion to
+// its free memory; one GPU where it fits comes first, a pool that needs
+// fewer GPUs before one that needs more, any split before the CPU; GPUs
+// of two pools are never mixed; a split worker's part counts on each of
+// its devices.
+func TestPlacementSplitsOverTheFewestGPUs(t *testing.T) {
+	gpus := func(free ...uint64) []api.GPU {
+		var out []api.GPU
+		for i, f := range free {
+			out = append(out, api.GPU{ID: i, Kind: api.DeviceCUDA, TotalBytes: max(128, f) << 20, FreeBytes: f << 20})
+		}
+		return append(out, api.GPU{ID: len(free), Kind: api.DeviceCPU, FreeBytes: 64 << 30})
+	}
+	for _, tc := range []struct {
+		name   string
+		pools  []registry.Pool
+		size   uint64 // MiB
+		pool   string
+		devs   []int
+		shares []uint64 // MiB
+	}{
+		{"one GPU where it fits", []registry.Pool{{ID: "a", GPUs: gpus(128, 128)}}, 100, "a", []int{0}, nil},
+		{"two of 128 MiB for 183", []registry.Pool{{ID: "a", GPUs: gpus(128, 128)}}, 183, "a", []int{0, 1}, []uint64{91, 91}},
+		{"the roomiest two of four", []registry.Pool{{ID: "a", GPUs: gpus(50, 120, 100, 128)}}, 183, "a", []int{3, 1}, []uint64{94, 88}},
+		{"three when two do not hold it", []registry.Pool{{ID: "a", GPUs: gpus(100, 100, 100)}}, 250, "a", []int{0, 1, 2}, []uint64{83, 83, 83}},
+		{"fewer GPUs in another pool", []registry.Pool{{ID: "a", GPUs: gpus(100, 100, 100)}, {ID: "b", GPUs: gpus(128, 128)}}, 183, "b", []int{0, 1}, []uint64{91, 91}},
+		{"one GPU in another pool before a split", []registry.Pool{{ID: "a", GPUs: gpus(128, 128)}, {ID: "b", GPUs: gpus(100, 190)}}, 183, "b", []int{1}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			models := map[string]map[string]api.Model{}
+			for i := range tc.pools {
+				tc.pools[i].Status = registry.Healthy
+				models[tc.pools[i].ID] = map[string]api.Model{"m": {Ref: "m", SizeBytes: int64(tc.size << 20)}}
+			}
+			d, err := MostFreeMemory{}.Place(tc.pools, PlaceRequest{Model: "m", Models: models})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var shares []uint64
+			var sum uint64
+			for _, s := range d.Shares {
+				shares = append(shares, s>>20)
+				sum += s
+			}
+			if d.Pool.ID != tc.pool || !slices.Equal(d.Devices(), tc.devs) || !slices.Equal(shares, tc.shares) || d.GPU != tc.devs[0] ||
+				len(shares) > 0 && sum != tc.size<<20 {
+				t.Errorf("placed on %s devices %v shares %v MiB (%d bytes, gpu %d), want %s %v %v", d.Pool.ID, d.Devices(), shares, sum, d.GPU, tc.pool, tc.devs, tc.shares)
+			}
+		})
+	}
+
+	// Two pools of one 128 MiB GPU each: never one split over both.
+	pools := []registry.Pool{{ID: "a", Status: registry.Healthy, GPUs: gpus(128)[:1]}, {ID: "b", Status: registry.Healthy, GPUs: gpus(128)[:1]}}
+	m := map[string]api.Model{"m": {Ref: "m", SizeBytes: 183 << 20}}
+	if d, err := (MostFreeMemory{}).Place(pools, PlaceRequest{Model: "m", Models: map[string]map[string]api.Model{"a": m, "b": m}}); err == nil {
+		t.Errorf("placed on %s %v over two nodes' GPUs", d.Pool.ID, d.Devices())
+	}
+
+	// A split worker holds its part on each device: a second model of
+	// 80 MiB fits neither GPU, nor both together (36 and 37 MiB free).
+	p := registry.Pool{ID: "a", Status: registry.Healthy, GPUs: gpus(128, 128)[:2], Workers: []api.Worker{{WorkerID: "w", ModelRef: "big", Status: "ready",
+		GPUDevice: 0, VRAMBytes: 183 << 20, Devices: []api.WorkerDevice{{ID: 0, VRAMBytes: 92 << 20}, {ID: 1, VRAMBytes: 91 << 20}}}}}
+	small := map[string]api.Model{"m": {Ref: "m", SizeBytes: 80 << 20}, "big": {Ref: "big", SizeBytes: 183 << 20}}
+	if d, err := (MostFreeMemory{}).Place([]registry.Pool{p}, PlaceRequest{Model: "m", Models: map[string]map[string]api.Model{"a": small}}); err == nil {
+		t.Errorf("80 MiB placed on %v beside a split worker holding 92 and 91 of 128 MiB", d.Devices())
+	} else if !strings.Contains(err.Error(), "its 2 GPUs 73.0 MiB together") {
+		t.Errorf("error %v, want what the GPUs have free together", err)
 	}
 }

@@ -114,6 +114,7 @@ type Start struct {
 	Model  string
 	Pool   string
 	GPU    int
+	GPUs   []int          // a split over several GPUs (GPU first); nil: GPU alone
 	Reason string         // for the audit entry of the start
 	Meta   map[string]any // the placement and the demand, for the audit entry
 }

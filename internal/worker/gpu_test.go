@@ -14,6 +14,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
 // compileBackend builds C source as dir/libggml-cuda.so with gcc, against
@@ -169,5 +170,85 @@ func TestWorkerRefusesAModelTooBigForTheGPU(t *testing.T) {
 	}
 	if h := s.Held(0, p.cmd.Process.Pid); h != 0 {
 		t.Errorf("the device still records %d bytes of the ended worker", h)
+	}
+}
+
+// A model split over two GPUs (--gpu-devices 0,1, the layer split): each
+// stand-in GPU is too small for the whole model, as a worker on one GPU
+// holds it; the split worker loads it over both, each holds a part, its
+// greedy output is the CPU worker's exactly, and both devices record
+// nothing once it ends.
+func TestWorkerSplitsAModelOverTwoGPUs(t *testing.T) {
+	s := standinGPUs(t)
+	// A model whose weights outweigh llama.cpp's compute buffers (the
+	// default test model's do not), as a model too big for a GPU's do.
+	model := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := testmodel.WriteFile(model, testmodel.Options{Seed: 7, Layers: 8, Dim: 256}); err != nil {
+		t.Fatal(err)
+	}
+	_, cpuURL := startWorkerBinaryOn(t, model, nil, "--ctx-size", "512")
+	want := greedy(t, cpuURL, "tiny", "Once upon a time", 32, "the CPU")
+
+	// What the model takes on one GPU sizes the two small ones.
+	one, url := startWorkerBinaryOn(t, model, s.Env(), "--ctx-size", "512", "--gpu-device", "1")
+	greedy(t, url, "tiny", "Once upon a time", 4, "GPU 1")
+	whole := s.Held(1, one.cmd.Process.Pid)
+	one.signal(t, syscall.SIGTERM)
+	one.exitCode(t)
+	if whole == 0 {
+		t.Fatal("the one-GPU worker held nothing on its GPU")
+	}
+	small := whole * 3 / 4
+	split := testbin.NewStandin(t,
+		testbin.StandinDevice{TotalBytes: small, UUID: "GPU-00000000-standin-split-0", Name: "Stand-in GPU a"},
+		testbin.StandinDevice{TotalBytes: small, UUID: "GPU-00000000-standin-split-1", Name: "Stand-in GPU b"})
+
+	// One of them alone cannot hold it.
+	refused := startApiary(t, split.Env(), "worker", "--model", model, "--ctx-size", "512", "--port", "0", "--gpu-device", "0")
+	if code := refused.exitCode(t); code != 1 {
+		t.Fatalf("a model of %d bytes on a GPU of %d: exit %d, want 1; log:\n%s", whole, small, code, refused.output())
+	}
+
+	p, url := startWorkerBinaryOn(t, model, split.Env(), "--ctx-size", "512", "--gpu-devices", "0,1", "--log-level", "debug")
+	if got := greedy(t, url, "tiny", "Once upon a time", 32, "GPUs 0 and 1"); got != want {
+		t.Errorf("greedy output split over two GPUs %q, on the CPU %q", got, want)
+	}
+	out := p.output()
+	if m := regexp.MustCompile(`offloaded (\d+)/(\d+) layers to GPU`).FindStringSubmatch(out); m == nil || m[1] != m[2] {
+		t.Errorf("not every layer offloaded (%v); log:\n%s", m, out)
+	}
+	if !strings.Contains(out, "splitting the model over GPUs") {
+		t.Errorf("no line of the split in the log:\n%s", out)
+	}
+	pid := p.cmd.Process.Pid
+	held0, held1 := split.Held(0, pid), split.Held(1, pid)
+	t.Logf("one GPU: %d bytes; split: %d on device 0, %d on device 1", whole, held0, held1)
+	if held0 == 0 || held1 == 0 || held0 > small || held1 > small {
+		t.Errorf("device 0 holds %d bytes, device 1 %d, each of %d: want a part of the model on each", held0, held1, small)
+	}
+	p.signal(t, syscall.SIGTERM)
+	if code := p.exitCode(t); code != 0 {
+		t.Errorf("exit %d after SIGTERM; log:\n%s", code, p.output())
+	}
+	if h0, h1 := split.Held(0, pid), split.Held(1, pid); h0 != 0 || h1 != 0 {
+		t.Errorf("the ended worker still records %d bytes on device 0, %d on device 1", h0, h1)
+	}
+	if strings.Contains(out, "panic") {
+		t.Errorf("log has a panic:\n%s", out)
+	}
+}
+
+// --gpu-devices and --split-mode refuse what cannot be meant: exit 2.
+func TestWorkerGPUDevicesUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"--gpu-devices", "0,0"},
+		{"--gpu-devices", "0,-1"},
+		{"--gpu-devices", "0,1", "--gpu-device", "0"},
+		{"--gpu-devices", "0,1", "--split-mode", "tensor"},
+	} {
+		p := startApiary(t, nil, append([]string{"worker", "--model", testModelPath(t), "--port", "0"}, args...)...)
+		if code := p.exitCode(t); code != 2 {
+			t.Errorf("%v: exit %d, want 2; stderr:\n%s", args, code, p.output())
+		}
 	}
 }
