@@ -26,16 +26,16 @@ type Info struct {
 	// KeyLength and ValueLength are the per-head sizes of K and V,
 	// {arch}.attention.key_length / value_length, default
 	// EmbeddingLength/HeadCount.
-	KeyLength      uint64 `json:"key_length"`
-	ValueLength    uint64 `json:"value_length"`
-	VocabSize      uint64 `json:"vocab_size"`              // len(tokenizer.ggml.tokens)
-	ChatTemplate   string `json:"chat_template,omitempty"` // tokenizer.chat_template
+	KeyLength    uint64 `json:"key_length"`
+	ValueLength  uint64 `json:"value_length"`
+	VocabSize    uint64 `json:"vocab_size"`              // len(tokenizer.ggml.tokens)
+	ChatTemplate string `json:"chat_template,omitempty"` // tokenizer.chat_template
 	// Pooling is the pooling {arch}.pooling_type names, as llama.cpp
 	// names it (PoolingNames: "mean", "cls", "last", "rank" …); "" when
 	// the GGUF names none. A reranker's is "rank".
-	Pooling string `json:"pooling,omitempty"`
-	ParameterCount uint64 `json:"parameter_count"`         // elements of all tensors
-	WeightsBytes   uint64 `json:"weights_bytes"`           // bytes of all tensors
+	Pooling        string `json:"pooling,omitempty"`
+	ParameterCount uint64 `json:"parameter_count"` // elements of all tensors
+	WeightsBytes   uint64 `json:"weights_bytes"`   // bytes of all tensors
 }
 
 // Info summarises the file.
