@@ -55,8 +55,10 @@ func TestProcessRerankThroughTheQueen(t *testing.T) {
 		return res
 	}
 
-	if code, b := post("/v1/rerank", "", map[string]any{"model": "ranker", "query": "Who makes honey?", "documents": docs}); code != http.StatusUnauthorized {
-		t.Errorf("rerank without the API token: %d %s, want 401", code, b)
+	for _, path := range []string{"/v1/rerank", "/rerank", "/v1/reranking"} {
+		if code, b := post(path, "", map[string]any{"model": "ranker", "query": "Who makes honey?", "documents": docs}); code != http.StatusUnauthorized {
+			t.Errorf("%s without the API token: %d %s, want 401", path, code, b)
+		}
 	}
 	all := rank("/v1/rerank", map[string]any{"model": "ranker", "query": "Who makes honey?", "documents": docs, "return_documents": true})
 	if all.Model != "ranker" || all.Object != "list" || len(all.Results) != len(docs) || all.Usage.PromptTokens == 0 || all.Usage.TotalTokens != all.Usage.PromptTokens {
