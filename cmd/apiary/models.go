@@ -345,7 +345,7 @@ func newModelsTestmodelCmd() *cobra.Command {
 	var arch, dir string
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "testmodel [--arch ARCH] OUT.gguf | REF",
+		Use:   "testmodel [--arch ARCH] [--rerank] OUT.gguf | REF",
 		Short: "Write a small deterministic model with random weights",
 		Long: `Write a small GGUF model with random weights to OUT.gguf, or, given a model
 REF (no "/", no ".gguf"), to REF.gguf in the models directory (--models-dir,
@@ -362,10 +362,17 @@ SentencePiece vocabulary: one token a printable ASCII character, byte
 tokens for the rest, and (--text, the default) words, which are all the
 model writes: random words, but text. --text=false writes the byte-level
 model the tests use, whose answers are mostly bytes that are no text
-(shown as U+FFFD). The same options always give the same file.`,
+(shown as U+FFFD). --rerank writes a reranker instead, as llama.cpp knows
+Qwen3-Reranker: a qwen3 model whose metadata names rank pooling, with a
+two-label classifier head (cls.output.weight) and a rerank template; a
+worker of it answers POST /v1/rerank with scores in 0…1, arbitrary but
+the same every time. The same options always give the same file.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Arch = testmodel.Arch(arch)
+			if opts.Rerank && !cmd.Flags().Changed("arch") {
+				opts.Arch = testmodel.Qwen3
+			}
 			if err := opts.Validate(); err != nil {
 				return usagef("%v", err)
 			}
@@ -401,6 +408,7 @@ model the tests use, whose answers are mostly bytes that are no text
 		testmodel.TextVocabSize, testmodel.VocabSize, testmodel.MaxVocab+testmodel.TextVocabSize-testmodel.VocabSize))
 	fl.BoolVar(&opts.Text, "text", true, "words in the vocabulary and weights that write only those (--text=false: the byte-level model of the tests)")
 	fl.BoolVar(&opts.ToolTemplate, "tool-template", false, "give the model a ChatML chat template with Hermes-style tool calling")
+	fl.BoolVar(&opts.Rerank, "rerank", false, "write a reranker (architecture "+string(testmodel.Qwen3)+", rank pooling, a classifier head) for POST /v1/rerank")
 	fl.BoolVar(&force, "force", false, "replace an existing file")
 	fl.StringVar(&dir, "models-dir", "", "models directory a REF is written to (default $XDG_DATA_HOME/apiary/models)")
 	return cmd

@@ -266,7 +266,16 @@ type Model struct {
 	// hashed the file (it does so in the background after it is first
 	// listed); absent until then.
 	Digest string `json:"digest,omitempty"`
+	// Pooling is the pooling the model's GGUF names, as llama.cpp names
+	// it ("mean", "rank" …), or PoolingUnspecified when it names none;
+	// absent from an older hive. A reranker's is "rank": the queen
+	// refuses a rerank of a model whose Pooling is another.
+	Pooling string `json:"pooling,omitempty"`
 }
+
+// PoolingUnspecified is Model.Pooling of a GGUF that names no pooling
+// (llama.cpp's LLAMA_POOLING_TYPE_UNSPECIFIED).
+const PoolingUnspecified = "unspecified"
 
 // ModelList is the answer of GET /v2/models.
 type ModelList struct {

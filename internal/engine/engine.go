@@ -24,6 +24,9 @@ var (
 	ErrTokenID = errors.New("no such token id")
 	// ErrClosed means the engine was closed.
 	ErrClosed = errors.New("closed")
+	// ErrNotReranker means a rerank was asked of a model whose GGUF names
+	// no rank pooling.
+	ErrNotReranker = errors.New("not a reranker")
 )
 
 // Options configure how a model is loaded.
@@ -58,6 +61,10 @@ type ModelInfo struct {
 	TrainCtx     int // context length the model was trained with
 	Vocab        int
 	ChatTemplate string // from GGUF metadata; empty when the model has none
+	// Reranker reports whether the model's GGUF names rank pooling
+	// ({arch}.pooling_type 4, llama.cpp's LLAMA_POOLING_TYPE_RANK): it
+	// scores query/document pairs (Rank) instead of embedding texts.
+	Reranker bool
 	// BOSText and EOSText are the texts of the model's beginning- and
 	// end-of-sequence tokens (chat templates write them).
 	BOSText, EOSText string
@@ -192,6 +199,14 @@ type Engine interface {
 	// Embed returns the pooled, L2-normalised embedding of a tokenized
 	// input (ErrPromptTooLong past one slot's context).
 	Embed(ctx context.Context, input []int) ([]float32, error)
+	// RerankInput is the token sequence a reranker scores for a query and
+	// a document, made as llama.cpp's server makes it (the model's rerank
+	// template, else [BOS] query [EOS] [SEP] document [EOS]).
+	RerankInput(query, document string) ([]int, error)
+	// Rank returns a reranker's relevance score of a RerankInput
+	// (ErrNotReranker for a model that is none, ErrPromptTooLong past one
+	// slot's context).
+	Rank(ctx context.Context, input []int) (float32, error)
 	// Close frees the model. Generations in flight end with ErrClosed.
 	Close() error
 }

@@ -1,6 +1,7 @@
 package gguf
 
 import (
+	"fmt"
 	"math"
 	"math/bits"
 )
@@ -25,12 +26,16 @@ type Info struct {
 	// KeyLength and ValueLength are the per-head sizes of K and V,
 	// {arch}.attention.key_length / value_length, default
 	// EmbeddingLength/HeadCount.
-	KeyLength      uint64 `json:"key_length"`
-	ValueLength    uint64 `json:"value_length"`
-	VocabSize      uint64 `json:"vocab_size"`              // len(tokenizer.ggml.tokens)
-	ChatTemplate   string `json:"chat_template,omitempty"` // tokenizer.chat_template
-	ParameterCount uint64 `json:"parameter_count"`         // elements of all tensors
-	WeightsBytes   uint64 `json:"weights_bytes"`           // bytes of all tensors
+	KeyLength    uint64 `json:"key_length"`
+	ValueLength  uint64 `json:"value_length"`
+	VocabSize    uint64 `json:"vocab_size"`              // len(tokenizer.ggml.tokens)
+	ChatTemplate string `json:"chat_template,omitempty"` // tokenizer.chat_template
+	// Pooling is the pooling {arch}.pooling_type names, as llama.cpp
+	// names it (PoolingNames: "mean", "cls", "last", "rank" …); "" when
+	// the GGUF names none. A reranker's is "rank".
+	Pooling        string `json:"pooling,omitempty"`
+	ParameterCount uint64 `json:"parameter_count"` // elements of all tensors
+	WeightsBytes   uint64 `json:"weights_bytes"`   // bytes of all tensors
 }
 
 // Info summarises the file.
@@ -51,6 +56,9 @@ func (f *File) Info() Info {
 		KeyLength:         md.Uint(key("attention.key_length")),
 		ValueLength:       md.Uint(key("attention.value_length")),
 		ChatTemplate:      md.String("tokenizer.chat_template"),
+	}
+	if _, ok := md.Lookup(key("pooling_type")); ok {
+		i.Pooling = PoolingName(md.Uint(key("pooling_type")))
 	}
 	if v, ok := md.Lookup("tokenizer.ggml.tokens"); ok && v.Type() == TypeArray {
 		i.VocabSize = uint64(v.Len())
@@ -73,6 +81,19 @@ func (f *File) Info() Info {
 		i.WeightsBytes += t.Size
 	}
 	return i
+}
+
+// PoolingNames are llama.cpp's pooling types (enum llama_pooling_type)
+// by their number.
+var PoolingNames = []string{"none", "mean", "cls", "last", "rank"}
+
+// PoolingName names pooling type n as llama.cpp does ("pooling 7" for
+// one it has no name for).
+func PoolingName(n uint64) string {
+	if n < uint64(len(PoolingNames)) {
+		return PoolingNames[n]
+	}
+	return fmt.Sprintf("pooling %d", n)
 }
 
 // maxUint reads an integer, or the largest element of an integer array.

@@ -178,3 +178,20 @@ func TestValueAccessors(t *testing.T) {
 		t.Errorf("Index(1) = %s %v", got.Type(), got)
 	}
 }
+
+// Info names the pooling {arch}.pooling_type names as llama.cpp does;
+// none when the key is absent.
+func TestInfoPooling(t *testing.T) {
+	for _, tt := range []struct {
+		pooling gguf.Value
+		want    string
+	}{{gguf.Uint32(4), "rank"}, {gguf.Int32(1), "mean"}, {gguf.Uint32(9), "pooling 9"}} {
+		f := read(t, writeFile(t, append(llamaMetadata(), gguf.KV{Key: "llama.pooling_type", Value: tt.pooling}), nil))
+		if got := f.Info().Pooling; got != tt.want {
+			t.Errorf("pooling_type %v: Pooling %q, want %q", tt.pooling, got, tt.want)
+		}
+	}
+	if got := read(t, writeFile(t, llamaMetadata(), nil)).Info().Pooling; got != "" {
+		t.Errorf("no pooling_type: Pooling %q, want none", got)
+	}
+}

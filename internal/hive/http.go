@@ -1,6 +1,7 @@
 package hive
 
 import (
+	"cmp"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -255,6 +256,7 @@ func listModels(dir string, ctxSize int, digests *modelstore.Digests) ([]api.Mod
 			am.Architecture = m.Info.Architecture
 			am.EstimateBytes = int64(m.Info.EstimateMemory(ctxSize).Total)
 			am.ParameterCount, am.FileType = m.Info.ParameterCount, m.Info.FileType.String()
+			am.Pooling = cmp.Or(m.Info.Pooling, api.PoolingUnspecified)
 		}
 		if digests != nil {
 			am.Digest = digests.Lookup(m)

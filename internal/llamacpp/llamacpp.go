@@ -146,6 +146,9 @@ type Engine struct {
 	embMu  sync.Mutex              // serialises embeddings; guards the fields below
 	emb    *C.struct_llama_context // guarded by embMu; the embeddings context, made on first use
 	embOff bool                    // guarded by embMu; set once the engine is freed
+	rank   *C.struct_llama_context // guarded by embMu; a reranker's rank-pooling context, made on first use
+
+	rerank rerankFormat // how a query and a document make a reranker's input (rank.go)
 
 	submit chan []*sequence // the choices of one request, admitted together
 
@@ -329,6 +332,8 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 	if e.tmpl != nil {
 		e.info.ChatTemplate = C.GoString(e.tmpl)
 	}
+	e.info.Reranker = e.metaString(e.info.Architecture+".pooling_type") == strconv.Itoa(int(C.LLAMA_POOLING_TYPE_RANK))
+	e.rerank = e.newRerankFormat()
 	e.info.BOSText = e.tokenText(C.llama_vocab_bos(e.vocab))
 	e.info.EOSText = e.tokenText(C.llama_vocab_eos(e.vocab))
 	if err := e.warmup(); err != nil {
@@ -387,12 +392,18 @@ func (e *Engine) Info() engine.ModelInfo { return e.info }
 // Tokenize turns text into token ids. Special tokens written in the text
 // (such as a chat template's markers) are parsed as such.
 func (e *Engine) Tokenize(text string, addSpecial bool) ([]int, error) {
+	return e.tokenize(text, addSpecial, true)
+}
+
+// tokenize is Tokenize with the choice whether special tokens written in
+// the text are parsed as such (parseSpecial) or as plain text.
+func (e *Engine) tokenize(text string, addSpecial, parseSpecial bool) ([]int, error) {
 	ctext := C.CString(text)
 	defer C.free(unsafe.Pointer(ctext))
 	n := len(text) + 2
 	for range 2 {
 		buf := make([]C.llama_token, n)
-		got := C.llama_tokenize(e.vocab, ctext, C.int32_t(len(text)), &buf[0], C.int32_t(n), C.bool(addSpecial), true)
+		got := C.llama_tokenize(e.vocab, ctext, C.int32_t(len(text)), &buf[0], C.int32_t(n), C.bool(addSpecial), C.bool(parseSpecial))
 		if got == C.INT32_MIN {
 			return nil, errors.New("text too long to tokenize")
 		}
@@ -521,6 +532,10 @@ func (e *Engine) free() {
 	if e.emb != nil {
 		C.llama_free(e.emb)
 		e.emb = nil
+	}
+	if e.rank != nil {
+		C.llama_free(e.rank)
+		e.rank = nil
 	}
 	e.embOff = true
 	e.embMu.Unlock()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/anthropic"
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/modelconfig"
 	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/registry"
@@ -31,6 +32,9 @@ func (s *Service) Routes(mux *http.ServeMux) {
 	mux.Handle("POST /v1/completions", s.inference("completions", s.postCompletions))
 	mux.Handle("POST /v1/chat/completions", s.inference("chat_completions", s.postChatCompletions))
 	mux.Handle("POST /v1/embeddings", s.inference("embeddings", s.postEmbeddings))
+	for _, path := range openai.RerankPaths {
+		mux.Handle("POST "+path, s.inference("rerank", s.postRerank))
+	}
 	mux.Handle("POST /v1/messages", s.inferenceAs("messages", s.postMessages, true))
 	mux.Handle("POST /v1/messages/count_tokens", s.inferenceAs("count_tokens", func(w http.ResponseWriter, r *http.Request, c *call) error {
 		return s.serveInference(w, r, c, "/v1/messages/count_tokens", func(body []byte) (string, bool, error) {
@@ -367,6 +371,35 @@ func (s *Service) postEmbeddings(w http.ResponseWriter, r *http.Request, c *call
 		req, err := openai.DecodeEmbeddingRequest(body)
 		return req.Model, false, err
 	})
+}
+
+// postRerank relays POST /v1/rerank (and llama.cpp's other names of it)
+// to a worker's /v1/rerank. A model the hives list with a pooling other
+// than rank is refused here, as its worker would refuse it.
+func (s *Service) postRerank(w http.ResponseWriter, r *http.Request, c *call) error {
+	return s.serveInferenceUpTo(w, r, c, "/v1/rerank", max(s.cfg.MaxBodyBytes, openai.MaxRerankBodyBytes), func(body []byte) (string, bool, error) {
+		req, err := openai.DecodeRerankRequest(body)
+		if err != nil {
+			return "", false, err
+		}
+		if req.Model != "" {
+			if err := s.checkReranker(req.Model); err != nil {
+				return "", false, err
+			}
+		}
+		return req.Model, false, nil
+	})
+}
+
+// checkReranker refuses name (a ref, or a configured name) when a pool
+// lists its file with a pooling other than rank; a model no list has, or
+// one an older hive lists without its pooling, is left to its worker.
+func (s *Service) checkReranker(name string) error {
+	m, ok := s.catalog.lookup(s.servable(), s.resolve(name).ref)
+	if !ok || m.Pooling == "" || m.Pooling == "rank" {
+		return nil
+	}
+	return openai.NotReranker(name, fmt.Errorf("%w: its pooling is %s", engine.ErrNotReranker, m.Pooling))
 }
 
 // postMessages relays Anthropic's POST /v1/messages. A configured

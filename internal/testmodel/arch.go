@@ -286,6 +286,9 @@ func tensors(s shape) []tensor {
 	if !s.Arch.tied() || s.Text {
 		mk("output.weight", nil, dim, vocab)
 	}
+	if s.Rerank {
+		mk("cls.output.weight", nil, dim, uint64(len(RerankLabels)))
+	}
 	if s.Arch == Gemma4 {
 		// Proportional RoPE of the global layers: a quarter of each
 		// head's pairs rotate (factor 1), the rest never (1e30), as

@@ -101,7 +101,27 @@ type Options struct {
 	// tokenizer.chat_template; without, it has none (and chats get the
 	// worker's fallback).
 	ToolTemplate bool
+	// Rerank makes a reranker, as Qwen3-Reranker is one to llama.cpp: a
+	// Qwen3 model (the default Arch with Rerank; no other is allowed)
+	// whose metadata names rank pooling ({arch}.pooling_type 4) and two
+	// classifier labels ("yes", "no"), with a classifier head
+	// cls.output.weight ([dim, 2]) and RerankTemplate as its
+	// tokenizer.chat_template.rerank. llama.cpp's rank pooling takes the
+	// last token's state through the head and a softmax: a document's
+	// score is the probability of "yes", in 0…1.
+	Rerank bool
 }
+
+// RerankTemplate is a reranker's tokenizer.chat_template.rerank: the
+// prompt llama.cpp's server (and the worker) makes of a query and a
+// document, as Qwen3-Reranker's is, made short.
+const RerankTemplate = "Query: {query}\nDocument: {document}\nRelevant:"
+
+// RerankLabels are a reranker's {arch}.classifier.output_labels.
+var RerankLabels = []string{"yes", "no"}
+
+// poolingRank is llama.cpp's LLAMA_POOLING_TYPE_RANK.
+const poolingRank = 4
 
 // ToolChatTemplate is a ChatML chat template with Hermes/Qwen-style tool
 // calling: tools listed in the system message in <tools>, calls written
@@ -138,6 +158,9 @@ const ToolChatTemplate = `{%- if tools %}
 func (o Options) withDefaults() Options {
 	if o.Arch == "" {
 		o.Arch = Llama
+		if o.Rerank {
+			o.Arch = Qwen3
+		}
 	}
 	if o.Seed == 0 {
 		o.Seed = 1
@@ -180,6 +203,9 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: unknown architecture %q (known: %s)", ErrOptions, o.Arch, ArchNames())
 	}
 	o = o.withDefaults()
+	if o.Rerank && o.Arch != Qwen3 {
+		return fmt.Errorf("%w: a reranker is of architecture %s, not %s", ErrOptions, Qwen3, o.Arch)
+	}
 	if o.Layers < 1 || o.Layers > MaxLayers {
 		return fmt.Errorf("%w: layers %d is not in 1…%d", ErrOptions, o.Layers, MaxLayers)
 	}
@@ -249,6 +275,9 @@ func (o Options) name() string {
 	experts := ""
 	if o.Arch.moe() {
 		experts = fmt.Sprintf(", %d experts, %d used", o.Experts, o.ExpertsUsed)
+	}
+	if o.Rerank {
+		text += ", reranker"
 	}
 	return fmt.Sprintf("apiary test model (seed %d, %d layers, dim %d, %s, feed-forward %d, vocab %d%s%s)",
 		o.Seed, o.Layers, o.Dim, heads, o.FF, o.Vocab, experts, text)
@@ -331,6 +360,10 @@ func metadata(s shape) gguf.Metadata {
 	add(key("attention.head_count_kv"), s.headCountKV())
 	add(key("attention.layer_norm_rms_epsilon"), gguf.Float32(s.Arch.rmsEpsilon()))
 	archMetadata(s, add)
+	if s.Rerank {
+		add(key("pooling_type"), u32(poolingRank))
+		add(key("classifier.output_labels"), gguf.Array(RerankLabels))
+	}
 	add("tokenizer.ggml.model", gguf.String("llama"))
 	add("tokenizer.ggml.tokens", gguf.Array(tokens))
 	add("tokenizer.ggml.scores", gguf.Array(scores))
@@ -342,6 +375,9 @@ func metadata(s shape) gguf.Metadata {
 	add("tokenizer.ggml.add_eos_token", gguf.Bool(false))
 	if s.ToolTemplate {
 		add("tokenizer.chat_template", gguf.String(ToolChatTemplate))
+	}
+	if s.Rerank {
+		add("tokenizer.chat_template.rerank", gguf.String(RerankTemplate))
 	}
 	return md
 }

@@ -218,6 +218,9 @@ func TestOptionsValidate(t *testing.T) {
 		{testmodel.Options{Dim: 4}, "invalid options: dim 4 is not a multiple of 8 (2 × heads) in 8…4096"},
 		{testmodel.Options{Dim: 66}, "invalid options: dim 66 is not a multiple of 8 (2 × heads) in 8…4096"},
 		{testmodel.Options{Dim: 4100}, "invalid options: dim 4100 is not a multiple of 8 (2 × heads) in 8…4096"},
+		{testmodel.Options{Rerank: true}, ""},
+		{testmodel.Options{Rerank: true, Arch: testmodel.Qwen3}, ""},
+		{testmodel.Options{Rerank: true, Arch: testmodel.Llama}, "invalid options: a reranker is of architecture qwen3, not llama"},
 	}
 	for _, tt := range tests {
 		err := tt.o.Validate()
@@ -289,5 +292,34 @@ func TestCustomShape(t *testing.T) {
 		if err := bad.Validate(); !errors.Is(err, testmodel.ErrOptions) {
 			t.Errorf("%+v: %v, want ErrOptions", bad, err)
 		}
+	}
+}
+
+// A reranker is a qwen3 model whose metadata names rank pooling, two
+// classifier labels and the rerank template, with a classifier head of
+// one row a label.
+func TestReranker(t *testing.T) {
+	f := parse(t, generate(t, testmodel.Options{Rerank: true}))
+	md := f.Metadata
+	if got := f.Info(); got.Architecture != "qwen3" || got.Pooling != "rank" {
+		t.Errorf("architecture %q, pooling %q; want qwen3, rank", got.Architecture, got.Pooling)
+	}
+	if got := md.String("tokenizer.chat_template.rerank"); got != testmodel.RerankTemplate {
+		t.Errorf("rerank template %q, want %q", got, testmodel.RerankTemplate)
+	}
+	if v, ok := md.Lookup("qwen3.classifier.output_labels"); !ok || v.Len() != len(testmodel.RerankLabels) {
+		t.Errorf("classifier labels %v, want %d", v, len(testmodel.RerankLabels))
+	}
+	var head []uint64
+	for _, tn := range f.Tensors {
+		if tn.Name == "cls.output.weight" {
+			head = tn.Shape
+		}
+	}
+	if diff := cmp.Diff([]uint64{64, uint64(len(testmodel.RerankLabels))}, head); diff != "" {
+		t.Errorf("cls.output.weight shape (-want +got):\n%s", diff)
+	}
+	if plain := parse(t, generate(t, testmodel.Options{Arch: testmodel.Qwen3})); plain.Info().Pooling != "" {
+		t.Errorf("a qwen3 model that is no reranker names pooling %q", plain.Info().Pooling)
 	}
 }

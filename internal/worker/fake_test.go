@@ -84,6 +84,10 @@ func (f *fakeEngine) ChatPrompt(msgs []engine.Message) (string, error) {
 func (f *fakeEngine) Check(engine.Request) error { return nil }
 
 func (f *fakeEngine) Embed(context.Context, []int) ([]float32, error) { return []float32{1}, nil }
+func (f *fakeEngine) RerankInput(q, d string) ([]int, error) {
+	return f.Tokenize(q+d, true)
+}
+func (f *fakeEngine) Rank(context.Context, []int) (float32, error) { return 0, engine.ErrNotReranker }
 
 func (f *fakeEngine) Generate(ctx context.Context, req engine.Request, emit engine.Emit) (res engine.Result, err error) {
 	if f.started != nil {

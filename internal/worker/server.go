@@ -37,11 +37,7 @@ import (
 // body; a panic answers 500 and is logged.
 func (w *Worker) Handler() http.Handler {
 	mux := http.NewServeMux()
-	routes := []struct {
-		method, path string
-		h            handlerFunc
-		anthropic    bool // errors in Anthropic's shape
-	}{
+	routes := []route{
 		{http.MethodGet, "/health", w.handleHealth, false},
 		{http.MethodGet, "/v1/models", w.handleModels, false},
 		{http.MethodGet, "/v1/models/{id}", w.handleModel, false},
@@ -53,6 +49,9 @@ func (w *Worker) Handler() http.Handler {
 		{http.MethodPost, "/v1/responses", w.handleResponses, false},
 		{http.MethodPost, "/v1/admin/shutdown", w.handleShutdown, false},
 	}
+	for _, path := range openai.RerankPaths {
+		routes = append(routes, route{http.MethodPost, path, w.handleRerank, false})
+	}
 	for _, rt := range routes {
 		write := openai.WriteError
 		if rt.anthropic {
@@ -63,6 +62,13 @@ func (w *Worker) Handler() http.Handler {
 	}
 	mux.Handle("/", w.adapt(notFound))
 	return w.recoverPanics(w.guard(mux))
+}
+
+// route is one of Handler's routes.
+type route struct {
+	method, path string
+	h            handlerFunc
+	anthropic    bool // errors in Anthropic's shape
 }
 
 // guard refuses, before any handler runs, a request without the worker's
