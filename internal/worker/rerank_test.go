@@ -3,12 +3,14 @@ package worker
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
@@ -94,4 +96,42 @@ func errParam(e openai.ErrorResponse) string {
 		return ""
 	}
 	return *e.Error.Param
+}
+
+// The worker's rerank scores are llama-server's (--reranking, the same
+// llama.cpp commit) on the same model and inputs, within 1e-3: the same
+// pairs formatted the same way, the same rank pooling.
+func TestRerankScoresAsLlamaServerDoes(t *testing.T) {
+	server := testbin.LlamaServer(t)
+	model := filepath.Join(t.TempDir(), "ranker.gguf")
+	if err := testmodel.WriteFile(model, testmodel.Options{Rerank: true}); err != nil {
+		t.Fatal(err)
+	}
+	_, worker := startWorkerBinaryOn(t, model, nil, "--ctx-size", "512")
+	ls := testbin.StartLlamaServer(t, server, "-m", model, "-c", "512", "-t", "1", "--no-warmup", "--reranking")
+	body := map[string]any{"model": "ranker", "query": "Who makes honey?", "documents": rerankDocs}
+	code, got, bad := postRerank(t, worker, "/v1/rerank", body)
+	if code != http.StatusOK {
+		t.Fatalf("the worker: %d %+v", code, bad)
+	}
+	code, want, bad := postRerank(t, ls, "/v1/rerank", body)
+	if code != http.StatusOK {
+		t.Fatalf("llama-server: %d %+v", code, bad)
+	}
+	scores := func(r openai.RerankResponse) map[int]float64 {
+		m := map[int]float64{}
+		for _, x := range r.Results {
+			m[x.Index] = x.RelevanceScore
+		}
+		return m
+	}
+	g, w := scores(got), scores(want)
+	if len(g) != len(rerankDocs) || len(w) != len(rerankDocs) {
+		t.Fatalf("scores of %d and %d documents, want %d: worker %+v, llama-server %+v", len(g), len(w), len(rerankDocs), got, want)
+	}
+	for i := range rerankDocs {
+		if math.Abs(g[i]-w[i]) > 1e-3 {
+			t.Errorf("document %d: the worker scores %v, llama-server %v", i, g[i], w[i])
+		}
+	}
 }
