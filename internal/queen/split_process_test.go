@@ -27,6 +27,8 @@ import (
 // stand-in driver's count, and the others nothing; its row, its pool's
 // worker entry and the start's audit entry name both devices; stopped,
 // each device's memory comes back and the release check says so for each.
+// A second model of the same size arriving meanwhile goes where its room
+// is (the two free GPUs of four, else the CPU), no device overcommitted.
 func TestProcessSplitOverGPUs(t *testing.T) {
 	for _, tc := range []struct {
 		devices int
@@ -55,7 +57,9 @@ func splitOverGPUs(t *testing.T, n int, part float64) {
 		devs = append(devs, testbin.StandinDevice{TotalBytes: size, UUID: fmt.Sprintf("GPU-5a0d3c1e-0000-4000-8000-00000000000%d", i), Name: "Stand-in"})
 	}
 	s := testbin.NewStandin(t, devs...)
-	c := startClusterWith(t, clusterOptions{model: model, hiveEnv: s.Env()}, nil,
+	second := model
+	second.Seed = 8
+	c := startClusterWith(t, clusterOptions{model: model, more: map[string]testmodel.Options{"b": second}, hiveEnv: s.Env()}, nil,
 		"--log-level", "debug", "--pass-env", testbin.StandinEnv, "--worker-ctx-size", "512")
 	ctx := t.Context()
 
@@ -118,6 +122,37 @@ func splitOverGPUs(t *testing.T, n int, part float64) {
 	}) {
 		t.Errorf("no start entry names gpu_devices [0 1]: %+v", entries)
 	}
+
+	// A second model of the same size arrives while the split runs: it
+	// is placed where its room is (two free GPUs of four, else the
+	// node's CPU), and no device holds more than it has.
+	p := completion(8)
+	p.Model = "b"
+	if _, err := c.client.Completions.New(ctx, p, ignoreEOS); err != nil {
+		t.Fatalf("a second model beside the split: %v", err)
+	}
+	var other api.LifecycleRow
+	for _, r := range c.rows() {
+		if r.ModelRef == "b" && r.Status == "RUNNING" && r.PID != nil {
+			other = r
+		}
+	}
+	if other.ID == "" {
+		t.Fatalf("no RUNNING worker of b: %+v", c.rows())
+	}
+	for d := range n {
+		if h := s.Held(d, pid) + s.Held(d, *other.PID); h > size {
+			t.Errorf("device %d of %d bytes holds %d: overcommitted (the split and b on %v %s)", d, size, h, other.GPUDevices, other.DeviceKind)
+		}
+	}
+	wantB := api.DeviceCPU
+	if n >= 4 {
+		wantB = api.DeviceCUDA
+	}
+	if other.DeviceKind != wantB {
+		t.Errorf("b on %s %v, want %s", other.DeviceKind, other.GPUDevices, wantB)
+	}
+	t.Logf("b placed on %s %v", other.DeviceKind, other.GPUDevices)
 
 	if _, err := c.admin.StopWorker(ctx, row.ID, false, "the split is done"); err != nil {
 		t.Fatal(err)
