@@ -4,6 +4,13 @@
 // and calls the queen's admin endpoints for the rest.
 'use strict';
 
+// deviceOf names a worker's device: "cpu 0", "cuda 1", or for a worker
+// split over several GPUs all of them ("cuda 0,1").
+function deviceOf(r) {
+  if (r.gpu_devices && r.gpu_devices.length > 1) return (r.device_kind || 'gpu') + ' ' + r.gpu_devices.join(',');
+  return r.gpu_device === undefined || r.gpu_device === null ? '–' : (r.device_kind || 'device') + ' ' + r.gpu_device;
+}
+
 const KEY_ADMIN = 'apiary.adminToken';
 const KEY_API = 'apiary.apiToken';
 
@@ -356,7 +363,7 @@ function overview() {
       h('tbody', {}, workers.map(w => h('tr', { 'data-worker': w.id, 'data-status': w.status },
         h('td', {}, h('a', { class: 'mono', href: '#/worker/' + w.id, text: w.id })),
         h('td', { text: w.model_name ? w.model_name + ' (' + w.model_ref + ')' : w.model_ref }), h('td', { text: w.pool_id }),
-        h('td', { text: w.gpu_device === undefined || w.gpu_device === null ? '–' : (w.device_kind || '') + ' ' + w.gpu_device }),
+        h('td', { 'data-col': 'device', text: deviceOf(w) }),
         h('td', {}, badge(w.status), w.strikes && w.strikes.degraded ? h('span', { class: 'muted', text: ' degraded' }) : null),
         h('td', { class: 'hide-narrow', text: w.reason || '' }),
         h('td', { class: 'num', text: w.vram_bytes ? bytes(w.vram_bytes) : '–' }),
@@ -421,7 +428,7 @@ function worker(id) {
     add('state', [badge(r.status), ' ', r.reason || '']);
     add('model', r.model_name ? r.model_name + ' (' + r.model_ref + ')' : r.model_ref);
     add('pool', r.pool_id + (r.worker_id ? ' · hive worker ' + r.worker_id : ''));
-    add('device', r.gpu_device === undefined || r.gpu_device === null ? '–' : (r.device_kind || 'device') + ' ' + r.gpu_device);
+    add('device', deviceOf(r));
     add('memory', r.vram_bytes ? bytes(r.vram_bytes) : '–');
     add('owner', r.owner || '–');
     add('pid', r.pid || '–');
