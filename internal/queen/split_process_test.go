@@ -62,7 +62,6 @@ func splitOverGPUs(t *testing.T, n int, part float64) {
 	c := startClusterWith(t, clusterOptions{model: model, more: map[string]testmodel.Options{"b": second}, hiveEnv: s.Env()}, nil,
 		"--log-level", "debug", "--pass-env", testbin.StandinEnv, "--worker-ctx-size", "512")
 	ctx := t.Context()
-
 	if _, err := c.client.Completions.New(ctx, completion(8), ignoreEOS); err != nil {
 		t.Fatalf("completion of a model of %d bytes (estimate) on %d GPUs of %d: %v", est, n, size, err)
 	}
@@ -190,4 +189,87 @@ func splitRunning(t *testing.T, c *cluster) api.LifecycleRow {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// A model on one GPU that leaves too little beside it for a model that
+// needs both GPUs of the node (and no room on its CPU) is evicted for it:
+// the eviction frees the fewest GPUs that hold the split together, and
+// the split is served there.
+func TestProcessEvictionForASplit(t *testing.T) {
+	model := testmodel.Options{Seed: 7, Layers: 8, Dim: 256}
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := testmodel.WriteFile(path, model); err != nil {
+		t.Fatal(err)
+	}
+	info, err := modelstore.ReadInfo(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	est := info.EstimateMemory(512).Total
+	size := est * 52 / 100 // two hold it, just
+	small, ok := modelBetween(t, est*3/10, size)
+	if !ok {
+		t.Fatalf("no test model between %d and %d bytes (estimate)", est*3/10, size)
+	}
+	var devs []testbin.StandinDevice
+	for i := range 2 {
+		devs = append(devs, testbin.StandinDevice{TotalBytes: size, UUID: fmt.Sprintf("GPU-5a0d3c1e-0000-4000-8000-00000000001%d", i), Name: "Stand-in"})
+	}
+	s := testbin.NewStandin(t, devs...)
+	c := startClusterWith(t, clusterOptions{model: model, more: map[string]testmodel.Options{"c": small}, hiveEnv: s.Env()}, nil,
+		"--pass-env", testbin.StandinEnv, "--worker-ctx-size", "512", "--cpu-memory", "16MiB")
+	ctx := t.Context()
+	p := completion(8)
+	p.Model = "c"
+	if _, err := c.client.Completions.New(ctx, p, ignoreEOS); err != nil {
+		t.Fatalf("c on one GPU: %v", err)
+	}
+	var first api.LifecycleRow
+	for _, r := range c.rows() {
+		if r.ModelRef == "c" {
+			first = r
+		}
+	}
+	if first.DeviceKind != api.DeviceCUDA || len(first.GPUDevices) > 1 {
+		t.Fatalf("c on %s %v %v, want one GPU", first.DeviceKind, first.GPUDevice, first.GPUDevices)
+	}
+	if _, err := c.client.Completions.New(ctx, completion(8), ignoreEOS); err != nil {
+		t.Fatalf("the split model after c: %v", err)
+	}
+	row := splitRunning(t, c)
+	c.queen.logs.wait(t, 0, "worker evicted", map[string]string{"lifecycle_id": first.ID, "for": "tiny"})
+	if !slices.Equal(row.GPUDevices, []int{0, 1}) {
+		t.Errorf("the split on %v, want GPUs 0 and 1", row.GPUDevices)
+	}
+	for d := range 2 {
+		if h := s.Held(d, *row.PID); h == 0 || h > size {
+			t.Errorf("device %d of %d bytes: the split holds %d", d, size, h)
+		}
+	}
+}
+
+// modelBetween is a test model of the split's kind, smaller, whose
+// estimate (at 512 tokens) is over lo and at most hi: the largest of a
+// few shapes.
+func modelBetween(t *testing.T, lo, hi uint64) (testmodel.Options, bool) {
+	t.Helper()
+	var best testmodel.Options
+	var bestEst uint64
+	for _, dim := range []int{256, 192, 128, 64} {
+		for _, layers := range []int{6, 4, 2} {
+			o := testmodel.Options{Seed: 9, Layers: layers, Dim: dim}
+			path := filepath.Join(t.TempDir(), "probe.gguf")
+			if err := testmodel.WriteFile(path, o); err != nil {
+				t.Fatal(err)
+			}
+			info, err := modelstore.ReadInfo(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := info.EstimateMemory(512).Total; e > lo && e <= hi && e > bestEst {
+				best, bestEst = o, e
+			}
+		}
+	}
+	return best, bestEst > 0
 }

@@ -42,6 +42,7 @@ func (v victim) bytes() uint64 {
 type eviction struct {
 	pool    string
 	gpu     int
+	gpus    []int // of a split: every GPU it frees (gpu is the first)
 	victims []victim
 }
 
@@ -128,6 +129,7 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 			}
 			return a.last.Compare(b.last)
 		})
+		placedHere := false
 	devices:
 		for _, g := range p.GPUs {
 			if g.Unusable != "" {
@@ -195,9 +197,92 @@ func (s *Service) planEviction(model, pool string, need uint64, patient bool) (e
 			if !found || len(order) < len(best.victims) || len(order) == len(best.victims) && newest.Before(bestNewest) {
 				best, bestNewest, found = eviction{pool: p.ID, gpu: g.ID, victims: order}, newest, true
 			}
+			placedHere = true
+		}
+		if placedHere || found {
+			continue
+		}
+		// No one device of any pool so far can be freed for it: the
+		// fewest GPUs of this pool that can, together (a split).
+		if ev, ok := splitEviction(p, cands, cat[p.ID], need, nLive, spareOf); ok {
+			best, found = ev, true
 		}
 	}
 	return best, found
+}
+
+// splitEviction plans room for a model that no one device can hold, over
+// the fewest GPUs of pool p (never the CPU, never across pools, as a
+// split placement): the GPUs are taken roomiest first, counting what each
+// has free and what its takeable workers (cands, in eviction order) hold
+// there, until they hold need together; every takeable worker on them
+// goes. spareOf bounds the workers of each model taken (replica minima).
+func splitEviction(p registry.Pool, cands []victim, models map[string]api.Model, need uint64, nLive int, spareOf func(string) int) (eviction, bool) {
+	type room struct {
+		id   int
+		free uint64
+	}
+	var rooms []room
+	for _, g := range p.GPUs {
+		if g.Unusable != "" || g.Kind == api.DeviceCPU {
+			continue
+		}
+		r := room{id: g.ID, free: freeOn(p, g, models, true)}
+		for _, v := range cands {
+			r.free += v.on[g.ID]
+		}
+		rooms = append(rooms, r)
+	}
+	if len(rooms) < 2 {
+		return eviction{}, false
+	}
+	slices.SortStableFunc(rooms, func(a, b room) int { return cmpDesc(a.free, b.free) })
+	for n := 2; n <= len(rooms); n++ {
+		chosen := rooms[:n]
+		on := func(v victim) bool {
+			return slices.ContainsFunc(chosen, func(r room) bool { _, ok := v.on[r.id]; return ok })
+		}
+		taken := map[string]int{}
+		var order []victim
+		for _, v := range cands {
+			if !on(v) {
+				continue
+			}
+			if taken[v.model] >= spareOf(v.model) {
+				continue // its replica minimum keeps it: its room does not come
+			}
+			taken[v.model]++
+			order = append(order, v)
+		}
+		var free uint64
+		for _, r := range chosen {
+			g := p.GPUs[slices.IndexFunc(p.GPUs, func(g api.GPU) bool { return g.ID == r.id })]
+			free += freeOn(p, g, models, true)
+			for _, v := range order {
+				free += v.on[r.id]
+			}
+		}
+		if free < need || len(order) == 0 || p.MaxLoaded > 0 && nLive-len(order) >= p.MaxLoaded {
+			continue
+		}
+		gpus := make([]int, n)
+		for i, r := range chosen {
+			gpus[i] = r.id
+		}
+		slices.Sort(gpus)
+		return eviction{pool: p.ID, gpu: gpus[0], gpus: gpus, victims: order}, true
+	}
+	return eviction{}, false
+}
+
+func cmpDesc(a, b uint64) int {
+	switch {
+	case a > b:
+		return -1
+	case a < b:
+		return 1
+	}
+	return 0
 }
 
 // evictable says whether worker w of pool may be stopped to make room for
@@ -314,6 +399,9 @@ func (c *controller) evict(ctx context.Context, model, pool string) (*reservatio
 	s.router.unclaim(ev.victims) // their rows are DRAINING: no candidates
 	if len(done) > 0 {
 		s.evictions.add(ev.pool, ev.gpu, now, done)
+		for _, g := range ev.gpus[min(1, len(ev.gpus)):] {
+			s.evictions.add(ev.pool, g, now, nil) // a round on each device of a split
+		}
 	}
 	if failed {
 		s.ledger.release(res)
@@ -321,6 +409,9 @@ func (c *controller) evict(ctx context.Context, model, pool string) (*reservatio
 	}
 	gpu := ev.gpu
 	req := PlaceRequest{Model: model, Pool: ev.pool, GPU: &gpu, Pools: s.allowedPools(model), Engine: s.engineOf(model), Apart: s.apartFrom(model)}
+	if len(ev.gpus) > 0 {
+		req.GPU = nil // a split: the placement chooses the GPUs the room came back on
+	}
 	deadline := time.Now().Add(s.cfg.EvictWait)
 	for {
 		changed := s.changes.wait() // before the look: an event after it wakes the next wait

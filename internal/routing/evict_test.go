@@ -363,3 +363,35 @@ func TestUnloadRefusesWhatTheConfigKeeps(t *testing.T) {
 		t.Errorf("refused unloads stopped %v", stopped)
 	}
 }
+
+// A model that no one GPU holds gets room over the fewest GPUs of one
+// pool (a split): on three 6 GiB GPUs, x (4 GiB) on GPU 0 and y (4 GiB)
+// on GPU 1 idle, z (1 GiB) on GPU 2 busy, a 9 GiB need frees GPUs 0 and
+// 1 (x and y), the roomiest two; never the CPU, never z while it is
+// busy. One device that can be freed wins over a split; more than the
+// GPUs hold gets no plan.
+func TestPlanEvictionSplitsOverGPUs(t *testing.T) {
+	const gib = 1 << 30
+	gpus := func(p *registry.Pool) {
+		p.GPUs = []api.GPU{
+			{ID: 0, Kind: api.DeviceCUDA, TotalBytes: 6 * gib, FreeBytes: 2 * gib, AllocatedBytes: 4 * gib},
+			{ID: 1, Kind: api.DeviceCUDA, TotalBytes: 6 * gib, FreeBytes: 2 * gib, AllocatedBytes: 4 * gib},
+			{ID: 2, Kind: api.DeviceCUDA, TotalBytes: 6 * gib, FreeBytes: 5 * gib, AllocatedBytes: 1 * gib},
+			{ID: 3, Kind: api.DeviceCPU, TotalBytes: 4 * gib, FreeBytes: 4 * gib},
+		}
+		p.Workers[1].GPUDevice, p.Workers[2].GPUDevice = 1, 2
+	}
+	s := evictionCase(t, "", gpus)
+	ev, ok := s.planEviction("m", "", 9*gib, false)
+	if !ok || !slices.Equal(ev.gpus, []int{0, 1}) || !slices.Equal(victims(ev), []string{"x1", "y1"}) {
+		t.Fatalf("plan for 9 GiB: %v on %v (%v); want x1 and y1 over GPUs 0 and 1", victims(ev), ev.gpus, ok)
+	}
+	// One device that can hold it wins over a split.
+	if ev, ok := s.planEviction("m", "", 5*gib, false); !ok || len(ev.gpus) > 0 || len(ev.victims) != 1 {
+		t.Errorf("plan for 5 GiB: %v on %d %v (%v); want one victim on one device", victims(ev), ev.gpu, ev.gpus, ok)
+	}
+	// More than the GPUs hold: none.
+	if ev, ok := s.planEviction("m", "", 19*gib, true); ok {
+		t.Errorf("plan for 19 GiB: %v on %v; want none", victims(ev), ev.gpus)
+	}
+}
