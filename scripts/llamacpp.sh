@@ -106,7 +106,8 @@ fetch() {
 }
 
 # host_level prints the CPU level of ggml's x86 backends this CPU runs with
-# the highest score, as ggml_backend_score counts (ggml/src/ggml-cpu/arch/
+# the highest score (and on a second line the best one without AMX, when
+# that is another), as ggml_backend_score counts (ggml/src/ggml-cpu/arch/
 # x86/cpu-feats.cpp) from the features each level is built with
 # (ggml/src/CMakeLists.txt).
 host_level() {
@@ -119,18 +120,21 @@ host_level() {
     f["AVX512"]="avx512f avx512cd avx512vl avx512dq avx512bw"; f["AVX512_VBMI"]="avx512vbmi"; f["AVX512_VNNI"]="avx512_vnni"
     f["AVX512_BF16"]="avx512_bf16"; f["AVX_VNNI"]="avx_vnni"; f["AMX_TILE"]="amx_tile"; f["AMX_INT8"]="amx_int8"
     n = split("x64:|sse42:SSE42|sandybridge:SSE42 AVX|ivybridge:SSE42 AVX F16C|piledriver:SSE42 AVX F16C FMA|haswell:SSE42 AVX F16C FMA AVX2 BMI2|skylakex:SSE42 AVX F16C FMA AVX2 BMI2 AVX512|cannonlake:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI|cascadelake:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VNNI|icelake:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI|cooperlake:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VNNI AVX512_BF16|zen4:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16|alderlake:SSE42 AVX F16C FMA AVX2 BMI2 AVX_VNNI|sapphirerapids:SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AMX_TILE AMX_INT8", levels, "|")
-    best = "x64"; bestScore = 0
+    best = "x64"; bestScore = 0; plain = "x64"; plainScore = 0
     for (i = 1; i <= n; i++) {
-      split(levels[i], kv, ":"); score = 1; ok = 1
+      split(levels[i], kv, ":"); score = 1; ok = 1; amx = 0
       m = split(kv[2], feats, " ")
       for (j = 1; j <= m; j++) {
         k = split(f[feats[j]], need, " ")
         for (l = 1; l <= k; l++) if (index(flags, " " need[l] " ") == 0) ok = 0
         score += w[feats[j]]
+        if (feats[j] ~ /^AMX/) amx = 1
       }
       if (ok && score > bestScore) { best = kv[1]; bestScore = score }
+      if (ok && !amx && score > plainScore) { plain = kv[1]; plainScore = score }
     }
     print best
+    if (plain != best) print plain
   }'
 }
 
@@ -151,10 +155,14 @@ build() {
   # one this machine loads.
   local variants
   if [ "$LEVELS" = host ]; then
-    variants=ggml-cpu-$(host_level)
+    # The best level, and the best without AMX beside it when they
+    # differ: a VM may report AMX that faults (the worker's probe then
+    # loads the other one; docs/worker.md, "CPU builds").
+    variants=$(host_level | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
     # ggml's target depends on every CPU level; Unix Makefiles' target/fast
     # builds a target without its dependencies, built here first.
-    (cmake --build "$b" -j "$JOBS" --target ggml-base "$variants" &&
+    # shellcheck disable=SC2086
+    (cmake --build "$b" -j "$JOBS" --target ggml-base $variants &&
       for t in ggml llama; do make -C "$b" -j "$JOBS" "$t/fast" || exit 1; done) \
       >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
   else
