@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 
 	"github.com/apiary-llm/apiary/internal/gguf"
 )
@@ -164,4 +166,32 @@ func WriteProjector(w io.Writer, p ProjectorOptions) error {
 	}
 	p = p.withDefaults()
 	return writeGGUF(w, projectorMetadata(p), projectorTensors(p), p.Seed)
+}
+
+// WriteProjectorFile writes the projector p describes to path, through a
+// temporary file renamed into place.
+func WriteProjectorFile(path string, p ProjectorOptions) (err error) {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if err := WriteProjector(tmp, p); err != nil {
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
