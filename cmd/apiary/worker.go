@@ -30,6 +30,7 @@ type workerFlags struct {
 	model         string
 	gpuDevice     int
 	gpuLayers     int
+	mmproj        string
 	host          string
 	port          int
 	listenFD      int
@@ -80,6 +81,7 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.StringVar(&f.model, "model", "", "path of the GGUF model file to serve (required); its name without .gguf is the model id")
 	fl.IntVar(&f.gpuDevice, "gpu-device", -1, "GPU to load the model on, with the CUDA backend beside the binary (or in $"+gpu.BackendDirEnv+"); -1 runs on the CPU. A GPU the worker cannot use is an error, never a fallback to the CPU")
 	fl.IntVar(&f.gpuLayers, "gpu-layers", 0, "layers to offload to the GPU; 0 offloads all")
+	fl.StringVar(&f.mmproj, "mmproj", "", "vision projector GGUF to load beside the model (default: mmproj-M.gguf beside M.gguf, when there is one)")
 	fl.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fl.IntVar(&f.port, "port", 0, "port to listen on; 0 picks a free one (logged, and reported in the ready callback)")
 	fl.IntVar(&f.listenFD, "listen-fd", 0, "serve on this inherited listening socket (a hive binds the port and passes it) instead of binding --host and --port")
@@ -180,6 +182,7 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 			Threads:   f.threads,
 			GPUDevice: f.gpuDevice,
 			GPULayers: f.gpuLayers,
+			Projector: f.mmproj,
 		},
 		CPUBackend:       cpuBackend.Name,
 		CPUBackendReason: cpuBackend.Reason,
