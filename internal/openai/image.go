@@ -98,4 +98,3 @@ func ImageCount(msgs []ChatMessage) int {
 func imageMarkerError(param string) error {
 	return Invalid(param, "the text holds %s, which stands for an image here; leave it out", ImageMarker)
 }
-
