@@ -30,6 +30,8 @@
 # the engine tests and the benchmarks compare like with like. Shared libraries get unversioned names (one plain file
 # each, nothing to keep in step on a node). The prefix holds:
 #   lib/      libllama.so, libllama-common.so, libggml.so, libggml-base.so,
+#             libmtmd.so (llama.cpp's multimodal library, tools/mtmd: the
+#             image projector a vision model loads beside its GGUF),
 #             libggml-cpu-<level>.so (and libggml-cuda.so after `cuda`):
 #             what `make build` puts beside bin/apiary. Its
 #             libllama-common.so is not llama.cpp's whole common library
@@ -39,7 +41,8 @@
 #             source files with everything it does not reach left out
 #             (grammar_lib); llama-server gets the whole one, in server/
 #   server/   llama-server with every library it loads beside it
-#   include/  llama.h, ggml's headers, common's json-schema-to-grammar.h
+#   include/  llama.h, ggml's headers, mtmd.h and mtmd-helper.h, common's
+#             json-schema-to-grammar.h
 #             and the headers it includes, ggml's private backend header
 #   pin       the package version, tag, commit and commit date
 #
@@ -57,7 +60,7 @@ PREFIX=$CACHE/llama.cpp/nlc-$NLC_VERSION-${COMMIT:0:10}
 JOBS=${LLAMA_JOBS:-$(nproc)}
 # LAYOUT names the build's options and the prefix's layout below: change
 # it with them, so that a cache built otherwise is built again.
-LAYOUT=4
+LAYOUT=5
 # OPTIONS is the build's CMake configuration, the CUDA build's too, and
 # scripts/gpu-proof.sh's.
 . "$(dirname "${BASH_SOURCE[0]}")/llamacpp-options.sh"
@@ -161,12 +164,14 @@ build() {
     variants=$(host_level | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
     # ggml's target depends on every CPU level; Unix Makefiles' target/fast
     # builds a target without its dependencies, built here first.
+    # mtmd's static vendor libraries too (vendor-hash; the others are
+    # header-only interface targets).
     # shellcheck disable=SC2086
-    (cmake --build "$b" -j "$JOBS" --target ggml-base $variants &&
-      for t in ggml llama; do make -C "$b" -j "$JOBS" "$t/fast" || exit 1; done) \
+    (cmake --build "$b" -j "$JOBS" --target ggml-base $variants vendor-hash &&
+      for t in ggml llama mtmd; do make -C "$b" -j "$JOBS" "$t/fast" || exit 1; done) \
       >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
   else
-    cmake --build "$b" -j "$JOBS" --target llama ggml \
+    cmake --build "$b" -j "$JOBS" --target llama ggml mtmd \
       >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
     variants=$(cmake --build "$b" --target help | grep -o 'ggml-cpu-[a-z0-9_]*' | sort -u)
   fi
@@ -178,13 +183,14 @@ build() {
   rm -rf "$PREFIX/lib" "$PREFIX/include" "$PREFIX/bin"
   mkdir -p "$PREFIX/lib" "$PREFIX/include"
   local f
-  for f in libllama.so libggml.so libggml-base.so $(for v in $variants; do echo "lib$v.so"; done); do
+  for f in libllama.so libggml.so libggml-base.so libmtmd.so $(for v in $variants; do echo "lib$v.so"; done); do
     cp "$b/bin/$f" "$PREFIX/lib/"
   done
   cp "$b/grammar/libllama-common.so" "$PREFIX/lib/"
   cp "$PREFIX/src/include/llama.h" "$PREFIX/src/include/llama-cpp.h" "$PREFIX/include/" 2>/dev/null || cp "$PREFIX/src/include/llama.h" "$PREFIX/include/"
   cp "$PREFIX"/src/ggml/include/*.h "$PREFIX/include/"
   cp "$PREFIX/src/ggml/src/ggml-backend-impl.h" "$PREFIX/src/ggml/src/ggml-impl.h" "$PREFIX/src/ggml/src/ggml-common.h" "$PREFIX/include/" 2>/dev/null || true
+  cp "$PREFIX"/src/tools/mtmd/mtmd.h "$PREFIX"/src/tools/mtmd/mtmd-helper.h "$PREFIX/include/"
   cp "$PREFIX"/src/common/json-schema-to-grammar.h "$PREFIX"/src/common/json-schema.h "$PREFIX"/src/common/json.h "$PREFIX/include/"
   ls "$PREFIX"/lib/libggml-cpu-*.so >/dev/null 2>&1 || die "the build made no CPU backend libraries"
   if [ "$LEVELS" = host ]; then touch "$PREFIX/built.$LAYOUT.host"; else touch "$PREFIX/built.$LAYOUT"; fi

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -342,10 +343,11 @@ func (p *progress) print(now time.Time, final bool) {
 
 func newModelsTestmodelCmd() *cobra.Command {
 	var opts testmodel.Options
-	var arch, dir string
+	var proj testmodel.ProjectorOptions
+	var arch, dir, mmproj string
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "testmodel [--arch ARCH] [--rerank] OUT.gguf | REF",
+		Use:   "testmodel [--arch ARCH] [--rerank] [--mmproj PROJ.gguf] OUT.gguf | REF",
 		Short: "Write a small deterministic model with random weights",
 		Long: `Write a small GGUF model with random weights to OUT.gguf, or, given a model
 REF (no "/", no ".gguf"), to REF.gguf in the models directory (--models-dir,
@@ -366,7 +368,14 @@ model the tests use, whose answers are mostly bytes that are no text
 Qwen3-Reranker: a qwen3 model whose metadata names rank pooling, with a
 two-label classifier head (cls.output.weight) and a rerank template; a
 worker of it answers POST /v1/rerank with scores in 0…1, arbitrary but
-the same every time. The same options always give the same file.`,
+the same every time. The same options always give the same file.
+
+--mmproj PROJ.gguf also writes a vision projector for the model (random
+weights too): a small ViT and LLaVA's MLP projector, which llama.cpp's
+libmtmd loads beside the model; an image becomes (image-size/patch-size)²
+positions of the model's context. The worker pairs M.gguf with
+mmproj-M.gguf in the same directory, so --mmproj DIR/mmproj-M.gguf makes
+M see.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Arch = testmodel.Arch(arch)
@@ -375,6 +384,12 @@ the same every time. The same options always give the same file.`,
 			}
 			if err := opts.Validate(); err != nil {
 				return usagef("%v", err)
+			}
+			proj.TextDim = cmp.Or(opts.Dim, 64)
+			if mmproj != "" {
+				if err := proj.Validate(); err != nil {
+					return usagef("%v", err)
+				}
 			}
 			out, err := testmodelPath(args[0], dir)
 			if err != nil {
@@ -391,10 +406,22 @@ the same every time. The same options always give the same file.`,
 				return err
 			}
 			info := f.Info()
-			return printLine(cmd.OutOrStdout(), "wrote %s", describeModel(out, &info, f.Size))
+			if err := printLine(cmd.OutOrStdout(), "wrote %s", describeModel(out, &info, f.Size)); err != nil || mmproj == "" {
+				return err
+			}
+			if _, err := modelstore.WriteFile(mmproj, force, func(w io.Writer) error { return testmodel.WriteProjector(w, proj) }); err != nil {
+				if errors.Is(err, modelstore.ErrExists) {
+					return fmt.Errorf("%w; pass --force to replace it", err)
+				}
+				return err
+			}
+			return printLine(cmd.OutOrStdout(), "wrote %s (vision projector, %d positions an image)", mmproj, proj.ImageTokens())
 		},
 	}
 	fl := cmd.Flags()
+	fl.StringVar(&mmproj, "mmproj", "", "also write a vision projector for the model to this path (name it mmproj-M.gguf beside M.gguf)")
+	fl.IntVar(&proj.ImageSize, "image-size", testmodel.ProjectorImageSize, "with --mmproj: side of the square image the projector sees, a multiple of --patch-size")
+	fl.IntVar(&proj.PatchSize, "patch-size", testmodel.ProjectorPatchSize, "with --mmproj: side of a patch (one position of the context)")
 	fl.StringVar(&arch, "arch", string(testmodel.Llama), "architecture: "+testmodel.ArchNames())
 	fl.Int64Var(&opts.Seed, "seed", 1, "seed of the random weights (0 means 1)")
 	fl.IntVar(&opts.Layers, "layers", 2, fmt.Sprintf("transformer blocks, 1 to %d", testmodel.MaxLayers))

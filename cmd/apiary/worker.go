@@ -32,6 +32,7 @@ type workerFlags struct {
 	gpuDevices    []int
 	splitMode     string
 	gpuLayers     int
+	mmproj        string
 	host          string
 	port          int
 	listenFD      int
@@ -84,6 +85,7 @@ SIGTERM or SIGINT drains: in-flight generations get --shutdown-grace to finish.`
 	fl.IntSliceVar(&f.gpuDevices, "gpu-devices", nil, "GPUs to split the model over, comma-separated (0,1): for a model too big for one; not with --gpu-device (one GPU is --gpu-device N)")
 	fl.StringVar(&f.splitMode, "split-mode", engine.SplitLayer, "with --gpu-devices, how the model is split: layer (whole layers on each GPU, in proportion to their free memory) or row (each layer's rows over the GPUs)")
 	fl.IntVar(&f.gpuLayers, "gpu-layers", 0, "layers to offload to the GPU; 0 offloads all")
+	fl.StringVar(&f.mmproj, "mmproj", "", "vision projector GGUF to load beside the model (default: mmproj-M.gguf beside M.gguf, when there is one)")
 	fl.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fl.IntVar(&f.port, "port", 0, "port to listen on; 0 picks a free one (logged, and reported in the ready callback)")
 	fl.IntVar(&f.listenFD, "listen-fd", 0, "serve on this inherited listening socket (a hive binds the port and passes it) instead of binding --host and --port")
@@ -195,6 +197,7 @@ func runWorker(ctx context.Context, f workerFlags, stderr io.Writer) error {
 			GPUDevices: f.gpuDevices,
 			SplitMode:  f.splitMode,
 			GPULayers:  f.gpuLayers,
+			Projector:  f.mmproj,
 		},
 		CPUBackend:       cpuBackend.Name,
 		CPUBackendReason: cpuBackend.Reason,

@@ -46,6 +46,10 @@ type Options struct {
 	// over the GPUs; needs a backend with a split buffer type, as CUDA's).
 	SplitMode string
 	GPULayers int // layers offloaded when a GPU backend is present
+	// Projector is the path of a vision projector GGUF (an "mmproj") to
+	// load beside the model: the engine then reads images (Vision). ""
+	// for none.
+	Projector string
 }
 
 // Split modes of Options.SplitMode.
@@ -69,6 +73,9 @@ type ModelInfo struct {
 	// end-of-sequence tokens (chat templates write them).
 	BOSText, EOSText string
 	MemoryBytes      uint64 // weights + KV cache + compute buffers actually allocated
+	// Vision: a projector is loaded, and the engine reads images in
+	// prompts (it implements Vision).
+	Vision bool
 }
 
 // Message is one chat message.
@@ -114,6 +121,32 @@ type Request struct {
 	// that many most likely tokens.
 	Logprobs    bool
 	TopLogprobs int
+	// Images are the pictures in Prompt, from Vision.TokenizeImages, in
+	// order; Prompt holds placeholder ids (negative) at their positions.
+	Images []Image
+}
+
+// ImageMarker stands for one image in a prompt's text given to
+// Vision.TokenizeImages: the n-th marker is the n-th image.
+const ImageMarker = "<__media__>"
+
+// Image is one picture of a prompt: its Tokens positions from Start
+// hold the projector's embeddings of it, not tokens of the vocabulary.
+type Image struct {
+	Start, Tokens int
+	Chunk         any // the engine's encoded-image handle
+}
+
+// Vision is implemented by an engine that loaded a projector
+// (Options.Projector, ModelInfo.Vision).
+type Vision interface {
+	// TokenizeImages tokenizes text, as Tokenize with addSpecial does, in
+	// which each ImageMarker stands for the next of images (PNG, JPEG,
+	// GIF, BMP … bytes). The prompt holds, in each image's place,
+	// placeholder ids derived from the image's bytes (the same image
+	// gives the same ids, so a later prompt with it reuses the cache).
+	// free releases the images; call it once the generation is over.
+	TokenizeImages(text string, images [][]byte) (prompt []int, imgs []Image, free func(), err error)
 }
 
 // GrammarWrap describes output made of Prefix, JSON the request's schema

@@ -454,6 +454,22 @@ func (e *Engine) run() {
 			}
 		}
 
+		// Images due in a prompt (vision.go) are decoded first, each in
+		// batches of its own: the projector's embeddings cannot share a
+		// batch with tokens. The step's tokens come after.
+		for _, s := range active {
+			if s == nil || s.follow != nil || (s.req.Background && fgLead) {
+				continue
+			}
+			for im := imageAt(s); im != nil; im = imageAt(s) {
+				if err := e.evalImage(s, im); err != nil {
+					e.log.Error("image decode failed", "err", err, "slot", s.seq)
+					release(s, engine.Result{}, err)
+					break
+				}
+			}
+		}
+
 		// One batch: the next token of every generating sequence first, then
 		// as much prompt as fits.
 		batch.n_tokens = 0
@@ -492,7 +508,8 @@ func (e *Engine) run() {
 			if s == nil || s.promptPos == len(s.req.Prompt) || s.follow != nil {
 				continue
 			}
-			for s.promptPos < len(s.req.Prompt) && int(batch.n_tokens) < e.batchSize && (!s.req.Background || bgBudget > 0) {
+			end := textEnd(s) // an image (vision.go) is decoded at the top of a step
+			for s.promptPos < end && int(batch.n_tokens) < e.batchSize && (!s.req.Background || bgBudget > 0) {
 				last := s.promptPos == len(s.req.Prompt)-1
 				if last {
 					s.outIdx = int(batch.n_tokens)

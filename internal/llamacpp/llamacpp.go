@@ -139,6 +139,7 @@ type Engine struct {
 	nCtxSeq   int
 	eog       []C.llama_logit_bias // every end-of-generation token with bias -inf, for ignore_eos
 	tmpl      *C.char              // the model's chat template, nil when it has none
+	vis       vision               // the vision projector (Options.Projector), vision.go
 	pool      *C.struct_ggml_threadpool
 
 	threads int
@@ -336,6 +337,12 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 	e.rerank = e.newRerankFormat()
 	e.info.BOSText = e.tokenText(C.llama_vocab_bos(e.vocab))
 	e.info.EOSText = e.tokenText(C.llama_vocab_eos(e.vocab))
+	if opts.Projector != "" {
+		if err := e.loadProjector(opts.Projector, opts.GPUDevice >= 0); err != nil {
+			e.free()
+			return nil, err
+		}
+	}
 	if err := e.warmup(); err != nil {
 		e.free()
 		return nil, err
@@ -347,7 +354,8 @@ func Load(ctx context.Context, opts engine.Options, log *slog.Logger) (*Engine, 
 	e.info.MemoryBytes = max(residentBytes()-rssBefore, uint64(C.llama_model_size(model)))
 	go e.run()
 	log.Info("model loaded", "model", opts.ModelPath, "arch", e.info.Architecture,
-		"ctx_per_slot", e.nCtxSeq, "slots", e.slots, "threads", opts.Threads, "memory_bytes", e.info.MemoryBytes)
+		"ctx_per_slot", e.nCtxSeq, "slots", e.slots, "threads", opts.Threads, "memory_bytes", e.info.MemoryBytes,
+		"projector", opts.Projector)
 	return e, nil
 }
 
@@ -539,6 +547,7 @@ func (e *Engine) free() {
 	}
 	e.embOff = true
 	e.embMu.Unlock()
+	e.vis.free()
 	if e.lctx != nil {
 		C.llama_free(e.lctx)
 		e.lctx = nil

@@ -71,7 +71,7 @@ func (c *slotCache) reuse(e *Engine, mem C.llama_memory_t, s *sequence) int {
 	seq := C.llama_seq_id(s.seq)
 	n := 0
 	if s.follow == nil {
-		n = min(commonPrefix(c.held[s.seq], s.req.Prompt), len(s.req.Prompt)-1)
+		n = outsideImages(s.req.Images, min(commonPrefix(c.held[s.seq], s.req.Prompt), len(s.req.Prompt)-1))
 	}
 	if n > 0 && !bool(C.llama_memory_seq_rm(mem, seq, C.llama_pos(n), -1)) {
 		n = 0 // recurrent memory cannot drop a tail: start over

@@ -222,7 +222,7 @@ func decodeMessage(i int, item json.RawMessage) (ChatMessage, error) {
 			return ChatMessage{}, err
 		}
 	}
-	if msg.Content, err = decodeContent(o, role); err != nil {
+	if msg.Content, msg.Images, err = decodeContent(o, role); err != nil {
 		return ChatMessage{}, err
 	}
 	return msg, nil
@@ -288,57 +288,74 @@ func isEmptyArray(r json.RawMessage) bool {
 	return json.Unmarshal(r, &items) == nil && len(items) == 0
 }
 
-// decodeContent accepts a string or an array of text parts; an assistant
-// message may have null content.
-func decodeContent(o object, role string) (string, error) {
+// decodeContent accepts a string or an array of content parts: text,
+// and in a user message image_url parts with an inline image (a data
+// URI), which the content holds as ImageMarker and images hold in order;
+// an assistant message may have null content.
+func decodeContent(o object, role string) (string, [][]byte, error) {
 	param := o.param("content")
 	r, ok := o.raw("content")
 	if !ok {
 		if role == RoleAssistant {
-			return "", nil
+			return "", nil, nil
 		}
-		return "", missing(param, "a string or an array of text parts")
+		return "", nil, missing(param, "a string or an array of text parts")
 	}
 	if jsonKind(r) == "a string" {
 		s, _, err := o.text("content")
-		return s, err
+		return s, nil, err
 	}
 	parts, _, err := o.list("content")
 	if err != nil {
-		return "", typeError(param, "a string or an array of text parts", r)
+		return "", nil, typeError(param, "a string or an array of text parts", r)
 	}
 	texts := make([]string, 0, len(parts))
+	var images [][]byte
 	for j, part := range parts {
 		pp := fmt.Sprintf("%s[%d]", param, j)
 		var members map[string]json.RawMessage
 		if err := json.Unmarshal(part, &members); err != nil || jsonKind(part) != "an object" {
-			return "", typeError(pp, "an object", part)
+			return "", nil, typeError(pp, "an object", part)
 		}
 		po := object{members: members, prefix: pp + "."}
 		typ, ok, err := po.text("type")
 		switch {
 		case err != nil:
-			return "", err
+			return "", nil, err
 		case !ok:
-			return "", missing(po.param("type"), `"text"`)
+			return "", nil, missing(po.param("type"), `"text"`)
 		}
 		switch typ {
 		case "text":
-		case "image_url", "input_audio", "file", "image", "audio", "refusal":
-			return "", Unsupported(po.param("type"), "content parts of type %q are not supported; only text", typ)
+		case "image_url":
+			if role != RoleUser {
+				return "", nil, Unsupported(po.param("type"), "images are read in user messages only, not in %s messages", role)
+			}
+			img, err := decodeImagePart(po)
+			if err != nil {
+				return "", nil, err
+			}
+			images = append(images, img)
+			texts = append(texts, ImageMarker)
+			continue
+		case "input_audio", "file", "image", "audio", "refusal":
+			return "", nil, Unsupported(po.param("type"), "content parts of type %q are not supported; only text and image_url", typ)
 		default:
-			return "", Invalid(po.param("type"), "unknown content part type %q", typ)
+			return "", nil, Invalid(po.param("type"), "unknown content part type %q", typ)
 		}
 		text, ok, err := po.text("text")
 		switch {
 		case err != nil:
-			return "", err
+			return "", nil, err
 		case !ok:
-			return "", missing(po.param("text"), "the text of the part")
+			return "", nil, missing(po.param("text"), "the text of the part")
+		}
+		if len(images) > 0 && strings.Contains(text, ImageMarker) {
+			return "", nil, imageMarkerError(po.param("text"))
 		}
 		texts = append(texts, text)
 	}
-	return strings.Join(texts, "\n"), nil
+	return strings.Join(texts, "\n"), images, nil
 }
 
 // decodeSampling reads the generation parameters both endpoints share, and

@@ -219,6 +219,9 @@ type ChatMessage struct {
 	ToolCallID string `json:"tool_call_id,omitempty"`
 	// Name is a tool message's function name, when sent.
 	Name string `json:"name,omitempty"`
+	// Images are a user message's pictures (image_url content parts), in
+	// order; Content holds ImageMarker in the place of each.
+	Images [][]byte `json:"-"`
 }
 
 // MarshalJSON writes an assistant's message of calls alone with content

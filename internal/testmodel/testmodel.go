@@ -401,18 +401,23 @@ func Write(w io.Writer, o Options) error {
 		return err
 	}
 	s := shapeOf(o.withDefaults())
-	ts := tensors(s)
+	return writeGGUF(w, metadata(s), tensors(s), s.Seed)
+}
+
+// writeGGUF writes a GGUF file of metadata md and tensors ts, whose
+// random weights are drawn from seed.
+func writeGGUF(w io.Writer, md gguf.Metadata, ts []tensor, seed int64) error {
 	layouts := make([]gguf.Tensor, len(ts))
 	for i, t := range ts {
 		layouts[i] = t.Tensor
 	}
-	gw, err := gguf.NewWriter(w, metadata(s), layouts)
+	gw, err := gguf.NewWriter(w, md, layouts)
 	if err != nil {
 		return err
 	}
 	// One generator for all weights, drawn in file order: the bytes depend
 	// on the seed and the options only.
-	rng := rand.New(rand.NewPCG(uint64(s.Seed), 0x61706961727921)) // "apiary!"
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x61706961727921)) // "apiary!"
 	var buf []byte
 	for _, t := range ts {
 		n := 1
@@ -436,10 +441,7 @@ func Write(w io.Writer, o Options) error {
 			return err
 		}
 	}
-	if err := gw.Close(); err != nil {
-		return err
-	}
-	return nil
+	return gw.Close()
 }
 
 // WriteFile writes the model o describes to path, through a temporary file

@@ -33,10 +33,15 @@ func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) 
 	if err != nil {
 		return err
 	}
-	j, err := newJob(eng, info, prompt, "messages", req.Sampling)
+	var images [][]byte
+	for _, m := range req.Messages {
+		images = append(images, m.Images...)
+	}
+	j, err := newJob(eng, info, prompt, "messages", req.Sampling, images)
 	if err != nil {
 		return err
 	}
+	defer j.release()
 	if err := forceToolCall(eng, &j, req, syn); err != nil {
 		return err
 	}

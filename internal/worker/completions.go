@@ -25,7 +25,7 @@ func (w *Worker) handleCompletions(rw http.ResponseWriter, r *http.Request) erro
 	if err := w.checkModel(req.Model); err != nil {
 		return err
 	}
-	j, err := newJob(eng, info, req.Prompt, "prompt", req.Sampling)
+	j, err := newJob(eng, info, req.Prompt, "prompt", req.Sampling, nil)
 	if err != nil {
 		return err
 	}

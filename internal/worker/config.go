@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -135,6 +136,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: the model path is required", ErrInvalidConfig)
 	}
 	config.Default(&c.ModelRef, strings.TrimSuffix(filepath.Base(c.ModelPath), ".gguf"))
+	config.Default(&c.Engine.Projector, PairedProjector(c.ModelPath))
 	if c.KVCacheDir != "" && c.KVCacheDisk <= 0 {
 		return fmt.Errorf("%w: a KV cache directory needs a positive disk budget", ErrInvalidConfig)
 	}
@@ -209,6 +211,16 @@ func (c *Config) Validate() error {
 	c.Engine.Slots = c.Slots
 	config.Default(&c.Logger, slog.New(slog.DiscardHandler))
 	return nil
+}
+
+// PairedProjector is the vision projector that goes with the model at
+// path by name: mmproj-M.gguf beside M.gguf, "" when there is none.
+func PairedProjector(path string) string {
+	p := filepath.Join(filepath.Dir(path), "mmproj-"+filepath.Base(path))
+	if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+		return p
+	}
+	return ""
 }
 
 // ErrInvalidConfig wraps every Validate error.

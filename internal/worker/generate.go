@@ -38,15 +38,29 @@ type job struct {
 	// hold, when not nil, is called before each piece of text after the
 	// first that goes out (the test knob Config.TestHoldDir).
 	hold func(ctx context.Context, sent int)
+	// free releases the prompt's images (engine.Vision); nil when none.
+	free func()
+}
+
+// release frees what j holds once its generation is over.
+func (j job) release() {
+	if j.free != nil {
+		j.free()
+	}
 }
 
 // newJob tokenizes prompt and turns the request's sampling into an engine
 // request. param names the request field holding the prompt, for errors.
-func newJob(eng engine.Engine, info engine.ModelInfo, prompt, param string, s openai.Sampling) (job, error) {
-	ids, err := eng.Tokenize(prompt, true)
+func newJob(eng engine.Engine, info engine.ModelInfo, prompt, param string, s openai.Sampling, images [][]byte) (j job, err error) {
+	ids, imgs, free, err := tokenizePrompt(eng, info, prompt, param, images)
 	if err != nil {
-		return job{}, fmt.Errorf("tokenize %s: %w", param, err)
+		return job{}, err
 	}
+	defer func() {
+		if err != nil && free != nil {
+			free()
+		}
+	}()
 	if len(ids) == 0 {
 		return job{}, openai.Invalid(param, "%s is empty: the model needs at least one token to continue from", param)
 	}
@@ -58,6 +72,7 @@ func newJob(eng engine.Engine, info engine.ModelInfo, prompt, param string, s op
 	}
 	r := engine.Request{
 		Prompt:      ids,
+		Images:      imgs,
 		MaxTokens:   room,
 		Temperature: defaultTemperature,
 		TopP:        defaultTopP,
@@ -117,7 +132,31 @@ func newJob(eng engine.Engine, info engine.ModelInfo, prompt, param string, s op
 		}
 		return job{}, err
 	}
-	return job{req: r, stops: s.Stop, choices: s.Choices()}, nil
+	return job{req: r, stops: s.Stop, choices: s.Choices(), free: free}, nil
+}
+
+// tokenizePrompt tokenizes prompt; with images, through the engine's
+// projector, which a model without one refuses with a 400.
+func tokenizePrompt(eng engine.Engine, info engine.ModelInfo, prompt, param string, images [][]byte) ([]int, []engine.Image, func(), error) {
+	if len(images) == 0 {
+		ids, err := eng.Tokenize(prompt, true)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("tokenize %s: %w", param, err)
+		}
+		return ids, nil, nil, nil
+	}
+	v, ok := eng.(engine.Vision)
+	if !ok || !info.Vision {
+		return nil, nil, nil, &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: param,
+			Message: "this model does not read images: it has no vision projector (mmproj); send text only, or use a model that sees",
+			Err:     openai.ErrInvalidRequest}
+	}
+	ids, imgs, free, err := v.TokenizeImages(prompt, images)
+	if err != nil {
+		return nil, nil, nil, &openai.Error{Status: http.StatusBadRequest, Code: openai.CodeInvalidValue, Param: param,
+			Message: err.Error(), Err: errors.Join(openai.ErrInvalidRequest, err)}
+	}
+	return ids, imgs, free, nil
 }
 
 // outcome is a finished generation: the engine's result, and the stop

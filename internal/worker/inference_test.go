@@ -204,7 +204,7 @@ func TestNewJobDefaults(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			j, err := newJob(eng, info, "hi", "prompt", tt.s) // 3 tokens of 10
+			j, err := newJob(eng, info, "hi", "prompt", tt.s, nil) // 3 tokens of 10
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -215,7 +215,7 @@ func TestNewJobDefaults(t *testing.T) {
 			}
 		})
 	}
-	_, err := newJob(eng, info, "123456789", "prompt", openai.Sampling{})
+	_, err := newJob(eng, info, "123456789", "prompt", openai.Sampling{}, nil)
 	var e *openai.Error
 	if !errors.As(err, &e) || e.Code != openai.CodeContextLength || e.Param != "prompt" {
 		t.Errorf("prompt filling the context: %v, want context_length_exceeded on prompt", err)

@@ -233,7 +233,8 @@ func TestBinaryBadRequests(t *testing.T) {
 		{"max_tokens over the queen's range", "/v1/completions", `{"prompt":"a","max_tokens":1048577}`, 400, "invalid_value"},
 		{"prompt over the context", "/v1/completions", `{"prompt":"` + strings.Repeat("ab ", 1000) + `"}`, 400, "context_length_exceeded"},
 		{"token prompt", "/v1/completions", `{"prompt":[1,2,3]}`, 400, "unsupported_parameter"},
-		{"image content", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "unsupported_parameter"},
+		{"image not a data URI", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "invalid_value"},
+		{"image URL to fetch", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, 400, "unsupported_parameter"},
 		{"oversized body", "/v1/completions", `{"prompt":"` + strings.Repeat("x", 5<<20) + `"}`, 413, "body_too_large"},
 		{"unknown path", "/v1/nothing", `{}`, 404, "not_found"},
 	}

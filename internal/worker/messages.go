@@ -42,7 +42,7 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	j, err := newJob(eng, info, prompt, "messages", req.Sampling)
+	j, err := newJob(eng, info, prompt, "messages", req.Sampling, nil)
 	if err != nil {
 		return err
 	}
