@@ -215,6 +215,7 @@ func decodeMessage(param, role string, r json.RawMessage) ([]openai.ChatMessage,
 	}
 	var out []openai.ChatMessage
 	var texts []string
+	var images [][]byte
 	var calls []openai.ToolCall
 	for i, b := range blocks {
 		p := fmt.Sprintf("%s.%d", param, i)
@@ -228,7 +229,19 @@ func decodeMessage(param, role string, r json.RawMessage) ([]openai.ChatMessage,
 			if json.Unmarshal(b["text"], &text) != nil {
 				return nil, invalid(p+".text", "%s.text: must be a string", p)
 			}
+			if strings.Contains(text, openai.ImageMarker) {
+				return nil, invalid(p+".text", "%s.text: holds %s, which stands for an image here; leave it out", p, openai.ImageMarker)
+			}
 			texts = append(texts, text)
+		case typ == "image" && role == "user":
+			img, err := decodeImage(p, b)
+			if err != nil {
+				return nil, err
+			}
+			images = append(images, img)
+			texts = append(texts, openai.ImageMarker)
+		case typ == "image":
+			return nil, unsupported(p+".type", "%s.type: images are read in user messages only", p)
 		case typ == "tool_use" && role == "assistant":
 			var id, name string
 			if json.Unmarshal(b["id"], &id) != nil || id == "" || json.Unmarshal(b["name"], &name) != nil || name == "" {
@@ -261,13 +274,44 @@ func decodeMessage(param, role string, r json.RawMessage) ([]openai.ChatMessage,
 		case typ == "tool_use" || typ == "tool_result":
 			return nil, invalid(p+".type", "%s.type: %q blocks belong in %s messages", p, typ, map[string]string{"tool_use": "assistant", "tool_result": "user"}[typ])
 		default:
-			return nil, unsupported(p+".type", "%s.type: %q blocks are not supported; only text, tool_use and tool_result", p, typ)
+			return nil, unsupported(p+".type", "%s.type: %q blocks are not supported; only text, image, tool_use and tool_result", p, typ)
 		}
 	}
 	if len(texts) > 0 || len(calls) > 0 || len(out) == 0 {
-		out = append(out, openai.ChatMessage{Role: role, Content: strings.Join(texts, "\n"), ToolCalls: calls})
+		out = append(out, openai.ChatMessage{Role: role, Content: strings.Join(texts, "\n"), ToolCalls: calls, Images: images})
 	}
 	return out, nil
+}
+
+// decodeImage reads an image block's picture: a base64 source
+// ({"type": "base64", "media_type": "image/png", "data": "…"}) of a PNG,
+// JPEG, GIF or BMP, bounded as an OpenAI image part is. URL sources are
+// not fetched.
+func decodeImage(p string, b map[string]json.RawMessage) ([]byte, error) {
+	var src struct {
+		Type      string `json:"type"`
+		MediaType string `json:"media_type"`
+		Data      string `json:"data"`
+	}
+	if json.Unmarshal(b["source"], &src) != nil {
+		return nil, invalid(p+".source", "%s.source: field required: {\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": \"…\"}", p)
+	}
+	switch src.Type {
+	case "base64":
+	case "url", "file":
+		return nil, unsupported(p+".source.type", "%s.source.type: %q images are not fetched; send the image inline (type base64)", p, src.Type)
+	default:
+		return nil, invalid(p+".source.type", "%s.source.type: must be base64", p)
+	}
+	img, err := openai.DecodeDataURI(p+".source", "data:"+src.MediaType+";base64,"+src.Data)
+	if err != nil {
+		var oe *openai.Error
+		if errors.As(err, &oe) {
+			return nil, invalid(p+".source", "%s.source: %s", p, oe.Message)
+		}
+		return nil, err
+	}
+	return img, nil
 }
 
 // decodeText reads a string, or an array of content blocks of which only

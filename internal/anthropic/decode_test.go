@@ -74,7 +74,10 @@ func TestDecodeRefuses(t *testing.T) {
 		{"tool_choice without tools", `{"max_tokens":5,"tool_choice":{"type":"auto"},` + msgs + `}`, "tool_choice", false},
 		{"tool_choice of no tool", `{"max_tokens":5,"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"g"},` + msgs + `}`, "tool_choice.name", false},
 		{"tool_result from the assistant", `{"max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"x"}]}]}`, "messages.0.content.0.type", false},
-		{"image block", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]}`, "messages.0.content.0.type", true},
+		{"image block without a source", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]}`, "messages.0.content.0.source", false},
+		{"image by URL", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}]}`, "messages.0.content.0.source.type", true},
+		{"image of another type", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/svg+xml","data":"PHN2Zz4="}}]}]}`, "messages.0.content.0.source", false},
+		{"image from the assistant", `{"max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"aGk="}}]}]}`, "messages.0.content.0.type", true},
 		{"thinking", `{"max_tokens":5,"thinking":{"type":"enabled","budget_tokens":1024},` + msgs + `}`, "thinking", true},
 	} {
 		_, err := anthropic.Decode([]byte(tt.body))
@@ -97,5 +100,19 @@ func TestWriteErrorInAnthropicsShape(t *testing.T) {
 		if got := anthropic.TypeFor(status); got != typ {
 			t.Errorf("TypeFor(%d) = %q, want %q", status, got, typ)
 		}
+	}
+}
+
+// An image block's base64 picture becomes the message's image, its place
+// in the text the image marker (as an OpenAI image_url part's).
+func TestDecodeImageBlocks(t *testing.T) {
+	got, err := anthropic.Decode([]byte(`{"model":"m","max_tokens":9,"messages":[{"role":"user","content":[
+		{"type":"text","text":"What is this?"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"aGk="}}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []openai.ChatMessage{{Role: "user", Content: "What is this?\n" + openai.ImageMarker, Images: [][]byte{[]byte("hi")}}}
+	if diff := cmp.Diff(want, got.Messages); diff != "" {
+		t.Errorf("messages (-want +got):\n%s", diff)
 	}
 }

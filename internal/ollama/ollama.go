@@ -9,6 +9,7 @@ package ollama
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -247,10 +248,17 @@ func Chat(data []byte) (req ChatRequest, act Action, openaiBody []byte, err erro
 func chatBody(req ChatRequest) ([]byte, error) {
 	msgs := make([]map[string]any, 0, len(req.Messages))
 	for i, m := range req.Messages {
-		if len(m.Images) > 0 {
-			return nil, badf("messages[%d].images: the workers take text only", i)
-		}
 		om := map[string]any{"role": m.Role, "content": m.Content}
+		if len(m.Images) > 0 {
+			if m.Role != "user" {
+				return nil, badf("messages[%d].images: only a user message carries images", i)
+			}
+			parts, err := imageParts(m.Content, m.Images, fmt.Sprintf("messages[%d].images", i))
+			if err != nil {
+				return nil, err
+			}
+			om["content"] = parts
+		}
 		switch m.Role {
 		case "system", "user":
 		case "assistant":
@@ -320,8 +328,8 @@ func Generate(data []byte) (req GenerateRequest, act Action, path string, openai
 // generateBody is Generate's path and OpenAI body for a prompt.
 func generateBody(req GenerateRequest) (path string, openaiBody []byte, err error) {
 	switch {
-	case len(req.Images) > 0:
-		return "", nil, badf("images: the workers take text only")
+	case len(req.Images) > 0 && req.Raw:
+		return "", nil, badf("images: a raw prompt carries none (the model's chat template places them); send it without raw")
 	case req.Template != "":
 		return "", nil, badf("template: the worker applies the model's own chat template; send raw with the prompt as it should be")
 	case len(req.Context) > 0:
@@ -339,7 +347,15 @@ func generateBody(req GenerateRequest) (path string, openaiBody []byte, err erro
 		if req.System != "" {
 			msgs = append(msgs, map[string]any{"role": "system", "content": req.System})
 		}
-		body["messages"] = append(msgs, map[string]any{"role": "user", "content": req.Prompt})
+		var content any = req.Prompt
+		if len(req.Images) > 0 {
+			parts, err := imageParts(req.Prompt, req.Images, "images")
+			if err != nil {
+				return "", nil, err
+			}
+			content = parts
+		}
+		body["messages"] = append(msgs, map[string]any{"role": "user", "content": content})
 	}
 	if err := format(body, req.Format); err != nil {
 		return "", nil, err
@@ -412,4 +428,40 @@ func Timestamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 // Error is Ollama's error body.
 type Error struct {
 	Error string `json:"error"`
+}
+
+// imageParts is an OpenAI message content of text and Ollama's images
+// (base64 pictures, no data URI around them), each an image_url part with
+// the data URI of its type, told from its first bytes. param names the
+// images for errors.
+func imageParts(text string, images []string, param string) ([]map[string]any, error) {
+	parts := []map[string]any{{"type": "text", "text": text}}
+	for k, img := range images {
+		head, err := base64.StdEncoding.DecodeString(img[:min(len(img), 16)&^3])
+		if err != nil {
+			return nil, badf("%s[%d]: not base64: %v", param, k, err)
+		}
+		mt := pictureType(head)
+		if mt == "" {
+			return nil, badf("%s[%d]: not a PNG, JPEG, GIF or BMP picture", param, k)
+		}
+		parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]any{"url": "data:" + mt + ";base64," + img}})
+	}
+	return parts, nil
+}
+
+// pictureType is the media type of a picture from its first bytes ("":
+// none the workers read).
+func pictureType(b []byte) string {
+	switch {
+	case bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")):
+		return "image/png"
+	case bytes.HasPrefix(b, []byte{0xff, 0xd8, 0xff}):
+		return "image/jpeg"
+	case bytes.HasPrefix(b, []byte("GIF8")):
+		return "image/gif"
+	case bytes.HasPrefix(b, []byte("BM")):
+		return "image/bmp"
+	}
+	return ""
 }

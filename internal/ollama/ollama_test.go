@@ -1,8 +1,10 @@
 package ollama
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -68,7 +70,8 @@ func TestChatTranslates(t *testing.T) {
 	for in, want := range map[string]string{
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"options":{"temprature":0}}`:    "options.temprature is not an Ollama option",
 		`{"model":"m","messages":[{"role":"robot","content":"x"}]}`:                              `messages[0].role "robot"`,
-		`{"model":"m","messages":[{"role":"user","content":"x","images":["aGk="]}]}`:             "text only",
+		`{"model":"m","messages":[{"role":"user","content":"x","images":["aGk="]}]}`:             "images[0]: not a PNG, JPEG, GIF or BMP picture",
+		`{"model":"m","messages":[{"role":"assistant","content":"x","images":["aGk="]}]}`:        "only a user message carries images",
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"format":"yaml"}`:               `format must be "json" or a JSON schema`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"options":{"num_predict":1.5}}`: "options.num_predict must be an integer",
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"frobnicate":1}`:                `unknown field "frobnicate"`,
@@ -240,5 +243,33 @@ func TestFormatSchemaIsNotStrict(t *testing.T) {
 	js := decodeMap(t, body)["response_format"].(map[string]any)["json_schema"].(map[string]any)
 	if _, set := js["strict"]; set || js["schema"].(map[string]any)["required"] == nil {
 		t.Errorf("json_schema %v: want the schema as given, without strict", js)
+	}
+}
+
+// Ollama's images (base64, no data URI) become OpenAI image_url parts
+// with the data URI of each picture's type, after the message's text, in
+// /api/chat and /api/generate.
+func TestImagesBecomeImageParts(t *testing.T) {
+	png := base64.StdEncoding.EncodeToString([]byte("\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"))
+	gif := base64.StdEncoding.EncodeToString([]byte("GIF89a\x01\x00\x01\x00"))
+	_, _, body, err := Chat([]byte(`{"model":"m","messages":[{"role":"user","content":"what is it?","images":["` + png + `","` + gif + `"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []any{map[string]any{"type": "text", "text": "what is it?"},
+		map[string]any{"type": "image_url", "image_url": map[string]any{"url": "data:image/png;base64," + png}},
+		map[string]any{"type": "image_url", "image_url": map[string]any{"url": "data:image/gif;base64," + gif}}}
+	if got := decodeMap(t, body)["messages"].([]any)[0].(map[string]any)["content"]; !reflect.DeepEqual(got, want) {
+		t.Errorf("chat content %v, want %v", got, want)
+	}
+	_, _, path, body, err := Generate([]byte(`{"model":"m","prompt":"what is it?","images":["` + png + `"]}`))
+	if err != nil || path != "/v1/chat/completions" {
+		t.Fatal(path, err)
+	}
+	if got := decodeMap(t, body)["messages"].([]any)[0].(map[string]any)["content"]; !reflect.DeepEqual(got, want[:2]) {
+		t.Errorf("generate content %v, want %v", got, want[:2])
+	}
+	if _, _, _, _, err := Generate([]byte(`{"model":"m","prompt":"x","raw":true,"images":["` + png + `"]}`)); err == nil || !strings.Contains(err.Error(), "raw prompt") {
+		t.Errorf("raw with images: %v", err)
 	}
 }

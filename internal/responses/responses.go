@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/apiary-llm/apiary/internal/openai"
@@ -320,11 +321,11 @@ func input(raw json.RawMessage) ([]map[string]any, error) {
 			default:
 				return nil, bad(p+".role", "role %q: want user, assistant, system or developer", it.Role)
 			}
-			text, err := contentText(it.Content, p)
+			content, err := messageContent(it.Content, p, role)
 			if err != nil {
 				return nil, err
 			}
-			msgs = append(msgs, map[string]any{"role": role, "content": text})
+			msgs = append(msgs, map[string]any{"role": role, "content": content})
 		case "function_call":
 			if it.CallID == "" || it.Name == "" {
 				return nil, bad(p, "a function_call item needs call_id and name")
@@ -352,6 +353,42 @@ func input(raw json.RawMessage) ([]map[string]any, error) {
 		}
 	}
 	return msgs, nil
+}
+
+// messageContent is a message's content for the chat body: its text, or
+// for a user message with input_image parts, OpenAI content parts (text,
+// and image_url with the image's URL: the workers read data URIs).
+func messageContent(raw json.RawMessage, param, role string) (any, error) {
+	var parts []contentPart
+	if json.Unmarshal(raw, &parts) != nil || !slices.ContainsFunc(parts, func(p contentPart) bool { return p.Type == "input_image" }) {
+		return contentText(raw, param)
+	}
+	if role != "user" {
+		return nil, bad(param+".role", "images are read in user messages only")
+	}
+	out := make([]map[string]any, 0, len(parts))
+	for k, part := range parts {
+		pp := fmt.Sprintf("%s.content[%d]", param, k)
+		switch part.Type {
+		case "input_text", "text":
+			out = append(out, map[string]any{"type": "text", "text": part.Text})
+		case "input_image":
+			if part.ImageURL == "" {
+				return nil, bad(pp+".image_url", "an input_image needs image_url, a data URI (data:image/png;base64,…); file_id is not served")
+			}
+			out = append(out, map[string]any{"type": "image_url", "image_url": map[string]any{"url": part.ImageURL}})
+		default:
+			return nil, bad(pp+".type", "content part %q is not served: the workers take text and images", part.Type)
+		}
+	}
+	return out, nil
+}
+
+// contentPart is one part of an input message's content.
+type contentPart struct {
+	Type     string `json:"type"`
+	Text     string `json:"text"`
+	ImageURL string `json:"image_url"`
 }
 
 // contentText is a message's content: a string, or parts of text.

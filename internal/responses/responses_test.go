@@ -3,6 +3,7 @@ package responses
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -60,12 +61,14 @@ func TestChatTranslates(t *testing.T) {
 		t.Errorf("body %s", body)
 	}
 	for in, param := range map[string]string{
-		`{"model":"m","input":"x","previous_response_id":"resp_1"}`:                  "previous_response_id",
-		`{"model":"m","input":"x","tools":[{"type":"web_search"}]}`:                  "tools[0].type",
-		`{"model":"m","input":[{"role":"user","content":[{"type":"input_image"}]}]}`: "input[0].content[0].type",
-		`{"model":"m","input":[{"role":"robot","content":"x"}]}`:                     "input[0].role",
-		`{"model":"m","input":"x","text":{"format":{"type":"yaml"}}}`:                "text.format.type",
-		`{"model":"m","input":"x","tool_choice":{"type":"file_search"}}`:             "tool_choice",
+		`{"model":"m","input":"x","previous_response_id":"resp_1"}`:                                                                      "previous_response_id",
+		`{"model":"m","input":"x","tools":[{"type":"web_search"}]}`:                                                                      "tools[0].type",
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_image"}]}]}`:                                                     "input[0].content[0].image_url",
+		`{"model":"m","input":[{"role":"assistant","content":[{"type":"input_image","image_url":"data:image/png;base64,aGk="}]}]}`:       "input[0].role",
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_id":"f"},{"type":"input_image","image_url":"x"}]}]}`: "input[0].content[0].type",
+		`{"model":"m","input":[{"role":"robot","content":"x"}]}`:                                                                         "input[0].role",
+		`{"model":"m","input":"x","text":{"format":{"type":"yaml"}}}`:                                                                    "text.format.type",
+		`{"model":"m","input":"x","tool_choice":{"type":"file_search"}}`:                                                                 "tool_choice",
 		`{"model":"m"}`: "input",
 		`{"model":"m","input":[{"type":"function_call_output","output":"x"}]}`: "input[0]",
 	} {
@@ -134,5 +137,27 @@ func TestAnswerEvents(t *testing.T) {
 	}
 	if err != nil || json.Unmarshal(b, &whole) != nil || whole.Status != "completed" || len(whole.Output) != 1 || whole.Output[0].CallID != "call_2" {
 		t.Errorf("whole %s %v", b, err)
+	}
+}
+
+// A user message's input_image parts become OpenAI image_url parts beside
+// its text parts (the worker reads the data URI).
+func TestInputImageBecomesAnImagePart(t *testing.T) {
+	_, body, err := Chat([]byte(`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"What is it?"},
+		{"type":"input_image","image_url":"data:image/png;base64,aGk=","detail":"auto"}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Messages []struct {
+			Content []map[string]any
+		}
+	}
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatal(err)
+	}
+	want := []map[string]any{{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": map[string]any{"url": "data:image/png;base64,aGk="}}}
+	if len(m.Messages) != 1 || !reflect.DeepEqual(m.Messages[0].Content, want) {
+		t.Errorf("body %s", body)
 	}
 }
