@@ -271,6 +271,9 @@ type Model struct {
 	// absent from an older hive. A reranker's is "rank": the queen
 	// refuses a rerank of a model whose Pooling is another.
 	Pooling string `json:"pooling,omitempty"`
+	// Vision says that the model has a vision projector beside it
+	// (mmproj-REF.gguf): its workers read images.
+	Vision bool `json:"vision,omitempty"`
 }
 
 // PoolingUnspecified is Model.Pooling of a GGUF that names no pooling

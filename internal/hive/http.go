@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -251,12 +252,15 @@ func listModels(dir string, ctxSize int, digests *modelstore.Digests) ([]api.Mod
 		if m.Info == nil {
 			continue
 		}
-		am := api.Model{Ref: m.Ref, SizeBytes: m.Size, ModifiedAt: m.ModTime.UTC()}
+		am := api.Model{Ref: m.Ref, SizeBytes: m.Size, ModifiedAt: m.ModTime.UTC(), Vision: m.Projector != ""}
 		if m.Info != nil {
 			am.Architecture = m.Info.Architecture
 			am.EstimateBytes = int64(m.Info.EstimateMemory(ctxSize).Total)
 			am.ParameterCount, am.FileType = m.Info.ParameterCount, m.Info.FileType.String()
 			am.Pooling = cmp.Or(m.Info.Pooling, api.PoolingUnspecified)
+		}
+		if st, err := os.Stat(m.Projector); m.Projector != "" && err == nil {
+			am.EstimateBytes += st.Size() // the projector's weights load beside the model's
 		}
 		if digests != nil {
 			am.Digest = digests.Lookup(m)

@@ -102,6 +102,20 @@ type Model struct {
 	ModTime time.Time  `json:"modified_at"`
 	Info    *gguf.Info `json:"info,omitempty"`  // nil when the file could not be read
 	Error   string     `json:"error,omitempty"` // why it could not be read
+	// Projector is the model's vision projector, ProjectorPrefix+REF.gguf
+	// beside it (what a worker of the model loads for images); "" when
+	// it has none.
+	Projector string `json:"projector,omitempty"`
+}
+
+// ProjectorPrefix starts the file name of a vision projector (llama.cpp's
+// mmproj GGUF): mmproj-REF.gguf is model REF's. Such files are no models.
+const ProjectorPrefix = "mmproj-"
+
+// isProjector says whether a file name is a vision projector's (mmproj…,
+// in any case): not a model of its own.
+func isProjector(name string) bool {
+	return len(name) >= len("mmproj") && strings.EqualFold(name[:len("mmproj")], "mmproj")
 }
 
 // List returns the models of dir sorted by ref: every *.gguf file (or
@@ -109,8 +123,9 @@ type Model struct {
 // (NAME-00001-of-0000N.gguf …) once, by its first part, with the size of
 // all. A file the GGUF reader rejects (truncated: shorter than its
 // header's tensor data) or a split model that lacks a part is listed with
-// its Error, not left out. Partial downloads (*.partial) are not models. A
-// directory that does not exist holds no models.
+// its Error, not left out. Partial downloads (*.partial) are not models,
+// nor are vision projectors (mmproj*.gguf): mmproj-REF.gguf is REF's
+// Projector. A directory that does not exist holds no models.
 func List(dir string) ([]Model, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -122,10 +137,13 @@ func List(dir string) ([]Model, error) {
 	var models []Model
 	for _, e := range entries {
 		ref, ok := strings.CutSuffix(e.Name(), Ext)
-		if !ok || CheckRef(ref) != nil {
-			continue // not a model, or a temporary file of Pull or WriteFile
+		if !ok || CheckRef(ref) != nil || isProjector(e.Name()) {
+			continue // not a model, a temporary file of Pull or WriteFile, or a projector
 		}
 		m := Model{Ref: ref, Path: filepath.Join(dir, e.Name())}
+		if proj := filepath.Join(dir, ProjectorPrefix+e.Name()); regularFile(proj) {
+			m.Projector = proj
+		}
 		st, err := os.Stat(m.Path)
 		if err != nil {
 			m.Error = err.Error()
@@ -150,6 +168,12 @@ func List(dir string) ([]Model, error) {
 	}
 	slices.SortFunc(models, func(a, b Model) int { return strings.Compare(a.Ref, b.Ref) })
 	return models, nil
+}
+
+// regularFile says whether path is a regular file (or a link to one).
+func regularFile(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
 }
 
 // ReadInfo reads what the header of the model at path says. For the

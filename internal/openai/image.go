@@ -86,6 +86,15 @@ func DecodeDataURI(param, url string) ([]byte, error) {
 	return b, nil
 }
 
+// Images are the images of msgs, in order (nil: none).
+func Images(msgs []ChatMessage) [][]byte {
+	var out [][]byte
+	for _, m := range msgs {
+		out = append(out, m.Images...)
+	}
+	return out
+}
+
 // ImageCount is the number of images of msgs.
 func ImageCount(msgs []ChatMessage) int {
 	n := 0

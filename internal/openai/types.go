@@ -394,6 +394,11 @@ type Model struct {
 	// AliasOf, on the queen's list, is the configured model this id is an
 	// alias of (apiary's own field).
 	AliasOf string `json:"alias_of,omitempty"`
+	// Capabilities, on the queen's list, say what the model does beyond
+	// text, as its hives list its file: "vision" (it has a projector:
+	// images in chat messages), "rerank" (a reranker). Apiary's own
+	// field; absent when none.
+	Capabilities []string `json:"capabilities,omitempty"`
 }
 
 // ModelList is the GET /v1/models body.

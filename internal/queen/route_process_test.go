@@ -54,6 +54,9 @@ type clusterOptions struct {
 	// more are models besides tiny.gguf in the hive's models directory,
 	// by name.
 	more map[string]testmodel.Options
+	// projectors are the models (by name) that get a vision projector
+	// beside them (mmproj-NAME.gguf).
+	projectors map[string]testmodel.ProjectorOptions
 }
 
 func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveArgs ...string) *cluster {
@@ -79,6 +82,11 @@ func startClusterWith(t *testing.T, o clusterOptions, queenArgs []string, hiveAr
 	}
 	for name, opts := range o.more {
 		if err := testmodel.WriteFile(filepath.Join(dir, "models", name+".gguf"), opts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, opts := range o.projectors {
+		if err := testmodel.WriteProjectorFile(filepath.Join(dir, "models", "mmproj-"+name+".gguf"), opts); err != nil {
 			t.Fatal(err)
 		}
 	}

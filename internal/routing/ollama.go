@@ -190,9 +190,13 @@ func (s *Service) postOllamaShow(w http.ResponseWriter, r *http.Request, c *call
 	}
 	c.model = ref
 	info, _ := s.catalog.lookup(s.servable(), ref)
+	caps := []string{"completion", "tools"} // as Ollama names them
+	if info.Vision {
+		caps = append(caps, "vision")
+	}
 	openai.WriteJSON(w, http.StatusOK, map[string]any{"modelfile": "", "parameters": "", "template": "", "license": "",
 		"details": modelDetails(info), "model_info": map[string]any{"general.architecture": info.Architecture},
-		"capabilities": []string{"completion", "tools"}, "modified_at": info.ModifiedAt.UTC().Format(time.RFC3339)})
+		"capabilities": caps, "modified_at": info.ModifiedAt.UTC().Format(time.RFC3339)})
 	return nil
 }
 

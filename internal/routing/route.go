@@ -271,6 +271,9 @@ func (s *Service) listModels(r *http.Request) (openai.ModelList, error) {
 	}
 	list := openai.ModelList{Object: openai.ObjectList, Data: make([]openai.Model, 0, len(seen))}
 	for _, m := range seen {
+		if info, ok := s.catalog.lookup(pools, s.resolve(m.ID).ref); ok {
+			m.Capabilities = capabilities(info)
+		}
 		list.Data = append(list.Data, m)
 	}
 	slices.SortFunc(list.Data, func(a, b openai.Model) int {
@@ -285,6 +288,19 @@ func (s *Service) listModels(r *http.Request) (openai.ModelList, error) {
 	return list, nil
 }
 
+// capabilities is what a model's file does beyond text, as a hive lists
+// it (openai.Model.Capabilities).
+func capabilities(m api.Model) []string {
+	var c []string
+	if m.Vision {
+		c = append(c, "vision")
+	}
+	if m.Pooling == "rank" {
+		c = append(c, "rerank")
+	}
+	return c
+}
+
 func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("id")
 	// The hives' lists read as for the list, so that a model has the same
@@ -295,7 +311,7 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) erro
 		if m.ID == id {
 			c.model = s.resolve(id).ref
 			if info, ok := s.catalog.lookup(pools, c.model); ok {
-				m.Created = info.ModifiedAt.Unix()
+				m.Created, m.Capabilities = info.ModifiedAt.Unix(), capabilities(info)
 			}
 			openai.WriteJSON(w, http.StatusOK, m)
 			return nil
@@ -305,11 +321,11 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) erro
 		return err
 	}
 	c.model = id
-	var created int64
+	out := openai.Model{ID: id, Object: openai.ObjectModel, OwnedBy: "apiary"}
 	if m, ok := s.catalog.lookup(s.servable(), id); ok {
-		created = m.ModifiedAt.Unix()
+		out.Created, out.Capabilities = m.ModifiedAt.Unix(), capabilities(m)
 	}
-	openai.WriteJSON(w, http.StatusOK, openai.Model{ID: id, Object: openai.ObjectModel, Created: created, OwnedBy: "apiary"})
+	openai.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 

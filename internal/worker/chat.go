@@ -33,11 +33,7 @@ func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) 
 	if err != nil {
 		return err
 	}
-	var images [][]byte
-	for _, m := range req.Messages {
-		images = append(images, m.Images...)
-	}
-	j, err := newJob(eng, info, prompt, "messages", req.Sampling, images)
+	j, err := newJob(eng, info, prompt, "messages", req.Sampling, openai.Images(req.Messages))
 	if err != nil {
 		return err
 	}

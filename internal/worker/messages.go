@@ -42,10 +42,11 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	j, err := newJob(eng, info, prompt, "messages", req.Sampling, nil)
+	j, err := newJob(eng, info, prompt, "messages", req.Sampling, openai.Images(req.Messages))
 	if err != nil {
 		return err
 	}
+	defer j.release()
 	if err := forceToolCall(eng, &j, creq, syn); err != nil {
 		return err
 	}

@@ -183,7 +183,8 @@ func checkMessages(t *testing.T, url string, auth ...string) {
 	for _, tt := range []struct{ name, body, msg string }{
 		{"no max_tokens", `{"messages":[{"role":"user","content":"x"}]}`, "max_tokens"},
 		{"a server tool", `{"max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, "server tools"},
-		{"image", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]}`, "image"},
+		{"image without a source", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]}`, "source.type: must be base64"},
+		{"image to a model without a projector", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"aGk="}}]}]}`, "projector"},
 		{"bad role", `{"max_tokens":5,"messages":[{"role":"system","content":"x"}]}`, "messages.0.role"},
 		{"temperature past 1", `{"max_tokens":5,"temperature":1.5,"messages":[{"role":"user","content":"x"}]}`, "temperature"},
 	} {
