@@ -215,6 +215,7 @@ func decodeMessage(param, role string, r json.RawMessage) ([]openai.ChatMessage,
 	}
 	var out []openai.ChatMessage
 	var texts []string
+	var media []bool // texts[i] is an image's marker
 	var images [][]byte
 	var calls []openai.ToolCall
 	for i, b := range blocks {
@@ -232,14 +233,14 @@ func decodeMessage(param, role string, r json.RawMessage) ([]openai.ChatMessage,
 			if strings.Contains(text, openai.ImageMarker) {
 				return nil, invalid(p+".text", "%s.text: holds %s, which stands for an image here; leave it out", p, openai.ImageMarker)
 			}
-			texts = append(texts, text)
+			texts, media = append(texts, text), append(media, false)
 		case typ == "image" && role == "user":
 			img, err := decodeImage(p, b)
 			if err != nil {
 				return nil, err
 			}
 			images = append(images, img)
-			texts = append(texts, openai.ImageMarker)
+			texts, media = append(texts, openai.ImageMarker), append(media, true)
 		case typ == "image":
 			return nil, unsupported(p+".type", "%s.type: images are read in user messages only", p)
 		case typ == "tool_use" && role == "assistant":
@@ -278,7 +279,7 @@ func decodeMessage(param, role string, r json.RawMessage) ([]openai.ChatMessage,
 		}
 	}
 	if len(texts) > 0 || len(calls) > 0 || len(out) == 0 {
-		out = append(out, openai.ChatMessage{Role: role, Content: strings.Join(texts, "\n"), ToolCalls: calls, Images: images})
+		out = append(out, openai.ChatMessage{Role: role, Content: openai.JoinParts(texts, media), ToolCalls: calls, Images: images})
 	}
 	return out, nil
 }

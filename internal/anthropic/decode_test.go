@@ -111,7 +111,7 @@ func TestDecodeImageBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []openai.ChatMessage{{Role: "user", Content: "What is this?\n" + openai.ImageMarker, Images: [][]byte{[]byte("hi")}}}
+	want := []openai.ChatMessage{{Role: "user", Content: "What is this?" + openai.ImageMarker, Images: [][]byte{[]byte("hi")}}}
 	if diff := cmp.Diff(want, got.Messages); diff != "" {
 		t.Errorf("messages (-want +got):\n%s", diff)
 	}

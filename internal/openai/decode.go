@@ -310,6 +310,7 @@ func decodeContent(o object, role string) (string, [][]byte, error) {
 		return "", nil, typeError(param, "a string or an array of text parts", r)
 	}
 	texts := make([]string, 0, len(parts))
+	media := make([]bool, 0, len(parts)) // texts[i] is an image's marker
 	var images [][]byte
 	for j, part := range parts {
 		pp := fmt.Sprintf("%s[%d]", param, j)
@@ -337,6 +338,7 @@ func decodeContent(o object, role string) (string, [][]byte, error) {
 			}
 			images = append(images, img)
 			texts = append(texts, ImageMarker)
+			media = append(media, true)
 			continue
 		case "input_audio", "file", "image", "audio", "refusal":
 			return "", nil, Unsupported(po.param("type"), "content parts of type %q are not supported; only text and image_url", typ)
@@ -354,8 +356,24 @@ func decodeContent(o object, role string) (string, [][]byte, error) {
 			return "", nil, imageMarkerError(po.param("text"))
 		}
 		texts = append(texts, text)
+		media = append(media, false)
 	}
-	return strings.Join(texts, "\n"), images, nil
+	return JoinParts(texts, media), images, nil
+}
+
+// JoinParts joins a message's content parts as llama.cpp's server does
+// (common/chat.cpp): with "\n" between texts, none before or after an
+// image's marker (media[i]: texts[i] is one), so that a model sees the
+// prompt llama-server gives it.
+func JoinParts(texts []string, media []bool) string {
+	var b strings.Builder
+	for i, t := range texts {
+		if i > 0 && !media[i] && !media[i-1] && b.Len() > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(t)
+	}
+	return b.String()
 }
 
 // decodeSampling reads the generation parameters both endpoints share, and

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"image"
 	"image/color"
 	"image/png"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/engine"
 	"github.com/apiary-llm/apiary/internal/openai"
+	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
@@ -104,5 +106,42 @@ func TestBinaryImageWithoutProjectorIs400(t *testing.T) {
 	json.Unmarshal(body, &e)
 	if res.StatusCode != http.StatusBadRequest || e.Error.Code != openai.CodeInvalidValue || !strings.Contains(e.Error.Message, "vision projector") {
 		t.Errorf("%d %+v, want 400 invalid_value about the missing vision projector", res.StatusCode, e.Error)
+	}
+}
+
+// A chat with an image gets llama-server's greedy answer, from a prompt of
+// as many tokens (--mmproj --jinja, the same llama.cpp commit, the same
+// model with a ChatML template, projector and picture): the parts joined
+// as llama-server joins them, the image's positions the same.
+func TestImageChatAsLlamaServerDoes(t *testing.T) {
+	server := testbin.LlamaServer(t)
+	// A model with its own chat template, which llama-server renders
+	// with --jinja as the worker does.
+	model := filepath.Join(t.TempDir(), "chatml.gguf")
+	if err := testmodel.WriteFile(model, testmodel.Options{ToolTemplate: true}); err != nil {
+		t.Fatal(err)
+	}
+	proj := filepath.Join(filepath.Dir(model), "mmproj-"+filepath.Base(model))
+	if err := testmodel.WriteProjectorFile(proj, testmodel.ProjectorOptions{TextDim: 64}); err != nil {
+		t.Fatal(err)
+	}
+	_, worker := startWorkerBinaryOn(t, model, nil, "--ctx-size", "512")
+	ls := testbin.StartLlamaServer(t, server, "-m", model, "--mmproj", proj, "--jinja", "-c", "512", "-t", "1", "--no-warmup")
+	answer := func(url string) string {
+		body := `{"messages":[{"role":"user","content":[{"type":"text","text":"What is this?"},` +
+			`{"type":"image_url","image_url":{"url":"` + pngDataURI(t) + `"}}]}],"max_tokens":16,"temperature":0,"ignore_eos":true}`
+		res, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var out openai.ChatCompletion
+		if err := json.NewDecoder(res.Body).Decode(&out); err != nil || res.StatusCode != http.StatusOK || len(out.Choices) != 1 {
+			t.Fatalf("%s: %d %v", url, res.StatusCode, err)
+		}
+		return fmt.Sprintf("%d prompt tokens: %q", out.Usage.PromptTokens, out.Choices[0].Message.Content)
+	}
+	if got, want := answer(worker), answer(ls); got != want {
+		t.Errorf("the worker answers %s, llama-server %s", got, want)
 	}
 }
