@@ -66,6 +66,9 @@ type Source struct {
 	// Split is true for a split model: its files are saved as
 	// NAME-0000i-of-0000N.gguf, and its ref is the first part's name.
 	Split bool `json:"split,omitempty"`
+	// Projector is the repository's vision projector (mmproj*.gguf), saved
+	// beside the model as mmproj-REF.gguf; nil when it offers none.
+	Projector *RemoteFile `json:"projector,omitempty"`
 }
 
 // RemoteFile is one file of a Source.
@@ -79,13 +82,21 @@ type RemoteFile struct {
 // Size returns the total size of the files, -1 when one is unknown.
 func (s Source) Size() int64 {
 	var n int64
-	for _, f := range s.Files {
+	for _, f := range s.all() {
 		if f.Size < 0 {
 			return -1
 		}
 		n += f.Size
 	}
 	return n
+}
+
+// all is the files a pull of s fetches: the model's, then its projector.
+func (s Source) all() []RemoteFile {
+	if s.Projector == nil {
+		return s.Files
+	}
+	return append(slices.Clone(s.Files), *s.Projector)
 }
 
 // fileNames returns the names the files of s take in the models
@@ -260,7 +271,7 @@ func ResolveSource(ctx context.Context, client *http.Client, hub Hub, ref string
 		return Source{}, fmt.Errorf("%w: %s: split model %s lacks %s", ErrNoModel, hr.repo, g.base, g.missing)
 	}
 	src := Source{Ref: ref, Name: g.base, Split: len(g.files) > 1 || g.split}
-	for _, e := range g.files {
+	remote := func(e treeEntry) (RemoteFile, error) {
 		rf := RemoteFile{URL: hub.resolveURL(hr.repo, e.Path), Path: e.Path, Size: e.Size}
 		if e.LFS != nil {
 			rf.Size = e.LFS.Size
@@ -269,11 +280,26 @@ func ResolveSource(ctx context.Context, client *http.Client, hub Hub, ref string
 			}
 		}
 		if rf.SHA256 == "" {
+			var err error
 			if rf.SHA256, err = hub.linkedEtag(ctx, client, rf.URL); err != nil {
-				return Source{}, err
+				return rf, err
 			}
 		}
+		return rf, nil
+	}
+	for _, e := range g.files {
+		rf, err := remote(e)
+		if err != nil {
+			return Source{}, err
+		}
 		src.Files = append(src.Files, rf)
+	}
+	if e, ok := projectorOf(entries, path.Dir(g.files[0].Path)); ok {
+		rf, err := remote(e)
+		if err != nil {
+			return Source{}, err
+		}
+		src.Projector = &rf
 	}
 	if err := CheckRef(src.ModelRef(src.Name)); err != nil {
 		return Source{}, fmt.Errorf("cannot name the model after the file name %q: %w", g.files[0].Path, err)
@@ -441,6 +467,31 @@ func (g ggufGroup) hasQuant(quant string) bool {
 // separated token.
 func (g ggufGroup) quant() string {
 	return g.base[strings.LastIndexAny(g.base, "-.")+1:]
+}
+
+// projectorOf picks the vision projector (mmproj*.gguf) of a model in
+// folder dir of a repository: of several, the F16 one, else BF16, else
+// Q8_0, else the first by name.
+func projectorOf(entries []treeEntry, dir string) (treeEntry, bool) {
+	var found []treeEntry
+	for _, e := range entries {
+		name := path.Base(e.Path)
+		if e.Type == "file" && path.Dir(e.Path) == dir && isProjector(name) && strings.HasSuffix(strings.ToLower(name), Ext) {
+			found = append(found, e)
+		}
+	}
+	if len(found) == 0 {
+		return treeEntry{}, false
+	}
+	slices.SortFunc(found, func(a, b treeEntry) int { return strings.Compare(a.Path, b.Path) })
+	for _, q := range []string{"f16", "bf16", "q8_0"} {
+		for _, e := range found {
+			if (ggufGroup{base: strings.TrimSuffix(path.Base(e.Path), path.Ext(e.Path))}).hasQuant(q) {
+				return e, true
+			}
+		}
+	}
+	return found[0], true
 }
 
 // ggufGroups groups the GGUF files of a repository's list into models,

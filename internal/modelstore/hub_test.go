@@ -34,9 +34,10 @@ func model(t *testing.T, seed int64) []byte {
 }
 
 func TestPullHubByQuant(t *testing.T) {
-	q4, q8 := model(t, 1), model(t, 2)
+	q4, q8, proj := model(t, 1), model(t, 2), model(t, 3)
 	h := testhub.New(t, "org/tiny-GGUF", map[string][]byte{
-		"tiny-Q4_K_M.gguf": q4, "tiny-Q8_0.gguf": q8, "README.md": []byte("# tiny"), "mmproj-tiny-f16.gguf": model(t, 3),
+		"tiny-Q4_K_M.gguf": q4, "tiny-Q8_0.gguf": q8, "README.md": []byte("# tiny"), "mmproj-tiny-f16.gguf": proj,
+		"mmproj-tiny-Q4_0.gguf": model(t, 4),
 	})
 	dir := t.TempDir()
 	var last modelstore.Progress
@@ -52,11 +53,16 @@ func TestPullHubByQuant(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(dir, "tiny-Q4_K_M.gguf")); !bytes.Equal(got, q4) {
 		t.Error("the pulled file differs from the Hub's")
 	}
-	if want := (modelstore.Progress{File: last.File, Written: int64(len(q4)), Total: int64(len(q4))}); last != want {
+	// The repository's vision projector (its F16 one of two) comes with
+	// the model, named after it; the model's size is its own.
+	if got, _ := os.ReadFile(filepath.Join(dir, "mmproj-tiny-Q4_K_M.gguf")); !bytes.Equal(got, proj) || m.Projector != filepath.Join(dir, "mmproj-tiny-Q4_K_M.gguf") {
+		t.Errorf("the projector: %q, %d bytes of the Hub's F16 one", m.Projector, len(got))
+	}
+	if want := (modelstore.Progress{File: last.File, Written: int64(len(q4) + len(proj)), Total: int64(len(q4) + len(proj))}); last != want {
 		t.Errorf("last progress %+v, want %+v", last, want)
 	}
-	if n := h.ListCalls.Load(); n != 2 {
-		t.Errorf("the file list was read in %d pages, want 2 (two entries a page)", n)
+	if n := h.ListCalls.Load(); n != 3 {
+		t.Errorf("the file list (5 files) was read in %d pages, want 3 (two entries a page)", n)
 	}
 	// As Ollama users write it, with another name.
 	opts.Ref = "tiny8"
@@ -66,8 +72,13 @@ func TestPullHubByQuant(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(dir, "tiny8.gguf")); !bytes.Equal(got, q8) {
 		t.Error("the pulled Q8_0 file differs from the Hub's")
 	}
-	if diff := cmp.Diff([]string{"tiny-Q4_K_M.gguf", "tiny8.gguf"}, dirEntries(t, dir)); diff != "" {
+	if diff := cmp.Diff([]string{"mmproj-tiny-Q4_K_M.gguf", "mmproj-tiny8.gguf", "tiny-Q4_K_M.gguf", "tiny8.gguf"}, dirEntries(t, dir)); diff != "" {
 		t.Errorf("directory entries (-want +got):\n%s", diff)
+	}
+	// The projectors are no models: each is its model's.
+	models, err := modelstore.List(dir)
+	if err != nil || len(models) != 2 || models[0].Projector == "" || models[1].Projector != filepath.Join(dir, "mmproj-tiny8.gguf") {
+		t.Errorf("List: %+v, %v; want the two models with their projectors", models, err)
 	}
 }
 

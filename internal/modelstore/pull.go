@@ -191,6 +191,10 @@ func Pull(ctx context.Context, dir, ref string, opts PullOptions) (Model, error)
 	for _, n := range src.fileNames(name) {
 		dsts = append(dsts, filepath.Join(dir, n))
 	}
+	files := src.all()
+	if src.Projector != nil {
+		dsts = append(dsts, filepath.Join(dir, ProjectorPrefix+modelRef+Ext))
+	}
 	if !opts.Overwrite {
 		for _, p := range dsts {
 			if _, err := os.Lstat(p); err == nil {
@@ -214,7 +218,7 @@ func Pull(ctx context.Context, dir, ref string, opts PullOptions) (Model, error)
 	if IsHubRef(src.Ref) {
 		token = opts.Hub.Token
 	}
-	downloads := make([]*download, len(src.Files))
+	downloads := make([]*download, len(files))
 	var done, resumed int64 // bytes of the files before the current one; bytes on disk at their start
 	keep := false
 	defer func() {
@@ -224,7 +228,7 @@ func Pull(ctx context.Context, dir, ref string, opts PullOptions) (Model, error)
 			}
 		}
 	}()
-	for i, f := range src.Files {
+	for i, f := range files {
 		d := &download{file: f, partial: dsts[i] + PartialExt, opts: &opts, dir: dir, token: token}
 		downloads[i] = d
 		if err := d.open(); err != nil {
@@ -261,12 +265,15 @@ func Pull(ctx context.Context, dir, ref string, opts PullOptions) (Model, error)
 			keep = true
 			return Model{}, fmt.Errorf("writing %s: %w", d.partial, err)
 		}
-		if err := checkPart(d.partial, i == 0, src.Files[i].URL); err != nil {
+		if err := checkPart(d.partial, i == 0, files[i].URL); err != nil {
 			return Model{}, err
 		}
-		size += d.off
+		if i < len(src.Files) {
+			size += d.off
+		}
 	}
-	// The first part last: the model is listed once all its parts are.
+	// The first part last (a projector first): the model is listed once
+	// all its parts are.
 	for i := len(downloads) - 1; i >= 0; i-- {
 		if err := place(downloads[i].partial, dsts[i], opts.Overwrite); err != nil {
 			return Model{}, err
@@ -280,7 +287,11 @@ func Pull(ctx context.Context, dir, ref string, opts PullOptions) (Model, error)
 	if err != nil {
 		return Model{}, err
 	}
-	return Model{Ref: modelRef, Path: dsts[0], Size: size, ModTime: st.ModTime(), Info: &info}, nil
+	m := Model{Ref: modelRef, Path: dsts[0], Size: size, ModTime: st.ModTime(), Info: &info}
+	if src.Projector != nil {
+		m.Projector = dsts[len(dsts)-1]
+	}
+	return m, nil
 }
 
 // checkMagic fails fast when the body is not a GGUF file, e.g. an HTML
