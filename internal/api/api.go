@@ -72,6 +72,10 @@ type WorkerOptions struct {
 	Slots         int   `json:"slots,omitempty"`
 	Threads       int   `json:"threads,omitempty"`
 	IdleTimeoutMS int64 `json:"idle_timeout_ms,omitempty"`
+	// Projector is the vision projector the worker loads (a file of the
+	// hive's models directory, by its name without .gguf: the config's
+	// mmproj); "" the model's own, mmproj-REF.gguf beside it, if any.
+	Projector string `json:"projector,omitempty"`
 }
 
 // Check reports the first option out of range (what names the field).

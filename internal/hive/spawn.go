@@ -128,6 +128,14 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 		return snap, err
 	}
 	opts := h.workerOptions(req.WorkerOptions)
+	if req.Projector != "" {
+		if eng != nil {
+			return snap, fmt.Errorf("%w: projector %q: engine %s gets no projector from the hive (give it in the engine's command)", ErrInvalidModelRef, api.Printable(req.Projector, 60), req.Engine)
+		}
+		if opts.projector, err = h.modelPath(req.Projector); err != nil {
+			return snap, fmt.Errorf("projector: %w", err)
+		}
+	}
 	info, err := h.models.Inspect(path, opts.CtxSize)
 	if err != nil {
 		return snap, err
@@ -270,6 +278,9 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 	if opts.CtxSize > 0 {
 		args = append(args, "--ctx-size", strconv.Itoa(opts.CtxSize))
 	}
+	if opts.projector != "" {
+		args = append(args, "--mmproj", opts.projector)
+	}
 	args = append(args, h.kvCacheArgs()...)
 	if h.cfg.TLS.Enabled() {
 		// A TLS hive's workers serve TLS with the node's certificate.
@@ -399,6 +410,7 @@ func loopbackPort() (int, error) {
 type startOptions struct {
 	CtxSize, Slots, Threads int
 	idleTimeout             time.Duration // negative: never idle-stopped
+	projector               string        // the path of the start's projector; "" the worker's default
 }
 
 func (h *Hive) workerOptions(o api.WorkerOptions) startOptions {

@@ -79,6 +79,10 @@ type Model struct {
 	// without .gguf, in the hives' models directory; default the model's
 	// name.
 	File string `yaml:"file"`
+	// MMProj is the vision projector its workers load: a GGUF file name,
+	// without .gguf, in the hives' models directory; default
+	// mmproj-FILE.gguf beside the model when there is one.
+	MMProj string `yaml:"mmproj"`
 	// Engine names the hive engine that runs the model's workers;
 	// default EngineBuiltin. The queen never holds a command: only hives
 	// that declare the engine are placed on.
@@ -197,6 +201,16 @@ func (f *File) Validate() error {
 			p.Add(path+".file", "is %q, which is already the file of models.%s: one model per file", file, other)
 		} else {
 			files[file] = name
+		}
+		if m.MMProj != "" {
+			switch err := api.CheckModel(m.MMProj); {
+			case err != nil:
+				p.Add(path+".mmproj", "%q is not a file ref: a GGUF file name without .gguf (letters, digits, '.', '_', '+', '-')", api.Printable(m.MMProj, 60))
+			case m.MMProj == file:
+				p.Add(path+".mmproj", "is the model's own file %q: name its projector's file", file)
+			case m.Engine != "" && m.Engine != EngineBuiltin:
+				p.Add(path+".mmproj", "the engine %s gets no projector from the hive: give it in the engine's command", m.Engine)
+			}
 		}
 		if m.Source != "" {
 			if _, err := ParseSource(m.Source); err != nil {

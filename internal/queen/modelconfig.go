@@ -128,6 +128,7 @@ func (mc *modelConfig) workerOptions(ref string) api.WorkerOptions {
 		}
 	}
 	o.IdleTimeoutMS = m.IdleTimeout.Milliseconds()
+	o.Projector = m.MMProj
 	return o
 }
 

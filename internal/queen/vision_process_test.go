@@ -9,6 +9,8 @@ import (
 	"image/png"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -63,8 +65,15 @@ func (c *cluster) get(path string) (int, []byte) {
 // Anthropic's /v1/messages and the Responses API give the OpenAI path's
 // answer; an image to b is 400 saying it has no projector.
 func TestProcessVisionThroughTheQueen(t *testing.T) {
-	c := startClusterWith(t, clusterOptions{more: map[string]testmodel.Options{"b": {Seed: 2}},
-		projectors: map[string]testmodel.ProjectorOptions{"tiny": {TextDim: 64}}}, nil, "--worker-ctx-size", "512")
+	// seer is c with a projector the config names (a file named as the
+	// Hub names them, mmproj-model-f16.gguf, which pairs with no model).
+	config := filepath.Join(t.TempDir(), "models.yaml")
+	if err := os.WriteFile(config, []byte("models:\n  seer: {file: c, mmproj: mmproj-model-f16}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startClusterWith(t, clusterOptions{more: map[string]testmodel.Options{"b": {Seed: 2}, "c": {Seed: 3}},
+		projectors: map[string]testmodel.ProjectorOptions{"tiny": {TextDim: 64}, "model-f16": {TextDim: 64, Seed: 5}}},
+		[]string{"--config", config}, "--worker-ctx-size", "512")
 
 	code, body := c.get("/v1/models")
 	var list struct {
@@ -77,8 +86,9 @@ func TestProcessVisionThroughTheQueen(t *testing.T) {
 		t.Fatalf("/v1/models: %d %s", code, body)
 	}
 	for _, m := range list.Data {
-		if m.ID == "mmproj-tiny" || m.ID == "tiny" && !slices.Contains(m.Capabilities, "vision") || m.ID == "b" && len(m.Capabilities) > 0 {
-			t.Errorf("/v1/models lists %s with %v; want tiny seeing, b not, the projector no model", m.ID, m.Capabilities)
+		if strings.HasPrefix(m.ID, "mmproj-") || (m.ID == "tiny" || m.ID == "seer") && !slices.Contains(m.Capabilities, "vision") ||
+			m.ID == "b" && len(m.Capabilities) > 0 {
+			t.Errorf("/v1/models lists %s with %v; want tiny and seer seeing, b not, the projectors no models", m.ID, m.Capabilities)
 		}
 	}
 
@@ -158,6 +168,9 @@ func TestProcessVisionThroughTheQueen(t *testing.T) {
 		}
 	}
 
+	if code, answer := openaiChat("seer", pics[0]); code != http.StatusOK {
+		t.Errorf("a picture to seer, whose projector the config names: %d %s", code, answer)
+	}
 	code, msg := openaiChat("b", pics[0])
 	if code != http.StatusBadRequest || !strings.Contains(msg, "projector") {
 		t.Errorf("an image to b, which has no projector: %d %s; want 400 saying so", code, msg)

@@ -191,7 +191,7 @@ func (s *Service) postOllamaShow(w http.ResponseWriter, r *http.Request, c *call
 	c.model = ref
 	info, _ := s.catalog.lookup(s.servable(), ref)
 	caps := []string{"completion", "tools"} // as Ollama names them
-	if info.Vision {
+	if slices.Contains(s.capabilities(info), "vision") {
 		caps = append(caps, "vision")
 	}
 	openai.WriteJSON(w, http.StatusOK, map[string]any{"modelfile": "", "parameters": "", "template": "", "license": "",

@@ -272,7 +272,7 @@ func (s *Service) listModels(r *http.Request) (openai.ModelList, error) {
 	list := openai.ModelList{Object: openai.ObjectList, Data: make([]openai.Model, 0, len(seen))}
 	for _, m := range seen {
 		if info, ok := s.catalog.lookup(pools, s.resolve(m.ID).ref); ok {
-			m.Capabilities = capabilities(info)
+			m.Capabilities = s.capabilities(info)
 		}
 		list.Data = append(list.Data, m)
 	}
@@ -289,10 +289,11 @@ func (s *Service) listModels(r *http.Request) (openai.ModelList, error) {
 }
 
 // capabilities is what a model's file does beyond text, as a hive lists
-// it (openai.Model.Capabilities).
-func capabilities(m api.Model) []string {
+// it or the config gives it (a projector: mmproj), for
+// openai.Model.Capabilities.
+func (s *Service) capabilities(m api.Model) []string {
 	var c []string
-	if m.Vision {
+	if mc, ok := s.modelFile(m.Ref); m.Vision || ok && mc.MMProj != "" {
 		c = append(c, "vision")
 	}
 	if m.Pooling == "rank" {
@@ -311,7 +312,7 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) erro
 		if m.ID == id {
 			c.model = s.resolve(id).ref
 			if info, ok := s.catalog.lookup(pools, c.model); ok {
-				m.Created, m.Capabilities = info.ModifiedAt.Unix(), capabilities(info)
+				m.Created, m.Capabilities = info.ModifiedAt.Unix(), s.capabilities(info)
 			}
 			openai.WriteJSON(w, http.StatusOK, m)
 			return nil
@@ -323,7 +324,7 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, c *call) erro
 	c.model = id
 	out := openai.Model{ID: id, Object: openai.ObjectModel, OwnedBy: "apiary"}
 	if m, ok := s.catalog.lookup(s.servable(), id); ok {
-		out.Created, out.Capabilities = m.ModifiedAt.Unix(), capabilities(m)
+		out.Created, out.Capabilities = m.ModifiedAt.Unix(), s.capabilities(m)
 	}
 	openai.WriteJSON(w, http.StatusOK, out)
 	return nil
