@@ -137,6 +137,13 @@ type Image struct {
 	Chunk         any // the engine's encoded-image handle
 }
 
+// CacheUsage is an engine that says how full its KV cache is.
+type CacheUsage interface {
+	// KVCacheUsage is the share of the KV cache the running sequences
+	// hold, 0…1.
+	KVCacheUsage() float64
+}
+
 // Vision is implemented by an engine that loaded a projector
 // (Options.Projector, ModelInfo.Vision).
 type Vision interface {

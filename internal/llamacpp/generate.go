@@ -372,7 +372,7 @@ func (e *Engine) run() {
 		// taking new ones: a request waiting for a slot (the worker
 		// admits one as soon as a client goes away) gets the slot of a
 		// cancelled sequence in this step, not the next.
-		n := 0
+		n, inUse := 0, 0
 		for _, s := range active {
 			if s == nil {
 				continue
@@ -383,8 +383,10 @@ func (e *Engine) run() {
 				release(s, engine.Result{}, err)
 			} else {
 				n++
+				inUse += max(s.nPast, s.cached)
 			}
 		}
+		e.kvInUse.Store(int64(inUse))
 		free = e.slots - n
 		if waiting != nil && len(waiting) <= free {
 			u := waiting

@@ -34,8 +34,22 @@ func (e *Engine) holdsFromZero(seq C.llama_seq_id, n int) bool {
 // slot's kept KV instead of decoding them.
 func (e *Engine) PromptTokensReused() int64 { return e.promptReused.Load() }
 
+// KVCacheUsage is the share of the KV cache (every slot's context) the
+// running sequences hold, 0…1, as of the decode loop's last step: what
+// an inference gateway's endpoint picker reads as KV-cache utilisation.
+// A slot's kept memory of an ended sequence counts as free: a request
+// may take it.
+func (e *Engine) KVCacheUsage() float64 {
+	ctxPerSlot, slots, _ := e.KVLayout()
+	if ctxPerSlot*slots <= 0 {
+		return 0
+	}
+	return min(1, float64(e.kvInUse.Load())/float64(ctxPerSlot*slots))
+}
+
 // KVLayout is what shapes the engine's KV cache: tokens a slot, slots,
 // and the K and V cache types ("f16/f16").
+
 func (e *Engine) KVLayout() (ctxPerSlot, slots int, kvType string) {
 	return e.nCtxSeq, e.slots, e.kvType
 }

@@ -155,6 +155,7 @@ type Engine struct {
 
 	promptDecoded atomic.Int64 // prompt tokens decoded, for tests
 	promptReused  atomic.Int64 // prompt tokens taken from a slot's kept KV (kvslots.go)
+	kvInUse       atomic.Int64 // KV positions the running sequences hold, as of the decode loop's last step
 
 	cache  *slotCache  // owned by the decode loop: the tokens whose KV each slot keeps (slotcache.go)
 	ctl    chan func() // functions the decode loop runs while no sequence is active (kvslots.go)

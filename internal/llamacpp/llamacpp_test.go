@@ -670,3 +670,33 @@ func TestForegroundEndsBackgroundStep(t *testing.T) {
 		})
 	}
 }
+
+// KVCacheUsage counts what a running sequence holds (its prompt and the
+// tokens made so far, of every slot's context) and is 0 once nothing
+// runs: the kept memory of an ended sequence is free to take.
+func TestKVCacheUsage(t *testing.T) {
+	e := load(t, 2)
+	var mu sync.Mutex
+	var most float64
+	e.OnStep(func(int, int) { // in the decode loop, each step
+		mu.Lock()
+		most = max(most, e.KVCacheUsage())
+		mu.Unlock()
+	})
+	p := prompt(t, e, "a prompt that fills some of the cache")
+	if _, err := e.Generate(t.Context(), engine.Request{Prompt: p, MaxTokens: 16, IgnoreEOS: true}, func(engine.Token) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ctxPerSlot, slots, _ := e.KVLayout()
+	mu.Lock()
+	during := most
+	mu.Unlock()
+	if least := float64(len(p)) / float64(ctxPerSlot*slots); during < least || during > 1 {
+		t.Errorf("usage while it ran at most %v; want at least its prompt's share %v", during, least)
+	}
+	for deadline := time.Now().Add(10 * time.Second); e.KVCacheUsage() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("usage %v with nothing running", e.KVCacheUsage())
+		}
+	}
+}

@@ -155,10 +155,11 @@ func AdmitWorkerRequest(r *http.Request, token string) error {
 	return nil
 }
 
-// isHealthProbe reports whether r is GET or HEAD /health, the one
-// request a worker answers without its token.
+// isHealthProbe reports whether r is GET or HEAD /health or /metrics,
+// the requests a worker answers without its token (its state and load,
+// for probes and a gateway's endpoint picker).
 func isHealthProbe(r *http.Request) bool {
-	return r.URL.Path == "/health" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
+	return (r.URL.Path == "/health" || r.URL.Path == "/metrics") && (r.Method == http.MethodGet || r.Method == http.MethodHead)
 }
 
 // openAIError turns a refusal of this package into OpenAI's error shape.

@@ -16,6 +16,7 @@ import (
 // Handler returns the worker's HTTP API:
 //
 //	GET  /health                 status, load, last request time
+//	GET  /metrics                load for a gateway's endpoint picker (metrics.go)
 //	GET  /v1/models              the one model
 //	GET  /v1/models/{id}         the model, when id is the worker's
 //	POST /v1/completions         OpenAI completions, streamed or not
@@ -26,7 +27,7 @@ import (
 //	POST /v1/admin/shutdown      graceful shutdown
 //
 // With a token (APIARY_WORKER_TOKEN; a hive gives each worker its own)
-// every request but GET (or HEAD) /health needs it as a bearer token: a worker listens
+// every request but GET (or HEAD) /health and GET /metrics needs it as a bearer token: a worker listens
 // on its node's network, and only its hive and the queen may use it.
 // Without one the worker listens on loopback and answers only requests
 // addressed there (transport.CheckHost, against DNS rebinding), and a
@@ -39,6 +40,7 @@ func (w *Worker) Handler() http.Handler {
 	mux := http.NewServeMux()
 	routes := []route{
 		{http.MethodGet, "/health", w.handleHealth, false},
+		{http.MethodGet, "/metrics", w.handleMetrics, false},
 		{http.MethodGet, "/v1/models", w.handleModels, false},
 		{http.MethodGet, "/v1/models/{id}", w.handleModel, false},
 		{http.MethodPost, "/v1/completions", w.handleCompletions, false},
