@@ -499,32 +499,7 @@ func chooseSplit(devs []gpu.Device, ids []int, need uint64, heldOf func(int) hel
 		avail = append(avail, a)
 		sum += a
 	}
-	return out, splitShares(need, avail), nil
-}
-
-// splitShares divides need over devices in proportion to avail, their
-// available memory (llama.cpp's tensor_split from their free memory):
-// each share is at most its device's when need fits their sum. Equal
-// shares when none has any.
-func splitShares(need uint64, avail []uint64) []uint64 {
-	var sum uint64
-	for _, a := range avail {
-		sum += a
-	}
-	shares := make([]uint64, len(avail))
-	var given uint64
-	for i, a := range avail {
-		if sum == 0 {
-			shares[i] = need / uint64(len(avail))
-		} else {
-			shares[i] = uint64(float64(need) * float64(a) / float64(sum))
-		}
-		given += shares[i]
-	}
-	if len(shares) > 0 && given < need {
-		shares[0] += need - given // the rounding, on the main GPU
-	}
-	return shares
+	return out, api.SplitShares(need, avail), nil
 }
 
 // deviceIDs are ds' ids comma-separated, as --gpu-devices takes them.

@@ -336,34 +336,9 @@ func splitFit(gpus []api.GPU, size uint64) (ids []int, shares []uint64, free uin
 			ids = append(ids, g.ID)
 			avail[j] = g.FreeBytes
 		}
-		return ids, SplitShares(size, avail), free, true
+		return ids, api.SplitShares(size, avail), free, true
 	}
 	return nil, nil, 0, false
-}
-
-// SplitShares divides need over devices in proportion to avail, the
-// memory each has free: each share is at most its device's when need
-// fits their sum; the rounding goes to the first. Equal shares when none
-// has any.
-func SplitShares(need uint64, avail []uint64) []uint64 {
-	var sum uint64
-	for _, a := range avail {
-		sum += a
-	}
-	shares := make([]uint64, len(avail))
-	var given uint64
-	for i, a := range avail {
-		if sum == 0 {
-			shares[i] = need / uint64(len(avail))
-		} else {
-			shares[i] = uint64(float64(need) * float64(a) / float64(sum))
-		}
-		given += shares[i]
-	}
-	if len(shares) > 0 && given < need {
-		shares[0] += need - given
-	}
-	return shares
 }
 
 // gpusFree says, for a pool of more than one GPU, what they have free
