@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
 
 	"github.com/apiary-llm/apiary/internal/gguf"
 )
@@ -170,28 +168,9 @@ func WriteProjector(w io.Writer, p ProjectorOptions) error {
 
 // WriteProjectorFile writes the projector p describes to path, through a
 // temporary file renamed into place.
-func WriteProjectorFile(path string, p ProjectorOptions) (err error) {
+func WriteProjectorFile(path string, p ProjectorOptions) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err := WriteProjector(tmp, p); err != nil {
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return writeFileVia(path, func(w io.Writer) error { return WriteProjector(w, p) })
 }

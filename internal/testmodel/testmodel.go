@@ -447,10 +447,16 @@ func writeGGUF(w io.Writer, md gguf.Metadata, ts []tensor, seed int64) error {
 // WriteFile writes the model o describes to path, through a temporary file
 // in the same directory renamed into place, so that path never holds a
 // partial model. An existing file at path is replaced.
-func WriteFile(path string, o Options) (err error) {
+func WriteFile(path string, o Options) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
+	return writeFileVia(path, func(w io.Writer) error { return Write(w, o) })
+}
+
+// writeFileVia writes path with write, through a temporary file in the
+// same directory renamed into place (mode 0644).
+func writeFileVia(path string, write func(io.Writer) error) (err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return err
@@ -461,7 +467,7 @@ func WriteFile(path string, o Options) (err error) {
 			os.Remove(tmp.Name())
 		}
 	}()
-	if err := Write(tmp, o); err != nil {
+	if err := write(tmp); err != nil {
 		return err
 	}
 	if err := tmp.Chmod(0o644); err != nil {
@@ -470,8 +476,5 @@ func WriteFile(path string, o Options) (err error) {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	return nil
+	return os.Rename(tmp.Name(), path)
 }
