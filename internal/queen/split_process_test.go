@@ -39,18 +39,7 @@ func TestProcessSplitOverGPUs(t *testing.T) {
 }
 
 func splitOverGPUs(t *testing.T, n int, part float64) {
-	// A model whose weights outweigh llama.cpp's compute buffers, as a
-	// model too big for one GPU's do.
-	model := testmodel.Options{Seed: 7, Layers: 8, Dim: 256}
-	path := filepath.Join(t.TempDir(), "tiny.gguf")
-	if err := testmodel.WriteFile(path, model); err != nil {
-		t.Fatal(err)
-	}
-	info, err := modelstore.ReadInfo(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	est := info.EstimateMemory(512).Total
+	model, est := splitModel(t)
 	size := uint64(float64(est) * part)
 	var devs []testbin.StandinDevice
 	for i := range n {
@@ -196,16 +185,7 @@ func splitRunning(t *testing.T, c *cluster) api.LifecycleRow {
 // the eviction frees the fewest GPUs that hold the split together, and
 // the split is served there.
 func TestProcessEvictionForASplit(t *testing.T) {
-	model := testmodel.Options{Seed: 7, Layers: 8, Dim: 256}
-	path := filepath.Join(t.TempDir(), "tiny.gguf")
-	if err := testmodel.WriteFile(path, model); err != nil {
-		t.Fatal(err)
-	}
-	info, err := modelstore.ReadInfo(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	est := info.EstimateMemory(512).Total
+	model, est := splitModel(t)
 	size := est * 52 / 100 // two hold it, just
 	small, ok := modelBetween(t, est*3/10, size)
 	if !ok {
@@ -248,6 +228,29 @@ func TestProcessEvictionForASplit(t *testing.T) {
 	}
 }
 
+// splitModel is the model the split tests place, and its estimate at 512
+// tokens: one whose weights outweigh llama.cpp's compute buffers, as a
+// model too big for one GPU's do.
+func splitModel(t *testing.T) (testmodel.Options, uint64) {
+	t.Helper()
+	model := testmodel.Options{Seed: 7, Layers: 8, Dim: 256}
+	return model, estimateOf(t, model)
+}
+
+// estimateOf is the memory estimate (at 512 tokens) of test model o.
+func estimateOf(t *testing.T, o testmodel.Options) uint64 {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "probe.gguf")
+	if err := testmodel.WriteFile(path, o); err != nil {
+		t.Fatal(err)
+	}
+	info, err := modelstore.ReadInfo(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.EstimateMemory(512).Total
+}
+
 // modelBetween is a test model of the split's kind, smaller, whose
 // estimate (at 512 tokens) is over lo and at most hi: the largest of a
 // few shapes.
@@ -258,15 +261,7 @@ func modelBetween(t *testing.T, lo, hi uint64) (testmodel.Options, bool) {
 	for _, dim := range []int{256, 192, 128, 64} {
 		for _, layers := range []int{6, 4, 2} {
 			o := testmodel.Options{Seed: 9, Layers: layers, Dim: dim}
-			path := filepath.Join(t.TempDir(), "probe.gguf")
-			if err := testmodel.WriteFile(path, o); err != nil {
-				t.Fatal(err)
-			}
-			info, err := modelstore.ReadInfo(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if e := info.EstimateMemory(512).Total; e > lo && e <= hi && e > bestEst {
+			if e := estimateOf(t, o); e > lo && e <= hi && e > bestEst {
 				best, bestEst = o, e
 			}
 		}
