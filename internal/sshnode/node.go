@@ -70,7 +70,7 @@ const (
 // pattern), and so bounds what a node gets besides apiary: only these,
 // because a node compares them by name and a new apiary removes them by
 // name in an install dir that other programs may share (~/.local/bin).
-var BackendFiles = []string{"libllama.so", "libllama-common.so", "libggml.so", BaseLibrary, CUDALibrary, CUDAVersionFile}
+var BackendFiles = []string{"libllama.so", "libllama-common.so", "libmtmd.so", "libggml.so", BaseLibrary, CUDALibrary, CUDAVersionFile}
 
 // libraryGlobs is BackendFiles and CPUBackends as words of the scripts,
 // in the expanded install dir $d.
