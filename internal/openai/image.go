@@ -15,6 +15,10 @@ const ImageMarker = "<__media__>"
 // (the queen's and the worker's) bounds them all.
 const MaxImageBytes = 20 << 20
 
+// MaxImageBodyBytes is the least body limit of a chat with a model that
+// reads images: a picture of MaxImageBytes, base64, and the rest.
+const MaxImageBodyBytes = 32 << 20
+
 // imageMediaTypes are the media types a data URI's image may have: the
 // pictures llama.cpp decodes.
 var imageMediaTypes = map[string]bool{"image/png": true, "image/jpeg": true, "image/jpg": true, "image/gif": true, "image/bmp": true}

@@ -12,13 +12,23 @@ import (
 	"github.com/apiary-llm/apiary/internal/openai"
 )
 
+// chatBodyLimit bounds the body of a chat (chat completions, messages,
+// responses): Config.MaxBodyBytes, and for a model that reads images at
+// least openai.MaxImageBodyBytes (a picture, base64, in the body).
+func (w *Worker) chatBodyLimit(info engine.ModelInfo) int64 {
+	if info.Vision {
+		return max(w.cfg.MaxBodyBytes, openai.MaxImageBodyBytes)
+	}
+	return w.cfg.MaxBodyBytes
+}
+
 // handleChatCompletions serves POST /v1/chat/completions.
 func (w *Worker) handleChatCompletions(rw http.ResponseWriter, r *http.Request) error {
 	eng, info, err := w.serving()
 	if err != nil {
 		return err
 	}
-	body, err := openai.ReadBody(rw, r, w.cfg.MaxBodyBytes)
+	body, err := openai.ReadBody(rw, r, w.chatBodyLimit(info))
 	if err != nil {
 		return err
 	}

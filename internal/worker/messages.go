@@ -25,7 +25,7 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := openai.ReadBody(rw, r, w.cfg.MaxBodyBytes)
+	body, err := openai.ReadBody(rw, r, w.chatBodyLimit(info))
 	if err != nil {
 		return err
 	}
@@ -266,7 +266,10 @@ func (w *Worker) handleCountTokens(rw http.ResponseWriter, r *http.Request) erro
 // (internal/responses translates both ways), as the queen does; a worker
 // keeps no responses, so previous_response_id is refused.
 func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) error {
-	body, err := openai.ReadBody(rw, r, w.cfg.MaxBodyBytes)
+	w.mu.Lock()
+	info := w.info
+	w.mu.Unlock()
+	body, err := openai.ReadBody(rw, r, w.chatBodyLimit(info))
 	if err != nil {
 		return err
 	}

@@ -145,3 +145,31 @@ func TestImageChatAsLlamaServerDoes(t *testing.T) {
 		t.Errorf("the worker answers %s, llama-server %s", got, want)
 	}
 }
+
+// A worker that reads images takes chat bodies up to
+// openai.MaxImageBodyBytes (a picture inline), one that does not only
+// its --max-body limit (4 MiB): a 6 MiB body is served by the first and
+// refused 413 by the second.
+func TestVisionWorkerTakesBiggerBodies(t *testing.T) {
+	model := testModelPath(t)
+	proj := filepath.Join(filepath.Dir(model), "mmproj-"+filepath.Base(model))
+	if err := testmodel.WriteProjectorFile(proj, testmodel.ProjectorOptions{TextDim: 64}); err != nil {
+		t.Fatal(err)
+	}
+	_, seeing := startWorkerBinaryOn(t, model, nil, "--ctx-size", "256")
+	_, blind := startWorkerBinary(t, nil, "--ctx-size", "256")
+	body := `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"padding":"` + strings.Repeat("x", 6<<20) + `"}`
+	for _, c := range []struct {
+		url  string
+		want int
+	}{{seeing, http.StatusOK}, {blind, http.StatusRequestEntityTooLarge}} {
+		res, err := http.Post(c.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != c.want {
+			t.Errorf("%s: a 6 MiB chat body: %d, want %d", c.url, res.StatusCode, c.want)
+		}
+	}
+}
