@@ -159,7 +159,7 @@ var queenFlagGroups = []flagGroup{
 		"claim-health-interval", "local-hive", "hive-arg", "pass-env", "hive-stop-timeout", "ssh-config", "ssh-timeout", "owner", "lifeline"}},
 	{"Models, placement and swap", []string{"config", "config-poll", "models-refresh", "max-workers", "model-max-workers", "scale-up-after",
 		"swap-wait", "min-residency", "crashloop-failures", "crashloop-window", "crashloop-backoff", "stable-after"}},
-	{"Routing", []string{"routing", "worker-slots", "queue-size", "queue-timeout", "affinity-ttl", "strike-limit"}},
+	{"Routing", []string{"routing", "worker-slots", "queue-size", "queue-timeout", "affinity-ttl", "strike-limit", "image-fetch", "image-fetch-private"}},
 	{"Batches", []string{"batch-concurrency", "batch-max-attempts", "batch-attempt-timeout", "batch-max-file-bytes", "batch-max-lines",
 		"batch-max-files", "batch-max-open-batches", "batch-max-answer-bytes", "batch-file-retention"}},
 	{"Logs", []string{"log-level", "log-json"}},

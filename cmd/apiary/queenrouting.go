@@ -3,6 +3,7 @@ package main
 import (
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/imagefetch"
 	"github.com/apiary-llm/apiary/internal/routing"
 	"github.com/spf13/pflag"
 )
@@ -20,6 +21,7 @@ type routingFlags struct {
 	crashLoopFailures            int
 	crashLoopWindow              time.Duration
 	crashLoopBackoff, stable     time.Duration
+	imageFetch, imageFetchLAN    bool
 }
 
 func (r *routingFlags) add(fl *pflag.FlagSet) {
@@ -38,13 +40,19 @@ func (r *routingFlags) add(fl *pflag.FlagSet) {
 	fl.IntVar(&r.crashLoopFailures, "crashloop-failures", routing.DefaultCrashLoopFailures, "failures of a model with min workers within --crashloop-window that make a crash loop")
 	fl.DurationVar(&r.crashLoopWindow, "crashloop-window", routing.DefaultCrashLoopWindow, "window of --crashloop-failures")
 	fl.DurationVar(&r.crashLoopBackoff, "crashloop-backoff", routing.DefaultCrashLoopBackoff, "a model in a crash loop is replaced at most this often")
+	fl.BoolVar(&r.imageFetch, "image-fetch", true, "fetch the pictures requests name by http(s) URL (public addresses only, 20 MiB each) and hand them to the worker inline; false: such requests get 400")
+	fl.BoolVar(&r.imageFetchLAN, "image-fetch-private", false, "let --image-fetch reach loopback, private and link-local addresses too (pictures on an intranet host; any API client can then make the queen fetch from its network)")
 	fl.DurationVar(&r.stable, "stable-after", routing.DefaultStableAfter, "a worker serving this long ends its model's replacement backoff and crash loop")
 }
 
 // config is the routing settings as the flags give them; the queen
 // checks them (routing.Config.Validate).
 func (r *routingFlags) config() routing.Config {
-	return routing.Config{Routing: r.routing, AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout, SwapWait: r.swapWait, MinResidency: r.minResidency,
+	var images *imagefetch.Fetcher
+	if r.imageFetch {
+		images = imagefetch.New(imagefetch.Fetcher{AllowPrivate: r.imageFetchLAN})
+	}
+	return routing.Config{Images: images, Routing: r.routing, AffinityTTL: r.affinityTTL, QueueSize: r.queueSize, QueueTimeout: r.queueTimeout, SwapWait: r.swapWait, MinResidency: r.minResidency,
 		ScaleUpAfter: r.scaleUpAfter, MaxWorkers: r.maxWorkers, ModelMaxWorkers: r.modelMaxWorkers,
 		WorkerSlots: r.slots, ModelsRefresh: r.modelsRefresh, StrikeLimit: r.strikeLimit, CrashLoopFailures: r.crashLoopFailures,
 		CrashLoopWindow: r.crashLoopWindow, CrashLoopBackoff: r.crashLoopBackoff, StableAfter: r.stable}

@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/apiary-llm/apiary/internal/imagefetch"
 )
 
 // ErrBadRequest marks a request this package refuses; the message says why.
@@ -441,27 +443,11 @@ func imageParts(text string, images []string, param string) ([]map[string]any, e
 		if err != nil {
 			return nil, badf("%s[%d]: not base64: %v", param, k, err)
 		}
-		mt := pictureType(head)
+		mt := imagefetch.PictureType(head)
 		if mt == "" {
 			return nil, badf("%s[%d]: not a PNG, JPEG, GIF or BMP picture", param, k)
 		}
 		parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]any{"url": "data:" + mt + ";base64," + img}})
 	}
 	return parts, nil
-}
-
-// pictureType is the media type of a picture from its first bytes ("":
-// none the workers read).
-func pictureType(b []byte) string {
-	switch {
-	case bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")):
-		return "image/png"
-	case bytes.HasPrefix(b, []byte{0xff, 0xd8, 0xff}):
-		return "image/jpeg"
-	case bytes.HasPrefix(b, []byte("GIF8")):
-		return "image/gif"
-	case bytes.HasPrefix(b, []byte("BM")):
-		return "image/bmp"
-	}
-	return ""
 }

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"image"
 	"image/color"
 	"image/png"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -73,7 +75,7 @@ func TestProcessVisionThroughTheQueen(t *testing.T) {
 	}
 	c := startClusterWith(t, clusterOptions{more: map[string]testmodel.Options{"b": {Seed: 2}, "c": {Seed: 3}},
 		projectors: map[string]testmodel.ProjectorOptions{"tiny": {TextDim: 64}, "model-f16": {TextDim: 64, Seed: 5}}},
-		[]string{"--config", config}, "--worker-ctx-size", "512")
+		[]string{"--config", config, "--image-fetch-private"}, "--worker-ctx-size", "512")
 
 	code, body := c.get("/v1/models")
 	var list struct {
@@ -168,11 +170,64 @@ func TestProcessVisionThroughTheQueen(t *testing.T) {
 		}
 	}
 
+	// The same picture by URL (a host on loopback: the queen runs with
+	// --image-fetch-private): the queen fetches it, the answer is the
+	// inline one's, through OpenAI's image_url and Anthropic's url source.
+	pictures := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(pics[0]) }))
+	defer pictures.Close()
+	byURL := func(path, body string) string {
+		code, b := c.post(path, body)
+		if code != http.StatusOK {
+			return fmt.Sprintf("%d %s", code, b)
+		}
+		var out struct {
+			Choices []struct {
+				Message struct{ Content string } `json:"message"`
+			} `json:"choices"`
+			Content []struct{ Text string } `json:"content"`
+		}
+		_ = json.Unmarshal(b, &out)
+		if len(out.Choices) > 0 {
+			return out.Choices[0].Message.Content
+		}
+		if len(out.Content) > 0 {
+			return out.Content[0].Text
+		}
+		return string(b)
+	}
+	if got := byURL("/v1/chat/completions", `{"model":"tiny","max_tokens":12,"temperature":0,"messages":[{"role":"user","content":[`+
+		`{"type":"text","text":"`+question+`"},{"type":"image_url","image_url":{"url":"`+pictures.URL+`/a.png"}}]}]}`); got != first {
+		t.Errorf("the picture by URL: %q; want the inline one's answer %q", got, first)
+	}
+	if got := byURL("/v1/messages", `{"model":"tiny","max_tokens":12,"temperature":0,"messages":[{"role":"user","content":[`+
+		`{"type":"text","text":"`+question+`"},{"type":"image","source":{"type":"url","url":"`+pictures.URL+`/a.png"}}]}]}`); got != first {
+		t.Errorf("the picture by URL through /v1/messages: %q; want %q", got, first)
+	}
+
 	if code, answer := openaiChat("seer", pics[0]); code != http.StatusOK {
 		t.Errorf("a picture to seer, whose projector the config names: %d %s", code, answer)
 	}
 	code, msg := openaiChat("b", pics[0])
 	if code != http.StatusBadRequest || !strings.Contains(msg, "projector") {
 		t.Errorf("an image to b, which has no projector: %d %s; want 400 saying so", code, msg)
+	}
+}
+
+// A queen without --image-fetch-private refuses a picture on its own
+// network (loopback here) with 400 saying so, before any worker is
+// asked: a request must not make the queen reach the hives or a cloud's
+// metadata service.
+func TestProcessImageURLOnAPrivateAddressRefused(t *testing.T) {
+	c := startClusterWith(t, clusterOptions{projectors: map[string]testmodel.ProjectorOptions{"tiny": {TextDim: 64}}}, nil, "--worker-ctx-size", "512")
+	reached := false
+	pictures := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached = true; w.Write(testPicture(t, 1)) }))
+	defer pictures.Close()
+	code, body := c.post("/v1/chat/completions", `{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":[`+
+		`{"type":"image_url","image_url":{"url":"`+pictures.URL+`/a.png"}}]}]}`)
+	if code != http.StatusBadRequest || !strings.Contains(string(body), "not at a public address") || reached {
+		t.Errorf("a picture on loopback: %d %s (the server reached: %v); want 400 naming the address, nothing fetched", code, body, reached)
+	}
+	if rows := c.rows(); len(rows) > 0 {
+		t.Errorf("a worker was started for a refused request: %+v", rows)
 	}
 }

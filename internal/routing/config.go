@@ -3,12 +3,12 @@ package routing
 import (
 	"context"
 	"log/slog"
-
 	"sort"
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/config"
+	"github.com/apiary-llm/apiary/internal/imagefetch"
 	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -51,6 +51,9 @@ const (
 // Config is how the queen routes inference and turns demand into
 // workers. Zero fields take the defaults above.
 type Config struct {
+	// Images fetches the pictures requests name by URL (images.go); nil
+	// fetches none (the worker refuses such a request 400).
+	Images *imagefetch.Fetcher
 	// Routing is how a worker is chosen among those of a model with a
 	// free slot: RoutePrefix (default) or RouteLeastLoaded (--routing).
 	Routing string

@@ -450,6 +450,10 @@ func (s *Service) serveInferenceUpTo(w http.ResponseWriter, r *http.Request, c *
 // serveRead is serveInference once the body is read.
 func (s *Service) serveRead(w http.ResponseWriter, r *http.Request, c *call, path string, body []byte,
 	decode func([]byte) (model string, stream bool, err error)) error {
+	body, err := s.inlineImages(r.Context(), path, body)
+	if err != nil {
+		return err
+	}
 	model, stream, err := decode(body)
 	if err != nil {
 		return err
