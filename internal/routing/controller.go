@@ -317,6 +317,14 @@ func (c *controller) run(ctx context.Context) {
 			if err == nil {
 				return "", false
 			}
+			if waited < c.s.cfg.SwapWait && c.s.actedUnseen(t.model, t.pool) {
+				// The queen placed or evicted on a pool the model may
+				// run on since that pool's last heartbeat: its list may
+				// lack a worker that is gone or coming. Look again once
+				// the hive has reported (at most --swap-wait).
+				recheck = minPositive(recheck, swapRecheck)
+				return "", true
+			}
 			if c.s.awaitsHive(t.model, t.pool) {
 				// A pool the queen restored at its start may serve it once
 				// its hive is heard from (a heartbeat, or the answer to the
@@ -576,7 +584,7 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 				continue
 			}
 			if need := c.s.needOf(o.Model); need > 0 {
-				if _, ok := c.s.planEviction(o.Model, o.Pool, need, true); ok {
+				if _, ok := c.s.planEviction(o.Model, o.Pool, need, true); ok || c.s.actedUnseen(o.Model, o.Pool) {
 					return fail(fmt.Errorf("%w: %w", errRoomComing, err))
 				}
 			}
@@ -628,6 +636,18 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 		}
 		c.log.Warn("placement refused; placing again without the pool", "model_ref", o.Model, "pool_id", d.Pool.ID, "err", err)
 	}
+}
+
+// actedUnseen says whether the queen placed or evicted on a pool model
+// may run on (pool, when it is not "") after that pool's last heartbeat.
+func (s *Service) actedUnseen(model, pool string) bool {
+	allowed := s.allowedPools(model)
+	for _, p := range s.cp.Pools(registry.Filter{Statuses: []registry.Status{registry.Healthy}}) {
+		if (pool == "" || p.ID == pool) && (allowed == nil || slices.Contains(allowed, p.ID)) && s.ledger.actedSince(p.ID, p.LastHeartbeatAt) {
+			return true
+		}
+	}
+	return false
 }
 
 // awaitsHive says whether a pool the queen restored at its start, whose

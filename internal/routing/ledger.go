@@ -61,10 +61,29 @@ type ledger struct {
 	starts map[uint64]*reservation // guarded by mu; by id
 	stops  map[WorkerKey]evicting  // guarded by mu
 	nextID uint64                  // guarded by mu
+	// acted is when the queen last placed or evicted on each pool
+	// (guarded by mu; one entry a pool).
+	acted map[string]time.Time
 }
 
 func newLedger() *ledger {
-	return &ledger{starts: map[uint64]*reservation{}, stops: map[WorkerKey]evicting{}}
+	return &ledger{starts: map[uint64]*reservation{}, stops: map[WorkerKey]evicting{}, acted: map[string]time.Time{}}
+}
+
+// actedSince says whether the queen placed or evicted on pool after t
+// (the pool's last heartbeat): its list may not show it yet, and room
+// the list lacks may be on its way.
+func (l *ledger) actedSince(pool string, t time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.acted[pool].After(t)
+}
+
+// noteLocked records that the queen acted on pool at now.
+func (l *ledger) noteLocked(pool string, now time.Time) {
+	if now.After(l.acted[pool]) {
+		l.acted[pool] = now
+	}
 }
 
 // reserve counts a worker of model on device gpu of pool from now on.
@@ -74,6 +93,7 @@ func (l *ledger) reserve(model, pool string, gpu int, now time.Time) *reservatio
 	l.nextID++
 	r := &reservation{id: l.nextID, model: model, pool: pool, gpu: gpu, at: now}
 	l.starts[r.id] = r
+	l.noteLocked(pool, now)
 	return r
 }
 
@@ -108,6 +128,7 @@ func (l *ledger) release(r *reservation) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.starts, r.id)
+	l.noteLocked(r.pool, time.Now())
 }
 
 // evict records the victims of an eviction for model forModel.
@@ -116,6 +137,7 @@ func (l *ledger) evict(vs []victim, forModel string, now time.Time) {
 	defer l.mu.Unlock()
 	for _, v := range vs {
 		l.stops[v.key] = evicting{lifecycleID: v.lifecycleID, model: v.model, forModel: forModel, at: now}
+		l.noteLocked(v.key.Pool, now)
 	}
 }
 

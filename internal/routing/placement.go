@@ -394,7 +394,10 @@ func heldBy(w api.Worker, id int, models map[string]api.Model) uint64 {
 func freeOn(p registry.Pool, g api.GPU, models map[string]api.Model, stoppingGone bool) uint64 {
 	gone := func(w api.Worker) bool {
 		_, on := w.On(g.ID)
-		return !on || w.StoppedAt != nil || stoppingGone && lifecycle.State(w.Status) == lifecycle.Draining
+		// A worker in an ended state holds nothing, whether or not the
+		// pool's list has its stop time yet (a stop event may come
+		// without it: it counted twice its memory in a swap under load).
+		return !on || !live(w) || stoppingGone && lifecycle.State(w.Status) == lifecycle.Draining
 	}
 	if g.TotalBytes == 0 {
 		free := g.FreeBytes // no total reported: the reading is all there is
