@@ -65,9 +65,11 @@ cuda: build
 # detector.
 RACE_PKGS = $(shell $(GO) list -f '{{if not .CgoFiles}}{{$$cgo := false}}{{range .Deps}}{{if eq . "github.com/apiary-llm/apiary/internal/llamacpp"}}{{$$cgo = true}}{{end}}{{end}}{{if not $$cgo}}{{.ImportPath}}{{end}}{{end}}' ./...)
 
-# go vet and staticcheck (pinned in go.mod as a tool), both clean.
+# go vet and staticcheck (pinned in go.mod as a tool), both clean; vet
+# also with the benchmarks' build tags, so that their files still build.
 lint: llama
 	$(GO) vet ./...
+	$(GO) vet -tags llamaswap,llamaserver ./internal/...
 	$(GO) tool staticcheck ./...
 
 # llama.cpp's llama-server, which the external-engine tests run: built

@@ -328,11 +328,11 @@ func TestProcessSwapMaxLoaded(t *testing.T) {
 }
 
 // swapLoadEnv sets how long TestProcessSwapUnderLoad's six clients stream
-// (default 4s; docs/queen.md's figure is of 40s), swapRoundsEnv how many
+// (default 4s; docs/queen.md's figure is of 40s), swapLoadRoundsEnv how many
 // held streams it ends to time the swap after them (default 2).
 const (
 	swapLoadEnv   = "APIARY_SWAP_LOAD"
-	swapRoundsEnv = "APIARY_SWAP_ROUNDS"
+	swapLoadRoundsEnv = "APIARY_SWAP_ROUNDS"
 )
 
 // The bar of swap under load: one hive that runs one worker at a time
@@ -353,9 +353,9 @@ const (
 func TestProcessSwapUnderLoad(t *testing.T) {
 	load := durationEnv(t, swapLoadEnv, 4*time.Second)
 	rounds := 2
-	if v := os.Getenv(swapRoundsEnv); v != "" {
+	if v := os.Getenv(swapLoadRoundsEnv); v != "" {
 		if _, err := fmt.Sscan(v, &rounds); err != nil || rounds < 1 {
-			t.Fatalf("%s=%q: want a count of at least 1", swapRoundsEnv, v)
+			t.Fatalf("%s=%q: want a count of at least 1", swapLoadRoundsEnv, v)
 		}
 	}
 	const healthInterval = 2 * time.Second
