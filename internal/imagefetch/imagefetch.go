@@ -9,7 +9,6 @@
 package imagefetch
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -160,18 +159,14 @@ func (f *Fetcher) Fetch(ctx context.Context, raw string) ([]byte, string, error)
 	return b, mt, nil
 }
 
-// PictureType is the media type of a picture from its first bytes ("":
-// none the workers read).
+// PictureType is the media type of a picture from its first bytes: PNG,
+// JPEG, GIF or BMP, what llama.cpp's decoder (stb_image) reads; "" for
+// any other bytes (which never reach the decoder, nor its detection of
+// audio and video).
 func PictureType(b []byte) string {
-	switch {
-	case bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")):
-		return "image/png"
-	case bytes.HasPrefix(b, []byte{0xff, 0xd8, 0xff}):
-		return "image/jpeg"
-	case bytes.HasPrefix(b, []byte("GIF8")):
-		return "image/gif"
-	case bytes.HasPrefix(b, []byte("BM")):
-		return "image/bmp"
+	switch t := http.DetectContentType(b); t {
+	case "image/png", "image/jpeg", "image/gif", "image/bmp":
+		return t
 	}
 	return ""
 }

@@ -49,12 +49,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/apiary-llm/apiary/internal/engine"
+	"github.com/apiary-llm/apiary/internal/imagefetch"
 )
 
 var _ engine.Vision = (*Engine)(nil)
@@ -187,17 +187,9 @@ func (e *Engine) TokenizeImages(text string, images [][]byte) ([]int, []engine.I
 	return dropDoubleBOS(prompt, C.llama_vocab_bos(e.vocab)), shiftImages(imgs, prompt), free, nil
 }
 
-// IsPicture reports whether b starts as a PNG, JPEG, GIF or BMP file
-// does: what the engine hands to llama.cpp's decoder (stb_image). Other
-// bytes never reach it, nor its detection of audio and video (which
-// would start ffprobe on them).
-func IsPicture(b []byte) bool {
-	switch http.DetectContentType(b) {
-	case "image/png", "image/jpeg", "image/gif", "image/bmp":
-		return true
-	}
-	return false
-}
+// IsPicture reports whether b is what the engine hands to llama.cpp's
+// decoder (imagefetch.PictureType): other bytes never reach it.
+func IsPicture(b []byte) bool { return imagefetch.PictureType(b) != "" }
 
 // placeholders are the ids an image's n positions take in a prompt:
 // negative (no token of the vocabulary), and derived from its bytes, so

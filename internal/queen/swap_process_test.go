@@ -331,7 +331,7 @@ func TestProcessSwapMaxLoaded(t *testing.T) {
 // (default 4s; docs/queen.md's figure is of 40s), swapLoadRoundsEnv how many
 // held streams it ends to time the swap after them (default 2).
 const (
-	swapLoadEnv   = "APIARY_SWAP_LOAD"
+	swapLoadEnv       = "APIARY_SWAP_LOAD"
 	swapLoadRoundsEnv = "APIARY_SWAP_ROUNDS"
 )
 
