@@ -641,9 +641,9 @@ func (c *controller) place(ctx context.Context, o placeOrder) placeResult {
 // actedUnseen says whether the queen placed or evicted on a pool model
 // may run on (pool, when it is not "") after that pool's last heartbeat.
 func (s *Service) actedUnseen(model, pool string) bool {
-	allowed := s.allowedPools(model)
+	ok := s.poolsFor(model, pool)
 	for _, p := range s.cp.Pools(registry.Filter{Statuses: []registry.Status{registry.Healthy}}) {
-		if (pool == "" || p.ID == pool) && (allowed == nil || slices.Contains(allowed, p.ID)) && s.ledger.actedSince(p.ID, p.LastHeartbeatAt) {
+		if ok(p.ID) && s.ledger.actedSince(p.ID, p.LastHeartbeatAt) {
 			return true
 		}
 	}
@@ -654,13 +654,16 @@ func (s *Service) actedUnseen(model, pool string) bool {
 // hive it has not heard from yet, may serve model (on pool, when it is
 // not ""): one the model may run on.
 func (s *Service) awaitsHive(model, pool string) bool {
+	return slices.ContainsFunc(s.cp.AwaitedPools(), s.poolsFor(model, pool))
+}
+
+// poolsFor says of a pool id whether a worker of model may go there: the
+// target's pool (pool, when it is not "") and the model's config's pools.
+func (s *Service) poolsFor(model, pool string) func(id string) bool {
 	allowed := s.allowedPools(model)
-	for _, id := range s.cp.AwaitedPools() {
-		if (pool == "" || id == pool) && (allowed == nil || slices.Contains(allowed, id)) {
-			return true
-		}
+	return func(id string) bool {
+		return (pool == "" || id == pool) && (allowed == nil || slices.Contains(allowed, id))
 	}
-	return false
 }
 
 // roomMayCome says whether a hive's "no room" for a worker of model may
