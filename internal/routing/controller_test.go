@@ -124,6 +124,22 @@ func (p *rowsPlane) PullModel(context.Context, string, api.PullModelRequest) (ap
 	return api.ModelPull{}, errors.New("no pulls here")
 }
 
+// runController is a Service on cp whose model list has tiny (1 MiB) on
+// pool a, with its controller running until the test ends.
+func runController(t *testing.T, cp *rowsPlane, crashLoopFailures int) *Service {
+	t.Helper()
+	s, err := New(Config{Placer: firstPool{}, Logger: slog.New(slog.DiscardHandler), CrashLoopFailures: crashLoopFailures,
+		Models: &listHive{models: map[string][]api.Model{"http://a": {{Ref: "tiny", SizeBytes: 1 << 20}}}}}, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); s.ctl.run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s
+}
+
 // firstPool places every worker on the first healthy pool.
 type firstPool struct{}
 
@@ -153,15 +169,7 @@ func TestReplicaFailingDuringTheRoundWaitsForItsBackoff(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				cp := newRowsPlane(map[string]Replica{"tiny": {Min: 1}}, tc.failBeforeCount)
-				s, err := New(Config{Placer: firstPool{}, Logger: slog.New(slog.DiscardHandler), CrashLoopFailures: 10,
-					Models: &listHive{models: map[string][]api.Model{"http://a": {{Ref: "tiny", SizeBytes: 1 << 20}}}}}, cp)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(t.Context())
-				done := make(chan struct{})
-				go func() { defer close(done); s.ctl.run(ctx) }()
-				defer func() { cancel(); <-done }()
+				runController(t, cp, 10)
 
 				next := func() string {
 					t.Helper()
@@ -208,19 +216,10 @@ func TestRequestsWaitForAHiveTheRestartedQueenAwaits(t *testing.T) {
 				if awaited {
 					cp.awaited = []string{"a"}
 				}
-				s, err := New(Config{Placer: firstPool{}, Logger: slog.New(slog.DiscardHandler),
-					Models: &listHive{models: map[string][]api.Model{"http://a": {{Ref: "tiny", SizeBytes: 1 << 20}}}}}, cp)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(t.Context())
-				done := make(chan struct{})
-				go func() { defer close(done); s.ctl.run(ctx) }()
-				defer func() { cancel(); <-done }()
-
-				rctx, rcancel := context.WithTimeout(ctx, time.Minute)
+				s := runController(t, cp, 0)
+				rctx, rcancel := context.WithTimeout(t.Context(), time.Minute)
 				defer rcancel()
-				err = s.Route(rctx, "tiny", "")
+				err := s.Route(rctx, "tiny", "")
 				switch {
 				case awaited && !errors.Is(err, context.DeadlineExceeded):
 					t.Errorf("a request while the pool's hive is awaited: %v; want it to wait (for a minute here)", err)
