@@ -37,7 +37,7 @@ var (
 		"Node": "--node", "QueenURL": "--queen", "SSH": "--ssh", "SSHConfig": "--ssh-config", "InstallDir": "--install-dir",
 	}
 	hiveFields = map[string]string{
-		"Addr": "--addr", "Advertise": "--advertise", "QueenURL": "--queen", "TLS": "--tls-cert/--tls-key",
+		"Addr": "--addr", "Advertise": "--advertise", "QueenURL": "--queen", "TLS": "--tls-cert/--tls-key", "Kube": "--kubernetes",
 		"PortMin": "--worker-ports", "CallbackTimeout": "--callback-timeout", "HealthInterval": "--health-interval",
 		"StopGrace": "--stop-grace", "ShutdownAck": "--shutdown-ack", "HeartbeatInterval": "--heartbeat-interval",
 		"WorkerSlots": "--worker-slots", "WorkerThreads": "--worker-threads", "CtxSize": "--worker-ctx-size", "SplitMode": "--split-mode",

@@ -39,6 +39,7 @@ type hiveFlags struct {
 	engines                                string
 	leaseTimeout                           time.Duration
 	passEnv                                []string
+	kube                                   kubeFlags
 }
 
 func newHiveCmd() *cobra.Command {
@@ -115,6 +116,7 @@ registers when the queen comes back. --queen "" disables the queen.`,
 	_ = fl.MarkHidden("worker-path")
 	fl.DurationVar(&f.leaseTimeout, "lease-timeout", 0, "shut down when the queen answered no heartbeat for this long (with --owner queen|keeper; 0: never)")
 	addTLSFlags(fl, &f.tls)
+	f.kube.add(fl)
 	f.log.add(fl)
 	groupFlags(cmd, hiveFlagGroups)
 	return cmd
@@ -127,6 +129,7 @@ var hiveFlagGroups = []flagGroup{
 	{"Models and storage", []string{"data-dir", "models-dir", "engines", "pull-stall-timeout", "log-retention", "kv-cache-disk"}},
 	{"Workers", []string{"max-loaded", "cpu-memory", "worker-ports", "worker-slots", "worker-threads", "worker-ctx-size", "split-mode", "idle-timeout",
 		"callback-timeout", "health-interval", "stop-grace", "pass-env"}},
+	{"Kubernetes", kubeFlagNames},
 	{"Logs", []string{"log-level", "log-json"}},
 }
 
@@ -191,6 +194,13 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 	if f.maxLoaded < 0 || f.maxLoaded > hive.MaxMaxLoaded {
 		return hive.Config{}, usagef("--max-loaded must be from 0 (no limit) to %d, got %d", hive.MaxMaxLoaded, f.maxLoaded)
 	}
+	kc, err := f.kube.config()
+	if err != nil {
+		return hive.Config{}, err
+	}
+	if kc != nil && kc.ModelsHostPath != "" && modelsDir == "" {
+		modelsDir = kc.ModelsHostPath // the Pods' models are the hive's
+	}
 	var engines map[string]hive.Engine
 	if f.engines != "" {
 		if engines, err = hive.LoadEngines(f.engines); err != nil {
@@ -208,6 +218,7 @@ func (f *hiveFlags) toConfig(cmd *cobra.Command) (hive.Config, error) {
 		ClusterToken: os.Getenv(secret.ClusterTokenEnv),
 		TLS:          f.tls, PassEnv: f.passEnv,
 		Owner: f.owner, LeaseTimeout: f.leaseTimeout, WorkerPath: f.workerPath,
+		Kube:   kc,
 		Logger: logger,
 	}, nil
 }

@@ -53,6 +53,7 @@ type queenFlags struct {
 	batchAttempts, batchConcurrency       int
 	batchMaxLines, batchMaxFiles          int
 	batchMaxOpen                          int
+	kube                                  kubeFlags
 }
 
 // databaseURLEnv gives --database-url's default, so that a password need
@@ -134,6 +135,7 @@ address only.`,
 	fl.StringVar(&f.modelsFile, "config", "", "the cluster's models (YAML: names, aliases, files, worker options, replicas, pools, sampling defaults); read again on SIGHUP and when it changes")
 	fl.DurationVar(&f.modelsPoll, "config-poll", queen.DefaultModelsPoll, "how often the --config file is looked at for changes")
 	f.routing.add(fl)
+	f.kube.add(fl)
 	fl.Int64Var(&f.batchMaxFile, "batch-max-file-bytes", batch.DefaultMaxFileBytes, "largest batch input file (POST /v1/files); larger ones get 413")
 	fl.DurationVar(&f.batchRetention, "batch-file-retention", batch.DefaultFileRetention, "batch files (input, output, error) expire this long after they were made, and ended batches are removed this long after they were created; 0 keeps them forever")
 	fl.IntVar(&f.batchAttempts, "batch-max-attempts", batch.DefaultMaxAttempts, "workers a batch request is tried on before it fails with the last one's reason")
@@ -162,6 +164,7 @@ var queenFlagGroups = []flagGroup{
 	{"Routing", []string{"routing", "worker-slots", "queue-size", "queue-timeout", "affinity-ttl", "strike-limit", "image-fetch", "image-fetch-private"}},
 	{"Batches", []string{"batch-concurrency", "batch-max-attempts", "batch-attempt-timeout", "batch-max-file-bytes", "batch-max-lines",
 		"batch-max-files", "batch-max-open-batches", "batch-max-answer-bytes", "batch-file-retention"}},
+	{"Kubernetes", kubeFlagNames},
 	{"Logs", []string{"log-level", "log-json"}},
 }
 
@@ -194,6 +197,15 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		return queen.Config{}, usagef("--data-dir %q: %v", f.dataDir, err)
 	}
 	routing := f.routing.config()
+	localHive, hiveArgs := f.localHive, f.hiveArgs
+	kc, err := f.kube.config()
+	if err != nil {
+		return queen.Config{}, err
+	}
+	if kc != nil {
+		// Kubernetes mode: the queen's local hive runs the workers as Pods.
+		localHive, hiveArgs = true, append(kubeHiveArgs(kc), hiveArgs...)
+	}
 	return queen.Config{
 		Addr: f.addr, Advertise: f.advertise, DataDir: dataDir, DatabaseURL: f.databaseURL, Standby: f.standby,
 		LeaseDuration: f.leaseDuration, LeaseRenew: f.leaseRenew,
@@ -204,7 +216,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		Batch: batch.Config{MaxFileBytes: f.batchMaxFile, FileRetention: f.batchRetention, MaxAttempts: f.batchAttempts, Concurrency: f.batchConcurrency,
 			MaxLines: f.batchMaxLines, MaxFiles: f.batchMaxFiles, MaxOpenBatches: f.batchMaxOpen, AttemptTimeout: f.batchAttemptTimeout,
 			MaxAnswerBytes: f.batchMaxAnswer},
-		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: f.localHive, HiveArgs: f.hiveArgs, PassEnv: f.passEnv,
+		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: localHive, HiveArgs: hiveArgs, PassEnv: f.passEnv,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout}},
 		Logger: logger,
 	}, nil

@@ -13,6 +13,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/datadir"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/kube"
 	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/secret"
 	"github.com/apiary-llm/apiary/internal/transport"
@@ -138,6 +139,11 @@ type Config struct {
 	// the queen, told at registration, evicts idle workers instead.
 	MaxLoaded int
 
+	// Kube, when set, runs the workers as Pods of a Kubernetes cluster
+	// (package kube): the cluster's nodes are the hive's devices, a
+	// worker's Pod its process; default nil, local processes.
+	Kube *kube.Config
+
 	Devices gpu.Inventory // default gpu.Detect
 	Logger  *slog.Logger  // default slog.Default()
 }
@@ -221,6 +227,14 @@ func (c Config) Validate() error {
 	}
 	if err := secret.CheckToken(c.ClusterToken); err != nil {
 		p.Add("ClusterToken", "%v", err)
+	}
+	if c.Kube != nil {
+		switch {
+		case len(c.Engines) > 0:
+			p.Add("Kube", "external engines run as local processes; a hive whose workers are Kubernetes Pods runs only the built-in worker")
+		case c.TLS.Enabled():
+			p.Add("Kube", "TLS between the hive and worker Pods is not built; run the hive without TLS certificates")
+		}
 	}
 	if err := secret.CheckPassEnv(c.PassEnv); err != nil {
 		p.Add("PassEnv", "%v", err)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/kube"
 	"github.com/apiary-llm/apiary/internal/modelstore"
 	"github.com/apiary-llm/apiary/internal/version"
 )
@@ -41,6 +42,13 @@ type Hive struct {
 	reg      *registry
 	data     *dataDir
 	queen    *queenClient // nil when standalone
+	// pods is the Kubernetes cluster that runs the workers (Config.Kube);
+	// nil: local processes. leave is closed when the hive leaves its
+	// worker Pods running as it stops (hive/kube.go); leaving says it
+	// should.
+	pods    *kube.Cluster
+	leave   chan struct{}
+	leaving atomic.Bool
 	// queenEpoch is the newest fencing epoch of a queen this hive has
 	// seen (fence.go).
 	queenEpoch atomic.Int64
@@ -111,6 +119,12 @@ func New(cfg Config) (*Hive, error) {
 		settled:  make(chan struct{}),
 		done:     make(chan struct{}),
 		shutdown: make(chan struct{}),
+		leave:    make(chan struct{}),
+	}
+	if cfg.Kube != nil {
+		if err := h.openKube(); err != nil {
+			return nil, err
+		}
 	}
 	if h.devices == nil {
 		h.devices = gpu.Detect(h.log)
@@ -179,6 +193,14 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 		return err
 	} else if len(killed) > 0 {
 		h.log.Warn("previous hive left workers running; killed them", "pids", killed)
+	}
+	if h.pods != nil {
+		if err := h.pods.Start(ctx); err != nil {
+			return err
+		}
+		if err := h.adoptPods(ctx); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", h.cfg.Addr)
 	if err != nil {
@@ -249,8 +271,17 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	return cause
 }
 
-// cascade stops every worker in parallel and waits until each is gone.
+// cascade stops every worker in parallel and waits until each is gone;
+// a hive whose worker Pods outlive it (leaving) stops watching them
+// instead.
 func (h *Hive) cascade() {
+	if h.pods != nil && h.leaving.Load() {
+		ws := h.reg.close()
+		close(h.leave)
+		h.owners.Wait()
+		h.log.Warn("the hive's owner is gone: its worker pods keep running, for the next hive of the installation to adopt", "pods", len(ws))
+		return
+	}
 	for _, w := range h.reg.close() {
 		w.requestStop(stopCmd{reason: "hive shutting down", cascade: true})
 	}

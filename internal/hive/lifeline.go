@@ -53,6 +53,7 @@ func (h *Hive) watchLifeline(closing <-chan struct{}) {
 	}
 	h.log.Warn("lifeline to the parent ended; the hive's owner is gone, shutting down with every worker",
 		"owner", h.cfg.Owner, "err", err)
+	h.leaving.Store(true)
 	h.Shutdown()
 }
 
@@ -81,6 +82,7 @@ func (h *Hive) watchLease(ctx context.Context) {
 		case <-t.C:
 			h.log.Warn("lease on the queen ended: no heartbeat answered in time; the hive's owner is gone, shutting down with every worker",
 				"owner", h.cfg.Owner, "lease_timeout", h.cfg.LeaseTimeout.String())
+			h.leaving.Store(true)
 			h.Shutdown()
 			return
 		}

@@ -29,8 +29,11 @@ type registry struct {
 	recent   []*worker          // guarded by mu; ended, oldest first
 	ports    map[int]bool       // guarded by mu
 	nextPort int                // guarded by mu
-	closing  bool               // guarded by mu
-	leaks    leakMarks          // guarded by mu
+	// fixedPort, when set, is every worker's port (Kubernetes: each Pod
+	// has its own IP); set before use.
+	fixedPort int
+	closing   bool      // guarded by mu
+	leaks     leakMarks // guarded by mu
 	// maxLoaded bounds the live workers (0: no bound); set before use.
 	maxLoaded int
 }
@@ -71,15 +74,33 @@ func (r *registry) admit(w *worker, host string, portMin, portMax int) error {
 			return err
 		}
 	}
-	ln, port, err := r.takePortLocked(host, portMin, portMax)
-	if err != nil {
-		return err
+	if r.fixedPort > 0 {
+		w.port = r.fixedPort
+	} else {
+		ln, port, err := r.takePortLocked(host, portMin, portMax)
+		if err != nil {
+			return err
+		}
+		w.port, w.listener = port, ln
 	}
-	w.port, w.listener = port, ln
 	w.hold = make([]held, len(w.devs()))
 	for i := range w.hold {
 		w.hold[i].reserved = w.share(i)
 	}
+	r.live[w.id] = w
+	return nil
+}
+
+// adopt adds w, a worker a previous hive started (a Kubernetes Pod), as
+// it is: no bound applies, it already runs.
+func (r *registry) adopt(w *worker) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closing {
+		return ErrShuttingDown
+	}
+	w.port = r.fixedPort
+	w.hold = make([]held, len(w.devs()))
 	r.live[w.id] = w
 	return nil
 }

@@ -201,6 +201,16 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	}
 	w.uri = h.cfg.TLS.Scheme() + "://" + hostPort(h.cfg.WorkerHost, w.port)
 	w.out = newWorkerLog(filepath.Join(h.data.logsDir(), id+".log"))
+	if h.pods != nil {
+		w.spawnedAt = time.Now()
+		w.m = lifecycle.NewMachine(w.spawnedAt)
+		if err := h.startPod(ctx, w, path, opts); err != nil {
+			w.out.close()
+			h.reg.remove(w)
+			return snap, fmt.Errorf("%w: %w", ErrSpawn, err)
+		}
+		return h.started(w), nil
+	}
 
 	var spec procs.Spec
 	if eng != nil {
@@ -241,13 +251,19 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 	if len(split) > 0 {
 		w.reason = fmt.Sprintf("spawned pid %d split over %s devices %s, port %d", proc.PID(), dev.Kind, deviceIDs(split), w.port)
 	}
-	snap = w.publish()
+	return h.started(w), nil
+}
+
+// started publishes a spawned worker in state starting, tells the queen
+// and hands it to its owner goroutine.
+func (h *Hive) started(w *worker) api.Worker {
+	snap := w.publish()
 	h.metrics.workers.WithLabelValues(string(lifecycle.Starting)).Inc()
-	w.log.Info("worker spawned", "pid", proc.PID(), "port", w.port, "estimate", api.FormatBytes(w.estimate))
-	h.emit(api.WorkerEvent{WorkerID: id, LifecycleID: w.lifecycle, To: string(lifecycle.Starting),
+	w.log.Info("worker spawned", "how", w.reason, "port", w.port, "estimate", api.FormatBytes(w.estimate))
+	h.emit(api.WorkerEvent{WorkerID: w.id, LifecycleID: w.lifecycle, To: string(lifecycle.Starting),
 		Reason: w.reason, At: w.spawnedAt, Worker: snap.Brief()})
 	h.owners.Go(w.run)
-	return snap, nil
+	return snap
 }
 
 // builtinSpec is the command line of apiary's own worker.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/kube"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 )
 
@@ -67,10 +68,17 @@ func (w *worker) run() {
 	defer close(w.done)
 	s := newSupervisor(w)
 	defer s.close()
+	if w.m.State().Serving() {
+		s.serving() // adopted (hive/kube.go)
+	}
 	for {
 		select {
 		case <-w.proc.Exited():
 			s.onExit()
+			return
+		case <-w.h.leave:
+			// A hive that leaves its worker Pods (hive/kube.go) stops
+			// supervising them, and says nothing of them to anyone.
 			return
 		case c := <-w.cmds:
 			s.onCmd(c)
@@ -167,7 +175,11 @@ func (s *supervisor) onCallbackTimeout() {
 		s.fail(reason)
 		return
 	}
-	s.fail(fmt.Sprintf("no ready callback within %s", s.cfg.CallbackTimeout))
+	reason := fmt.Sprintf("no ready callback within %s", s.cfg.CallbackTimeout)
+	if p, ok := s.w.proc.(*kube.Pod); ok {
+		reason += " from " + p.Where()
+	}
+	s.fail(reason)
 }
 
 func (s *supervisor) onHealthTick() {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/kube"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/procs"
 )
@@ -130,6 +131,9 @@ func (w *worker) ready(c readyCmd) error {
 		return err
 	}
 	w.vram = c.cb.VRAMBytes // w.uri stays the hive's own: its host and scheme
+	if p, ok := w.proc.(*kube.Pod); ok {
+		w.uri = podURI(p, c.cb.URI)
+	}
 	if w.driverCounts {
 		// On a GPU the driver's count of the process's memory is the truth.
 		var on []uint64

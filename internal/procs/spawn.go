@@ -178,13 +178,25 @@ type Process struct {
 type Exit struct {
 	Code   int            // exit status; -1 when a signal ended it
 	Signal syscall.Signal // the signal, when one ended it
+	// Reason says more, where something other than a process's end
+	// ended it (a Kubernetes Pod deleted or evicted); "" for a process.
+	Reason string
 }
 
 func (e Exit) String() string {
-	if e.Code < 0 {
-		return fmt.Sprintf("killed by signal %d (%s)", int(e.Signal), e.Signal)
+	var s string
+	switch {
+	case e.Code >= 0:
+		s = fmt.Sprintf("exit code %d", e.Code)
+	case e.Reason != "" && e.Signal == syscall.SIGKILL:
+		return e.Reason
+	default:
+		s = fmt.Sprintf("killed by signal %d (%s)", int(e.Signal), e.Signal)
 	}
-	return fmt.Sprintf("exit code %d", e.Code)
+	if e.Reason != "" {
+		s += "; " + e.Reason
+	}
+	return s
 }
 
 // PID is the child's process id, which is also its process group id.

@@ -1,0 +1,203 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Labels and annotations of every object apiary makes.
+const (
+	LabelName         = "app.kubernetes.io/name"
+	LabelManagedBy    = "app.kubernetes.io/managed-by"
+	LabelInstallation = "apiary.dev/installation"
+	LabelWorker       = "apiary.dev/worker-id"
+	LabelLifecycle    = "apiary.dev/lifecycle-id"
+
+	annotModelRef  = "apiary.dev/model-ref"
+	annotEstimate  = "apiary.dev/estimate-bytes"
+	annotDevice    = "apiary.dev/device"
+	annotSpawnedAt = "apiary.dev/spawned-at"
+
+	workerName = "apiary-worker"
+	managedBy  = "apiary"
+	tokenKey   = "token"
+)
+
+// Cluster is the hive's view of a Kubernetes cluster: a client, the
+// worker Pods of its installation and the nodes, both watched (informers).
+// Create it with New, start it with Start, stop it with Close.
+type Cluster struct {
+	cfg  Config
+	log  *slog.Logger
+	cs   kubernetes.Interface
+	pods corelisters.PodLister
+	// allPods are every Pod of the cluster (to count what others hold
+	// on a node), nodes every node.
+	allPods  corelisters.PodLister
+	nodes    corelisters.NodeLister
+	factory  informers.SharedInformerFactory
+	cluster  informers.SharedInformerFactory
+	stop     chan struct{}
+	stopOnce sync.Once
+
+	mu       sync.Mutex
+	watching map[string]*Pod // by Pod name; guarded by mu
+	devices  deviceIDs       // guarded by mu
+}
+
+// New connects to the cluster cfg names; nothing is watched until Start.
+func New(cfg Config) (*Cluster, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig == InCluster {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes %s: %w", cfg.Kubeconfig, err)
+	}
+	rc.UserAgent = "apiary"
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return newCluster(cfg, cs), nil
+}
+
+func newCluster(cfg Config, cs kubernetes.Interface) *Cluster {
+	c := &Cluster{cfg: cfg, log: cfg.Logger.With("component", "kube", "namespace", cfg.Namespace), cs: cs,
+		stop: make(chan struct{}), watching: map[string]*Pod{}}
+	c.factory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.SelectorFromSet(c.selector()).String()
+		}))
+	c.cluster = informers.NewSharedInformerFactory(cs, 0)
+	return c
+}
+
+// selector are the labels of every worker Pod of the installation.
+func (c *Cluster) selector() labels.Set {
+	return labels.Set{LabelManagedBy: managedBy, LabelInstallation: c.cfg.Installation}
+}
+
+// Start checks the namespace, starts the watches and waits until they
+// have listed what exists (or ctx ends).
+func (c *Cluster) Start(ctx context.Context) error {
+	if _, err := c.cs.CoreV1().Namespaces().Get(ctx, c.cfg.Namespace, metav1.GetOptions{}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("kubernetes namespace %q does not exist: create it (kubectl create namespace %s) or give another", c.cfg.Namespace, c.cfg.Namespace)
+		}
+		return fmt.Errorf("kubernetes namespace %q: %w", c.cfg.Namespace, err)
+	}
+	pi := c.factory.Core().V1().Pods()
+	c.pods = pi.Lister()
+	if _, err := pi.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { c.seen(o) },
+		UpdateFunc: func(_, o any) { c.seen(o) },
+		DeleteFunc: func(o any) { c.deleted(o) },
+	}); err != nil {
+		return err
+	}
+	c.nodes = c.cluster.Core().V1().Nodes().Lister()
+	c.allPods = c.cluster.Core().V1().Pods().Lister()
+	c.factory.Start(c.stop)
+	c.cluster.Start(c.stop)
+	wait, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for f, name := range map[informers.SharedInformerFactory]string{c.factory: "worker pods", c.cluster: "nodes and pods"} {
+		for typ, ok := range f.WaitForCacheSync(wait.Done()) {
+			if !ok {
+				return fmt.Errorf("kubernetes: the %s (%v) were not listed within 60s: %w", name, typ, errors.Join(ctx.Err(), wait.Err()))
+			}
+		}
+	}
+	c.log.Info("kubernetes cluster watched", "installation", c.cfg.Installation, "image", c.cfg.Image)
+	return nil
+}
+
+// Close stops the watches; the Pods stay.
+func (c *Cluster) Close() error {
+	c.stopOnce.Do(func() {
+		close(c.stop)
+		c.factory.Shutdown()
+		c.cluster.Shutdown()
+	})
+	return nil
+}
+
+// seen hands a Pod's new state to its watcher.
+func (c *Cluster) seen(o any) {
+	pod, ok := o.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	p := c.watching[pod.Name]
+	c.mu.Unlock()
+	if p != nil {
+		p.observe(pod)
+	}
+}
+
+// deleted tells a Pod's watcher that it is gone.
+func (c *Cluster) deleted(o any) {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	pod, ok := o.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	p := c.watching[pod.Name]
+	delete(c.watching, pod.Name)
+	c.mu.Unlock()
+	if p != nil {
+		p.observe(pod)
+		p.end(exitOf(pod, "the pod was deleted"))
+	}
+}
+
+// ensureOwner returns the reference to the installation's owner
+// ConfigMap, creating it when it is missing (deleted, every worker Pod
+// went with it; the next worker makes it again).
+func (c *Cluster) ensureOwner(ctx context.Context) (metav1.OwnerReference, error) {
+	cms := c.cs.CoreV1().ConfigMaps(c.cfg.Namespace)
+	name := ownerName(c.cfg.Installation)
+	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		cm, err = cms.Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+				LabelName: "apiary", LabelManagedBy: managedBy, LabelInstallation: c.cfg.Installation}},
+			Data: map[string]string{"about": "Owner of every worker Pod of apiary installation " + c.cfg.Installation +
+				": deleting it deletes them all (Kubernetes' garbage collector)."},
+		}, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			cm, err = cms.Get(ctx, name, metav1.GetOptions{})
+		}
+	}
+	if err != nil {
+		return metav1.OwnerReference{}, fmt.Errorf("the owner ConfigMap %s/%s: %w", c.cfg.Namespace, name, err)
+	}
+	return metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: cm.Name, UID: cm.UID}, nil
+}
