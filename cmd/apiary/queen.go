@@ -15,6 +15,7 @@ import (
 
 	"github.com/apiary-llm/apiary/internal/batch"
 	"github.com/apiary-llm/apiary/internal/fleet"
+	"github.com/apiary-llm/apiary/internal/openai"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/queen"
 	"github.com/apiary-llm/apiary/internal/registry"
@@ -123,7 +124,7 @@ address only.`,
 	fl.DurationVar(&f.claimHealthInterval, "claim-health-interval", queen.DefaultClaimHealthInterval, "how often the queen checks the health of workers run by hand; "+strconv.Itoa(queen.ClaimHealthFailures)+" failed checks in a row fail their row")
 	fl.DurationVar(&f.auditRetention, "audit-retention", queen.DefaultRetention, "audit entries older than this are pruned (at start, then hourly); 0 keeps them forever")
 	fl.DurationVar(&f.rowsRetention, "rows-retention", queen.DefaultRetention, "stopped and failed worker rows that ended longer ago than this are pruned, and kept Responses API answers this old; live rows never are; 0 keeps them forever")
-	fl.Int64Var(&f.maxBody, "max-body-bytes", queen.DefaultMaxBodyBytes, "request body limit; larger bodies get 413")
+	fl.Int64Var(&f.maxBody, "max-body-bytes", queen.DefaultMaxBodyBytes, "request body limit; larger bodies get 413. A chat to a model that sees images takes up to "+strconv.Itoa(openai.MaxImageBodyBytes>>20)+" MiB (pictures inline), or this when it is larger")
 	fl.StringVar(&f.sshConfig, "ssh-config", "", "ssh client configuration file for the nodes (ssh -F; default the user's ~/.ssh/config)")
 	fl.DurationVar(&f.sshTimeout, "ssh-timeout", 10*time.Second, "how long ssh may take to connect to a node (ssh -o ConnectTimeout)")
 	fl.StringVar(&f.owner, "owner", queen.QueenOwnerOperator, "who started this queen: operator, or keeper (apiary infer's ephemeral mode)")

@@ -79,7 +79,7 @@ type Config struct {
 	ModelsPoll time.Duration
 
 	Tokens       Tokens
-	MaxBodyBytes int64 // request body limit
+	MaxBodyBytes int64 // request body limit, default 1 MiB (a chat to a model that sees: see routing.Config.MaxBodyBytes)
 
 	// TLS, when its files are set, serves HTTPS only; default plain HTTP.
 	TLS transport.ServerTLS

@@ -3,8 +3,10 @@ package queen
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"image"
 	"image/color"
 	"image/png"
@@ -36,6 +38,18 @@ func testPicture(t *testing.T, seed int) []byte {
 	return b.Bytes()
 }
 
+// paddedPicture is pic (a PNG) made n bytes larger by a text chunk after
+// its header, which decoders skip: the same pixels in a bigger file.
+func paddedPicture(pic []byte, n int) []byte {
+	const afterHeader = 8 + 4 + 4 + 13 + 4 // signature, IHDR's length, type, data, CRC
+	chunk := append([]byte("tEXtComment\x00"), bytes.Repeat([]byte("x"), n-len("Comment\x00")-12)...)
+	out := append([]byte(nil), pic[:afterHeader]...)
+	out = binary.BigEndian.AppendUint32(out, uint32(len(chunk)-4))
+	out = append(out, chunk...)
+	out = binary.BigEndian.AppendUint32(out, crc32.ChecksumIEEE(chunk))
+	return append(out, pic[afterHeader:]...)
+}
+
 // post sends body to the queen's path and returns the status and body.
 func (c *cluster) post(path, body string) (int, []byte) {
 	c.t.Helper()
@@ -65,7 +79,9 @@ func (c *cluster) get(path string) (int, []byte) {
 // not; a chat with an image is answered, two pictures give two greedy
 // answers; the same picture and text through Ollama's /api/chat,
 // Anthropic's /v1/messages and the Responses API give the OpenAI path's
-// answer; an image to b is 400 saying it has no projector.
+// answer; an image to b is 400 saying it has no projector. A chat whose
+// picture makes its body larger than --max-body-bytes (1 MiB) is
+// answered for tiny (a model that sees takes up to 32 MiB) and 413 for b.
 func TestProcessVisionThroughTheQueen(t *testing.T) {
 	// seer is c with a projector the config names (a file named as the
 	// Hub names them, mmproj-model-f16.gguf, which pairs with no model).
@@ -75,7 +91,7 @@ func TestProcessVisionThroughTheQueen(t *testing.T) {
 	}
 	c := startClusterWith(t, clusterOptions{more: map[string]testmodel.Options{"b": {Seed: 2}, "c": {Seed: 3}},
 		projectors: map[string]testmodel.ProjectorOptions{"tiny": {TextDim: 64}, "model-f16": {TextDim: 64, Seed: 5}}},
-		[]string{"--config", config, "--image-fetch-private"}, "--worker-ctx-size", "512")
+		[]string{"--config", config, "--image-fetch-private", "--max-body-bytes", "1048576"}, "--worker-ctx-size", "512")
 
 	code, body := c.get("/v1/models")
 	var list struct {
@@ -210,6 +226,17 @@ func TestProcessVisionThroughTheQueen(t *testing.T) {
 	code, msg := openaiChat("b", pics[0])
 	if code != http.StatusBadRequest || !strings.Contains(msg, "projector") {
 		t.Errorf("an image to b, which has no projector: %d %s; want 400 saying so", code, msg)
+	}
+
+	// The first picture in a 1.5 MiB file: a body of 2 MiB, over the
+	// queen's --max-body-bytes.
+	big := paddedPicture(pics[0], 3<<19)
+	if code, answer := openaiChat("tiny", big); code != http.StatusOK || answer != first {
+		t.Errorf("a chat of 2 MiB (a picture of %d KiB) to tiny: %d %q; want 200 and the small picture's answer %q", len(big)>>10, code, answer, first)
+	}
+	code, msg = openaiChat("b", big)
+	if code != http.StatusRequestEntityTooLarge || !strings.Contains(msg, "larger than 1 MiB, the limit of a model that takes no images") {
+		t.Errorf("a chat of 2 MiB to b, which takes no images: %d %s; want 413 saying why", code, msg)
 	}
 }
 

@@ -128,7 +128,10 @@ type Config struct {
 	APIToken string
 	// CORSOrigins are the browser origins allowed (see transport.CORS).
 	CORSOrigins []string
-	// MaxBodyBytes bounds a request body.
+	// MaxBodyBytes bounds a request body (default 1 MiB). Embeddings and
+	// reranks take up to their own larger bounds, and a chat to a model
+	// that sees images up to openai.MaxImageBodyBytes, the worker's
+	// bound; the larger of the two wins (bodyLimit).
 	MaxBodyBytes int64
 	// Models reads a hive's model list; HiveTimeout bounds one read.
 	Models      HiveModels

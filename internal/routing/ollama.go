@@ -208,28 +208,28 @@ func cmpOr(a, b string) string {
 }
 
 func (s *Service) postOllamaChat(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveOllama(w, r, c, ollama.KindChat, s.cfg.MaxBodyBytes, func(body []byte) (ollamaCall, error) {
+	return s.serveOllama(w, r, c, ollama.KindChat, "/v1/chat/completions", func(body []byte) (ollamaCall, error) {
 		req, act, out, err := ollama.Chat(body)
 		return ollamaCall{model: req.Model, path: "/v1/chat/completions", body: out, action: act, stream: req.Stream == nil || *req.Stream}, err
 	})
 }
 
 func (s *Service) postOllamaGenerate(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveOllama(w, r, c, ollama.KindGenerate, s.cfg.MaxBodyBytes, func(body []byte) (ollamaCall, error) {
+	return s.serveOllama(w, r, c, ollama.KindGenerate, "/v1/chat/completions", func(body []byte) (ollamaCall, error) {
 		req, act, path, out, err := ollama.Generate(body)
 		return ollamaCall{model: req.Model, path: path, body: out, action: act, stream: req.Stream == nil || *req.Stream}, err
 	})
 }
 
 func (s *Service) postOllamaEmbed(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveOllama(w, r, c, ollama.KindEmbed, max(s.cfg.MaxBodyBytes, openai.MaxEmbeddingBodyBytes), func(body []byte) (ollamaCall, error) {
+	return s.serveOllama(w, r, c, ollama.KindEmbed, "/v1/embeddings", func(body []byte) (ollamaCall, error) {
 		req, out, err := ollama.Embed(body)
 		return ollamaCall{model: req.Model, path: "/v1/embeddings", body: out}, err
 	})
 }
 
 func (s *Service) postOllamaEmbeddings(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveOllama(w, r, c, ollama.KindEmbeddings, s.cfg.MaxBodyBytes, func(body []byte) (ollamaCall, error) {
+	return s.serveOllama(w, r, c, ollama.KindEmbeddings, "/v1/embeddings", func(body []byte) (ollamaCall, error) {
 		req, out, err := ollama.Embeddings(body)
 		return ollamaCall{model: req.Model, path: "/v1/embeddings", body: out}, err
 	})
@@ -245,13 +245,14 @@ type ollamaCall struct {
 	action ollama.Action
 }
 
-// serveOllama reads an Ollama request, translates it to the OpenAI
-// request of path, checks that as the OpenAI endpoint would, and relays
-// it, the worker's answer translated back on its way to the client. A
-// load or an unload is done here (ollamaAction).
-func (s *Service) serveOllama(w http.ResponseWriter, r *http.Request, c *call, kind ollama.Kind, limit int64,
+// serveOllama reads an Ollama request (up to the limit of the OpenAI
+// endpoint readAs, the largest it may be translated to), translates it
+// to the OpenAI request of path, checks that as the OpenAI endpoint
+// would, and relays it, the worker's answer translated back on its way
+// to the client. A load or an unload is done here (ollamaAction).
+func (s *Service) serveOllama(w http.ResponseWriter, r *http.Request, c *call, kind ollama.Kind, readAs string,
 	convert func([]byte) (ollamaCall, error)) error {
-	body, err := openai.ReadBody(w, r, limit)
+	body, err := s.readBody(w, r, readAs)
 	if err != nil {
 		return err
 	}
@@ -287,7 +288,7 @@ func (s *Service) serveOllama(w http.ResponseWriter, r *http.Request, c *call, k
 	ans := ollama.NewAnswer(kind, name, c.start)
 	c.granted = ans.SetLoad
 	tw := translate.New(w, ans, ollama.Dialect)
-	err = s.serveRead(tw, r, c, path, out, decode)
+	err = s.serveRead(tw, r, c, path, out, int64(len(body)), decode)
 	if ferr := tw.Finish(); ferr != nil && err == nil {
 		err = ferr
 	}

@@ -27,6 +27,7 @@ type relayReq struct {
 	pool    string // pinned to this pool (X-Apiary-Pool); "": any
 	path    string // /v1/completions or /v1/chat/completions
 	body    []byte // as the client sent it
+	sent    int64  // the body's size as the client sent it, before a translation (checkBodySize)
 	stream  bool
 	session string
 	start   time.Time // arrival at the queen

@@ -19,7 +19,7 @@ import (
 // (internal/responses translates both ways): the same routing, placement
 // and strikes, to built-in workers and engines alike.
 func (s *Service) postResponses(w http.ResponseWriter, r *http.Request, c *call) error {
-	body, err := openai.ReadBody(w, r, s.cfg.MaxBodyBytes)
+	body, err := s.readBody(w, r, "/v1/chat/completions")
 	if err != nil {
 		return err
 	}
@@ -57,7 +57,7 @@ func (s *Service) postResponses(w http.ResponseWriter, r *http.Request, c *call)
 	answer := responses.NewAnswer(req, req.Model, c.start)
 	answer.Stored = keep != nil && (req.Store == nil || *req.Store)
 	tw := translate.New(w, answer, responses.Dialect)
-	err = s.serveRead(tw, r, c, "/v1/chat/completions", out, decode)
+	err = s.serveRead(tw, r, c, "/v1/chat/completions", out, int64(len(body)), decode)
 	if ferr := tw.Finish(); ferr != nil && err == nil {
 		err = ferr
 	}

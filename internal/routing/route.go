@@ -293,7 +293,7 @@ func (s *Service) listModels(r *http.Request) (openai.ModelList, error) {
 // openai.Model.Capabilities.
 func (s *Service) capabilities(m api.Model) []string {
 	var c []string
-	if mc, ok := s.modelFile(m.Ref); m.Vision || ok && mc.MMProj != "" {
+	if s.hasProjector(m) {
 		c = append(c, "vision")
 	}
 	if m.Pooling == "rank" {
@@ -384,7 +384,7 @@ func (s *Service) postChatCompletions(w http.ResponseWriter, r *http.Request, c 
 }
 
 func (s *Service) postEmbeddings(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveInferenceUpTo(w, r, c, "/v1/embeddings", max(s.cfg.MaxBodyBytes, openai.MaxEmbeddingBodyBytes), func(body []byte) (string, bool, error) {
+	return s.serveInference(w, r, c, "/v1/embeddings", func(body []byte) (string, bool, error) {
 		req, err := openai.DecodeEmbeddingRequest(body)
 		return req.Model, false, err
 	})
@@ -394,7 +394,7 @@ func (s *Service) postEmbeddings(w http.ResponseWriter, r *http.Request, c *call
 // to a worker's /v1/rerank. A model the hives list with a pooling other
 // than rank is refused here, as its worker would refuse it.
 func (s *Service) postRerank(w http.ResponseWriter, r *http.Request, c *call) error {
-	return s.serveInferenceUpTo(w, r, c, "/v1/rerank", max(s.cfg.MaxBodyBytes, openai.MaxRerankBodyBytes), func(body []byte) (string, bool, error) {
+	return s.serveInference(w, r, c, "/v1/rerank", func(body []byte) (string, bool, error) {
 		req, err := openai.DecodeRerankRequest(body)
 		if err != nil {
 			return "", false, err
@@ -429,26 +429,23 @@ func (s *Service) postMessages(w http.ResponseWriter, r *http.Request, c *call) 
 	})
 }
 
-// serveInference checks a request (the body is decoded and validated as
-// the worker would, so that a bad one gets its 400 without a worker) and
-// relays it as it came to a worker of its model.
+// serveInference checks a request (the body is read up to path's limit,
+// decoded and validated as the worker would, so that a bad one gets its
+// 400 or 413 without a worker) and relays it as it came to a worker of
+// its model.
 func (s *Service) serveInference(w http.ResponseWriter, r *http.Request, c *call, path string,
 	decode func([]byte) (model string, stream bool, err error)) error {
-	return s.serveInferenceUpTo(w, r, c, path, s.cfg.MaxBodyBytes, decode)
-}
-
-// serveInferenceUpTo is serveInference with a body of at most limit bytes.
-func (s *Service) serveInferenceUpTo(w http.ResponseWriter, r *http.Request, c *call, path string, limit int64,
-	decode func([]byte) (model string, stream bool, err error)) error {
-	body, err := openai.ReadBody(w, r, limit)
+	body, err := s.readBody(w, r, path)
 	if err != nil {
 		return err
 	}
-	return s.serveRead(w, r, c, path, body, decode)
+	return s.serveRead(w, r, c, path, body, int64(len(body)), decode)
 }
 
-// serveRead is serveInference once the body is read.
-func (s *Service) serveRead(w http.ResponseWriter, r *http.Request, c *call, path string, body []byte,
+// serveRead is serveInference once the body is read: sent is its size as
+// the client sent it (before a translation), checked against what its
+// model takes (checkBodySize) once the model is known.
+func (s *Service) serveRead(w http.ResponseWriter, r *http.Request, c *call, path string, body []byte, sent int64,
 	decode func([]byte) (model string, stream bool, err error)) error {
 	body, err := s.inlineImages(r.Context(), path, body)
 	if err != nil {
@@ -484,7 +481,7 @@ func (s *Service) serveRead(w http.ResponseWriter, r *http.Request, c *call, pat
 	if body, err = rewriteBody(body, model, res); err != nil {
 		return err
 	}
-	rr := relayReq{model: res.ref, pool: pool, path: path, body: body, stream: stream, session: session, anthropic: anthropicAPI}
+	rr := relayReq{model: res.ref, pool: pool, path: path, body: body, sent: sent, stream: stream, session: session, anthropic: anthropicAPI}
 	if res.configured && model != res.ref {
 		rr.name = model
 	}
@@ -495,6 +492,9 @@ func (s *Service) serveRead(w http.ResponseWriter, r *http.Request, c *call, pat
 // model is known: the last part of every inference endpoint.
 func (s *Service) serveBody(w http.ResponseWriter, r *http.Request, c *call, rr relayReq) error {
 	if err := s.knownModel(r.Context(), rr.model, rr.pool); err != nil {
+		return err
+	}
+	if err := s.checkBodySize(rr.path, rr.model, rr.sent); err != nil {
 		return err
 	}
 	c.model = rr.model
