@@ -1,0 +1,211 @@
+package queen
+
+// Kubernetes mode on a real control plane (scripts/kube.sh: etcd,
+// kube-apiserver, kube-scheduler and kube-controller-manager of
+// Kubernetes v1.37.2, and stand-in nodes that run each Pod's command as
+// a local process): the queen's workers are Pods.
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/keeper"
+	"github.com/apiary-llm/apiary/internal/testbin"
+)
+
+// kubePod is what the test reads of a Pod.
+type kubePod struct {
+	Metadata struct {
+		Name              string            `json:"name"`
+		Labels            map[string]string `json:"labels"`
+		DeletionTimestamp *string           `json:"deletionTimestamp"`
+	} `json:"metadata"`
+	Spec struct {
+		NodeName      string `json:"nodeName"`
+		RestartPolicy string `json:"restartPolicy"`
+	} `json:"spec"`
+	Status struct {
+		Phase string `json:"phase"`
+		PodIP string `json:"podIP"`
+	} `json:"status"`
+}
+
+func workerPods(t *testing.T, k *testbin.Kube) []kubePod {
+	t.Helper()
+	out := k.MustKubectl(t, "get", "pods", "-n", "apiary", "-l", "app.kubernetes.io/name=apiary-worker", "-o", "json")
+	var list struct{ Items []kubePod }
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatalf("kubectl get pods: %v\n%s", err, out)
+	}
+	return list.Items
+}
+
+func chat(t *testing.T, url, model string) (int, string) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 4,
+		"messages": []map[string]string{{"role": "user", "content": "hello"}}})
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.String()
+}
+
+// waitFor polls cond until it holds or limit passes; it returns how long
+// it took.
+func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("not within %s: %s", limit, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestProcessKubernetesMode: a queen with --kubernetes and a model of
+// min_workers 1 runs its worker as a Pod and serves through it; the Pod
+// deleted, its row ends and a new Pod serves; the queen SIGKILLed and
+// restarted adopts the same Pod; a Pod of the installation without a
+// row is deleted; deleting the owner ConfigMap deletes every worker Pod.
+func TestProcessKubernetesMode(t *testing.T) {
+	k := testbin.StartKube(t, 2)
+	k.MustKubectl(t, "create", "namespace", "apiary")
+	dir := t.TempDir()
+	models := ownModelsDir(t, dir)
+	cfg := filepath.Join(dir, "models.yaml")
+	if err := os.WriteFile(cfg, []byte("models:\n  tiny:\n    min_workers: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	qdir := filepath.Join(dir, "queen")
+	args := []string{"--kubernetes", k.Kubeconfig, "--kube-namespace", "apiary", "--kube-models-hostpath", models,
+		"--config", cfg, "--hive-arg=--worker-threads=1", "--hive-arg=--health-interval=500ms", "--heartbeat-timeout", "3s"}
+	q, url := startQueenProc(t, qdir, "", args...)
+	client := keeper.NewClient(url, "", "")
+	running := func() []api.LifecycleRow {
+		rows, err := client.Workers(t.Context(), keeper.WorkerFilter{Status: "RUNNING"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	podOf := func(row string) (kubePod, bool) {
+		for _, p := range workerPods(t, k) {
+			if p.Metadata.Labels["apiary.dev/lifecycle-id"] == row && p.Metadata.DeletionTimestamp == nil {
+				return p, true
+			}
+		}
+		return kubePod{}, false
+	}
+	var rows []api.LifecycleRow
+	took := waitFor(t, "a RUNNING row of tiny (min_workers 1)", 3*time.Minute, func() bool { rows = running(); return len(rows) == 1 })
+	t.Logf("first worker running %s after the queen started", took.Round(time.Millisecond))
+	if code, body := chat(t, url, "tiny"); code != http.StatusOK {
+		t.Fatalf("chat through the queen: %d %s", code, body)
+	}
+	first := rows[0].ID
+	pod, ok := podOf(first)
+	if !ok || pod.Status.Phase != "Running" || pod.Spec.RestartPolicy != "Never" || !strings.HasPrefix(pod.Status.PodIP, "127.") {
+		t.Fatalf("the worker of row %s is no Running pod of restartPolicy Never: %+v (found %v)", first, pod, ok)
+	}
+	t.Logf("row %s runs as pod %s on %s at %s", first, pod.Metadata.Name, pod.Spec.NodeName, pod.Status.PodIP)
+
+	// The Pod deleted: its row ends, a new Pod serves.
+	deleted := time.Now()
+	k.MustKubectl(t, "delete", "pod", "-n", "apiary", pod.Metadata.Name, "--wait=false")
+	waitFor(t, "the deleted pod's row ended", time.Minute, func() bool {
+		rs, err := client.Workers(t.Context(), keeper.WorkerFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(rs, func(r api.LifecycleRow) bool { return r.ID == first })
+		return i >= 0 && (rs[i].Status == "FAILED" || rs[i].Status == "STOPPED")
+	})
+	var second string
+	waitFor(t, "a new pod serving", time.Minute, func() bool {
+		rows = running()
+		if len(rows) != 1 || rows[0].ID == first {
+			return false
+		}
+		second = rows[0].ID
+		p, ok := podOf(second)
+		return ok && p.Status.Phase == "Running"
+	})
+	if code, body := chat(t, url, "tiny"); code != http.StatusOK {
+		t.Fatalf("chat after the pod was replaced: %d %s", code, body)
+	}
+	t.Logf("pod deleted → a new pod serving in %s", time.Since(deleted).Round(time.Millisecond))
+	secondPod, _ := podOf(second)
+
+	// The queen SIGKILLed and restarted on its store: the same Pod is
+	// adopted, no new one made.
+	q.Signal(syscall.SIGKILL)
+	<-q.done
+	restarted := time.Now()
+	q2, url2 := startQueenProc(t, qdir, "", append(args, "--addr", strings.TrimPrefix(url, "http://"))...)
+	served := func(u string) func() bool {
+		return func() bool {
+			code, body := chat(t, u, "tiny")
+			if code != http.StatusOK {
+				t.Logf("chat: %d %s", code, api.Printable(body, 300))
+			}
+			return code == http.StatusOK
+		}
+	}
+	waitFor(t, "a chat served after the restart", time.Minute, served(url2))
+	t.Logf("queen SIGKILLed and restarted → served %s after the restart", time.Since(restarted).Round(time.Millisecond))
+	rows = running()
+	if len(rows) != 1 || rows[0].ID != second {
+		t.Fatalf("after the restart, running rows %+v; want %s alone", rows, second)
+	}
+	pods := workerPods(t, k)
+	if len(pods) != 1 || pods[0].Metadata.Name != secondPod.Metadata.Name {
+		t.Fatalf("after the restart, pods %+v; want %s alone (adopted)", pods, secondPod.Metadata.Name)
+	}
+
+	// A Pod of the installation that no row knows is deleted.
+	stray := strings.Replace(secondPod.Metadata.Name, "worker-", "worker-0000", 1)
+	manifest := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + stray + `","namespace":"apiary","labels":{
+"app.kubernetes.io/name":"apiary-worker","app.kubernetes.io/managed-by":"apiary","apiary.dev/installation":"apiary",
+"apiary.dev/worker-id":"` + strings.TrimPrefix(stray, "apiary-") + `"}},
+"spec":{"restartPolicy":"Never","containers":[{"name":"worker","image":"apiary","command":["sleep","600"]}]}}`
+	mf := filepath.Join(dir, "stray.json")
+	if err := os.WriteFile(mf, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k.MustKubectl(t, "apply", "-f", mf)
+	q2.Signal(syscall.SIGKILL) // the next queen's hive finds it at its start
+	<-q2.done
+	q3, url3 := startQueenProc(t, qdir, "", append(args, "--addr", strings.TrimPrefix(url, "http://"))...)
+	waitFor(t, "the stray pod deleted", time.Minute, func() bool {
+		return !slices.ContainsFunc(workerPods(t, k), func(p kubePod) bool { return p.Metadata.Name == stray })
+	})
+	waitFor(t, "a chat served by the third queen", time.Minute, served(url3))
+
+	// Deleting the owner ConfigMap deletes every worker Pod (Kubernetes'
+	// garbage collector).
+	k.MustKubectl(t, "delete", "configmap", "-n", "apiary", "apiary-apiary")
+	waitFor(t, "the pods of the deleted owner gone", time.Minute, func() bool {
+		return !slices.ContainsFunc(workerPods(t, k), func(p kubePod) bool { return p.Metadata.Name == secondPod.Metadata.Name })
+	})
+
+	// The queen stopped: it leaves no Pod.
+	if err := q3.stop(t, syscall.SIGTERM); err != nil {
+		t.Errorf("queen exit: %v", err)
+	}
+	waitFor(t, "no worker pod after the queen's shutdown", time.Minute, func() bool { return len(workerPods(t, k)) == 0 })
+}
