@@ -85,6 +85,9 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) t
 func TestProcessKubernetesMode(t *testing.T) {
 	k := testbin.StartKube(t, 2)
 	k.MustKubectl(t, "create", "namespace", "apiary")
+	// The manifests of deploy/kubernetes are valid for this release
+	// (the API server checks them; nothing is made).
+	k.MustKubectl(t, "apply", "--dry-run=server", "-f", filepath.Join("..", "..", "deploy", "kubernetes"))
 	dir := t.TempDir()
 	models := ownModelsDir(t, dir)
 	cfg := filepath.Join(dir, "models.yaml")
