@@ -28,7 +28,7 @@ export CGO_LDFLAGS := -L$(LLAMA_LIB) -Wl,-rpath,$(LLAMA_LIB)
 
 TEST_FLAGS ?= -count=1 -timeout 60m
 
-.PHONY: all build llama cuda deps deps-build lint llama-server test demo bench bench-worker bench-prefix clean
+.PHONY: all build llama cuda deps deps-build lint llama-server kube test demo bench bench-worker bench-prefix clean
 
 all: build
 
@@ -75,10 +75,17 @@ lint: llama
 # llama.cpp's llama-server, which the external-engine tests run: built
 # in the libraries' tree, from the same source and commit
 # (internal/testbin.LlamaServer).
+# kube builds the test control plane of Kubernetes mode (scripts/kube.sh:
+# etcd, kube-apiserver, kube-scheduler, kube-controller-manager and
+# kubectl of one pinned release, and stand-in nodes) into the cache, once
+# per version of tools/kubeplane (minutes from cold).
+kube:
+	@./scripts/kube.sh build >/dev/null
+
 llama-server: llama
 	@./scripts/llamacpp.sh server >/dev/null
 
-test: deps build lint llama-server
+test: deps build lint llama-server kube
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
 

@@ -58,12 +58,12 @@ func (f *kubeFlags) config() (*kube.Config, error) {
 
 // kubeHiveArgs are c as the flags of the queen's local hive.
 func kubeHiveArgs(c *kube.Config) []string {
-	a := []string{"--kubernetes", c.Kubeconfig, "--kube-namespace", c.Namespace, "--kube-image", c.Image}
+	a := []string{"--kubernetes=" + c.Kubeconfig, "--kube-namespace=" + c.Namespace, "--kube-image=" + c.Image}
 	if c.ModelsPVC != "" {
-		a = append(a, "--kube-models-pvc", c.ModelsPVC)
+		a = append(a, "--kube-models-pvc="+c.ModelsPVC)
 	}
 	if c.ModelsHostPath != "" {
-		a = append(a, "--kube-models-hostpath", c.ModelsHostPath)
+		a = append(a, "--kube-models-hostpath="+c.ModelsHostPath)
 	}
 	return a
 }

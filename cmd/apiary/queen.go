@@ -217,7 +217,7 @@ func (f *queenFlags) toConfig(cmd *cobra.Command) (queen.Config, error) {
 		Batch: batch.Config{MaxFileBytes: f.batchMaxFile, FileRetention: f.batchRetention, MaxAttempts: f.batchAttempts, Concurrency: f.batchConcurrency,
 			MaxLines: f.batchMaxLines, MaxFiles: f.batchMaxFiles, MaxOpenBatches: f.batchMaxOpen, AttemptTimeout: f.batchAttemptTimeout,
 			MaxAnswerBytes: f.batchMaxAnswer},
-		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: localHive, HiveArgs: hiveArgs, PassEnv: f.passEnv,
+		Ownership: queen.OwnershipConfig{Owner: f.owner, Hives: fleet.Hives{LocalHive: localHive, LocalWorkersOutlive: kc != nil, HiveArgs: hiveArgs, PassEnv: f.passEnv,
 			SSH: sshnode.Client{ConfigFile: f.sshConfig, ConnectTimeout: f.sshTimeout}, HiveStopTimeout: f.hiveStopTimeout}},
 		Logger: logger,
 	}, nil

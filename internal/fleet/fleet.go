@@ -58,6 +58,9 @@ type Queen interface {
 	Pool(id string) (registry.Pool, bool)
 	// Deregister takes a pool offline: its hive stopped or exited.
 	Deregister(ctx context.Context, poolID, reason string) error
+	// Vacate takes a pool offline whose workers outlive its hive, for
+	// the next hive to register and reconcile them.
+	Vacate(ctx context.Context, poolID, reason string) error
 	// PingHive asks the hive at endpoint (a pool's) whether it answers:
 	// nil for any HTTP answer, an error wrapping syscall.ECONNREFUSED
 	// when nothing listens there (holder.go).
@@ -73,6 +76,12 @@ type Hives struct {
 	// LocalHive starts a hive on this machine as the queen's child (pool
 	// LocalPoolID), with its data in DataDir/local-hive.
 	LocalHive bool
+	// LocalWorkersOutlive says that the local hive's workers outlive it
+	// (Kubernetes Pods, internal/kube): a local hive gone is no worker
+	// gone, so its pool is not taken offline (its rows failed); the next
+	// local hive adopts the Pods and its first heartbeat reconciles them.
+	// Default false.
+	LocalWorkersOutlive bool
 	// HiveArgs are added to the command line of every hive the queen
 	// starts (e.g. --worker-threads=1, --models-dir=DIR); they come after
 	// the queen's own flags, so they override them.
@@ -433,6 +442,14 @@ func (f *Fleet) Reachable(name, nodeAddr string) error {
 
 // deregister takes a hive's pool offline after the queen stopped it or saw
 // it exit, so no request waits for it.
+func (f *Fleet) vacate(poolID, reason string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.queen.Vacate(ctx, poolID, reason); err != nil {
+		f.log.Warn("cannot take the pool of a hive that is gone offline", "pool_id", poolID, "err", err)
+	}
+}
+
 func (f *Fleet) deregister(poolID, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -26,6 +26,7 @@ type fakeQueen struct{ url string }
 func (q fakeQueen) URL() string                                    { return q.url }
 func (fakeQueen) Pool(string) (registry.Pool, bool)                { return registry.Pool{}, false }
 func (fakeQueen) Deregister(context.Context, string, string) error { return nil }
+func (fakeQueen) Vacate(context.Context, string, string) error     { return nil }
 func (fakeQueen) PingHive(context.Context, string) error           { return nil }
 func (fakeQueen) Audit(context.Context, store.AuditEntry)          {}
 

@@ -123,7 +123,11 @@ func (h *ownedHive) once() error {
 			why += ": " + tail
 		}
 		h.f.audit("hive.exit", h.spec.name, why, map[string]any{"exit": exit.String()})
-		h.f.deregister(h.spec.name, "the hive the queen started on node "+h.spec.name+" exited")
+		if h.workersOutlive() {
+			h.f.vacate(h.spec.name, "the hive the queen started on node "+h.spec.name+" exited; its worker pods stay, for the next one")
+		} else {
+			h.f.deregister(h.spec.name, "the hive the queen started on node "+h.spec.name+" exited")
+		}
 		return errors.New(why)
 	case <-h.ctx.Done():
 		h.set(api.HiveStopping, "the hive stops its workers, then exits", nil)
@@ -135,6 +139,10 @@ func (h *ownedHive) once() error {
 		return h.ctx.Err()
 	}
 }
+
+// workersOutlive: this hive's workers outlive it (the local hive's
+// Kubernetes Pods); its pool stays, for the next hive to reconcile.
+func (h *ownedHive) workersOutlive() bool { return h.spec.local() && h.f.cfg.LocalWorkersOutlive }
 
 // Pacing of awaitPool.
 const (
@@ -187,8 +195,13 @@ func (h *ownedHive) awaitPool() error {
 			continue
 		case holderGone:
 			h.log.Info("nothing answers at the endpoint of the node's pool, which has not spoken to this queen: its hive is gone",
-				"pool_id", p.ID, "endpoint", p.Endpoint, "status", string(p.Status))
-			h.f.deregister(p.ID, fmt.Sprintf("nothing answers at %s: the hive that held the pool before this queen started is gone", p.Endpoint))
+				"pool_id", p.ID, "endpoint", p.Endpoint, "status", string(p.Status), "workers_outlive", h.workersOutlive())
+			why := fmt.Sprintf("nothing answers at %s: the hive that held the pool before this queen started is gone", p.Endpoint)
+			if h.workersOutlive() {
+				h.f.vacate(p.ID, why+"; its worker pods stay, for the next one")
+			} else {
+				h.f.deregister(p.ID, why)
+			}
 		}
 		if !waitedSince.IsZero() {
 			h.log.Info("starting the node's hive after waiting for the one that answered", "pool_id", p.ID,
@@ -267,7 +280,7 @@ func (h *ownedHive) launch(path string, args []string) (*session, error) {
 // SIGKILL. It says how the hive ended.
 func (h *ownedHive) stopSession(s *session) string {
 	phase, err := procs.Stop(context.Background(), s.proc, procs.Escalation{
-		Ask:     func(context.Context) error { s.line.Cut(); return nil },
+		Ask:     func(context.Context) error { s.line.Stop(); return nil },
 		AskWait: h.f.cfg.HiveStopTimeout, TermWait: 5 * time.Second,
 	})
 	s.line.Cut() // also when the hive was gone before the ask

@@ -49,6 +49,9 @@ type Hive struct {
 	pods    *kube.Cluster
 	leave   chan struct{}
 	leaving atomic.Bool
+	// lifelineEnded is closed once the lifeline's watcher has read its
+	// end (and said, with leaving, whether the owner died).
+	lifelineEnded chan struct{}
 	// queenEpoch is the newest fencing epoch of a queen this hive has
 	// seen (fence.go).
 	queenEpoch atomic.Int64
@@ -108,18 +111,19 @@ func New(cfg Config) (*Hive, error) {
 		cfg.WorkerHost = host
 	}
 	h := &Hive{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "hive", "pool_id", cfg.PoolID),
-		devices:  cfg.Devices,
-		launcher: newSpawner(),
-		client:   newHTTPWorkerClient(),
-		models:   ggufInspector{},
-		reg:      newRegistry(cfg.PortMin, cfg.MaxLoaded),
-		ready:    make(chan struct{}),
-		settled:  make(chan struct{}),
-		done:     make(chan struct{}),
-		shutdown: make(chan struct{}),
-		leave:    make(chan struct{}),
+		cfg:           cfg,
+		log:           cfg.Logger.With("component", "hive", "pool_id", cfg.PoolID),
+		devices:       cfg.Devices,
+		launcher:      newSpawner(),
+		client:        newHTTPWorkerClient(),
+		models:        ggufInspector{},
+		reg:           newRegistry(cfg.PortMin, cfg.MaxLoaded),
+		ready:         make(chan struct{}),
+		settled:       make(chan struct{}),
+		done:          make(chan struct{}),
+		shutdown:      make(chan struct{}),
+		leave:         make(chan struct{}),
+		lifelineEnded: make(chan struct{}),
 	}
 	if cfg.Kube != nil {
 		if err := h.openKube(); err != nil {
@@ -246,6 +250,16 @@ func (h *Hive) Run(ctx context.Context) (err error) {
 	select {
 	case <-ctx.Done():
 		h.log.Info("hive shutting down", "cause", context.Cause(ctx))
+		if h.pods != nil && h.cfg.Lifeline != nil {
+			// A parent that dies sends its death signal (SIGTERM) a
+			// moment before its end of the lifeline closes: the
+			// lifeline says whether it died (worker Pods stay) or
+			// asked for the stop.
+			select {
+			case <-h.lifelineEnded:
+			case <-time.After(2 * time.Second):
+			}
+		}
 	case <-h.shutdown:
 		h.log.Info("hive shutting down", "cause", "shutdown requested")
 	case <-gctx.Done():

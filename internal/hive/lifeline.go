@@ -5,6 +5,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/secret"
 )
 
@@ -42,11 +43,17 @@ var LifelineEnv = []string{secret.ClusterTokenEnv, secret.HFTokenEnv}
 // cause (EOF, a read error before closeLifeline) means the parent is gone:
 // the hive shuts down.
 func (h *Hive) watchLifeline(closing <-chan struct{}) {
-	_, err := io.Copy(io.Discard, h.cfg.Lifeline)
+	defer close(h.lifelineEnded)
+	asked, err := procs.AwaitLifeline(h.cfg.Lifeline)
 	select {
 	case <-closing:
 		return
 	default:
+	}
+	if asked {
+		h.log.Info("the hive's owner asks it to stop: shutting down with every worker", "owner", h.cfg.Owner)
+		h.Shutdown()
+		return
 	}
 	if err == nil {
 		err = io.EOF

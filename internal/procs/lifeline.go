@@ -121,6 +121,40 @@ func NewLifeline(env []string) (*Lifeline, error) {
 // CloseChildEnd closes the parent's copy of the read end.
 func (l *Lifeline) CloseChildEnd() { l.Child.Close() }
 
+// stopLine is what Stop writes before it cuts the lifeline.
+const stopLine = "stop\n"
+
+// Stop asks the child to stop: it writes a stop line, then cuts the
+// lifeline. A child reads the difference from a parent that died (EOF
+// alone) with AwaitLifeline. It is idempotent, as Cut.
+func (l *Lifeline) Stop() {
+	_, _ = io.WriteString(l.w, stopLine) // a child already gone: nothing to tell
+	l.Cut()
+}
+
+// AwaitLifeline reads a lifeline (after its preamble) until it ends, and
+// says how: asked is true when the parent asked the child to stop
+// (Lifeline.Stop), false when the lifeline just ended (the parent died,
+// or cut it). What else comes on it is ignored, and only its last bytes
+// kept.
+func AwaitLifeline(r io.Reader) (asked bool, err error) {
+	var tail []byte
+	buf := make([]byte, 512)
+	for {
+		n, err := r.Read(buf)
+		tail = append(tail, buf[:n]...)
+		if len(tail) > len(stopLine) {
+			tail = tail[len(tail)-len(stopLine):]
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			return string(tail) == stopLine, err
+		}
+	}
+}
+
 // Cut closes the write end: the child reads EOF. It is idempotent.
 func (l *Lifeline) Cut() {
 	l.Child.Close()

@@ -36,6 +36,16 @@ func (c controlPlane) Deregister(ctx context.Context, poolID, reason string) err
 	return err
 }
 
+// Vacate takes a pool offline whose workers outlive its hive
+// (fleet.Queen).
+func (c controlPlane) Vacate(ctx context.Context, poolID, reason string) error {
+	_, err := c.q.reg.Vacate(ctx, poolID, registry.ActorQueen, reason)
+	if errors.Is(err, registry.ErrNotFound) || errors.Is(err, registry.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
 // PingHive asks the hive at endpoint whether it answers (fleet.Queen);
 // a hive client that cannot ask says so, which the fleet takes for no
 // answer.

@@ -718,6 +718,18 @@ func (r *Registry) setDrained(ctx context.Context, id, actor, reason string, dra
 // Deregister takes the pool offline: its workers are presumed gone, and it
 // is removed after the offline retention unless its hive registers again.
 func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Pool, error) {
+	return r.deregister(ctx, id, actor, reason, true)
+}
+
+// Vacate takes a pool offline as Deregister does, but its workers are not
+// lost: they outlive its hive (Kubernetes Pods), and the next hive of the
+// pool, which may now register, reconciles them with its first
+// heartbeat.
+func (r *Registry) Vacate(ctx context.Context, id, actor, reason string) (Pool, error) {
+	return r.deregister(ctx, id, actor, reason, false)
+}
+
+func (r *Registry) deregister(ctx context.Context, id, actor, reason string, lose bool) (Pool, error) {
 	r.wmu.Lock()
 	r.mu.Lock()
 	if r.closed {
@@ -747,6 +759,11 @@ func (r *Registry) Deregister(ctx context.Context, id, actor, reason string) (Po
 	e.lostPending, e.awaitInventory, e.restored = false, false, false
 	r.armLocked(e, r.cfg.OfflineRetention)
 	p := e.lend()
+	if !lose {
+		r.mu.Unlock()
+		r.wmu.Unlock()
+		return p, nil
+	}
 	r.hooks.Add(1)
 	r.mu.Unlock()
 	r.wmu.Unlock()
