@@ -196,7 +196,7 @@ func checkVolumes(pod *corev1.Pod, c *corev1.Container) error {
 		case v.HostPath != nil:
 			return &configError{Reason: "UnsupportedVolume", Msg: fmt.Sprintf("volume %q: hostPath %s mounted at %s is unsupported by the stand-in node (processes see the host file system; mount it at %s)", m.Name, v.HostPath.Path, m.MountPath, v.HostPath.Path)}
 		default:
-			return &configError{Reason: "UnsupportedVolume", Msg: fmt.Sprintf("volume %q: only hostPath volumes mounted at their own path are supported by the stand-in node", m.Name)}
+			return &configError{Reason: "UnsupportedVolume", Msg: fmt.Sprintf("volume %q: this volume type is unsupported by the stand-in node; only a hostPath mounted at its own path works", m.Name)}
 		}
 	}
 	return nil

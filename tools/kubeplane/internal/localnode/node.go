@@ -130,7 +130,7 @@ func Run(ctx context.Context, log *slog.Logger, c Config) error {
 	go func() { runErr <- n.Run(ctx) }()
 	select {
 	case <-n.Ready():
-		log.Info("node ready", "node", c.Name, "pod_ips", p.ipPrefix+"N", "kubelet_port", c.Port)
+		log.Info("node ready", "pod_ips", p.ipPrefix+"N", "kubelet_port", c.Port)
 	case err := <-runErr:
 		return fmt.Errorf("node stopped before it was ready: %w", err)
 	}
