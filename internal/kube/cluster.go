@@ -55,6 +55,8 @@ type Cluster struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 
+	removals sync.WaitGroup // deletions of ended Pods under way
+
 	mu       sync.Mutex
 	watching map[string]*Pod // by Pod name; guarded by mu
 	devices  deviceIDs       // guarded by mu
@@ -141,6 +143,7 @@ func (c *Cluster) Close() error {
 		close(c.stop)
 		c.factory.Shutdown()
 		c.cluster.Shutdown()
+		c.removals.Wait()
 	})
 	return nil
 }

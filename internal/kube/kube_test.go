@@ -250,3 +250,21 @@ func TestAdoptTakesRunningPodsAndDeletesTheRest(t *testing.T) {
 		}
 	}
 }
+
+func TestReasonsSayWhatKubernetesSays(t *testing.T) {
+	evicted := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "apiary-worker-9"}, Status: corev1.PodStatus{Phase: corev1.PodFailed,
+		Reason: "Evicted", Message: "The node was low on resource: memory."}}
+	if s := exitOf(evicted, "x").String(); !contains(s, "Evicted") || !contains(s, "low on resource") {
+		t.Errorf("an evicted pod's exit: %q", s)
+	}
+	pending := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{
+		Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/2 nodes are available: 2 Insufficient memory."}}}}
+	if s := waitingReason(pending); !contains(s, "Unschedulable") || !contains(s, "Insufficient memory") {
+		t.Errorf("an unschedulable pod's reason: %q", s)
+	}
+	pulling := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "apiary:x not found"}}}}}}
+	if s := waitingReason(pulling); !contains(s, "ImagePullBackOff") {
+		t.Errorf("a pod whose image is missing: %q", s)
+	}
+}

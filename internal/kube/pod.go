@@ -152,6 +152,15 @@ func (p *Pod) observe(pod *corev1.Pod) {
 	p.mu.Unlock()
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		p.end(exitOf(pod, "pod "+string(pod.Status.Phase)))
+		if pod.DeletionTimestamp == nil {
+			// An ended Pod is only its record now: it goes, with its
+			// Secret, so that no Pod outlives its worker.
+			p.c.removals.Go(func() {
+				if err := p.delete(0); err != nil {
+					p.c.log.Warn("cannot delete an ended worker pod", "pod", p.name, "err", err)
+				}
+			})
+		}
 	}
 }
 
