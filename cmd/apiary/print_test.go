@@ -258,6 +258,29 @@ func TestWorkersTableShowsTheConfiguredName(t *testing.T) {
 	}
 }
 
+// A worker that is a Kubernetes Pod shows its Pod and its node; a table
+// without one has no POD column.
+func TestWorkersTableShowsPodsAndNodes(t *testing.T) {
+	dev := 3
+	var b strings.Builder
+	rows := []api.LifecycleRow{{ID: "wk-1", ModelRef: "tiny", Status: "RUNNING", GPUDevice: &dev, DeviceKind: api.DeviceCPU,
+		Pod: "apiary/apiary-worker-1", Node: "node-2"}, {ID: "wk-2", ModelRef: "tiny", Status: "STARTING"}}
+	if err := printWorkers(&b, nil, rows, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(b.String(), "\n")
+	if !strings.Contains(lines[0], "POD") || !strings.Contains(lines[1], "cpu on node-2") || !strings.Contains(lines[1], "apiary/apiary-worker-1") {
+		t.Errorf("table:\n%s", b.String())
+	}
+	b.Reset()
+	if err := printWorkers(&b, nil, rows[1:], time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "POD") {
+		t.Errorf("a table without pods has a POD column:\n%s", b.String())
+	}
+}
+
 // `jobs submit` without --endpoint takes the first line's url.
 func TestJobsSubmitTakesTheFirstLinesURL(t *testing.T) {
 	for in, want := range map[string]string{

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -308,9 +309,22 @@ func poolPulls(pools []api.Pool, f keeper.WorkerFilter) []api.ModelPull {
 // printWorkers writes the table of `apiary workers ls`: a line per pull
 // under way (status PULLING), then the lifecycle rows.
 func printWorkers(w io.Writer, pulls []api.ModelPull, rows []api.LifecycleRow, now time.Time) error {
-	t := newTable(w, "ID", "STATUS", "MODEL", "POOL", "DEVICE", "VRAM", "AGE", "OWNER", "REASON")
+	// Workers that are Kubernetes Pods (queen --kubernetes) get a POD
+	// column.
+	pods := slices.ContainsFunc(rows, func(r api.LifecycleRow) bool { return r.Pod != "" })
+	cols := []string{"ID", "STATUS", "MODEL", "POOL", "DEVICE", "VRAM", "AGE", "OWNER", "REASON"}
+	if pods {
+		cols = slices.Insert(cols, 5, "POD")
+	}
+	t := newTable(w, cols...)
+	row := func(cells ...string) {
+		if !pods {
+			cells = slices.Delete(cells, 5, 6)
+		}
+		t.row(cells...)
+	}
 	for _, p := range pulls {
-		t.row(orDash(p.ID), statusPulling, p.Model, p.PoolID, "-", "-", age(now, p.StartedAt), "-", oneLine(pullProgress(p), 60))
+		row(orDash(p.ID), statusPulling, p.Model, p.PoolID, "-", "-", "-", age(now, p.StartedAt), "-", oneLine(pullProgress(p), 60))
 	}
 	for _, r := range rows {
 		gpu := deviceName(r)
@@ -322,7 +336,7 @@ func printWorkers(w io.Writer, pulls []api.ModelPull, rows []api.LifecycleRow, n
 		if r.Strikes != nil && r.Strikes.Degraded {
 			status += " (degraded)"
 		}
-		t.row(r.ID, status, modelShown(r.ModelName, r.ModelRef), r.PoolID, gpu, vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
+		row(r.ID, status, modelShown(r.ModelName, r.ModelRef), r.PoolID, gpu, orDash(r.Pod), vram, age(now, r.CreatedAt), r.Owner, oneLine(r.Reason, 60))
 	}
 	return t.flush()
 }
@@ -333,6 +347,11 @@ func deviceName(r api.LifecycleRow) string {
 	switch {
 	case r.GPUDevice == nil:
 		return "-"
+	case r.Node != "":
+		// A Kubernetes Pod: its device, on its node.
+		node := r.Node
+		r.Node = ""
+		return deviceName(r) + " on " + node
 	case len(r.GPUDevices) > 1:
 		return "gpus " + joinInts(r.GPUDevices) // a split over several
 	case r.DeviceKind == api.DeviceCPU:

@@ -144,16 +144,20 @@ type Worker struct {
 	// it runs on (GPUDevice first) with what it holds there: the driver's
 	// count once ready, its share of the estimate before. VRAMBytes is
 	// their sum. Absent for a worker on one device (GPUDevice).
-	Devices   []WorkerDevice `json:"devices,omitempty"`
-	URI       string         `json:"uri"`
-	Status    string         `json:"status"`
-	Reason    string         `json:"reason,omitempty"`
-	PID       int            `json:"pid"`
-	ExitCode  *int           `json:"exit_code,omitempty"`
-	InFlight  int            `json:"in_flight"`
-	StartedAt time.Time      `json:"started_at"`
-	ReadyAt   *time.Time     `json:"ready_at,omitempty"`
-	StoppedAt *time.Time     `json:"stopped_at,omitempty"`
+	Devices []WorkerDevice `json:"devices,omitempty"`
+	// Pod and Node are, for a worker that is a Kubernetes Pod (queen
+	// --kubernetes), its Pod (NAMESPACE/NAME) and the node it runs on.
+	Pod       string     `json:"pod,omitempty"`
+	Node      string     `json:"node,omitempty"`
+	URI       string     `json:"uri"`
+	Status    string     `json:"status"`
+	Reason    string     `json:"reason,omitempty"`
+	PID       int        `json:"pid"`
+	ExitCode  *int       `json:"exit_code,omitempty"`
+	InFlight  int        `json:"in_flight"`
+	StartedAt time.Time  `json:"started_at"`
+	ReadyAt   *time.Time `json:"ready_at,omitempty"`
+	StoppedAt *time.Time `json:"stopped_at,omitempty"`
 	// LastUsedAt is when the worker last finished a request through the
 	// queen (its listings only; absent: never since the queen started).
 	LastUsedAt *time.Time `json:"last_used_at,omitempty"`

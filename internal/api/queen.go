@@ -89,7 +89,11 @@ type LifecycleRow struct {
 	// DeviceKind is the kind of device gpu_device names (DeviceCPU: the
 	// CPU, not a GPU; DeviceCUDA), from its pool's inventory; empty when
 	// the pool is no longer known.
-	DeviceKind      string     `json:"device_kind,omitempty"`
+	DeviceKind string `json:"device_kind,omitempty"`
+	// Pod and Node are, for a worker that is a Kubernetes Pod, its Pod
+	// (NAMESPACE/NAME) and node, as its hive reports them.
+	Pod             string     `json:"pod,omitempty"`
+	Node            string     `json:"node,omitempty"`
 	Status          string     `json:"status"` // STARTING, RUNNING, DRAINING, STOPPED, FAILED
 	Reason          string     `json:"reason"`
 	CreatedAt       time.Time  `json:"created_at"`

@@ -65,7 +65,8 @@ func sameWorker(a, b api.Worker) bool {
 	return a.WorkerID == b.WorkerID && a.LifecycleID == b.LifecycleID && a.ModelRef == b.ModelRef && a.GPUDevice == b.GPUDevice &&
 		a.VRAMBytes == b.VRAMBytes && a.URI == b.URI && a.Status == b.Status && a.Reason == b.Reason && a.PID == b.PID &&
 		samePtr(a.ExitCode, b.ExitCode) && a.InFlight == b.InFlight && a.StartedAt.Equal(b.StartedAt) &&
-		sameTime(a.ReadyAt, b.ReadyAt) && sameTime(a.StoppedAt, b.StoppedAt) && a.Transitions == b.Transitions
+		sameTime(a.ReadyAt, b.ReadyAt) && sameTime(a.StoppedAt, b.StoppedAt) && a.Transitions == b.Transitions &&
+		a.Pod == b.Pod && a.Node == b.Node
 }
 
 func samePtr[T comparable](a, b *T) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }

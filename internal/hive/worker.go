@@ -273,6 +273,9 @@ func (w *worker) publish() api.Worker {
 		snap.ExitCode = &c
 	}
 	snap.Transitions = w.m.Total()
+	if p, ok := w.proc.(*kube.Pod); ok {
+		snap.Pod, snap.Node = p.Ref(), p.Node()
+	}
 	for _, t := range w.m.History() {
 		snap.History = append(snap.History, api.Transition{
 			From: string(t.From), To: string(t.To), Reason: t.Reason, At: t.At, DurationMS: t.InFrom.Milliseconds(),

@@ -88,6 +88,16 @@ func (p *Pod) IP() string {
 	return p.ip
 }
 
+// Ref is the Pod's NAMESPACE/NAME.
+func (p *Pod) Ref() string { return p.c.cfg.Namespace + "/" + p.name }
+
+// Node is the node the Pod is bound to ("" until it is).
+func (p *Pod) Node() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.node
+}
+
 // Where names the Pod and its node, for reasons and logs.
 func (p *Pod) Where() string {
 	p.mu.Lock()

@@ -212,7 +212,12 @@ func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
 		StoppedAt: r.StoppedAt, LastHeartbeatAt: r.LastHeartbeatAt, VRAMBytes: r.VRAMBytes, URI: r.URI, PID: r.PID,
 		ExitCode: r.ExitCode, Owner: r.Owner}
 	w.ModelName = q.models.nameOf(r.ModelRef)
-	w.GPUDevices = q.splitDevices(r.PoolID, r.WorkerID)
+	if hw, ok := q.poolWorker(r.PoolID, r.WorkerID); ok {
+		if len(hw.Devices) > 1 {
+			w.GPUDevices = hw.DeviceIDs()
+		}
+		w.Pod, w.Node = hw.Pod, hw.Node
+	}
 	if r.Status == rowRunning && q.routing != nil {
 		if s, ok := q.routing.Strikes(r.ID); ok {
 			w.Strikes = &s
@@ -221,23 +226,22 @@ func (q *Queen) rowWire(r store.Row) api.LifecycleRow {
 	return w
 }
 
-// splitDevices are the devices worker workerID of pool poolID is split
-// over, as its hive lists it; nil for a worker on one device, or one the
-// pool does not list (any more).
-func (q *Queen) splitDevices(poolID, workerID string) []int {
+// poolWorker is worker workerID as its pool lists it; ok is false when
+// the pool does not list it (any more).
+func (q *Queen) poolWorker(poolID, workerID string) (api.Worker, bool) {
 	if workerID == "" {
-		return nil
+		return api.Worker{}, false
 	}
 	p, ok := q.reg.Get(poolID)
 	if !ok {
-		return nil
+		return api.Worker{}, false
 	}
 	for _, w := range p.Workers {
-		if w.WorkerID == workerID && len(w.Devices) > 1 {
-			return w.DeviceIDs()
+		if w.WorkerID == workerID {
+			return w, true
 		}
 	}
-	return nil
+	return api.Worker{}, false
 }
 
 // deviceKind is the kind of device dev of pool poolID (api.DeviceCPU or

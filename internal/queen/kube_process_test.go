@@ -126,6 +126,9 @@ func TestProcessKubernetesMode(t *testing.T) {
 		t.Fatalf("the worker of row %s is no Running pod of restartPolicy Never: %+v (found %v)", first, pod, ok)
 	}
 	t.Logf("row %s runs as pod %s on %s at %s", first, pod.Metadata.Name, pod.Spec.NodeName, pod.Status.PodIP)
+	if rows[0].Pod != "apiary/"+pod.Metadata.Name || rows[0].Node != pod.Spec.NodeName {
+		t.Errorf("row %s names pod %q on node %q, want apiary/%s on %s", first, rows[0].Pod, rows[0].Node, pod.Metadata.Name, pod.Spec.NodeName)
+	}
 
 	// The Pod deleted: its row ends, a new Pod serves.
 	deleted := time.Now()

@@ -170,7 +170,7 @@ func stillWorker(a, b *api.Worker) bool {
 		samePtr(a.ExitCode, b.ExitCode, func(x, y int) bool { return x == y }) &&
 		a.StartedAt.Equal(b.StartedAt) && samePtr(a.ReadyAt, b.ReadyAt, sameTime) && samePtr(a.StoppedAt, b.StoppedAt, sameTime) &&
 		samePtr(a.LastUsedAt, b.LastUsedAt, sameTime) && a.IdleTimeoutMS == b.IdleTimeoutMS && a.ModelName == b.ModelName &&
-		len(a.History) == 0 && len(b.History) == 0 && a.Transitions == b.Transitions
+		len(a.History) == 0 && len(b.History) == 0 && a.Transitions == b.Transitions && a.Pod == b.Pod && a.Node == b.Node
 }
 
 func movingWorker(a, b *api.Worker) bool {

@@ -5,10 +5,12 @@
 'use strict';
 
 // deviceOf names a worker's device: "cpu 0", "cuda 1", or for a worker
-// split over several GPUs all of them ("cuda 0,1").
+// split over several GPUs all of them ("cuda 0,1"); a worker that is a
+// Kubernetes Pod adds its node ("cpu 3 on node-1").
 function deviceOf(r) {
-  if (r.gpu_devices && r.gpu_devices.length > 1) return (r.device_kind || 'gpu') + ' ' + r.gpu_devices.join(',');
-  return r.gpu_device === undefined || r.gpu_device === null ? '–' : (r.device_kind || 'device') + ' ' + r.gpu_device;
+  const on = r.node ? ' on ' + r.node : '';
+  if (r.gpu_devices && r.gpu_devices.length > 1) return (r.device_kind || 'gpu') + ' ' + r.gpu_devices.join(',') + on;
+  return r.gpu_device === undefined || r.gpu_device === null ? '–' : (r.device_kind || 'device') + ' ' + r.gpu_device + on;
 }
 
 const KEY_ADMIN = 'apiary.adminToken';
@@ -429,6 +431,7 @@ function worker(id) {
     add('model', r.model_name ? r.model_name + ' (' + r.model_ref + ')' : r.model_ref);
     add('pool', r.pool_id + (r.worker_id ? ' · hive worker ' + r.worker_id : ''));
     add('device', deviceOf(r));
+    if (r.pod) add('pod', r.pod);
     add('memory', r.vram_bytes ? bytes(r.vram_bytes) : '–');
     add('owner', r.owner || '–');
     add('pid', r.pid || '–');
