@@ -123,7 +123,8 @@ func (c *testCluster) waitPod(t *testing.T, ns, name, what string, cond func(*co
 	var last *corev1.Pod
 	check := func(p *corev1.Pod) bool {
 		last = p
-		return cond(p)
+		// A Pod that ended will not change: stop waiting.
+		return cond(p) || (p != nil && (p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded))
 	}
 	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{},
 		func(store cache.Store) (bool, error) {
@@ -140,8 +141,9 @@ func (c *testCluster) waitPod(t *testing.T, ns, name, what string, cond func(*co
 			p, _ := ev.Object.(*corev1.Pod)
 			return check(p), nil
 		})
-	if err != nil {
-		t.Fatalf("pod %s/%s: waiting for %s: %v; last seen: %s", ns, name, what, err, describe(last))
+	if err != nil || !cond(last) {
+		logs, _ := c.client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(context.WithoutCancel(ctx))
+		t.Fatalf("pod %s/%s: waiting for %s: %v; last seen: %s\nits output:\n%s", ns, name, what, err, describe(last), logs)
 	}
 	return last
 }

@@ -71,7 +71,9 @@ func (c Config) Validate() error {
 var ErrRunning = errors.New("a cluster is already running in this directory")
 
 // Up starts a cluster in c.Dir and returns once the apiserver is ready and
-// every node is Ready. On failure it stops what it started.
+// every node is Ready and untainted (the apiserver taints a new node
+// not-ready; the node lifecycle controller lifts the taint once it sees
+// the node Ready). On failure it stops what it started.
 func Up(ctx context.Context, log *slog.Logger, c Config) (err error) {
 	c = c.withDefaults()
 	if err := c.Validate(); err != nil {
@@ -226,10 +228,10 @@ func Up(ctx context.Context, log *slog.Logger, c Config) (err error) {
 			return err
 		}
 	}
-	if err := s.waitFor(ctx, "every node to be Ready", func(ctx context.Context) bool {
+	if err := s.waitFor(ctx, "every node to be Ready and schedulable", func(ctx context.Context) bool {
 		for _, name := range names {
 			n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-			if err != nil || !nodeReady(n) {
+			if err != nil || !nodeReady(n) || len(n.Spec.Taints) > 0 {
 				return false
 			}
 		}
