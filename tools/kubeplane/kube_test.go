@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,6 +214,24 @@ func alive(pid int) bool {
 	s := string(b)
 	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// group lists the live processes in process group pgid.
+func group(pgid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !alive(pid) {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		s := string(b)
+		if f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]); len(f) > 2 && f[2] == strconv.Itoa(pgid) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // processesOf lists live processes whose command line mentions dir: every
@@ -449,14 +468,37 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("NodeDeathKillsItsPods", func(t *testing.T) {
+		p := shPod(ns, "orphan", "sleep 600 & wait")
+		p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "node-2"}
+		c.create(t, p)
+		p = c.waitPod(t, ns, "orphan", "Running", running)
+		pid := podPID(t, c.dir, p)
+		podPIDs = append(podPIDs, pid) // its sleep stays in the group until down
+		b, err := os.ReadFile(filepath.Join(c.dir, "run", "node-2.pid"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, _ := strconv.Atoi(strings.Fields(string(b))[0])
+		if err := syscall.Kill(node, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		// Pdeathsig is immediate; the deadline only bounds a failure.
+		for deadline := time.Now().Add(5 * time.Second); alive(pid); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("pod process %d outlived its node by 5 s", pid)
+			}
+		}
+	})
+
 	t.Run("DownLeavesNothingRunning", func(t *testing.T) {
 		kube(t, nil, "down", c.dir)
 		if left := processesOf(c.dir); len(left) > 0 {
 			t.Errorf("after down these still run:\n%s", strings.Join(left, "\n"))
 		}
-		for _, pid := range podPIDs {
-			if alive(pid) {
-				t.Errorf("pod process %d still runs after down", pid)
+		for _, pgid := range podPIDs {
+			if left := group(pgid); len(left) > 0 {
+				t.Errorf("processes %v of Pod process group %d still run after down", left, pgid)
 			}
 		}
 		kube(t, nil, "down", c.dir) // again: nothing to do, still exit 0
