@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,6 +35,10 @@ import (
 const helperName = "kubeplane-test-helper"
 
 var kubeSh string // scripts/kube.sh
+
+// podIPOfNode1 matches the Pod IPs node-1 hands out: the second octet is
+// the cluster's own.
+var podIPOfNode1 = regexp.MustCompile(`^127\.\d+\.11\.\d+$`)
 
 func TestMain(m *testing.M) {
 	if filepath.Base(os.Args[0]) == helperName {
@@ -123,7 +129,8 @@ func (c *testCluster) waitPod(t *testing.T, ns, name, what string, cond func(*co
 	var last *corev1.Pod
 	check := func(p *corev1.Pod) bool {
 		last = p
-		return cond(p)
+		// A Pod that ended will not change: stop waiting.
+		return cond(p) || (p != nil && (p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded))
 	}
 	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{},
 		func(store cache.Store) (bool, error) {
@@ -140,8 +147,9 @@ func (c *testCluster) waitPod(t *testing.T, ns, name, what string, cond func(*co
 			p, _ := ev.Object.(*corev1.Pod)
 			return check(p), nil
 		})
-	if err != nil {
-		t.Fatalf("pod %s/%s: waiting for %s: %v; last seen: %s", ns, name, what, err, describe(last))
+	if err != nil || !cond(last) {
+		logs, _ := c.client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(context.WithoutCancel(ctx))
+		t.Fatalf("pod %s/%s: waiting for %s: %v; last seen: %s\nits output:\n%s", ns, name, what, err, describe(last), logs)
 	}
 	return last
 }
@@ -208,6 +216,24 @@ func alive(pid int) bool {
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
+// group lists the live processes in process group pgid.
+func group(pgid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !alive(pid) {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		s := string(b)
+		if f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]); len(f) > 2 && f[2] == strconv.Itoa(pgid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
 // processesOf lists live processes whose command line mentions dir: every
 // component (their flags name the cluster directory).
 func processesOf(dir string) []string {
@@ -230,6 +256,7 @@ func processesOf(dir string) []string {
 // checks what apiary's tests rely on, one subtest a behaviour, then that
 // down leaves nothing running.
 func TestCluster(t *testing.T) {
+	t.Parallel() // beside TestDocsRunAsWritten's cluster: two clusters side by side
 	bin := t.TempDir()
 	self, err := os.Executable()
 	if err != nil {
@@ -304,8 +331,8 @@ func TestCluster(t *testing.T) {
 		}
 		for _, name := range []string{"web-a", "web-b"} {
 			p := c.waitPod(t, ns, name, "Ready", ready)
-			if !strings.HasPrefix(p.Status.PodIP, "127.0.11.") || p.Status.HostIP != "127.0.0.1" {
-				t.Errorf("%s: pod IP %q host IP %q, want 127.0.11.N and 127.0.0.1", name, p.Status.PodIP, p.Status.HostIP)
+			if !podIPOfNode1.MatchString(p.Status.PodIP) || p.Status.HostIP != "127.0.0.1" {
+				t.Errorf("%s: pod IP %q host IP %q, want 127.X.11.N and 127.0.0.1", name, p.Status.PodIP, p.Status.HostIP)
 			}
 			if st := p.Status.ContainerStatuses; len(st) != 1 || st[0].State.Running == nil || !st[0].Ready {
 				t.Errorf("%s: container status %+v, want running and ready", name, st)
@@ -441,14 +468,37 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("NodeDeathKillsItsPods", func(t *testing.T) {
+		p := shPod(ns, "orphan", "sleep 600 & wait")
+		p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "node-2"}
+		c.create(t, p)
+		p = c.waitPod(t, ns, "orphan", "Running", running)
+		pid := podPID(t, c.dir, p)
+		podPIDs = append(podPIDs, pid) // its sleep stays in the group until down
+		b, err := os.ReadFile(filepath.Join(c.dir, "run", "node-2.pid"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, _ := strconv.Atoi(strings.Fields(string(b))[0])
+		if err := syscall.Kill(node, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		// Pdeathsig is immediate; the deadline only bounds a failure.
+		for deadline := time.Now().Add(5 * time.Second); alive(pid); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("pod process %d outlived its node by 5 s", pid)
+			}
+		}
+	})
+
 	t.Run("DownLeavesNothingRunning", func(t *testing.T) {
 		kube(t, nil, "down", c.dir)
 		if left := processesOf(c.dir); len(left) > 0 {
 			t.Errorf("after down these still run:\n%s", strings.Join(left, "\n"))
 		}
-		for _, pid := range podPIDs {
-			if alive(pid) {
-				t.Errorf("pod process %d still runs after down", pid)
+		for _, pgid := range podPIDs {
+			if left := group(pgid); len(left) > 0 {
+				t.Errorf("processes %v of Pod process group %d still run after down", left, pgid)
 			}
 		}
 		kube(t, nil, "down", c.dir) // again: nothing to do, still exit 0

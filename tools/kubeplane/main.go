@@ -83,7 +83,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		c := localnode.Config{Name: args[1]}
 		fs := flag.NewFlagSet("node", flag.ContinueOnError)
-		fs.IntVar(&c.Index, "index", 0, "node number from 1 (Pod IPs 127.0.(index+10).N)")
+		fs.IntVar(&c.Index, "index", 0, "node number from 1 (Pod IPs PREFIX.(index+10).N)")
+		fs.StringVar(&c.PodIPPrefix, "pod-ip-prefix", "127.0", "the cluster's Pod IP range, 127.X")
 		fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig of the node")
 		fs.StringVar(&c.PodsDir, "pods-dir", "", "directory for the Pods' output")
 		fs.IntVar(&c.Port, "port", 0, "kubelet API port on 127.0.0.1")
@@ -94,6 +95,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := fs.Parse(args[2:]); err != nil {
 			return err
 		}
+		// fd 3, when up passed it, holds the cluster's claim on its Pod IP
+		// range: the node keeps it, its Pods must not.
+		syscall.CloseOnExec(3)
 		return localnode.Run(ctx, log.With("node", c.Name), c)
 	}
 	return fmt.Errorf("unknown subcommand %q\n%s", args[0], usage)

@@ -71,7 +71,9 @@ func (c Config) Validate() error {
 var ErrRunning = errors.New("a cluster is already running in this directory")
 
 // Up starts a cluster in c.Dir and returns once the apiserver is ready and
-// every node is Ready. On failure it stops what it started.
+// every node is Ready and untainted (the apiserver taints a new node
+// not-ready; the node lifecycle controller lifts the taint once it sees
+// the node Ready). On failure it stops what it started.
 func Up(ctx context.Context, log *slog.Logger, c Config) (err error) {
 	c = c.withDefaults()
 	if err := c.Validate(); err != nil {
@@ -207,6 +209,11 @@ func Up(ctx context.Context, log *slog.Logger, c Config) (err error) {
 		"--root-ca-file="+ca.CertPath()); err != nil {
 		return err
 	}
+	podIPs, prefix, err := claimPodIPs()
+	if err != nil {
+		return err
+	}
+	defer podIPs.Close() // the nodes hold the claim from here on
 	var names []string
 	for i := 1; i <= c.Nodes; i++ {
 		name := fmt.Sprintf("node-%d", i)
@@ -220,16 +227,17 @@ func Up(ctx context.Context, log *slog.Logger, c Config) (err error) {
 		if err := ca.WriteKubeconfig(conf, server, "system:node:"+name, cert, key); err != nil {
 			return err
 		}
-		if err := s.start(name, "node", name, "--index", strconv.Itoa(i), "--kubeconfig", conf,
+		s.extra = []*os.File{podIPs}
+		if err := s.start(name, "node", name, "--index", strconv.Itoa(i), "--pod-ip-prefix", prefix, "--kubeconfig", conf,
 			"--pods-dir", d.pods(), "--port", strconv.Itoa(ports[2+i]), "--cert", cert, "--key", key,
 			"--gpus", strconv.Itoa(c.NodeGPUs), "--path", c.NodePath); err != nil {
 			return err
 		}
 	}
-	if err := s.waitFor(ctx, "every node to be Ready", func(ctx context.Context) bool {
+	if err := s.waitFor(ctx, "every node to be Ready and schedulable", func(ctx context.Context) bool {
 		for _, name := range names {
 			n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-			if err != nil || !nodeReady(n) {
+			if err != nil || !nodeReady(n) || len(n.Spec.Taints) > 0 {
 				return false
 			}
 		}
@@ -265,6 +273,7 @@ type starter struct {
 	d      layout
 	bin    string
 	exited map[string]chan struct{} // closed when that component exits while Up runs
+	extra  []*os.File               // inherited by the next component started (fd 3…)
 }
 
 // start runs `kubeplane ARGS…` in a session of its own (so that down can
@@ -279,6 +288,7 @@ func (s *starter) start(name string, args ...string) error {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.ExtraFiles, s.extra = s.extra, nil
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
@@ -366,4 +376,29 @@ func lock(path string) (func(), error) {
 		return nil, fmt.Errorf("another `up` is starting a cluster in %s; wait for it or run down", filepath.Dir(path))
 	}
 	return func() { f.Close() }, nil
+}
+
+// claimPodIPs picks the Pod IP range of this cluster, 127.X.0.0/16, so
+// that clusters side by side never hand out the same Pod IP: it takes an
+// exclusive lock on the first free of 256 files in one directory of the
+// host. The lock holds while any process has the returned file open: Up
+// passes it to every node, so it lasts as long as the cluster's nodes.
+func claimPodIPs() (*os.File, string, error) {
+	dir := filepath.Join(os.TempDir(), "kubeplane-pod-ips")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return nil, "", fmt.Errorf("create %s: %w", dir, err)
+	}
+	for x := range 256 {
+		path := filepath.Join(dir, fmt.Sprintf("127.%d", x))
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+		if err != nil {
+			continue // another user's file
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			continue
+		}
+		return f, fmt.Sprintf("127.%d", x), nil
+	}
+	return nil, "", fmt.Errorf("all 256 Pod IP ranges in %s are taken by running clusters; stop some with kube.sh down", dir)
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -30,9 +31,11 @@ import (
 type Config struct {
 	// Name is the Node's name and kubernetes.io/hostname label; required.
 	Name string
-	// Index numbers the node from 1; its Pod IPs are 127.0.(Index+10).N.
-	// Required, at most 240.
+	// Index numbers the node from 1; its Pod IPs are
+	// PodIPPrefix.(Index+10).N. Required, at most 240.
 	Index int
+	// PodIPPrefix is the cluster's Pod IP range, "127.X"; default "127.0".
+	PodIPPrefix string
 	// Kubeconfig reaches the apiserver; required.
 	Kubeconfig string
 	// PodsDir holds a directory per Pod (output, pid file); required.
@@ -59,6 +62,9 @@ func (c Config) Validate() error {
 	if c.Kubeconfig == "" || c.PodsDir == "" || c.CertFile == "" || c.KeyFile == "" {
 		errs = append(errs, errors.New("node needs a kubeconfig, a pods directory and a serving certificate and key"))
 	}
+	if ip := net.ParseIP(c.PodIPPrefix + ".0.0"); c.PodIPPrefix != "" && (ip == nil || !ip.IsLoopback()) {
+		errs = append(errs, errors.New("pod IP prefix must be 127.X"))
+	}
 	if c.Port <= 0 {
 		errs = append(errs, errors.New("node needs the port of its kubelet API"))
 	}
@@ -74,6 +80,9 @@ const shutdownGrace = 5 * time.Second
 // Run registers the node and runs Pods until ctx ends; then it stops every
 // Pod process (SIGTERM, SIGKILL after at most shutdownGrace) before returning.
 func Run(ctx context.Context, log *slog.Logger, c Config) error {
+	if c.PodIPPrefix == "" {
+		c.PodIPPrefix = "127.0"
+	}
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -97,7 +106,7 @@ func Run(ctx context.Context, log *slog.Logger, c Config) error {
 		client:   client,
 		spawner:  newSpawner(),
 		nodeName: c.Name,
-		ipPrefix: fmt.Sprintf("127.0.%d.", c.Index+10),
+		ipPrefix: fmt.Sprintf("%s.%d.", c.PodIPPrefix, c.Index+10),
 		podsDir:  podsDir,
 		path:     joinPath(c.Path, os.Getenv("PATH")),
 		pods:     map[string]*podRun{},

@@ -63,4 +63,3 @@ func describeState(s corev1.ContainerState) string {
 	}
 	return "none"
 }
-
