@@ -43,6 +43,8 @@ var (
 		"WorkerSlots": "--worker-slots", "WorkerThreads": "--worker-threads", "CtxSize": "--worker-ctx-size", "SplitMode": "--split-mode",
 		"Owner": "--owner", "LeaseTimeout": "--lease-timeout", "ClusterToken": "APIARY_CLUSTER_TOKEN",
 		"PassEnv": "--pass-env", "PullStallTimeout": "--pull-stall-timeout",
+		"Kubeconfig": "--kubernetes", "Namespace": "--kube-namespace", "Image": "--kube-image", "ModelsPVC": "--kube-models-pvc",
+		"ModelsHostPath": "--kube-models-hostpath", "ModelsDir": "--models-dir",
 	}
 	frontFields = map[string]string{
 		"EngineURL": "--engine-url", "HealthPath": "--health", "WorkerID": "--worker-id", "Slots": "--slots",

@@ -9,8 +9,6 @@
 package kube
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
 	"path/filepath"
@@ -19,6 +17,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/version"
 )
 
@@ -88,33 +87,33 @@ func (c Config) withDefaults() Config {
 
 // Validate reports every problem of c by field name.
 func (c Config) Validate() error {
-	var errs []error
+	var p config.Problems
 	if c.Kubeconfig == "" {
-		errs = append(errs, errors.New("Kubeconfig: a kubeconfig file or in-cluster is required"))
+		p.Add("Kubeconfig", "a kubeconfig file or %s is required", InCluster)
 	}
 	if msgs := validation.IsDNS1123Label(c.Namespace); len(msgs) > 0 {
-		errs = append(errs, fmt.Errorf("Namespace %q: %s", c.Namespace, strings.Join(msgs, "; ")))
+		p.Add("Namespace", "%q: %s", c.Namespace, strings.Join(msgs, "; "))
 	}
 	if msgs := validation.IsDNS1123Label(ownerName(c.Installation)); len(msgs) > 0 || len(validation.IsValidLabelValue(c.Installation)) > 0 {
-		errs = append(errs, fmt.Errorf("Installation %q: lower-case letters, digits and '-', at most 50 characters", c.Installation))
+		p.Add("Installation", "%q: lower-case letters, digits and '-', at most 50 characters", c.Installation)
 	}
 	switch {
 	case c.ModelsPVC == "" && c.ModelsHostPath == "":
-		errs = append(errs, errors.New("ModelsPVC or ModelsHostPath: the models volume of the worker Pods is required"))
+		p.Add("ModelsPVC", "the models volume of the worker Pods is required: a claim, or a host path (ModelsHostPath)")
 	case c.ModelsPVC != "" && c.ModelsHostPath != "":
-		errs = append(errs, errors.New("ModelsPVC and ModelsHostPath: give one models volume, not both"))
+		p.Add("ModelsPVC", "give one models volume, a claim or a host path (ModelsHostPath), not both")
 	case c.ModelsPVC != "" && len(validation.IsDNS1123Subdomain(c.ModelsPVC)) > 0:
-		errs = append(errs, fmt.Errorf("ModelsPVC %q is not a claim name", c.ModelsPVC))
+		p.Add("ModelsPVC", "%q is not a claim name", c.ModelsPVC)
 	case c.ModelsHostPath != "" && !filepath.IsAbs(c.ModelsHostPath):
-		errs = append(errs, fmt.Errorf("ModelsHostPath %q: an absolute path", c.ModelsHostPath))
+		p.Add("ModelsHostPath", "%q: an absolute path", c.ModelsHostPath)
 	}
 	if c.ModelsDir == "" || !filepath.IsAbs(c.ModelsDir) {
-		errs = append(errs, fmt.Errorf("ModelsDir %q: the absolute path the models are mounted at", c.ModelsDir))
+		p.Add("ModelsDir", "%q: the absolute path the models are mounted at", c.ModelsDir)
 	}
 	if c.Image == "" {
-		errs = append(errs, errors.New("Image: empty"))
+		p.Add("Image", "empty")
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 // ownerName is the owner ConfigMap's name.

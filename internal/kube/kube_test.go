@@ -65,7 +65,7 @@ func eventually(t *testing.T, what string, ok func() bool) {
 
 func TestConfigSaysWhatIsWrong(t *testing.T) {
 	err := Config{Namespace: "Bad_NS", ModelsPVC: "m", ModelsHostPath: "/x", ModelsDir: "rel"}.withDefaults().Validate()
-	for _, want := range []string{"Kubeconfig", "Namespace \"Bad_NS\"", "not both", "ModelsDir \"rel\""} {
+	for _, want := range []string{"Kubeconfig", "Namespace", "Bad_NS", "not both", "ModelsDir", "\"rel\""} {
 		if err == nil || !contains(err.Error(), want) {
 			t.Errorf("error %v does not say %q", err, want)
 		}
