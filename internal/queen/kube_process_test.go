@@ -20,6 +20,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
 // kubePod is what the test reads of a Pod.
@@ -214,4 +215,49 @@ func TestProcessKubernetesMode(t *testing.T) {
 		t.Errorf("queen exit: %v", err)
 	}
 	waitFor(t, "no worker pod after the queen's shutdown", time.Minute, func() bool { return len(workerPods(t, k)) == 0 })
+}
+
+// TestProcessKubernetesSwap: one worker at a time (--max-loaded 1): a
+// request for a second model evicts the first model's worker, whose Pod
+// is drained and deleted; the second model's Pod serves.
+func TestProcessKubernetesSwap(t *testing.T) {
+	k := testbin.StartKube(t, 1)
+	k.MustKubectl(t, "create", "namespace", "apiary")
+	dir := t.TempDir()
+	models := ownModelsDir(t, dir)
+	if err := testmodel.WriteFile(filepath.Join(models, "b.gguf"), testmodel.Options{Seed: 2}); err != nil {
+		t.Fatal(err)
+	}
+	_, url := startQueenProc(t, filepath.Join(dir, "queen"), "", "--kubernetes", k.Kubeconfig, "--kube-models-hostpath", models,
+		"--hive-arg=--worker-threads=1", "--hive-arg=--max-loaded=1", "--min-residency", "0")
+	client := keeper.NewClient(url, "", "")
+	waitFor(t, "the local hive's models listed", time.Minute, func() bool {
+		m := aliasesOf(t, url)
+		_, tiny := m["tiny"]
+		_, b := m["b"]
+		return tiny && b
+	})
+	if code, body := chat(t, url, "tiny"); code != http.StatusOK {
+		t.Fatalf("chat with tiny: %d %s", code, body)
+	}
+	pods := workerPods(t, k)
+	if len(pods) != 1 {
+		t.Fatalf("pods after tiny: %+v", pods)
+	}
+	tinyPod := pods[0].Metadata.Name
+	if code, body := chat(t, url, "b"); code != http.StatusOK {
+		t.Fatalf("chat with b, evicting tiny: %d %s", code, body)
+	}
+	waitFor(t, "tiny's pod deleted", time.Minute, func() bool {
+		return !slices.ContainsFunc(workerPods(t, k), func(p kubePod) bool { return p.Metadata.Name == tinyPod })
+	})
+	rows, err := client.Workers(t.Context(), keeper.WorkerFilter{Model: "tiny"})
+	if err != nil || len(rows) != 1 || rows[0].Status != "STOPPED" {
+		t.Fatalf("tiny's row after the swap: %+v %v; want STOPPED (evicted)", rows, err)
+	}
+	t.Logf("tiny's row: %s (%s)", rows[0].Status, rows[0].Reason)
+	pods = workerPods(t, k)
+	if len(pods) != 1 || pods[0].Metadata.Labels["apiary.dev/lifecycle-id"] == "" || pods[0].Status.Phase != "Running" {
+		t.Fatalf("pods after the swap: %+v; want b's alone, Running", pods)
+	}
 }
