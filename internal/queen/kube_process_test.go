@@ -50,13 +50,15 @@ func workerPods(t *testing.T, k *testbin.Kube) []kubePod {
 	return list.Items
 }
 
+// chat asks model for a short answer through the queen at url: the
+// status (0 when nothing answers) and the body.
 func chat(t *testing.T, url, model string) (int, string) {
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 4,
 		"messages": []map[string]string{{"role": "user", "content": "hello"}}})
 	resp, err := http.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return 0, err.Error()
 	}
 	defer resp.Body.Close()
 	var b bytes.Buffer
@@ -259,5 +261,46 @@ func TestProcessKubernetesSwap(t *testing.T) {
 	pods = workerPods(t, k)
 	if len(pods) != 1 || pods[0].Metadata.Labels["apiary.dev/lifecycle-id"] == "" || pods[0].Status.Phase != "Running" {
 		t.Fatalf("pods after the swap: %+v; want b's alone, Running", pods)
+	}
+}
+
+// TestProcessKubernetesStandbyAdopts: two queens on PostgreSQL in
+// Kubernetes mode; the active one SIGKILLed, the standby takes over and
+// its hive adopts the worker Pod the other made: the same Pod serves, no
+// new one is made.
+func TestProcessKubernetesStandbyAdopts(t *testing.T) {
+	k := testbin.StartKube(t, 1)
+	k.MustKubectl(t, "create", "namespace", "apiary")
+	dir := t.TempDir()
+	models := ownModelsDir(t, dir)
+	cfg := filepath.Join(dir, "models.yaml")
+	if err := os.WriteFile(cfg, []byte("models:\n  tiny:\n    min_workers: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	db, err := pg.NewDatabase(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []string{testbin.FreeAddr(t), testbin.FreeAddr(t)}
+	args := []string{"--kubernetes", k.Kubeconfig, "--kube-models-hostpath", models, "--config", cfg,
+		"--hive-arg=--worker-threads=1", "--lease-duration", failoverLease.String(), "--lease-renew", failoverRenew.String()}
+	q1, url1 := startQueenProc(t, "", db, append([]string{"--addr", addrs[0], "--data-dir", t.TempDir()}, args...)...)
+	q2 := startProc(t, "queen 2", nil, append([]string{"queen", "--addr", addrs[1], "--flush-interval", "100ms", "--database-url", db,
+		"--data-dir", t.TempDir()}, args...)...)
+	q2.logs.wait(t, 0, "queen standing by: another queen holds the database", nil)
+	t.Cleanup(func() { _ = q2.stop(t, syscall.SIGTERM) })
+	waitFor(t, "the active queen serves tiny", 3*time.Minute, func() bool { code, _ := chat(t, url1, "tiny"); return code == http.StatusOK })
+	pods := workerPods(t, k)
+	if len(pods) != 1 {
+		t.Fatalf("pods: %+v", pods)
+	}
+	q1.Signal(syscall.SIGKILL)
+	<-q1.done
+	killed := time.Now()
+	url2 := "http://" + addrs[1]
+	waitFor(t, "the standby serves tiny", time.Minute, func() bool { code, _ := chat(t, url2, "tiny"); return code == http.StatusOK })
+	t.Logf("active queen SIGKILLed → the standby served %s later", time.Since(killed).Round(time.Millisecond))
+	if after := workerPods(t, k); len(after) != 1 || after[0].Metadata.Name != pods[0].Metadata.Name {
+		t.Fatalf("pods after the takeover: %+v; want %s alone (adopted)", after, pods[0].Metadata.Name)
 	}
 }
