@@ -27,6 +27,7 @@ const (
 	LabelInstallation = "apiary.dev/installation"
 	LabelWorker       = "apiary.dev/worker-id"
 	LabelLifecycle    = "apiary.dev/lifecycle-id"
+	LabelModel        = "apiary.dev/model"
 
 	annotModelRef  = "apiary.dev/model-ref"
 	annotEstimate  = "apiary.dev/estimate-bytes"

@@ -134,7 +134,7 @@ func TestLaunchMakesTheWorkerPod(t *testing.T) {
 	switch {
 	case spec.RestartPolicy != corev1.RestartPolicyNever:
 		t.Errorf("restartPolicy %s", spec.RestartPolicy)
-	case pod.Labels[LabelLifecycle] != "wk-1" || pod.Labels[LabelWorker] != "worker-1" || pod.Labels[LabelInstallation] != "apiary":
+	case pod.Labels[LabelLifecycle] != "wk-1" || pod.Labels[LabelWorker] != "worker-1" || pod.Labels[LabelInstallation] != "apiary" || pod.Labels[LabelModel] != "tiny":
 		t.Errorf("labels %v", pod.Labels)
 	case len(pod.OwnerReferences) != 1 || pod.OwnerReferences[0].Kind != "ConfigMap" || pod.OwnerReferences[0].Name != "apiary-apiary":
 		t.Errorf("owners %v", pod.OwnerReferences)

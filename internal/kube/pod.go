@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/secret"
@@ -294,6 +295,9 @@ func (c *Cluster) labels(w Worker) map[string]string {
 	l := map[string]string{LabelName: workerName, LabelManagedBy: managedBy, LabelInstallation: c.cfg.Installation, LabelWorker: w.ID}
 	if w.LifecycleID != "" {
 		l[LabelLifecycle] = w.LifecycleID
+	}
+	if len(validation.IsValidLabelValue(w.ModelRef)) == 0 {
+		l[LabelModel] = w.ModelRef // a ref no label can hold is in the annotation alone
 	}
 	return l
 }
