@@ -20,6 +20,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/config"
 	"github.com/apiary-llm/apiary/internal/gpu"
+	"github.com/apiary-llm/apiary/internal/kube"
 	"github.com/apiary-llm/apiary/internal/lifecycle"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/secret"
@@ -259,7 +260,11 @@ func (h *Hive) startWorker(ctx context.Context, req api.StartWorkerRequest) (sna
 func (h *Hive) started(w *worker) api.Worker {
 	snap := w.publish()
 	h.metrics.workers.WithLabelValues(string(lifecycle.Starting)).Inc()
-	w.log.Info("worker spawned", "how", w.reason, "port", w.port, "estimate", api.FormatBytes(w.estimate))
+	if p, ok := w.proc.(*kube.Pod); ok {
+		w.log.Info("worker spawned", "pod", p.Ref(), "port", w.port, "estimate", api.FormatBytes(w.estimate))
+	} else {
+		w.log.Info("worker spawned", "pid", w.proc.PID(), "port", w.port, "estimate", api.FormatBytes(w.estimate))
+	}
 	h.emit(api.WorkerEvent{WorkerID: w.id, LifecycleID: w.lifecycle, To: string(lifecycle.Starting),
 		Reason: w.reason, At: w.spawnedAt, Worker: snap.Brief()})
 	h.owners.Go(w.run)
