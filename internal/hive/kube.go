@@ -71,21 +71,7 @@ func (h *Hive) startPod(ctx context.Context, w *worker, path string, opts startO
 	default:
 		args = append(args, "--gpu-device", "0")
 	}
-	if w.lifecycle != "" {
-		args = append(args, "--lifecycle-id", w.lifecycle)
-	}
-	if opts.Threads > 0 {
-		args = append(args, "--threads", strconv.Itoa(opts.Threads))
-	}
-	if opts.Slots > 0 {
-		args = append(args, "--slots", strconv.Itoa(opts.Slots))
-	}
-	if opts.CtxSize > 0 {
-		args = append(args, "--ctx-size", strconv.Itoa(opts.CtxSize))
-	}
-	if opts.projector != "" {
-		args = append(args, "--mmproj", opts.projector)
-	}
+	args = append(args, optionArgs(w.lifecycle, opts)...)
 	// A Pod's environment is its own: what the operator named
 	// (PassEnv) and the hive's WorkerEnv, never the hive's machine's.
 	env := map[string]string{}

@@ -287,21 +287,7 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 	} else {
 		args = append(args, "--gpu-device", strconv.Itoa(workerDevice(w.device)))
 	}
-	if req.LifecycleID != "" {
-		args = append(args, "--lifecycle-id", req.LifecycleID)
-	}
-	if opts.Threads > 0 {
-		args = append(args, "--threads", strconv.Itoa(opts.Threads))
-	}
-	if opts.Slots > 0 {
-		args = append(args, "--slots", strconv.Itoa(opts.Slots))
-	}
-	if opts.CtxSize > 0 {
-		args = append(args, "--ctx-size", strconv.Itoa(opts.CtxSize))
-	}
-	if opts.projector != "" {
-		args = append(args, "--mmproj", opts.projector)
-	}
+	args = append(args, optionArgs(req.LifecycleID, opts)...)
 	args = append(args, h.kvCacheArgs()...)
 	if h.cfg.TLS.Enabled() {
 		// A TLS hive's workers serve TLS with the node's certificate.
@@ -322,6 +308,27 @@ func (h *Hive) builtinSpec(w *worker, req api.StartWorkerRequest, path string, o
 		env = append(env, cudaOrderPCI)
 	}
 	return procs.Spec{Path: h.cfg.WorkerPath, Args: args, Env: env, Output: w.out}
+}
+
+// optionArgs are the built-in worker's flags for its row and its
+// options, a process's and a Pod's alike.
+func optionArgs(lifecycleID string, opts startOptions) []string {
+	var args []string
+	if lifecycleID != "" {
+		args = append(args, "--lifecycle-id", lifecycleID)
+	}
+	for _, o := range []struct {
+		flag string
+		n    int
+	}{{"--threads", opts.Threads}, {"--slots", opts.Slots}, {"--ctx-size", opts.CtxSize}} {
+		if o.n > 0 {
+			args = append(args, o.flag, strconv.Itoa(o.n))
+		}
+	}
+	if opts.projector != "" {
+		args = append(args, "--mmproj", opts.projector)
+	}
+	return args
 }
 
 // engineSpec runs an external engine behind its front: `apiary
