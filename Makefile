@@ -88,6 +88,7 @@ llama-server: llama
 test: deps build lint llama-server kube
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
+	cd tools/kubeplane && $(GO) test $(TEST_FLAGS) ./...
 
 # The demo builds only the CPU backend this machine loads (a later
 # `make build` adds the others), then runs scripts/demo.sh: the test
