@@ -12,8 +12,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -43,18 +44,23 @@ const (
 // worker Pods of its installation and the nodes, both watched (informers).
 // Create it with New, start it with Start, stop it with Close.
 type Cluster struct {
-	cfg  Config
-	log  *slog.Logger
-	cs   kubernetes.Interface
+	cfg Config
+	log *slog.Logger
+	// cs is the core API group's client alone: the whole clientset,
+	// every API group's, would cost minutes of a cold build.
+	cs   corev1client.CoreV1Interface
 	pods corelisters.PodLister
 	// allPods are every Pod of the cluster (to count what others hold
 	// on a node), nodes every node.
-	allPods  corelisters.PodLister
-	nodes    corelisters.NodeLister
-	factory  informers.SharedInformerFactory
-	cluster  informers.SharedInformerFactory
-	stop     chan struct{}
-	stopOnce sync.Once
+	allPods corelisters.PodLister
+	nodes   corelisters.NodeLister
+	// informers watch the installation's worker Pods, every Pod and
+	// every node; the first is podInformer.
+	informers   []cache.SharedIndexInformer
+	podInformer cache.SharedIndexInformer
+	stop        chan struct{}
+	stopOnce    sync.Once
+	watchers    sync.WaitGroup // the informers' goroutines
 
 	removals sync.WaitGroup // deletions of ended Pods under way
 
@@ -80,21 +86,46 @@ func New(cfg Config) (*Cluster, error) {
 		return nil, fmt.Errorf("kubernetes %s: %w", cfg.Kubeconfig, err)
 	}
 	rc.UserAgent = "apiary"
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := corev1client.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return newCluster(cfg, cs), nil
+	return newCluster(cfg, cs, cs), nil
 }
 
-func newCluster(cfg Config, cs kubernetes.Interface) *Cluster {
+// newCluster watches through cs; client says whether the server streams
+// its lists in a watch (client-go's watch-list semantics: a real API
+// server does, a fake clientset does not).
+func newCluster(cfg Config, cs corev1client.CoreV1Interface, client any) *Cluster {
 	c := &Cluster{cfg: cfg, log: cfg.Logger.With("component", "kube", "namespace", cfg.Namespace), cs: cs,
 		stop: make(chan struct{}), watching: map[string]*Pod{}}
-	c.factory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.SelectorFromSet(c.selector()).String()
-		}))
-	c.cluster = informers.NewSharedInformerFactory(cs, 0)
+	ours := labels.SelectorFromSet(c.selector()).String()
+	informer := func(obj runtime.Object, list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+		watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
+		lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn}, client)
+		return cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	}
+	c.podInformer = informer(&corev1.Pod{}, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		o.LabelSelector = ours
+		return cs.Pods(cfg.Namespace).List(ctx, o)
+	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		o.LabelSelector = ours
+		return cs.Pods(cfg.Namespace).Watch(ctx, o)
+	})
+	all := informer(&corev1.Pod{}, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return cs.Pods(metav1.NamespaceAll).List(ctx, o)
+	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return cs.Pods(metav1.NamespaceAll).Watch(ctx, o)
+	})
+	nodes := informer(&corev1.Node{}, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return cs.Nodes().List(ctx, o)
+	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return cs.Nodes().Watch(ctx, o)
+	})
+	c.informers = []cache.SharedIndexInformer{c.podInformer, all, nodes}
+	c.pods = corelisters.NewPodLister(c.podInformer.GetIndexer())
+	c.allPods = corelisters.NewPodLister(all.GetIndexer())
+	c.nodes = corelisters.NewNodeLister(nodes.GetIndexer())
 	return c
 }
 
@@ -106,33 +137,30 @@ func (c *Cluster) selector() labels.Set {
 // Start checks the namespace, starts the watches and waits until they
 // have listed what exists (or ctx ends).
 func (c *Cluster) Start(ctx context.Context) error {
-	if _, err := c.cs.CoreV1().Namespaces().Get(ctx, c.cfg.Namespace, metav1.GetOptions{}); err != nil {
+	if _, err := c.cs.Namespaces().Get(ctx, c.cfg.Namespace, metav1.GetOptions{}); err != nil {
 		if apierrors.IsNotFound(err) {
 			return fmt.Errorf("kubernetes namespace %q does not exist: create it (kubectl create namespace %s) or give another", c.cfg.Namespace, c.cfg.Namespace)
 		}
 		return fmt.Errorf("kubernetes namespace %q: %w", c.cfg.Namespace, err)
 	}
-	pi := c.factory.Core().V1().Pods()
-	c.pods = pi.Lister()
-	if _, err := pi.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := c.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { c.seen(o) },
 		UpdateFunc: func(_, o any) { c.seen(o) },
 		DeleteFunc: func(o any) { c.deleted(o) },
 	}); err != nil {
 		return err
 	}
-	c.nodes = c.cluster.Core().V1().Nodes().Lister()
-	c.allPods = c.cluster.Core().V1().Pods().Lister()
-	c.factory.Start(c.stop)
-	c.cluster.Start(c.stop)
+	for _, inf := range c.informers {
+		c.watchers.Go(func() { inf.Run(c.stop) })
+	}
 	wait, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	for f, name := range map[informers.SharedInformerFactory]string{c.factory: "worker pods", c.cluster: "nodes and pods"} {
-		for typ, ok := range f.WaitForCacheSync(wait.Done()) {
-			if !ok {
-				return fmt.Errorf("kubernetes: the %s (%v) were not listed within 60s: %w", name, typ, errors.Join(ctx.Err(), wait.Err()))
-			}
-		}
+	synced := make([]cache.InformerSynced, len(c.informers))
+	for i, inf := range c.informers {
+		synced[i] = inf.HasSynced
+	}
+	if !cache.WaitForCacheSync(wait.Done(), synced...) {
+		return fmt.Errorf("kubernetes: the worker pods, every pod and the nodes were not listed within 60s: %w", errors.Join(ctx.Err(), wait.Err()))
 	}
 	c.log.Info("kubernetes cluster watched", "installation", c.cfg.Installation, "image", c.cfg.Image)
 	return nil
@@ -142,8 +170,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 func (c *Cluster) Close() error {
 	c.stopOnce.Do(func() {
 		close(c.stop)
-		c.factory.Shutdown()
-		c.cluster.Shutdown()
+		c.watchers.Wait()
 		c.removals.Wait()
 	})
 	return nil
@@ -186,7 +213,7 @@ func (c *Cluster) deleted(o any) {
 // ConfigMap, creating it when it is missing (deleted, every worker Pod
 // went with it; the next worker makes it again).
 func (c *Cluster) ensureOwner(ctx context.Context) (metav1.OwnerReference, error) {
-	cms := c.cs.CoreV1().ConfigMaps(c.cfg.Namespace)
+	cms := c.cs.ConfigMaps(c.cfg.Namespace)
 	name := ownerName(c.cfg.Installation)
 	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {

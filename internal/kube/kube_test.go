@@ -45,7 +45,7 @@ func testCluster(t *testing.T, objs ...any) (*Cluster, *fake.Clientset) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	c := newCluster(cfg, cs)
+	c := newCluster(cfg, cs.CoreV1(), cs)
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -144,7 +144,7 @@ func (p *Pod) delete(grace time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	secs := int64(grace / time.Second)
-	err := p.c.cs.CoreV1().Pods(p.c.cfg.Namespace).Delete(ctx, p.name, metav1.DeleteOptions{GracePeriodSeconds: &secs})
+	err := p.c.cs.Pods(p.c.cfg.Namespace).Delete(ctx, p.name, metav1.DeleteOptions{GracePeriodSeconds: &secs})
 	if apierrors.IsNotFound(err) {
 		p.end(procs.Exit{Code: -1, Signal: syscall.SIGKILL, Reason: "pod gone"})
 		return nil
@@ -260,7 +260,7 @@ func (c *Cluster) Launch(ctx context.Context, w Worker) (*Pod, error) {
 		return nil, err
 	}
 	name := podName(w.ID)
-	secrets := c.cs.CoreV1().Secrets(c.cfg.Namespace)
+	secrets := c.cs.Secrets(c.cfg.Namespace)
 	sec, err := secrets.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: c.labels(w), OwnerReferences: []metav1.OwnerReference{owner}},
 		Data:       map[string][]byte{tokenKey: []byte(w.Token)},
@@ -272,7 +272,7 @@ func (c *Cluster) Launch(ctx context.Context, w Worker) (*Pod, error) {
 	c.mu.Lock()
 	c.watching[name] = p
 	c.mu.Unlock()
-	pod, err := c.cs.CoreV1().Pods(c.cfg.Namespace).Create(ctx, c.podSpec(w, name, where, owner), metav1.CreateOptions{})
+	pod, err := c.cs.Pods(c.cfg.Namespace).Create(ctx, c.podSpec(w, name, where, owner), metav1.CreateOptions{})
 	if err != nil {
 		c.mu.Lock()
 		delete(c.watching, name)
@@ -380,7 +380,7 @@ func (c *Cluster) Adopt(ctx context.Context) ([]Adopted, error) {
 		a, err := c.adoptable(ctx, pod)
 		if err != nil {
 			c.log.Warn("deleting a worker pod of the installation that cannot be adopted", "pod", pod.Name, "reason", err)
-			if err := c.cs.CoreV1().Pods(c.cfg.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			if err := c.cs.Pods(c.cfg.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				c.log.Error("cannot delete a worker pod", "pod", pod.Name, "err", err)
 			}
 			continue
@@ -417,7 +417,7 @@ func (c *Cluster) adoptable(ctx context.Context, pod *corev1.Pod) (Adopted, erro
 	if a.SpawnedAt, err = time.Parse(time.RFC3339Nano, pod.Annotations[annotSpawnedAt]); err != nil {
 		return Adopted{}, fmt.Errorf("annotation %s: %w", annotSpawnedAt, err)
 	}
-	sec, err := c.cs.CoreV1().Secrets(c.cfg.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	sec, err := c.cs.Secrets(c.cfg.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 	if err != nil {
 		return Adopted{}, fmt.Errorf("its token: %w", err)
 	}
