@@ -75,10 +75,9 @@ func (h *Hive) startPod(ctx context.Context, w *worker, path string, opts startO
 	// A Pod's environment is its own: what the operator named
 	// (PassEnv) and the hive's WorkerEnv, never the hive's machine's.
 	env := map[string]string{}
-	for _, kv := range secret.ChildEnv(os.Environ(), h.cfg.PassEnv) {
-		if k, v, _ := strings.Cut(kv, "="); h.passes(k) {
-			env[k] = v
-		}
+	for _, kv := range secret.PassedEnv(os.Environ(), h.cfg.PassEnv) {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
 	}
 	for _, kv := range h.cfg.WorkerEnv {
 		k, v, _ := strings.Cut(kv, "=")
@@ -94,16 +93,6 @@ func (h *Hive) startPod(ctx context.Context, w *worker, path string, opts startO
 	w.proc = pod
 	w.reason = fmt.Sprintf("created %s for %s device %d", pod.Where(), w.device.Kind, w.device.ID)
 	return nil
-}
-
-// passes reports whether the operator named k in PassEnv.
-func (h *Hive) passes(k string) bool {
-	for _, p := range h.cfg.PassEnv {
-		if p == k || strings.HasSuffix(p, "*") && strings.HasPrefix(k, strings.TrimSuffix(p, "*")) {
-			return true
-		}
-	}
-	return false
 }
 
 // podDevices is --gpu-devices of a Pod with n GPUs: 0..n-1.

@@ -45,12 +45,22 @@ func ChildEnvAllowed() []string { return slices.Clone(childEnvAllowed) }
 // holds (an ssh agent's socket, cloud credentials, another program's
 // token) stays with it. A child that needs a secret gets exactly that
 // one added by its parent, after this.
-func ChildEnv(env []string, pass []string) []string {
+func ChildEnv(env []string, pass []string) []string { return filterEnv(env, childEnvAllowed, pass) }
+
+// PassedEnv is the part of env the operator names in pass alone (NAME or
+// PREFIX*), never a secret of EnvNames: the environment of a child on
+// another machine (a Kubernetes Pod), to which the allow-list of this
+// machine's PATH, HOME, CUDA_* and the rest does not apply.
+func PassedEnv(env []string, pass []string) []string { return filterEnv(env, nil, pass) }
+
+// filterEnv keeps the entries of env named in allowed or pass, secrets
+// never.
+func filterEnv(env, allowed, pass []string) []string {
 	secrets := EnvNames()
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
 		k, _, ok := strings.Cut(kv, "=")
-		if !ok || slices.Contains(secrets, k) || !matchesAny(k, childEnvAllowed) && !matchesAny(k, pass) {
+		if !ok || slices.Contains(secrets, k) || !matchesAny(k, allowed) && !matchesAny(k, pass) {
 			continue
 		}
 		out = append(out, kv)

@@ -170,3 +170,13 @@ func TestCheckPassEnv(t *testing.T) {
 		}
 	}
 }
+
+// PassedEnv keeps what the operator named, and neither the allow-list of
+// this machine nor a secret.
+func TestPassedEnvIsWhatTheOperatorNamed(t *testing.T) {
+	env := []string{"PATH=/bin", "HF_HOME=/cache", "VLLM_X=1", ClusterTokenEnv + "=s", "OTHER=1"}
+	got := PassedEnv(env, []string{"HF_HOME", "VLLM_*", ClusterTokenEnv})
+	if want := []string{"HF_HOME=/cache", "VLLM_X=1"}; !slices.Equal(got, want) {
+		t.Errorf("PassedEnv = %v, want %v", got, want)
+	}
+}
