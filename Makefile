@@ -28,7 +28,7 @@ export CGO_LDFLAGS := -L$(LLAMA_LIB) -Wl,-rpath,$(LLAMA_LIB)
 
 TEST_FLAGS ?= -count=1 -timeout 60m
 
-.PHONY: all build llama cuda deps deps-build lint llama-server kube test demo bench bench-worker bench-prefix clean
+.PHONY: all build llama cuda deps deps-build lint llama-server kube kube-background test demo bench bench-worker bench-prefix clean
 
 all: build
 
@@ -85,9 +85,21 @@ kube:
 llama-server: llama
 	@./scripts/llamacpp.sh server >/dev/null
 
-test: deps build lint llama-server kube
+# kube-background starts that build (cold: the largest of make test's)
+# beside the rest at the lowest CPU priority, so that it takes the CPU
+# the builds and tests leave idle; it stops if make does. The Kubernetes
+# process tests wait for it (StartKube: scripts/kube.sh up), and so does
+# make test before kubeplane's own tests.
+kube-background:
+	@./scripts/kube.sh background $$PPID
+
+# The process tests (*_process_test.go: they drive bin/apiary, which is
+# not built with the race detector) are built with `!race`: they run in
+# the first go test, and the race run checks the in-process tests.
+test: deps kube-background build lint llama-server
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
+	@./scripts/kube.sh build >/dev/null
 	cd tools/kubeplane && $(GO) test $(TEST_FLAGS) ./...
 
 # The demo builds only the CPU backend this machine loads (a later

@@ -6,6 +6,15 @@
 #   scripts/kube.sh build               build the kubeplane binary once into
 #                                       the cache (skipped when there); prints
 #                                       its path
+#   scripts/kube.sh background OWNER    start that build in the background at
+#                                       the lowest CPU priority (nice 19: it
+#                                       takes the CPU that whatever runs beside
+#                                       it leaves idle), stopped, its whole
+#                                       process group, if process OWNER ends
+#                                       first; its output in the cache
+#                                       directory's background.log. A build or
+#                                       up started meanwhile waits for it (the
+#                                       build lock)
 #   scripts/kube.sh bin                 prints the binary's path (built or not)
 #   scripts/kube.sh prefix              prints the cache directory it goes in
 #   scripts/kube.sh up DIR [NODES]      build if needed, start etcd,
@@ -67,6 +76,28 @@ build() {
   exec 9>&-
 }
 
+# background starts build in a session of its own at nice 19, and a
+# watcher that stops that session's processes if $1 ends before it.
+background() {
+  local owner=${1:-}
+  [[ $owner =~ ^[0-9]+$ ]] || { echo "usage: kube.sh background OWNER_PID" >&2; exit 2; }
+  [[ -x $BIN ]] && return 0
+  mkdir -p "$PREFIX"
+  # Not a process group leader here, so setsid runs the build in place:
+  # its pid is its session's and process group's id.
+  setsid nice -n 19 "$0" build >"$PREFIX/background.log" 2>&1 </dev/null &
+  local pid=$!
+  (
+    while kill -0 "$pid" 2>/dev/null; do
+      if ! kill -0 "$owner" 2>/dev/null; then
+        kill -TERM -- "-$pid" 2>/dev/null
+        break
+      fi
+      sleep 2
+    done
+  ) >/dev/null 2>&1 </dev/null &
+}
+
 need_dir() {
   [[ -n ${1:-} ]] || { echo "usage: kube.sh $cmd DIR …" >&2; exit 2; }
 }
@@ -75,6 +106,7 @@ cmd=${1:-}
 shift || true
 case $cmd in
   build) build; echo "$BIN" ;;
+  background) background "$@" ;;
   bin) echo "$BIN" ;;
   prefix) echo "$PREFIX" ;;
   up)
@@ -99,7 +131,7 @@ case $cmd in
     exec "$BIN" down "$1"
     ;;
   *)
-    echo "usage: kube.sh build | bin | prefix | up DIR [NODES] | kubectl DIR ARGS… | down DIR" >&2
+    echo "usage: kube.sh build | background OWNER_PID | bin | prefix | up DIR [NODES] | kubectl DIR ARGS… | down DIR" >&2
     exit 2
     ;;
 esac

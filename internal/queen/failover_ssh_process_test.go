@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 import (
@@ -19,10 +21,6 @@ import (
 	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testnodes"
 )
-
-// sshNodes are the queen tests' SSH nodes: their own prefix and subnet,
-// apart from internal/sshnode's; TestMain takes them down.
-var sshNodes = testnodes.Lazy{Prefix: "apq", Subnet: "10.79.0", N: 2}
 
 // failoverTokens are the queens' tokens: they serve on the bridge, where
 // the nodes reach them, so they have all three.

@@ -22,6 +22,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/store"
 	"github.com/apiary-llm/apiary/internal/store/pgtest"
 	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testnodes"
 )
 
 var pg *pgtest.Cluster
@@ -387,3 +388,7 @@ func startOn(t *testing.T, b backend, mods ...func(*Config)) *tq {
 	dir, url := b.new(t)
 	return startQueen(t, dir, url, mods...)
 }
+
+// sshNodes are the queen tests' SSH nodes: their own prefix and subnet,
+// apart from internal/sshnode's; TestMain takes them down.
+var sshNodes = testnodes.Lazy{Prefix: "apq", Subnet: "10.79.0", N: 2}
