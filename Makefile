@@ -96,6 +96,10 @@ kube-background:
 # The process tests (*_process_test.go: they drive bin/apiary, which is
 # not built with the race detector) are built with `!race`: they run in
 # the first go test, and the race run checks the in-process tests.
+# llama.cpp's CPU backends: the levels the tests load (this machine's,
+# x64 and haswell; LLAMA_CPU_LEVELS=test), not all fourteen, which are
+# one source compiled for each level (a later `make build` adds them).
+test: export LLAMA_CPU_LEVELS := test
 test: deps kube-background build lint llama-server
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...
 	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)

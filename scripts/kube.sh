@@ -76,17 +76,20 @@ build() {
   exec 9>&-
 }
 
-# background starts build in a session of its own at nice 19, and a
-# watcher that stops that session's processes if $1 ends before it.
+# background starts build in a process group of its own at nice 19, and
+# a watcher that stops that group if $1 ends before it.
 background() {
   local owner=${1:-}
   [[ $owner =~ ^[0-9]+$ ]] || { echo "usage: kube.sh background OWNER_PID" >&2; exit 2; }
   [[ -x $BIN ]] && return 0
   mkdir -p "$PREFIX"
-  # Not a process group leader here, so setsid runs the build in place:
-  # its pid is its session's and process group's id.
-  setsid nice -n 19 "$0" build >"$PREFIX/background.log" 2>&1 </dev/null &
+  # A process group of its own (job control: its pid is its group's id),
+  # in this session: a session of its own would be a scheduler autogroup
+  # of its own, where nice means nothing to the rest.
+  set -m
+  nice -n 19 "$0" build >"$PREFIX/background.log" 2>&1 </dev/null &
   local pid=$!
+  set +m
   (
     while kill -0 "$pid" 2>/dev/null; do
       if ! kill -0 "$owner" 2>/dev/null; then

@@ -47,8 +47,10 @@
 #   pin       the package version, tag, commit and commit date
 #
 # Knobs (environment): LLAMA_JOBS (nproc); LLAMA_CPU_LEVELS: all (the
-# default) or host, only the CPU backend this machine loads (`make demo`:
-# a third of the cold build; a later full build adds the others); CUDA_ARCHS
+# default); host, only the CPU backend this machine loads (`make demo`:
+# a third of the cold build; a later full build adds the others); or
+# test, host's and x64 and haswell beside them (`make test`: the levels
+# its tests load, the baseline and the commonest forced by name); CUDA_ARCHS
 # (for cuda: CMAKE_CUDA_ARCHITECTURES; default: this machine's GPU's
 # compute capability, else native).
 set -euo pipefail
@@ -65,7 +67,7 @@ LAYOUT=5
 # scripts/gpu-proof.sh's.
 . "$(dirname "${BASH_SOURCE[0]}")/llamacpp-options.sh"
 LEVELS=${LLAMA_CPU_LEVELS:-all}
-case $LEVELS in all | host) ;; *) echo "llamacpp: LLAMA_CPU_LEVELS=$LEVELS: want all or host" >&2; exit 2 ;; esac
+case $LEVELS in all | host | test) ;; *) echo "llamacpp: LLAMA_CPU_LEVELS=$LEVELS: want all, host or test" >&2; exit 2 ;; esac
 
 log() { printf 'llamacpp: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -73,8 +75,13 @@ die() { log "$*"; exit 1; }
 # fetched reports whether the pinned source is in $PREFIX/src.
 fetched() { [ -f "$PREFIX/src/CMakeLists.txt" ] && [ -f "$PREFIX/src.ok" ]; }
 
-# built reports whether the libraries of $LEVELS are in the prefix.
-built() { [ -f "$PREFIX/built.$LAYOUT" ] || { [ "$LEVELS" = host ] && [ -f "$PREFIX/built.$LAYOUT.host" ]; }; }
+# built reports whether the libraries of $LEVELS are in the prefix (all
+# holds test's, and test host's).
+built() {
+  [ -f "$PREFIX/built.$LAYOUT" ] ||
+    { [ "$LEVELS" != all ] && [ -f "$PREFIX/built.$LAYOUT.test" ]; } ||
+    { [ "$LEVELS" = host ] && [ -f "$PREFIX/built.$LAYOUT.host" ]; }
+}
 
 # needs prints the tools build still needs: git and npm to fetch the
 # source, cmake to build it; none once the libraries are built.
@@ -141,6 +148,34 @@ host_level() {
   }'
 }
 
+# fast builds the targets named after the build directory $1, and every
+# target they depend on, one at a time in dependency order with Unix
+# Makefiles' target/fast (a target without its dependencies), leaving out
+# the CPU levels not in $variants: ggml's target depends on every level,
+# and cmake --build --target would build them all.
+fast() {
+  local b=$1 t
+  shift
+  for t in $(awk -v roots="$*" -v keep=" $variants " '
+    # Makefile2: "DIR/CMakeFiles/NAME.dir/all: DIR/CMakeFiles/DEP.dir/all"
+    function name(p) { sub(/\.dir\/all$/, "", p); sub(/.*\//, "", p); return p }
+    function wanted(n, level) {
+      if (n !~ /^ggml-cpu-/) return 1
+      level = n; sub(/-feats$/, "", level)
+      return index(keep, " " level " ") > 0
+    }
+    function visit(n, i) {
+      if (seen[n]++ || !wanted(n)) return
+      for (i = 1; i <= ndeps[n]; i++) visit(dep[n, i])
+      print n
+    }
+    /^[^#].*\.dir\/all: .*\.dir\/all$/ { n = name(substr($1, 1, length($1) - 1)); dep[n, ++ndeps[n]] = name($2) }
+    END { k = split(roots, r, " "); for (i = 1; i <= k; i++) visit(r[i]) }
+  ' "$b/CMakeFiles/Makefile2"); do
+    make -C "$b" -j "$JOBS" "$t/fast" || return 1
+  done
+}
+
 # build configures and builds the libraries and llama-server, and lays out
 # the prefix.
 build() {
@@ -157,19 +192,15 @@ build() {
   # The CPU variants are MODULE libraries ggml loads: all of them, or the
   # one this machine loads.
   local variants
-  if [ "$LEVELS" = host ]; then
+  if [ "$LEVELS" != all ]; then
     # The best level, and the best without AMX beside it when they
     # differ: a VM may report AMX that faults (the worker's probe then
-    # loads the other one; docs/worker.md, "CPU builds").
-    variants=$(host_level | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
-    # ggml's target depends on every CPU level; Unix Makefiles' target/fast
-    # builds a target without its dependencies, built here first.
-    # mtmd's static vendor libraries too (vendor-hash; the others are
-    # header-only interface targets).
+    # loads the other one; docs/worker.md, "CPU builds"); for test, x64
+    # and haswell too.
+    variants=$({ host_level; [ "$LEVELS" = test ] && printf '%s\n' x64 haswell; } | sort -u | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
     # shellcheck disable=SC2086
-    (cmake --build "$b" -j "$JOBS" --target ggml-base $variants vendor-hash &&
-      for t in ggml llama mtmd; do make -C "$b" -j "$JOBS" "$t/fast" || exit 1; done) \
-      >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
+    fast "$b" llama ggml mtmd $variants >"$PREFIX/build.log" 2>&1 ||
+      { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
   else
     cmake --build "$b" -j "$JOBS" --target llama ggml mtmd \
       >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
@@ -193,7 +224,7 @@ build() {
   cp "$PREFIX"/src/tools/mtmd/mtmd.h "$PREFIX"/src/tools/mtmd/mtmd-helper.h "$PREFIX/include/"
   cp "$PREFIX"/src/common/json-schema-to-grammar.h "$PREFIX"/src/common/json-schema.h "$PREFIX"/src/common/json.h "$PREFIX/include/"
   ls "$PREFIX"/lib/libggml-cpu-*.so >/dev/null 2>&1 || die "the build made no CPU backend libraries"
-  if [ "$LEVELS" = host ]; then touch "$PREFIX/built.$LAYOUT.host"; else touch "$PREFIX/built.$LAYOUT"; fi
+  if [ "$LEVELS" = all ]; then touch "$PREFIX/built.$LAYOUT"; else touch "$PREFIX/built.$LAYOUT.$LEVELS"; fi
   log "built in $((SECONDS - start))s: $PREFIX"
   echo "$PREFIX"
 }
@@ -236,8 +267,14 @@ server() {
     command -v cmake >/dev/null || die "cmake is needed to build llama-server (scripts/deps.sh installs it)"
     local start=$SECONDS b=$PREFIX/build
     log "building llama-server with $JOBS jobs"
-    cmake --build "$b" -j "$JOBS" --target llama-server >"$PREFIX/build-server.log" 2>&1 ||
-      { tail -30 "$PREFIX/build-server.log" >&2; die "building llama-server failed (log: $PREFIX/build-server.log)"; }
+    if [ -f "$PREFIX/built.$LAYOUT" ]; then
+      cmake --build "$b" -j "$JOBS" --target llama-server >"$PREFIX/build-server.log" 2>&1
+    else
+      # Beside the CPU levels built, not all of them.
+      local variants
+      variants=$(cd "$PREFIX/lib" && ls libggml-cpu-*.so | sed 's/^lib//;s/\.so$//' | tr '\n' ' ')
+      fast "$b" llama-server >"$PREFIX/build-server.log" 2>&1
+    fi || { tail -30 "$PREFIX/build-server.log" >&2; die "building llama-server failed (log: $PREFIX/build-server.log)"; }
     rm -rf "$PREFIX/server"
     mkdir -p "$PREFIX/server"
     find "$b/bin" -maxdepth 1 -name 'lib*.so' ! -name 'libggml-cuda.so' -exec cp {} "$PREFIX/server/" \;
