@@ -93,16 +93,23 @@ llama-server: llama
 kube-background:
 	@./scripts/kube.sh background $$PPID
 
-# The process tests (*_process_test.go: they drive bin/apiary, which is
-# not built with the race detector) are built with `!race`: they run in
-# the first go test, and the race run checks the in-process tests.
+# Two go test runs, side by side (the race run's lines start with
+# "race: "): every package; and the packages that do not link llama.cpp
+# under the race detector, without the process tests (*_process_test.go
+# are built `!race`: they drive bin/apiary, which is not built with the
+# race detector, and ran in the first). Then kubeplane's own tests.
 # llama.cpp's CPU backends: the levels the tests load (this machine's,
-# x64 and haswell; LLAMA_CPU_LEVELS=test), not all fourteen, which are
+# sse42 and haswell; LLAMA_CPU_LEVELS=test), not all fourteen, which are
 # one source compiled for each level (a later `make build` adds them).
 test: export LLAMA_CPU_LEVELS := test
 test: deps kube-background build lint llama-server
-	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...
-	APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)
+	@echo 'APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...'
+	@echo 'APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)'
+	@set -o pipefail; export APIARY_BIN=$(abspath $(BIN))/apiary; \
+	  $(GO) test $(TEST_FLAGS) ./... & plain=$$!; \
+	  $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS) 2>&1 | sed -u 's/^/race: /' & race=$$!; \
+	  wait $$plain; p=$$?; wait $$race; r=$$?; \
+	  if [ $$p != 0 ] || [ $$r != 0 ]; then echo "go test: exit $$p; go test -race: exit $$r" >&2; exit 1; fi
 	@./scripts/kube.sh build >/dev/null
 	cd tools/kubeplane && $(GO) test $(TEST_FLAGS) ./...
 

@@ -49,8 +49,8 @@
 # Knobs (environment): LLAMA_JOBS (nproc); LLAMA_CPU_LEVELS: all (the
 # default); host, only the CPU backend this machine loads (`make demo`:
 # a third of the cold build; a later full build adds the others); or
-# test, host's and x64 and haswell beside them (`make test`: the levels
-# its tests load, the baseline and the commonest forced by name); CUDA_ARCHS
+# test, host's and sse42 and haswell beside them (`make test`: the levels
+# its tests load: sse42 on an emulated CPU without AVX, haswell by name); CUDA_ARCHS
 # (for cuda: CMAKE_CUDA_ARCHITECTURES; default: this machine's GPU's
 # compute capability, else native).
 set -euo pipefail
@@ -195,9 +195,9 @@ build() {
   if [ "$LEVELS" != all ]; then
     # The best level, and the best without AMX beside it when they
     # differ: a VM may report AMX that faults (the worker's probe then
-    # loads the other one; docs/worker.md, "CPU builds"); for test, x64
+    # loads the other one; docs/worker.md, "CPU builds"); for test, sse42
     # and haswell too.
-    variants=$({ host_level; [ "$LEVELS" = test ] && printf '%s\n' x64 haswell; } | sort -u | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
+    variants=$({ host_level; [ "$LEVELS" = test ] && printf '%s\n' sse42 haswell; } | sort -u | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
     # shellcheck disable=SC2086
     fast "$b" llama ggml mtmd $variants >"$PREFIX/build.log" 2>&1 ||
       { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }

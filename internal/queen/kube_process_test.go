@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -88,7 +89,7 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) t
 // restarted adopts the same Pod; a Pod of the installation without a
 // row is deleted; deleting the owner ConfigMap deletes every worker Pod.
 func TestProcessKubernetesMode(t *testing.T) {
-	k := testbin.StartKube(t, 2)
+	k := startKube(t, 2)
 	k.MustKubectl(t, "create", "namespace", "apiary")
 	// The manifests of deploy/kubernetes are valid for this release
 	// (the API server checks them; nothing is made).
@@ -225,7 +226,7 @@ func TestProcessKubernetesMode(t *testing.T) {
 // request for a second model evicts the first model's worker, whose Pod
 // is drained and deleted; the second model's Pod serves.
 func TestProcessKubernetesSwap(t *testing.T) {
-	k := testbin.StartKube(t, 1)
+	k := startKube(t, 1)
 	k.MustKubectl(t, "create", "namespace", "apiary")
 	dir := t.TempDir()
 	models := ownModelsDir(t, dir)
@@ -271,7 +272,7 @@ func TestProcessKubernetesSwap(t *testing.T) {
 // its hive adopts the worker Pod the other made: the same Pod serves, no
 // new one is made.
 func TestProcessKubernetesStandbyAdopts(t *testing.T) {
-	k := testbin.StartKube(t, 1)
+	k := startKube(t, 1)
 	k.MustKubectl(t, "create", "namespace", "apiary")
 	dir := t.TempDir()
 	models := ownModelsDir(t, dir)
@@ -305,4 +306,19 @@ func TestProcessKubernetesStandbyAdopts(t *testing.T) {
 	if after := workerPods(t, k); len(after) != 1 || after[0].Metadata.Name != pods[0].Metadata.Name {
 		t.Fatalf("pods after the takeover: %+v; want %s alone (adopted)", after, pods[0].Metadata.Name)
 	}
+}
+
+// kubeTurn keeps the Kubernetes tests' control planes one at a time.
+var kubeTurn sync.Mutex
+
+// startKube starts a control plane of nodes stand-in nodes for a test
+// that then runs after every serial test of the package (t.Parallel),
+// one such test at a time: make test builds the control plane in the
+// background beside the other tests (scripts/kube.sh background), and
+// StartKube waits for that build.
+func startKube(t *testing.T, nodes int) *testbin.Kube {
+	t.Parallel()
+	kubeTurn.Lock()
+	t.Cleanup(kubeTurn.Unlock) // after the control plane is down
+	return testbin.StartKube(t, nodes)
 }

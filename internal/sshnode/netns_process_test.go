@@ -1,3 +1,5 @@
+//go:build !race
+
 package sshnode_test
 
 import (
