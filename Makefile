@@ -95,9 +95,10 @@ kube-background:
 
 # Two go test runs, side by side (the race run's lines start with
 # "race: "): every package; and the packages that do not link llama.cpp
-# under the race detector, without the process tests (*_process_test.go
-# are built `!race`: they drive bin/apiary, which is not built with the
-# race detector, and ran in the first). Then kubeplane's own tests.
+# under the race detector. The tests that hold fixed resources (network
+# namespaces of SSH nodes, the default ports) are built `!race`, so that
+# the two runs never share them; they run in the first. Then kubeplane's
+# own tests.
 # llama.cpp's CPU backends: the levels the tests load (this machine's,
 # sse42 and haswell; LLAMA_CPU_LEVELS=test), not all fourteen, which are
 # one source compiled for each level (a later `make build` adds them).
@@ -105,9 +106,9 @@ test: export LLAMA_CPU_LEVELS := test
 test: deps kube-background build lint llama-server
 	@echo 'APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...'
 	@echo 'APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)'
-	@set -o pipefail; export APIARY_BIN=$(abspath $(BIN))/apiary; \
+	@export APIARY_BIN=$(abspath $(BIN))/apiary; \
 	  $(GO) test $(TEST_FLAGS) ./... & plain=$$!; \
-	  $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS) 2>&1 | sed -u 's/^/race: /' & race=$$!; \
+	  (set -o pipefail; $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS) 2>&1 | sed -u 's/^/race: /') & race=$$!; \
 	  wait $$plain; p=$$?; wait $$race; r=$$?; \
 	  if [ $$p != 0 ] || [ $$r != 0 ]; then echo "go test: exit $$p; go test -race: exit $$r" >&2; exit 1; fi
 	@./scripts/kube.sh build >/dev/null

@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // A real `apiary queen` taking batch input files as large as its

@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // The Batch API driven by the official npm `openai` client under node,

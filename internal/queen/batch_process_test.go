@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // The OpenAI Batch API end to end: the real apiary binary as queen and

@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // Failing fast with real processes: with the only pool drained, or its

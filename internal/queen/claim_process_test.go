@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // Workers run by hand: rows created with placement operator, claimed by

@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // The GPU path with real processes and no GPU: a hive whose NVML and CUDA

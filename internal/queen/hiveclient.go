@@ -48,6 +48,10 @@ func NewHTTPHiveClient(clusterToken string, timeout time.Duration) HiveClient {
 	return &httpHiveClient{token: clusterToken, hc: transport.NewClient(nil, timeout)}
 }
 
+// CloseIdleConnections closes the keep-alive connections to hives that
+// no call uses now (the queen's shutdown).
+func (c *httpHiveClient) CloseIdleConnections() { c.hc.CloseIdleConnections() }
+
 func (c *httpHiveClient) StartWorker(ctx context.Context, endpoint string, req api.StartWorkerRequest) (api.StartWorkerResponse, error) {
 	var resp api.StartWorkerResponse
 	err := c.post(ctx, endpoint, "/v2/workers/start", req, &resp)

@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // Kubernetes mode on a real control plane (scripts/kube.sh: etcd,

@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // The OpenAI request surface driven by the official npm clients (`openai`

@@ -323,6 +323,9 @@ func (q *Queen) run(ctx context.Context) error {
 	bgCancel()
 	gerr := g.Wait()
 	q.claimClient.CloseIdleConnections()
+	if c, ok := q.hives.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 	if err := errors.Join(serr, gerr); err != nil {
 		return err
 	}

@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // Replicas with real processes: `apiary models scale` brings a worker up

@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // The soak: under a steady load of completions through the

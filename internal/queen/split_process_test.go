@@ -1,5 +1,3 @@
-//go:build !race
-
 package queen
 
 // A model too big for any one GPU of a node, split over two of its GPUs:
