@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 	if filepath.Base(os.Args[0]) == helperName {
 		os.Exit(serve())
 	}
-	root, err := filepath.Abs("../..")
+	root, err := filepath.Abs("../../..")
 	if err != nil {
 		panic(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"os"
@@ -14,7 +14,7 @@ import (
 // cluster and an image of apiary.)
 func TestDocsRunAsWritten(t *testing.T) {
 	t.Parallel()
-	root, err := filepath.Abs("../..")
+	root, err := filepath.Abs("../../..")
 	if err != nil {
 		t.Fatal(err)
 	}
