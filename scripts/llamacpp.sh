@@ -148,15 +148,16 @@ host_level() {
   }'
 }
 
-# fast builds the targets named after the build directory $1, and every
-# target they depend on, one at a time in dependency order with Unix
+# fast builds, in build directory $1, the targets named after it and
+# every target they depend on, one at a time in dependency order with Unix
 # Makefiles' target/fast (a target without its dependencies), leaving out
-# the CPU levels not in $variants: ggml's target depends on every level,
-# and cmake --build --target would build them all.
+# the CPU levels not among $2 (ggml-cpu-<level> targets, space-separated):
+# ggml's target depends on every level, and cmake --build --target would
+# build them all.
 fast() {
-  local b=$1 t
-  shift
-  for t in $(awk -v roots="$*" -v keep=" $variants " '
+  local b=$1 keep=$2 t
+  shift 2
+  for t in $(awk -v roots="$*" -v keep=" $keep " '
     # Makefile2: "DIR/CMakeFiles/NAME.dir/all: DIR/CMakeFiles/DEP.dir/all"
     function name(p) { sub(/\.dir\/all$/, "", p); sub(/.*\//, "", p); return p }
     function wanted(n, level) {
@@ -199,16 +200,13 @@ build() {
     # and haswell too.
     variants=$({ host_level; [ "$LEVELS" = test ] && printf '%s\n' sse42 haswell; } | sort -u | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
     # shellcheck disable=SC2086
-    fast "$b" llama ggml mtmd $variants >"$PREFIX/build.log" 2>&1 ||
+    fast "$b" "$variants" llama ggml mtmd >"$PREFIX/build.log" 2>&1 ||
       { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
   else
     cmake --build "$b" -j "$JOBS" --target llama ggml mtmd \
       >"$PREFIX/build.log" 2>&1 || { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
     variants=$(cmake --build "$b" --target help | grep -o 'ggml-cpu-[a-z0-9_]*' | sort -u)
   fi
-  # shellcheck disable=SC2086
-  cmake --build "$b" -j "$JOBS" --target $variants >>"$PREFIX/build.log" 2>&1 ||
-    { tail -30 "$PREFIX/build.log" >&2; die "building the CPU backends failed (log: $PREFIX/build.log)"; }
   grammar_lib "$b" >>"$PREFIX/build.log" 2>&1 ||
     { tail -30 "$PREFIX/build.log" >&2; die "building the grammar converter failed (log: $PREFIX/build.log)"; }
   rm -rf "$PREFIX/lib" "$PREFIX/include" "$PREFIX/bin"
@@ -267,14 +265,10 @@ server() {
     command -v cmake >/dev/null || die "cmake is needed to build llama-server (scripts/deps.sh installs it)"
     local start=$SECONDS b=$PREFIX/build
     log "building llama-server with $JOBS jobs"
-    if [ -f "$PREFIX/built.$LAYOUT" ]; then
-      cmake --build "$b" -j "$JOBS" --target llama-server >"$PREFIX/build-server.log" 2>&1
-    else
-      # Beside the CPU levels built, not all of them.
-      local variants
-      variants=$(cd "$PREFIX/lib" && ls libggml-cpu-*.so | sed 's/^lib//;s/\.so$//' | tr '\n' ' ')
-      fast "$b" llama-server >"$PREFIX/build-server.log" 2>&1
-    fi || { tail -30 "$PREFIX/build-server.log" >&2; die "building llama-server failed (log: $PREFIX/build-server.log)"; }
+    # Beside the CPU levels the prefix holds (all, or the host's or test's).
+    fast "$b" "$(cd "$PREFIX/lib" && ls libggml-cpu-*.so | sed 's/^lib//;s/\.so$//' | tr '\n' ' ')" llama-server \
+      >"$PREFIX/build-server.log" 2>&1 ||
+      { tail -30 "$PREFIX/build-server.log" >&2; die "building llama-server failed (log: $PREFIX/build-server.log)"; }
     rm -rf "$PREFIX/server"
     mkdir -p "$PREFIX/server"
     find "$b/bin" -maxdepth 1 -name 'lib*.so' ! -name 'libggml-cuda.so' -exec cp {} "$PREFIX/server/" \;

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,12 +16,57 @@ import (
 	"github.com/google/go-cmp/cmp"
 	oai "github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
+	"gopkg.in/yaml.v3"
 
 	"github.com/apiary-llm/apiary/internal/api"
+	"github.com/apiary-llm/apiary/internal/hive"
 	"github.com/apiary-llm/apiary/internal/procs"
 	"github.com/apiary-llm/apiary/internal/testbin"
 	"github.com/apiary-llm/apiary/internal/testmodel"
 )
+
+// docsEngines writes an engines file made of the example block of
+// docs/engines.md, each engine's program replaced as progs says (the
+// engines progs leaves out are dropped), and returns its path: the tests
+// run the very configuration the doc shows.
+func docsEngines(t testing.TB, progs map[string]string) string {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "engines.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)## Examples.*?```yaml\n(.*?)```").FindSubmatch(doc)
+	if m == nil {
+		t.Fatal("docs/engines.md has no yaml block under ## Examples")
+	}
+	dir := t.TempDir()
+	orig := filepath.Join(dir, "docs-engines.yaml")
+	if err := os.WriteFile(orig, m[1], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	engines, err := hive.LoadEngines(orig)
+	if err != nil {
+		t.Fatalf("the doc's example does not load: %v", err)
+	}
+	out := map[string]hive.Engine{}
+	for name, prog := range progs {
+		e, ok := engines[name]
+		if !ok {
+			t.Fatalf("the doc's example has no engine %q", name)
+		}
+		e.Command[0] = prog
+		out[name] = e
+	}
+	b, err := yaml.Marshal(map[string]any{"engines": out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "engines.yaml")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
 
 // enginePID is the engine its front (pid front) started: the other
 // member of the front's process group.

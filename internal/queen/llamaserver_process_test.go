@@ -2,6 +2,7 @@ package queen
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/apiary-llm/apiary/internal/api"
 	"github.com/apiary-llm/apiary/internal/keeper"
 	"github.com/apiary-llm/apiary/internal/testbin"
+	"github.com/apiary-llm/apiary/internal/testmodel"
 )
 
 // TestProcessLlamaServer runs llama.cpp's own llama-server (built from
@@ -169,4 +171,39 @@ func TestProcessLlamaServer(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// startEngineCluster runs a queen with the model config models and a hive
+// of pool node-1 with the engines file engines and a test model of each
+// name in files; the queen is stopped at the end, the hive is the test's
+// to stop (or kill).
+func startEngineCluster(t testing.TB, engines, models string, files ...string) (q, hive *proc, qURL string) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "models.yaml")
+	writeConfig(t, cfg, models)
+	q, qURL = startQueenProc(t, t.TempDir(), "", "--config", cfg)
+	hdir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(hdir, "models"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range files {
+		if err := testmodel.WriteFile(filepath.Join(hdir, "models", name+".gguf"), testmodel.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hive = startProc(t, "hive node-1", nil, "hive", "--addr", "127.0.0.1:0", "--queen", qURL, "--pool-id", "node-1",
+		"--data-dir", hdir, "--heartbeat-interval", "500ms", "--health-interval", "200ms", "--worker-ports", "24000-24999",
+		"--worker-threads", "1", "--worker-ctx-size", "2048", "--engines", engines)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("queen logs:\n%s", q.logs.String())
+			t.Logf("hive logs:\n%s", hive.logs.String())
+		}
+		if err := q.stop(t, syscall.SIGTERM); err != nil {
+			t.Errorf("queen exit: %v", err)
+		}
+	})
+	q.logs.wait(t, 0, "pool status changed", map[string]string{"pool_id": "node-1", "to": "healthy"})
+	return q, hive, qURL
 }
