@@ -119,7 +119,13 @@ func Run(ctx context.Context, log *slog.Logger, c Config) error {
 	n, err := nodeutil.NewNode(c.Name,
 		func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 			describeNode(pc.Node, c)
-			return p, nil, nil
+			// The node registers Ready: nodeutil creates it only once the
+			// Pod controller runs. Registering NotReady and turning Ready a
+			// moment later (nodeutil's default) let the node lifecycle
+			// controller, had it looked in between, add a not-ready
+			// NoExecute taint after the node was already Ready, and lift it
+			// only on its next pass: a node briefly tainted after `up`.
+			return p, node.NewNaiveNodeProvider(), nil
 		},
 		nodeutil.WithClient(client),
 		func(nc *nodeutil.NodeConfig) error {
@@ -195,8 +201,9 @@ func describeNode(n *corev1.Node, c Config) {
 	cond := func(t corev1.NodeConditionType, s corev1.ConditionStatus, reason, msg string) corev1.NodeCondition {
 		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: now}
 	}
+	n.Status.Phase = corev1.NodeRunning
 	n.Status.Conditions = []corev1.NodeCondition{
-		cond(corev1.NodeReady, corev1.ConditionFalse, "KubeletNotReady", "starting"),
+		cond(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "stand-in node; registered once its Pod controller runs"),
 		cond(corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "stand-in node"),
 		cond(corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "stand-in node"),
 		cond(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "stand-in node"),
