@@ -117,8 +117,8 @@ func (s *Store) endLapsed(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	if err != nil || !ok || r.session == "" || r.left > 0 {
 		return false, err
 	}
-	var ended int
-	err = conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+	var ended []int32
+	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), '{}') FROM pg_stat_activity
 		WHERE datname = current_database() AND pid <> pg_backend_pid()
 		AND (application_name = $1 OR pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
 			AND ((classid::int8 << 32) | objid::int8) = $2::int8
@@ -127,8 +127,23 @@ func (s *Store) endLapsed(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("end the sessions of %s, whose lease lapsed %s ago: %w", r.holder, -r.left.Round(time.Millisecond), classifyPG(err))
 	}
+	// pg_terminate_backend only signals a backend (its form that waits is
+	// PostgreSQL 14's): wait, within lockWait, until they are gone.
+	left := len(ended)
+	for deadline := time.Now().Add(lockWait); left > 0 && time.Now().Before(deadline); {
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)", ended).Scan(&left); err != nil {
+			return false, fmt.Errorf("wait for the ended sessions of %s: %w", r.holder, classifyPG(err))
+		}
+		if left > 0 {
+			select {
+			case <-ctx.Done():
+				return false, ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
 	s.log.Warn("the active queen's lease lapsed: ended its sessions", "holder", r.holder, "epoch", r.epoch,
-		"lapsed_for", -r.left.Round(time.Millisecond), "sessions", ended)
+		"lapsed_for", -r.left.Round(time.Millisecond), "sessions", len(ended), "still_exiting", left)
 	return true, nil
 }
 
