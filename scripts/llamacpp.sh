@@ -198,7 +198,7 @@ build() {
     # differ: a VM may report AMX that faults (the worker's probe then
     # loads the other one; docs/worker.md, "CPU builds"); for test, sse42
     # and haswell too.
-    variants=$({ host_level; [ "$LEVELS" = test ] && printf '%s\n' sse42 haswell; } | sort -u | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
+    variants=$({ host_level; if [ "$LEVELS" = test ]; then printf '%s\n' sse42 haswell; fi; } | sort -u | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
     # shellcheck disable=SC2086
     fast "$b" "$variants" llama ggml mtmd >"$PREFIX/build.log" 2>&1 ||
       { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
