@@ -11,6 +11,8 @@
 #                                line (git, npm, cmake; nothing when the
 #                                libraries are built): what scripts/deps.sh
 #                                installs for it
+#   scripts/llamacpp.sh levels   prints the CPU levels a build of
+#                                LLAMA_CPU_LEVELS makes, one a line
 #   scripts/llamacpp.sh cuda     build the CUDA backend of the same source
 #                                and commit into the prefix (needs nvcc)
 #
@@ -148,6 +150,17 @@ host_level() {
   }'
 }
 
+# levels prints the CPU levels a build of $LEVELS makes, one a line:
+# host's (host_level), and for test sse42 and haswell beside them; for
+# all, the word all (every level CMake configures).
+levels() {
+  case $LEVELS in
+    all) echo all ;;
+    host) host_level ;;
+    test) { host_level; printf '%s\n' sse42 haswell; } | sort -u ;;
+  esac
+}
+
 # fast builds, in build directory $1, the targets named after it and
 # every target they depend on, one at a time in dependency order with Unix
 # Makefiles' target/fast (a target without its dependencies), leaving out
@@ -198,7 +211,7 @@ build() {
     # differ: a VM may report AMX that faults (the worker's probe then
     # loads the other one; docs/worker.md, "CPU builds"); for test, sse42
     # and haswell too.
-    variants=$({ host_level; if [ "$LEVELS" = test ]; then printf '%s\n' sse42 haswell; fi; } | sort -u | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
+    variants=$(levels | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
     # shellcheck disable=SC2086
     fast "$b" "$variants" llama ggml mtmd >"$PREFIX/build.log" 2>&1 ||
       { tail -30 "$PREFIX/build.log" >&2; die "build failed (log: $PREFIX/build.log)"; }
@@ -310,6 +323,7 @@ case ${1:-} in
   server) server ;;
   prefix) echo "$PREFIX" ;;
   needs) needs ;;
+  levels) levels ;;
   cuda) cuda ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
