@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -44,11 +43,9 @@ const (
 // worker Pods of its installation and the nodes, both watched (informers).
 // Create it with New, start it with Start, stop it with Close.
 type Cluster struct {
-	cfg Config
-	log *slog.Logger
-	// cs is the core API group's client alone: the whole clientset,
-	// every API group's, would cost minutes of a cold build.
-	cs   corev1client.CoreV1Interface
+	cfg  Config
+	log  *slog.Logger
+	api  core // the core API group's client
 	pods corelisters.PodLister
 	// allPods are every Pod of the cluster (to count what others hold
 	// on a node), nodes every node.
@@ -86,42 +83,42 @@ func New(cfg Config) (*Cluster, error) {
 		return nil, fmt.Errorf("kubernetes %s: %w", cfg.Kubeconfig, err)
 	}
 	rc.UserAgent = "apiary"
-	cs, err := corev1client.NewForConfig(rc)
+	api, err := newRESTCore(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return newCluster(cfg, cs, cs), nil
+	return newCluster(cfg, api), nil
 }
 
-// newCluster watches through cs; client says whether the server streams
-// its lists in a watch (client-go's watch-list semantics: a real API
-// server does, a fake clientset does not).
-func newCluster(cfg Config, cs corev1client.CoreV1Interface, client any) *Cluster {
-	c := &Cluster{cfg: cfg, log: cfg.Logger.With("component", "kube", "namespace", cfg.Namespace), cs: cs,
+// newCluster watches through api. Whether the server streams its lists
+// in a watch (client-go's watch-list semantics: an API server does, the
+// tests' object tracker does not) is api's to say
+// (IsWatchListSemanticsUnSupported).
+func newCluster(cfg Config, api core) *Cluster {
+	c := &Cluster{cfg: cfg, log: cfg.Logger.With("component", "kube", "namespace", cfg.Namespace), api: api,
 		stop: make(chan struct{}), watching: map[string]*Pod{}}
 	ours := labels.SelectorFromSet(c.selector()).String()
-	informer := func(obj runtime.Object, list func(context.Context, metav1.ListOptions) (runtime.Object, error),
-		watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
-		lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn}, client)
-		return cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// informer watches the objects of res in ns ("": all) whose labels
+	// match selector ("": all); newList makes an empty list of them.
+	informer := func(obj runtime.Object, newList func() runtime.Object, res, ns, selector string) cache.SharedIndexInformer {
+		lw := &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.LabelSelector = selector
+				list := newList()
+				return list, api.list(ctx, res, ns, o, list)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.LabelSelector = selector
+				return api.watch(ctx, res, ns, o)
+			},
+		}
+		return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, api), obj, 0,
+			cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	}
-	c.podInformer = informer(&corev1.Pod{}, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-		o.LabelSelector = ours
-		return cs.Pods(cfg.Namespace).List(ctx, o)
-	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-		o.LabelSelector = ours
-		return cs.Pods(cfg.Namespace).Watch(ctx, o)
-	})
-	all := informer(&corev1.Pod{}, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-		return cs.Pods(metav1.NamespaceAll).List(ctx, o)
-	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-		return cs.Pods(metav1.NamespaceAll).Watch(ctx, o)
-	})
-	nodes := informer(&corev1.Node{}, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-		return cs.Nodes().List(ctx, o)
-	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-		return cs.Nodes().Watch(ctx, o)
-	})
+	podList := func() runtime.Object { return &corev1.PodList{} }
+	c.podInformer = informer(&corev1.Pod{}, podList, resPods, cfg.Namespace, ours)
+	all := informer(&corev1.Pod{}, podList, resPods, metav1.NamespaceAll, "")
+	nodes := informer(&corev1.Node{}, func() runtime.Object { return &corev1.NodeList{} }, resNodes, "", "")
 	c.informers = []cache.SharedIndexInformer{c.podInformer, all, nodes}
 	c.pods = corelisters.NewPodLister(c.podInformer.GetIndexer())
 	c.allPods = corelisters.NewPodLister(all.GetIndexer())
@@ -137,7 +134,7 @@ func (c *Cluster) selector() labels.Set {
 // Start checks the namespace, starts the watches and waits until they
 // have listed what exists (or ctx ends).
 func (c *Cluster) Start(ctx context.Context) error {
-	if _, err := c.cs.Namespaces().Get(ctx, c.cfg.Namespace, metav1.GetOptions{}); err != nil {
+	if _, err := getObj[corev1.Namespace](ctx, c.api, resNamespaces, "", c.cfg.Namespace); err != nil {
 		if apierrors.IsNotFound(err) {
 			return fmt.Errorf("kubernetes namespace %q does not exist: create it (kubectl create namespace %s) or give another", c.cfg.Namespace, c.cfg.Namespace)
 		}
@@ -213,22 +210,21 @@ func (c *Cluster) deleted(o any) {
 // ConfigMap, creating it when it is missing (deleted, every worker Pod
 // went with it; the next worker makes it again).
 func (c *Cluster) ensureOwner(ctx context.Context) (metav1.OwnerReference, error) {
-	cms := c.cs.ConfigMaps(c.cfg.Namespace)
-	name := ownerName(c.cfg.Installation)
-	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
+	ns, name := c.cfg.Namespace, ownerName(c.cfg.Installation)
+	cm, err := getObj[corev1.ConfigMap](ctx, c.api, resConfigMaps, ns, name)
 	if apierrors.IsNotFound(err) {
-		cm, err = cms.Create(ctx, &corev1.ConfigMap{
+		cm, err = createObj(ctx, c.api, resConfigMaps, ns, &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
 				LabelName: "apiary", LabelManagedBy: managedBy, LabelInstallation: c.cfg.Installation}},
 			Data: map[string]string{"about": "Owner of every worker Pod of apiary installation " + c.cfg.Installation +
 				": deleting it deletes them all (Kubernetes' garbage collector)."},
-		}, metav1.CreateOptions{})
+		})
 		if apierrors.IsAlreadyExists(err) {
-			cm, err = cms.Get(ctx, name, metav1.GetOptions{})
+			cm, err = getObj[corev1.ConfigMap](ctx, c.api, resConfigMaps, ns, name)
 		}
 	}
 	if err != nil {
-		return metav1.OwnerReference{}, fmt.Errorf("the owner ConfigMap %s/%s: %w", c.cfg.Namespace, name, err)
+		return metav1.OwnerReference{}, fmt.Errorf("the owner ConfigMap %s/%s: %w", ns, name, err)
 	}
 	return metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: cm.Name, UID: cm.UID}, nil
 }

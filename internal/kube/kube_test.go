@@ -12,14 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/apiary-llm/apiary/internal/gpu"
 	"github.com/apiary-llm/apiary/internal/secret"
 )
 
-// These tests run the package against client-go's fake clientset (an
-// object tracker with watches); the process test in internal/queen runs
+// These tests run the package against client-go's object tracker, with
+// watches (fakeCore); the process test in internal/queen runs
 // it against a real control plane (scripts/kube.sh).
 
 func node(name string, memGiB int64, gpus int64, labels map[string]string) *corev1.Node {
@@ -34,18 +33,21 @@ func node(name string, memGiB int64, gpus int64, labels map[string]string) *core
 	return n
 }
 
-func testCluster(t *testing.T, objs ...any) (*Cluster, *fake.Clientset) {
+func testCluster(t *testing.T, objs ...any) (*Cluster, *fakeCore) {
 	t.Helper()
 	var ros []runtime.Object
 	for _, o := range objs {
 		ros = append(ros, o.(runtime.Object))
 	}
-	cs := fake.NewClientset(append([]runtime.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apiary"}}}, ros...)...)
+	cs, err := newFakeCore(append([]runtime.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apiary"}}}, ros...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := Config{Kubeconfig: "test", ModelsHostPath: "/models", ModelsDir: "/models", Logger: slog.New(slog.DiscardHandler)}.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	c := newCluster(cfg, cs.CoreV1(), cs)
+	c := newCluster(cfg, cs)
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +127,7 @@ func TestLaunchMakesTheWorkerPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod, err := cs.CoreV1().Pods("apiary").Get(ctx, "apiary-worker-1", metav1.GetOptions{})
+	pod, err := getObj[corev1.Pod](ctx, cs, resPods, "apiary", "apiary-worker-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,20 +164,20 @@ func TestLaunchMakesTheWorkerPod(t *testing.T) {
 	if env["HF_HOME"].Value != "/cache" {
 		t.Errorf("env %v", ct.Env)
 	}
-	sec, err := cs.CoreV1().Secrets("apiary").Get(ctx, "apiary-worker-1", metav1.GetOptions{})
+	sec, err := getObj[corev1.Secret](ctx, cs, resSecrets, "apiary", "apiary-worker-1")
 	if err != nil || string(sec.Data[tokenKey]) != "tok" || len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].Kind != "Pod" {
 		t.Fatalf("secret %+v, %v: want the token, owned by the pod", sec, err)
 	}
 
 	// The Pod runs, gets an IP, and its container exits 3.
 	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7"}
-	if _, err := cs.CoreV1().Pods("apiary").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+	if _, err := updateObj(ctx, cs, resPods, "apiary", pod); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the pod's IP", func() bool { return p.IP() == "10.0.0.7" })
 	pod.Status = corev1.PodStatus{Phase: corev1.PodFailed, PodIP: "10.0.0.7", ContainerStatuses: []corev1.ContainerStatus{{
 		Name: "worker", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 3, Reason: "Error"}}}}}
-	if _, err := cs.CoreV1().Pods("apiary").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+	if _, err := updateObj(ctx, cs, resPods, "apiary", pod); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -195,7 +197,7 @@ func TestDeletedPodExits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cs.CoreV1().Pods("apiary").Delete(t.Context(), p.Name(), metav1.DeleteOptions{}); err != nil {
+	if err := cs.remove(t.Context(), resPods, "apiary", p.Name(), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -207,13 +209,13 @@ func TestDeletedPodExits(t *testing.T) {
 		t.Errorf("exit %s does not say the pod was deleted", p.Exit())
 	}
 	// Deleting the owner ConfigMap: the next worker makes it again.
-	if err := cs.CoreV1().ConfigMaps("apiary").Delete(t.Context(), "apiary-apiary", metav1.DeleteOptions{}); err != nil {
+	if err := cs.remove(t.Context(), resConfigMaps, "apiary", "apiary-apiary", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Launch(t.Context(), Worker{ID: "worker-3", ModelRef: "tiny", Devices: []int{devs[0].ID}, Token: "t", SpawnedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cs.CoreV1().ConfigMaps("apiary").Get(t.Context(), "apiary-apiary", metav1.GetOptions{}); err != nil {
+	if _, err := getObj[corev1.ConfigMap](t.Context(), cs, resConfigMaps, "apiary", "apiary-apiary"); err != nil {
 		t.Fatalf("the owner was not made again: %v", err)
 	}
 }
@@ -245,7 +247,7 @@ func TestAdoptTakesRunningPodsAndDeletesTheRest(t *testing.T) {
 		t.Errorf("adopted on device %d, not node a's CPU (%v)", got[0].Device, devs)
 	}
 	for _, gone := range []string{"worker-pending", "worker-nosecret"} {
-		if _, err := cs.CoreV1().Pods("apiary").Get(ctx, podName(gone), metav1.GetOptions{}); err == nil {
+		if _, err := getObj[corev1.Pod](ctx, cs, resPods, "apiary", podName(gone)); err == nil {
 			t.Errorf("pod of %s not deleted", gone)
 		}
 	}

@@ -144,7 +144,7 @@ func (p *Pod) delete(grace time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	secs := int64(grace / time.Second)
-	err := p.c.cs.Pods(p.c.cfg.Namespace).Delete(ctx, p.name, metav1.DeleteOptions{GracePeriodSeconds: &secs})
+	err := p.c.api.remove(ctx, resPods, p.c.cfg.Namespace, p.name, metav1.DeleteOptions{GracePeriodSeconds: &secs})
 	if apierrors.IsNotFound(err) {
 		p.end(procs.Exit{Code: -1, Signal: syscall.SIGKILL, Reason: "pod gone"})
 		return nil
@@ -260,11 +260,11 @@ func (c *Cluster) Launch(ctx context.Context, w Worker) (*Pod, error) {
 		return nil, err
 	}
 	name := podName(w.ID)
-	secrets := c.cs.Secrets(c.cfg.Namespace)
-	sec, err := secrets.Create(ctx, &corev1.Secret{
+	ns := c.cfg.Namespace
+	sec, err := createObj(ctx, c.api, resSecrets, ns, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: c.labels(w), OwnerReferences: []metav1.OwnerReference{owner}},
 		Data:       map[string][]byte{tokenKey: []byte(w.Token)},
-	}, metav1.CreateOptions{})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("the worker's secret: %w", err)
 	}
@@ -272,20 +272,20 @@ func (c *Cluster) Launch(ctx context.Context, w Worker) (*Pod, error) {
 	c.mu.Lock()
 	c.watching[name] = p
 	c.mu.Unlock()
-	pod, err := c.cs.Pods(c.cfg.Namespace).Create(ctx, c.podSpec(w, name, where, owner), metav1.CreateOptions{})
+	pod, err := createObj(ctx, c.api, resPods, ns, c.podSpec(w, name, where, owner))
 	if err != nil {
 		c.mu.Lock()
 		delete(c.watching, name)
 		c.mu.Unlock()
-		_ = secrets.Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
+		_ = c.api.remove(context.WithoutCancel(ctx), resSecrets, ns, name, metav1.DeleteOptions{})
 		return nil, fmt.Errorf("the worker's pod: %w", err)
 	}
 	// The token goes with its Pod.
 	sec.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}
-	if _, err := secrets.Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+	if _, err := updateObj(ctx, c.api, resSecrets, ns, sec); err != nil {
 		c.log.Warn("the worker's secret stays owned by the installation, not its pod", "pod", name, "err", err)
 	}
-	if cur, err := c.pods.Pods(c.cfg.Namespace).Get(name); err == nil {
+	if cur, err := c.pods.Pods(ns).Get(name); err == nil {
 		p.observe(cur)
 	}
 	return p, nil
@@ -380,7 +380,7 @@ func (c *Cluster) Adopt(ctx context.Context) ([]Adopted, error) {
 		a, err := c.adoptable(ctx, pod)
 		if err != nil {
 			c.log.Warn("deleting a worker pod of the installation that cannot be adopted", "pod", pod.Name, "reason", err)
-			if err := c.cs.Pods(c.cfg.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			if err := c.api.remove(ctx, resPods, c.cfg.Namespace, pod.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				c.log.Error("cannot delete a worker pod", "pod", pod.Name, "err", err)
 			}
 			continue
@@ -417,7 +417,7 @@ func (c *Cluster) adoptable(ctx context.Context, pod *corev1.Pod) (Adopted, erro
 	if a.SpawnedAt, err = time.Parse(time.RFC3339Nano, pod.Annotations[annotSpawnedAt]); err != nil {
 		return Adopted{}, fmt.Errorf("annotation %s: %w", annotSpawnedAt, err)
 	}
-	sec, err := c.cs.Secrets(c.cfg.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	sec, err := getObj[corev1.Secret](ctx, c.api, resSecrets, c.cfg.Namespace, pod.Name)
 	if err != nil {
 		return Adopted{}, fmt.Errorf("its token: %w", err)
 	}
