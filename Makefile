@@ -66,10 +66,12 @@ cuda: build
 RACE_PKGS = $(shell $(GO) list -f '{{if not .CgoFiles}}{{$$cgo := false}}{{range .Deps}}{{if eq . "github.com/apiary-llm/apiary/internal/llamacpp"}}{{$$cgo = true}}{{end}}{{end}}{{if not $$cgo}}{{.ImportPath}}{{end}}{{end}}' ./...)
 
 # go vet and staticcheck (pinned in go.mod as a tool), both clean; vet
-# also with the benchmarks' build tags, so that their files still build.
+# also with the benchmarks' build tags, of the packages that have files
+# with them, so that those files still build.
+TAGGED_PKGS = $(shell grep -rlE --include='*.go' '^//go:build.*(llamaswap|llamaserver)' internal | xargs -r -n1 dirname | sort -u | sed 's|^|./|')
 lint: llama
 	$(GO) vet ./...
-	$(GO) vet -tags llamaswap,llamaserver ./internal/...
+	$(GO) vet -tags llamaswap,llamaserver $(TAGGED_PKGS)
 	$(GO) tool staticcheck ./...
 
 # llama.cpp's llama-server, which the external-engine tests run: built
@@ -95,7 +97,8 @@ kube-background:
 
 # Two go test runs, side by side (the race run's lines start with
 # "race: "): every package; and the packages that do not link llama.cpp
-# under the race detector. The tests that hold fixed resources (network
+# under the race detector. Both -vet=off: lint ran go vet in full, a
+# superset of the checks go test runs. The tests that hold fixed resources (network
 # namespaces of SSH nodes, the default ports) are built `!race`, so that
 # the two runs never share them; they run in the first. Then kubeplane's
 # own tests.
@@ -104,11 +107,11 @@ kube-background:
 # one source compiled for each level (a later `make build` adds them).
 test: export LLAMA_CPU_LEVELS := test
 test: deps kube-background build lint llama-server
-	@echo 'APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test $(TEST_FLAGS) ./...'
-	@echo 'APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS)'
+	@echo 'APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -vet=off $(TEST_FLAGS) ./...'
+	@echo 'APIARY_BIN=$(abspath $(BIN))/apiary $(GO) test -vet=off -race $(TEST_FLAGS) $(RACE_PKGS)'
 	@export APIARY_BIN=$(abspath $(BIN))/apiary; \
-	  $(GO) test $(TEST_FLAGS) ./... & plain=$$!; \
-	  (set -o pipefail; $(GO) test -race $(TEST_FLAGS) $(RACE_PKGS) 2>&1 | sed -u 's/^/race: /') & race=$$!; \
+	  $(GO) test -vet=off $(TEST_FLAGS) ./... & plain=$$!; \
+	  (set -o pipefail; $(GO) test -vet=off -race $(TEST_FLAGS) $(RACE_PKGS) 2>&1 | sed -u 's/^/race: /') & race=$$!; \
 	  wait $$plain; p=$$?; wait $$race; r=$$?; \
 	  if [ $$p != 0 ] || [ $$r != 0 ]; then echo "go test: exit $$p; go test -race: exit $$r" >&2; exit 1; fi
 	@./scripts/kube.sh build >/dev/null
