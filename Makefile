@@ -98,10 +98,11 @@ kube-background:
 # Two go test runs, side by side (the race run's lines start with
 # "race: "): every package; and the packages that do not link llama.cpp
 # under the race detector. Both -vet=off: lint ran go vet in full, a
-# superset of the checks go test runs. The tests that hold fixed resources (network
-# namespaces of SSH nodes, the default ports) are built `!race`, so that
-# the two runs never share them; they run in the first. Then kubeplane's
-# own tests.
+# superset of the checks go test runs. The process tests (files named
+# *_process_test.go: they run apiary as processes, which the race
+# detector does not see into) are built `!race` and run in the first
+# alone; so are the SSH-node tests, which hold fixed resources (network
+# namespaces) the two runs must not share. Then kubeplane's own tests.
 # llama.cpp's CPU backends: the levels the tests load (this machine's,
 # sse42 and haswell; LLAMA_CPU_LEVELS=test), not all fourteen, which are
 # one source compiled for each level (a later `make build` adds them).

@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // Benchmarks of the Batch API with real processes (queen, hive, one
@@ -10,12 +12,10 @@ package queen
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -159,28 +159,6 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 	if os.Getenv(timelineEnv) != "" {
 		reportTimeline(b, q.logs.String(), dir, wins)
 	}
-}
-
-// chatDirect sends the n chat requests of batchFile(n, maxTokens) to
-// /v1/chat/completions all at once, as a client at full concurrency does,
-// and returns when every one has answered 200.
-func chatDirect(b *testing.B, hc *http.Client, qURL string, n, maxTokens int) {
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			body := fmt.Sprintf(`{"model":"tiny","messages":[{"role":"user","content":"Tell me about %d"}],"max_tokens":%d,"temperature":0,"ignore_eos":true}`, i, maxTokens)
-			resp, err := hc.Post(qURL+"/v1/chat/completions", "application/json", strings.NewReader(body))
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			defer resp.Body.Close()
-			if _, err := io.Copy(io.Discard, resp.Body); err != nil || resp.StatusCode != http.StatusOK {
-				b.Errorf("chat completion %d: %d %v", i, resp.StatusCode, err)
-			}
-		})
-	}
-	wg.Wait()
 }
 
 // BenchmarkBatchThroughput: requests per second to get N chat requests

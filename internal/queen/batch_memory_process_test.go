@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // A real `apiary queen` taking batch input files as large as its

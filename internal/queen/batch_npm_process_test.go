@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // The Batch API driven by the official npm `openai` client under node,

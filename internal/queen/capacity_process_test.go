@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // Failing fast with real processes: with the only pool drained, or its

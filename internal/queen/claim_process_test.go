@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // Workers run by hand: rows created with placement operator, claimed by

@@ -247,7 +247,7 @@ func (q *Queen) routingConfig() routing.Config {
 	rc.Logger = q.cfg.Logger
 	src, ok := q.hives.(routing.HiveModels)
 	if !ok {
-		src = NewHTTPHiveClient(q.cfg.Tokens.Cluster, q.cfg.HiveTimeout).(routing.HiveModels)
+		src = q.hivesHTTP
 	}
 	rc.Models = src
 	rc.Responses = q.st

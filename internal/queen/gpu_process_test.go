@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // The GPU path with real processes and no GPU: a hive whose NVML and CUDA

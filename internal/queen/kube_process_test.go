@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // Kubernetes mode on a real control plane (scripts/kube.sh: etcd,

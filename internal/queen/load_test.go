@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 import (
@@ -259,8 +261,6 @@ func benchHeartbeats(b *testing.B, loadPools int, kind string, stream bool) {
 		b.Errorf("queen exit: %v", err)
 	}
 }
-
-func poolName(i int) string { return fmt.Sprintf("pool-%05d", i) }
 
 // runLoad beats every pool for loadWindow, and queries the registry 4
 // times a second meanwhile (a keeper or a dashboard: the query's client

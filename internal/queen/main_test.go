@@ -392,3 +392,12 @@ func startOn(t *testing.T, b backend, mods ...func(*Config)) *tq {
 // sshNodes are the queen tests' SSH nodes: their own prefix and subnet,
 // apart from internal/sshnode's; TestMain takes them down.
 var sshNodes = testnodes.Lazy{Prefix: "apq", Subnet: "10.79.0", N: 2}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -197,7 +197,7 @@ func (q *Queen) logTail(ctx context.Context, id string, n int) ([]string, error)
 	}
 	src, ok := q.hives.(HiveLogs)
 	if !ok {
-		src = NewHTTPHiveClient(q.cfg.Tokens.Cluster, q.cfg.HiveTimeout).(HiveLogs)
+		src = q.hivesHTTP
 	}
 	body, err := src.WorkerLogs(ctx, pool.Endpoint, row.WorkerID, api.LogQuery{Tail: n})
 	if err != nil {

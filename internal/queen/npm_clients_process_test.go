@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // The OpenAI request surface driven by the official npm clients (`openai`

@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // Prefix-aware routing against least-loaded, with real processes: a

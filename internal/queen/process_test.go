@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 import (
@@ -202,13 +204,4 @@ func TestProcessHiveKill9MakesPoolUnhealthy(t *testing.T) {
 	if err := q.stop(t, syscall.SIGTERM); err != nil {
 		t.Errorf("queen exit: %v", err)
 	}
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }

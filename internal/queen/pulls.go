@@ -42,7 +42,7 @@ func (q *Queen) hivePulls() HivePulls {
 	if hp, ok := q.hives.(HivePulls); ok {
 		return hp
 	}
-	return NewHTTPHiveClient(q.cfg.Tokens.Cluster, q.cfg.HiveTimeout).(HivePulls)
+	return q.hivesHTTP
 }
 
 // pullPool returns the pool whose hive is asked about pulls: registered

@@ -55,6 +55,10 @@ type Queen struct {
 	cfg       Config
 	log       *slog.Logger
 	hives     HiveClient
+	// hivesHTTP serves the hive calls hives cannot make (a HiveClient
+	// of the tests lacks HiveLogs, HivePulls or routing.HiveModels):
+	// one client, fenced and closed at shutdown like hives.
+	hivesHTTP *httpHiveClient
 	metrics   *metrics
 
 	// Set by Run before Ready is closed; never changed after.
@@ -121,6 +125,7 @@ func New(cfg Config) (*Queen, error) {
 		cfg:         cfg,
 		log:         cfg.Logger.With("component", "queen"),
 		hives:       cfg.Hives,
+		hivesHTTP:   NewHTTPHiveClient(cfg.Tokens.Cluster, cfg.HiveTimeout).(*httpHiveClient),
 		metrics:     newMetrics(),
 		refusedAt:   map[string]time.Time{},
 		tasks:       make(chan func(context.Context), taskQueue),
@@ -200,6 +205,7 @@ func (q *Queen) run(ctx context.Context) error {
 	if f, ok := q.hives.(fenced); ok {
 		f.setFence(st)
 	}
+	q.hivesHTTP.setFence(st)
 	q.rows = newRowBook(st, q.log, q.metrics)
 	q.ui = newUI(q.uiSnapshot)
 	q.rows.onChange = q.ui.rowChanged
@@ -326,6 +332,7 @@ func (q *Queen) run(ctx context.Context) error {
 	if c, ok := q.hives.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
+	q.hivesHTTP.CloseIdleConnections()
 	if err := errors.Join(serr, gerr); err != nil {
 		return err
 	}

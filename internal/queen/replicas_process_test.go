@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // Replicas with real processes: `apiary models scale` brings a worker up

@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // Benchmarks of routing with real processes: what the queen adds to time
@@ -7,11 +9,8 @@ package queen
 //	go test -run '^$' -bench 'RelayOverhead|ColdStartOverhead' -benchtime 1x ./internal/queen/
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,7 +18,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -108,100 +106,6 @@ func benchClusterIn(b *testing.B, dir string, env []string, certs testbin.TLSFil
 		_ = q.stop(b, syscall.SIGTERM)
 	})
 	return qURL, keeper.NewClient(qURL, "", ""), q, dir
-}
-
-// streamTimes sends one streamed completion to base (with token as its
-// bearer token when set: a worker asked straight needs its own) and
-// returns the time to its first event and the gaps between its events.
-func streamTimes(ctx context.Context, hc *http.Client, base, token, body string) (time.Duration, []time.Duration, error) {
-	return streamTimesAt(ctx, hc, base, "/v1/completions", token, body)
-}
-
-// streamTimesAt is streamTimes for the streamed endpoint path (e.g.
-// /v1/chat/completions). An answer other than 200 is an error naming its
-// status.
-func streamTimesAt(ctx context.Context, hc *http.Client, base, path, token, body string) (time.Duration, []time.Duration, error) {
-	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, strings.NewReader(body))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, nil, fmt.Errorf("%s answered %d", base, resp.StatusCode)
-	}
-	br := bufio.NewReaderSize(resp.Body, 32<<10)
-	var ttft time.Duration
-	var gaps []time.Duration
-	var last time.Time
-	for {
-		line, err := br.ReadSlice('\n')
-		if err != nil {
-			return ttft, gaps, fmt.Errorf("stream from %s ended without [DONE]: %w", base, err)
-		}
-		if !bytes.HasPrefix(line, []byte("data: ")) {
-			continue
-		}
-		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
-			// Read to the end, or the transport closes the connection
-			// instead of keeping it for the next request.
-			_, _ = io.Copy(io.Discard, br)
-			return ttft, gaps, nil
-		}
-		now := time.Now()
-		if last.IsZero() {
-			ttft = now.Sub(start)
-		} else {
-			gaps = append(gaps, now.Sub(last))
-		}
-		last = now
-	}
-}
-
-// sample collects latencies of one side.
-type sample struct{ ttft, itl []time.Duration }
-
-func pct(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(p*float64(len(s))))]
-}
-
-// round runs n concurrent streams against base and adds their times to s.
-func round(ctx context.Context, b *testing.B, hc *http.Client, base, body string, n int, s *sample) {
-	roundAs(ctx, b, hc, base, "", body, n, s)
-}
-
-// roundAs is round with token as the bearer token (a worker's, to ask it
-// straight).
-func roundAs(ctx context.Context, b *testing.B, hc *http.Client, base, token, body string, n int, s *sample) {
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			ttft, gaps, err := streamTimes(ctx, hc, base, token, body)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			mu.Lock()
-			s.ttft = append(s.ttft, ttft)
-			s.itl = append(s.itl, gaps...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
 }
 
 // relayCluster is a queen, a hive and one running worker with 64 slots
@@ -337,26 +241,4 @@ func BenchmarkColdStartOverhead(b *testing.B) {
 	b.ReportMetric(float64(pct(overheads, .5).Microseconds()), "overhead-p50-µs")
 	b.ReportMetric(float64(slices.Max(overheads).Microseconds()), "overhead-max-µs")
 	b.Log("\n" + strings.Join(lines, "\n"))
-}
-
-// cpuTime is the time pid's threads have run on a CPU
-// (/proc/<pid>/task/*/schedstat), to the nanosecond.
-func cpuTime(b *testing.B, pid int) time.Duration {
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-	if err != nil || len(tasks) == 0 {
-		b.Fatalf("cpu time of pid %d: %v (no task)", pid, err)
-	}
-	var sum time.Duration
-	for _, t := range tasks {
-		data, err := os.ReadFile(t)
-		if err != nil {
-			continue // the thread ended
-		}
-		var ns int64
-		if _, err := fmt.Sscan(string(data), &ns); err != nil {
-			b.Fatalf("%s: %q: %v", t, data, err)
-		}
-		sum += time.Duration(ns)
-	}
-	return sum
 }

@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // End-to-end tests of routing: the real apiary binary as queen and hive,

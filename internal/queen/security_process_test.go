@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // The security holes once open, each written as the attack with real processes: the

@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // The soak: under a steady load of completions through the

@@ -1,3 +1,5 @@
+//go:build !race
+
 package queen
 
 // A model too big for any one GPU of a node, split over two of its GPUs:

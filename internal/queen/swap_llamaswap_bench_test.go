@@ -1,4 +1,4 @@
-//go:build llamaswap
+//go:build llamaswap && !race
 
 package queen
 

@@ -91,7 +91,7 @@ func (q *Queen) getWorkerLogs(w http.ResponseWriter, r *http.Request, _ caller) 
 	}
 	src, ok := q.hives.(HiveLogs)
 	if !ok {
-		src = NewHTTPHiveClient(q.cfg.Tokens.Cluster, q.cfg.HiveTimeout).(HiveLogs)
+		src = q.hivesHTTP
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
