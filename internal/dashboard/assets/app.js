@@ -590,14 +590,14 @@ function playground() {
             output.append(d);
           }
         }
-        meta.textContent = chunks + ' chunks' + (first ? ' · first after ' + Math.round(first - t0) + ' ms' : '') + (worker ? ' · worker ' + worker : '');
+        meta.textContent = chunks + (chunks === 1 ? ' chunk' : ' chunks') + (first ? ' · first after ' + Math.round(first - t0) + ' ms' : '') + (worker ? ' · worker ' + worker : '');
       });
       output.dataset.state = 'done';
     } catch (e) {
       output.dataset.state = 'error';
       output.append(h('div', { class: 'error', text: ctl.signal.aborted ? 'stopped' : e.message }));
     }
-    meta.textContent = chunks + ' chunks in ' + Math.round(performance.now() - t0) + ' ms' + (first ? ' · first after ' + Math.round(first - t0) + ' ms' : '') + (worker ? ' · worker ' + worker : '');
+    meta.textContent = chunks + (chunks === 1 ? ' chunk' : ' chunks') + ' in ' + Math.round(performance.now() - t0) + ' ms' + (first ? ' · first after ' + Math.round(first - t0) + ' ms' : '') + (worker ? ' · worker ' + worker : '');
     send.disabled = false; stop.disabled = true; ctl = null;
   } },
   h('div', { class: 'row' }, h('label', {}, 'model ', model), h('label', {}, 'max tokens ', maxTokens)),
