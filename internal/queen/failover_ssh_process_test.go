@@ -129,6 +129,7 @@ func TestProcessQueenFailoverSSHNode(t *testing.T) {
 	}
 
 	active := 0
+	waited := 0 // rounds whose new active waited for the old hive
 	for round, cut := range []bool{false, true} {
 		old, next := active, 1-active
 		how := map[bool]string{false: "SIGKILL", true: "cut off from PostgreSQL"}[cut]
@@ -221,8 +222,14 @@ func TestProcessQueenFailoverSSHNode(t *testing.T) {
 			t.Errorf("round %d: node 1 ran %d hives at once; the new one started %s after, the old one gone %s after: want one at a time, the new one started within %s of the old one's end (not after the pool's lease)",
 				round, most, started, gone, failoverHeartbeat/2)
 		}
-		if !queens[next].logs.Has("a hive that has not registered with this queen answers for the node's pool; waiting until it registers or ends", map[string]string{"node": "n1"}) {
-			t.Errorf("round %d: queen %d never found the old hive answering (it should have waited for it)", round, next+1)
+		// Whether the new active finds the old hive still answering when
+		// it looks at the node depends on which comes first, its look or
+		// the old hive's end (both are right: the checks above hold either
+		// way); the rounds together must take the waiting path once.
+		if queens[next].logs.Has("a hive that has not registered with this queen answers for the node's pool; waiting until it registers or ends", map[string]string{"node": "n1"}) {
+			waited++
+		} else {
+			t.Logf("round %d: queen %d did not find the old hive answering when it looked at the node", round, next+1)
 		}
 		ns, err := clients[next].Nodes(t.Context())
 		if err != nil || len(ns) != 1 || ns[0].Name != "n1" || ns[0].Hive.State != api.HiveRunning {
@@ -265,6 +272,9 @@ func TestProcessQueenFailoverSSHNode(t *testing.T) {
 		}
 		start(old, urls[next])
 		active = next
+	}
+	if waited == 0 {
+		t.Error("in no round did the new active find the old hive answering (it should have waited for it)")
 	}
 
 	// The active stops (SIGTERM): node 1's hive stops with it, the
