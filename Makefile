@@ -104,7 +104,7 @@ kube-background:
 # alone; so are the SSH-node tests, which hold fixed resources (network
 # namespaces) the two runs must not share. Then kubeplane's own tests.
 # llama.cpp's CPU backends: the levels the tests load (this machine's,
-# sse42 and haswell; LLAMA_CPU_LEVELS=test), not all fourteen, which are
+# and sse42; LLAMA_CPU_LEVELS=test), not all fourteen, which are
 # one source compiled for each level (a later `make build` adds them).
 test: export LLAMA_CPU_LEVELS := test
 test: deps kube-background build lint llama-server

@@ -14,8 +14,8 @@ var cpuLevels = []string{"x64", "sse42", "sandybridge", "ivybridge", "piledriver
 
 // The CPU levels each LLAMA_CPU_LEVELS builds (scripts/llamacpp.sh
 // levels, what its build uses): make demo's (host) and make test's
-// (test) are named levels, host's among test's, test's with sse42 and
-// haswell; all is every level. A build of host once made nothing (a
+// (test) are named levels, host's among test's, test's with sse42; all
+// is every level. A build of host once made nothing (a
 // pipeline in the level list failed under set -e), which only a build
 // from cold showed.
 func TestLlamaCppLevelsOfEachBuild(t *testing.T) {
@@ -41,7 +41,7 @@ func TestLlamaCppLevelsOfEachBuild(t *testing.T) {
 			t.Errorf("test: %q lacks host's %q", test, l)
 		}
 	}
-	for _, l := range []string{"sse42", "haswell"} {
+	for _, l := range []string{"sse42"} {
 		if !slices.Contains(test, l) {
 			t.Errorf("test: %q lacks %s", test, l)
 		}

@@ -51,8 +51,8 @@
 # Knobs (environment): LLAMA_JOBS (nproc); LLAMA_CPU_LEVELS: all (the
 # default); host, only the CPU backend this machine loads (`make demo`:
 # a third of the cold build; a later full build adds the others); or
-# test, host's and sse42 and haswell beside them (`make test`: the levels
-# its tests load: sse42 on an emulated CPU without AVX, haswell by name); CUDA_ARCHS
+# test, host's and sse42 beside them (`make test`: the levels its tests
+# load: sse42 on an emulated CPU without AVX, and forced by name); CUDA_ARCHS
 # (for cuda: CMAKE_CUDA_ARCHITECTURES; default: this machine's GPU's
 # compute capability, else native).
 set -euo pipefail
@@ -151,13 +151,13 @@ host_level() {
 }
 
 # levels prints the CPU levels a build of $LEVELS makes, one a line:
-# host's (host_level), and for test sse42 and haswell beside them; for
+# host's (host_level), and for test sse42 beside them; for
 # all, the word all (every level CMake configures).
 levels() {
   case $LEVELS in
     all) echo all ;;
     host) host_level ;;
-    test) { host_level; printf '%s\n' sse42 haswell; } | sort -u ;;
+    test) { host_level; echo sse42; } | sort -u ;;
   esac
 }
 
@@ -210,7 +210,7 @@ build() {
     # The best level, and the best without AMX beside it when they
     # differ: a VM may report AMX that faults (the worker's probe then
     # loads the other one; docs/worker.md, "CPU builds"); for test, sse42
-    # and haswell too.
+    # too.
     variants=$(levels | sed 's/^/ggml-cpu-/' | tr '\n' ' ')
     # shellcheck disable=SC2086
     fast "$b" "$variants" llama ggml mtmd >"$PREFIX/build.log" 2>&1 ||

@@ -27,7 +27,7 @@ func TestBinaryLoadsTheCPUBackendForThisCPU(t *testing.T) {
 	var cannot string
 	for _, l := range levels {
 		switch {
-		case l.Score > 0 && (l.Name == "x64" || l.Name == "haswell"):
+		case l.Score > 0 && (l.Name == "x64" || l.Name == "sse42" || l.Name == "haswell"):
 			cases = append(cases, runCase{"forced " + l.Name, cpuvariant.Env + "=" + l.Name, l.Name})
 		case l.Score == 0:
 			cannot = l.Name
