@@ -93,22 +93,30 @@ func (f *fakeCore) create(_ context.Context, res, ns string, obj, into runtime.O
 	if err := f.Create(corev1.SchemeGroupVersion.WithResource(res), obj, ns); err != nil {
 		return err
 	}
-	m, err := meta.Accessor(obj)
-	if err != nil {
-		return err
-	}
-	return f.get(context.Background(), res, ns, m.GetName(), into)
+	return stored(obj, ns, into)
 }
 
 func (f *fakeCore) update(_ context.Context, res, ns string, obj, into runtime.Object) error {
 	if err := f.Update(corev1.SchemeGroupVersion.WithResource(res), obj, ns); err != nil {
 		return err
 	}
-	m, err := meta.Accessor(obj)
+	return stored(obj, ns, into)
+}
+
+// stored sets into to obj as the tracker stored it (in namespace ns).
+// Not read back: the cluster may have deleted it already (an ended Pod).
+func stored(obj runtime.Object, ns string, into runtime.Object) error {
+	if err := copyInto(obj, into); err != nil {
+		return err
+	}
+	m, err := meta.Accessor(into)
 	if err != nil {
 		return err
 	}
-	return f.get(context.Background(), res, ns, m.GetName(), into)
+	if m.GetNamespace() == "" {
+		m.SetNamespace(ns)
+	}
+	return nil
 }
 
 func (f *fakeCore) remove(_ context.Context, res, ns, name string, _ metav1.DeleteOptions) error {
