@@ -113,7 +113,10 @@ func TestPostgresLeaseIsTakenOnlyWhenLapsedOrReleased(t *testing.T) {
 func TestPostgresRenewalRefusedAfterTakeover(t *testing.T) {
 	u := newPG(t)
 	db := admin(t, u)
-	a := open(t, store.Config{URL: u, LeaseDuration: 900 * time.Millisecond, LeaseRenew: 300 * time.Millisecond})
+	// A lease long enough that its renewals succeed on a loaded machine
+	// (900 ms, whose renewals must land within 675 ms, once lapsed on
+	// the holder's own clock first under make test's two runs).
+	a := open(t, store.Config{URL: u, LeaseDuration: 3 * time.Second, LeaseRenew: time.Second})
 	// Another queen takes the lease as though it had lapsed, without
 	// ending a's session (as a takeover whose termination a's backend
 	// outlived).
