@@ -103,38 +103,32 @@ func (a *restCore) remove(ctx context.Context, res, ns, name string, o metav1.De
 	return a.at(a.rc.Delete(), res, ns).Name(name).Body(&o).Do(ctx).Error()
 }
 
-// getObj reads one object.
-func getObj[T any, PT interface {
+// object is a pointer to a Kubernetes object type T.
+type object[T any] interface {
 	*T
 	runtime.Object
-}](ctx context.Context, api core, res, ns, name string) (PT, error) {
-	obj := PT(new(T))
-	if err := api.get(ctx, res, ns, name, obj); err != nil {
+}
+
+// read returns a new T that fill read the server's answer into.
+func read[T any, PT object[T]](fill func(into runtime.Object) error) (PT, error) {
+	out := PT(new(T))
+	if err := fill(out); err != nil {
 		return nil, err
 	}
-	return obj, nil
+	return out, nil
+}
+
+// getObj reads one object.
+func getObj[T any, PT object[T]](ctx context.Context, api core, res, ns, name string) (PT, error) {
+	return read[T, PT](func(into runtime.Object) error { return api.get(ctx, res, ns, name, into) })
 }
 
 // createObj creates obj and returns it as the server stored it.
-func createObj[T any, PT interface {
-	*T
-	runtime.Object
-}](ctx context.Context, api core, res, ns string, obj PT) (PT, error) {
-	out := PT(new(T))
-	if err := api.create(ctx, res, ns, obj, out); err != nil {
-		return nil, err
-	}
-	return out, nil
+func createObj[T any, PT object[T]](ctx context.Context, api core, res, ns string, obj PT) (PT, error) {
+	return read[T, PT](func(into runtime.Object) error { return api.create(ctx, res, ns, obj, into) })
 }
 
 // updateObj replaces obj and returns it as the server stored it.
-func updateObj[T any, PT interface {
-	*T
-	runtime.Object
-}](ctx context.Context, api core, res, ns string, obj PT) (PT, error) {
-	out := PT(new(T))
-	if err := api.update(ctx, res, ns, obj, out); err != nil {
-		return nil, err
-	}
-	return out, nil
+func updateObj[T any, PT object[T]](ctx context.Context, api core, res, ns string, obj PT) (PT, error) {
+	return read[T, PT](func(into runtime.Object) error { return api.update(ctx, res, ns, obj, into) })
 }
